@@ -1,0 +1,228 @@
+"""HMMs and mixtures of low-rank HMMs (SCIENCE.md 1).
+
+An HMM is (mu, T, O). A mixture stores each task's transition as factors
+T = W @ Q (W: S x d, Q: d x S, both row-stochastic), never the dense S x S matrix,
+so 8192 tasks x 128 states fit in memory. A dense single HMM is the special case
+W = T, Q = I.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from .config import HMMConfig, config_hash
+
+_ATOL = 1e-6
+
+
+def _check_stochastic(name: str, a: np.ndarray, ndim: int) -> np.ndarray:
+    a = np.asarray(a, dtype=np.float64)
+    if a.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-dimensional, got shape {a.shape}")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{name} has non-finite entries")
+    if np.any(a < 0):
+        raise ValueError(f"{name} has negative entries")
+    sums = a.sum(-1)
+    if not np.allclose(sums, 1.0, atol=_ATOL):
+        bad = np.abs(sums - 1.0).max()
+        raise ValueError(f"{name} rows must sum to 1 (max deviation {bad:.3g})")
+    return a
+
+
+class HMM:
+    """One HMM: initial (S,), transition (S, S), emission (S, V); rows sum to 1.
+
+    `factors=(W, Q)` optionally gives a low-rank factorization T = W @ Q that
+    samplers and filters use for speed.
+    """
+
+    def __init__(self, initial, transition, emission, *, factors=None):
+        self.initial = _check_stochastic("initial", initial, 1)
+        self.transition = _check_stochastic("transition", transition, 2)
+        self.emission = _check_stochastic("emission", emission, 2)
+        S = self.initial.shape[0]
+        if self.transition.shape != (S, S):
+            raise ValueError(f"transition must be ({S}, {S}) to match initial, got {self.transition.shape}")
+        if self.emission.shape[0] != S:
+            raise ValueError(f"emission must have {S} rows to match initial, got {self.emission.shape}")
+        if factors is None:
+            W, Q = self.transition, np.eye(S)
+        else:
+            W = _check_stochastic("factor W", factors[0], 2)
+            Q = _check_stochastic("factor Q", factors[1], 2)
+            if W.shape[0] != S or Q.shape != (W.shape[1], S) or not np.allclose(W @ Q, self.transition, atol=1e-8):
+                raise ValueError("factors (W, Q) must satisfy W @ Q == transition")
+        self.W, self.Q = W, Q
+
+    @property
+    def n_states(self) -> int:
+        return self.initial.shape[0]
+
+    @property
+    def n_tokens(self) -> int:
+        return self.emission.shape[1]
+
+    @property
+    def rank(self) -> int:
+        return self.W.shape[1]
+
+    @cached_property
+    def stationary(self) -> np.ndarray:
+        """Stationary distribution of the transition (the left eigenvector for 1, averaged if periodic)."""
+        return stationary_distribution(self.transition)
+
+    def dobrushin(self) -> float:
+        """Dobrushin coefficient: max over state pairs of TV between their transition rows."""
+        return dobrushin(self.transition)
+
+    def as_mixture(self) -> Mixture:
+        return Mixture(self.initial[None], self.W[None], self.Q[None], self.emission[None], np.ones(1))
+
+    def sample(self, n: int, length: int, seed: int = 0, *, start: np.ndarray | None = None):
+        """(tokens, states), int arrays (n, length); vectorized over the n sequences."""
+        from .episodes import sample_sequences
+
+        mix = self.as_mixture()
+        rng = np.random.default_rng(seed)
+        return sample_sequences(mix, np.zeros(n, dtype=np.int64), length, rng,
+                                start=None if start is None else np.broadcast_to(start, (n, self.n_states)))
+
+
+@dataclass(frozen=True, eq=False)
+class Mixture:
+    """n tasks stored as factors: initial (n,S), W (n,S,d), Q (n,d,S), emission (n,S,V), prior (n,)."""
+
+    initial: np.ndarray
+    W: np.ndarray
+    Q: np.ndarray
+    emission: np.ndarray
+    prior: np.ndarray
+    config_hash: str = ""
+
+    @property
+    def n_tasks(self) -> int:
+        return self.initial.shape[0]
+
+    @property
+    def n_states(self) -> int:
+        return self.initial.shape[1]
+
+    @property
+    def n_tokens(self) -> int:
+        return self.emission.shape[2]
+
+    @property
+    def rank(self) -> int:
+        return self.W.shape[2]
+
+    def transition(self, i: int) -> np.ndarray:
+        return self.W[i].astype(np.float64) @ self.Q[i].astype(np.float64)
+
+    def task(self, i: int) -> HMM:
+        W, Q = self.W[i].astype(np.float64), self.Q[i].astype(np.float64)
+        return HMM(self.initial[i], W @ Q, self.emission[i], factors=(W, Q))
+
+    def subset(self, idx) -> Mixture:
+        idx = np.asarray(idx)
+        p = self.prior[idx]
+        return Mixture(self.initial[idx], self.W[idx], self.Q[idx], self.emission[idx], p / p.sum(), self.config_hash)
+
+
+# ---------------------------------------------------------------- families
+
+
+def _dirichlet(rng: np.random.Generator, alpha: float, shape: tuple[int, ...]) -> np.ndarray:
+    """Dirichlet samples along the last axis, vectorized (normalized gammas)."""
+    g = rng.standard_gamma(alpha, size=shape)
+    s = g.sum(-1, keepdims=True)
+    # alpha << 1 can underflow every gamma of a row; put its mass on one random coordinate
+    zero = s[..., 0] == 0
+    if np.any(zero):
+        g[zero] = np.eye(shape[-1])[rng.integers(shape[-1], size=int(zero.sum()))]
+        s = g.sum(-1, keepdims=True)
+    return g / s
+
+
+def _dirichlet_factors(rng, n, S, d, alpha):
+    W = _dirichlet(rng, alpha, (n, S, d))
+    Q = _dirichlet(rng, alpha, (n, d, S))
+    return W, Q
+
+
+def _sticky_factors(rng, n, S, d, alpha, rho):
+    """States split into d clusters; Q row k lives on cluster k; cluster j moves to sigma(j) w.p. 1 - rho."""
+    cluster = np.arange(S) * d // S  # (S,) balanced contiguous clusters
+    mask = cluster[None, :] == np.arange(d)[:, None]  # (d, S)
+    Q = _dirichlet(rng, alpha, (n, d, S)) * mask
+    Q = np.where(mask.any(1, keepdims=True), Q, 1.0 / S)  # only when d > S, which validation forbids
+    Q /= Q.sum(-1, keepdims=True)
+    sigma = np.argsort(rng.random((n, d)), axis=1)  # (n, d) random permutation per task
+    W = rho * _dirichlet(rng, 1.0, (n, S, d))
+    target = np.take_along_axis(sigma, np.broadcast_to(cluster, (n, S)), axis=1)  # (n, S)
+    np.put_along_axis(W, target[..., None], np.take_along_axis(W, target[..., None], 2) + (1 - rho), axis=2)
+    return W, Q
+
+
+def revealing_map(rng: np.random.Generator, n: int, S: int, V: int) -> np.ndarray:
+    """Token index (n, S) each state reveals: injective if S <= V, else each token shared by ~S/V states."""
+    if S <= V:
+        return np.argsort(rng.random((n, V)), axis=1)[:, :S]
+    base = np.arange(S) % V
+    return np.take_along_axis(np.broadcast_to(base, (n, S)), np.argsort(rng.random((n, S)), axis=1), axis=1)
+
+
+def emission_matrix(reveal: np.ndarray, V: int, gamma: float) -> np.ndarray:
+    """O = gamma * E + (1 - gamma) * U with E the one-hot revealing map; shape (..., S, V)."""
+    E = np.eye(V)[reveal]
+    return gamma * E + (1.0 - gamma) / V
+
+
+def make_mixture(cfg: HMMConfig, dtype=np.float64) -> Mixture:
+    """Draw cfg.n_tasks HMMs from the family with cfg.seed; same config -> same bits."""
+    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0x484D4D]))
+    n, S, V, d = cfg.n_tasks, cfg.n_states, cfg.n_tokens, cfg.rank
+    if cfg.family == "dirichlet":
+        W, Q = _dirichlet_factors(rng, n, S, d, cfg.alpha)
+    elif cfg.family == "sticky":
+        W, Q = _sticky_factors(rng, n, S, d, cfg.alpha, cfg.rho)
+    else:
+        raise ValueError(f"unknown family {cfg.family!r} (known: dirichlet, sticky)")
+    O = emission_matrix(revealing_map(rng, n, S, V), V, cfg.gamma)
+    mu = _dirichlet(rng, 1.0, (n, S))
+    prior = np.full(n, 1.0 / n)
+    return Mixture(mu.astype(dtype), W.astype(dtype), Q.astype(dtype), O.astype(dtype), prior, config_hash(cfg))
+
+
+def make_hmm(cfg: HMMConfig, task: int = 0) -> HMM:
+    """One task of the mixture described by cfg (task 0 by default)."""
+    return make_mixture(cfg).task(task)
+
+
+# ---------------------------------------------------------------- chain properties
+
+
+def stationary_distribution(T: np.ndarray) -> np.ndarray:
+    T = np.asarray(T, dtype=np.float64)
+    w, v = np.linalg.eig(T.T)
+    ones = np.abs(w - 1.0) < 1e-8
+    if not ones.any():  # numerical fallback
+        ones = np.abs(w - 1.0) == np.abs(w - 1.0).min()
+    pi = np.abs(np.real(v[:, ones])).sum(1)
+    pi = pi / pi.sum()
+    for _ in range(50):  # polish (also fixes any sign mixing across a multiple eigenvalue)
+        pi = 0.5 * (pi + pi @ T)  # lazy chain: same fixed point, no periodic oscillation
+    return pi / pi.sum()
+
+
+def dobrushin(T: np.ndarray) -> float:
+    """delta(T) = max_{i,j} TV(T_i, T_j) = 1/2 max ||T_i - T_j||_1."""
+    T = np.asarray(T, dtype=np.float64)
+    best = 0.0
+    for start in range(0, T.shape[0], 64):  # chunked to bound memory at S = 128+
+        diff = np.abs(T[start:start + 64, None, :] - T[None, :, :]).sum(-1)
+        best = max(best, float(diff.max()))
+    return 0.5 * best
