@@ -1,0 +1,316 @@
+"""Exact inference for low-rank HMMs and their mixtures (SCIENCE.md 4). Filtering only.
+
+Every prediction at position t uses tokens < t only (the forward algorithm, never
+smoothing). Conventions used throughout:
+
+- ``pred[i, t, v] = p(o_t = v | o_<t)``; row t = 0 is the prediction from the start
+  distribution (``mu @ O``).
+- ``logp[i, t] = log p(o_t | o_<t)``: the per-step log normalizer of the scaled forward
+  pass (``logp.sum(-1)`` is the sequence log-likelihood). Not cumulative.
+- A token outside ``[0, V)`` (the episode delimiter V, padding V+1, or -1) is *missing*:
+  no evidence, the chain does not advance, ``pred`` is NaN there and ``logp`` is 0.
+- After an observation of probability 0 under the model the belief becomes the zero
+  vector: later predictions are 0 and ``logp`` is -inf (never NaN).
+
+Representation. With T = W Q every predicted belief after the first token is ``c @ Q``
+with c a distribution over the d prototypes. Define, for one HMM,
+``K[s, (v, e)] = O[s, v] W[s, e]`` (S, V*d) and ``M = Q @ K`` (d, V*d). For a predicted
+belief b (S-space, e.g. mu) put ``Y = b @ K``, for a latent c put ``Y = c @ M``;
+viewed as (V, d):
+
+    Y[v, :].sum()     = p(o_t = v | o_<t)      (prediction)
+    Y[o_t] / p(o_t)   = c_{t+1}                (update; renormalized every step)
+
+so one (d x V*d) matmul per token gives both; the cost is O(V d^2) per token (the same
+as O(S d) at the paper's S = 128, V = 16, d = 8) and everything stays nonnegative.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .hmm import HMM, Mixture
+
+__all__ = [
+    "filter_factored", "predictive", "task_oracle", "mixture_oracle",
+    "memory_predictor", "memory_error", "MemoryErrorResult",
+]
+
+
+def _t(x, dtype, device) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x).to(device=device, dtype=dtype)
+
+
+def _kernels(W: torch.Tensor, Q: torch.Tensor, O: torch.Tensor):
+    """K (G, S, V*d + V) and M = Q @ K (G, d, V*d + V) from W (G, S, d), Q (G, d, S), O (G, S, V).
+
+    The last V columns of K are O itself, so that Y = b @ K also carries the prediction b @ O
+    (equal to Y[:V*d].view(V, d).sum(-1), but without a slow reduction over d per step).
+    """
+    G, S, V = O.shape
+    K = torch.cat([(O[:, :, :, None] * W[:, :, None, :]).reshape(G, S, V * W.shape[-1]), O], -1)
+    return K, torch.bmm(Q, K)
+
+
+def _run(M, Y0, tokens, V, *, reset=None, Ystart=None, start_pos=0, store=True, on_step=None):
+    """Scaled forward pass in the (V, d) representation.
+
+    M (G, d, V*d + V); Y0 (G|1, B|1, V*d + V) used at t = 0 and at reset positions; tokens
+    (G|1, B, T); reset (T,) bool or None; Ystart (G|1, B|1, V*d + V) used at t = start_pos
+    (overrides a reset there). on_step(t, P (G, B, V), logz (G, B)) is called after each step
+    (P is NaN at missing tokens). Returns pred (T, G, B, V) or None, logp (T, G, B), and the
+    prediction after the last token (G, B, V).
+    """
+    G, d, D = M.shape[0], M.shape[1], M.shape[2]
+    Vd = D - V
+    B, T = tokens.shape[1], tokens.shape[2]
+    dtype, dev = M.dtype, M.device
+    missing = (tokens < 0) | (tokens >= V)  # (G|1, B, T)
+    any_missing = missing.any(dim=(0, 1)).tolist() if T else []
+    idx = tokens.clamp(0, V - 1).expand(G, B, T)
+    reset = [False] * T if reset is None else torch.as_tensor(reset).bool().tolist()
+    pred = torch.empty((T, G, B, V), dtype=dtype, device=dev) if store else None
+    logp = torch.empty((T, G, B), dtype=dtype, device=dev)
+    tiny = torch.finfo(dtype).tiny
+    Mu, Mp = M[..., :Vd], M[..., Vd:]  # (G, d, V*d), (G, d, V)
+    Ybuf = [torch.empty((G, B, Vd), dtype=dtype, device=dev) for _ in range(2)]
+    Pbuf = [torch.empty((G, B, V), dtype=dtype, device=dev) for _ in range(2)]
+    Y, P = Y0[..., :Vd].expand(G, B, Vd), Y0[..., Vd:].expand(G, B, V)
+    for t in range(T):
+        if t == 0 or reset[t]:
+            Y, P = Y0[..., :Vd].expand(G, B, Vd), Y0[..., Vd:].expand(G, B, V)
+        if Ystart is not None and t == start_pos:
+            Y, P = Ystart[..., :Vd].expand(G, B, Vd), Ystart[..., Vd:].expand(G, B, V)
+        # Y: (G, B, V*d) joint table for o_t; P: (G, B, V) = p(o_t = . | o_<t)
+        o = idx[:, :, t]  # (G, B)
+        u = Y.unflatten(-1, (V, d)).gather(2, o[:, :, None, None].expand(G, B, 1, d))[:, :, 0]  # (G, B, d)
+        z = P.gather(2, o[:, :, None])  # (G, B, 1) = p(o_t | o_<t)
+        c = u / z.clamp_min(tiny)  # (G, B, d) next latent
+        if store:
+            pred[t] = P
+        Ynew = torch.bmm(c, Mu, out=Ybuf[t % 2])
+        Pnew = torch.bmm(c, Mp, out=Pbuf[t % 2])
+        z = z[..., 0]
+        if any_missing[t]:
+            m = missing[:, :, t].expand(G, B)
+            Ynew = torch.where(m[..., None], Y, Ynew)
+            Pnew = torch.where(m[..., None], P, Pnew)
+            z = torch.where(m, torch.ones((), dtype=dtype, device=dev), z)
+            P = P.masked_fill(m[..., None], float("nan"))
+            if store:
+                pred[t] = P
+        torch.log(z, out=logp[t])
+        if on_step is not None:
+            on_step(t, P, logp[t])
+        Y, P = Ynew, Pnew
+    return pred, logp, P
+
+
+def _propagate(b, W, Q, steps: int):
+    """b T^steps for b (G, S), W (G, S, d), Q (G, d, S)."""
+    for _ in range(steps):
+        b = torch.bmm(torch.bmm(b[:, None], W), Q)[:, 0]
+    return b
+
+
+def filter_factored(initial, W, Q, emission, tokens, *, reset=None, start=None, start_pos: int = 0,
+                    dtype=torch.float32, device=None):
+    """Batched exact filter. Returns ``(pred (N, T, V), logp (N, T))`` (see module docstring).
+
+    initial (N, S) or (S,); W (N, S, d) or (S, d); Q (N, d, S) or (d, S); emission (N, S, V)
+    or (S, V); tokens (N, T) int. Shared parameters (no leading N) are never copied N times.
+    reset (T,) bool: a new independent sequence starts at t (belief back to ``initial``).
+    start (N, S) or (S,): the belief before the token at ``start_pos`` (default 0) instead.
+    """
+    device = torch.device("cpu") if device is None else torch.device(device)
+    tok = torch.as_tensor(np.asarray(tokens) if not isinstance(tokens, torch.Tensor) else tokens)
+    tok = tok.to(device=device, dtype=torch.long)
+    N = tok.shape[0]
+    W, Q, O, mu = (_t(a, dtype, device) for a in (W, Q, emission, initial))
+    per_seq = W.dim() == 3 or Q.dim() == 3 or O.dim() == 3
+    if per_seq:  # G = N groups of one sequence
+        W, Q, O = (a.expand(N, *a.shape[-2:]) if a.dim() == 2 else a for a in (W, Q, O))
+        tok = tok[:, None, :]  # (N, 1, T)
+        rows = lambda b: b.reshape(-1, 1, b.shape[-1])  # noqa: E731  (N|1, 1, S)
+    else:  # one group of N sequences
+        W, Q, O = W[None], Q[None], O[None]
+        tok = tok[None]  # (1, N, T)
+        rows = lambda b: b.reshape(1, -1, b.shape[-1])  # noqa: E731  (1, N|1, S)
+    K, M = _kernels(W, Q, O)
+    Y0 = torch.matmul(rows(mu), K)
+    Ys = None if start is None else torch.matmul(rows(_t(start, dtype, device)), K)
+    pred, logp, _ = _run(M, Y0, tok, O.shape[-1], reset=reset, Ystart=Ys, start_pos=start_pos)
+    pred = pred.reshape(pred.shape[0], N, -1).transpose(0, 1)  # (N, T, V)
+    return pred, logp.reshape(-1, N).T
+
+
+def predictive(hmm: HMM, tokens, *, dtype=torch.float64) -> np.ndarray:
+    """p(o_t | o_<t) for each row of tokens (n, length) from hmm.initial: array (n, length, V)."""
+    tok = np.atleast_2d(np.asarray(tokens))
+    pred, _ = filter_factored(hmm.initial, hmm.W, hmm.Q, hmm.emission, tok, dtype=dtype)
+    return pred.cpu().numpy()
+
+
+# ---------------------------------------------------------------- episodes
+
+
+def _layout(ep):
+    """(tokens (N, T), reset (T,) bool, test_pos, test_start, burn_in) of an Episodes object."""
+    seg = np.asarray(ep.segment)
+    reset = (seg >= 0) & np.r_[True, seg[1:] != seg[:-1]]  # first token of every demo and of the test
+    test_pos = int(np.flatnonzero(np.asarray(ep.test_mask))[0])
+    meta = getattr(ep, "meta", None) or {}
+    test_start = getattr(ep, "test_start", None) or meta.get("test_start", "initial")
+    burn_in = getattr(ep, "burn_in", None)
+    burn_in = int(meta.get("burn_in", 0) if burn_in is None else burn_in)
+    if test_start not in ("initial", "midstream"):
+        raise ValueError(f"unknown test_start {test_start!r}")
+    tok = ep.tokens if isinstance(ep.tokens, torch.Tensor) else torch.as_tensor(np.asarray(ep.tokens))
+    return tok.long(), torch.as_tensor(reset), test_pos, test_start, burn_in
+
+
+def _task_params(mix: Mixture, ids, dtype, device):
+    ids = torch.as_tensor(np.asarray(ids), dtype=torch.long)
+    return tuple(_t(a, dtype, "cpu")[ids].to(device) for a in (mix.initial, mix.W, mix.Q, mix.emission))
+
+
+def task_oracle(mix: Mixture, ep, *, dtype=torch.float32, device="cpu") -> torch.Tensor:
+    """p(o_t | episode tokens < t, true task) (N, T, V); NaN rows at non-observation tokens.
+
+    Each demo restarts from mu; the test starts from mu ("initial") or mu T^B ("midstream").
+    """
+    tok, reset, test_pos, test_start, burn_in = _layout(ep)
+    mu, W, Q, O = _task_params(mix, ep.task_ids, dtype, device)
+    start = _propagate(mu, W, Q, burn_in) if test_start == "midstream" else None
+    pred, _ = filter_factored(mu, W, Q, O, tok.to(device), reset=reset, start=start, start_pos=test_pos,
+                              dtype=dtype, device=device)
+    return pred
+
+
+def mixture_oracle(mix: Mixture, ep, *, chunk_tasks: int = 256, posterior_at=None,
+                   dtype=torch.float32, device="cpu"):
+    """Bayes-optimal next-token predictor of the pretraining objective.
+
+    pred[i, t] = sum_j p(task j | o_<t of episode i) p(o_t | o_<t, task j), the task prior being
+    mix.prior and o_<t all earlier episode tokens (demos and test prefix). Tasks are processed in
+    chunks of ``chunk_tasks`` (memory O(chunk * N * V * d)) merged with a running logsumexp.
+    posterior_at: None, an int position, "test_start", or a sequence of positions; the posterior
+    over tasks given tokens < that position (0..T) is returned as (N, n_tasks) (or (N, P, n_tasks)).
+    Returns (pred (N, T, V) with NaN rows at non-observation tokens, posterior or None).
+    """
+    tok, reset, test_pos, test_start, burn_in = _layout(ep)
+    tok = tok.to(device)
+    N, T = tok.shape
+    V = mix.n_tokens
+    if posterior_at is None:
+        pos = []
+    elif isinstance(posterior_at, str):
+        if posterior_at != "test_start":
+            raise ValueError(f"posterior_at must be a position, positions or 'test_start', got {posterior_at!r}")
+        pos = [test_pos]
+    else:
+        pos = [int(posterior_at)] if np.isscalar(posterior_at) else [int(p) for p in posterior_at]
+    if any(not 0 <= p <= T for p in pos):
+        raise ValueError(f"posterior positions must lie in [0, {T}], got {pos}")
+    logprior = torch.log(_t(mix.prior, torch.float64, device)).to(dtype)
+    acc_lse = torch.full((T, N), -float("inf"), dtype=dtype, device=device)
+    acc = torch.zeros((T, N, V), dtype=dtype, device=device)
+    post = []
+    for lo in range(0, mix.n_tasks, chunk_tasks):
+        ids = np.arange(lo, min(lo + chunk_tasks, mix.n_tasks))
+        mu, W, Q, O = _task_params(mix, ids, dtype, device)
+        K, M = _kernels(W, Q, O)
+        Y0 = torch.bmm(mu[:, None], K)  # (C, 1, V*d + V)
+        Ys = torch.bmm(_propagate(mu, W, Q, burn_in)[:, None], K) if test_start == "midstream" else None
+        cum = logprior[lo:lo + len(ids), None].expand(len(ids), N).clone()  # log p(o_<t, task): (C, N)
+        lse = torch.empty((T, N), dtype=dtype, device=device)
+        chunk = torch.empty((T, N, V), dtype=dtype, device=device)
+        logw = torch.empty((len(pos), len(ids), N), dtype=dtype, device=device)
+
+        def on_step(t, P, logz):
+            torch.logsumexp(cum, 0, out=lse[t])
+            w = torch.exp(cum - torch.where(torch.isfinite(lse[t]), lse[t], 0))  # (C, N)
+            torch.bmm(w.T[:, None], P.transpose(0, 1), out=chunk[t][:, None])  # (N, 1, V)
+            for j in (j for j, p in enumerate(pos) if p == t):
+                logw[j] = cum
+            cum.add_(logz)
+
+        _run(M, Y0, tok[None], V, reset=reset, Ystart=Ys, start_pos=test_pos, store=False, on_step=on_step)
+        for j in (j for j, p in enumerate(pos) if p == T):  # posterior after the whole episode
+            logw[j] = cum
+        new = torch.logaddexp(acc_lse, lse)
+        safe = torch.where(torch.isfinite(new), new, 0)
+        acc = acc * torch.exp(acc_lse - safe)[..., None] + chunk * torch.exp(lse - safe)[..., None]
+        acc_lse = new
+        if pos:
+            post.append(logw.permute(2, 0, 1))  # (N, P, C)
+    posterior = None
+    if pos:
+        posterior = torch.softmax(torch.cat(post, -1), -1)
+        if isinstance(posterior_at, str) or np.isscalar(posterior_at):
+            posterior = posterior[:, 0]
+    return acc.transpose(0, 1), posterior
+
+
+# ---------------------------------------------------------------- fixed memory
+
+
+def _stationary_filter(hmm: HMM, tokens: torch.Tensor, dtype) -> torch.Tensor:
+    """Prediction after the last token of each row (n, L), filter started from hmm.stationary: (n, V)."""
+    W, Q, O, pi = (_t(a, dtype, "cpu") for a in (hmm.W, hmm.Q, hmm.emission, hmm.stationary))
+    K, M = _kernels(W[None], Q[None], O[None])
+    _, _, final = _run(M, (pi @ K[0])[None, None], tokens[None], hmm.n_tokens, store=False)
+    return final[0]
+
+
+def memory_predictor(hmm: HMM, tokens, L: int, *, dtype=torch.float64, chunk: int = 65536) -> np.ndarray:
+    """p_L(o_t | o_{t-L..t-1}) (n, length, V): the filter over the last L tokens only (fewer when
+    t < L), started from hmm.stationary at the window's first token. Never uses tokens >= t."""
+    if L < 0:
+        raise ValueError(f"L must be >= 0, got {L}")
+    tok = torch.as_tensor(np.atleast_2d(np.asarray(tokens)), dtype=torch.long)
+    n, length = tok.shape
+    if L == 0:
+        p0 = np.asarray(hmm.stationary) @ np.asarray(hmm.emission)
+        return np.broadcast_to(p0, (n, length, p0.shape[0])).copy()
+    padded = torch.cat([torch.full((n, L), -1, dtype=torch.long), tok], 1)  # -1 = missing
+    windows = padded.unfold(1, L, 1)[:, :length].reshape(n * length, L)  # window t = tokens[t-L:t]
+    out = torch.cat([_stationary_filter(hmm, windows[i:i + chunk], dtype)
+                     for i in range(0, n * length, chunk)])
+    return out.reshape(n, length, -1).numpy()
+
+
+@dataclass(frozen=True, eq=False)
+class MemoryErrorResult:
+    """eps(L) = E[TV(p(.|o_{1:t}), p_L(.|o_{t-L+1:t}))] with its Monte Carlo standard error."""
+
+    lengths: np.ndarray
+    eps: np.ndarray
+    stderr: np.ndarray
+    n_histories: int
+    burn_in: int
+
+
+def memory_error(hmm: HMM, lengths: Sequence[int], n_histories: int = 1000, burn_in: int = 200,
+                 seed: int = 0, dtype=torch.float64) -> MemoryErrorResult:
+    """Monte Carlo eps(L) over stationary histories of length burn_in + max(lengths).
+
+    The hidden chain starts from hmm.stationary; the full-history predictive of the next token
+    is the exact filter from hmm.stationary over the whole history, p_L the same filter over its
+    last L tokens; TV = 0.5 * L1 over the V next-token probabilities. Reproducible from seed.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    H = burn_in + int(lengths.max())
+    tokens, _ = hmm.sample(n_histories, H, seed=seed, start=hmm.stationary)
+    tok = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
+    full = _stationary_filter(hmm, tok, dtype)  # (n, V)
+    eps, se = [], []
+    for L in lengths:
+        tv = 0.5 * (full - _stationary_filter(hmm, tok[:, H - int(L):], dtype)).abs().sum(-1)
+        eps.append(tv.mean().item())
+        se.append(tv.std().item() / np.sqrt(n_histories))
+    return MemoryErrorResult(lengths, np.array(eps), np.array(se), n_histories, burn_in)

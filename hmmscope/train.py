@@ -1,0 +1,382 @@
+"""Next-token training on HMM-mixture episodes, tracked in MLflow (SCIENCE.md 3 and 5).
+
+One `train(cfg, ...)` call is one MLflow run (opened through `tracking`, the only module
+that talks to MLflow):
+
+- Data: episodes from `make_mixture(cfg.hmm)`, splits "train" (data.n_train) and "eval"
+  (data.n_eval). Inputs tokens[:, :-1], targets tokens[:, 1:], loss on the Episodes'
+  `target_mask` (next token is an observation; the delimiter is never a target).
+- Batches: step s takes items s*B .. s*B+B-1 of an endless stream whose epoch e is the
+  permutation `default_rng([seed, e])` of the training set, so the batches depend on
+  (train.seed, step) only and a resumed run sees what an uninterrupted one would.
+- Schedule `lr_at`: linear warmup, then cosine decay to min_lr at train.steps.
+- Params: `flatten(cfg)`; tags: dataset hashes, hmm config hash, device, n_params (the code
+  version is added by tracking). Metrics by step: train/{loss,lr,grad_norm,tokens_per_s}
+  every `log_every` steps; eval/{loss,acc,test_loss,test_acc,excess_ce} at step 0, every
+  eval_every steps and at the end; oracle/{loss,acc,test_loss,test_acc} (mixture oracle on
+  the eval episodes, scored on the same targets) once at step 0.
+- Checkpoints: every ckpt_every steps and at the end, the artifact checkpoints/last.pt
+  (overwritten): model/optimizer state dicts, step, flat config, RNG states, metrics.
+- Resume: `train(cfg, resume=run_id)` continues that run from its checkpoint; only
+  train.steps (and the runtime keys train.device / train.compile) may differ from the
+  checkpoint's config. On CPU the result is bitwise that of an uninterrupted run.
+- Divergence: a non-finite loss or gradient norm raises DivergedError; the run ends FAILED
+  with the reason in the tag hmmscope.failure_reason.
+- CPU: float32; HMMSCOPE_THREADS sets torch's thread count. CUDA: bf16 autocast, TF32,
+  fused AdamW, optional torch.compile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import tracking
+from .config import Config, TrainConfig, config_hash, flatten, from_flat
+from .episodes import Episodes, sample_episodes
+from .hmm import make_mixture
+from .model import Transformer
+
+CKPT_DIR, CKPT_NAME = "checkpoints", "last.pt"
+RUNTIME_KEYS = ("train.steps", "train.device", "train.compile")  # may differ on resume
+
+
+class DivergedError(RuntimeError):
+    """The training loss (or gradient norm) became NaN or infinite."""
+
+
+@dataclass
+class TrainResult:
+    run_id: str
+    metrics: dict[str, float]  # final eval/* and oracle/* metrics
+    steps: int  # optimizer steps done in total (including those before a resume)
+    wall_time: float  # seconds spent in this call
+    n_params: int = 0
+    tokens_per_s: float = 0.0  # mean training throughput of this call
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- pure helpers
+
+
+def lr_at(step: int, t: TrainConfig) -> float:
+    """Learning rate of optimizer step `step` (0-based): lr*(step+1)/warmup, then cosine to min_lr at t.steps."""
+    if step < t.warmup:
+        return t.lr * (step + 1) / t.warmup
+    if step >= t.steps:
+        return t.min_lr
+    frac = (step - t.warmup) / max(1, t.steps - t.warmup)
+    return t.min_lr + 0.5 * (1.0 + math.cos(math.pi * frac)) * (t.lr - t.min_lr)
+
+
+def batch_indices(step: int, n: int, batch_size: int, seed: int) -> np.ndarray:
+    """Training-set rows of step `step`: a slice of the stream perm(epoch 0) ++ perm(epoch 1) ++ ..."""
+    pos = step * batch_size + np.arange(batch_size)
+    epoch, within = pos // n, pos % n
+    out = np.empty(batch_size, np.int64)
+    for e in np.unique(epoch):
+        sel = epoch == e
+        out[sel] = np.random.default_rng([seed, int(e)]).permutation(n)[within[sel]]
+    return out
+
+
+def resolve_device(spec: str) -> torch.device:
+    """'auto' -> cuda if available else cpu; an explicit device must exist (ValueError otherwise)."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(spec)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"unknown device {spec!r} (use auto, cpu, cuda, cuda:N or mps)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {spec!r} requested but CUDA is not available")
+        if (dev.index or 0) >= torch.cuda.device_count():
+            raise ValueError(f"device {spec!r} requested but only {torch.cuda.device_count()} CUDA devices exist")
+    elif dev.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError(f"device {spec!r} requested but MPS is not available")
+    elif dev.type != "cpu":
+        raise ValueError(f"unsupported device {spec!r} (use auto, cpu, cuda, cuda:N or mps)")
+    return dev
+
+
+def _autocast(device: torch.device):
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+
+# ---------------------------------------------------------------- data
+
+
+def next_token_batch(ep: Episodes, idx, device: torch.device | str = "cpu"):
+    """(inputs, targets, loss_mask) for episodes idx: tokens[:, :-1], tokens[:, 1:], target_mask[:-1]."""
+    tok = torch.as_tensor(np.asarray(ep.tokens[idx]).astype(np.int64), device=device)
+    mask = torch.as_tensor(ep.target_mask[:-1], device=device).expand(tok.shape[0], -1)
+    return tok[:, :-1], tok[:, 1:], mask
+
+
+def episode_batches(ep: Episodes, batch_size: int, device: torch.device | str = "cpu"):
+    """Yield next_token_batch over ep in order (evaluation)."""
+    for lo in range(0, len(ep), batch_size):
+        yield next_token_batch(ep, np.arange(lo, min(lo + batch_size, len(ep))), device)
+
+
+@torch.no_grad()
+def evaluate_loss(model: torch.nn.Module, ep: Episodes, device: torch.device | str = "cpu",
+                  batch_size: int = 64) -> dict[str, float]:
+    """Mean CE (nats) and argmax accuracy over all observation targets and over test-segment targets."""
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    test = torch.as_tensor(ep.test_target_mask[:-1], device=device)
+    sums = torch.zeros(6, dtype=torch.float64, device=device)  # ce, correct, n, test ce, test correct, test n
+    try:
+        for x, y, m in episode_batches(ep, batch_size, device):
+            with _autocast(device):
+                logits, _ = model(x)
+            logits = logits.float()
+            ce = F.cross_entropy(logits.transpose(1, 2), y, reduction="none")  # (B, T-1)
+            hit = (logits.argmax(-1) == y).double()
+            mt = m & test
+            sums += torch.stack([ce[m].double().sum(), hit[m].sum(), m.sum().double(),
+                                 ce[mt].double().sum(), hit[mt].sum(), mt.sum().double()])
+    finally:
+        model.train(was_training)
+    s = sums.tolist()
+    return {"loss": s[0] / s[2], "acc": s[1] / s[2], "test_loss": s[3] / s[5], "test_acc": s[4] / s[5]}
+
+
+def oracle_metrics(mix, ep: Episodes) -> dict[str, float]:
+    """The mixture oracle (Bayes-optimal predictor) scored on the same targets as evaluate_loss."""
+    from .inference import mixture_oracle
+
+    pred, _ = mixture_oracle(mix, ep, dtype=torch.float64)
+    pred = torch.as_tensor(pred)[:, 1:]  # row t predicts token t; targets are tokens 1..T-1
+    y = torch.as_tensor(np.asarray(ep.tokens[:, 1:]).astype(np.int64))
+    m = torch.as_tensor(ep.target_mask[:-1]).expand_as(y)
+    mt = m & torch.as_tensor(ep.test_target_mask[:-1])
+    p = pred.gather(-1, y.clamp(max=pred.shape[-1] - 1)[..., None])[..., 0]
+    nll, hit = -torch.log(p), (pred.argmax(-1) == y).double()
+    return {"loss": nll[m].mean().item(), "acc": hit[m].mean().item(),
+            "test_loss": nll[mt].mean().item(), "test_acc": hit[mt].mean().item()}
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def _rng_state() -> dict[str, Any]:
+    st = np.random.get_state()
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "numpy": [st[0], torch.from_numpy(st[1].astype(np.int64)), int(st[2]), int(st[3]), float(st[4])],
+            "python": random.getstate()}
+
+
+def _set_rng_state(s: Mapping[str, Any]) -> None:
+    torch.set_rng_state(s["torch"])
+    if s.get("cuda") and torch.cuda.is_available() and len(s["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(s["cuda"])
+    n = s["numpy"]
+    np.random.set_state((n[0], n[1].numpy().astype(np.uint32), n[2], n[3], n[4]))
+    p = s["python"]
+    random.setstate((p[0], tuple(p[1]), p[2]))
+
+
+def load_checkpoint(tracking_uri: str, run_id: str, dst_dir: str | Path) -> dict:
+    """Download run_id's checkpoints/last.pt into dst_dir and load it on the CPU."""
+    run = tracking.Run(tracking_uri, run_id)
+    try:
+        run.get()
+    except Exception as e:
+        raise ValueError(f"run {run_id} not found in {tracking_uri}: {str(e).splitlines()[0]}") from None
+    try:
+        path = run.download(f"{CKPT_DIR}/{CKPT_NAME}", dst_dir)
+    except Exception:
+        path = None
+    if path is None or not Path(path).is_file():
+        raise ValueError(f"run {run_id} has no checkpoint")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_model(tracking_uri: str, run_id: str) -> tuple[Transformer, Config]:
+    """The trained Transformer (CPU, eval mode) and Config of run_id, from its last checkpoint."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ck = load_checkpoint(tracking_uri, run_id, tmp)
+    cfg = from_flat(ck["config"])
+    model = Transformer(cfg.model, int(ck["vocab_size"]))
+    model.load_state_dict(ck["model"])
+    return model.eval(), cfg
+
+
+def _resume_config(saved: Config, passed: Config) -> Config:
+    a, b = flatten(saved), flatten(passed)
+    diff = sorted(k for k in a.keys() | b.keys() if k not in RUNTIME_KEYS and a.get(k) != b.get(k))
+    if diff:
+        raise ValueError(f"config differs from the checkpoint's in {', '.join(diff)} (only train.steps may change)")
+    return dataclasses.replace(saved, train=dataclasses.replace(
+        saved.train, **{k.split(".")[1]: b[k] for k in RUNTIME_KEYS}))
+
+
+# ---------------------------------------------------------------- training
+
+
+def _progress(enabled: bool):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
+                    TextColumn("loss {task.fields[loss]:.4f}  {task.fields[tps]:,.0f} tok/s"),
+                    TimeElapsedColumn(), TimeRemainingColumn(), transient=True,
+                    disable=not (enabled and sys.stderr.isatty()))
+
+
+def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_name: str | None = None,
+          resume: str | None = None, parent: str | None = None, progress: bool = True,
+          eval_fn: Callable[[torch.nn.Module, int], Mapping[str, float] | None] | None = None,
+          log_every: int | None = None, _stop_after: int | None = None) -> TrainResult:
+    """Train a Transformer on cfg's episodes in one MLflow run (new, or `resume`d); see the module docstring.
+
+    eval_fn(model, step) -> {name: value} is called at every evaluation and its metrics logged at that step.
+    log_every: train/* metric cadence (default: steps // 100 clipped to [1, 50]).
+    _stop_after: test hook; raise KeyboardInterrupt after this step (the run ends KILLED), like a kill.
+    """
+    t_start = time.perf_counter()
+    device = resolve_device(cfg.train.device)
+    ck = None
+    if resume is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            ck = load_checkpoint(tracking_uri, resume, tmp)
+        cfg = _resume_config(from_flat(ck["config"]), cfg)
+        device = resolve_device(cfg.train.device)
+    t = cfg.train
+    if device.type == "cpu" and os.environ.get("HMMSCOPE_THREADS"):
+        torch.set_num_threads(int(os.environ["HMMSCOPE_THREADS"]))
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    log_every = log_every or min(50, max(1, t.steps // 100))
+
+    mix = make_mixture(cfg.hmm)
+    ep_train = sample_episodes(mix, cfg.data, cfg.data.n_train, "train")
+    ep_eval = sample_episodes(mix, cfg.data, cfg.data.n_eval, "eval")
+    tokens = torch.as_tensor(ep_train.tokens.astype(np.int64), device=device)  # (N, T)
+    loss_mask = torch.as_tensor(ep_train.target_mask[:-1], device=device).expand(t.batch_size, -1)
+    try:
+        oracle = {f"oracle/{k}": v for k, v in oracle_metrics(mix, ep_eval).items()}
+    except ImportError:
+        oracle = {}
+
+    torch.manual_seed(t.seed)
+    np.random.seed(t.seed)
+    random.seed(t.seed)
+    model = Transformer(cfg.model, ep_train.vocab_size).to(device)
+    opt = model.configure_optimizers(t.weight_decay, t.lr, (t.beta1, t.beta2))
+    start, best = 0, {}
+    if ck is not None:
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        start, best = int(ck["step"]), dict(ck["metrics"].get("best", {}))
+        _set_rng_state(ck["rng"])
+    fwd = torch.compile(model) if (t.compile and device.type == "cuda") else model
+    n_params = model.num_params()
+    tok_per_step = t.batch_size * (ep_train.seq_len - 1)
+
+    tags = {"hmmscope.dataset_hash": ep_train.meta.get("dataset_hash", ""),
+            "hmmscope.eval_dataset_hash": ep_eval.meta.get("dataset_hash", ""),
+            "hmmscope.hmm_hash": config_hash(cfg.hmm), "hmmscope.device": str(device),
+            "hmmscope.n_params": n_params}
+    name = run_name or f"train-{config_hash(cfg.hmm, cfg.data, cfg.model, cfg.train)[:8]}"
+    with tracking.start_run(tracking_uri, experiment, name, parent=parent, resume=resume,
+                            params=None if resume else flatten(cfg), tags=None if resume else tags) as run:
+        run.set_tags({**tags, **({"hmmscope.resumed_from_step": start, "hmmscope.target_steps": t.steps}
+                                 if resume else {})})
+        last: dict[str, float] = {}
+
+        def evaluate(step: int) -> None:
+            ev = {f"eval/{k}": v for k, v in evaluate_loss(fwd, ep_eval, device).items()}
+            if "oracle/test_loss" in oracle:
+                ev["eval/excess_ce"] = ev["eval/test_loss"] - oracle["oracle/test_loss"]
+            if eval_fn is not None:
+                ev.update(eval_fn(model, step) or {})
+            last.clear()
+            last.update(ev)
+            if ev["eval/loss"] < best.get("eval/loss", math.inf):
+                best.clear()
+                best.update(ev, step=step)
+            run.log_metrics(ev, step=step)
+
+        def checkpoint(step: int) -> None:
+            state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                     "config": flatten(cfg), "vocab_size": ep_train.vocab_size, "rng": _rng_state(),
+                     "metrics": {"last": dict(last), "best": dict(best)},
+                     "dataset_hash": ep_train.meta.get("dataset_hash", "")}
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / CKPT_NAME
+                torch.save(state, path)
+                run.log_artifact(path, CKPT_DIR)
+
+        if start == 0:
+            run.log_metrics(oracle, step=0)
+            evaluate(0)
+        model.train()
+        losses: list[float] = []
+        train_s = int_s = 0.0
+        with _progress(progress) as bar:
+            task = bar.add_task("train", total=t.steps, completed=start, loss=float("nan"), tps=0.0)
+            for step in range(start, t.steps):
+                t0 = time.perf_counter()
+                lr = lr_at(step, t)
+                for g in opt.param_groups:
+                    g["lr"] = lr
+                idx = torch.as_tensor(batch_indices(step, len(ep_train), t.batch_size, t.seed), device=device)
+                batch = tokens[idx]
+                with _autocast(device):
+                    _, loss = fwd(batch[:, :-1], batch[:, 1:], loss_mask)
+                lv = loss.item()
+                if not math.isfinite(lv):
+                    raise DivergedError(f"non-finite loss ({lv}) at step {step + 1}")
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                gn = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip).item()
+                if not math.isfinite(gn):
+                    raise DivergedError(f"non-finite gradient norm ({gn}) at step {step + 1}")
+                opt.step()
+                dt = time.perf_counter() - t0
+                train_s, int_s = train_s + dt, int_s + dt
+                losses.append(lv)
+                done = step + 1
+                bar.update(task, completed=done)
+                if done % log_every == 0 or done == t.steps:
+                    tps = len(losses) * tok_per_step / int_s
+                    run.log_metrics({"train/loss": sum(losses) / len(losses), "train/lr": lr,
+                                     "train/grad_norm": gn, "train/tokens_per_s": tps}, step=done)
+                    bar.update(task, completed=done, loss=sum(losses) / len(losses), tps=tps)
+                    losses.clear()
+                    int_s = 0.0
+                if done % t.eval_every == 0 or done == t.steps:
+                    evaluate(done)
+                if done % t.ckpt_every == 0 or done == t.steps:
+                    checkpoint(done)
+                if _stop_after is not None and done >= _stop_after:
+                    raise KeyboardInterrupt(f"stopped after step {done} (_stop_after)")
+        if start >= t.steps:  # resumed a finished run: nothing to train, refresh the final metrics
+            evaluate(start)
+        final = {**oracle, **last}
+        run.log_metrics({"train/wall_time_s": time.perf_counter() - t_start}, step=max(start, t.steps))
+    trained = max(0, t.steps - start)
+    return TrainResult(run.run_id, final, max(start, t.steps), time.perf_counter() - t_start, n_params,
+                       trained * tok_per_step / train_s if train_s else 0.0,
+                       {"best": dict(best), "train_s": train_s})

@@ -1,0 +1,180 @@
+"""Figure 1 evaluation: truncation layout, prediction alignment, oracle-as-model identities, outputs."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from hmmscope.config import DataConfig, HMMConfig
+from hmmscope.episodes import Episodes, layout, sample_episodes
+from hmmscope.evaluate import figure1, memory_comparison, model_predictive, plot_figure1, truncate_demos
+from hmmscope.hmm import make_mixture
+from hmmscope.inference import memory_error, mixture_oracle, task_oracle
+from hmmscope.train import oracle_metrics
+
+V = 5
+DATA = DataConfig(n_demos=3, l_demo=6, l_test=9, seed=3)
+
+
+@pytest.fixture(scope="module")
+def mix():
+    return make_mixture(HMMConfig(n_tasks=4, n_states=6, n_tokens=V, rank=3, gamma=0.7, rho=0.05, seed=1))
+
+
+@pytest.fixture(scope="module")
+def ep(mix):
+    return sample_episodes(mix, DATA, 48, "eval")
+
+
+class OracleModel(nn.Module):
+    """Logits at t = log p_mixture(token_{t+1} | tokens <= t), recomputed on whatever episode it is fed
+    (so it is the Bayes-optimal predictor at every truncation k); a huge delimiter logit checks that
+    model_predictive drops non-observation ids."""
+
+    def __init__(self, mix, ep):
+        super().__init__()
+        self.mix, self.meta, self.vocab_size = mix, ep.meta, V + 1
+        self.l_demo, self.l_test = ep.l_demo, ep.l_test
+
+    def forward(self, idx, targets=None, loss_mask=None):
+        B, Tin = idx.shape
+        k = (Tin + 1 - self.l_test) // (self.l_demo + 1)
+        tok = torch.cat([idx, torch.zeros(B, 1, dtype=idx.dtype)], 1).numpy()  # dummy last token: unused
+        seg, pos = layout(k, self.l_demo, self.l_test)
+        e = Episodes(tokens=tok, states=tok, task_ids=np.zeros(B, np.int64), segment=seg, position=pos, n_tokens=V,
+                     n_demos=k, l_demo=self.l_demo, l_test=self.l_test, meta=dict(self.meta))
+        pred, _ = mixture_oracle(self.mix, e, dtype=torch.float64)
+        logits = torch.nan_to_num(torch.log(pred[:, 1:]), nan=0.0)
+        return torch.cat([logits, torch.full((B, Tin, 1), 50.0, dtype=logits.dtype)], -1), None
+
+
+class PerfectModel(nn.Module):
+    """Cheats: looks the episode up by its (suffix) prefix and puts its logit mass on the true next token."""
+
+    def __init__(self, tokens):
+        super().__init__()
+        self.tokens, self.vocab_size = torch.as_tensor(tokens.astype(np.int64)), V + 1
+
+    def forward(self, idx, targets=None, loss_mask=None):
+        Tin = idx.shape[1]
+        suffix = self.tokens[:, -(Tin + 1):]
+        rows = [int(np.flatnonzero((suffix[:, :-1] == r).all(1).numpy())[0]) for r in idx]
+        return 30.0 * nn.functional.one_hot(suffix[rows, 1:], V + 1).double(), None
+
+
+class FixedModel(nn.Module):
+    def __init__(self, logits):
+        super().__init__()
+        self.logits, self.vocab_size = torch.as_tensor(logits, dtype=torch.float32), len(logits)
+
+    def forward(self, idx, targets=None, loss_mask=None):
+        return self.logits.expand(*idx.shape, -1).clone(), None
+
+
+def test_truncate_demos_layout(ep):
+    same = truncate_demos(ep, DATA.n_demos)
+    for a in ("tokens", "states", "task_ids", "segment", "position"):
+        np.testing.assert_array_equal(getattr(same, a), getattr(ep, a))
+    test_tok = ep.tokens[:, ep.test_mask]
+    for k in range(DATA.n_demos + 1):
+        e = truncate_demos(ep, k)
+        seg, pos = layout(k, DATA.l_demo, DATA.l_test)
+        assert e.n_demos == k and e.seq_len == k * (DATA.l_demo + 1) + DATA.l_test
+        np.testing.assert_array_equal(e.segment, seg)
+        np.testing.assert_array_equal(e.position, pos)
+        np.testing.assert_array_equal(e.tokens[:, e.test_mask], test_tok)
+        np.testing.assert_array_equal(e.task_ids, ep.task_ids)
+        assert (e.tokens[:, ~e.is_obs] == V).all() and (e.tokens[:, e.is_obs] < V).all()
+        for j in range(k):  # kept demos are the LAST k of the original, in order
+            orig = j + DATA.n_demos - k
+            np.testing.assert_array_equal(e.tokens[:, e.segment == j], ep.tokens[:, ep.segment == orig])
+            np.testing.assert_array_equal(e.states[:, e.segment == j], ep.states[:, ep.segment == orig])
+    zero = truncate_demos(ep, 0)
+    assert zero.test_mask.all() and zero.seq_len == DATA.l_test
+    with pytest.raises(ValueError):
+        truncate_demos(ep, DATA.n_demos + 1)
+
+
+def test_model_predictive_alignment(ep):
+    pred = model_predictive(PerfectModel(ep.tokens), ep.tokens, batch_size=7)  # odd batch: batching is seamless
+    assert pred.shape == (len(ep), ep.seq_len, V)
+    assert torch.isnan(pred[:, 0]).all() and torch.isnan(pred[:, ~ep.is_obs]).all()
+    obs = np.flatnonzero(ep.is_obs & (np.arange(ep.seq_len) >= 1))
+    assert torch.isfinite(pred[:, obs]).all()
+    assert (pred[:, obs].argmax(-1).numpy() == ep.tokens[:, obs]).all()  # pred[:, t] predicts token t
+    torch.testing.assert_close(pred[:, obs].sum(-1), torch.ones(len(ep), len(obs)))
+    # fixed logits: softmax over the V observation ids only, whatever the delimiter logit
+    logits = np.array([0.0, np.log(2), np.log(3), np.log(4), np.log(10), 100.0])
+    fixed = model_predictive(FixedModel(logits), ep.tokens)
+    torch.testing.assert_close(fixed[:, obs], torch.tensor([1, 2, 3, 4, 10.0]).div(20).expand(len(ep), len(obs), V))
+
+
+def test_figure1_perfect_and_uniform(mix, ep):
+    perfect = figure1(PerfectModel(ep.tokens), mix, ep, batch_size=16)
+    for r in perfect.by_k:
+        if r["predictor"] == "model":
+            assert r["acc"] == 1.0 and r["ce"] < 1e-9
+        assert r["n_tokens"] == DATA.l_test - (r["k"] == 0)  # no prediction for episode token 0
+    uni = figure1(FixedModel(np.zeros(V + 1)), mix, ep)
+    for k in range(DATA.n_demos + 1):
+        m, o = uni.row("model", k), uni.row("mixture_oracle", k)
+        assert o["acc"] > m["acc"] and o["ce"] < m["ce"] and m["kl_mix"] > 0.01
+        # a uniform model's CE is log V, and its KL to any oracle is log V - H(oracle)
+        assert m["ce"] == pytest.approx(np.log(V))
+    # KL direction: KL(oracle || uniform) = log V - H(oracle) (the reverse would be -log V - E log p)
+    for name, kl in (("mixture_oracle", "kl_mix"), ("task_oracle", "kl_task")):
+        fn = mixture_oracle if name == "mixture_oracle" else task_oracle
+        p = fn(mix, ep, dtype=torch.float64)
+        p = (p[0] if isinstance(p, tuple) else p)[:, ep.test_mask]
+        expect = (np.log(V) + torch.xlogy(p, p).sum(-1)).mean().item()
+        assert uni.row("model")[kl] == pytest.approx(expect, rel=1e-9)
+    # task oracle beats the mixture oracle when the task is unknown (k = 0), and the gap shrinks with k
+    t0, x0 = uni.row("task_oracle", 0), uni.row("mixture_oracle", 0)
+    assert t0["acc"] >= x0["acc"] and t0["ce"] < x0["ce"]
+    assert uni.row("mixture_oracle", 0)["kl_task"] > uni.row("mixture_oracle", DATA.n_demos)["kl_task"]
+    assert uni.row("model", 0)["p_true_task"] < uni.row("model", DATA.n_demos)["p_true_task"]
+    for r in uni.by_k + uni.by_position:
+        for key in ("acc", "ce", "kl_mix", "excess_ce"):
+            assert r[f"{key}_lo"] <= r[key] <= r[f"{key}_hi"]
+
+
+def test_figure1_oracle_as_model(mix, ep, tmp_path):
+    res = figure1(OracleModel(mix, ep), mix, ep, batch_size=16)
+    assert [r["k"] for r in res.by_k] == sorted(k for k in range(DATA.n_demos + 1) for _ in range(3))
+    for k in range(DATA.n_demos + 1):
+        m, x, t = res.row("model", k), res.row("mixture_oracle", k), res.row("task_oracle", k)
+        assert abs(m["excess_ce"]) < 1e-5 and abs(m["kl_mix"]) < 1e-5 and x["kl_mix"] == 0.0
+        assert m["acc"] == x["acc"] and m["kl_task"] == pytest.approx(x["kl_task"], abs=1e-6)
+        assert t["kl_task"] == 0.0 and t["excess_ce_task"] == 0.0
+    for r in res.by_position:
+        if r["predictor"] == "model":
+            assert abs(r["excess_ce"]) < 1e-5 and abs(r["kl_mix"]) < 1e-5
+    assert sorted({r["position"] for r in res.by_position}) == list(range(DATA.l_test))
+    # the same numbers as training's own oracle metric on the full episodes
+    assert res.row("mixture_oracle")["acc"] == pytest.approx(oracle_metrics(mix, ep)["test_acc"], abs=1e-12)
+    h = res.headline()
+    assert h["eval/test_acc"] == m["acc"] and abs(h["eval/gap_to_mix"]) == 0.0
+    assert set(h) >= {"eval/test_acc", "eval/oracle_mix_test_acc", "eval/oracle_task_test_acc", "eval/kl_mix",
+                      "eval/excess_ce", "eval/gap_to_mix"}
+    json.dumps(res.to_dict(), allow_nan=False)
+    paths = res.to_csv(tmp_path)
+    with open(paths[0]) as f:
+        assert len(list(csv.DictReader(f))) == len(res.by_k)
+    png = plot_figure1(res, tmp_path / "fig" / "figure1.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_memory_comparison(mix):
+    data = DataConfig(n_demos=1, l_demo=6, l_test=10, test_start="midstream", burn_in=150, seed=2)
+    ep = sample_episodes(mix, data, 24, "eval")
+    out = memory_comparison(OracleModel(mix, ep), mix, ep, 4, n_tasks_theory=2,
+                            theory_kw={"n_histories": 64, "burn_in": 50, "seed": 5})
+    assert out["comparable"] and out["n_positions"] == data.l_test - 4
+    assert out["model_tv"] == pytest.approx(out["mix_tv"], abs=1e-6) and out["model_tv_lo"] <= out["model_tv"]
+    ref = [memory_error(mix.task(i), [4], n_histories=64, burn_in=50, seed=5).eps[0] for i in range(2)]
+    assert out["eps"] == pytest.approx(np.mean(ref))
+    assert not memory_comparison(FixedModel(np.zeros(V + 1)), mix, truncate_demos(sample_episodes(mix, DATA, 8), 2), 3,
+                                 n_tasks_theory=1, theory_kw={"n_histories": 16})["comparable"]

@@ -1,0 +1,182 @@
+"""HMM validation, the two transition families, emissions, hashing, chain properties, HMM.sample."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from hmmscope.config import HMMConfig, config_hash
+from hmmscope.hmm import HMM, dobrushin, make_hmm, make_mixture, stationary_distribution
+
+
+def _random_hmm_arrays(S=4, V=3, seed=0):
+    rng = np.random.default_rng(seed)
+    mu = rng.dirichlet(np.ones(S))
+    T = rng.dirichlet(np.ones(S), size=S)
+    O = rng.dirichlet(np.ones(V), size=S)
+    return mu, T, O
+
+
+# ---------------------------------------------------------------- validation
+
+
+def test_valid_hmm_accepted():
+    mu, T, O = _random_hmm_arrays()
+    h = HMM(mu, T, O)
+    assert (h.n_states, h.n_tokens, h.rank) == (4, 3, 4)
+    np.testing.assert_allclose(h.W @ h.Q, T)
+
+
+@pytest.mark.parametrize("which, bad, match", [
+    ("T", lambda T: T[:3], "transition must be"),
+    ("O", lambda O: O[:3], "emission must have 4 rows"),
+    ("mu", lambda mu: mu[:3] / mu[:3].sum(), "transition must be"),
+    ("T", lambda T: T.ravel(), "2-dimensional"),
+])
+def test_shape_mismatch(which, bad, match):
+    arrs = dict(zip(("mu", "T", "O"), _random_hmm_arrays()))
+    arrs[which] = bad(arrs[which])
+    with pytest.raises(ValueError, match=match):
+        HMM(arrs["mu"], arrs["T"], arrs["O"])
+
+
+def test_negative_entries():
+    mu, T, O = _random_hmm_arrays()
+    O = O.copy()
+    O[0, 0], O[0, 1] = -0.1, O[0, 1] + O[0, 0] + 0.1  # row still sums to 1
+    with pytest.raises(ValueError, match="emission has negative entries"):
+        HMM(mu, T, O)
+
+
+@pytest.mark.parametrize("which", ["initial", "transition", "emission"])
+def test_rows_must_sum_to_one(which):
+    arrs = dict(zip(("initial", "transition", "emission"), _random_hmm_arrays()))
+    arrs[which] = arrs[which] * 1.1
+    with pytest.raises(ValueError, match=f"{which} rows must sum to 1"):
+        HMM(arrs["initial"], arrs["transition"], arrs["emission"])
+
+
+def test_non_finite_and_bad_factors():
+    mu, T, O = _random_hmm_arrays()
+    T2 = T.copy()
+    T2[0, 0] = np.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        HMM(mu, T2, O)
+    W = np.full((4, 2), 0.5)
+    Q = np.random.default_rng(0).dirichlet(np.ones(4), size=2)
+    with pytest.raises(ValueError, match="W @ Q == transition"):
+        HMM(mu, T, O, factors=(W, Q))
+    HMM(mu, W @ Q, O, factors=(W, Q))  # consistent factors are accepted
+
+
+# ---------------------------------------------------------------- families
+
+
+@pytest.mark.parametrize("family", ["dirichlet", "sticky"])
+def test_factors_row_stochastic_and_low_rank(family):
+    cfg = HMMConfig(family=family, n_tasks=5, n_states=24, n_tokens=6, rank=4, rho=0.1, seed=3)
+    mix = make_mixture(cfg)
+    assert mix.W.shape == (5, 24, 4) and mix.Q.shape == (5, 4, 24) and mix.emission.shape == (5, 24, 6)
+    for a in (mix.W, mix.Q, mix.emission, mix.initial):
+        assert np.all(a >= 0)
+        np.testing.assert_allclose(a.sum(-1), 1.0, atol=1e-12)
+    np.testing.assert_allclose(mix.prior, np.full(5, 0.2))
+    for i in range(5):
+        T = mix.transition(i)
+        np.testing.assert_allclose(T.sum(1), 1.0, atol=1e-12)
+        r = np.linalg.matrix_rank(T)
+        assert r <= 4
+        assert r == 4  # generic draws reach the full rank d
+
+
+def test_sticky_structure():
+    S, d = 12, 3
+    mix = make_mixture(HMMConfig(family="sticky", n_tasks=4, n_states=S, rank=d, rho=0.1, seed=1))
+    cluster = np.arange(S) * d // S
+    off = cluster[None, :] != np.arange(d)[:, None]  # (d, S): Q row k must vanish off cluster k
+    assert np.all(mix.Q[:, off] == 0)
+    assert np.all(mix.Q[:, ~off] > 0)
+    # with rho = 0 each W row is one-hot, constant on a cluster, and the clusters map by a permutation
+    mix0 = make_mixture(HMMConfig(family="sticky", n_tasks=6, n_states=S, rank=d, rho=0.0, seed=1))
+    assert np.all(np.sort(mix0.W, -1)[..., :-1] == 0) and np.all(mix0.W.max(-1) == 1)
+    target = mix0.W.argmax(-1)  # (n, S)
+    for i in range(6):
+        sigma = [target[i, cluster == j][0] for j in range(d)]
+        assert all(np.all(target[i, cluster == j] == sigma[j]) for j in range(d))
+        assert sorted(sigma) == list(range(d))
+
+
+def test_make_mixture_deterministic():
+    cfg = HMMConfig(n_tasks=3, n_states=10, n_tokens=4, rank=3, seed=7)
+    a, b = make_mixture(cfg), make_mixture(cfg)
+    c = make_mixture(dataclasses.replace(cfg, seed=8))
+    for f in ("initial", "W", "Q", "emission", "prior"):
+        assert getattr(a, f).tobytes() == getattr(b, f).tobytes()
+    assert a.config_hash == b.config_hash != c.config_hash
+    assert not np.array_equal(a.W, c.W) and not np.array_equal(a.initial, c.initial)
+    np.testing.assert_array_equal(make_hmm(cfg, task=2).transition, a.transition(2))
+
+
+def test_config_hash_stable_and_sensitive():
+    cfg = HMMConfig()
+    assert config_hash(cfg) == config_hash(HMMConfig()) and len(config_hash(cfg)) == 16
+    seen = {config_hash(cfg)}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if isinstance(v, str):
+            new = "dirichlet" if v != "dirichlet" else "sticky"
+        else:
+            new = v + 1 if isinstance(v, int) else v / 2
+        h = config_hash(dataclasses.replace(cfg, **{f.name: new}))
+        assert h not in seen, f"hash did not change with {f.name}"
+        seen.add(h)
+
+
+def test_emission_revealing_map():
+    g = 0.7
+    mix = make_mixture(HMMConfig(n_tasks=4, n_states=5, n_tokens=8, rank=2, gamma=g, seed=2))
+    for O in mix.emission:
+        reveal = O.argmax(1)
+        assert len(set(reveal)) == 5  # injective when S <= V
+        E = np.eye(8)[reveal]
+        np.testing.assert_allclose(O, g * E + (1 - g) / 8, atol=1e-15)
+    big = make_mixture(HMMConfig(n_tasks=2, n_states=20, n_tokens=8, rank=2, gamma=g, seed=2))
+    for O in big.emission:  # S > V: each token revealed by floor or ceil of S / V states
+        counts = np.bincount(O.argmax(1), minlength=8)
+        assert set(counts) <= {2, 3} and counts.sum() == 20
+
+
+# ---------------------------------------------------------------- chain properties
+
+
+def test_stationary_is_fixed_point():
+    for seed in range(3):
+        h = make_hmm(HMMConfig(family="dirichlet", n_tasks=1, n_states=9, n_tokens=3, rank=3, seed=seed))
+        pi = h.stationary
+        assert np.all(pi >= 0) and abs(pi.sum() - 1) < 1e-12
+        np.testing.assert_allclose(pi @ h.transition, pi, atol=1e-10)
+    P = np.array([[0.0, 1.0], [1.0, 0.0]])  # periodic chain: the unique stationary law is uniform
+    np.testing.assert_allclose(stationary_distribution(P), [0.5, 0.5], atol=1e-12)
+
+
+@pytest.mark.parametrize("S", [5, 70])  # 70 crosses the 64-row chunk boundary
+def test_dobrushin_brute_force(S):
+    T = np.random.default_rng(S).dirichlet(np.full(S, 0.3), size=S)
+    brute = max(0.5 * np.abs(T[i] - T[j]).sum() for i in range(S) for j in range(S))
+    assert dobrushin(T) == pytest.approx(brute, abs=1e-12)
+    assert dobrushin(np.tile(T[:1], (S, 1))) == 0.0
+    assert dobrushin(np.eye(S)) == 1.0
+
+
+def test_hmm_sample_shapes_and_dtypes():
+    h = make_hmm(HMMConfig(n_tasks=1, n_states=7, n_tokens=5, rank=3))
+    tok, st = h.sample(11, 13, seed=4)
+    assert tok.shape == st.shape == (11, 13)
+    assert np.issubdtype(tok.dtype, np.integer) and np.issubdtype(st.dtype, np.integer)
+    assert tok.min() >= 0 and tok.max() < 5 and st.min() >= 0 and st.max() < 7
+    tok2, st2 = h.sample(11, 13, seed=4)
+    assert np.array_equal(tok, tok2) and np.array_equal(st, st2)
+    assert not np.array_equal(tok, h.sample(11, 13, seed=5)[0])
+    start = np.eye(7)[3]
+    _, st3 = h.sample(50, 4, seed=0, start=start)
+    assert np.all(st3[:, 0] == 3)

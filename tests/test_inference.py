@@ -1,0 +1,303 @@
+"""Exact inference (SCIENCE.md 4) against brute-force enumeration, hmmlearn, and invariances."""
+
+import itertools
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from hmmscope.config import DataConfig, HMMConfig
+from hmmscope.episodes import layout, sample_episodes
+from hmmscope.hmm import HMM, Mixture, make_hmm, make_mixture
+from hmmscope.inference import (
+    MemoryErrorResult, filter_factored, memory_error, memory_predictor, mixture_oracle, predictive, task_oracle,
+)
+
+F64 = torch.float64
+
+
+def _random_hmm(rng, S, V, d=None):
+    mu = rng.dirichlet(np.ones(S))
+    O = rng.dirichlet(np.ones(V), S)
+    if d is None:
+        return HMM(mu, rng.dirichlet(np.ones(S), S), O)
+    W, Q = rng.dirichlet(np.ones(d), S), rng.dirichlet(np.ones(S), d)
+    return HMM(mu, W @ Q, O, factors=(W, Q))
+
+
+def _joint(start, T, O, tokens):
+    """Brute force p(o_0..o_{k-1}) by summing over all S^k hidden paths (1 for k = 0)."""
+    k, S = len(tokens), len(start)
+    if k == 0:
+        return 1.0
+    paths = np.array(list(itertools.product(range(S), repeat=k)))  # (S^k, k)
+    p = start[paths[:, 0]] * O[paths[:, 0], tokens[0]]
+    for i in range(1, k):
+        p = p * T[paths[:, i - 1], paths[:, i]] * O[paths[:, i], tokens[i]]
+    return p.sum()
+
+
+def _brute_predictive(start, T, O, tokens):
+    """(len, V): p(o_t = v | o_<t) = joint(o_<t, v) / joint(o_<t)."""
+    V = O.shape[1]
+    return np.array([[_joint(start, T, O, list(tokens[:t]) + [v]) / _joint(start, T, O, list(tokens[:t]))
+                      for v in range(V)] for t in range(len(tokens))])
+
+
+# ---------------------------------------------------------------- single HMM
+
+
+@pytest.mark.parametrize("S, V, d, T", [(2, 2, None, 6), (3, 2, None, 5), (2, 3, None, 6), (3, 3, 2, 5), (3, 2, 1, 6)])
+def test_predictive_matches_brute_force(S, V, d, T):
+    rng = np.random.default_rng(S * 100 + V * 10 + T)
+    for _ in range(3):
+        h = _random_hmm(rng, S, V, d)
+        tok = rng.integers(0, V, (2, T))
+        pred = predictive(h, tok)
+        assert pred.shape == (2, T, V) and pred.dtype == np.float64
+        for i in range(2):
+            np.testing.assert_allclose(pred[i], _brute_predictive(h.initial, h.transition, h.emission, tok[i]),
+                                       rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("factored", [False, True])
+def test_loglik_matches_hmmlearn(factored):
+    from hmmlearn.hmm import CategoricalHMM
+
+    rng = np.random.default_rng(1 + factored)
+    if factored:
+        h = make_hmm(HMMConfig(n_tasks=1, n_states=20, n_tokens=6, rank=4, gamma=0.6, seed=3))
+    else:
+        h = _random_hmm(rng, 20, 6)
+    tok = h.sample(3, 200, seed=5)[0]
+    m = CategoricalHMM(n_components=20, n_features=6, init_params="", params="")
+    m.startprob_, m.transmat_, m.emissionprob_ = h.initial, h.transition, h.emission
+    pred = predictive(h, tok)
+    ours = np.log(np.take_along_axis(pred, tok[..., None], -1)[..., 0]).sum(1)
+    ref = np.array([m.score(row[:, None]) for row in tok])
+    np.testing.assert_allclose(ours, ref, rtol=1e-10)
+    _, logp = filter_factored(h.initial, h.W, h.Q, h.emission, tok, dtype=F64)  # per-step log p(o_t | o_<t)
+    np.testing.assert_allclose(logp.sum(1).numpy(), ref, rtol=1e-10)
+    _, logp32 = filter_factored(h.initial, h.W, h.Q, h.emission, tok)  # float32 default
+    assert logp32.dtype == torch.float32
+    np.testing.assert_allclose(logp32.sum(1).numpy(), ref, rtol=1e-4)
+
+
+def test_filtering_is_causal():
+    h = make_hmm(HMMConfig(n_tasks=1, n_states=16, n_tokens=5, rank=3))
+    rng = np.random.default_rng(0)
+    tok = torch.as_tensor(rng.integers(0, 5, (4, 30)))
+    base, base_lp = filter_factored(h.initial, h.W, h.Q, h.emission, tok)
+    for t in (0, 7, 29):
+        alt = tok.clone()
+        alt[:, t:] = torch.as_tensor(rng.integers(0, 5, (4, 30 - t)))
+        alt[:, t] = (tok[:, t] + 1) % 5  # surely changed
+        pred, lp = filter_factored(h.initial, h.W, h.Q, h.emission, alt)
+        assert torch.equal(pred[:, :t + 1], base[:, :t + 1])  # prediction of o_t uses tokens < t only
+        assert torch.equal(lp[:, :t], base_lp[:, :t])
+        if t < 29:
+            assert not torch.equal(pred[:, t + 1], base[:, t + 1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_long_sequence_is_stable(dtype):
+    h = make_hmm(HMMConfig(n_tasks=1, n_states=32, n_tokens=8, rank=4, gamma=0.5))
+    tok = h.sample(2, 5000, seed=1)[0]
+    pred, logp = filter_factored(h.initial, h.W, h.Q, h.emission, tok, dtype=dtype)
+    assert torch.isfinite(pred).all() and torch.isfinite(logp).all()
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert (pred.sum(-1) - 1).abs().max() < tol
+    assert logp.sum(1).max() < -1000  # the joint probability itself would underflow
+    _, lp64 = filter_factored(h.initial, h.W, h.Q, h.emission, tok, dtype=F64)
+    np.testing.assert_allclose(logp.sum(1).numpy(), lp64.sum(1).numpy(), rtol=1e-4)
+
+
+def test_shared_and_per_sequence_parameters_agree():
+    h = make_hmm(HMMConfig(n_tasks=1, n_states=12, n_tokens=4, rank=3))
+    rng = np.random.default_rng(2)
+    N = 5
+    tok = rng.integers(0, 4, (N, 25))
+    start = rng.dirichlet(np.ones(12), N)
+    reset = np.zeros(25, bool)
+    reset[10] = True
+    kw = dict(reset=reset, start=start, start_pos=18, dtype=F64)
+    shared = filter_factored(h.initial, h.W, h.Q, h.emission, tok, **kw)
+    rep = lambda a: np.repeat(a[None], N, 0)  # noqa: E731
+    per = filter_factored(rep(h.initial), rep(h.W), rep(h.Q), rep(h.emission), tok, **kw)
+    mixed = filter_factored(h.initial, rep(h.W), h.Q, rep(h.emission), tok, **kw)
+    for other in (per, mixed):
+        for a, b in zip(shared, other):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-13)
+    # reset / start semantics against independent runs
+    pred = shared[0].numpy()
+    np.testing.assert_allclose(pred[:, 10:18], predictive(h, tok[:, 10:18]), atol=1e-13)
+    h2 = lambda i: HMM(start[i], h.transition, h.emission, factors=(h.W, h.Q))  # noqa: E731
+    for i in range(N):
+        np.testing.assert_allclose(pred[i, 18:], predictive(h2(i), tok[i, 18:])[0], atol=1e-13)
+
+
+def test_missing_tokens_are_skipped():
+    h = make_hmm(HMMConfig(n_tasks=1, n_states=8, n_tokens=4, rank=2))
+    tok = np.array([[0, 1, 4, 2, 3], [0, 1, -1, 2, 3]])
+    pred, logp = filter_factored(h.initial, h.W, h.Q, h.emission, tok, dtype=F64)
+    ref = predictive(h, np.array([[0, 1, 2, 3]]))[0]
+    for i in range(2):
+        assert torch.isnan(pred[i, 2]).all() and logp[i, 2] == 0
+        np.testing.assert_allclose(pred[i, [0, 1, 3, 4]].numpy(), ref, atol=1e-14)
+
+
+# ---------------------------------------------------------------- episodes
+
+
+def _toy_mixture(seed=0, n_tasks=2, S=2, V=2):
+    rng = np.random.default_rng(seed)
+    hs = [_random_hmm(rng, S, V) for _ in range(n_tasks)]
+    prior = rng.dirichlet(np.ones(n_tasks))
+    return Mixture(np.stack([h.initial for h in hs]), np.stack([h.W for h in hs]), np.stack([h.Q for h in hs]),
+                   np.stack([h.emission for h in hs]), prior), hs
+
+
+def _toy_episodes(mix, task_ids, tokens, n_demos, l_demo, l_test, test_start="initial", burn_in=0):
+    seg, pos = layout(n_demos, l_demo, l_test)
+    return SimpleNamespace(tokens=tokens, task_ids=np.asarray(task_ids), segment=seg, position=pos,
+                           test_mask=seg == n_demos, n_demos=n_demos, test_start=test_start, burn_in=burn_in,
+                           meta={})
+
+
+def _brute_episode(h, ep_tokens, seg, test_start_dist):
+    """Per position: (p(o_<t | task), p(o_t = . | o_<t, task)); the segments are independent given the task."""
+    done, out = 1.0, []
+    n_demos = seg.max()
+    for t, s in enumerate(seg):
+        if s < 0:
+            out.append((None, None))
+            continue
+        if t == 0 or seg[t - 1] != s:
+            first = t
+        start = test_start_dist if s == n_demos else h.initial
+        prefix = list(ep_tokens[first:t])
+        pre = done * _joint(start, h.transition, h.emission, prefix)
+        out.append((pre, _brute_predictive(start, h.transition, h.emission, prefix + [0])[-1]))
+        if t + 1 == len(seg) or seg[t + 1] != s:
+            done *= _joint(start, h.transition, h.emission, list(ep_tokens[first:t + 1]))
+    return out
+
+
+@pytest.mark.parametrize("test_start, burn_in", [("initial", 0), ("midstream", 3)])
+def test_oracles_match_brute_force(test_start, burn_in):
+    mix, hs = _toy_mixture(seed=4)
+    rng = np.random.default_rng(7)
+    n_demos, l_demo, l_test = 2, 2, 3
+    seg, _ = layout(n_demos, l_demo, l_test)
+    tokens = np.where(seg >= 0, rng.integers(0, 2, (4, len(seg))), 2)
+    task_ids = np.array([0, 1, 1, 0])
+    ep = _toy_episodes(mix, task_ids, tokens, n_demos, l_demo, l_test, test_start, burn_in)
+    starts = [h.initial @ np.linalg.matrix_power(h.transition, burn_in) for h in hs]
+    brute = [[_brute_episode(hs[j], tokens[i], seg, starts[j]) for j in range(2)] for i in range(4)]
+    to = task_oracle(mix, ep, dtype=F64).numpy()
+    mo, post = mixture_oracle(mix, ep, chunk_tasks=1, posterior_at=[0, 4, len(seg)], dtype=F64)
+    mo, post = mo.numpy(), post.numpy()
+    assert to.shape == mo.shape == (4, len(seg), 2)
+    for i in range(4):
+        for t in range(len(seg)):
+            if seg[t] < 0:
+                assert np.isnan(to[i, t]).all() and np.isnan(mo[i, t]).all()
+                continue
+            np.testing.assert_allclose(to[i, t], brute[i][task_ids[i]][t][1], atol=1e-12)
+            w = np.array([mix.prior[j] * brute[i][j][t][0] for j in range(2)])
+            mixed = sum(w[j] / w.sum() * brute[i][j][t][1] for j in range(2))
+            np.testing.assert_allclose(mo[i, t], mixed, atol=1e-12)
+            if t == 4:
+                np.testing.assert_allclose(post[i, 1], w / w.sum(), atol=1e-12)
+        np.testing.assert_allclose(post[i, 0], mix.prior, atol=1e-12)
+    assert not np.allclose(post[:, 2], post[:, 2].mean(0))  # evidence moves the posterior
+
+
+def test_mixture_oracle_chunking_and_real_episodes():
+    mix = make_mixture(HMMConfig(n_tasks=7, n_states=10, n_tokens=5, rank=3, gamma=0.7))
+    ep = sample_episodes(mix, DataConfig(n_demos=3, l_demo=6, l_test=8, test_start="midstream", burn_in=4), 6)
+    a, pa = mixture_oracle(mix, ep, chunk_tasks=7, posterior_at="test_start", dtype=F64)
+    b, pb = mixture_oracle(mix, ep, chunk_tasks=2, posterior_at="test_start", dtype=F64)
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-12, equal_nan=True)
+    torch.testing.assert_close(pa, pb, rtol=0, atol=1e-12)
+    assert pa.shape == (6, 7) and torch.allclose(pa.sum(-1), torch.ones(6, dtype=F64))
+    obs = torch.as_tensor(ep.is_obs)
+    assert torch.isnan(a[:, ~obs]).all() and torch.isfinite(a[:, obs]).all()
+    torch.testing.assert_close(a[:, obs].sum(-1), torch.ones(6, int(obs.sum()), dtype=F64))
+    # one task in the mixture: the mixture oracle is the task oracle; float32 close to float64
+    sub = mix.subset([2])
+    one = sample_episodes(sub, DataConfig(n_demos=2, l_demo=5, l_test=6), 3)
+    torch.testing.assert_close(mixture_oracle(sub, one, dtype=F64)[0], task_oracle(sub, one, dtype=F64),
+                               rtol=0, atol=1e-12, equal_nan=True)
+    torch.testing.assert_close(task_oracle(sub, one).double(), task_oracle(sub, one, dtype=F64),
+                               rtol=0, atol=1e-5, equal_nan=True)
+
+
+def test_task_oracle_resets_at_demos():
+    mix = make_mixture(HMMConfig(n_tasks=3, n_states=10, n_tokens=5, rank=3))
+    ep = sample_episodes(mix, DataConfig(n_demos=3, l_demo=7, l_test=9), 5)
+    pred = task_oracle(mix, ep, dtype=F64).numpy()
+    for i in range(5):
+        h = mix.task(ep.task_ids[i])
+        for s in range(ep.n_demos + 1):
+            cols = ep.segment == s
+            np.testing.assert_allclose(pred[i, cols], predictive(h, ep.tokens[i, cols])[0], atol=1e-13)
+    assert np.isnan(pred[:, ep.segment < 0]).all()
+
+
+# ---------------------------------------------------------------- fixed memory
+
+
+def _stationary_start(h):
+    return HMM(h.stationary, h.transition, h.emission, factors=(h.W, h.Q))
+
+
+def test_memory_predictor():
+    h0 = make_hmm(HMMConfig(n_tasks=1, n_states=16, n_tokens=4, rank=3, gamma=0.6, rho=0.1))
+    h = _stationary_start(h0)  # reference: the same chain started from its stationary distribution
+    assert np.abs(h0.initial - h.initial).max() > 0.05
+    tok = h.sample(3, 20, seed=3, start=h.stationary)[0]
+    full = predictive(h, tok)
+    np.testing.assert_allclose(memory_predictor(h0, tok, 20), full, atol=1e-13)
+    m5 = memory_predictor(h0, tok, 5)
+    np.testing.assert_allclose(m5[:, :6], full[:, :6], atol=1e-13)  # window covers the whole past
+    for t in (6, 13, 19):  # the window tokens t-5..t-1 only, from stationary
+        np.testing.assert_allclose(m5[:, t], predictive(h, tok[:, t - 5:t + 1])[:, -1], atol=1e-13)
+    assert np.abs(m5[:, 6:] - full[:, 6:]).max() > 1e-4
+    m0 = memory_predictor(h0, tok, 0)
+    np.testing.assert_allclose(m0, np.broadcast_to(h.stationary @ h.emission, m0.shape), atol=1e-14)
+    alt = tok.copy()
+    alt[:, 10:] = (alt[:, 10:] + 1) % 4
+    assert np.array_equal(memory_predictor(h0, alt, 5)[:, :11], m5[:, :11])  # causal
+
+
+def test_memory_error_matches_direct_computation():
+    h0 = make_hmm(HMMConfig(n_tasks=1, n_states=12, n_tokens=4, rank=3, gamma=0.6, rho=0.1, seed=2))
+    h = _stationary_start(h0)
+    r = memory_error(h0, [3, 1], n_histories=50, burn_in=10, seed=2)
+    tok = h0.sample(50, 13, seed=2, start=h0.stationary)[0]  # histories o_1..o_t, t = burn_in + max L
+    nxt = lambda x: predictive(h, np.c_[x, np.zeros(len(x), int)])[:, -1]  # noqa: E731  p(o_{t+1} | x)
+    for L, eps in zip([3, 1], r.eps):
+        tv = 0.5 * np.abs(nxt(tok) - nxt(tok[:, -L:])).sum(1)
+        assert abs(eps - tv.mean()) < 1e-12
+    np.testing.assert_array_equal(r.lengths, [3, 1])
+
+
+def test_memory_error_decreases_in_L():
+    h = make_hmm(HMMConfig(n_tasks=1, n_states=16, n_tokens=8, rank=4, gamma=0.5, rho=0.05, seed=1))
+    r = memory_error(h, [1, 2, 4, 8, 16], n_histories=400, burn_in=50, seed=0)
+    assert isinstance(r, MemoryErrorResult) and r.eps.shape == r.stderr.shape == (5,)
+    assert np.all(np.diff(r.eps) < 0) and r.eps[0] > 0.01 and np.all(r.stderr > 0)
+    assert r.eps[-1] < r.eps[0] / 3
+    r2 = memory_error(h, [1, 2, 4, 8, 16], n_histories=400, burn_in=50, seed=0)
+    assert np.array_equal(r.eps, r2.eps) and (r.n_histories, r.burn_in) == (400, 50)
+
+
+def test_memory_error_vanishes_when_fully_observed():
+    # gamma = 1 with an injective revealing map (S <= V): the last token reveals the state exactly
+    h = make_hmm(HMMConfig(n_tasks=1, n_states=6, n_tokens=8, rank=3, gamma=1.0, rho=0.1))
+    r = memory_error(h, [1, 2, 5], n_histories=200, burn_in=20, seed=1)
+    assert np.all(r.eps < 1e-6)
+    noisy = make_hmm(HMMConfig(n_tasks=1, n_states=6, n_tokens=8, rank=3, gamma=0.5, rho=0.1))
+    assert memory_error(noisy, [1], n_histories=200, burn_in=20, seed=1).eps[0] > 1e-3

@@ -1,0 +1,178 @@
+"""Theorem 1 fits and verdicts (hmmscope.theory): synthetic recovery, floors, verdict logic, end to end."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+
+import numpy as np
+import pytest
+
+from hmmscope.config import TheoryConfig
+from hmmscope.theory import (
+    RateFit,
+    bound_verdict,
+    fit_decay_rate,
+    fit_exponent,
+    fit_rank_intercept,
+)
+
+L = np.array([1, 2, 4, 6, 8, 12, 16, 24, 32])
+
+
+def _ok_fit(rate, lo, hi):
+    return RateFit(rate, (lo, hi), 0.0, (0.0, 0.0), 5, 1.0, (1, 2, 3, 4, 5))
+
+
+# ---------------------------------------------------------------- decay rate
+
+
+def test_rate_noise_free_is_exact():
+    f = fit_decay_rate(L, 3 * np.exp(-0.2 * L))
+    assert f.ok and f.n_used == len(L)
+    assert f.rate == pytest.approx(0.2, abs=1e-10)
+    assert f.intercept == pytest.approx(math.log(3), abs=1e-9)
+    assert f.rate_ci[0] == pytest.approx(0.2, abs=1e-8) and f.rate_ci[1] == pytest.approx(0.2, abs=1e-8)
+    assert f.r2 == pytest.approx(1.0)
+
+
+def test_rate_noisy_ci_covers_truth():
+    covered, n = 0, 200
+    rng = np.random.default_rng(1)
+    for _ in range(n):
+        eps = 3 * np.exp(-0.2 * L) * rng.lognormal(0, 0.3, L.size)
+        f = fit_decay_rate(L, eps)
+        covered += f.rate_ci[0] <= 0.2 <= f.rate_ci[1]
+        assert f.rate_ci[0] < f.rate < f.rate_ci[1]
+    assert 0.88 <= covered / n <= 0.995  # nominal 95%
+
+
+def test_rate_floor_and_stderr_handling():
+    eps = 3 * np.exp(-0.2 * L)
+    eps[L >= 16] = 1e-12  # at the numerical floor
+    f = fit_decay_rate(L, eps, floor=1e-10)
+    assert f.used_lengths == (1, 2, 4, 6, 8, 12) and f.rate == pytest.approx(0.2, abs=1e-10)
+    # a point back above the floor after a failing one is noise: the range stops at the first failure
+    eps2 = eps.copy()
+    eps2[-1] = 0.5
+    assert fit_decay_rate(L, eps2).used_lengths == (1, 2, 4, 6, 8, 12)
+    # unsorted input is sorted by L
+    perm = np.random.default_rng(0).permutation(L.size)
+    assert fit_decay_rate(L[perm], eps[perm]).rate == pytest.approx(0.2, abs=1e-10)
+    # points not distinguishable from 0 (eps <= 2 stderr) are dropped
+    se = np.full(L.size, 1e-2)  # 3 exp(-0.2 L) <= 0.02 from L = 32 on
+    g = fit_decay_rate(L, 3 * np.exp(-0.2 * L), se)
+    assert g.used_lengths == (1, 2, 4, 6, 8, 12, 16, 24) and g.rate == pytest.approx(0.2, abs=1e-10)
+
+
+def test_rate_too_few_points():
+    f = fit_decay_rate(L, 3 * np.exp(-30.0 * L))  # below 1e-10 from L = 1
+    assert not f.ok and math.isnan(f.rate) and f.reason == "too few points above floor"
+    f2 = fit_decay_rate([1, 2, 3], [0.5, 0.2, 1e-13])
+    assert f2.n_used == 2 and math.isnan(f2.rate_ci[0])
+
+
+# ---------------------------------------------------------------- exponent and rank
+
+
+def test_exponent_recovers_k():
+    g = np.array([0.2, 0.3, 0.5, 0.7, 0.9])
+    f = fit_exponent(g, 0.3 * g ** 1.5)
+    assert f.k == pytest.approx(1.5, abs=1e-9) and f.intercept == pytest.approx(math.log(0.3), abs=1e-9)
+    assert f.verdict == "supported" and f.consistent_with_4 is False and f.consistent_with(1.5)
+    rng = np.random.default_rng(3)
+    noisy = fit_exponent(g, 0.3 * g ** 4 * rng.lognormal(0, 0.05, g.size))
+    assert noisy.k_ci[0] <= 4 <= noisy.k_ci[1] and noisy.verdict == "inconclusive" and noisy.consistent_with_4
+    steep = fit_exponent(g, g ** 6)
+    assert steep.verdict == "not supported" and "faster" in steep.reason
+    # non-positive or NaN rates are dropped; weights from CIs keep the estimate on exact data
+    r = list(0.3 * g ** 2) + [0.0, float("nan")]
+    gg = list(g) + [0.1, 0.4]
+    assert fit_exponent(gg, r).n_used == 5 and fit_exponent(gg, r).k == pytest.approx(2, abs=1e-9)
+    ci = [(x * 0.9, x * 1.1) for x in 0.3 * g ** 2]
+    assert fit_exponent(g, 0.3 * g ** 2, ci).k == pytest.approx(2, abs=1e-9)
+    few = fit_exponent([0.5, 0.9], [0.1, 0.4])
+    assert math.isnan(few.k) and few.verdict == "inconclusive" and "too few" in few.reason
+
+
+def test_rank_fit_recovers_slope():
+    d = np.array([2, 4, 8, 16])
+    f = fit_rank_intercept(d, -1.0 + 0.5 * np.log(d))
+    assert f.slope == pytest.approx(0.5, abs=1e-9) and f.intercept == pytest.approx(-1.0, abs=1e-9)
+    assert f.verdict == "supported" and f.consistent_with_1 is False
+    assert fit_rank_intercept(d, 2 * np.log(d)).verdict == "not supported"
+    assert fit_rank_intercept([2, 4], [0.1, 0.2]).verdict == "inconclusive"
+
+
+# ---------------------------------------------------------------- verdicts
+
+
+def test_bound_violated_and_satisfied():
+    Ls = np.arange(1, 21)
+    g, d = 0.9, 2  # g^4 = 0.656
+    slow = 1.0 * np.exp(-0.1 * Ls)  # far above 2 exp(-0.656 L) at large L
+    va, vb = bound_verdict(Ls, slow, np.full(Ls.size, 1e-4), fit_decay_rate(Ls, slow), g, d)
+    assert va.verdict == "not supported" and va.value < 1
+    assert vb.verdict == "not supported" and vb.value == pytest.approx(0.1 / g ** 4)
+    fast = 0.5 * np.exp(-1.0 * Ls)
+    va, vb = bound_verdict(Ls, fast, np.zeros(Ls.size), fit_decay_rate(Ls, fast), g, d)
+    assert va.verdict == "supported" and va.value == 1.0 and vb.verdict == "supported"
+    # a point above the bound but within 2 stderr still counts as under it
+    e = 2 * np.exp(-g ** 4 * Ls) * 1.01
+    va, _ = bound_verdict(Ls, e, 0.02 * e, fit_decay_rate(Ls, e), g, d)
+    assert va.verdict == "supported"
+    # rate CI straddling g^4 -> inconclusive; failed fit -> inconclusive
+    assert bound_verdict(Ls, fast, None, _ok_fit(0.6, 0.5, 0.8), g, d)[1].verdict == "inconclusive"
+    assert bound_verdict(Ls, fast, None, fit_decay_rate(Ls, 1e-20 * fast), g, d)[1].verdict == "inconclusive"
+
+
+def test_bound_vacuous_when_gamma_zero_or_no_power():
+    Ls = np.array([1, 2, 4, 8])
+    e = np.full(4, 0.9)  # does not decay at all
+    va, vb = bound_verdict(Ls, e, None, fit_decay_rate(Ls, e), 0.0, 8)
+    assert va.verdict == vb.verdict == "inconclusive" and "vacuous" in va.reason and "vacuous" in vb.reason
+    va, _ = bound_verdict(Ls, e, None, _ok_fit(0.0, -0.1, 0.1), 0.1, 8)  # 8 exp(-1e-4 L) >= 1 everywhere
+    assert va.verdict == "inconclusive" and "no power" in va.reason
+
+
+# ---------------------------------------------------------------- end to end
+
+_HAVE = all(importlib.util.find_spec(f"hmmscope.{m}") is not None for m in ("inference", "observability"))
+
+
+@pytest.mark.skipif(not _HAVE, reason="hmmscope.inference / hmmscope.observability not written yet")
+def test_run_theory_end_to_end(tmp_path):
+    from hmmscope.theory import plot_theory, run_theory
+
+    cfg = TheoryConfig(gammas=(0.5, 0.9), ranks=(2,), n_states=(6,), n_tokens=8, lengths=(1, 2, 3, 4, 6),
+                       n_histories=64, burn_in=20, gamma_m=2)
+    calls = []
+    res = run_theory(cfg, progress=lambda i, n, label: calls.append((i, n)))
+    assert calls == [(1, 2), (2, 2)]
+    assert len(res.settings) == 2 and [s.params["gamma"] for s in res.settings] == [0.5, 0.9]
+    for s in res.settings:
+        assert s.gamma_O["exact"] and s.gamma_O["value"] == pytest.approx(s.params["gamma"], abs=1e-6)  # S <= V
+        assert len(s.eps) == len(cfg.lengths) and len(s.stderr) == len(cfg.lengths)
+        assert 0 <= s.dobrushin <= 1 and s.gamma_m is not None
+        assert len(s.verdicts) == 4
+    assert {f.x_name for f in res.exponent_fits} == {"gamma", "gamma_eff"}
+    assert all(f.verdict == "inconclusive" for f in res.exponent_fits)  # 2 gammas: no CI
+    assert res.rank_fits == []
+    d = res.to_dict()
+    text = json.dumps(d, allow_nan=False)
+    assert "NaN" not in text and d["settings"][0]["params"]["n_states"] == 6
+    rows = res.table()
+    assert len(rows) == 2 and all(isinstance(v, str) for v in rows[0].values())
+    assert any("gamma" in line for line in res.summary_lines())
+    plot_theory(res, tmp_path / "theory.png")
+    assert (tmp_path / "theory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_run_theory_rejects_rank_above_states():
+    pytest.importorskip("hmmscope.inference", reason="hmmscope.inference not written yet")
+    pytest.importorskip("hmmscope.observability", reason="hmmscope.observability not written yet")
+    from hmmscope.theory import run_theory
+
+    with pytest.raises(ValueError, match="ranks"):
+        run_theory(TheoryConfig(ranks=(8,), n_states=(4,)))

@@ -1,0 +1,133 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from hmmscope import tracking
+from hmmscope.config import Config, TrainConfig, flatten, override
+from hmmscope.episodes import sample_episodes
+from hmmscope.hmm import make_mixture
+from hmmscope.train import (DivergedError, batch_indices, evaluate_loss, load_checkpoint, load_model, lr_at,
+                            resolve_device, train)
+
+torch.set_num_threads(1)
+
+SMALL = {
+    "hmm.n_tasks": 4, "hmm.n_states": 8, "hmm.n_tokens": 4, "hmm.rank": 2,
+    "data.n_demos": 2, "data.l_demo": 8, "data.l_test": 8, "data.n_train": 96, "data.n_eval": 32,
+    "model.n_layers": 1, "model.n_heads": 2, "model.d_model": 32, "model.d_mlp": 64, "model.max_len": 64,
+    "train.steps": 12, "train.batch_size": 8, "train.warmup": 2, "train.eval_every": 6, "train.ckpt_every": 6,
+    "train.device": "cpu",
+}
+
+
+def small(**kw) -> Config:
+    return override(Config(), {**SMALL, **kw})
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory):
+    return f"sqlite:///{tmp_path_factory.mktemp('store')}/mlflow.db"
+
+
+@pytest.fixture(scope="module")
+def finished(uri):
+    return train(small(), tracking_uri=uri, experiment="t", run_name="base", progress=False, log_every=3)
+
+
+def test_lr_schedule():
+    t = TrainConfig(steps=110, warmup=10, lr=1.0, min_lr=0.1)
+    assert lr_at(0, t) == pytest.approx(0.1) and lr_at(4, t) == pytest.approx(0.5)
+    assert lr_at(9, t) == pytest.approx(1.0) and lr_at(10, t) == pytest.approx(1.0)
+    assert lr_at(60, t) == pytest.approx(0.55)  # half-way through the cosine: (lr + min_lr) / 2
+    assert lr_at(110, t) == pytest.approx(0.1) and lr_at(500, t) == pytest.approx(0.1)
+    assert all(lr_at(s, t) >= lr_at(s + 1, t) for s in range(10, 120))
+    assert lr_at(0, TrainConfig(warmup=0, lr=2.0)) == pytest.approx(2.0)
+
+
+def test_batch_order_depends_on_seed_and_step_only():
+    a = [batch_indices(s, 20, 8, 3) for s in range(5)]  # 40 items = two epochs of 20
+    assert np.array_equal(np.sort(np.concatenate(a[:2] + [a[2][:4]])), np.arange(20))
+    assert np.array_equal(a[3], batch_indices(3, 20, 8, 3))
+    assert not np.array_equal(a[0], batch_indices(0, 20, 8, 4))
+
+
+def test_run_logs_params_metrics_checkpoint(uri, finished):
+    r = tracking.Run(uri, finished.run_id).get()
+    assert r.info.status == "FINISHED"
+    assert r.data.params == {k: tracking._param_value(v) for k, v in flatten(small()).items()}
+    tags = r.data.tags
+    assert tags["hmmscope.device"] == "cpu" and int(tags["hmmscope.n_params"]) > 0
+    assert tags["hmmscope.dataset_hash"] and tags["hmmscope.hmm_hash"] and "hmmscope.code_version" in tags
+    c = tracking.client(uri)
+    steps = lambda k: [m.step for m in c.get_metric_history(finished.run_id, k)]  # noqa: E731
+    assert steps("train/loss") == [3, 6, 9, 12] and steps("train/lr") == [3, 6, 9, 12]
+    assert steps("eval/loss") == [0, 6, 12] and steps("eval/test_acc") == [0, 6, 12]
+    assert steps("oracle/test_acc") == [0] and steps("eval/excess_ce") == [0, 6, 12]
+    for k in ("train/grad_norm", "train/tokens_per_s", "eval/acc", "eval/test_loss", "oracle/test_loss",
+              "oracle/acc"):
+        assert k in r.data.metrics
+    m = finished.metrics
+    assert m["eval/excess_ce"] == pytest.approx(m["eval/test_loss"] - m["oracle/test_loss"])
+    assert 0 < m["oracle/test_loss"] < math.log(4) and finished.steps == 12
+    first = c.get_metric_history(finished.run_id, "eval/loss")[0].value
+    assert m["eval/loss"] < first  # it learns something in 12 steps
+
+
+def test_load_model_round_trip(uri, finished, tmp_path):
+    ck = load_checkpoint(uri, finished.run_id, tmp_path)
+    assert ck["step"] == 12 and set(ck["rng"]) >= {"torch", "numpy", "python"}
+    model, cfg = load_model(uri, finished.run_id)
+    assert cfg == small()
+    ep = sample_episodes(make_mixture(cfg.hmm), cfg.data, cfg.data.n_eval, "eval")
+    assert evaluate_loss(model, ep)["loss"] == finished.metrics["eval/loss"]
+    model2, _ = load_model(uri, finished.run_id)
+    x = torch.as_tensor(ep.tokens[:4].astype(np.int64))
+    assert torch.equal(model(x)[0], model2(x)[0])
+
+
+def test_resume_matches_uninterrupted_run(uri, finished):
+    with pytest.raises(KeyboardInterrupt):
+        train(small(), tracking_uri=uri, experiment="t", progress=False, _stop_after=6)
+    killed = tracking.client(uri).search_runs(
+        [tracking.experiment_id(uri, "t")], order_by=["attributes.start_time DESC"], max_results=1)[0]
+    assert killed.info.status == "KILLED"
+    with pytest.raises(ValueError, match="model.d_model"):
+        train(small(**{"model.d_model": 64}), tracking_uri=uri, experiment="t", resume=killed.info.run_id)
+    res = train(small(), tracking_uri=uri, experiment="t", resume=killed.info.run_id, progress=False)
+    assert res.run_id == killed.info.run_id and res.steps == 12
+    assert res.metrics["eval/loss"] == finished.metrics["eval/loss"]
+    assert res.metrics["eval/test_acc"] == finished.metrics["eval/test_acc"]
+    a, _ = load_model(uri, finished.run_id)
+    b, _ = load_model(uri, res.run_id)
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+    r = tracking.Run(uri, res.run_id).get()
+    assert r.info.status == "FINISHED"
+    assert [m.step for m in tracking.client(uri).get_metric_history(res.run_id, "eval/loss")] == [0, 6, 12]
+
+
+def test_divergence_fails_the_run(uri):
+    cfg = small(**{"train.lr": 1e6, "train.min_lr": 1e6, "train.warmup": 0, "train.grad_clip": 1e30})
+    with pytest.raises(DivergedError, match=r"non-finite .* at step \d+"):
+        train(cfg, tracking_uri=uri, experiment="div", run_name="boom", progress=False)
+    (r,) = tracking.client(uri).search_runs([tracking.experiment_id(uri, "div")])
+    assert r.info.status == "FAILED"
+    assert "DivergedError: non-finite" in r.data.tags["hmmscope.failure_reason"]
+
+
+def test_resume_without_checkpoint_raises(uri):
+    with tracking.start_run(uri, "t", "empty") as run:
+        pass
+    with pytest.raises(ValueError, match=f"run {run.run_id} has no checkpoint"):
+        train(small(), tracking_uri=uri, experiment="t", resume=run.run_id, progress=False)
+    assert run.get().info.status == "FINISHED"  # left as it was
+
+
+def test_bad_device_raises():
+    with pytest.raises(ValueError, match="device"):
+        train(small(**{"train.device": "tpu"}), tracking_uri="sqlite:///unused.db")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            resolve_device("cuda:0")
+    assert resolve_device("cpu").type == "cpu"
