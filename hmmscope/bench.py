@@ -6,6 +6,7 @@ asserts a speed: tests only check that the benchmarks run.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -36,7 +37,7 @@ def _hmmlearn_model(hmm: HMM):
     try:
         from hmmlearn.hmm import CategoricalHMM
     except ImportError:
-        raise ValueError("the peer hmmlearn is not installed: pip install hmmlearn (or pip install -e '.[test]')")
+        raise ValueError("the peer hmmlearn is not installed: pip install -e '.[test]'") from None
     m = CategoricalHMM(n_components=hmm.n_states, n_features=hmm.n_tokens, init_params="", params="")
     m.startprob_, m.transmat_, m.emissionprob_ = hmm.initial, hmm.transition, hmm.emission
     return m
@@ -88,3 +89,88 @@ def bench_paper_dataset() -> dict[str, float]:
     t2 = time.perf_counter()
     return {"mixture_s": t1 - t0, "episodes_s": t2 - t1, "total_s": t2 - t0,
             "episodes": float(len(ep)), "tokens": float(ep.tokens.size)}
+
+
+# ---------------------------------------------------------------- training throughput
+
+PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12, "V100": 125e12}
+
+
+def _peak_flops(device) -> tuple[float | None, str]:
+    """Dense peak FLOP/s for MFU: the datasheet bf16 figure on known GPUs, else a measured fp32 GEMM."""
+    import torch
+
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, val in PEAK_BF16_FLOPS.items():
+            if key in name:
+                return val, f"{name} bf16 datasheet peak"
+        return None, f"{name}: unknown peak"
+    n = 1024
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    t = _best_time(lambda: a @ b, 5)
+    return 2 * n ** 3 / t, "measured fp32 1024^3 GEMM on this CPU"
+
+
+def _step_time(loss_fn, opt, steps: int, device, autocast) -> float:
+    """Seconds per training step (forward, backward, optimizer) of `loss_fn`, best of two runs."""
+    import torch
+
+    def run():
+        for _ in range(steps):
+            with autocast:
+                loss = loss_fn()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    return _best_time(run, 2) / steps
+
+
+def bench_train(cfg, device: str = "auto", batch_size: int = 32, seq_len: int = 256, steps: int = 5,
+                peer: bool = True) -> dict[str, Any]:
+    """Tokens/s and MFU of one training step (forward, backward, AdamW) for `cfg.model`, vs HF RoFormer.
+
+    The peer is transformers' RoFormerForCausalLM at the same shape (layers, heads, width, MLP,
+    vocabulary, batch, sequence), trained with the same AdamW step in the same process.
+    """
+    import contextlib
+
+    import torch
+
+    from .model import Transformer
+    from .train import resolve_device
+
+    dev = resolve_device(device)
+    vocab = cfg.hmm.n_tokens + 1
+    m = dataclasses.replace(cfg.model, max_len=max(cfg.model.max_len, seq_len))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, vocab, (batch_size, seq_len), generator=g).to(dev)
+    y = torch.randint(0, vocab, (batch_size, seq_len), generator=g).to(dev)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else contextlib.nullcontext()
+    ours = Transformer(m, vocab).to(dev)
+    opt = ours.configure_optimizers(0.1, 1e-4, (0.9, 0.95))
+    t_ours = _step_time(lambda: ours(x, y)[1], opt, steps, dev, autocast)
+    tokens = batch_size * seq_len
+    peak, peak_what = _peak_flops(dev)
+    flops = ours.flops_per_token(seq_len) * tokens / t_ours
+    shape = f"{m.n_layers} layers x {m.d_model} x {m.n_heads} heads, batch {batch_size} x {seq_len}"
+    out: dict[str, Any] = {"device": str(dev), "shape": shape,
+                           "ours_tokens_per_s": tokens / t_ours, "ours_tflops": flops / 1e12,
+                           "mfu": flops / peak if peak else None, "peak": peak_what}
+    if peer:
+        try:
+            from transformers import RoFormerConfig, RoFormerForCausalLM
+        except ImportError:
+            raise ValueError("the peer needs transformers: pip install -e '.[test]'") from None
+        hf_cfg = RoFormerConfig(vocab_size=vocab, embedding_size=m.d_model, hidden_size=m.d_model,
+                                num_hidden_layers=m.n_layers, num_attention_heads=m.n_heads,
+                                intermediate_size=m.d_mlp, max_position_embeddings=m.max_len, is_decoder=True,
+                                hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        hf = RoFormerForCausalLM(hf_cfg).to(dev)
+        hf_opt = torch.optim.AdamW(hf.parameters(), lr=1e-4, weight_decay=0.1)
+        t_peer = _step_time(lambda: hf(input_ids=x, labels=y).loss, hf_opt, steps, dev, autocast)
+        out.update({"hf_roformer_tokens_per_s": tokens / t_peer, "ratio": t_peer / t_ours})
+    return out

@@ -149,54 +149,6 @@ def _print_table(title: str, rows: list[dict[str, Any]]) -> None:
     _console().print(table)
 
 
-def _atomic_write(path: Path, write) -> None:
-    """write(tmp_path) then rename: a failure leaves no half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
-    try:
-        write(tmp)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def log_theory(result, uri: str, experiment: str, out_files: list[Path], parent=None) -> str:
-    """One parent run for the sweep, a child run per setting; returns the parent's run id."""
-    from . import tracking
-
-    cfg = result.config
-    with tracking.start_run(uri, experiment, "theory", parent=parent,
-                            params={f"theory.{k}": v for k, v in cfg.items()},
-                            tags={"hmmscope.kind": "theory"}) as run:
-        for s in result.settings:
-            p, f = s.params, s.rate_fit
-            params = {"hmm.family": p["family"], "hmm.n_states": p["n_states"], "hmm.n_tokens": cfg["n_tokens"],
-                      "hmm.rank": p["rank"], "hmm.gamma": p["gamma"], "hmm.alpha": cfg["alpha"], "hmm.rho": p["rho"],
-                      "hmm.seed": cfg["seed"], "theory.n_histories": cfg["n_histories"],
-                      "theory.burn_in": cfg["burn_in"], "theory.floor": cfg["floor"], "theory.gamma_m": cfg["gamma_m"]}
-            name = f"S{p['n_states']}-d{p['rank']}-rho{p['rho']:g}-gamma{p['gamma']:g}"
-            with tracking.start_run(uri, experiment, name, parent=run, params=params,
-                                    tags={"hmmscope.kind": "theory-setting"}) as child:
-                m = {"theory/dobrushin": s.dobrushin, "theory/rate": f.rate, "theory/rate_lo": f.rate_ci[0],
-                     "theory/rate_hi": f.rate_ci[1], "theory/log_intercept": f.intercept, "theory/fit_points": f.n_used}
-                for key, o in (("gamma_O", s.gamma_O), ("gamma_eff", s.gamma_eff), ("gamma_m", s.gamma_m)):
-                    if o is not None:
-                        m.update({f"theory/{key}": o["value"], f"theory/{key}_lower": o["lower"],
-                                  f"theory/{key}_upper": o["upper"], f"theory/{key}_exact": float(o["exact"])})
-                child.log_metrics(m)
-                for L, e, se in zip(s.lengths, s.eps, s.stderr):
-                    child.log_metrics({"theory/eps": e, "theory/eps_stderr": se}, step=int(L))
-                child.set_tags({f"verdict/{v.claim}": f"{v.verdict}: {v.reason}" for v in s.verdicts})
-        for fit in result.exponent_fits:
-            key = f"theory/exponent/{fit.x_name}/{fit.scope}"
-            run.log_metrics({key: fit.k, f"{key}_lo": fit.k_ci[0], f"{key}_hi": fit.k_ci[1]})
-        run.set_tags({f"verdict/{v.claim} [{v.scope}]": f"{v.verdict}: {v.reason}" for v in result.verdicts})
-        run.log_dict("\n".join(result.summary_lines()) + "\n", "theory_summary.txt")
-        for f in out_files:
-            run.log_artifact(f)
-        return run.run_id
-
-
 def _theory_config(config, set_, extra):
     cfg = build_config("tiny", config, set_, extra)
     return cfg.theory
@@ -222,33 +174,189 @@ def theory(
 ) -> None:
     """Theorem 1 against practice: eps(L) curves, decay rates, the exponent fit and verdicts per setting."""
     from . import tracking
-    from .theory import plot_theory, run_theory
+    from .jobs import atomic_write, theory_job
 
     extra = {"theory.family": family.value if family else None, "theory.gammas": _csv(gammas, "--gammas"),
              "theory.ranks": _csv(ranks, "--ranks"), "theory.rhos": _csv(rhos, "--rhos"),
              "theory.n_states": _csv(n_states, "--n-states"), "theory.lengths": _csv(lengths, "--lengths"),
              "theory.n_histories": n_histories}
-    th = _theory_config(config, set_, extra)
+    th = build_config("tiny", config, set_, extra).theory
     if json_path is not None and json_path.suffix != ".json":
         raise ConfigError(f"--json must end in .json, got {json_path}")
     uri = tracking.resolve_uri(tracking_uri) if track else None
     n = len(th.gammas) * len(th.ranks) * len(th.rhos) * len(th.n_states)
     with _progress() as bar:
         task = bar.add_task("theory", total=n)
-        result = run_theory(th, progress=lambda i, total, label: bar.update(task, completed=i, description=label))
-    fig_path, res_json = out / "theory.png", out / "theory.json"
-    payload = json.dumps(result.to_dict(), indent=2)
-    _atomic_write(fig_path, lambda p: plot_theory(result, p))
-    _atomic_write(res_json, lambda p: p.write_text(payload))
+        result, run_id = theory_job(th, out, uri=uri, experiment=experiment,
+                                    progress=lambda i, total, label: bar.update(task, completed=i, description=label))
     if json_path is not None:
-        _atomic_write(json_path, lambda p: p.write_text(payload))
+        atomic_write(json_path, lambda p: p.write_text(json.dumps(result.to_dict(), indent=2)))
+    _print_theory(result, th)
+    typer.echo(f"figure: {out / 'theory.png'}  result: {out / 'theory.json'}")
+    if run_id is not None:
+        typer.echo(f"MLflow run {run_id} in experiment {experiment!r}; browse: {tracking.ui_command(uri)}")
+
+
+def _print_theory(result, th) -> None:
     _print_table(f"Theorem 1 sweep ({th.family}, V={th.n_tokens}; {result.seconds:.1f} s)", result.table())
     for line in result.summary_lines():
         typer.echo(line)
-    typer.echo(f"figure: {fig_path}  result: {res_json}")
-    if uri is not None:
-        run_id = log_theory(result, uri, experiment, [fig_path, res_json])
-        typer.echo(f"MLflow run {run_id} in experiment {experiment!r}; browse: {tracking.ui_command(uri)}")
+
+
+# ---------------------------------------------------------------- train / evaluate / run
+
+DeviceOpt = Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda | cuda:N (sets train.device).")]
+
+
+@app.command("train")
+@user_errors
+def train_cmd(
+    preset_: Annotated[Preset, typer.Option("--preset", help="Base configuration.")] = Preset.tiny,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    device: DeviceOpt = None,
+    resume: Annotated[str | None, typer.Option(help="Continue this MLflow run from its last checkpoint.")] = None,
+    evaluate: Annotated[bool, typer.Option(help="Run Figure 1 evaluation at the end.")] = True,
+    run_name: Annotated[str | None, typer.Option(help="MLflow run name.")] = None,
+    tracking_uri: UriOpt = None,
+    experiment: ExpOpt = "hmmscope",
+) -> None:
+    """Train a transformer on HMM-mixture episodes (one MLflow run; checkpoints as artifacts)."""
+    from . import tracking
+    from .jobs import evaluate_run
+    from .train import resolve_device, train
+
+    cfg = build_config(preset_, config, set_, {"train.device": device})
+    resolve_device(cfg.train.device)  # an unavailable device fails before any run is created
+    uri = tracking.resolve_uri(tracking_uri)
+    if resume is not None:
+        tracking.existing_run(uri, resume)
+    res = train(cfg, tracking_uri=uri, experiment=experiment, run_name=run_name, resume=resume,
+                progress=sys.stderr.isatty())
+    metrics = dict(res.metrics)
+    if evaluate:
+        metrics.update(evaluate_run(uri, res.run_id, device=cfg.train.device))
+    _print_metrics(f"run {res.run_id}: {res.steps} steps in {res.wall_time:.0f} s "
+                   f"({res.tokens_per_s:,.0f} tokens/s)", metrics)
+    typer.echo(f"browse: {tracking.ui_command(uri)}")
+
+
+@app.command("evaluate")
+@user_errors
+def evaluate_cmd(
+    run_id: Annotated[str, typer.Argument(help="MLflow run id of a training run.")],
+    device: DeviceOpt = None,
+    n_episodes: Annotated[int | None, typer.Option(help="Held-out episodes (default data.n_eval).")] = None,
+    tracking_uri: UriOpt = None,
+) -> None:
+    """Figure 1: accuracy vs demonstrations and test position beside the oracles; KL and excess CE."""
+    from . import tracking
+    from .jobs import evaluate_run
+
+    if n_episodes is not None and n_episodes < 1:
+        raise ConfigError(f"--n-episodes must be >= 1, got {n_episodes}")
+    uri = tracking.resolve_uri(tracking_uri)
+    metrics = evaluate_run(uri, run_id, device=device or "auto", n_episodes=n_episodes)
+    _print_metrics(f"evaluation of run {run_id}", metrics)
+
+
+def _print_metrics(title: str, metrics: dict[str, float]) -> None:
+    _print_table(title, [{"metric": k, "value": f"{v:.4g}"} for k, v in sorted(metrics.items())])
+
+
+@app.command("run")
+@user_errors
+def run_cmd(
+    preset_: Annotated[Preset, typer.Option("--preset", help="Base configuration.")] = Preset.tiny,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    device: DeviceOpt = None,
+    out: Annotated[Path, typer.Option(help="Folder for figures and JSON.")] = Path("out"),
+    tracking_uri: UriOpt = None,
+    experiment: ExpOpt = "hmmscope",
+) -> None:
+    """The main job: train + evaluate (Figure 1) and a Theorem 1 sweep, all as MLflow runs under one parent."""
+    from . import tracking
+    from .jobs import main_job
+    from .train import resolve_device
+
+    cfg = build_config(preset_, config, set_, {"train.device": device})
+    resolve_device(cfg.train.device)
+    uri = tracking.resolve_uri(tracking_uri)
+    res = main_job(cfg, uri, experiment, out, progress=sys.stderr.isatty(),
+                   on_stage=lambda s: typer.echo(f"[hmmscope run] {s} ...", err=True))
+    m = res.eval_metrics
+    typer.echo("")
+    typer.echo(f"Figure 1 (test segment, {cfg.data.n_demos} demonstrations): model acc {m['eval/test_acc']:.3f}, "
+               f"mixture oracle {m['eval/oracle_mix_test_acc']:.3f}, task oracle {m['eval/oracle_task_test_acc']:.3f}; "
+               f"excess CE {m['eval/excess_ce']:.4f} nats, KL(mix||model) {m['eval/kl_mix']:.4f}")
+    _print_theory(res.theory, cfg.theory)
+    typer.echo(f"MLflow: parent run {res.parent_id} (train {res.train_id}, theory {res.theory_id}) "
+               f"in experiment {experiment!r}")
+    typer.echo(f"browse: {tracking.ui_command(uri)}")
+
+
+# ---------------------------------------------------------------- bench
+
+
+@bench_app.command("sample")
+@user_errors
+def bench_sample_cmd(
+    n_seqs: Annotated[int, typer.Option(min=1, help="Sequences sampled at once.")] = 4096,
+    length: Annotated[int, typer.Option(min=1, help="Tokens per sequence.")] = 256,
+    paper: Annotated[bool, typer.Option(help="Also time the paper-scale dataset (131,072 episodes).")] = True,
+) -> None:
+    """Sampler tokens/s vs hmmlearn's CategoricalHMM.sample on one 128-state, 16-token, rank-8 HMM."""
+    from .bench import bench_paper_dataset, bench_sample
+
+    r = bench_sample(n_seqs=n_seqs, length=length)
+    typer.echo(f"sample: hmmscope {r['ours_tokens_per_s']:,.0f} tokens/s ({n_seqs} x {length}), "
+               f"hmmlearn {r['hmmlearn_tokens_per_s']:,.0f} tokens/s; ratio {r['ratio']:.1f}x")
+    if paper:
+        p = bench_paper_dataset()
+        typer.echo(f"paper dataset: {p['episodes']:,.0f} episodes ({p['tokens']:,.0f} tokens) in {p['total_s']:.1f} s "
+                   f"(mixture {p['mixture_s']:.1f} s, episodes {p['episodes_s']:.1f} s)")
+
+
+@bench_app.command("filter")
+@user_errors
+def bench_filter_cmd(
+    n_seqs: Annotated[int, typer.Option(min=1, help="Sequences filtered at once.")] = 4096,
+    length: Annotated[int, typer.Option(min=1, help="Tokens per sequence.")] = 256,
+) -> None:
+    """Task-oracle filter tokens/s vs hmmlearn's CategoricalHMM.score on the same HMM."""
+    from .bench import bench_filter
+
+    r = bench_filter(n_seqs=n_seqs, length=length)
+    typer.echo(f"filter: hmmscope {r['ours_tokens_per_s']:,.0f} tokens/s ({n_seqs} x {length}), "
+               f"hmmlearn {r['hmmlearn_tokens_per_s']:,.0f} tokens/s; ratio {r['ratio']:.1f}x")
+
+
+@bench_app.command("train")
+@user_errors
+def bench_train_cmd(
+    preset_: Annotated[Preset, typer.Option("--preset", help="Model shape to time.")] = Preset.tiny,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    device: DeviceOpt = None,
+    batch_size: Annotated[int, typer.Option(min=1)] = 32,
+    seq_len: Annotated[int, typer.Option(min=2)] = 256,
+    steps: Annotated[int, typer.Option(min=1, help="Timed steps per repeat.")] = 5,
+    peer: Annotated[bool, typer.Option(help="Also time HF transformers' RoFormerForCausalLM.")] = True,
+) -> None:
+    """Training tokens/s and MFU for a preset's model on this device, vs HF RoFormerForCausalLM."""
+    from .bench import bench_train
+    from .train import resolve_device
+
+    cfg = build_config(preset_, config, set_, {"train.device": device})
+    resolve_device(cfg.train.device)
+    r = bench_train(cfg, cfg.train.device, batch_size=batch_size, seq_len=seq_len, steps=steps, peer=peer)
+    mfu = f"{100 * r['mfu']:.1f}% of {r['peak']}" if r["mfu"] is not None else f"n/a ({r['peak']})"
+    typer.echo(f"train ({r['device']}, {r['shape']}): hmmscope {r['ours_tokens_per_s']:,.0f} tokens/s, "
+               f"{r['ours_tflops']:.3f} TFLOP/s, MFU {mfu}")
+    if "ratio" in r:
+        typer.echo(f"peer HF RoFormerForCausalLM: {r['hf_roformer_tokens_per_s']:,.0f} tokens/s; "
+                   f"ratio {r['ratio']:.2f}x")
 
 
 def main() -> None:  # console-script entry point

@@ -27,8 +27,8 @@ as O(S d) at the paper's S = 128, V = 16, d = 8) and everything stays nonnegativ
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -62,19 +62,25 @@ def _run(M, Y0, tokens, V, *, reset=None, Ystart=None, start_pos=0, store=True, 
     M (G, d, V*d + V); Y0 (G|1, B|1, V*d + V) used at t = 0 and at reset positions; tokens
     (G|1, B, T); reset (T,) bool or None; Ystart (G|1, B|1, V*d + V) used at t = start_pos
     (overrides a reset there). on_step(t, P (G, B, V), logz (G, B)) is called after each step
-    (P is NaN at missing tokens). Returns pred (T, G, B, V) or None, logp (T, G, B), and the
+    (P is NaN at missing tokens). Returns pred (G, B, T, V) or None, logp (G, B, T), and the
     prediction after the last token (G, B, V).
     """
-    G, d, D = M.shape[0], M.shape[1], M.shape[2]
+    G, D = M.shape[0], M.shape[2]
     Vd = D - V
     B, T = tokens.shape[1], tokens.shape[2]
     dtype, dev = M.dtype, M.device
     missing = (tokens < 0) | (tokens >= V)  # (G|1, B, T)
     any_missing = missing.any(dim=(0, 1)).tolist() if T else []
-    idx = tokens.clamp(0, V - 1).expand(G, B, T)
+    idx = tokens.clamp(0, V - 1)  # (G|1, B, T)
+    if idx.shape[0] == 1:  # tokens shared by the groups: pick row b * V + o_b along dim 1
+        flat = (torch.arange(B, device=dev)[:, None] * V + idx[0]).T.contiguous()  # (T, B)
+        pick = lambda X, t: X.reshape(G, B * V, -1).index_select(1, flat[t])  # noqa: E731  (G, B, k)
+    else:  # row (g B + b) V + o_gb of the flattened table (index_select is much faster than gather)
+        flat = (torch.arange(G * B, device=dev).view(G, B, 1) * V + idx).reshape(G * B, T).T.contiguous()
+        pick = lambda X, t: X.reshape(G * B * V, -1).index_select(0, flat[t]).view(G, B, -1)  # noqa: E731
     reset = [False] * T if reset is None else torch.as_tensor(reset).bool().tolist()
-    pred = torch.empty((T, G, B, V), dtype=dtype, device=dev) if store else None
-    logp = torch.empty((T, G, B), dtype=dtype, device=dev)
+    pred = torch.empty((G, B, T, V), dtype=dtype, device=dev) if store else None
+    logp = torch.empty((G, B, T), dtype=dtype, device=dev)
     tiny = torch.finfo(dtype).tiny
     Mu, Mp = M[..., :Vd], M[..., Vd:]  # (G, d, V*d), (G, d, V)
     Ybuf = [torch.empty((G, B, Vd), dtype=dtype, device=dev) for _ in range(2)]
@@ -86,12 +92,11 @@ def _run(M, Y0, tokens, V, *, reset=None, Ystart=None, start_pos=0, store=True, 
         if Ystart is not None and t == start_pos:
             Y, P = Ystart[..., :Vd].expand(G, B, Vd), Ystart[..., Vd:].expand(G, B, V)
         # Y: (G, B, V*d) joint table for o_t; P: (G, B, V) = p(o_t = . | o_<t)
-        o = idx[:, :, t]  # (G, B)
-        u = Y.unflatten(-1, (V, d)).gather(2, o[:, :, None, None].expand(G, B, 1, d))[:, :, 0]  # (G, B, d)
-        z = P.gather(2, o[:, :, None])  # (G, B, 1) = p(o_t | o_<t)
+        u = pick(Y, t)  # (G, B, d) = Y[g, b, o_t, :]
+        z = pick(P, t)  # (G, B, 1) = p(o_t | o_<t)
         c = u / z.clamp_min(tiny)  # (G, B, d) next latent
         if store:
-            pred[t] = P
+            pred[:, :, t] = P
         Ynew = torch.bmm(c, Mu, out=Ybuf[t % 2])
         Pnew = torch.bmm(c, Mp, out=Pbuf[t % 2])
         z = z[..., 0]
@@ -102,10 +107,11 @@ def _run(M, Y0, tokens, V, *, reset=None, Ystart=None, start_pos=0, store=True, 
             z = torch.where(m, torch.ones((), dtype=dtype, device=dev), z)
             P = P.masked_fill(m[..., None], float("nan"))
             if store:
-                pred[t] = P
-        torch.log(z, out=logp[t])
+                pred[:, :, t] = P
+        logz = torch.log(z)
+        logp[:, :, t] = logz
         if on_step is not None:
-            on_step(t, P, logp[t])
+            on_step(t, P, logz)
         Y, P = Ynew, Pnew
     return pred, logp, P
 
@@ -144,8 +150,7 @@ def filter_factored(initial, W, Q, emission, tokens, *, reset=None, start=None, 
     Y0 = torch.matmul(rows(mu), K)
     Ys = None if start is None else torch.matmul(rows(_t(start, dtype, device)), K)
     pred, logp, _ = _run(M, Y0, tok, O.shape[-1], reset=reset, Ystart=Ys, start_pos=start_pos)
-    pred = pred.reshape(pred.shape[0], N, -1).transpose(0, 1)  # (N, T, V)
-    return pred, logp.reshape(-1, N).T
+    return pred.reshape(N, *pred.shape[2:]), logp.reshape(N, -1)  # (N, T, V), (N, T)
 
 
 def predictive(hmm: HMM, tokens, *, dtype=torch.float64) -> np.ndarray:
@@ -191,6 +196,30 @@ def task_oracle(mix: Mixture, ep, *, dtype=torch.float32, device="cpu") -> torch
     return pred
 
 
+class _ChunkMixer:
+    """on_step callback of one chunk of C tasks: mixes their predictions by their posterior within the chunk."""
+
+    def __init__(self, logprior, N, T, V, pos):
+        C, kw = logprior.shape[0], dict(dtype=logprior.dtype, device=logprior.device)
+        self.pos = pos
+        self.cum = logprior[:, None].expand(C, N).clone()  # log p(o_<t, task): (C, N)
+        self.lse = torch.empty((N, T), **kw)  # log sum_(j in chunk) p(o_<t, j)
+        self.pred = torch.empty((N, T, V), **kw)  # prediction within the chunk
+        self.logw = torch.empty((len(pos), C, N), **kw)  # cum at the posterior positions
+
+    def snapshot(self, t):
+        for j in (j for j, p in enumerate(self.pos) if p == t):
+            self.logw[j] = self.cum
+
+    def __call__(self, t, P, logz):  # P (C, N, V), logz (C, N)
+        m = torch.logsumexp(self.cum, 0)  # (N,)
+        self.lse[:, t] = m
+        w = torch.exp(self.cum - torch.where(torch.isfinite(m), m, 0))  # (C, N)
+        self.pred[:, t] = (w[..., None] * P).sum(0)  # (N, V)
+        self.snapshot(t)
+        self.cum.add_(logz)
+
+
 def mixture_oracle(mix: Mixture, ep, *, chunk_tasks: int = 256, posterior_at=None,
                    dtype=torch.float32, device="cpu"):
     """Bayes-optimal next-token predictor of the pretraining objective.
@@ -217,8 +246,8 @@ def mixture_oracle(mix: Mixture, ep, *, chunk_tasks: int = 256, posterior_at=Non
     if any(not 0 <= p <= T for p in pos):
         raise ValueError(f"posterior positions must lie in [0, {T}], got {pos}")
     logprior = torch.log(_t(mix.prior, torch.float64, device)).to(dtype)
-    acc_lse = torch.full((T, N), -float("inf"), dtype=dtype, device=device)
-    acc = torch.zeros((T, N, V), dtype=dtype, device=device)
+    acc_lse = torch.full((N, T), -float("inf"), dtype=dtype, device=device)
+    acc = torch.zeros((N, T, V), dtype=dtype, device=device)
     post = []
     for lo in range(0, mix.n_tasks, chunk_tasks):
         ids = np.arange(lo, min(lo + chunk_tasks, mix.n_tasks))
@@ -226,22 +255,10 @@ def mixture_oracle(mix: Mixture, ep, *, chunk_tasks: int = 256, posterior_at=Non
         K, M = _kernels(W, Q, O)
         Y0 = torch.bmm(mu[:, None], K)  # (C, 1, V*d + V)
         Ys = torch.bmm(_propagate(mu, W, Q, burn_in)[:, None], K) if test_start == "midstream" else None
-        cum = logprior[lo:lo + len(ids), None].expand(len(ids), N).clone()  # log p(o_<t, task): (C, N)
-        lse = torch.empty((T, N), dtype=dtype, device=device)
-        chunk = torch.empty((T, N, V), dtype=dtype, device=device)
-        logw = torch.empty((len(pos), len(ids), N), dtype=dtype, device=device)
-
-        def on_step(t, P, logz):
-            torch.logsumexp(cum, 0, out=lse[t])
-            w = torch.exp(cum - torch.where(torch.isfinite(lse[t]), lse[t], 0))  # (C, N)
-            torch.bmm(w.T[:, None], P.transpose(0, 1), out=chunk[t][:, None])  # (N, 1, V)
-            for j in (j for j, p in enumerate(pos) if p == t):
-                logw[j] = cum
-            cum.add_(logz)
-
-        _run(M, Y0, tok[None], V, reset=reset, Ystart=Ys, start_pos=test_pos, store=False, on_step=on_step)
-        for j in (j for j, p in enumerate(pos) if p == T):  # posterior after the whole episode
-            logw[j] = cum
+        mixer = _ChunkMixer(logprior[lo:lo + len(ids)], N, T, V, pos)
+        _run(M, Y0, tok[None], V, reset=reset, Ystart=Ys, start_pos=test_pos, store=False, on_step=mixer)
+        mixer.snapshot(T)  # posterior after the whole episode
+        lse, chunk, logw = mixer.lse, mixer.pred, mixer.logw
         new = torch.logaddexp(acc_lse, lse)
         safe = torch.where(torch.isfinite(new), new, 0)
         acc = acc * torch.exp(acc_lse - safe)[..., None] + chunk * torch.exp(lse - safe)[..., None]
@@ -253,7 +270,7 @@ def mixture_oracle(mix: Mixture, ep, *, chunk_tasks: int = 256, posterior_at=Non
         posterior = torch.softmax(torch.cat(post, -1), -1)
         if isinstance(posterior_at, str) or np.isscalar(posterior_at):
             posterior = posterior[:, 0]
-    return acc.transpose(0, 1), posterior
+    return acc, posterior
 
 
 # ---------------------------------------------------------------- fixed memory

@@ -2,8 +2,8 @@
 
 Design (lean, nanoGPT-like):
 - Pre-norm blocks: x + attn(ln1(x)), then x + mlp(ln2(x)); final LayerNorm; unembedding tied to the
-  token embedding (as nanoGPT and HF RoFormer's default). Linear layers have no bias (fewer kernels,
-  no measurable loss at this scale); LayerNorms keep weight and bias.
+  token embedding (as nanoGPT and HF RoFormer's default). Linear layers have no bias (nanoGPT's bias=False:
+  one kernel fewer per matmul, fwd and bwd); LayerNorms keep weight and bias.
 - Positions, one switch (cfg.pos_enc): "rope" rotates queries and keys in every layer (RoFormer's
   interleaved layout: dims 2i and 2i+1 form a pair, base 10000, float32 cos/sin tables of max_len rows);
   "absolute" adds a learned table; "sinusoidal" adds the fixed Vaswani table; "none" adds nothing
@@ -12,6 +12,8 @@ Design (lean, nanoGPT-like):
   when cfg.window > 0: query t sees keys t-window+1..t). When `Attention.explicit` is set (run_with_cache
   does it when attention scores/patterns are requested) the scores q @ k^T / sqrt(Dh) are materialized,
   masked with -inf, exposed at hook_attn_scores, softmaxed (hook_pattern) and applied to v.
+- Dropout (cfg.dropout > 0, training only) on the embedding, the attention-sublayer output and the MLP
+  output; none on attention probabilities (that would push SDPA off its fused CPU kernel: ~1.6x slower).
 - Hook points (identity modules; forward hooks read them): hook_embed (layer-0 residual),
   blocks.{l}.attn.hook_q / hook_k (post-RoPE, (B, H, T, Dh)), blocks.{l}.attn.hook_attn_scores and
   hook_pattern ((B, H, T, T), explicit path only), blocks.{l}.hook_resid_post ((B, T, D)).
@@ -74,7 +76,6 @@ class Attention(nn.Module):
         self.n_heads, self.head_dim, self.window = cfg.n_heads, cfg.d_model // cfg.n_heads, cfg.window
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.dropout = cfg.dropout
         self.resid_drop = nn.Dropout(cfg.dropout)
         self.explicit = False  # materialize scores/pattern (set by run_with_cache)
         self.hook_q, self.hook_k = HookPoint(), HookPoint()
@@ -82,24 +83,21 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, mask: torch.Tensor) -> torch.Tensor:
         B, T, D = x.shape
-        qkv = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim)  # (B, T, 3, H, Dh)
+        qk, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).split([2, 1], dim=2)  # (B, T, 2|1, H, Dh)
         if rope is not None:  # rotate q and k in one pass; cos/sin: (T, 1, 1, Dh/2)
-            qk = apply_rope(qkv[:, :, :2], rope[0][:T, None, None], rope[1][:T, None, None])
-            q, k = qk.unbind(2)  # (B, T, H, Dh)
-        else:
-            q, k = qkv[:, :, 0], qkv[:, :, 1]
-        q, k, v = (t.transpose(1, 2) for t in (q, k, qkv[:, :, 2]))  # (B, H, T, Dh)
+            qk = apply_rope(qk, rope[0][:T, None, None], rope[1][:T, None, None])
+        q, k = qk.unbind(2)  # (B, T, H, Dh)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v[:, :, 0].transpose(1, 2)  # (B, H, T, Dh)
         q, k = self.hook_q(q), self.hook_k(k)
         if self.explicit:
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, H, T, T)
             att = self.hook_attn_scores(att.masked_fill(~mask[:T, :T], float("-inf")))
             att = self.hook_pattern(F.softmax(att, dim=-1))
-            att = F.dropout(att, self.dropout, self.training)
             y = att @ v  # (B, H, T, Dh)
         elif self.window > 0:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:T, :T], dropout_p=self.dropout if self.training else 0.0)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:T, :T])
         else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         y = y.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
         return self.resid_drop(self.proj(y))
 
@@ -207,12 +205,15 @@ class Transformer(nn.Module):
         return 6.0 * self.num_params() + 12.0 * c.n_layers * T * c.d_model
 
     def configure_optimizers(self, weight_decay: float, lr: float, betas: tuple[float, float]) -> torch.optim.AdamW:
-        """AdamW: weight decay on >= 2-D tensors (matmul weights, embeddings), none on biases / LayerNorm."""
+        """AdamW: weight decay on >= 2-D tensors (matmul weights, embeddings), none on biases / LayerNorm.
+
+        fused=True when every parameter is on CUDA or CPU (torch's fused AdamW: one kernel per step).
+        """
         params = [p for p in self.parameters() if p.requires_grad]
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-        fused = all(p.is_cuda for p in params)
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, **({"fused": True} if fused else {}))
+        fused = all(p.device.type in ("cuda", "cpu") for p in params)
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused or None)
 
     def hook_names(self) -> list[str]:
         return [n for n, m in self.named_modules() if isinstance(m, HookPoint)]
@@ -238,6 +239,8 @@ def run_with_cache(model: Transformer, idx: torch.Tensor,
     All hooks are removed and the explicit flags restored even if the forward raises.
     """
     points = {n: m for n, m in model.named_modules() if isinstance(m, HookPoint)}
+    if isinstance(names, str):
+        names = [names]
     if names is None:
         wanted = list(points)
     elif callable(names):

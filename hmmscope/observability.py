@@ -6,26 +6,29 @@ distributions p, q with disjoint supports. 0 <= gamma <= 1; it is exactly 0 when
 S > V or two rows coincide; for O = g E + (1 - g) U with E injective it is g.
 A single-state emission (no nonzero sum-zero x) gets the convention gamma = 1.
 
-Computing gamma is a nonconvex problem (a convex function minimized on the l1
-unit sphere of the sum-zero subspace). Tools used, in order:
+Computing gamma is nonconvex (a convex function minimized on the l1 unit sphere
+of the sum-zero subspace). Steps, in order (`.method` names the one that closed):
 
-- "rank": S > V or duplicate rows -> 0, exact, nothing solved.
-- a certified lower bound from an LP: for any M (V x S) with O M = I + 1 c^T,
-  every sum-zero x has x = x O M, so ||x||_1 <= ||x O||_1 max_a ||M_a||_1 and
-  gamma >= 1 / min_M max_a ||M_a||_1 (certified a posteriori from the solver's M
-  and its residual). Often tight but not always (the l1 extension problem).
-  For S == V, M = O^{-1} is forced and the pairwise form
-  gamma = 2 / max_{a,b} ||M_a - M_b||_1 is exact ("inverse").
-- an upper bound from a witness: pairwise vertices e_i - e_j, the LP dual's
-  direction, then one LP per sign pattern (p on A, q on A^c) and single flips.
-- exact: enumeration of the 2^(S-1) - 1 sign patterns (one LP each) for
-  S <= exact_max_states, else a MILP (scipy HiGHS) under time_limit; if the MILP
-  stops early, its dual bound joins the certified lower bound ("milp-bounds").
+- "rank": S > V or two identical rows -> 0, exact, nothing solved.
+- certified lower bound: for ANY M (V x S) with O M = I + 1 c^T, a sum-zero x has
+  x = (x O) M with x O sum-zero, so gamma >= 2 / max_{a,b} ||M_a - M_b||_1
+  (made rigorous a posteriori with the residual of O M - I - 1 c^T). M comes from
+  an LP (min_M max_a ||M_a||_1; "dual-lp", when 2 S^2 V is small), from
+  O^{-1} when S == V ("inverse": then M is forced and the bound is exact), or
+  from pinv(O) ("pinv", cheap, for large problems). Often tight, not always.
+- upper bound from a witness x: best pair e_i - e_j, smallest-l2-gain sum-zero
+  directions, the LP's dual direction; each refined by one LP over its sign
+  pattern (p on A, q on A^c), then single-state flips (30% of time_limit).
+- exact: all 2^(S-1) - 1 sign patterns, one LP each, for S <= exact_max_states
+  ("enumeration"); else a MILP (scipy HiGHS) under time_limit whose dual bound
+  joins the lower bound ("milp", or "milp-bounds" if the gap stays open).
 
-Whenever lower and upper meet (relative 1e-6) the result is exact. Convention:
+Exact means lower and upper met within relative 1e-6 (to the LP/MILP solvers'
+tolerances; the upper end is always a true ratio of `.witness`). Convention:
 `.value` is the exact value when `.exact`; otherwise `.value == .lower`, the
-certified lower bound (the conservative number for a theorem's hypothesis);
-`.upper` comes from an explicit witness x (`.witness`, sum 0, ||x||_1 = 1).
+certified lower bound (the conservative number for a theorem's hypothesis).
+`.witness` is a sum-zero x with ||x||_1 = 1 and ||x O||_1 == `.upper`.
+method="bounds" skips the exact steps: certified lower and witness upper, exact=False.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
 _RTOL = 1e-6  # lower and upper closer than this (relative) -> exact
-_DUAL_LP_MAX_NNZ = 3_000_000  # the certified-bound LP has about 2 * S * S * V nonzeros
+_DUAL_LP_MAX_NNZ = 70_000  # the certified-bound LP has 2 S^2 V nonzeros (~1 s at 70k)
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,41 +102,37 @@ def _pattern_lp(O: np.ndarray, pos: np.ndarray) -> tuple[float, np.ndarray | Non
     return _ratio(x, O), x
 
 
-def _dual_lp_bound(O: np.ndarray) -> tuple[float, list[np.ndarray]]:
-    """Certified lower bound min_M max_a ||M_a||_1 s.t. O M = I + 1 c^T, and witness directions."""
+def _certified_lower(O: np.ndarray, M: np.ndarray, c: np.ndarray) -> tuple[float, np.ndarray]:
+    """For any M (V x S): a sum-zero x has x = (x O) M - x R with R = O M - I - 1 c^T and x O sum-zero,
+    so gamma >= (1 - max_s ||R_s||_1) * 2 / max_ab ||M_a - M_b||_1. Returns it and the worst pair's M_a - M_b."""
+    slack = 1.0 - np.abs(O @ M - np.eye(O.shape[0]) - c[None, :]).sum(1).max()
+    best, pair = 0.0, (0, 1)
+    for s in range(0, M.shape[0], 64):  # chunked: V x V x S at once can be large
+        d = np.abs(M[s:s + 64, None, :] - M[None, :, :]).sum(-1)
+        a, b = np.unravel_index(np.argmax(d), d.shape)
+        if d[a, b] > best:
+            best, pair = d[a, b], (s + a, b)
+    lower = slack * 2.0 / best if best > 0 and slack > 0 else 0.0
+    return lower, M[pair[0]] - M[pair[1]]
+
+
+def _dual_lp(O: np.ndarray):
+    """argmin_M max_a ||M_a||_1 s.t. O M = I + 1 c^T (an LP): (M, c, witness directions) or None."""
     S, V = O.shape
     K = sparse.kron(sparse.csr_matrix(O), sparse.eye(S))  # row (s, i), column (a, i) -> O[s, a]
     C = sparse.kron(np.ones((S, 1)), sparse.eye(S))
     A_eq = sparse.hstack([K, -K, -C, sparse.csr_matrix((S * S, 1))]).tocsr()
     R = sparse.kron(sparse.eye(V), np.ones((1, S)))
     A_ub = sparse.hstack([R, R, sparse.csr_matrix((V, S)), -np.ones((V, 1))]).tocsr()
-    n = 2 * V * S + S + 1
-    cost = np.zeros(n)
+    cost = np.zeros(2 * V * S + S + 1)
     cost[-1] = 1.0
     bounds = [(0, None)] * (2 * V * S) + [(None, None)] * S + [(0, None)]
     res = linprog(cost, A_ub=A_ub, b_ub=np.zeros(V), A_eq=A_eq, b_eq=np.eye(S).ravel(), bounds=bounds, method="highs")
     if res.status != 0:
-        return 0.0, []
+        return None
     M = (res.x[:V * S] - res.x[V * S:2 * V * S]).reshape(V, S)
-    resid = O @ M - np.eye(S) - res.x[2 * V * S:2 * V * S + S][None, :]
-    slack = 1.0 - np.abs(resid).sum(1).max()  # x = x O M - x resid for sum-zero x
-    lower = max(0.0, slack) / np.abs(M).sum(1).max()
-    lam = res.eqlin.marginals.reshape(S, S)  # columns are sum-zero; rank one when the bound is tight
-    U = np.linalg.svd(lam)[0]
-    return lower, [U[:, k] for k in range(min(3, S))]
-
-
-def _inverse_bound(O: np.ndarray) -> tuple[float, np.ndarray]:
-    """S == V: gamma = 2 / max_ab ||M_a - M_b||_1 with M = O^{-1}; certified via the residual."""
-    S = O.shape[0]
-    try:
-        M = np.linalg.inv(O)
-    except np.linalg.LinAlgError:
-        return 0.0, np.eye(S)[0] - np.eye(S)[1]
-    diam = np.abs(M[:, None, :] - M[None, :, :]).sum(-1)
-    a, b = np.unravel_index(np.argmax(diam), diam.shape)
-    slack = 1.0 - np.abs(O @ M - np.eye(S)).sum(1).max()
-    return max(0.0, slack) * 2.0 / diam[a, b], M[a] - M[b]
+    U = np.linalg.svd(res.eqlin.marginals.reshape(S, S))[0]  # dual: sum-zero columns, rank one when tight
+    return M, res.x[2 * V * S:2 * V * S + S], [U[:, k] for k in range(min(3, S))]
 
 
 def _local_search(O, starts, deadline) -> tuple[float, np.ndarray]:
@@ -159,12 +158,15 @@ def _local_search(O, starts, deadline) -> tuple[float, np.ndarray]:
     return best, bx
 
 
-def _milp(O: np.ndarray, time_limit: float):
-    """x = x+ - x-, z_i = [x_i >= 0], sum x+ = sum x- = 1/2, min sum t, t >= |x O| (z_0 = 1 by symmetry)."""
+def _milp(O: np.ndarray, time_limit: float, scale: float):
+    """x = x+ - x-, z_i = [x_i >= 0], sum x+ = sum x- = 1/2, min sum t, t >= scale * |x O| (z_0 = 1 by symmetry).
+
+    `scale` ~ 1 / gamma makes HiGHS's absolute tolerances (gap 1e-6, feasibility 1e-7) relative ones.
+    Returns (incumbent x or None, dual bound on gamma)."""
     S, V = O.shape
-    I, Z = np.eye(S), np.zeros
-    cons = [LinearConstraint(np.hstack([O.T, -O.T, Z((V, S)), -np.eye(V)]), -np.inf, 0),
-            LinearConstraint(np.hstack([-O.T, O.T, Z((V, S)), -np.eye(V)]), -np.inf, 0),
+    I, Z, OT = np.eye(S), np.zeros, scale * O.T
+    cons = [LinearConstraint(np.hstack([OT, -OT, Z((V, S)), -np.eye(V)]), -np.inf, 0),
+            LinearConstraint(np.hstack([-OT, OT, Z((V, S)), -np.eye(V)]), -np.inf, 0),
             LinearConstraint(np.hstack([I, Z((S, S)), -0.5 * I, Z((S, V))]), -np.inf, 0),
             LinearConstraint(np.hstack([Z((S, S)), I, 0.5 * I, Z((S, V))]), -np.inf, 0.5),
             LinearConstraint(np.kron(np.eye(2), np.ones(S)) @ np.eye(2 * S, 3 * S + V), 0.5, 0.5)]
@@ -176,7 +178,7 @@ def _milp(O: np.ndarray, time_limit: float):
                options={"time_limit": max(time_limit, 0.01), "mip_rel_gap": 1e-9})
     x = None if res.x is None else _normalize(res.x[:S] - res.x[S:2 * S])
     dual = res.mip_dual_bound if res.mip_dual_bound is not None and np.isfinite(res.mip_dual_bound) else 0.0
-    return res.status == 0, x, max(0.0, float(dual) - 1e-9)
+    return x, max(0.0, float(dual) / scale)
 
 
 def observability(emission, *, time_limit: float = 10.0, exact_max_states: int = 8,
@@ -203,27 +205,29 @@ def observability(emission, *, time_limit: float = 10.0, exact_max_states: int =
         j = next(k for k in range(S) if k != i and np.array_equal(O[k], O[i]))
         return Observability(0.0, True, 0.0, 0.0, "rank", (eye[i] - eye[j]) / 2)
 
-    # certified lower bound and witness directions
-    pairs = min(combinations(range(S), 2), key=lambda ij: np.abs(O[ij[0]] - O[ij[1]]).sum())
-    starts = [eye[pairs[0]] - eye[pairs[1]]]
-    name = "dual-lp"
-    if S == V:
-        lower, direction = _inverse_bound(O)
-        starts.append(direction)
-        name = "inverse"
-    elif 2 * S * S * V <= _DUAL_LP_MAX_NNZ:
-        lower, dirs = _dual_lp_bound(O)
-        starts += dirs
-    else:
-        lower = 0.0
+    # certified lower bound (from some M with O M = I + 1 c^T) and witness directions
+    pair = min(combinations(range(S), 2), key=lambda ij: np.abs(O[ij[0]] - O[ij[1]]).sum())
+    B = np.linalg.svd(np.ones((1, S)))[2][1:]  # orthonormal basis of the sum-zero subspace
+    U = np.linalg.svd(B @ O)[0]
+    starts = [eye[pair[0]] - eye[pair[1]]] + [U[:, -k] @ B for k in range(1, min(3, S))]  # smallest l2 gains
+    name, M, c = "pinv", None, np.zeros(S)
+    if S < V and 2 * S * S * V <= _DUAL_LP_MAX_NNZ:
+        sol = _dual_lp(O)
+        if sol is not None:
+            (M, c, dirs), name = sol, "dual-lp"
+            starts += dirs
+    if M is None:  # S == V: M = O^{-1} is forced up to c and the bound is exact; S < V: a cheap bound
+        M, name = np.linalg.pinv(O), ("pinv" if S < V else "inverse")
+    lower, direction = _certified_lower(O, M, c)
+    starts.append(direction)
     search_deadline = time.monotonic() + 0.3 * max(deadline - time.monotonic(), 0.0)
     upper, x = _local_search(O, starts, search_deadline)
 
     def done(lo, up, w, how, exact_ok=True):
-        lo = min(lo, up)
+        lo, up = float(min(lo, up)), float(up)
         if exact_ok and up - lo <= _RTOL * up + 1e-12:
             return Observability(up, True, up, up, how, w)
-        return Observability(lo, False, lo, up, how, w)
+        return Observability(lo, False, lo, up, how + ("" if how == "bounds" else "-bounds"), w)
 
     if method == "bounds":
         return done(lower, upper, x, "bounds", exact_ok=False)
@@ -234,14 +238,12 @@ def observability(emission, *, time_limit: float = 10.0, exact_max_states: int =
             r, w = _pattern_lp(O, np.array([(k >> i) & 1 for i in range(S - 1)] + [0], dtype=bool))
             if r < upper:
                 upper, x = r, w
-        return Observability(upper, True, upper, upper, "enumeration", x)
-    optimal, xm, dual = _milp(O, deadline - time.monotonic())
+        return Observability(float(upper), True, float(upper), float(upper), "enumeration", x)
+    xm, dual = _milp(O, deadline - time.monotonic(), 1.0 / max(upper, 1e-12))
     if xm is not None and _ratio(xm, O) < upper:
         upper, x = _ratio(xm, O), xm
-    lower = max(lower, dual)
-    if optimal:  # HiGHS reached its gap: the incumbent is optimal to the solver's tolerance
-        return Observability(upper, True, upper, upper, "milp", x)
-    return done(lower, upper, x, "milp-bounds", exact_ok=True)
+    # exact (to HiGHS's tolerances) when its dual bound meets the incumbent, else certified bounds
+    return done(max(lower, dual), upper, x, "milp")
 
 
 def gamma_eff(Q, emission, **kw) -> Observability:

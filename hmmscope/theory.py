@@ -28,6 +28,9 @@ literal summary reading C = c = 1, and scaling claims are tested by CIs:
     gamma^(4-k); CI lower > 4: not supported, rates fall faster than gamma^4, so no
     fixed c works as gamma -> 0; CI contains 4: inconclusive (consistent with a
     tight exponent but k > 4 not excluded). Same with 1 for the rank slope.
+    `run_theory` regresses on the gamma knob (= gamma(O) when S <= V; when S > V
+    gamma(O) = 0 and the knob is the only usable x) and on gamma_eff's `.value`
+    (its certified lower bound when not exact), per (S, d, rho) group and pooled.
     Forgetting by mixing (rho > 0; see the Dobrushin coefficient) keeps r > 0 as
     gamma -> 0 and pulls k down: read k next to the mixing.
 """

@@ -155,6 +155,16 @@ class Run:
         return Path(self._client.download_artifacts(self.run_id, artifact_path, str(dst)))
 
 
+def existing_run(uri: str, run_id: str) -> Run:
+    """A handle to log more into an existing run, its status untouched; ValueError if unknown."""
+    ensure_store(uri)
+    try:
+        client(uri).get_run(run_id)
+    except Exception:
+        raise ValueError(f"unknown MLflow run id {run_id!r} in {uri}") from None
+    return Run(uri, run_id)
+
+
 @contextlib.contextmanager
 def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None = None,
               params: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None,
@@ -166,9 +176,8 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
     ensure_store(uri)
     c = client(uri)
     if resume is not None:
-        c.get_run(resume)  # raises if unknown
+        run = existing_run(uri, resume)
         c.update_run(resume, status="RUNNING")
-        run = Run(uri, resume)
     else:
         all_tags = {"hmmscope.code_version": git_commit() or "unknown", **(tags or {})}
         if parent is not None:

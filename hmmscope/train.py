@@ -29,10 +29,10 @@ that talks to MLflow):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import random
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -83,6 +83,11 @@ def lr_at(step: int, t: TrainConfig) -> float:
     return t.min_lr + 0.5 * (1.0 + math.cos(math.pi * frac)) * (t.lr - t.min_lr)
 
 
+@functools.lru_cache(maxsize=4)
+def _epoch_perm(seed: int, epoch: int, n: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
 def batch_indices(step: int, n: int, batch_size: int, seed: int) -> np.ndarray:
     """Training-set rows of step `step`: a slice of the stream perm(epoch 0) ++ perm(epoch 1) ++ ..."""
     pos = step * batch_size + np.arange(batch_size)
@@ -90,7 +95,7 @@ def batch_indices(step: int, n: int, batch_size: int, seed: int) -> np.ndarray:
     out = np.empty(batch_size, np.int64)
     for e in np.unique(epoch):
         sel = epoch == e
-        out[sel] = np.random.default_rng([seed, int(e)]).permutation(n)[within[sel]]
+        out[sel] = _epoch_perm(seed, int(e), n)[within[sel]]
     return out
 
 
@@ -160,12 +165,13 @@ def evaluate_loss(model: torch.nn.Module, ep: Episodes, device: torch.device | s
     return {"loss": s[0] / s[2], "acc": s[1] / s[2], "test_loss": s[3] / s[5], "test_acc": s[4] / s[5]}
 
 
-def oracle_metrics(mix, ep: Episodes) -> dict[str, float]:
+def oracle_metrics(mix, ep: Episodes, device: torch.device | str = "cpu") -> dict[str, float]:
     """The mixture oracle (Bayes-optimal predictor) scored on the same targets as evaluate_loss."""
     from .inference import mixture_oracle
 
-    pred, _ = mixture_oracle(mix, ep, dtype=torch.float64)
-    pred = torch.as_tensor(pred)[:, 1:]  # row t predicts token t; targets are tokens 1..T-1
+    device = torch.device(device)
+    pred, _ = mixture_oracle(mix, ep, dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
+    pred = torch.as_tensor(pred).cpu()[:, 1:]  # row t predicts token t; targets are tokens 1..T-1
     y = torch.as_tensor(np.asarray(ep.tokens[:, 1:]).astype(np.int64))
     m = torch.as_tensor(ep.target_mask[:-1]).expand_as(y)
     mt = m & torch.as_tensor(ep.test_target_mask[:-1])
@@ -235,12 +241,14 @@ def _resume_config(saved: Config, passed: Config) -> Config:
 
 
 def _progress(enabled: bool):
+    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    console = Console(stderr=True)
     return Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
                     TextColumn("loss {task.fields[loss]:.4f}  {task.fields[tps]:,.0f} tok/s"),
                     TimeElapsedColumn(), TimeRemainingColumn(), transient=True,
-                    disable=not (enabled and sys.stderr.isatty()))
+                    console=console, disable=not (enabled and console.is_terminal))
 
 
 def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_name: str | None = None,
@@ -275,7 +283,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
     tokens = torch.as_tensor(ep_train.tokens.astype(np.int64), device=device)  # (N, T)
     loss_mask = torch.as_tensor(ep_train.target_mask[:-1], device=device).expand(t.batch_size, -1)
     try:
-        oracle = {f"oracle/{k}": v for k, v in oracle_metrics(mix, ep_eval).items()}
+        oracle = {f"oracle/{k}": v for k, v in oracle_metrics(mix, ep_eval, device).items()}
     except ImportError:
         oracle = {}
 

@@ -11,7 +11,13 @@ from hmmscope.config import DataConfig, HMMConfig
 from hmmscope.episodes import layout, sample_episodes
 from hmmscope.hmm import HMM, Mixture, make_hmm, make_mixture
 from hmmscope.inference import (
-    MemoryErrorResult, filter_factored, memory_error, memory_predictor, mixture_oracle, predictive, task_oracle,
+    MemoryErrorResult,
+    filter_factored,
+    memory_error,
+    memory_predictor,
+    mixture_oracle,
+    predictive,
+    task_oracle,
 )
 
 F64 = torch.float64

@@ -280,3 +280,30 @@ def test_hookpoints_are_identity_and_max_len():
     m = make("rope")
     with pytest.raises(ValueError):
         m(torch.zeros(1, 33, dtype=torch.long))
+
+
+def test_dropout_same_in_fused_and_explicit():
+    m = make("rope", dropout=0.3).train()  # no attention-probability dropout: both paths draw the same masks
+    x = tokens()
+    with torch.no_grad():
+        torch.manual_seed(5)
+        a = m(x)[0]
+        set_explicit(m, True)
+        torch.manual_seed(5)
+        b = m(x)[0]
+    assert torch.allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("pos", ["rope", "sinusoidal"])
+def test_bf16_autocast(pos):
+    m = make(pos)
+    x, tgt = tokens(), tokens(seed=2)
+    ref = m(x)[0].detach()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, loss = m(x, tgt)
+        _, cache = run_with_cache(m, x, ["blocks.0.attn.hook_pattern"])
+    loss.backward()
+    assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
+    assert torch.allclose(logits.float(), ref, atol=0.05)
+    assert m.blocks[0].attn.qkv.weight.grad is not None
+    assert torch.allclose(cache["blocks.0.attn.hook_pattern"].float().sum(-1), torch.ones(2, 2, T), atol=2e-2)

@@ -8,8 +8,16 @@ from hmmscope import tracking
 from hmmscope.config import Config, TrainConfig, flatten, override
 from hmmscope.episodes import sample_episodes
 from hmmscope.hmm import make_mixture
-from hmmscope.train import (DivergedError, batch_indices, evaluate_loss, load_checkpoint, load_model, lr_at,
-                            resolve_device, train)
+from hmmscope.train import (
+    DivergedError,
+    batch_indices,
+    evaluate_loss,
+    load_checkpoint,
+    load_model,
+    lr_at,
+    resolve_device,
+    train,
+)
 
 torch.set_num_threads(1)
 

@@ -1,0 +1,150 @@
+"""The jobs the CLI launches, composed from the library: evaluate a run, log a theory sweep, the main job.
+
+Library modules compute; this module wires their results into MLflow runs through
+`tracking` (the only module that talks to MLflow) and files under an output folder.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import tracking
+from .config import Config
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int | None = None,
+                 batch_size: int = 64) -> dict[str, float]:
+    """Figure 1 for a trained run: tables, figure and headline metrics logged into that run."""
+    import torch
+
+    from .episodes import sample_episodes
+    from .evaluate import figure1, memory_comparison, plot_figure1
+    from .hmm import make_mixture
+    from .train import load_checkpoint, load_model, resolve_device
+
+    run = tracking.existing_run(uri, run_id)
+    dev = resolve_device(device)
+    model, cfg = load_model(uri, run_id)
+    model = model.to(dev).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        step = int(load_checkpoint(uri, run_id, tmp)["step"])
+    mix = make_mixture(cfg.hmm)
+    ep = sample_episodes(mix, cfg.data, n_episodes or cfg.data.n_eval, "eval")
+    with torch.no_grad():
+        res = figure1(model, mix, ep, device=str(dev), batch_size=batch_size)
+    metrics = res.headline()
+    extra: dict[str, Any] = {}
+    if cfg.model.window > 0:
+        extra = memory_comparison(model, mix, ep, cfg.model.window, device=str(dev), batch_size=batch_size)
+        metrics.update({f"memory/{k}": float(v) for k, v in extra.items()
+                        if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        files = [*res.to_csv(d), plot_figure1(res, d / "figure1.png")]
+        (d / "figure1.json").write_text(json.dumps({**res.to_dict(), "memory": extra}, indent=2, default=str))
+        files.append(d / "figure1.json")
+        for f in files:
+            run.log_artifact(f, "evaluation")
+    run.log_metrics(metrics, step=step)
+    return metrics
+
+
+# ---------------------------------------------------------------- theory
+
+
+def log_theory(result, uri: str, experiment: str, out_files: list[Path], parent: str | None = None) -> str:
+    """One parent run for the sweep, a child run per setting; returns the parent's run id."""
+    cfg = result.config
+    with tracking.start_run(uri, experiment, "theory", parent=parent,
+                            params={f"theory.{k}": v for k, v in cfg.items()},
+                            tags={"hmmscope.kind": "theory"}) as run:
+        for s in result.settings:
+            p, f = s.params, s.rate_fit
+            params = {"hmm.family": p["family"], "hmm.n_states": p["n_states"], "hmm.n_tokens": cfg["n_tokens"],
+                      "hmm.rank": p["rank"], "hmm.gamma": p["gamma"], "hmm.alpha": cfg["alpha"], "hmm.rho": p["rho"],
+                      "hmm.seed": cfg["seed"], "theory.n_histories": cfg["n_histories"],
+                      "theory.burn_in": cfg["burn_in"], "theory.floor": cfg["floor"], "theory.gamma_m": cfg["gamma_m"]}
+            name = f"S{p['n_states']}-d{p['rank']}-rho{p['rho']:g}-gamma{p['gamma']:g}"
+            with tracking.start_run(uri, experiment, name, parent=run, params=params,
+                                    tags={"hmmscope.kind": "theory-setting"}) as child:
+                m = {"theory/dobrushin": s.dobrushin, "theory/rate": f.rate, "theory/rate_lo": f.rate_ci[0],
+                     "theory/rate_hi": f.rate_ci[1], "theory/log_intercept": f.intercept, "theory/fit_points": f.n_used}
+                for key, o in (("gamma_O", s.gamma_O), ("gamma_eff", s.gamma_eff), ("gamma_m", s.gamma_m)):
+                    if o is not None:
+                        m.update({f"theory/{key}": o["value"], f"theory/{key}_lower": o["lower"],
+                                  f"theory/{key}_upper": o["upper"], f"theory/{key}_exact": float(o["exact"])})
+                child.log_metrics(m)
+                for L, e, se in zip(s.lengths, s.eps, s.stderr):
+                    child.log_metrics({"theory/eps": e, "theory/eps_stderr": se}, step=int(L))
+                child.set_tags({f"verdict/{v.claim}": f"{v.verdict}: {v.reason}" for v in s.verdicts})
+        for fit in result.exponent_fits:
+            key = f"theory/exponent/{fit.x_name}/{fit.scope}"
+            run.log_metrics({key: fit.k, f"{key}_lo": fit.k_ci[0], f"{key}_hi": fit.k_ci[1]})
+        run.set_tags({f"verdict/{v.claim} [{v.scope}]": f"{v.verdict}: {v.reason}" for v in result.verdicts})
+        run.log_dict("\n".join(result.summary_lines()) + "\n", "theory_summary.txt")
+        for f in out_files:
+            run.log_artifact(f)
+        return run.run_id
+
+
+def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
+    """write(tmp_path) then rename: a failure leaves no half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
+    try:
+        write(tmp)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def theory_job(th, out: Path, *, uri: str | None, experiment: str, parent: str | None = None,
+               progress: Callable[[int, int, str], Any] | None = None):
+    """Run the sweep, write theory.png / theory.json under `out`, log to MLflow if `uri`. Returns (result, run_id)."""
+    from .theory import plot_theory, run_theory
+
+    result = run_theory(th, progress=progress)
+    fig_path, res_json = out / "theory.png", out / "theory.json"
+    atomic_write(fig_path, lambda p: plot_theory(result, p))
+    atomic_write(res_json, lambda p: p.write_text(json.dumps(result.to_dict(), indent=2)))
+    run_id = log_theory(result, uri, experiment, [fig_path, res_json], parent=parent) if uri else None
+    return result, run_id
+
+
+# ---------------------------------------------------------------- the main job
+
+@dataclass
+class MainResult:
+    parent_id: str
+    train_id: str
+    theory_id: str | None
+    eval_metrics: dict[str, float]
+    theory: Any
+
+
+def main_job(cfg: Config, uri: str, experiment: str, out: Path, *, progress: bool = True,
+             on_stage: Callable[[str], None] = lambda s: None) -> MainResult:
+    """Train + evaluate the configured model and run a small theory sweep, under one parent run."""
+    from .config import flatten
+    from .train import train
+
+    with tracking.start_run(uri, experiment, "main", params=flatten(cfg), tags={"hmmscope.kind": "main"}) as parent:
+        on_stage("training")
+        tr = train(cfg, tracking_uri=uri, experiment=experiment, run_name="train", parent=parent.run_id,
+                   progress=progress)
+        on_stage("evaluating (Figure 1)")
+        ev = evaluate_run(uri, tr.run_id, device=cfg.train.device)
+        parent.log_metrics(ev)
+        on_stage("theory sweep (Theorem 1)")
+        th, theory_id = theory_job(cfg.theory, out / "theory", uri=uri, experiment=experiment, parent=parent.run_id)
+        res = MainResult(parent.run_id, tr.run_id, theory_id, ev, th)
+        parent.set_tags({"hmmscope.train_run": tr.run_id, "hmmscope.theory_run": theory_id or ""})
+    return res

@@ -1,0 +1,141 @@
+"""The CLI end to end: --help everywhere, small real runs into a temporary MLflow store, bad input."""
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from hmmscope import tracking
+from hmmscope.cli import app
+from hmmscope.episodes import load_episodes
+
+runner = CliRunner()
+
+COMMANDS = [[], ["theory"], ["generate"], ["train"], ["evaluate"], ["run"], ["bench"], ["bench", "sample"],
+            ["bench", "filter"], ["bench", "train"]]
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return tmp_path
+
+
+def _runs(uri):
+    c = tracking.client(uri)
+    return c.search_runs([e.experiment_id for e in c.search_experiments()])
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: " ".join(c) or "root")
+def test_help(cmd):
+    r = runner.invoke(app, [*cmd, "--help"])
+    assert r.exit_code == 0, r.output
+    assert "Usage" in r.output
+
+
+SMALL_THEORY = ["theory", "--gammas", "0.5,0.9", "--n-states", "6", "--ranks", "2", "--lengths", "1,2,3,4",
+                "--n-histories", "100", "--set", "theory.n_tokens=6", "--set", "theory.burn_in=20",
+                "--set", "theory.gamma_m=0"]
+
+
+def test_theory_end_to_end(store):
+    r = runner.invoke(app, [*SMALL_THEORY, "--json", "res.json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads((store / "res.json").read_text())
+    assert [s["params"]["gamma"] for s in res["settings"]] == [0.5, 0.9]
+    # S <= V with an injective revealing map: gamma(O) is exactly the knob
+    assert all(s["gamma_O"]["exact"] and abs(s["gamma_O"]["value"] - s["params"]["gamma"]) < 1e-7
+               for s in res["settings"])
+    assert (store / "out/theory/theory.png").stat().st_size > 1000
+    runs = {r.info.run_name: r for r in _runs(tracking.default_tracking_uri())}
+    parent = runs["theory"]
+    children = [r for r in runs.values() if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == 2 and all(r.info.status == "FINISHED" for r in runs.values())
+    assert {c.data.params["hmm.gamma"] for c in children} == {"0.5", "0.9"}
+    assert all({"theory/gamma_O", "theory/gamma_eff", "theory/dobrushin", "theory/eps"} <= set(c.data.metrics)
+               for c in children)
+    fits = {s["params"]["gamma"]: s["rate_fit"]["rate"] for s in res["settings"]}
+    for c in children:  # a rate is logged exactly when the fit had enough points above the floor
+        assert ("theory/rate" in c.data.metrics) == (fits[float(c.data.params["hmm.gamma"])] is not None)
+    assert "decay rate >= g^4, g = gamma_eff" in r.output  # a verdict line per setting is printed
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--gammas", "0,0.5"], "theory.gammas must lie in (0, 1]"),
+    (["--gammas", "1.5"], "theory.gammas must lie in (0, 1]"),
+    (["--ranks", "9", "--n-states", "6"], "theory.ranks must lie in [1, n_states=6]"),
+    (["--lengths", "-1,2"], "theory.lengths must be >= 1"),
+    (["--set", "theory.family=gaussian"], "theory.family must be one of"),
+    (["--set", "theory.bogus=1"], "unknown config key 'theory.bogus'"),
+    (["--gammas", "a,b"], "expected comma-separated numbers"),
+])
+def test_theory_bad_input_exits_2_and_writes_nothing(store, args, needle):
+    r = runner.invoke(app, ["theory", *args])
+    assert r.exit_code == 2, r.output
+    assert needle in r.output and len(r.output.strip().splitlines()) == 1
+    assert not (store / "mlruns").exists() and not (store / "out").exists()
+
+
+def test_unknown_family_option_exits_2(store):
+    r = runner.invoke(app, ["theory", "--family", "gaussian"])
+    assert r.exit_code == 2 and not (store / "mlruns").exists()
+
+
+def test_generate_writes_dataset(store):
+    r = runner.invoke(app, ["generate", "eps.npz", "--n", "20", "--set", "hmm.n_tasks=3"])
+    assert r.exit_code == 0, r.output
+    ep = load_episodes(store / "eps.npz")
+    assert ep.tokens.shape[0] == 20 and set(np.unique(ep.task_ids)) <= {0, 1, 2}
+    assert ep.meta["dataset_hash"] in r.output
+    r2 = runner.invoke(app, ["generate", "eps2.npz", "--n", "20", "--set", "hmm.n_tasks=3"])
+    assert r2.exit_code == 0 and np.array_equal(load_episodes(store / "eps2.npz").tokens, ep.tokens)
+
+
+@pytest.mark.parametrize("args", [["--set", "hmm.gamma=0"], ["--set", "hmm.rank=99"], ["--n", "-3"],
+                                  ["--set", "data.l_test=-1"]])
+def test_generate_bad_input(store, args):
+    r = runner.invoke(app, ["generate", "bad.npz", *args])
+    assert r.exit_code == 2, r.output
+    assert not (store / "bad.npz").exists()
+
+
+TINY_TRAIN = ["--set", "hmm.n_tasks=4", "--set", "model.n_layers=1", "--set", "model.d_model=32",
+              "--set", "model.n_heads=2", "--set", "model.d_mlp=64", "--set", "train.steps=6",
+              "--set", "train.eval_every=3", "--set", "train.ckpt_every=3", "--set", "train.warmup=2",
+              "--set", "data.n_train=64", "--set", "data.n_eval=16", "--set", "data.n_demos=2",
+              "--set", "data.l_demo=8", "--set", "data.l_test=8", "--device", "cpu"]
+
+
+def test_train_then_evaluate(store):
+    r = runner.invoke(app, ["train", *TINY_TRAIN])
+    assert r.exit_code == 0, r.output
+    uri = tracking.default_tracking_uri()
+    (run,) = _runs(uri)
+    assert run.info.status == "FINISHED"
+    assert {"eval/test_acc", "eval/oracle_mix_test_acc", "eval/excess_ce", "eval/kl_mix"} <= set(run.data.metrics)
+    assert run.data.params["model.d_model"] == "32"
+    r2 = runner.invoke(app, ["evaluate", run.info.run_id])
+    assert r2.exit_code == 0, r2.output
+    assert "eval/test_acc" in r2.output
+
+
+@pytest.mark.parametrize("sets, needle", [
+    (["--set", "model.bogus=1"], "unknown config key 'model.bogus'"),
+    (["--set", "train.steps=ten"], "train.steps"),
+    (["--set", "model.n_heads=3"], "must divide"),
+    (["--set", "model.window=-1"], "model.window"),
+    (["--set", "model.pos_enc=alibi"], "model.pos_enc must be one of"),
+    (["--device", "tpu"], "device"),
+])
+def test_train_bad_config_exits_2_without_a_run(store, sets, needle):
+    r = runner.invoke(app, ["train", *sets])
+    assert r.exit_code == 2, r.output
+    assert needle in r.output
+    assert not (store / "mlruns").exists()
+
+
+def test_evaluate_unknown_run(store):
+    r = runner.invoke(app, ["evaluate", "0123456789abcdef"])
+    assert r.exit_code == 2 and "unknown MLflow run id" in r.output
