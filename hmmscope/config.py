@@ -10,11 +10,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import tomllib
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+
+import tomllib
 
 
 class ConfigError(ValueError):
@@ -160,7 +162,8 @@ def validate(cfg: Config) -> Config:
            f"theory.ranks must lie in [1, n_states={min(th.n_states)}], got {th.ranks}")
     _check(len(th.rhos) > 0 and all(0.0 <= r <= 1.0 for r in th.rhos), f"theory.rhos must lie in [0, 1], got {th.rhos}")
     _check(th.n_tokens >= 2 and th.alpha > 0, "theory.n_tokens must be >= 2 and theory.alpha > 0")
-    _check(len(th.lengths) >= 2 and all(x >= 1 for x in th.lengths), f"theory.lengths must be >= 1 (at least two), got {th.lengths}")
+    _check(len(th.lengths) >= 2 and all(x >= 1 for x in th.lengths),
+           f"theory.lengths must be >= 1 (at least two), got {th.lengths}")
     _check(th.n_histories >= 2 and th.burn_in >= 0, "theory.n_histories must be >= 2 and theory.burn_in >= 0")
     _check(0 < th.floor < 1 and th.gamma_m >= 0, "theory.floor must be in (0, 1) and theory.gamma_m >= 0")
     return cfg

@@ -16,7 +16,6 @@ from typing import Any
 from . import tracking
 from .config import Config
 
-
 # ---------------------------------------------------------------- evaluation
 
 

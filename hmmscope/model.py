@@ -22,7 +22,7 @@ Design (lean, nanoGPT-like):
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn as nn
@@ -266,7 +266,7 @@ def run_with_cache(model: Transformer, idx: torch.Tensor,
 
     logits = None
     try:
-        for a, m in attns.items():
+        for m in attns.values():
             m.explicit = True
         for n in set(wanted):
             handles.append(points[n].register_forward_hook(make_hook(n)))
