@@ -197,9 +197,11 @@ def theory(
         typer.echo(f"MLflow run {run_id} in experiment {experiment!r}; browse: {tracking.ui_command(uri)}")
 
 
-def _print_theory(result, th) -> None:
+def _print_theory(result, th, detail: bool = True) -> None:
+    """The per-setting table, then the verdicts (only the sweep-level ones unless `detail`)."""
     _print_table(f"Theorem 1 sweep ({th.family}, V={th.n_tokens}; {result.seconds:.1f} s)", result.table())
-    for line in result.summary_lines():
+    lines = result.summary_lines() if detail else [f.summary for f in [*result.exponent_fits, *result.rank_fits]]
+    for line in lines:
         typer.echo(line)
 
 
@@ -290,7 +292,7 @@ def run_cmd(
     typer.echo(f"Figure 1 (test segment, {cfg.data.n_demos} demonstrations): model acc {m['eval/test_acc']:.3f}, "
                f"mixture oracle {m['eval/oracle_mix_test_acc']:.3f}, task oracle {m['eval/oracle_task_test_acc']:.3f}; "
                f"excess CE {m['eval/excess_ce']:.4f} nats, KL(mix||model) {m['eval/kl_mix']:.4f}")
-    _print_theory(res.theory, cfg.theory)
+    _print_theory(res.theory, cfg.theory, detail=False)
     typer.echo(f"MLflow: parent run {res.parent_id} (train {res.train_id}, theory {res.theory_id}) "
                f"in experiment {experiment!r}")
     typer.echo(f"browse: {tracking.ui_command(uri)}")
@@ -330,6 +332,8 @@ def bench_filter_cmd(
     r = bench_filter(n_seqs=n_seqs, length=length)
     typer.echo(f"filter: hmmscope {r['ours_tokens_per_s']:,.0f} tokens/s ({n_seqs} x {length}), "
                f"hmmlearn {r['hmmlearn_tokens_per_s']:,.0f} tokens/s; ratio {r['ratio']:.1f}x")
+    typer.echo(f"        hmmlearn implementation='scaling' {r['hmmlearn_scaling_tokens_per_s']:,.0f} tokens/s; "
+               f"ratio {r['ratio_scaling']:.1f}x")
 
 
 @bench_app.command("train")

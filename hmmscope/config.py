@@ -73,7 +73,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = 1500
+    steps: int = 1000
     batch_size: int = 32
     lr: float = 3e-3
     min_lr: float = 3e-4

@@ -196,6 +196,38 @@ def task_oracle(mix: Mixture, ep, *, dtype=torch.float32, device="cpu") -> torch
     return pred
 
 
+def task_beliefs(mix: Mixture, ep, *, dtype=torch.float64, device="cpu") -> torch.Tensor:
+    """Filtered belief p(s_t | episode tokens <= t, true task) (N, T, S); NaN rows at non-observations.
+
+    Same resets as task_oracle: each demo restarts from mu; the test starts from mu ("initial") or
+    mu T^B ("midstream"). At an observation, belief = normalize(predicted belief * O[:, o_t]); the
+    predicted belief for t+1 is belief @ W @ Q. A probability-0 observation gives the zero vector.
+    Cost O(N T S d); memory N T S.
+    """
+    tok, reset, test_pos, test_start, burn_in = _layout(ep)
+    mu, W, Q, O = _task_params(mix, ep.task_ids, dtype, device)  # (N, S), (N, S, d), (N, d, S), (N, S, V)
+    start = _propagate(mu, W, Q, burn_in) if test_start == "midstream" else mu
+    tok = tok.to(device)
+    N, T = tok.shape
+    V, tiny = O.shape[-1], torch.finfo(dtype).tiny
+    out = torch.full((N, T, mu.shape[-1]), float("nan"), dtype=dtype, device=device)
+    obs = (np.asarray(ep.segment) >= 0).tolist()  # observation positions (one layout for all episodes)
+    reset = reset.tolist()
+    b = mu
+    for t in range(T):
+        if t == test_pos:
+            b = start
+        elif t == 0 or reset[t]:
+            b = mu
+        if not obs[t]:
+            continue
+        f = b * O.gather(2, tok[:, t].clamp(0, V - 1).view(N, 1, 1).expand(N, O.shape[1], 1))[..., 0]
+        f = f / f.sum(-1, keepdim=True).clamp_min(tiny)
+        out[:, t] = f
+        b = torch.bmm(torch.bmm(f[:, None], W), Q)[:, 0]
+    return out
+
+
 class _ChunkMixer:
     """on_step callback of one chunk of C tasks: mixes their predictions by their posterior within the chunk."""
 

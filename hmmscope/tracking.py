@@ -22,6 +22,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no tqdm bars in our output
+
 STORE_DIR = Path("mlruns")
 DB_NAME = "mlflow.db"
 PARAM_MAX = 6000  # MLflow's limit on a param value's length

@@ -1,0 +1,252 @@
+"""Linear probes (Figures 3a, 3b, belief probes): planted signals, controls, splits, verdicts, task_beliefs."""
+
+import itertools
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from hmmscope.config import DataConfig, HMMConfig, ModelConfig
+from hmmscope.episodes import layout, sample_episodes
+from hmmscope.hmm import HMM, Mixture, make_mixture
+from hmmscope.inference import task_beliefs
+from hmmscope.model import Transformer, resid_names, run_with_cache
+from hmmscope.probes import (
+    ProbeResult,
+    _claims,
+    collect_residuals,
+    run_probes,
+    sample_positions,
+    split_episodes,
+)
+
+F64 = torch.float64
+
+
+# ---------------------------------------------------------------- task_beliefs
+
+
+def _brute_filtered(start, T, O, tokens):
+    """p(s_last | tokens) by summing over all S^k hidden paths."""
+    S, k = len(start), len(tokens)
+    num = np.zeros(S)
+    for path in itertools.product(range(S), repeat=k):
+        p = start[path[0]] * O[path[0], tokens[0]]
+        for i in range(1, k):
+            p *= T[path[i - 1], path[i]] * O[path[i], tokens[i]]
+        num[path[-1]] += p
+    return num / num.sum()
+
+
+@pytest.mark.parametrize("test_start, burn_in", [("initial", 0), ("midstream", 3)])
+def test_task_beliefs_matches_brute_force(test_start, burn_in):
+    rng = np.random.default_rng(3)
+    S, V, n_demos, l_demo, l_test = 3, 2, 2, 2, 4
+    hs = []
+    for _ in range(2):
+        W, Q = rng.dirichlet(np.ones(2), S), rng.dirichlet(np.ones(S), 2)
+        hs.append(HMM(rng.dirichlet(np.ones(S)), W @ Q, rng.dirichlet(np.ones(V), S), factors=(W, Q)))
+    mix = Mixture(*(np.stack([getattr(h, a) for h in hs]) for a in ("initial", "W", "Q", "emission")), np.ones(2) / 2)
+    seg, pos = layout(n_demos, l_demo, l_test)
+    tokens = np.where(seg >= 0, rng.integers(0, V, (4, len(seg))), V)
+    task_ids = np.array([0, 1, 1, 0])
+    ep = SimpleNamespace(tokens=tokens, task_ids=task_ids, segment=seg, position=pos, test_mask=seg == n_demos,
+                         n_demos=n_demos, test_start=test_start, burn_in=burn_in, meta={})
+    got = task_beliefs(mix, ep, dtype=F64).numpy()
+    assert got.shape == (4, len(seg), S)
+    for i in range(4):
+        h = hs[task_ids[i]]
+        test_dist = h.initial @ np.linalg.matrix_power(h.transition, burn_in)
+        for t in range(len(seg)):
+            if seg[t] < 0:
+                assert np.isnan(got[i, t]).all()
+                continue
+            first = t - pos[t]
+            start = test_dist if seg[t] == n_demos else h.initial
+            np.testing.assert_allclose(got[i, t], _brute_filtered(start, h.transition, h.emission, tokens[i, first:t + 1]),
+                                       atol=1e-12)
+    # the belief at t uses o_t: changing o_t changes it, changing o_{t+1} does not
+    t = len(seg) - 2
+    flip = tokens.copy()
+    flip[:, t + 1] = 1 - flip[:, t + 1]
+    np.testing.assert_allclose(task_beliefs(mix, SimpleNamespace(**{**vars(ep), "tokens": flip}), dtype=F64)[:, t],
+                               got[:, t], atol=1e-14)
+
+
+# ---------------------------------------------------------------- planted signals
+
+V = 8
+N_EP = 240
+
+
+@pytest.fixture(scope="module")
+def data():
+    mix = make_mixture(HMMConfig(n_tasks=4, n_states=8, n_tokens=V, rank=4, gamma=0.6, seed=1))
+    ep = sample_episodes(mix, DataConfig(n_demos=1, l_demo=6, l_test=16, seed=2), N_EP, split="eval")
+    return mix, ep
+
+
+class Planted:
+    """Layer l = strength[l] * one-hot(o_{t-k}) + N(0, 1) noise (plus 4 pure-noise dims)."""
+
+    def __init__(self, k=1, strength=(0.0, 1.2, 5.0, 1.2, 0.0)):
+        self.k, self.strength = k, strength
+
+    def __call__(self, tok, layer, idx):
+        g = torch.Generator().manual_seed(1000 * layer + int(idx[0]))
+        onehot = torch.nn.functional.one_hot(torch.roll(tok, self.k, 1).clamp(max=V - 1), V).float()
+        x = torch.cat([self.strength[layer] * onehot, torch.zeros(*tok.shape, 4)], -1)
+        return x + torch.randn(x.shape, generator=g)
+
+
+def test_planted_kback_signal(data, tmp_path):
+    mix, ep = data
+    r = run_probes(Planted(), mix, ep, ks=(1, 2), n_layers=5, positions_per_episode=8, n_boot=300, belief=False)
+    rows = {(x["target"], x["layer"]): x for x in r.table}
+    acc1 = [rows["kback1", l]["acc"] for l in range(5)]
+    assert int(np.argmax(acc1)) == 2 and acc1[2] > 0.95
+    assert acc1[1] > rows["kback1", 1]["chance"] + 0.1 and acc1[0] < rows["kback1", 0]["chance"] + 0.08
+    for l in range(5):  # the shuffled control never beats chance; on pure noise it sits at chance, inside its CI
+        x = rows["kback1", l]
+        assert x["control_acc"] < x["chance"] + 0.04 and x["control_lo"] < x["chance"]
+        if l in (0, 4):
+            assert x["control_lo"] - 0.01 <= x["chance"] <= x["control_hi"] + 0.01
+    assert rows["kback1", 2]["beats_control"] and not rows["kback1", 0]["beats_control"]
+    claims = {c.name: c for c in r.claims}
+    assert claims["kback1_rises_then_falls"].verdict == "supported"
+    assert claims["kback1_rises_then_falls"].ci_hi < 0
+    assert claims["kback1_beats_control"].verdict == "supported"
+    summary = {s["target"]: s for s in r.summary}
+    assert summary["kback1"]["peak_layer"] == 2 and summary["kback1"]["peak_lo"] == summary["kback1"]["peak_hi"] == 2
+    # split by episode: disjoint, covering, and the reported sizes agree with it
+    test = np.asarray(r.meta["test_episodes"])
+    train = np.setdiff1d(np.arange(N_EP), test)
+    assert len(np.intersect1d(train, test)) == 0 and len(train) == r.meta["n_train_episodes"]
+    assert rows["kback1", 2]["n_test"] + rows["kback1", 2]["n_train"] == N_EP * 8 - (
+        sample_positions(ep, 8, 0) == np.flatnonzero(ep.test_mask)[0]).sum()  # k=1 drops test position 0
+    # outputs
+    blob = json.dumps(r.to_dict(), allow_nan=False)
+    assert "kback1_rises_then_falls" in blob
+    paths = r.to_csv(tmp_path / "csv")
+    assert {p.name for p in paths} >= {"probes.csv", "probe_claims.csv"} and all(p.stat().st_size > 0 for p in paths)
+    png = r.plot(tmp_path / "probes.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_split_episodes_is_disjoint_and_seeded():
+    a, b = split_episodes(100, 0.25, seed=0), split_episodes(100, 0.25, seed=0)
+    assert a.sum() == 25 and (a == b).all() and not (a == split_episodes(100, 0.25, seed=1)).all()
+    assert split_episodes(2, 0.9).sum() == 1
+
+
+def test_belief_probe_linear_map_vs_noise(data):
+    mix, ep = data
+    bel = np.nan_to_num(task_beliefs(mix, ep, dtype=F64).numpy())
+    A = np.random.default_rng(0).normal(size=(mix.n_states, 12))
+
+    def fn(tok, layer, idx):
+        g = torch.Generator().manual_seed(layer * 7919 + int(idx[0]))
+        noise = torch.randn(*tok.shape, 12, generator=g)
+        return torch.as_tensor(bel[idx, :tok.shape[1]] @ A).float() + 1e-3 * noise if layer == 1 else noise
+
+    r = run_probes(fn, mix, ep, ks=(1,), n_layers=2, positions_per_episode=8, n_boot=200)
+    b = {x["layer"]: x for x in r.belief_table}
+    assert b[1]["r2"] > 0.99 and b[1]["r2_lo"] > 0.98
+    assert abs(b[0]["r2"]) < 0.05 and b[0]["r2_lo"] < 0 < b[0]["r2_hi"] + 0.02
+    assert b[1]["control_r2"] < 0.2  # position-stratified control: what position alone predicts
+    c = {c.name: c for c in r.claims}["belief_beats_control"]
+    assert c.verdict == "supported" and c.value > 0.9
+    assert {c.name: c for c in r.claims}["kback1_rises_then_falls"].verdict == "inconclusive"  # 2 layers
+
+
+# ---------------------------------------------------------------- residual collection
+
+
+def test_collect_residuals_matches_cache_and_streams(data):
+    _, ep = data
+    ep = ep.subset(slice(0, 10))
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(n_layers=2, n_heads=2, d_model=16, d_mlp=32, max_len=64), V + 1).eval()
+    pos = sample_positions(ep, 5, seed=3)
+    test = np.flatnonzero(ep.test_mask)
+    assert pos.shape == (10, 5) and np.isin(pos, test).all() and (np.diff(pos, axis=1) > 0).all()
+    assert (pos == sample_positions(ep, 5, seed=3)).all() and not (pos == sample_positions(ep, 5, seed=4)).all()
+    _, cache = run_with_cache(model, torch.as_tensor(ep.tokens.astype(np.int64)))
+    names = resid_names(2)
+    for budget in (1, 1 << 30):  # one layer per forward, or all at once
+        res = collect_residuals(model, ep, positions_per_episode=5, seed=3, batch_size=4, mem_budget=budget)
+        got = dict(iter(res))
+        assert sorted(got) == [0, 1, 2]
+        for l, X in got.items():
+            assert X.dtype == np.float32 and X.shape == (10, 5, 16)
+            want = cache[names[l]].numpy()[np.arange(10)[:, None], pos]
+            np.testing.assert_allclose(X, want, atol=1e-5)
+    # the residual at t sees tokens <= t only: changing a later token leaves it unchanged
+    res = collect_residuals(model, ep, positions=[test[3]], layers=[2])
+    tok2 = ep.tokens.copy()
+    tok2[:, test[4]] = (tok2[:, test[4]] + 1) % V
+    res2 = collect_residuals(model, SimpleNamespace(tokens=tok2, task_ids=ep.task_ids), positions=[test[3]], layers=[2])
+    np.testing.assert_allclose(res.get(2), res2.get(2), atol=1e-6)
+
+
+# ---------------------------------------------------------------- verdict logic
+
+
+def _curves(acc, n_boot=400, sd=0.005, seed=0):
+    rng = np.random.default_rng(seed)
+    acc = {t: np.asarray(a, float) for t, a in acc.items()}
+    boot = {t: a + rng.normal(0, sd, (n_boot, len(a))) for t, a in acc.items()}
+    ctrl = {t: np.full(len(a), 0.1) for t, a in acc.items()}
+    cboot = {t: 0.1 + rng.normal(0, sd, (n_boot, len(a))) for t, a in acc.items()}
+    return acc, boot, ctrl, cboot, {t: 0.1 for t in acc}
+
+
+def test_verdicts_on_constructed_curves():
+    acc = {"task": [0.1, 0.2, 0.5, 0.95, 1.0], "state": [0.1, 0.9, 0.95, 0.95, 0.95],
+           "kback1": [0.2, 0.9, 0.7, 0.5, 0.3], "kback2": [0.2, 0.5, 0.8, 0.6, 0.3], "kback3": [0.1, 0.3, 0.5, 0.6, 0.4]}
+    claims, summary = _claims(list(range(5)), *_curves(acc), ks=(1, 2, 3), frac=0.9, belief=None)
+    v = {c.name: c for c in claims}
+    assert v["kback1_rises_then_falls"].verdict == "supported"
+    assert v["kback2_rises_then_falls"].verdict == "supported" and v["kback2_rises_then_falls"].value < 0
+    assert v["kback_peak_moves_up"].verdict == "supported" and v["kback_peak_moves_up"].value == pytest.approx(1.0)
+    assert v["kback_acc_falls_with_k"].verdict == "supported" and v["kback_acc_falls_with_k"].value < 0
+    assert v["state_before_task"].verdict == "supported" and v["state_before_task"].value == 2  # reach 3 vs 1
+    assert all(v[f"{t}_beats_control"].verdict == "supported" for t in acc)
+    assert {s["target"]: s["reach_layer"] for s in summary}["state"] == 1
+
+    # monotone (concave) rise: q < 0 but no fall -> not supported; peak moves down; accuracy rises with k
+    acc = {"task": [0.1, 0.9, 0.95, 0.95, 0.95], "state": [0.1, 0.2, 0.5, 0.9, 1.0],
+           "kback1": [0.2, 0.6, 0.8, 0.9, 0.95], "kback2": [0.9, 0.99, 0.9, 0.7, 0.5]}
+    v = {c.name: c for c in _claims(list(range(5)), *_curves(acc), ks=(1, 2), frac=0.9, belief=None)[0]}
+    assert v["kback1_rises_then_falls"].value < 0 and v["kback1_rises_then_falls"].verdict == "not supported"
+    assert v["kback_peak_moves_up"].verdict == "not supported"
+    assert v["kback_acc_falls_with_k"].verdict == "not supported"
+    assert v["state_before_task"].verdict == "not supported"
+
+    # convex curve -> not supported; flat noisy curves -> inconclusive; task never beats control -> inconclusive
+    acc = {"task": [0.1] * 5, "state": [0.1, 0.9, 0.9, 0.9, 0.9], "kback1": [0.9, 0.5, 0.3, 0.5, 0.9],
+           "kback2": [0.5] * 5}
+    v = {c.name: c for c in _claims(list(range(5)), *_curves(acc, sd=0.05), ks=(1, 2), frac=0.9, belief=None)[0]}
+    assert v["kback1_rises_then_falls"].verdict == "not supported"
+    assert v["kback2_rises_then_falls"].verdict == "inconclusive"
+    assert v["task_beats_control"].verdict == "inconclusive"  # at its control: the CI straddles 0
+    assert v["state_before_task"].verdict == "inconclusive"
+    json.dumps(ProbeResult([], [], [], list(v.values())).to_dict(), allow_nan=False)
+
+
+def test_episode_identity_features_do_not_leak_across_the_split(data):
+    """Features = one-hot of the episode index: only a probe trained on held-out episodes could use them."""
+    mix, ep = data
+
+    def fn(tok, layer, idx):
+        return torch.nn.functional.one_hot(torch.as_tensor(idx), N_EP).float()[:, None].expand(len(idx), tok.shape[1], N_EP)
+
+    r = run_probes(fn, mix, ep, ks=(1,), n_layers=1, positions_per_episode=4, max_tasks=2, n_boot=200, belief=False)
+    task = next(x for x in r.table if x["target"] == "task")
+    counts = np.bincount(ep.task_ids)
+    assert task["n_classes"] == 2 and sorted(r.meta["tasks_probed"]) == sorted(np.argsort(-counts, kind="stable")[:2])
+    assert task["acc"] <= task["chance"] + 1e-9  # the majority class at best: nothing carries over
+    assert task["n_train"] + task["n_test"] == 4 * np.isin(ep.task_ids, r.meta["tasks_probed"]).sum()
+    assert {c.name: c for c in r.claims}["task_beats_control"].verdict != "supported"
