@@ -143,7 +143,8 @@ def episode_batches(ep: Episodes, batch_size: int, device: torch.device | str = 
 @torch.no_grad()
 def evaluate_loss(model: torch.nn.Module, ep: Episodes, device: torch.device | str = "cpu",
                   batch_size: int = 64) -> dict[str, float]:
-    """Mean CE (nats) and argmax accuracy over all observation targets and over test-segment targets."""
+    """Mean CE (nats, full vocabulary) and accuracy (argmax over the observation ids, as in evaluate.py)
+    over all observation targets and over test-segment targets."""
     device = torch.device(device)
     was_training = model.training
     model.eval()
@@ -155,7 +156,7 @@ def evaluate_loss(model: torch.nn.Module, ep: Episodes, device: torch.device | s
                 logits, _ = model(x)
             logits = logits.float()
             ce = F.cross_entropy(logits.transpose(1, 2), y, reduction="none")  # (B, T-1)
-            hit = (logits.argmax(-1) == y).double()
+            hit = (logits[..., :ep.n_tokens].argmax(-1) == y).double()  # argmax over observations
             mt = m & test
             sums += torch.stack([ce[m].double().sum(), hit[m].sum(), m.sum().double(),
                                  ce[mt].double().sum(), hit[mt].sum(), mt.sum().double()])
@@ -282,10 +283,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
     ep_eval = sample_episodes(mix, cfg.data, cfg.data.n_eval, "eval")
     tokens = torch.as_tensor(ep_train.tokens.astype(np.int64), device=device)  # (N, T)
     loss_mask = torch.as_tensor(ep_train.target_mask[:-1], device=device).expand(t.batch_size, -1)
-    try:
-        oracle = {f"oracle/{k}": v for k, v in oracle_metrics(mix, ep_eval, device).items()}
-    except ImportError:
-        oracle = {}
+    oracle = {f"oracle/{k}": v for k, v in oracle_metrics(mix, ep_eval, device).items()}
 
     torch.manual_seed(t.seed)
     np.random.seed(t.seed)

@@ -130,5 +130,5 @@ def test_keys_are_sanitized(tmp_path):
         run.set_tags({"verdict/eps(L) <= d exp(-g^4 L)": "ok"})
         run.log_metrics({"theory/exponent/gamma/S=128 d=8": 1.5})
     (r,) = _runs(uri)
-    assert r.data.tags["verdict/eps_L_ _= d exp_-g_4 L_"] == "ok"
+    assert r.data.tags["verdict/eps_L_ __ d exp_-g_4 L_"] == "ok"
     assert r.data.metrics == {"theory/exponent/gamma/S_128 d_8": 1.5}
