@@ -27,14 +27,14 @@ def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int
     from .episodes import sample_episodes
     from .evaluate import figure1, memory_comparison, plot_figure1
     from .hmm import make_mixture
-    from .train import load_checkpoint, load_model, resolve_device
+    from .train import load_checkpoint, model_from_checkpoint, resolve_device
 
     run = tracking.existing_run(uri, run_id)
     dev = resolve_device(device)
-    model, cfg = load_model(uri, run_id)
-    model = model.to(dev).eval()
     with tempfile.TemporaryDirectory() as tmp:
-        step = int(load_checkpoint(uri, run_id, tmp)["step"])
+        ck = load_checkpoint(uri, run_id, tmp)
+    model, cfg = model_from_checkpoint(ck)
+    model, step = model.to(dev).eval(), int(ck["step"])
     mix = make_mixture(cfg.hmm)
     ep = sample_episodes(mix, cfg.data, n_episodes or cfg.data.n_eval, "eval")
     with torch.no_grad():

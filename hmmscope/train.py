@@ -216,17 +216,34 @@ def load_checkpoint(tracking_uri: str, run_id: str, dst_dir: str | Path) -> dict
         path = None
     if path is None or not Path(path).is_file():
         raise ValueError(f"run {run_id} has no checkpoint")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    return read_checkpoint(path)
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """A checkpoint file (as saved by train) loaded on the CPU; ValueError if it is not one."""
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ValueError(f"checkpoint not found: {path}") from None
+    except Exception as e:
+        raise ValueError(f"{path} is not an hmmscope checkpoint: {str(e).splitlines()[0]}") from None
+    if not isinstance(ck, dict) or not {"model", "config", "vocab_size", "step"} <= set(ck):
+        raise ValueError(f"{path} is not an hmmscope checkpoint")
+    return ck
+
+
+def model_from_checkpoint(ck: dict) -> tuple[Transformer, Config]:
+    """The Transformer (CPU, eval mode) and Config stored in a loaded checkpoint."""
+    cfg = from_flat(ck["config"])
+    model = Transformer(cfg.model, int(ck["vocab_size"]))
+    model.load_state_dict(ck["model"])
+    return model.eval(), cfg
 
 
 def load_model(tracking_uri: str, run_id: str) -> tuple[Transformer, Config]:
     """The trained Transformer (CPU, eval mode) and Config of run_id, from its last checkpoint."""
     with tempfile.TemporaryDirectory() as tmp:
-        ck = load_checkpoint(tracking_uri, run_id, tmp)
-    cfg = from_flat(ck["config"])
-    model = Transformer(cfg.model, int(ck["vocab_size"]))
-    model.load_state_dict(ck["model"])
-    return model.eval(), cfg
+        return model_from_checkpoint(load_checkpoint(tracking_uri, run_id, tmp))
 
 
 def _resume_config(saved: Config, passed: Config) -> Config:
