@@ -35,6 +35,7 @@ import torch
 from .episodes import Episodes, layout
 from .hmm import Mixture
 from .inference import memory_error, mixture_oracle, task_oracle
+from .stats import jsonable
 
 __all__ = ["model_predictive", "truncate_demos", "figure1", "Figure1Result", "plot_figure1",
            "memory_comparison", "PREDICTORS"]
@@ -130,18 +131,6 @@ def _rows(per_token: dict[str, dict[str, np.ndarray]], base: dict, by_position: 
     return out
 
 
-def _json_safe(x):
-    if isinstance(x, dict):
-        return {str(k): _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    if isinstance(x, (np.floating, float)):
-        return float(x) if math.isfinite(x) else None
-    if isinstance(x, np.integer):
-        return int(x)
-    return x
-
-
 @dataclass
 class Figure1Result:
     """Figure 1 tables as lists of dicts. by_k: one row per (k, predictor); by_position: one row per
@@ -172,7 +161,7 @@ class Figure1Result:
 
     def to_dict(self) -> dict:
         """JSON-safe (NaN / inf -> None)."""
-        return _json_safe({"by_k": self.by_k, "by_position": self.by_position, "k_max": self.k_max,
+        return jsonable({"by_k": self.by_k, "by_position": self.by_position, "k_max": self.k_max,
                            "meta": self.meta, "headline": self.headline()})
 
     def to_csv(self, directory) -> list[Path]:

@@ -50,26 +50,12 @@ import statsmodels.api as sm
 
 from .config import HMMConfig, TheoryConfig
 from .hmm import make_hmm
+from .stats import jsonable
+
+_jsonable = jsonable  # old private name, kept until probes/shuffle import from stats
 
 Z_SIG = 2.0  # eps must exceed Z_SIG * stderr to enter a rate fit / to count as above the bound
 NAN = float("nan")
-
-
-def _jsonable(x: Any) -> Any:
-    """Recursively: dataclasses/dicts/lists -> plain Python, numpy -> Python, NaN/inf -> None."""
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return {f.name: _jsonable(getattr(x, f.name)) for f in dataclasses.fields(x)}
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple, np.ndarray)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (bool, np.bool_)):
-        return bool(x)
-    if isinstance(x, (int, np.integer)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(x) else None
-    return x
 
 
 def _ols(x, y, w=None) -> tuple[float, tuple, float, tuple, float]:
@@ -323,7 +309,7 @@ class TheoryResult:
 
     def to_dict(self) -> dict:
         """JSON-serializable (plain Python types, NaN -> None)."""
-        return _jsonable(self)
+        return jsonable(self)
 
     def table(self) -> list[dict[str, str]]:
         """One row per setting, values preformatted as strings (column names = keys)."""
