@@ -262,6 +262,34 @@ def evaluate_cmd(
     _print_metrics(f"evaluation of run {run_id}", metrics)
 
 
+@app.command("analyze")
+@user_errors
+def analyze_cmd(
+    target: Annotated[str, typer.Argument(help="MLflow run id of a training run, or a checkpoint (.pt) file.")],
+    ks: Annotated[str, typer.Option("--ks", help="Comma-separated k for the k-back token probes.")] = "1,2,3,4,5",
+    n_episodes: Annotated[int | None, typer.Option(help="Held-out episodes (default data.n_eval).")] = None,
+    n_perms: Annotated[int, typer.Option(min=1, help="Demo permutations per episode (shuffle test).")] = 4,
+    seed: Annotated[int, typer.Option(help="Seed for permutations, position subsampling and splits.")] = 0,
+    device: DeviceOpt = None,
+    tracking_uri: UriOpt = None,
+    experiment: Annotated[str, typer.Option(help="Experiment for a checkpoint file's analysis run.")] = "hmmscope",
+) -> None:
+    """Layerwise analysis: shuffle test (Fig. 2), task / state / k-back probes (Fig. 3a, 3b), belief probes."""
+    from . import tracking
+    from .jobs import analyze_run
+
+    k_list = _csv(ks, "--ks") or []
+    if not all(isinstance(k, int) for k in k_list):
+        raise ConfigError(f"--ks: expected comma-separated integers, got {ks!r}")
+    uri = tracking.resolve_uri(tracking_uri)
+    res = analyze_run(uri, target, device=device or "auto", n_episodes=n_episodes, ks=tuple(k_list),
+                      n_perms=n_perms, seed=seed, experiment=experiment)
+    _print_table(f"claims (analysis run {res.run_id}; shuffle {res.seconds['shuffle_s']:.0f} s, "
+                 f"probes {res.seconds['probes_s']:.0f} s)",
+                 [{"claim": c.name, "statistic": c.statistic, "value": f"{c.value:.4g}",
+                   "95% CI": f"[{c.ci_lo:.4g}, {c.ci_hi:.4g}]", "verdict": c.verdict} for c in res.claims])
+
+
 def _print_metrics(title: str, metrics: dict[str, float]) -> None:
     _print_table(title, [{"metric": k, "value": f"{v:.4g}"} for k, v in sorted(metrics.items())])
 

@@ -56,6 +56,95 @@ def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int
     return metrics
 
 
+# ---------------------------------------------------------------- analysis (Figures 2, 3a, 3b, belief probes)
+
+
+@dataclass
+class AnalysisResult:
+    run_id: str  # the MLflow run holding the analysis
+    claims: list  # stats.Claim, shuffle test first, then probes
+    metrics: dict[str, float]
+    seconds: dict[str, float]
+
+
+def _analysis_metrics(shuffle, probes) -> dict[str, float]:
+    m: dict[str, float] = {}
+    for r in shuffle.by_layer:
+        for key, col in (("norm_change", "mean"), ("norm_change_lo", "ci_lo"), ("norm_change_hi", "ci_hi")):
+            if r[col] is not None:
+                m[f"shuffle/layer{r['layer']}/{key}"] = r[col]
+    for r in probes.table:
+        for key in ("acc", "acc_lo", "acc_hi", "control_acc", "chance"):
+            m[f"probe/{r['target']}/layer{r['layer']}/{key}"] = r[key]
+    for r in probes.belief_table:
+        for key in ("r2", "r2_lo", "r2_hi", "control_r2"):
+            m[f"probe/belief/layer{r['layer']}/{key}"] = r[key]
+    for c in [*shuffle.claims, *probes.claims]:
+        m.update({f"claim/{c.name}/value": c.value, f"claim/{c.name}/ci_lo": c.ci_lo, f"claim/{c.name}/ci_hi": c.ci_hi})
+    return {k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int | None = None,
+                ks: tuple[int, ...] = (1, 2, 3, 4, 5), n_perms: int = 4, seed: int = 0,
+                experiment: str = "hmmscope") -> AnalysisResult:
+    """Shuffle test, probes and belief probes for a run id or a checkpoint file.
+
+    The results go to a child run "analysis" of the training run (a standalone run in `experiment`
+    for a checkpoint file): metrics, claims as tags, tables, JSON and figures as artifacts.
+    Bad input (unknown run, no checkpoint, k out of range) raises ValueError before any run is created.
+    """
+    import time
+
+    import torch
+
+    from .episodes import sample_episodes
+    from .hmm import make_mixture
+    from .probes import run_probes
+    from .shuffle import shuffle_test
+    from .train import load_checkpoint, model_from_checkpoint, read_checkpoint, resolve_device
+
+    if Path(target).suffix == ".pt" or Path(target).is_file():
+        ck, parent = read_checkpoint(target), None
+    else:
+        tracking.existing_run(uri, target)
+        with tempfile.TemporaryDirectory() as tmp:
+            ck = load_checkpoint(uri, target, tmp)
+        parent, experiment = target, tracking.experiment_name(uri, target)
+    model, cfg = model_from_checkpoint(ck)
+    k_max = cfg.data.l_test - 1
+    bad = [k for k in ks if not 1 <= k <= k_max]
+    if bad or not ks:
+        raise ValueError(f"k must lie in [1, l_test - 1 = {k_max}], got {list(ks) or 'none'}")
+    if n_episodes is not None and n_episodes < 8:
+        raise ValueError(f"n_episodes must be >= 8 (probes split episodes), got {n_episodes}")
+    dev = resolve_device(device)
+    mix = make_mixture(cfg.hmm)
+    ep = sample_episodes(mix, cfg.data, n_episodes or cfg.data.n_eval, "eval")
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        sh = shuffle_test(model, ep, n_perms=n_perms, seed=seed, device=str(dev))
+    t1 = time.perf_counter()
+    pr = run_probes(model, mix, ep, ks=tuple(ks), seed=seed, device=str(dev))
+    t2 = time.perf_counter()
+    claims = [*sh.claims, *pr.claims]
+    metrics = _analysis_metrics(sh, pr)
+    seconds = {"shuffle_s": t1 - t0, "probes_s": t2 - t1}
+    params = {"analysis.target": target, "analysis.n_episodes": len(ep), "analysis.ks": list(ks),
+              "analysis.n_perms": n_perms, "analysis.seed": seed}
+    with tracking.start_run(uri, experiment, "analysis", parent=parent, params=params,
+                            tags={"hmmscope.kind": "analysis"}) as run:
+        run.log_metrics({**metrics, **{f"analysis/{k}": v for k, v in seconds.items()}}, step=int(ck["step"]))
+        run.set_tags({f"verdict/{c.name}": f"{c.verdict}: {c.reason}" for c in claims})
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp)
+            files = [*sh.to_csv(d), *pr.to_csv(d), sh.plot(d / "figure2_shuffle.png"), pr.plot(d / "figure3_probes.png")]
+            (d / "analysis.json").write_text(json.dumps({"shuffle": sh.to_dict(), "probes": pr.to_dict(),
+                                                         "seconds": seconds}, indent=2))
+            for f in [*files, d / "analysis.json"]:
+                run.log_artifact(f, "analysis")
+        return AnalysisResult(run.run_id, claims, metrics, seconds)
+
+
 # ---------------------------------------------------------------- theory
 
 

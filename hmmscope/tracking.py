@@ -167,6 +167,12 @@ def existing_run(uri: str, run_id: str) -> Run:
     return Run(uri, run_id)
 
 
+def experiment_name(uri: str, run_id: str) -> str:
+    """The name of the experiment holding run_id."""
+    c = client(uri)
+    return c.get_experiment(c.get_run(run_id).info.experiment_id).name
+
+
 @contextlib.contextmanager
 def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None = None,
               params: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None,

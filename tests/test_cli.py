@@ -139,3 +139,33 @@ def test_train_bad_config_exits_2_without_a_run(store, sets, needle):
 def test_evaluate_unknown_run(store):
     r = runner.invoke(app, ["evaluate", "0123456789abcdef"])
     assert r.exit_code == 2 and "unknown MLflow run id" in r.output
+
+
+def test_analyze_end_to_end_and_bad_input(store):
+    assert runner.invoke(app, ["train", *TINY_TRAIN, "--set", "data.n_eval=24", "--no-evaluate"]).exit_code == 0
+    uri = tracking.default_tracking_uri()
+    (train_run,) = _runs(uri)
+    rid = train_run.info.run_id
+    r = runner.invoke(app, ["analyze", rid, "--ks", "1,2", "--n-perms", "2"])
+    assert r.exit_code == 0, r.output
+    runs = {x.info.run_name: x for x in _runs(uri)}
+    an = runs["analysis"]
+    assert an.data.tags["mlflow.parentRunId"] == rid and an.info.status == "FINISHED"
+    assert {"shuffle/layer0/norm_change", "probe/kback1/layer0/acc", "probe/task/layer1/acc"} <= set(an.data.metrics)
+    assert any(k.startswith("verdict/") for k in an.data.tags)
+    assert "upper layers change less" in r.output
+    ckpt = next(store.rglob("last.pt"))
+    r = runner.invoke(app, ["analyze", str(ckpt), "--ks", "1", "--n-perms", "1", "--n-episodes", "16"])
+    assert r.exit_code == 0, r.output  # a checkpoint file works too (standalone analysis run)
+    n_runs = len(_runs(uri))
+    with tracking.start_run(uri, "hmmscope", "no-checkpoint") as bare:
+        pass
+    for args, needle in [(["0123456789abcdef"], "unknown MLflow run id"),
+                         ([bare.run_id], "has no checkpoint"),
+                         ([rid, "--ks", "0"], "k must lie in"),
+                         ([rid, "--ks", "99"], "k must lie in"),
+                         ([rid, "--ks", "x"], "comma-separated"),
+                         ([str(store / "missing.pt")], "checkpoint not found")]:
+        r = runner.invoke(app, ["analyze", *args])
+        assert r.exit_code == 2 and needle in r.output, (args, r.output)
+    assert len(_runs(uri)) == n_runs + 1  # only the bare run: bad input created no analysis run
