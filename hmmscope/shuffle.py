@@ -11,7 +11,8 @@ Conventions.
   key is matched to its moved copy through `permute_demos`' key map.
 - Layer l is the attention of block l (0-based). Logits are `hook_attn_scores`
   (q k^T / sqrt(Dh)) from the explicit path, in float32 (TF32 off on CUDA). Pairs that
-  are masked (-inf, e.g. by a banded window) in either run are left out; an episode with
+  are masked (-inf, e.g. by a banded window; read from head 0, the mask being shared by
+  all heads) in either run are left out (a NaN logit propagates); an episode with
   no valid pair gets NaN, and tables and claims use the episodes with finite values.
 - Per episode e, layer l, head h: r[e,l,h] = mean over perms, queries, keys of
   |s_perm(q, moved k) - s(q, k)| divided by the mean |s(q, k)| of the original episode.
@@ -55,21 +56,10 @@ import torch
 from .episodes import Episodes
 from .episodes import layout as make_layout
 from .model import run_with_cache
-from .theory import _jsonable
+from .stats import Claim, jsonable
 
 _TAG = 0x53485546  # "SHUF"
 NAN = float("nan")
-
-
-@dataclass(frozen=True)
-class Claim:
-    name: str
-    statistic: str
-    value: float
-    ci_lo: float
-    ci_hi: float
-    verdict: str  # supported | not supported | inconclusive
-    reason: str
 
 
 def _dims(segment) -> tuple[int, int, int]:
@@ -169,7 +159,7 @@ class ShuffleResult:
     meta: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return _jsonable({"by_layer": self.by_layer, "by_head": self.by_head,
+        return jsonable({"by_layer": self.by_layer, "by_head": self.by_head,
                           "claims": [asdict(c) for c in self.claims], "meta": self.meta,
                           "per_episode": self.per_episode})
 
@@ -204,7 +194,8 @@ class ShuffleResult:
         a.set_xticks(lay[:, 0])
         a.legend()
         im = b.imshow(heat.T, aspect="auto", origin="lower", cmap="viridis")
-        b.set(xlabel="layer", ylabel="head", title="normalized change per head")
+        b.set(xlabel="layer", ylabel="head", title="normalized change per head",
+              xticks=range(heat.shape[0]), yticks=range(heat.shape[1]))
         fig.colorbar(im, ax=b)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -272,10 +263,10 @@ def shuffle_test(model, ep: Episodes, *, n_perms: int = 4, seed: int = 0, device
                 for l, name in zip(layers, names):
                     s = cache.pop(name).float().view(1 + n_perms, B, H, T - 1, T - 1)[:, :, :, qi]
                     orig = s[0][..., ki]  # (B, H, nq, nk)
-                    ok0 = torch.isfinite(orig)
                     gi = kmap[:, :, None, None, :].expand(n_perms, B, H, len(qi), len(ki))
                     moved = s[1:].gather(-1, gi)  # (P, B, H, nq, nk): each key's moved copy
-                    ok = ok0 & torch.isfinite(moved)
+                    ok0 = (orig[:, :1] > -math.inf).expand_as(orig)  # the mask is the same for all heads
+                    ok = ok0 & (moved[:, :, :1] > -math.inf)
                     dlt = torch.where(ok, (moved - orig).abs(), 0.0)
                     st = torch.stack([dlt.sum((0, 3, 4)), ok.sum((0, 3, 4)),
                                       torch.where(ok0, orig.abs(), 0.0).sum((2, 3)), ok0.sum((2, 3))])
@@ -302,4 +293,4 @@ def shuffle_test(model, ep: Episodes, *, n_perms: int = 4, seed: int = 0, device
     meta = {"n_episodes": E, "n_perms": n_perms, "seed": seed, "n_layers": L, "n_heads": H,
             "pos_enc": model.cfg.pos_enc, "n_queries": len(qi), "n_keys": len(ki), "seq_len": T - 1,
             "wall_s": time.perf_counter() - t0}
-    return ShuffleResult(r_layer, r_head, _jsonable(by_layer), _jsonable(by_head), layer_claims(r_layer), meta)
+    return ShuffleResult(r_layer, r_head, jsonable(by_layer), jsonable(by_head), layer_claims(r_layer), meta)
