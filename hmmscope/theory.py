@@ -52,8 +52,6 @@ from .config import HMMConfig, TheoryConfig
 from .hmm import make_hmm
 from .stats import jsonable
 
-_jsonable = jsonable  # old private name, kept until probes/shuffle import from stats
-
 Z_SIG = 2.0  # eps must exceed Z_SIG * stderr to enter a rate fit / to count as above the bound
 NAN = float("nan")
 
