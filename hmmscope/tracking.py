@@ -215,3 +215,52 @@ def ui_command(uri: str, port: int = 5000) -> str:
     if root:
         extra = f" --default-artifact-root {root}"
     return f"mlflow ui --backend-store-uri {uri}{extra} --host 127.0.0.1 --port {port}"
+
+
+# ---------------------------------------------------------------- read helpers (reports)
+
+
+def search_runs(uri: str, experiment: str | None = None, *, filter_string: str = "",
+                parent_id: str | None = None, experiment_ids: list[str] | None = None) -> list:
+    """Runs as MLflow returns them (all pages), newest first.
+
+    `experiment` (a name) or `experiment_ids` narrow the search (default: every experiment);
+    `parent_id` keeps the direct children of that run; `filter_string` is MLflow's search syntax.
+    """
+    from mlflow.entities import ViewType
+
+    c = client(uri)
+    if experiment_ids is None:
+        if experiment is not None:
+            exp = c.get_experiment_by_name(experiment)
+            if exp is None:
+                return []
+            experiment_ids = [exp.experiment_id]
+        else:
+            experiment_ids = [e.experiment_id for e in c.search_experiments(view_type=ViewType.ALL)]
+    if not experiment_ids:
+        return []
+    filters = [f for f in (filter_string.strip(),
+                           f"tags.mlflow.parentRunId = '{parent_id}'" if parent_id else "") if f]
+    out, token = [], None
+    while True:
+        page = c.search_runs(experiment_ids, " and ".join(filters), run_view_type=ViewType.ACTIVE_ONLY,
+                             max_results=1000, order_by=["attributes.start_time DESC"], page_token=token)
+        out.extend(page)
+        token = page.token
+        if not token:
+            return out
+
+
+def get_run(uri: str, run_id: str):
+    """The run as MLflow returns it, or None if there is no such run."""
+    try:
+        return client(uri).get_run(run_id)
+    except Exception:
+        return None
+
+
+def download_artifacts(uri: str, run_id: str, artifact_path: str, dst: str | Path) -> Path:
+    """Copy a run's artifact (file or folder) under `dst`; returns the local path."""
+    Path(dst).mkdir(parents=True, exist_ok=True)
+    return Path(client(uri).download_artifacts(run_id, artifact_path, str(dst)))

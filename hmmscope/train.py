@@ -272,10 +272,13 @@ def _progress(enabled: bool):
 def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_name: str | None = None,
           resume: str | None = None, parent: str | None = None, progress: bool = True,
           eval_fn: Callable[[torch.nn.Module, int], Mapping[str, float] | None] | None = None,
-          log_every: int | None = None, _stop_after: int | None = None) -> TrainResult:
+          log_every: int | None = None, _stop_after: int | None = None,
+          on_eval: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
     """Train a Transformer on cfg's episodes in one MLflow run (new, or `resume`d); see the module docstring.
 
     eval_fn(model, step) -> {name: value} is called at every evaluation and its metrics logged at that step.
+    on_eval(step, metrics) is called after each evaluation is logged (e.g. a sweep's pruning hook); an
+    exception it raises ends the run like any failure (FAILED, reason tagged) and propagates.
     log_every: train/* metric cadence (default: steps // 100 clipped to [1, 50]).
     _stop_after: test hook; raise KeyboardInterrupt after this step (the run ends KILLED), like a kill.
     """
@@ -340,6 +343,8 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                 best.clear()
                 best.update(ev, step=step)
             run.log_metrics(ev, step=step)
+            if on_eval is not None:
+                on_eval(step, dict(ev))
 
         def checkpoint(step: int) -> None:
             state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,

@@ -1,0 +1,456 @@
+"""Sweeps: spec validation, grid studies with worker processes, heartbeat retry, divergence, pruning, PostgreSQL."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hmmscope import tracking
+from hmmscope.config import ConfigError
+from hmmscope.sweep import (
+    SweepSpec,
+    create_study,
+    default_storage,
+    load_spec,
+    make_prune_hook,
+    run_sweep,
+    run_worker,
+    study_status,
+    worker_command,
+    worker_env,
+)
+
+torch.set_num_threads(1)
+os.environ["HMMSCOPE_THREADS"] = "1"
+ROOT = Path(__file__).resolve().parents[1]
+
+THEORY_SPEC = """
+[sweep]
+name = "{name}"
+kind = "theory"
+sampler = "grid"
+seeds = {seeds}
+heartbeat_interval = 1
+grace_period = 3
+experiment = "sw"
+
+[fixed]
+"theory.rhos" = [0.05]
+"theory.n_states" = [8]
+"theory.n_tokens" = 4
+"theory.lengths" = [1, 2, 4]
+"theory.n_histories" = {nh}
+"theory.burn_in" = 10
+
+[space]
+"theory.gammas" = {{grid = [0.5, 0.8]}}
+"theory.ranks" = {{grid = {ranks}}}
+"""
+
+TRAIN_FIXED = """
+[fixed]
+"hmm.n_tasks" = 4
+"hmm.n_states" = 8
+"hmm.n_tokens" = 4
+"hmm.rank" = 2
+"data.n_demos" = 2
+"data.l_demo" = 8
+"data.l_test" = 8
+"data.n_train" = 48
+"data.n_eval" = 16
+"model.n_layers" = 1
+"model.n_heads" = 2
+"model.d_model" = 32
+"model.d_mlp" = 64
+"model.max_len" = 64
+"train.steps" = 10
+"train.batch_size" = 8
+"train.warmup" = 0
+"train.eval_every" = 5
+"train.ckpt_every" = 10
+"train.device" = "cpu"
+"train.min_lr" = 1e-9
+"train.grad_clip" = 1e30
+"""
+
+
+def write(tmp: Path, text: str, name: str = "spec.toml") -> Path:
+    p = tmp / name
+    p.write_text(text)
+    return p
+
+
+def theory_spec(tmp: Path, name: str = "th", seeds: str = "[0]", ranks: str = "[2, 4]", nh: int = 40) -> SweepSpec:
+    return load_spec(write(tmp, THEORY_SPEC.format(name=name, seeds=seeds, ranks=ranks, nh=nh), f"{name}.toml"))
+
+
+def stores(tmp: Path) -> tuple[str, str]:
+    return f"sqlite:///{tmp}/optuna.db", f"sqlite:///{tmp}/mlflow.db"
+
+
+def runs(uri: str, experiment: str = "sw"):
+    c = tracking.client(uri)
+    return c.search_runs([tracking.experiment_id(uri, experiment)], max_results=1000)
+
+
+# ---------------------------------------------------------------- specs
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "sweeps").glob("*.toml")), ids=lambda p: p.stem)
+def test_shipped_specs_load(path):
+    spec = load_spec(path)
+    assert spec.name == path.stem and spec.sampler == "grid"
+    pts = spec.grid_points()
+    assert len(pts) == spec.n_trials == len({tuple(sorted(p.items())) for p in pts})
+    for pt in pts:  # every trial config is valid; replicate seeds land in the config
+        cfg = spec.trial_config(pt)
+        if spec.kind == "train":
+            assert cfg.train.seed == cfg.data.seed == pt["seed"]
+        else:
+            assert cfg.theory.seed == pt["seed"]
+
+
+def test_shipped_spec_contents():
+    assert load_spec(ROOT / "sweeps/smoke.toml").n_trials == 4
+    assert load_spec(ROOT / "sweeps/theory-gamma.toml").kind == "theory"
+    assert load_spec(ROOT / "sweeps/rope-vs-absolute.toml").seeds == (0, 1, 2)
+    ctx = load_spec(ROOT / "sweeps/context-length.toml")
+    assert [p.grid for p in ctx.space if p.key == "model.window"] == [(4, 8, 16, 32)]
+    assert ctx.base.data.test_start == "initial" and ctx.trial_config(ctx.grid_points()[0]).data.burn_in == 100
+    assert load_spec(ROOT / "sweeps/paper.toml").base.model.d_model == 1024
+
+
+GOOD = ('[sweep]\nname = "x"\nsampler = "{sampler}"\n{extra}\n[fixed]\n"train.steps" = 5\n"train.min_lr" = 1e-6\n'
+        '[space]\n{space}\n')
+BAD = [
+    ('[sweep]\nname="x"\nbogus=1\n', "sweep.bogus"),
+    ('[sweep]\nname="x"\n[extra]\na=1\n', "extra"),
+    ('[sweep]\nname="x"\n[fixed]\n"train.nope"=1\n', "fixed.train.nope"),
+    ('[sweep]\nname="x"\n[space]\n"model.nope"={grid=[1,2]}\n', "space.model.nope"),
+    ('[sweep]\nname="x"\n[space]\n"model.pos_enc"={grid=[]}\n', "space.model.pos_enc"),
+    ('[sweep]\nname="x"\n[space]\n"model.pos_enc"={grid=["rope","bogus"]}\n', "space.model.pos_enc"),
+    ('[sweep]\nname="x"\n[space]\n"hmm.gamma"={grid=[0.5], typo=1}\n', "space.hmm.gamma.typo"),
+    ('[sweep]\nname="x"\nsampler="tpe"\nn_trials=3\n[space]\n"train.lr"={low=1e-2, high=1e-4}\n', "space.train.lr"),
+    ('[sweep]\nname="x"\nsampler="tpe"\nn_trials=3\n[space]\n"train.lr"={low=0.0, high=1e-2, log=true}\n',
+     "space.train.lr"),
+    ('[sweep]\nname="x"\n[space]\n"train.lr"={low=1e-4, high=1e-2}\n', "space.train.lr"),  # grid + distribution
+    ('[sweep]\nname="x"\nsampler="bayes"\n', "sweep.sampler"),
+    ('[sweep]\nname="x"\npruner="hyperband"\n', "sweep.pruner"),
+    ('[sweep]\nname="x"\ndirection="down"\n', "sweep.direction"),
+    ('[sweep]\nname="x"\nkind="eval"\n', "sweep.kind"),
+    ('[sweep]\nname="x"\nsampler="tpe"\n', "sweep.n_trials"),
+    ('[sweep]\nname="x"\nbase="huge"\n', "sweep.base"),
+    ('[sweep]\nname="x"\nseeds=[]\n', "sweep.seeds"),
+    ('[sweep]\nname="x"\nkind="theory"\n[space]\n"hmm.gamma"={grid=[0.5]}\n', "space.hmm.gamma"),
+    ('[sweep]\nname="x"\n[space]\n"hmm.rank"={grid=[4, 64]}\n', "space"),  # rank > n_states at one grid point
+    ('[sweep]\nname="x"\n[space]\n"train.steps"={grid=[1.5]}\n', "space.train.steps"),  # type error
+]
+
+
+@pytest.mark.parametrize("text,key", BAD, ids=[k for _, k in BAD])
+def test_malformed_spec_names_file_and_key_and_creates_nothing(tmp_path, monkeypatch, text, key):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    p = write(tmp_path, text, "bad-spec.toml")
+    with pytest.raises(ConfigError) as ei:
+        run_sweep(load_spec(p), workers=1)
+    msg = str(ei.value)
+    assert "\n" not in msg and "bad-spec.toml" in msg and key in msg, msg
+    assert not (tmp_path / "mlruns").exists()
+
+
+def test_distributions_for_tpe(tmp_path):
+    spec = load_spec(write(tmp_path, GOOD.format(sampler="tpe", extra="n_trials = 5", space=(
+        '"train.lr" = {low = 1e-4, high = 1e-2, log = true}\n"model.n_layers" = {choices = [1, 2]}\n'
+        '"train.batch_size" = {low = 4, high = 16, step = 4}\n'))))
+    d = {p.key: p.distribution() for p in spec.space}
+    assert type(d["train.lr"]).__name__ == "FloatDistribution" and d["train.lr"].log
+    assert type(d["train.batch_size"]).__name__ == "IntDistribution" and d["train.batch_size"].step == 4
+    assert type(d["model.n_layers"]).__name__ == "CategoricalDistribution"
+    assert spec.n_trials == 5
+
+
+def test_prune_hook_reports_and_raises():
+    import optuna
+
+    class FakeTrial:
+        def __init__(self, prune):
+            self.reported, self.prune = [], prune
+
+        def report(self, v, step):
+            self.reported.append((step, v))
+
+        def should_prune(self):
+            return self.prune
+
+    t = FakeTrial(False)
+    hook = make_prune_hook(t, "eval/excess_ce")
+    hook(5, {"eval/excess_ce": 0.3, "eval/loss": 1.0})
+    hook(6, {"eval/loss": 1.0})  # objective absent: nothing reported
+    assert t.reported == [(5, 0.3)]
+    with pytest.raises(optuna.TrialPruned):
+        make_prune_hook(FakeTrial(True), "eval/excess_ce")(10, {"eval/excess_ce": 9.0})
+
+
+# ---------------------------------------------------------------- studies
+
+
+def test_grid_sweep_two_workers_end_to_end(tmp_path):
+    spec = theory_spec(tmp_path, seeds="[0, 1]")
+    storage, uri = stores(tmp_path)
+    s = run_sweep(spec, workers=2, storage=storage, uri=uri, log=lambda m: None)
+    assert (s.complete, s.failed, s.pruned, s.n_trials) == (8, 0, 0, 8) and s.worker_returncodes == [0, 0]
+    rows = study_status("th", storage)
+    assert sorted((r["params"]["theory.gammas"], r["params"]["theory.ranks"], r["params"]["seed"])
+                  for r in rows if r["state"] == "COMPLETE") == sorted(
+        (g, r, sd) for g in (0.5, 0.8) for r in (2, 4) for sd in (0, 1))
+    assert len(rows) == 8
+    all_runs = runs(uri)
+    (parent,) = [r for r in all_runs if r.data.tags.get("hmmscope.kind") == "sweep"]
+    assert parent.info.run_id == s.parent_run_id and parent.info.status == "FINISHED"
+    assert parent.data.metrics["sweep/complete"] == 8
+    children = [r for r in all_runs if r.data.tags.get("mlflow.parentRunId") == s.parent_run_id]
+    assert len(children) == 8 and {r.info.run_id for r in children} == {r["mlflow_run_id"] for r in rows}
+    assert len({frozenset(r.data.params) for r in children}) == 1  # same param names side by side
+    assert {r.data.tags["hmmscope.trial"] for r in children} == {str(r["number"]) for r in rows}
+    assert all(r.data.tags["hmmscope.study"] == "th" and "theory/rate" in r.data.metrics for r in children)
+    assert {r.data.params["theory.seed"] for r in children} == {"0", "1"}
+    # re-running a finished sweep adds nothing
+    msgs: list[str] = []
+    s2 = run_sweep(spec, workers=2, storage=storage, uri=uri, log=msgs.append)
+    assert s2.already_complete and s2.complete == 8 and "complete" in msgs[0]
+    assert len(study_status("th", storage)) == 8 and len(runs(uri)) == len(all_runs)
+    # the same name with a different spec is refused
+    other = theory_spec(tmp_path, ranks="[2]")
+    with pytest.raises(ConfigError, match="different spec"):
+        create_study(other, storage, uri)
+
+
+def test_killed_worker_trial_is_retried_with_same_params(tmp_path):
+    spec = theory_spec(tmp_path, name="kill", nh=400)
+    storage, uri = stores(tmp_path)
+    study, parent, created = create_study(spec, storage, uri)
+    assert created
+    proc = subprocess.Popen(worker_command("kill", storage, uri), env=worker_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while True:
+            running = [r for r in study_status("kill", storage) if r["state"] == "RUNNING"]
+            if running:
+                break
+            assert proc.poll() is None and time.time() < deadline, "worker never started a trial"
+            time.sleep(0.1)
+        time.sleep(1.5)  # past the trial's first heartbeat (a trial that never beat is never seen as stale)
+        assert proc.poll() is None
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    killed = running[0]
+    assert run_worker("kill", storage, uri, log=lambda m: None) >= 4
+    rows = study_status("kill", storage)
+    complete = [r for r in rows if r["state"] == "COMPLETE"]
+    assert len(complete) == 4 and len(rows) == 5
+    assert sorted((r["params"]["theory.gammas"], r["params"]["theory.ranks"]) for r in complete) == [
+        (0.5, 2), (0.5, 4), (0.8, 2), (0.8, 4)]
+    (failed,) = [r for r in rows if r["state"] == "FAIL"]
+    assert failed["number"] == killed["number"]
+    (retry,) = [r for r in rows if r["retried_from"] is not None]
+    assert retry["retried_from"] == killed["number"] and retry["state"] == "COMPLETE"
+    assert retry["params"] == failed["params"]
+
+
+def _train_study(tmp_path, name, space, extra=""):
+    text = f'[sweep]\nname = "{name}"\nexperiment = "sw"\nsampler = "grid"\n{extra}\n{TRAIN_FIXED}\n[space]\n{space}\n'
+    spec = load_spec(write(tmp_path, text, f"{name}.toml"))
+    storage, uri = stores(tmp_path)
+    create_study(spec, storage, uri)
+    return spec, storage, uri
+
+
+def test_divergence_fails_the_trial_and_the_sweep_continues(tmp_path):
+    spec, storage, uri = _train_study(tmp_path, "div", '"train.lr" = {grid = [1e6, 3e-3]}')
+    assert run_worker("div", storage, uri, log=lambda m: None) == 2
+    rows = {r["params"]["train.lr"]: r for r in study_status("div", storage)}
+    assert rows[1e6]["state"] == "FAIL" and "DivergedError" in rows[1e6]["reason"]
+    assert rows[3e-3]["state"] == "COMPLETE" and rows[3e-3]["value"] is not None
+    by_name = {r.info.run_name: r for r in runs(uri)}
+    ok = by_name[f"trial-{rows[3e-3]['number']}"]
+    assert ok.info.status == "FINISHED" and "eval/kl_mix" in ok.data.metrics  # Figure 1 metrics logged
+    bad = by_name[f"trial-{rows[1e6]['number']}"]
+    assert bad.info.status == "FAILED" and "DivergedError" in bad.data.tags["hmmscope.failure_reason"]
+
+
+def test_median_pruner_prunes_a_bad_trial(tmp_path):
+    spec, storage, uri = _train_study(tmp_path, "prune", '"train.lr" = {grid = [3e-3, 1e-8]}',
+                                      extra='pruner = "median"\nprune_startup = 1')
+    assert run_worker("prune", storage, uri, log=lambda m: None) == 2
+    rows = {r["params"]["train.lr"]: r for r in study_status("prune", storage)}
+    assert rows[3e-3]["state"] == "COMPLETE"
+    assert rows[1e-8]["state"] == "PRUNED" and "median" in rows[1e-8]["reason"]
+    bad = {r.info.run_name: r for r in runs(uri)}[f"trial-{rows[1e-8]['number']}"]
+    assert bad.info.status == "FAILED" and bad.data.tags["hmmscope.failure_reason"].startswith("TrialPruned")
+
+
+def test_default_storage_is_under_mlruns(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    url = default_storage()
+    assert url == f"sqlite:///{tmp_path / 'mlruns' / 'optuna.db'}" and (tmp_path / "mlruns/optuna.db").exists()
+    assert default_storage() == url
+    with pytest.raises(ConfigError, match="no sweep study 'nope'"):
+        study_status("nope", url)
+
+
+# ---------------------------------------------------------------- PostgreSQL
+
+
+def _pg_bin() -> Path | None:
+    for cand in [shutil.which("initdb"), *sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), reverse=True)]:
+        if cand and Path(cand).exists():
+            return Path(cand).resolve().parent
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def postgres_server():
+    """A throwaway PostgreSQL server on 127.0.0.1 (trust auth), run as the postgres user when we are root."""
+    bindir = _pg_bin()
+    if bindir is None:
+        pytest.skip("PostgreSQL binaries (initdb, pg_ctl) not found; apt-get install postgresql")
+    as_root = os.geteuid() == 0
+    if as_root:
+        import pwd
+
+        try:
+            pw = pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root and there is no 'postgres' system user to run the server")
+    tmp = Path(tempfile.mkdtemp(prefix="hmmscope-pg-"))
+    data, sock = tmp / "data", tmp / "sock"
+    data.mkdir()
+    sock.mkdir()
+    if as_root:
+        os.chmod(tmp, 0o755)
+        for d in (data, sock):
+            os.chown(d, pw.pw_uid, pw.pw_gid)
+    pre = ["runuser", "-u", "postgres", "--"] if as_root else []
+    port = _free_port()
+
+    def sh(*args, **kw):
+        return subprocess.run([*pre, *map(str, args)], check=True, capture_output=True, text=True, **kw)
+
+    try:
+        sh(bindir / "initdb", "-D", data, "-A", "trust", "-U", "postgres", "--no-sync")
+        sh(bindir / "pg_ctl", "-D", data, "-w", "-t", "60", "-l", data / "log.txt", "-o",
+           f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+        sh(bindir / "createdb", "-h", "127.0.0.1", "-p", port, "-U", "postgres", "sweeps")
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/sweeps"
+    finally:
+        with contextlib.suppress(Exception):
+            sh(bindir / "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop")
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_sweep_on_postgresql(tmp_path):
+    with postgres_server() as url:
+        spec = theory_spec(tmp_path, name="pg")
+        _, uri = stores(tmp_path)
+        s = run_sweep(spec, workers=2, storage=url, uri=uri, log=lambda m: None)
+        assert (s.complete, s.failed, s.n_trials) == (4, 0, 4)
+        rows = study_status("pg", url)
+        assert len(rows) == 4 and all(r["state"] == "COMPLETE" and r["mlflow_run_id"] for r in rows)
+        assert run_sweep(spec, workers=1, storage=url, uri=uri, log=lambda m: None).already_complete
+
+
+def test_tpe_sweep_with_config_file_base(tmp_path):
+    (tmp_path / "base.toml").write_text('[theory]\nrhos = [0.05]\nn_states = [8]\nranks = [2]\nn_tokens = 4\n'
+                                        'lengths = [1, 2, 4]\nn_histories = 40\nburn_in = 10\n')
+    text = ('[sweep]\nname = "tpe"\nconfig = "base.toml"\nkind = "theory"\nsampler = "tpe"\nn_trials = 3\n'
+            'seeds = [0, 1]\nexperiment = "sw"\ndirection = "maximize"\n'
+            '[space]\n"theory.gammas" = {low = 0.3, high = 0.9}\n')
+    spec = load_spec(write(tmp_path, text, "tpe.toml"))
+    assert spec.base.theory.n_states == (8,) and spec.n_trials == 3
+    storage, uri = stores(tmp_path)
+    create_study(spec, storage, uri)
+    assert run_worker("tpe", storage, uri, log=lambda m: None) == 3
+    rows = study_status("tpe", storage)
+    assert len(rows) == 3 and all(r["state"] == "COMPLETE" for r in rows)
+    assert all(0.3 <= r["params"]["theory.gammas"] <= 0.9 and r["params"]["seed"] in (0, 1) for r in rows)
+    assert run_worker("tpe", storage, uri, log=lambda m: None) == 0  # exhausted: no new trials
+
+
+def _procs_mentioning(needle: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError):
+                if needle in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    pids.append(int(d.name))
+    return pids
+
+
+def test_sigterm_stops_workers_and_gives_trials_back(tmp_path):
+    fixed = TRAIN_FIXED.replace('"train.steps" = 10', '"train.steps" = 5000').replace(
+        '"train.eval_every" = 5', '"train.eval_every" = 5000').replace('"train.ckpt_every" = 10', '"train.ckpt_every" = 5000')
+    text = f'[sweep]\nname = "term"\nexperiment = "sw"\n{fixed}\n[space]\n"hmm.gamma" = {{grid = [0.5, 0.9]}}\n'
+    p = write(tmp_path, text, "term.toml")
+    storage, uri = stores(tmp_path)
+    code = (f"from hmmscope.sweep import load_spec, run_sweep\n"
+            f"run_sweep(load_spec({str(p)!r}), workers=2, storage={storage!r}, uri={uri!r})\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], env=worker_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while True:
+            with contextlib.suppress(Exception):  # both trials running and their MLflow runs open
+                if sum(r["state"] == "RUNNING" for r in study_status("term", storage)) == 2 and \
+                        sum(r.info.run_name.startswith("trial-") for r in runs(uri)) == 2:
+                    break
+            assert proc.poll() is None and time.time() < deadline, "the sweep never started its trials"
+            time.sleep(0.2)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert _procs_mentioning(storage) == []  # no worker left behind
+    rows = study_status("term", storage)
+    failed = [r for r in rows if r["state"] == "FAIL"]
+    waiting = [r for r in rows if r["state"] == "WAITING"]
+    assert len(failed) == 2 and all(r["reason"] == "interrupted" for r in failed)
+    assert sorted((r["retried_from"], r["params"]["hmm.gamma"]) for r in waiting) == sorted(
+        (r["number"], r["params"]["hmm.gamma"]) for r in failed)
+    statuses = {r.info.run_name: r.info.status for r in runs(uri)}
+    assert statuses == {"sweep-term": "KILLED", **{f"trial-{r['number']}": "KILLED" for r in failed}}
+
+
+def test_analyze_adds_an_analysis_run_per_trial(tmp_path):
+    spec, storage, uri = _train_study(tmp_path, "an", '"hmm.gamma" = {grid = [0.5]}', extra="analyze = true")
+    assert spec.analyze and run_worker("an", storage, uri, log=lambda m: None) == 1
+    (row,) = study_status("an", storage)
+    assert row["state"] == "COMPLETE"
+    (an,) = [r for r in runs(uri) if r.info.run_name == "analysis"]
+    assert an.data.tags["mlflow.parentRunId"] == row["mlflow_run_id"]
+    assert any(k.startswith("shuffle/") for k in an.data.metrics)
