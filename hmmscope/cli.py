@@ -17,6 +17,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Test what transformers learn from mixtures of low-rank hidden Markov models.")
 bench_app = typer.Typer(no_args_is_help=True, help="Speed benchmarks against named peers, as ratios.")
 app.add_typer(bench_app, name="bench")
+sweep_app = typer.Typer(no_args_is_help=True, help="Optuna sweeps: every trial an MLflow run under one parent run.")
+app.add_typer(sweep_app, name="sweep")
 
 
 class Preset(str, Enum):
@@ -324,6 +326,133 @@ def run_cmd(
     typer.echo(f"MLflow: parent run {res.parent_id} (train {res.train_id}, theory {res.theory_id}) "
                f"in experiment {experiment!r}")
     typer.echo(f"browse: {tracking.ui_command(uri)}")
+
+
+# ---------------------------------------------------------------- sweeps, report, ui
+
+StorageOpt = Annotated[str | None, typer.Option("--storage", help="Optuna storage URL (any SQLAlchemy URL; "
+                                                "default: the spec's, else sqlite under ./mlruns).")]
+
+
+@sweep_app.command("run")
+@user_errors
+def sweep_run_cmd(
+    spec: Annotated[Path, typer.Argument(help="Sweep spec (TOML), e.g. sweeps/smoke.toml.")],
+    workers: Annotated[int, typer.Option(min=1, help="Local worker processes (one torch thread each).")] = 1,
+    storage: StorageOpt = None,
+    tracking_uri: UriOpt = None,
+) -> None:
+    """Create or resume the study and run it to the end with local workers."""
+    from . import tracking
+    from .sweep import load_spec, run_sweep
+
+    s = load_spec(spec)
+    uri = tracking.resolve_uri(tracking_uri)
+    res = run_sweep(s, workers=workers, storage=storage, uri=uri, log=lambda m: typer.echo(m, err=True))
+    if res.already_complete:
+        typer.echo(f"sweep {res.study_name} is already complete: nothing to do")
+    typer.echo(f"sweep {res.study_name}: {res.complete} complete, {res.failed} failed, {res.pruned} pruned of "
+               f"{res.n_trials} ({res.retried} retried); MLflow parent run {res.parent_run_id}")
+    typer.echo(f"report: hmmscope report {res.study_name}    browse: {tracking.ui_command(uri)}")
+    if not res.finished:
+        raise typer.Exit(1)
+
+
+@sweep_app.command("worker")
+@user_errors
+def sweep_worker_cmd(
+    study: Annotated[str, typer.Argument(help="Study name (the spec's sweep.name).")],
+    storage: Annotated[str, typer.Option("--storage", help="The study's Optuna storage URL.")],
+    max_trials: Annotated[int | None, typer.Option(min=1, help="Stop after this many trials.")] = None,
+    tracking_uri: UriOpt = None,
+) -> None:
+    """Join a study from this machine (e.g. a GPU box sharing a PostgreSQL storage)."""
+    from . import tracking
+    from .sweep import run_worker
+
+    n = run_worker(study, storage, tracking.resolve_uri(tracking_uri), max_trials=max_trials,
+                   log=lambda m: typer.echo(m, err=True))
+    typer.echo(f"worker ran {n} trial(s) of {study}")
+
+
+@sweep_app.command("status")
+@user_errors
+def sweep_status_cmd(
+    study: Annotated[str, typer.Argument(help="Study name.")],
+    storage: StorageOpt = None,
+) -> None:
+    """The study's trials: state, params, objective value, MLflow run, retries."""
+    from .sweep import default_storage, study_status
+
+    rows = study_status(study, storage or default_storage())
+    _print_table(f"study {study}", [{k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in r.items()}
+                                    for r in rows])
+
+
+@app.command("report")
+@user_errors
+def report_cmd(
+    sweep: Annotated[str, typer.Argument(help="Sweep (study) name or its MLflow parent run id.")],
+    out: Annotated[Path | None, typer.Option(help="Folder for report.md / report.html (default out/report-NAME).")] = None,
+    tracking_uri: UriOpt = None,
+) -> None:
+    """Statistical report of a sweep (Markdown + HTML, figures), also logged to the sweep's parent run."""
+    from . import tracking
+    from .report import build_report
+
+    rep = build_report(tracking.resolve_uri(tracking_uri), sweep, out or Path("out") / f"report-{sweep}")
+    for line in rep.summary_lines():
+        typer.echo(line)
+
+
+@app.command("ui")
+@user_errors
+def ui_cmd(
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the MLflow UI.")] = 5000,
+    optuna: Annotated[bool, typer.Option("--optuna-dashboard", help="Also start optuna-dashboard.")] = False,
+    storage: StorageOpt = None,
+    dashboard_port: Annotated[int, typer.Option(min=1, max=65535)] = 8080,
+    tracking_uri: UriOpt = None,
+) -> None:
+    """Start the MLflow UI on 127.0.0.1 on this project's store (and optuna-dashboard on the studies)."""
+    import os
+    import shlex
+    import shutil
+    import signal
+    import subprocess
+    import time
+
+    from . import tracking
+    from .sweep import default_storage
+
+    uri = tracking.resolve_uri(tracking_uri)
+    tracking.ensure_store(uri)
+    cmds = [shlex.split(tracking.ui_command(uri, port))]
+    if optuna:
+        exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
+        if not Path(exe).exists():
+            raise ConfigError("optuna-dashboard is not installed: pip install optuna-dashboard")
+        cmds.append([exe, storage or default_storage(), "--host", "127.0.0.1", "--port", str(dashboard_port)])
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    cmds[0][0] = shutil.which("mlflow") or str(Path(sys.executable).parent / "mlflow")
+    procs = [subprocess.Popen(c, env=env, start_new_session=True) for c in cmds]
+    typer.echo(f"MLflow UI: http://127.0.0.1:{port}" + (f"  optuna-dashboard: http://127.0.0.1:{dashboard_port}"
+                                                         if optuna else "") + "  (Ctrl-C to stop)")
+    try:
+        while all(p.poll() is None for p in procs):
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
 
 
 # ---------------------------------------------------------------- bench

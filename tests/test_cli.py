@@ -1,6 +1,7 @@
 """The CLI end to end: --help everywhere, small real runs into a temporary MLflow store, bad input."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -169,3 +170,32 @@ def test_analyze_end_to_end_and_bad_input(store):
         r = runner.invoke(app, ["analyze", *args])
         assert r.exit_code == 2 and needle in r.output, (args, r.output)
     assert len(_runs(uri)) == n_runs + 1  # only the bare run: bad input created no analysis run
+
+
+SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
+
+
+def test_smoke_sweep_two_workers_then_report(store):
+    r = runner.invoke(app, ["sweep", "run", str(SWEEPS / "smoke.toml"), "--workers", "2"])
+    assert r.exit_code == 0, r.output
+    assert "smoke: 4 complete, 0 failed, 0 pruned of 4" in r.output
+    r = runner.invoke(app, ["sweep", "run", str(SWEEPS / "smoke.toml"), "--workers", "2"])
+    assert r.exit_code == 0 and "already complete" in r.output
+    r = runner.invoke(app, ["sweep", "status", "smoke"])
+    assert r.exit_code == 0 and r.output.count("COMPLETE") == 4
+    r = runner.invoke(app, ["report", "smoke"])
+    assert r.exit_code == 0, r.output
+    md = (store / "out" / "report-smoke" / "report.md").read_text()
+    assert "| trials complete / failed / pruned / running | 4 / 0 / 0 / 0 |" in md
+    assert "Positional encoding" in md and (store / "out" / "report-smoke" / "report.html").exists()
+
+
+def test_bad_sweep_spec_exits_2_without_study_or_run(store):
+    spec = store / "bad.toml"
+    spec.write_text('[sweep]\nname = "bad"\n[space]\n"hmm.gamma" = {grid = []}\n')
+    r = runner.invoke(app, ["sweep", "run", str(spec)])
+    assert r.exit_code == 2 and "bad.toml" in r.output and "hmm.gamma" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert not (store / "mlruns").exists()
+    r = runner.invoke(app, ["report", "no-such-sweep"])
+    assert r.exit_code == 2 and "unknown sweep" in r.output

@@ -454,3 +454,33 @@ def test_analyze_adds_an_analysis_run_per_trial(tmp_path):
     (an,) = [r for r in runs(uri) if r.info.run_name == "analysis"]
     assert an.data.tags["mlflow.parentRunId"] == row["mlflow_run_id"]
     assert any(k.startswith("shuffle/") for k in an.data.metrics)
+
+
+def test_sweep_against_mlflow_server_over_http(tmp_path, mlflow_server):
+    """Trials log through a real `mlflow server` on 127.0.0.1; the runs are read back with MLflow's REST API."""
+    import json
+    import urllib.request
+
+    spec = theory_spec(tmp_path, name="http", ranks="[2]")
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    s = run_sweep(spec, workers=1, storage=storage, uri=mlflow_server, log=lambda m: None)
+    assert s.finished and s.complete == s.n_trials == 2
+
+    def rest(path, body=None):
+        req = urllib.request.Request(f"{mlflow_server}/api/2.0/mlflow/{path}",
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.load(r)
+
+    exp = rest(f"experiments/get-by-name?experiment_name={spec.experiment}")["experiment"]
+    found = rest("runs/search", {"experiment_ids": [exp["experiment_id"]], "max_results": 100})["runs"]
+    tags = {r["info"]["run_id"]: {t["key"]: t["value"] for t in r["data"].get("tags", [])} for r in found}
+    (parent,) = [rid for rid, t in tags.items() if t.get("hmmscope.kind") == "sweep"]
+    assert parent == s.parent_run_id
+    trials = [r for r in found if tags[r["info"]["run_id"]].get("mlflow.parentRunId") == parent]
+    assert len(trials) == 2 and all(r["info"]["status"] == "FINISHED" for r in trials)
+    assert {tags[r["info"]["run_id"]]["hmmscope.study"] for r in trials} == {"http"}
+    assert all(any(m["key"] == "theory/rate" for m in r["data"]["metrics"]) for r in trials)
+    params = [{p["key"] for p in r["data"]["params"]} for r in trials]
+    assert params[0] == params[1] and "theory.gammas" in params[0]

@@ -1,12 +1,7 @@
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -68,45 +63,6 @@ def test_parallel_writers_after_one_time_creation(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", _CONCURRENT, uri, f"w{i}"]) for i in range(3)]
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
     assert sorted(r.info.run_name for r in _runs(uri)) == ["w0", "w1", "w2"]
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def mlflow_server(tmp_path):
-    port = _free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    mlflow_bin = Path(sys.executable).parent / "mlflow"
-    proc = subprocess.Popen(
-        [str(mlflow_bin), "server", "--backend-store-uri", f"sqlite:///{tmp_path}/srv.db",
-         "--artifacts-destination", str(tmp_path / "srv-artifacts"), "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                pytest.fail(f"mlflow server did not come up (exit code {proc.poll()})")
-            time.sleep(0.5)
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def test_http_server_roundtrip_via_rest(mlflow_server):
