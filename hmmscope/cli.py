@@ -286,10 +286,8 @@ def analyze_cmd(
     uri = tracking.resolve_uri(tracking_uri)
     res = analyze_run(uri, target, device=device or "auto", n_episodes=n_episodes, ks=tuple(k_list),
                       n_perms=n_perms, seed=seed, experiment=experiment)
-    _print_table(f"claims (analysis run {res.run_id}; shuffle {res.seconds['shuffle_s']:.0f} s, "
-                 f"probes {res.seconds['probes_s']:.0f} s)",
-                 [{"claim": c.name, "statistic": c.statistic, "value": f"{c.value:.4g}",
-                   "95% CI": f"[{c.ci_lo:.4g}, {c.ci_hi:.4g}]", "verdict": c.verdict} for c in res.claims])
+    _print_claims(f"claims (analysis run {res.run_id}; shuffle {res.seconds['shuffle_s']:.0f} s, "
+                  f"probes {res.seconds['probes_s']:.0f} s)", res.claims)
 
 
 def _print_metrics(title: str, metrics: dict[str, float]) -> None:
@@ -303,11 +301,12 @@ def run_cmd(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     device: DeviceOpt = None,
-    out: Annotated[Path, typer.Option(help="Folder for figures and JSON.")] = Path("out"),
+    out: Annotated[Path, typer.Option(help="Folder for figures, JSON and the sweep report.")] = Path("out"),
+    workers: Annotated[int, typer.Option(min=1, help="Worker processes for the training sweep.")] = 2,
     tracking_uri: UriOpt = None,
     experiment: ExpOpt = "hmmscope",
 ) -> None:
-    """The main job: train + evaluate (Figure 1) and a Theorem 1 sweep, all as MLflow runs under one parent."""
+    """The main job: theory sweep, training + Figure 1, layerwise analysis, a small training sweep and its report."""
     from . import tracking
     from .jobs import main_job
     from .train import resolve_device
@@ -315,7 +314,7 @@ def run_cmd(
     cfg = build_config(preset_, config, set_, {"train.device": device})
     resolve_device(cfg.train.device)
     uri = tracking.resolve_uri(tracking_uri)
-    res = main_job(cfg, uri, experiment, out, progress=sys.stderr.isatty(),
+    res = main_job(cfg, uri, experiment, out, progress=sys.stderr.isatty(), workers=workers,
                    on_stage=lambda s: typer.echo(f"[hmmscope run] {s} ...", err=True))
     m = res.eval_metrics
     typer.echo("")
@@ -323,9 +322,18 @@ def run_cmd(
                f"mixture oracle {m['eval/oracle_mix_test_acc']:.3f}, task oracle {m['eval/oracle_task_test_acc']:.3f}; "
                f"excess CE {m['eval/excess_ce']:.4f} nats, KL(mix||model) {m['eval/kl_mix']:.4f}")
     _print_theory(res.theory, cfg.theory, detail=False)
-    typer.echo(f"MLflow: parent run {res.parent_id} (train {res.train_id}, theory {res.theory_id}) "
-               f"in experiment {experiment!r}")
+    _print_claims(f"layerwise analysis (run {res.analysis.run_id})", res.analysis.claims)
+    sw = res.sweep
+    typer.echo(f"sweep {sw.study_name}: {sw.complete} complete, {sw.failed} failed, {sw.pruned} pruned of "
+               f"{sw.n_trials}; report: {res.report.files.get('md')}")
+    typer.echo(f"MLflow: parent run {res.parent_id} (train {res.train_id}, theory {res.theory_id}) in experiment "
+               f"{experiment!r}; sweep parent run {sw.parent_run_id}")
     typer.echo(f"browse: {tracking.ui_command(uri)}")
+
+
+def _print_claims(title: str, claims) -> None:
+    _print_table(title, [{"claim": c.name, "statistic": c.statistic, "value": f"{c.value:.4g}",
+                          "95% CI": f"[{c.ci_lo:.4g}, {c.ci_hi:.4g}]", "verdict": c.verdict} for c in claims])
 
 
 # ---------------------------------------------------------------- sweeps, report, ui
@@ -344,7 +352,8 @@ def sweep_run_cmd(
 ) -> None:
     """Create or resume the study and run it to the end with local workers."""
     from . import tracking
-    from .sweep import load_spec, run_sweep
+    from .sweep import run_sweep
+    from .sweep_spec import load_spec
 
     s = load_spec(spec)
     uri = tracking.resolve_uri(tracking_uri)

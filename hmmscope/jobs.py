@@ -209,6 +209,45 @@ def theory_job(th, out: Path, *, uri: str | None, experiment: str, parent: str |
 
 # ---------------------------------------------------------------- the main job
 
+# The main job's training sweep; the same spec as sweeps/smoke.toml (a test keeps the two identical).
+MAIN_SWEEP = """
+[sweep]
+name = "smoke"
+base = "tiny"
+kind = "train"
+objective = "eval/excess_ce"
+direction = "minimize"
+sampler = "grid"
+seeds = [0]
+experiment = "hmmscope-sweeps"
+
+[fixed]
+"hmm.n_tasks" = 8
+"hmm.n_states" = 8
+"hmm.rank" = 4
+"data.n_demos" = 2
+"data.l_demo" = 16
+"data.l_test" = 16
+"data.n_train" = 512
+"data.n_eval" = 64
+"model.n_layers" = 1
+"model.n_heads" = 2
+"model.d_model" = 32
+"model.d_mlp" = 64
+"model.max_len" = 64
+"train.steps" = 100
+"train.batch_size" = 16
+"train.warmup" = 10
+"train.eval_every" = 50
+"train.ckpt_every" = 100
+"train.device" = "cpu"
+
+[space]
+"model.pos_enc" = {grid = ["rope", "absolute"]}
+"hmm.gamma" = {grid = [0.5, 0.9]}
+"""
+
+
 @dataclass
 class MainResult:
     parent_id: str
@@ -216,23 +255,41 @@ class MainResult:
     theory_id: str | None
     eval_metrics: dict[str, float]
     theory: Any
+    analysis: AnalysisResult
+    sweep: Any  # sweep.SweepSummary
+    report: Any  # report.Report
 
 
-def main_job(cfg: Config, uri: str, experiment: str, out: Path, *, progress: bool = True,
+def main_job(cfg: Config, uri: str, experiment: str, out: Path, *, progress: bool = True, workers: int = 2,
              on_stage: Callable[[str], None] = lambda s: None) -> MainResult:
-    """Train + evaluate the configured model and run a small theory sweep, under one parent run."""
+    """The main job: theory sweep, training + Figure 1, layerwise analysis, a small training sweep, its report.
+
+    Theory, training and analysis runs sit under one parent run "main"; the sweep has its own parent
+    run (one child per trial), and its report is logged there. Re-running resumes: a finished sweep
+    is not run again.
+    """
     from .config import flatten
+    from .report import build_report
+    from .sweep import run_sweep
+    from .sweep_spec import parse_spec
     from .train import train
 
+    sweep_spec = parse_spec(MAIN_SWEEP, "hmmscope.jobs.MAIN_SWEEP")
     with tracking.start_run(uri, experiment, "main", params=flatten(cfg), tags={"hmmscope.kind": "main"}) as parent:
+        on_stage("theory sweep (Theorem 1)")
+        th, theory_id = theory_job(cfg.theory, out / "theory", uri=uri, experiment=experiment, parent=parent.run_id)
         on_stage("training")
         tr = train(cfg, tracking_uri=uri, experiment=experiment, run_name="train", parent=parent.run_id,
                    progress=progress)
         on_stage("evaluating (Figure 1)")
         ev = evaluate_run(uri, tr.run_id, device=cfg.train.device)
         parent.log_metrics(ev)
-        on_stage("theory sweep (Theorem 1)")
-        th, theory_id = theory_job(cfg.theory, out / "theory", uri=uri, experiment=experiment, parent=parent.run_id)
-        res = MainResult(parent.run_id, tr.run_id, theory_id, ev, th)
-        parent.set_tags({"hmmscope.train_run": tr.run_id, "hmmscope.theory_run": theory_id or ""})
-    return res
+        on_stage("layerwise analysis (Figures 2, 3a, 3b)")
+        an = analyze_run(uri, tr.run_id, device=cfg.train.device)
+        on_stage(f"training sweep {sweep_spec.name!r} ({workers} workers)")
+        sw = run_sweep(sweep_spec, workers=workers, uri=uri, log=lambda m: None)
+        on_stage("sweep report")
+        rep = build_report(uri, sw.parent_run_id, out / f"report-{sweep_spec.name}")
+        parent.set_tags({"hmmscope.train_run": tr.run_id, "hmmscope.theory_run": theory_id or "",
+                         "hmmscope.analysis_run": an.run_id, "hmmscope.sweep_run": sw.parent_run_id})
+        return MainResult(parent.run_id, tr.run_id, theory_id, ev, th, an, sw, rep)

@@ -258,9 +258,3 @@ def get_run(uri: str, run_id: str):
         return client(uri).get_run(run_id)
     except Exception:
         return None
-
-
-def download_artifacts(uri: str, run_id: str, artifact_path: str, dst: str | Path) -> Path:
-    """Copy a run's artifact (file or folder) under `dst`; returns the local path."""
-    Path(dst).mkdir(parents=True, exist_ok=True)
-    return Path(client(uri).download_artifacts(run_id, artifact_path, str(dst)))

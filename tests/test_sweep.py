@@ -19,10 +19,8 @@ import torch
 from hmmscope import tracking
 from hmmscope.config import ConfigError
 from hmmscope.sweep import (
-    SweepSpec,
     create_study,
     default_storage,
-    load_spec,
     make_prune_hook,
     run_sweep,
     run_worker,
@@ -30,6 +28,7 @@ from hmmscope.sweep import (
     worker_command,
     worker_env,
 )
+from hmmscope.sweep_spec import SweepSpec, load_spec
 
 torch.set_num_threads(1)
 os.environ["HMMSCOPE_THREADS"] = "1"
@@ -415,7 +414,7 @@ def test_sigterm_stops_workers_and_gives_trials_back(tmp_path):
     text = f'[sweep]\nname = "term"\nexperiment = "sw"\n{fixed}\n[space]\n"hmm.gamma" = {{grid = [0.5, 0.9]}}\n'
     p = write(tmp_path, text, "term.toml")
     storage, uri = stores(tmp_path)
-    code = (f"from hmmscope.sweep import load_spec, run_sweep\n"
+    code = (f"from hmmscope.sweep import run_sweep\nfrom hmmscope.sweep_spec import load_spec\n"
             f"run_sweep(load_spec({str(p)!r}), workers=2, storage={storage!r}, uri={uri!r})\n")
     proc = subprocess.Popen([sys.executable, "-c", code], env=worker_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -484,3 +483,11 @@ def test_sweep_against_mlflow_server_over_http(tmp_path, mlflow_server):
     assert all(any(m["key"] == "theory/rate" for m in r["data"]["metrics"]) for r in trials)
     params = [{p["key"] for p in r["data"]["params"]} for r in trials]
     assert params[0] == params[1] and "theory.gammas" in params[0]
+
+
+def test_main_job_sweep_is_the_shipped_smoke_spec():
+    from hmmscope.jobs import MAIN_SWEEP
+    from hmmscope.sweep_spec import parse_spec
+
+    shipped = load_spec(Path(__file__).resolve().parents[1] / "sweeps" / "smoke.toml")
+    assert parse_spec(MAIN_SWEEP, "main").hash == shipped.hash

@@ -1,0 +1,333 @@
+"""Sweep specs: the TOML format, parsed and validated strictly before any study or run exists.
+
+Spec format (TOML, validated strictly by `load_spec` before any study or run exists)::
+
+    [sweep]
+    name = "smoke"                 # the Optuna study name
+    base = "tiny"                  # a preset, or: config = "path.toml" (relative to the spec file)
+    kind = "train"                 # train | theory
+    objective = "eval/excess_ce"   # a metric of the trial (train/eval/Figure 1/analysis, or theory/*)
+    direction = "minimize"         # minimize | maximize
+    sampler = "grid"               # grid | tpe | random
+    pruner = "none"                # none | median (train kind: reports objective at every evaluation)
+    n_trials = 20                  # tpe / random only; grid = grid size x len(seeds)
+    seeds = [0, 1]                 # replicates (see below)
+    storage = ""                   # any SQLAlchemy URL; "" = sqlite:///<cwd>/mlruns/optuna.db
+    analyze = false                # also run the layerwise analysis (jobs.analyze_run) per trial
+    experiment = "hmmscope-sweeps"
+    heartbeat_interval = 60        # seconds; a trial whose worker died is retried after grace_period
+    grace_period = 180
+    max_retry = 2
+    sampler_seed = 0
+    prune_startup = 2              # MedianPruner: trials completed before pruning starts
+
+    [fixed]                        # dotted config overrides applied to every trial
+    "train.steps" = 100
+
+    [space]                        # dotted config key -> one of
+    "model.pos_enc" = {grid = ["rope", "absolute"]}
+    "train.lr" = {low = 1e-4, high = 1e-2, log = true}     # float (int when both bounds are ints)
+    "model.n_layers" = {choices = [2, 4]}                  # categorical (a grid under sampler="grid")
+    "x.y" = {low = 1, high = 8, step = 1}
+"""
+
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from .config import Config, ConfigError, flatten, load_toml, override, preset
+
+SWEEP_KEYS = {"name", "base", "config", "kind", "objective", "direction", "sampler", "pruner", "n_trials",
+              "seeds", "storage", "analyze", "experiment", "heartbeat_interval", "grace_period", "max_retry",
+              "sampler_seed", "prune_startup"}
+TABLES = {"sweep", "fixed", "space"}
+KINDS, SAMPLERS, PRUNERS, DIRECTIONS = ("train", "theory"), ("grid", "tpe", "random"), ("none", "median"), \
+    ("minimize", "maximize")
+DIST_KEYS = {"grid", "choices", "low", "high", "log", "step"}
+MAX_GRID = 100_000
+
+# ---------------------------------------------------------------- spec
+
+
+@dataclass(frozen=True)
+class Param:
+    """One search-space entry: `grid`/`choices` (categorical) or low/high[/log/step] (int or float)."""
+
+    key: str
+    grid: tuple | None = None
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+
+    @property
+    def is_int(self) -> bool:
+        return self.grid is None and all(isinstance(v, int) and not isinstance(v, bool)
+                                         for v in (self.low, self.high) if v is not None) and \
+            (self.step is None or isinstance(self.step, int))
+
+    def distribution(self):
+        import optuna.distributions as D
+
+        if self.grid is not None:
+            return D.CategoricalDistribution(list(self.grid))
+        if self.is_int:
+            return D.IntDistribution(int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
+        return D.FloatDistribution(float(self.low), float(self.high), log=self.log,
+                                   step=None if self.step is None else float(self.step))
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    path: str  # the spec file (absolute)
+    text: str  # its TOML text
+    hash: str  # sha256 (16 hex) of the canonical parsed spec and the base config
+    base: Config  # preset/config file, before [fixed]
+    kind: str = "train"
+    objective: str = "eval/excess_ce"
+    direction: str = "minimize"
+    sampler: str = "grid"
+    pruner: str = "none"
+    n_trials: int = 0  # total trials (grid: grid size x seeds)
+    seeds: tuple[int, ...] = (0,)
+    storage: str = ""
+    analyze: bool = False
+    experiment: str = "hmmscope-sweeps"
+    heartbeat_interval: int = 60
+    grace_period: int = 180
+    max_retry: int = 2
+    sampler_seed: int = 0
+    prune_startup: int = 2
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    space: tuple[Param, ...] = ()
+
+    def grid_points(self) -> list[dict[str, Any]]:
+        """Every grid point x seed (sampler grid), in a fixed order."""
+        keys = [p.key for p in self.space]
+        out = []
+        for combo in itertools.product(*[p.grid for p in self.space]):
+            for s in self.seeds:
+                out.append({**dict(zip(keys, combo)), "seed": s})
+        return out
+
+    def trial_config(self, params: Mapping[str, Any]) -> Config:
+        """The config of a trial with Optuna params `params` (space keys and "seed")."""
+        upd = {**self.fixed, **{k: v for k, v in params.items() if k != "seed"}}
+        if "seed" in params:
+            upd.update(seed_keys(self.kind, params["seed"]))
+        return override(self.base, upd)
+
+
+def seed_keys(kind: str, seed: int) -> dict[str, int]:
+    """Replicate seed -> config keys (the HMM mixture, hmm.seed, is shared by replicates)."""
+    return {"theory.seed": seed} if kind == "theory" else {"train.seed": seed, "data.seed": seed}
+
+
+def _err(path: str, key: str, msg: str) -> ConfigError:
+    return ConfigError(f"{path}: {key}: {msg}")
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = None) -> SweepSpec:
+    """Parse and validate spec text; ConfigError '<file>: <key>: <why>' on the first problem."""
+    path = str(path)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    for t in data:
+        if t not in TABLES:
+            raise _err(path, t, f"unknown table (known: {', '.join(sorted(TABLES))})")
+        if not isinstance(data[t], dict):
+            raise _err(path, t, "must be a table")
+    sw, fixed, space = data.get("sweep", {}), data.get("fixed", {}), data.get("space", {})
+    for k in sw:
+        if k not in SWEEP_KEYS:
+            raise _err(path, f"sweep.{k}", f"unknown key (known: {', '.join(sorted(SWEEP_KEYS))})")
+
+    def get(k: str, typ: type | tuple, default: Any) -> Any:
+        v = sw.get(k, default)
+        if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
+            raise _err(path, f"sweep.{k}", f"expected {getattr(typ, '__name__', typ)}, got {v!r}")
+        return v
+
+    name = get("name", str, "")
+    if not name:
+        raise _err(path, "sweep.name", "required (the study name)")
+    kind = get("kind", str, "train")
+    sampler = get("sampler", str, "grid")
+    pruner = get("pruner", str, "none")
+    direction = get("direction", str, "minimize")
+    for k, v, ok in (("kind", kind, KINDS), ("sampler", sampler, SAMPLERS), ("pruner", pruner, PRUNERS),
+                     ("direction", direction, DIRECTIONS)):
+        if v not in ok:
+            raise _err(path, f"sweep.{k}", f"must be one of {ok}, got {v!r}")
+    if pruner != "none" and kind != "train":
+        raise _err(path, "sweep.pruner", "pruning needs kind='train' (intermediate evaluations)")
+    objective = get("objective", str, "theory/rate" if kind == "theory" else "eval/excess_ce")
+    seeds = get("seeds", list, [0])
+    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds) \
+            or len(set(seeds)) != len(seeds):
+        raise _err(path, "sweep.seeds", f"must be a non-empty list of distinct ints >= 0, got {seeds!r}")
+    ints = {}
+    for k, default, lo in (("heartbeat_interval", 60, 1), ("grace_period", None, 1), ("max_retry", 2, 0),
+                           ("sampler_seed", 0, 0), ("prune_startup", 2, 0)):
+        v = sw.get(k, default)
+        if v is None:
+            continue
+        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+            raise _err(path, f"sweep.{k}", f"must be an int >= {lo}, got {v!r}")
+        ints[k] = v
+    ints.setdefault("grace_period", 3 * ints["heartbeat_interval"])
+    if ints["grace_period"] <= ints["heartbeat_interval"]:
+        raise _err(path, "sweep.grace_period", "must be > heartbeat_interval")
+    # base config
+    if base is not None:  # a stored study: its base config as stored
+        pass
+    elif "base" in sw and "config" in sw:
+        raise _err(path, "sweep.config", "give either base (a preset) or config (a file), not both")
+    elif "config" in sw:
+        cfg_path = Path(get("config", str, ""))
+        if not cfg_path.is_absolute():
+            cfg_path = Path(path).resolve().parent / cfg_path
+        try:
+            base = load_toml(cfg_path)
+        except ConfigError as e:
+            raise _err(path, "sweep.config", str(e)) from None
+    else:
+        try:
+            base = preset(get("base", str, "tiny"))
+        except ConfigError as e:
+            raise _err(path, "sweep.base", str(e)) from None
+
+    def check_keys(table: str, keys) -> None:
+        for k in keys:
+            if kind == "theory" and not k.startswith("theory."):
+                raise _err(path, f"{table}.{k}", "kind='theory' sweeps only theory.* keys")
+
+    check_keys("fixed", fixed)
+    try:
+        base_fixed = override(base, fixed)
+    except ConfigError as e:
+        bad = next((k for k in fixed if _bad_key(base, {k: fixed[k]})), "fixed")
+        raise _err(path, f"fixed.{bad}" if bad != "fixed" else "fixed", str(e)) from None
+    check_keys("space", space)
+    params = []
+    for key, d in space.items():
+        where = f"space.{key}"
+        if key == "seed":
+            raise _err(path, where, "use sweep.seeds for replicates")
+        if not isinstance(d, dict):
+            raise _err(path, where, "must be a table like {grid=[...]} or {low=..., high=...}")
+        for dk in d:
+            if dk not in DIST_KEYS:
+                raise _err(path, f"{where}.{dk}", f"unknown key (known: {', '.join(sorted(DIST_KEYS))})")
+        cat = [k for k in ("grid", "choices") if k in d]
+        if len(cat) > 1 or (cat and any(k in d for k in ("low", "high", "log", "step"))):
+            raise _err(path, where, "give one of grid, choices, or low/high[/log/step]")
+        if cat:
+            vals = d[cat[0]]
+            if not isinstance(vals, list) or not vals:
+                raise _err(path, where, f"{cat[0]} must be a non-empty list")
+            if not all(isinstance(v, (int, float, str, bool)) for v in vals) or len(set(map(repr, vals))) != len(vals):
+                raise _err(path, where, f"{cat[0]} values must be distinct scalars, got {vals!r}")
+            p = Param(key, grid=tuple(vals))
+            probe = list(vals)
+        else:
+            if sampler == "grid":
+                raise _err(path, where, "sampler='grid' needs {grid=[...]} (a distribution cannot be enumerated)")
+            lo, hi, log, step = d.get("low"), d.get("high"), d.get("log", False), d.get("step")
+            if not (_num(lo) and _num(hi)):
+                raise _err(path, where, f"low and high must be numbers, got {lo!r}, {hi!r}")
+            if not lo < hi:
+                raise _err(path, where, f"low must be < high, got low={lo} high={hi}")
+            if not isinstance(log, bool):
+                raise _err(path, f"{where}.log", "must be true or false")
+            if log and lo <= 0:
+                raise _err(path, where, f"log=true needs low > 0, got {lo}")
+            if step is not None and (not _num(step) or step <= 0 or log):
+                raise _err(path, f"{where}.step", "must be a number > 0 (and not with log=true)")
+            p = Param(key, low=lo, high=hi, log=log, step=step)
+            probe = [lo, hi]
+        for v in probe:  # unknown keys and type/range errors of each value
+            try:
+                override(base_fixed, {key: v})
+            except ConfigError as e:
+                raise _err(path, where, str(e)) from None
+        params.append(p)
+    params_t = tuple(params)
+    spec_kw = dict(kind=kind, objective=objective, direction=direction, sampler=sampler, pruner=pruner,
+                   seeds=tuple(seeds), storage=get("storage", str, ""), analyze=get("analyze", bool, False),
+                   experiment=get("experiment", str, "hmmscope-sweeps") or "hmmscope-sweeps",
+                   fixed=dict(fixed), space=params_t, **ints)
+    if sampler == "grid":
+        if "n_trials" in sw:
+            raise _err(path, "sweep.n_trials", "not used with sampler='grid' (grid size x seeds)")
+        n = math.prod(len(p.grid) for p in params_t) * len(seeds)
+        if n > MAX_GRID:
+            raise _err(path, "space", f"grid has {n} points x seeds (max {MAX_GRID})")
+    else:
+        n = get("n_trials", int, 0)
+        if n < 1:
+            raise _err(path, "sweep.n_trials", f"must be an int >= 1 for sampler={sampler!r}, got {n!r}")
+    canon = json.dumps({"sweep": {k: v for k, v in sw.items()}, "fixed": fixed, "space": space,
+                        "base": flatten(base)}, sort_keys=True, default=str)
+    spec = SweepSpec(name=name, path=path, text=text, hash=hashlib.sha256(canon.encode()).hexdigest()[:16],
+                     base=base, n_trials=n, **spec_kw)
+    if sampler == "grid":  # every combination must be a valid config (e.g. rank <= n_states)
+        for pt in spec.grid_points():
+            try:
+                cfg = spec.trial_config(pt)
+            except ConfigError as e:
+                raise _err(path, "space", f"grid point {pt}: {e}") from None
+            _check_theory_single(spec, cfg, path)
+    else:  # one sample point (the first choice / lower bound of each parameter)
+        pt = {p.key: p.grid[0] if p.grid is not None else p.low for p in params_t}
+        try:
+            cfg = spec.trial_config({**pt, "seed": seeds[0]})
+        except ConfigError as e:
+            raise _err(path, "space", f"point {pt}: {e}") from None
+        _check_theory_single(spec, cfg, path)
+    return spec
+
+
+def _check_theory_single(spec: SweepSpec, cfg: Config, path: str) -> None:
+    if spec.kind != "theory":
+        return
+    th = cfg.theory
+    for k, v in (("theory.gammas", th.gammas), ("theory.ranks", th.ranks), ("theory.rhos", th.rhos),
+                 ("theory.n_states", th.n_states)):
+        if len(v) != 1:
+            raise _err(path, k, "a theory trial runs one setting: give one value in [fixed] or sweep it in [space]")
+
+
+def _bad_key(base: Config, upd: Mapping[str, Any]) -> bool:
+    try:
+        override(base, upd)
+        return False
+    except ConfigError:
+        return True
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read and validate a sweep spec file (see the module docstring); ConfigError names file and key."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"sweep spec not found: {p}") from None
+    return parse_spec(text, p.resolve())
