@@ -199,3 +199,20 @@ def test_bad_sweep_spec_exits_2_without_study_or_run(store):
     assert not (store / "mlruns").exists()
     r = runner.invoke(app, ["report", "no-such-sweep"])
     assert r.exit_code == 2 and "unknown sweep" in r.output
+
+
+def test_main_job_end_to_end_small(store):
+    """`hmmscope run` with shrunken settings: theory, training + Figure 1, analysis, the smoke sweep, its report."""
+    small = [*TINY_TRAIN, "--set", "data.n_eval=24", "--set", "theory.gammas=[0.5, 0.9]",
+             "--set", "theory.n_states=[8]", "--set", "theory.ranks=[2]", "--set", "theory.n_tokens=8",
+             "--set", "theory.n_histories=100", "--set", "theory.lengths=[1, 2, 4, 8]", "--set", "theory.gamma_m=0"]
+    r = runner.invoke(app, ["run", *small])
+    assert r.exit_code == 0, r.output
+    assert "Figure 1" in r.output and "upper layers change less" in r.output
+    assert "sweep smoke: 4 complete, 0 failed, 0 pruned of 4" in r.output
+    runs = _runs(tracking.default_tracking_uri())
+    (main,) = [x for x in runs if x.info.run_name == "main"]
+    kids = {x.info.run_name for x in runs if x.data.tags.get("mlflow.parentRunId") == main.info.run_id}
+    assert {"train", "theory"} <= kids and main.info.status == "FINISHED"
+    assert main.data.tags["hmmscope.analysis_run"] and main.data.tags["hmmscope.sweep_run"]
+    assert (store / "out" / "report-smoke" / "report.html").exists() and (store / "out" / "theory" / "theory.png").exists()
