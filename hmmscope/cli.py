@@ -444,6 +444,10 @@ def ui_cmd(
         cmds.append([exe, storage or default_storage(), "--host", "127.0.0.1", "--port", str(dashboard_port)])
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     cmds[0][0] = shutil.which("mlflow") or str(Path(sys.executable).parent / "mlflow")
+    def _stop(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)  # `kill PID` stops the servers as Ctrl-C does
     procs = [subprocess.Popen(c, env=env, start_new_session=True) for c in cmds]
     typer.echo(f"MLflow UI: http://127.0.0.1:{port}" + (f"  optuna-dashboard: http://127.0.0.1:{dashboard_port}"
                                                          if optuna else "") + "  (Ctrl-C to stop)")

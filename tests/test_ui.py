@@ -9,6 +9,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 
 def _free_port():
     with socket.socket() as s:
@@ -24,7 +26,8 @@ def _answers(url):
         return False
 
 
-def test_ui_serves_the_store_and_stops_its_servers(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "kill"])
+def test_ui_serves_the_store_and_stops_its_servers(tmp_path, stop):
     port = _free_port()
     exe = Path(sys.executable).parent / "hmmscope"
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
@@ -37,7 +40,7 @@ def test_ui_serves_the_store_and_stops_its_servers(tmp_path):
             assert time.time() < deadline, "the MLflow UI did not answer within 90 s"
             time.sleep(0.5)
         assert (tmp_path / "mlruns" / "mlflow.db").exists()  # it serves the default store, created once
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         assert proc.wait(timeout=60) == 0
         deadline = time.time() + 30
         while _answers(f"http://127.0.0.1:{port}/health"):  # its server went with it
