@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from enum import Enum
+from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,17 +21,17 @@ sweep_app = typer.Typer(no_args_is_help=True, help="Optuna sweeps: every trial a
 app.add_typer(sweep_app, name="sweep")
 
 
-class Preset(str, Enum):
+class Preset(StrEnum):
     tiny = "tiny"
     paper = "paper"
 
 
-class Family(str, Enum):
+class Family(StrEnum):
     sticky = "sticky"
     dirichlet = "dirichlet"
 
 
-class Split(str, Enum):
+class Split(StrEnum):
     train = "train"
     eval = "eval"
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import tomllib
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 
 class ConfigError(ValueError):

@@ -236,14 +236,14 @@ def _header(sweep: str, t: _Trials, n_train: int, n_theory: int) -> tuple[dict, 
     hashes = {k: v for k, v in {**p.data.params, **p.data.tags}.items() if "hash" in k.lower()}
     versions = sorted({r.data.tags.get("hmmscope.code_version", "unknown") for r in t.complete})
     study = p.data.tags.get("hmmscope.study") or p.info.run_name or sweep
-    started = _dt.datetime.fromtimestamp(p.info.start_time / 1000, _dt.timezone.utc) if p.info.start_time else None
+    started = _dt.datetime.fromtimestamp(p.info.start_time / 1000, _dt.UTC) if p.info.start_time else None
     h = {"study": study, "sweep_run_name": p.info.run_name, "parent_run_id": p.info.run_id,
          "config_hash": next(iter(hashes.values()), None), "hashes": hashes,
          "n_complete": len(t.complete), "n_failed": len(t.failed), "n_pruned": len(t.pruned),
          "n_running": len(t.running), "n_training_trials": n_train, "n_theory_trials": n_theory,
          "code_version": p.data.tags.get("hmmscope.code_version", "unknown"), "trial_code_versions": versions,
          "sweep_started": started.isoformat(timespec="seconds") if started else None,
-         "report_date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+         "report_date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
     rows = [["study", study], ["parent run id", p.info.run_id], ["config hash", h["config_hash"] or "-"],
             ["trials complete / failed / pruned / running",
              f"{h['n_complete']} / {h['n_failed']} / {h['n_pruned']} / {h['n_running']}"],

@@ -38,12 +38,11 @@ import hashlib
 import itertools
 import json
 import math
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from .config import Config, ConfigError, flatten, load_toml, override, preset
 
