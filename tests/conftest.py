@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["pytester"]  # tests/test_gpu.py checks the gpu group's skip rule in an inline run
+
 
 def _free_port():
     with socket.socket() as s:

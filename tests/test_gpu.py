@@ -1,11 +1,11 @@
 """The CUDA paths (`pytest -m gpu`): training (bf16 autocast, TF32, fused AdamW, torch.compile), the oracles,
 the shuffle test, the probes, evaluation and analysis on CUDA against the CPU, and checkpoints across devices.
 
-Every test here carries the `gpu` marker: the default run leaves them out, and without CUDA they are skipped
-with the reason "CUDA not available" (tests/conftest.py; HMMSCOPE_REQUIRE_GPU=1 turns that skip into a
-failure, so a GPU session cannot pass by skipping). Their CPU twins, which run everywhere, are in
-tests/test_train.py (compile + bf16 training, a cuda-tagged checkpoint resumed on the CPU) and
-tests/test_model.py (compiled explicit attention path, bf16 autocast).
+Every CUDA test here carries the `gpu` marker: the default run leaves them out, and without CUDA they are
+skipped with the reason "CUDA not available" (tests/conftest.py; HMMSCOPE_REQUIRE_GPU=1 turns that skip into
+a failure, so a GPU session cannot pass by skipping). The one unmarked test checks that rule itself. Their
+CPU twins, which run everywhere, are in tests/test_train.py (compile + bf16 training, a cuda-tagged
+checkpoint resumed on the CPU) and tests/test_model.py (compiled explicit attention path, bf16 autocast).
 
 Tolerances: fp32 on CUDA (train.precision = "fp32": no autocast, no TF32) against fp32 on the CPU differs
 by kernel rounding only (rel 1e-3 on a metric after 12 Adam steps); bf16 autocast by bf16 rounding (rel 2e-2,
@@ -13,6 +13,7 @@ as the CPU twin); float64 oracles to 1e-9.
 """
 
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,7 +30,7 @@ from hmmscope.probes import collect_residuals, run_probes
 from hmmscope.shuffle import shuffle_test
 from hmmscope.train import evaluate_loss, load_model, oracle_metrics, read_checkpoint, train
 
-pytestmark = pytest.mark.gpu
+gpu = pytest.mark.gpu
 
 DEV = torch.device("cuda")
 SMALL = {
@@ -87,6 +88,7 @@ def _model(seed=0):
 # ---------------------------------------------------------------- training
 
 
+@gpu
 def test_cuda_default_path_bf16_tf32_fused_compile(uri, cpu_ref):
     """precision auto on CUDA = bf16 autocast + TF32; compile; fused AdamW: learns, and agrees with float32 CPU."""
     from torch._dynamo.utils import counters
@@ -107,6 +109,7 @@ def test_cuda_default_path_bf16_tf32_fused_compile(uri, cpu_ref):
     assert opt.defaults["fused"] is True
 
 
+@gpu
 def test_cuda_fp32_matches_cpu(uri, cpu_ref):
     """precision fp32 on CUDA: no autocast and no TF32, so the run matches the CPU run up to kernel rounding."""
     with tf32(True):
@@ -120,6 +123,7 @@ def test_cuda_fp32_matches_cpu(uri, cpu_ref):
 # ---------------------------------------------------------------- checkpoints across devices
 
 
+@gpu
 def test_checkpoint_cuda_to_cpu(uri, cpu_ref, tmp_path):
     """A run stopped on CUDA: its checkpoint holds CUDA tensors, reads on the CPU, and resumes there."""
     with pytest.raises(KeyboardInterrupt):
@@ -135,6 +139,7 @@ def test_checkpoint_cuda_to_cpu(uri, cpu_ref, tmp_path):
     assert res.metrics["eval/loss"] == pytest.approx(cpu_ref.metrics["eval/loss"], rel=1e-3)
 
 
+@gpu
 def test_checkpoint_cpu_to_cuda(uri, cpu_ref, tmp_path):
     """A run stopped on the CPU resumes on CUDA (model and optimizer state moved there) and ends as the CPU run."""
     with pytest.raises(KeyboardInterrupt):
@@ -154,6 +159,7 @@ def test_checkpoint_cpu_to_cuda(uri, cpu_ref, tmp_path):
 # ---------------------------------------------------------------- oracles, shuffle test, probes, evaluation
 
 
+@gpu
 def test_oracles_cuda_match_cpu(data):
     mix, ep = data
     for dtype, tol in ((torch.float64, 1e-9), (torch.float32, 1e-4)):
@@ -168,6 +174,7 @@ def test_oracles_cuda_match_cpu(data):
     assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], rel=1e-9) for k in a)
 
 
+@gpu
 def test_shuffle_test_cuda_matches_cpu(data):
     _, ep = data
     model = _model()
@@ -180,6 +187,7 @@ def test_shuffle_test_cuda_matches_cpu(data):
     assert [c.verdict for c in a.claims] == [c.verdict for c in b.claims]
 
 
+@gpu
 def test_probes_cuda_match_cpu(data):
     mix, ep = data
     with tf32(False):
@@ -193,6 +201,7 @@ def test_probes_cuda_match_cpu(data):
     assert max(abs(x["acc"] - y["acc"]) for x, y in zip(pa.table, pb.table)) <= 0.05
 
 
+@gpu
 def test_evaluate_and_analyze_on_cuda(uri, cpu_ref):
     with tf32(False):
         a = evaluate_run(uri, cpu_ref.run_id, device="cuda")
@@ -209,6 +218,7 @@ def test_evaluate_and_analyze_on_cuda(uri, cpu_ref):
 # ---------------------------------------------------------------- the model on CUDA
 
 
+@gpu
 def test_compiled_explicit_path_and_bf16_on_cuda():
     """run_with_cache (explicit attention, scores and patterns) through a compiled CUDA model, and bf16 autocast."""
     eager, comp = _model().to(DEV), _model().to(DEV)
@@ -223,3 +233,24 @@ def test_compiled_explicit_path_and_bf16_on_cuda():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             lb, _ = eager(x)
     assert lb.dtype == torch.bfloat16 and torch.allclose(lb.float(), le, atol=0.05)
+
+
+# ---------------------------------------------------------------- the group's own rule (runs by default)
+
+
+def test_gpu_tests_skip_with_reason_or_fail_when_required(pytester, monkeypatch):
+    """Without CUDA a gpu test is skipped with "CUDA not available" (and a summary line), never passed;
+    with HMMSCOPE_REQUIRE_GPU=1 it is an error. (Inline pytest run on a one-test file with our conftest.)"""
+    if torch.cuda.is_available():
+        pytest.skip("checks the no-CUDA behaviour; this machine has CUDA")
+    pytester.makeconftest((Path(__file__).parent / "conftest.py").read_text())
+    pytester.makeini("[pytest]\nmarkers =\n    gpu: needs a CUDA device\n")
+    pytester.makepyfile(test_x="import pytest\n\n@pytest.mark.gpu\ndef test_cuda():\n    assert True\n")
+    monkeypatch.delenv("HMMSCOPE_REQUIRE_GPU", raising=False)
+    r = pytester.runpytest("-m", "gpu", "-rs", "-p", "no:cacheprovider")
+    r.assert_outcomes(skipped=1)
+    r.stdout.fnmatch_lines(["1 gpu test(s) skipped: CUDA not available", "SKIPPED*CUDA not available"])
+    monkeypatch.setenv("HMMSCOPE_REQUIRE_GPU", "1")
+    r = pytester.runpytest("-m", "gpu", "-p", "no:cacheprovider")
+    r.assert_outcomes(errors=1)
+    r.stdout.fnmatch_lines(["*CUDA not available*HMMSCOPE_REQUIRE_GPU is set*"])
