@@ -25,6 +25,7 @@ class ConfigError(ValueError):
 FAMILIES = ("dirichlet", "sticky")
 TEST_STARTS = ("initial", "midstream")
 POS_ENCODINGS = ("rope", "absolute", "none", "sinusoidal")
+PRECISIONS = ("auto", "bf16", "fp32")
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,8 @@ class TrainConfig:
     eval_every: int = 250
     ckpt_every: int = 500
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    compile: bool = False
+    compile: bool = False  # torch.compile the model (inductor) on any device
+    precision: str = "auto"  # auto (bf16 on CUDA, fp32 elsewhere) | bf16 (autocast) | fp32 (no autocast, no TF32)
     seed: int = 0
 
 
@@ -154,6 +156,7 @@ def validate(cfg: Config) -> Config:
     _check(t.lr > 0 and 0 <= t.min_lr <= t.lr, "train.lr must be > 0 and 0 <= train.min_lr <= train.lr")
     _check(t.warmup >= 0 and t.grad_clip > 0, "train.warmup must be >= 0 and train.grad_clip > 0")
     _check(t.eval_every >= 1 and t.ckpt_every >= 1, "train.eval_every and train.ckpt_every must be >= 1")
+    _check(t.precision in PRECISIONS, f"train.precision must be one of {PRECISIONS}, got {t.precision!r}")
     _check(th.family in FAMILIES, f"theory.family must be one of {FAMILIES}, got {th.family!r}")
     _check(len(th.gammas) > 0 and all(0.0 < g <= 1.0 for g in th.gammas), f"theory.gammas must lie in (0, 1], got {th.gammas}")
     _check(len(th.n_states) > 0 and all(s >= 1 for s in th.n_states), f"theory.n_states must be >= 1, got {th.n_states}")

@@ -20,10 +20,19 @@ that talks to MLflow):
 - Resume: `train(cfg, resume=run_id)` continues that run from its checkpoint; only
   train.steps (and the runtime keys train.device / train.compile) may differ from the
   checkpoint's config. On CPU the result is bitwise that of an uninterrupted run.
+  train.precision is not a runtime key (bf16 vs fp32 changes the trajectory), but "auto"
+  resolves on the device of each call: a CUDA run resumed on the CPU continues in float32.
+  Checkpoints are device-neutral on load: read_checkpoint maps every tensor to the CPU, and
+  resuming moves the model and optimizer state to the run's device.
 - Divergence: a non-finite loss or gradient norm raises DivergedError; the run ends FAILED
   with the reason in the tag hmmscope.failure_reason.
-- CPU: float32; HMMSCOPE_THREADS sets torch's thread count. CUDA: bf16 autocast, TF32,
-  fused AdamW, optional torch.compile.
+- Precision (train.precision): "auto" is bf16 autocast on CUDA and float32 elsewhere; "bf16"
+  autocasts on any device (the CPU twin of the CUDA path); "fp32" runs without autocast and, on
+  CUDA, without TF32. bf16 on CUDA also enables TF32 for the matmuls autocast leaves in float32.
+  train.compile torch.compiles the training step's forward (inductor) on any device; evaluation runs
+  eager (a few batches per eval: a second compiled graph would cost more than it saves). AdamW is
+  fused on CPU and CUDA.
+  Defaults on CPU: float32, eager, bitwise reproducible. HMMSCOPE_THREADS sets torch's CPU threads.
 """
 
 from __future__ import annotations
@@ -120,8 +129,17 @@ def resolve_device(spec: str) -> torch.device:
     return dev
 
 
-def _autocast(device: torch.device):
-    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """train.precision on `device`: 'auto' -> 'bf16' on CUDA, 'fp32' elsewhere; 'bf16' / 'fp32' as given."""
+    if precision == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    return precision
+
+
+def _autocast(device: torch.device, precision: str = "auto"):
+    if resolve_precision(precision, device) == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()
 
 
 # ---------------------------------------------------------------- data
@@ -142,9 +160,9 @@ def episode_batches(ep: Episodes, batch_size: int, device: torch.device | str = 
 
 @torch.no_grad()
 def evaluate_loss(model: torch.nn.Module, ep: Episodes, device: torch.device | str = "cpu",
-                  batch_size: int = 64) -> dict[str, float]:
+                  batch_size: int = 64, precision: str = "auto") -> dict[str, float]:
     """Mean CE (nats, full vocabulary) and accuracy (argmax over the observation ids, as in evaluate.py)
-    over all observation targets and over test-segment targets."""
+    over all observation targets and over test-segment targets; the forward runs in `precision`."""
     device = torch.device(device)
     was_training = model.training
     model.eval()
@@ -152,7 +170,7 @@ def evaluate_loss(model: torch.nn.Module, ep: Episodes, device: torch.device | s
     sums = torch.zeros(6, dtype=torch.float64, device=device)  # ce, correct, n, test ce, test correct, test n
     try:
         for x, y, m in episode_batches(ep, batch_size, device):
-            with _autocast(device):
+            with _autocast(device, precision):
                 logits, _ = model(x)
             logits = logits.float()
             ce = F.cross_entropy(logits.transpose(1, 2), y, reduction="none")  # (B, T-1)
@@ -250,7 +268,8 @@ def _resume_config(saved: Config, passed: Config) -> Config:
     a, b = flatten(saved), flatten(passed)
     diff = sorted(k for k in a.keys() | b.keys() if k not in RUNTIME_KEYS and a.get(k) != b.get(k))
     if diff:
-        raise ValueError(f"config differs from the checkpoint's in {', '.join(diff)} (only train.steps may change)")
+        raise ValueError(f"config differs from the checkpoint's in {', '.join(diff)} "
+                         f"(only {', '.join(RUNTIME_KEYS)} may change)")
     return dataclasses.replace(saved, train=dataclasses.replace(
         saved.train, **{k.split(".")[1]: b[k] for k in RUNTIME_KEYS}))
 
@@ -291,11 +310,12 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
         cfg = _resume_config(from_flat(ck["config"]), cfg)
         device = resolve_device(cfg.train.device)
     t = cfg.train
+    precision = resolve_precision(t.precision, device)
     if device.type == "cpu" and os.environ.get("HMMSCOPE_THREADS"):
         torch.set_num_threads(int(os.environ["HMMSCOPE_THREADS"]))
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    if device.type == "cuda":  # TF32 with bf16 autocast (the matmuls it leaves in float32); IEEE float32 for fp32
+        torch.backends.cuda.matmul.allow_tf32 = precision == "bf16"
+        torch.backends.cudnn.allow_tf32 = precision == "bf16"
     log_every = log_every or min(50, max(1, t.steps // 100))
 
     mix = make_mixture(cfg.hmm)
@@ -316,13 +336,13 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
         opt.load_state_dict(ck["optimizer"])
         start, best = int(ck["step"]), dict(ck["metrics"].get("best", {}))
         _set_rng_state(ck["rng"])
-    fwd = torch.compile(model) if (t.compile and device.type == "cuda") else model
+    fwd = torch.compile(model) if t.compile else model  # the training step only; evaluation and state dicts: `model`
     n_params = model.num_params()
     tok_per_step = t.batch_size * (ep_train.seq_len - 1)
 
     tags = {"hmmscope.dataset_hash": ep_train.meta.get("dataset_hash", ""),
             "hmmscope.eval_dataset_hash": ep_eval.meta.get("dataset_hash", ""),
-            "hmmscope.hmm_hash": config_hash(cfg.hmm), "hmmscope.device": str(device),
+            "hmmscope.hmm_hash": config_hash(cfg.hmm), "hmmscope.device": str(device), "hmmscope.precision": precision,
             "hmmscope.n_params": n_params}
     name = run_name or f"train-{config_hash(cfg.hmm, cfg.data, cfg.model, cfg.train)[:8]}"
     with tracking.start_run(tracking_uri, experiment, name, parent=parent, resume=resume,
@@ -332,7 +352,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
         last: dict[str, float] = {}
 
         def evaluate(step: int) -> None:
-            ev = {f"eval/{k}": v for k, v in evaluate_loss(fwd, ep_eval, device).items()}
+            ev = {f"eval/{k}": v for k, v in evaluate_loss(model, ep_eval, device, precision=precision).items()}
             if "oracle/test_loss" in oracle:
                 ev["eval/excess_ce"] = ev["eval/test_loss"] - oracle["oracle/test_loss"]
             if eval_fn is not None:
@@ -371,7 +391,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                     g["lr"] = lr
                 idx = torch.as_tensor(batch_indices(step, len(ep_train), t.batch_size, t.seed), device=device)
                 batch = tokens[idx]
-                with _autocast(device):
+                with _autocast(device, precision):
                     _, loss = fwd(batch[:, :-1], batch[:, 1:], loss_mask)
                 lv = loss.item()
                 if not math.isfinite(lv):

@@ -1,4 +1,5 @@
-"""Shared fixtures: a real `mlflow server` process on 127.0.0.1, stopped by its process group."""
+"""Shared fixtures: a real `mlflow server` process on 127.0.0.1, stopped by its process group; the `gpu`
+marker's skip (or failure, with HMMSCOPE_REQUIRE_GPU=1) where CUDA is not available."""
 
 import os
 import signal
@@ -10,6 +11,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+pytest_plugins = ["pytester"]  # tests/test_gpu.py checks the gpu group's skip rule in an inline run
 
 
 def _free_port():
@@ -49,3 +52,26 @@ def mlflow_server(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+# ---------------------------------------------------------------- the gpu group (tests/test_gpu.py)
+
+
+def pytest_runtest_setup(item):
+    """A `gpu` test without CUDA is skipped with the reason, or fails where HMMSCOPE_REQUIRE_GPU is set."""
+    if item.get_closest_marker("gpu") is None:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        if os.environ.get("HMMSCOPE_REQUIRE_GPU"):
+            pytest.fail(f"CUDA not available (torch {torch.__version__}) but HMMSCOPE_REQUIRE_GPU is set", pytrace=False)
+        pytest.skip("CUDA not available")
+
+
+def pytest_terminal_summary(terminalreporter):
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if "gpu" in getattr(r, "keywords", {})]
+    if skipped:
+        reasons = sorted({r.longrepr[2].removeprefix("Skipped: ") if isinstance(r.longrepr, tuple) else str(r.longrepr)
+                          for r in skipped})
+        terminalreporter.write_line(f"{len(skipped)} gpu test(s) skipped: {'; '.join(reasons)}")

@@ -307,3 +307,22 @@ def test_bf16_autocast(pos):
     assert torch.allclose(logits.float(), ref, atol=0.05)
     assert m.blocks[0].attn.qkv.weight.grad is not None
     assert torch.allclose(cache["blocks.0.attn.hook_pattern"].float().sum(-1), torch.ones(2, 2, T), atol=2e-2)
+
+
+def test_compiled_explicit_path_matches_eager():
+    """torch.compile (inductor, CPU) of the analysis path: run_with_cache with attention scores and patterns
+    switches layers to the explicit attention and reads hooks inside the compiled forward. The CPU twin of
+    the compiled CUDA path (the fused training path is compiled in tests/test_train.py)."""
+    from torch._dynamo.utils import counters
+
+    eager, comp = make("rope", n_layers=1), make("rope", n_layers=1)  # same seed: same weights
+    comp.compile()  # in place: hook names unchanged
+    names = ["blocks.0.attn.hook_attn_scores", "blocks.0.attn.hook_pattern", "blocks.0.hook_resid_post"]
+    x, graphs = tokens(), counters["stats"]["unique_graphs"]
+    le, ce = run_with_cache(eager, x, names)
+    lc, cc = run_with_cache(comp, x, names)
+    assert counters["stats"]["unique_graphs"] > graphs  # the forward was compiled
+    assert set(cc) == set(names) and torch.allclose(lc, le, atol=1e-5)
+    for n in names:  # masked scores are -inf in both
+        assert cc[n].shape == ce[n].shape and torch.allclose(cc[n], ce[n], atol=1e-5), n
+    assert no_hooks(comp) and not comp.blocks[0].attn.explicit

@@ -1,11 +1,12 @@
 import math
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
 import torch
 
 from hmmscope import tracking
-from hmmscope.config import Config, TrainConfig, flatten, override
+from hmmscope.config import Config, ConfigError, TrainConfig, flatten, override
 from hmmscope.episodes import sample_episodes
 from hmmscope.hmm import make_mixture
 from hmmscope.train import (
@@ -15,7 +16,9 @@ from hmmscope.train import (
     load_checkpoint,
     load_model,
     lr_at,
+    read_checkpoint,
     resolve_device,
+    resolve_precision,
     train,
 )
 
@@ -67,6 +70,7 @@ def test_run_logs_params_metrics_checkpoint(uri, finished):
     assert r.data.params == {k: tracking._param_value(v) for k, v in flatten(small()).items()}
     tags = r.data.tags
     assert tags["hmmscope.device"] == "cpu" and int(tags["hmmscope.n_params"]) > 0
+    assert tags["hmmscope.precision"] == "fp32" and r.data.params["train.compile"] == "false"  # CPU defaults
     assert tags["hmmscope.dataset_hash"] and tags["hmmscope.hmm_hash"] and "hmmscope.code_version" in tags
     c = tracking.client(uri)
     steps = lambda k: [m.step for m in c.get_metric_history(finished.run_id, k)]  # noqa: E731
@@ -139,3 +143,80 @@ def test_bad_device_raises():
         with pytest.raises(ValueError, match="CUDA is not available"):
             resolve_device("cuda:0")
     assert resolve_device("cpu").type == "cpu"
+
+
+# ---------------------------------------------------------------- the CUDA path's choices, on the CPU
+
+
+def test_precision_knob():
+    assert Config().train.precision == "auto" and small(**{"train.precision": "bf16"}).train.precision == "bf16"
+    with pytest.raises(ConfigError, match=r"train.precision must be one of \('auto', 'bf16', 'fp32'\), got 'fp16'"):
+        small(**{"train.precision": "fp16"})
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert resolve_precision("auto", cpu) == "fp32" and resolve_precision("auto", cuda) == "bf16"
+    assert resolve_precision("bf16", cpu) == "bf16" and resolve_precision("fp32", cuda) == "fp32"
+
+
+def _latest_run(uri, experiment):
+    return tracking.client(uri).search_runs([tracking.experiment_id(uri, experiment)],
+                                            order_by=["attributes.start_time DESC"], max_results=1)[0]
+
+
+def test_compile_and_bf16_on_cpu(uri, finished):
+    """The CUDA default path (torch.compile of the training step and of the evaluation forward, bf16 autocast,
+    fused AdamW) taken on the CPU through train.compile / train.precision, so it runs in every test session."""
+    from torch._dynamo.utils import counters
+
+    bf16 = small(**{"train.precision": "bf16"})
+    eager = train(bf16, tracking_uri=uri, experiment="t", run_name="bf16", progress=False)
+    graphs = counters["stats"]["unique_graphs"]
+    comp = train(override(bf16, {"train.compile": True}), tracking_uri=uri, experiment="t", run_name="bf16-compiled",
+                 progress=False)
+    assert counters["stats"]["unique_graphs"] > graphs  # inductor compiled graphs on the CPU
+    r = tracking.Run(uri, comp.run_id).get()
+    assert r.data.tags["hmmscope.precision"] == "bf16" and r.data.params["train.compile"] == "true"
+    fp32, a, b = finished.metrics["eval/loss"], eager.metrics["eval/loss"], comp.metrics["eval/loss"]
+    assert a != fp32 and a == pytest.approx(fp32, rel=0.02)  # autocast engaged; bf16 rounding only
+    assert b == pytest.approx(a, rel=0.01)  # compiled == eager, up to bf16 rounding in fused kernels
+    first = tracking.client(uri).get_metric_history(comp.run_id, "eval/loss")[0].value
+    assert b < first  # the compiled bf16 run learns
+    model, _ = load_model(uri, comp.run_id)  # the compiled run's checkpoint loads into a plain Transformer
+    ep = sample_episodes(make_mixture(bf16.hmm), bf16.data, bf16.data.n_eval, "eval")
+    assert evaluate_loss(model, ep, precision="bf16")["loss"] == pytest.approx(b, rel=0.01)
+
+
+@contextmanager
+def storages_saved_as(location: str):
+    """torch.save as on another device: every storage's location tag (the only device record a checkpoint
+    file holds, e.g. "cuda:0" for a CUDA run's tensors) reads `location`."""
+    import torch.serialization as ser
+
+    entry = (1, lambda storage: location, lambda storage, loc: None)  # before the CPU tagger (priority 10)
+    ser._package_registry.append(entry)
+    ser._package_registry.sort(key=lambda e: e[0])
+    try:
+        yield
+    finally:
+        ser._package_registry.remove(entry)
+
+
+def test_cuda_checkpoint_loads_and_resumes_on_cpu(uri, finished, tmp_path):
+    """CPU twin of the cross-device round trip (the real one is tests/test_gpu.py): a run whose checkpoint
+    tensors are tagged cuda:0 is read on the CPU and resumed there, bitwise as if never interrupted."""
+    with storages_saved_as("cuda:0"), pytest.raises(KeyboardInterrupt):
+        train(small(), tracking_uri=uri, experiment="xdev", progress=False, _stop_after=6)
+    killed = _latest_run(uri, "xdev")
+    path = tracking.Run(uri, killed.info.run_id).download("checkpoints/last.pt", tmp_path)
+    if not torch.cuda.is_available():  # the file really is a "CUDA" checkpoint: plain torch.load refuses it here
+        with pytest.raises(RuntimeError, match="CUDA"):
+            torch.load(path, weights_only=True)
+    ck = read_checkpoint(path)
+    tensors = [*ck["model"].values(), *(v for st in ck["optimizer"]["state"].values() for v in st.values())]
+    assert ck["step"] == 6 and tensors and all(t.device.type == "cpu" for t in tensors)
+    with pytest.raises(ValueError, match=r"train.precision \(only train.steps, train.device, train.compile may"):
+        train(small(**{"train.precision": "bf16"}), tracking_uri=uri, experiment="xdev", resume=killed.info.run_id)
+    res = train(small(), tracking_uri=uri, experiment="xdev", resume=killed.info.run_id, progress=False)
+    assert res.steps == 12 and res.metrics["eval/loss"] == finished.metrics["eval/loss"]
+    a, _ = load_model(uri, finished.run_id)
+    b, _ = load_model(uri, res.run_id)
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))

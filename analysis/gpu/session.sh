@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# One GPU session's calls (analysis/gpu/README.md): run from the repository root on the device machine.
+#
+#   bash analysis/gpu/session.sh check         # env facts, bench train --preset paper, -m gpu, default suite
+#   STEPS=N bash analysis/gpu/session.sh paper  # the paper-gpu sweep (RoPE + absolute), report, trials.csv
+#
+# Every step's output goes to $OUT (at most 8 files come back: see README.md), each step under its own
+# timeout so a slow one cannot take the rest of the call with it. DRY=1 runs the same steps here, on the CPU
+# at the tiny scale with the worktree's .venv (to check this script; it measures nothing about a GPU).
+set -uo pipefail
+OUT=${OUT:?set OUT to the folder whose files come back}
+PY=${PY:-python3}
+DRY=${DRY:-0}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if [ "$DRY" = 1 ]; then PY=$PWD/.venv/bin/python; export PATH="$PWD/.venv/bin:$PATH"; fi
+
+setup() {  # carried wheels (.whl/, README.md) and the project, into the device's python
+  local t0=$SECONDS
+  if [ "$DRY" = 1 ]; then mkdir -p mlruns; return 0; fi
+  if compgen -G ".whl/*.whl" >/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl || return 1
+  fi
+  if ! "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e .; then  # fallback: no console script
+    echo "setup: editable install failed; using PYTHONPATH and a wrapper script for hmmscope"
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PATH="/tmp/hmmscope-bin:$PATH"
+    mkdir -p /tmp/hmmscope-bin
+    printf '#!/bin/sh\nexec "%s" -c "import sys; from hmmscope.cli import main; sys.argv[0] = \\"hmmscope\\"; main()" "$@"\n' \
+      "$(command -v "$PY")" >/tmp/hmmscope-bin/hmmscope
+    chmod +x /tmp/hmmscope-bin/hmmscope
+  fi
+  "$PY" -c "import mlflow, optuna, hmmlearn, sklearn, statsmodels, typer, hmmscope.cli" || return 1
+  "$PY" -m pip check 2>&1 | head -n 20 >"$OUT/pip-check.txt"
+  mkdir -p mlruns
+  echo "setup: $((SECONDS - t0)) s"
+}
+
+env_facts() {
+  {
+    date -u +"date: %Y-%m-%dT%H:%M:%SZ"
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
+    "$PY" - <<'EOF'
+import platform, torch
+print(f"python: {platform.python_version()}  torch: {torch.__version__}  cuda: {torch.version.cuda}  "
+      f"cudnn: {torch.backends.cudnn.version()}")
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f"device: {p.name}, {p.total_memory / 2**30:.1f} GiB, sm_{p.major}{p.minor}, {p.multi_processor_count} SMs")
+else:
+    print("device: CUDA not available")
+EOF
+    echo "cpus: $(nproc)  mem: $(free -g | awk '/Mem:/ {print $2}') GiB"
+  } 2>&1
+}
+
+check() {
+  local dev=cuda gpu_env=(HMMSCOPE_REQUIRE_GPU=1) xdist=(-n 8 --dist loadfile)
+  if [ "$DRY" = 1 ]; then dev=cpu gpu_env=() xdist=(); fi
+  env_facts | tee "$OUT/env.txt"
+  # 1. speed first, alone on the machine: tokens/s, FLOPs/token and MFU at the paper's shape (357 tokens)
+  local preset=paper
+  [ "$DRY" = 1 ] && preset=tiny
+  timeout 180 hmmscope bench train --preset "$preset" --device "$dev" --seq-len 357 --steps 10 --no-peer \
+    >"$OUT/bench-train.log" 2>&1
+  echo "bench train: rc=$? $(tail -n 2 "$OUT/bench-train.log" | tr '\n' ' ')"
+  # 2. the gpu group and the default suite side by side (GPU + a few cores; the suite on 8 more)
+  (env "${gpu_env[@]}" timeout 300 "$PY" -m pytest -m gpu -rs -q --durations=15 >"$OUT/pytest-gpu.log" 2>&1
+   echo "pytest -m gpu: rc=$? $(tail -n 1 "$OUT/pytest-gpu.log")") &
+  local suite=(-q -rs --durations=15)
+  [ "$DRY" = 1 ] && suite=(-q --co)  # here the default suite runs on its own (README.md); DRY only collects it
+  timeout 300 "$PY" -m pytest "${suite[@]}" "${xdist[@]}" >"$OUT/pytest-default.log" 2>&1
+  echo "pytest (default): rc=$? $(tail -n 1 "$OUT/pytest-default.log")"
+  wait
+}
+
+paper() {  # phases under their own timeouts: setup, sweep SWEEP_S, analysis ANALYZE_S, report + pack (~40 s)
+  local steps=${STEPS:?set STEPS: README.md, from the bench tokens per second} spec=mlruns/paper-gpu.toml
+  local rec=/tmp/paper-gpu t0=$SECONDS n_an=${ANALYZE_EPISODES:-128} dev=cuda ids id
+  [ "$DRY" = 1 ] && dev=cpu
+  rm -rf "$rec" && mkdir -p "$rec"
+  env_facts >"$rec/env.txt"
+  sed -e "s/^\"train.steps\" = .*/\"train.steps\" = $steps/" \
+      -e "s/^\"train.eval_every\" = .*/\"train.eval_every\" = $(( steps / 8 > 0 ? steps / 8 : 1 ))/" \
+      -e "s/^\"train.ckpt_every\" = .*/\"train.ckpt_every\" = $steps/" \
+      -e "s/^\"train.compile\" = .*/\"train.compile\" = ${COMPILE:-false}/" analysis/gpu/paper-gpu.toml >"$spec"
+  if [ "$DRY" = 1 ]; then  # the same sweep on the CPU at the tiny scale, small enough to finish in minutes
+    sed -i -e 's/^base = "paper"/base = "tiny"/' -e 's/^"train.device" = .*/"train.device" = "cpu"/' \
+        -e 's/^"data.n_eval" = .*/"data.n_eval" = 64/' "$spec"
+    printf '"model.n_layers" = 2\n"model.d_model" = 32\n"model.d_mlp" = 64\n"data.n_train" = 256\n"train.warmup" = 2\n' \
+      | sed -i '/^\[fixed\]/r /dev/stdin' "$spec"
+  fi
+  cp "$spec" "$rec/"
+  # 1. training + Figure 1 evaluation of both encodings at once on the one GPU (2 workers)
+  timeout "${SWEEP_S:-290}" hmmscope sweep run "$spec" --workers 2 >"$rec/sweep.log" 2>&1
+  echo "sweep: rc=$? at $((SECONDS - t0)) s; $(tail -n 2 "$rec/sweep.log" | tr '\n' ' ')"
+  # 2. the layerwise analysis of each trained run, both at once (the probes' lbfgs is single-threaded: README.md)
+  ids=$("$PY" -c 'from hmmscope.sweep import default_storage, study_status
+print(" ".join(r["mlflow_run_id"] for r in study_status("paper-gpu", default_storage())
+               if r["state"] == "COMPLETE" and r["mlflow_run_id"]))')
+  for id in $ids; do
+    timeout "${ANALYZE_S:-170}" hmmscope analyze "$id" --n-episodes "$n_an" --ks 1,2,3 --device "$dev" \
+      --experiment hmmscope-paper-gpu >"$rec/analyze-$id.log" 2>&1 &
+  done
+  wait
+  echo "analysis of [$ids]: done at $((SECONDS - t0)) s; $(grep -h -o 'claims (analysis run[^)]*)' "$rec"/analyze-*.log | tr '\n' ' ')"
+  # 3. the record: status, report, trials.csv, figures/ and tables/ (trials_csv.py)
+  hmmscope sweep status paper-gpu >"$rec/status.txt" 2>&1
+  timeout 40 hmmscope report paper-gpu --out "$rec/report" >"$rec/report.log" 2>&1
+  echo "report: rc=$?"
+  "$PY" analysis/gpu/trials_csv.py paper-gpu "$rec"
+  echo "total: $((SECONDS - t0)) s" | tee -a "$rec/sweep.log"
+  # what comes back (8 files at most): the record (logs, report, trials.csv, each run's figures and tables; no
+  # checkpoints) as one archive, the MLflow and Optuna databases as another, and the key texts
+  tar czf "$OUT/paper-gpu.tar.gz" -C /tmp paper-gpu
+  tar czf "$OUT/store.tar.gz" -C "$PWD/mlruns" mlflow.db optuna.db
+  cp "$rec/sweep.log" "$rec/trials.csv" "$rec/env.txt" "$rec/report/report.md" "$OUT/" 2>/dev/null
+  ls -la "$OUT"
+}
+
+case "${1:-}" in
+  check) setup && check ;;
+  paper) setup && paper ;;
+  setup) setup ;;
+  *) echo "usage: [DRY=1] bash analysis/gpu/session.sh check | STEPS=N bash analysis/gpu/session.sh paper" >&2; exit 2 ;;
+esac
