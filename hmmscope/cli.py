@@ -332,10 +332,12 @@ def run_cmd(
 
 
 def _print_claims(title: str, claims) -> None:
-    """One row per claim: statistic, value, 95% CI, the decision rule, the verdict it gives, and why."""
-    _print_table(title, [{"claim": c.name, "statistic": c.statistic, "value": f"{c.value:.4g}",
-                          "95% CI": f"[{c.ci_lo:.4g}, {c.ci_hi:.4g}]", "rule": c.rule or "-", "verdict": c.verdict,
-                          "reason": c.reason} for c in claims])
+    """One line per claim (never folded, so names stay greppable): verdict, claim, value, 95% CI, the decision
+    rule that gives the verdict from that CI (stats.decide), the statistic, and the reason."""
+    typer.echo(title)
+    for c in claims:
+        typer.echo(f"  [{c.verdict}] {c.name} = {c.value:.4g} [95% CI {c.ci_lo:.4g}, {c.ci_hi:.4g}]; "
+                   f"rule {c.rule or '-'}; statistic: {c.statistic}; reason: {c.reason}")
 
 
 # ---------------------------------------------------------------- sweeps, report, ui
