@@ -62,10 +62,11 @@ def test_rate_floor_and_stderr_handling():
     # unsorted input is sorted by L
     perm = np.random.default_rng(0).permutation(L.size)
     assert fit_decay_rate(L[perm], eps[perm]).rate == pytest.approx(0.2, abs=1e-10)
-    # points not distinguishable from 0 (eps <= 2 stderr) are dropped
-    se = np.full(L.size, 1e-2)  # 3 exp(-0.2 L) <= 0.02 from L = 32 on
+    # points whose Monte Carlo error is too large (eps <= 4 stderr, z_fit) end the range
+    se = np.full(L.size, 1e-2)  # 3 exp(-0.2 L) <= 0.04 from L = 24 on, <= 0.02 from L = 32 on
     g = fit_decay_rate(L, 3 * np.exp(-0.2 * L), se)
-    assert g.used_lengths == (1, 2, 4, 6, 8, 12, 16, 24) and g.rate == pytest.approx(0.2, abs=1e-10)
+    assert g.used_lengths == (1, 2, 4, 6, 8, 12, 16) and g.rate == pytest.approx(0.2, abs=1e-10)
+    assert fit_decay_rate(L, 3 * np.exp(-0.2 * L), se, z_fit=2).used_lengths == (1, 2, 4, 6, 8, 12, 16, 24)
 
 
 def test_rate_too_few_points():
