@@ -200,11 +200,11 @@ def theory(
 
 
 def _print_theory(result, th, detail: bool = True) -> None:
-    """The per-setting table, then the verdicts (only the sweep-level ones unless `detail`)."""
+    """The per-setting table, the fits' summaries, then the claims (only the sweep-level ones unless `detail`)."""
     _print_table(f"Theorem 1 sweep ({th.family}, V={th.n_tokens}; {result.seconds:.1f} s)", result.table())
-    lines = result.summary_lines() if detail else [f.summary for f in [*result.exponent_fits, *result.rank_fits]]
-    for line in lines:
-        typer.echo(line)
+    for f in [*result.exponent_fits, *result.rank_fits]:
+        typer.echo(f.summary)
+    _print_claims("Theorem 1 claims", result.claims(detail))
 
 
 # ---------------------------------------------------------------- train / evaluate / run
@@ -332,8 +332,12 @@ def run_cmd(
 
 
 def _print_claims(title: str, claims) -> None:
-    _print_table(title, [{"claim": c.name, "statistic": c.statistic, "value": f"{c.value:.4g}",
-                          "95% CI": f"[{c.ci_lo:.4g}, {c.ci_hi:.4g}]", "verdict": c.verdict} for c in claims])
+    """One line per claim (never folded, so names stay greppable): verdict, claim, value, 95% CI, the decision
+    rule that gives the verdict from that CI (stats.decide), the statistic, and the reason."""
+    typer.echo(title)
+    for c in claims:
+        typer.echo(f"  [{c.verdict}] {c.name} = {c.value:.4g} [95% CI {c.ci_lo:.4g}, {c.ci_hi:.4g}]; "
+                   f"rule {c.rule or '-'}; statistic: {c.statistic}; reason: {c.reason}")
 
 
 # ---------------------------------------------------------------- sweeps, report, ui

@@ -1,14 +1,7 @@
 """In-context episodes sampled from a mixture of low-rank HMMs (SCIENCE.md 3).
 
-Sampling. Every categorical draw is an inverse-CDF lookup: each stochastic row
-is stored once per mixture as a float32 cumulative table padded to a
-power-of-two width K2, and the draw for a uniform u is the number of entries
-<= u, found by a branchless binary search (log2 K2 vectorized gathers). A
-transition uses the factors T = W Q: z ~ W[task, s] (d-way), then
-s' ~ Q[task, z] (S-way); no dense S x S matrix is formed. Sequences are
-processed sorted by task (cache-friendly gathers) in fixed chunks; the only
-Python loop is over time steps. Output is a deterministic function of the
-numpy Generator state (single-threaded numpy).
+Layering: this module sits above hmm.py (HMMs, mixtures and their sequence sampler,
+`sample_sequences`, re-exported here); hmm.py never imports it.
 
 Episode layout (T = k (l_demo + 1) + l_test positions, the same for all):
 
@@ -29,137 +22,20 @@ import hashlib
 import json
 import os
 import tempfile
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .config import DataConfig, config_hash, to_dict
-from .hmm import Mixture
+from .hmm import _CDF, Mixture, _after_unique, _run, _tables, sample_sequences, state_distribution_after
 
-_CHUNK = 1 << 15  # sequences per chunk (fixed: the random stream depends on it)
+__all__ = ["Episodes", "layout", "sample_episodes", "probe_tasks", "probe_episodes", "save_episodes",
+           "load_episodes", "sample_sequences", "state_distribution_after"]
+
 _TAG = 0x45504953  # "EPIS": separates episode streams from other users of data.seed
 _SPLITS = {"train": 1, "eval": 2}
 _FORMAT = 1
-
-
-class _CDF:
-    """Inverse-CDF sampler for the rows of a stochastic array P (..., K), flattened to rows."""
-
-    def __init__(self, P: np.ndarray):
-        P = np.asarray(P, dtype=np.float64)
-        K = P.shape[-1]
-        self.K2 = 1 << (K - 1).bit_length()  # K=1 -> 1, K=8 -> 8, K=9 -> 16
-        c = np.cumsum(P.reshape(-1, K), axis=1)
-        c /= c[:, -1:]
-        tab = np.full((c.shape[0], self.K2), 2.0, np.float32)  # padding is never <= u < 1
-        tab[:, :K] = c
-        tab[:, K - 1] = 1.0  # so the index is always < K
-        self.tab = tab.reshape(-1)  # (R * K2,)
-
-    def draw(self, row: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """Index in [0, K) for each row (N,) intp, uniform u (N,) float32: #{j: cdf[row, j] <= u}."""
-        pos = row * self.K2
-        h = self.K2 >> 1
-        while h:
-            pos += (self.tab.take(pos + (h - 1)) <= u) * h
-            h >>= 1
-        return pos & (self.K2 - 1)
-
-
-@dataclass
-class _Tables:
-    init: _CDF  # rows: task
-    W: _CDF  # rows: task * S + s
-    Q: _CDF  # rows: task * d + z
-    O: _CDF  # rows: task * S + s
-
-
-_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _tables(mix: Mixture) -> _Tables:
-    """Tables built once per Mixture object (do not modify a mixture's arrays in place)."""
-    tab = _CACHE.get(mix)
-    if tab is None:
-        tab = _CACHE[mix] = _Tables(_CDF(mix.initial), _CDF(mix.W), _CDF(mix.Q), _CDF(mix.emission))
-    return tab
-
-
-def _run(mix: Mixture, task: np.ndarray, s0: np.ndarray, length: int, rng: np.random.Generator, dtype):
-    """Sequences from given first states: (tokens, states) (N, length) in the input order."""
-    tabs, S, d, N = _tables(mix), mix.n_states, mix.rank, len(task)
-    order = np.argsort(task, kind="stable")  # same-task sequences together: local table gathers
-    tok, st = np.empty((N, length), dtype), np.empty((N, length), dtype)
-    for a in range(0, N, _CHUNK):
-        idx = order[a:a + _CHUNK]
-        tS, td, s = task[idx] * S, task[idx] * d, s0[idx]  # (n,) intp
-        ctok, cst = np.empty((length, len(idx)), dtype), np.empty((length, len(idx)), dtype)  # time-major
-        for t in range(length):
-            last = t == length - 1
-            u = rng.random((1 if last else 3, len(idx)), dtype=np.float32)
-            r = tS + s
-            cst[t] = s
-            ctok[t] = tabs.O.draw(r, u[0])  # o_t ~ O[task, s_t]
-            if not last:
-                z = tabs.W.draw(r, u[1])  # z ~ W[task, s_t]
-                s = tabs.Q.draw(td + z, u[2])  # s_{t+1} ~ Q[task, z]
-        tok[idx], st[idx] = ctok.T, cst.T
-    return tok, st
-
-
-def _check_tasks(mix: Mixture, task_ids) -> np.ndarray:
-    task = np.asarray(task_ids).astype(np.intp).reshape(-1)
-    if task.size and (task.min() < 0 or task.max() >= mix.n_tasks):
-        raise ValueError(f"task ids must lie in [0, {mix.n_tasks}), got range [{task.min()}, {task.max()}]")
-    return task
-
-
-def sample_sequences(mix: Mixture, task_ids: np.ndarray, length: int, rng: np.random.Generator,
-                     start: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Sample N independent sequences; returns (tokens, states), int32 arrays (N, length).
-
-    task_ids (N,): task of each sequence. start (N, S): first-state distribution of each
-    sequence (default mix.initial[task_ids]).
-    """
-    task = _check_tasks(mix, task_ids)
-    N, S = len(task), mix.n_states
-    if length < 0:
-        raise ValueError(f"length must be >= 0, got {length}")
-    u0 = rng.random(N, dtype=np.float32)
-    if start is None:
-        s0 = _tables(mix).init.draw(task, u0)
-    else:
-        start = np.asarray(start, dtype=np.float64)
-        if start.shape != (N, S):
-            raise ValueError(f"start must have shape ({N}, {S}), got {start.shape}")
-        if np.any(start < 0) or not np.allclose(start.sum(1), 1.0, atol=1e-6):
-            raise ValueError("start rows must be distributions (non-negative, summing to 1)")
-        s0 = _CDF(start).draw(np.arange(N), u0)
-    if length == 0:
-        return np.empty((N, 0), np.int32), np.empty((N, 0), np.int32)
-    return _run(mix, task, s0, length, rng, np.int32)
-
-
-def _after_unique(mix: Mixture, tasks: np.ndarray, steps: int) -> np.ndarray:
-    """mu T^steps (m, S) for the given tasks via mu W (Q W)^(steps-1) Q: only d x d powers."""
-    p = mix.initial[tasks].astype(np.float64)
-    if steps <= 0:
-        return p
-    W, Q = mix.W[tasks].astype(np.float64), mix.Q[tasks].astype(np.float64)
-    x = (p[:, None, :] @ W)[:, 0]  # (m, d)
-    if steps > 1:
-        x = (x[:, None, :] @ np.linalg.matrix_power(Q @ W, steps - 1))[:, 0]  # (Q W) is (m, d, d)
-    p = np.clip((x[:, None, :] @ Q)[:, 0], 0.0, None)  # (m, S)
-    return p / p.sum(1, keepdims=True)
-
-
-def state_distribution_after(mix: Mixture, task_ids: np.ndarray, steps: int) -> np.ndarray:
-    """Distribution mu T^steps of the hidden state after `steps` transitions from mu, per sequence (N, S)."""
-    task = _check_tasks(mix, task_ids)
-    uniq, inv = np.unique(task, return_inverse=True)
-    return _after_unique(mix, uniq, int(steps))[inv]
 
 
 def layout(n_demos: int, l_demo: int, l_test: int) -> tuple[np.ndarray, np.ndarray]:
@@ -256,8 +132,36 @@ def _mixture_hash(mix: Mixture) -> str:
 def sample_episodes(mix: Mixture, data: DataConfig, n: int, split: str = "train") -> Episodes:
     """n episodes of the layout in `data`, seeded by (data.seed, split); same inputs -> same bits."""
     rng = np.random.default_rng(np.random.SeedSequence([data.seed, _TAG, _split_code(split)]))
-    V, k, L = mix.n_tokens, data.n_demos, max(data.l_demo, data.l_test)
     task = rng.choice(mix.n_tasks, size=n, p=np.asarray(mix.prior, np.float64)).astype(np.int64)  # (n,)
+    return _episodes(mix, data, task, rng, split)
+
+
+def probe_tasks(n_tasks: int, k: int = 32, seed: int = 0) -> np.ndarray:
+    """A fixed, seeded subset of min(k, n_tasks) task ids (sorted); the same for every n_episodes."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if k >= n_tasks:
+        return np.arange(n_tasks, dtype=np.int64)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, _TAG, _split_code("probe-tasks")]))
+    return np.sort(rng.choice(n_tasks, size=k, replace=False)).astype(np.int64)
+
+
+def probe_episodes(mix: Mixture, data: DataConfig, n_tasks: int = 32, per_task: int = 30,
+                   split: str = "probe") -> Episodes:
+    """per_task episodes of each task of probe_tasks(mix.n_tasks, n_tasks, data.seed) (ordered by task),
+    from their own stream (data.seed, split): the episodes for probes that need the task (probes.py),
+    trainable at any n_tasks (with 8192 tasks, episodes drawn from the prior meet most tasks once)."""
+    if per_task < 1:
+        raise ValueError(f"per_task must be >= 1, got {per_task}")
+    rng = np.random.default_rng(np.random.SeedSequence([data.seed, _TAG, _split_code(split)]))
+    ep = _episodes(mix, data, np.repeat(probe_tasks(mix.n_tasks, n_tasks, data.seed), per_task), rng, split)
+    ep.meta.update({"probe_tasks": int(min(n_tasks, mix.n_tasks)), "per_task": int(per_task)})
+    return ep
+
+
+def _episodes(mix: Mixture, data: DataConfig, task: np.ndarray, rng: np.random.Generator, split: str) -> Episodes:
+    """Episodes of the given tasks (n,), every later draw from rng."""
+    n, V, k, L = len(task), mix.n_tokens, data.n_demos, max(data.l_demo, data.l_test)
     seq_task = np.repeat(task, k + 1).astype(np.intp)  # (n (k+1),): sequence e (k+1) + j, j = k the test
     u0 = rng.random(len(seq_task), dtype=np.float32)
     s0 = _tables(mix).init.draw(seq_task, u0)  # demos (and "initial" tests) start from mu
@@ -277,7 +181,7 @@ def sample_episodes(mix: Mixture, data: DataConfig, n: int, split: str = "train"
             "dataset_hash": hashlib.sha256(json.dumps([hh, dh, split, n]).encode()).hexdigest()[:16],
             "test_start": data.test_start, "burn_in": data.burn_in if data.test_start == "midstream" else 0,
             "data_config": to_dict(data)}
-    return Episodes(tokens, states, task, seg, pos, V, k, data.l_demo, data.l_test, meta)
+    return Episodes(tokens, states, np.asarray(task, np.int64), seg, pos, V, k, data.l_demo, data.l_test, meta)
 
 
 _ARRAYS = ("tokens", "states", "task_ids", "segment", "position")

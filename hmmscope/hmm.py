@@ -1,13 +1,31 @@
-"""HMMs and mixtures of low-rank HMMs (SCIENCE.md 1).
+"""HMMs and mixtures of low-rank HMMs (SCIENCE.md 1), and their sequence sampler.
 
 An HMM is (mu, T, O). A mixture stores each task's transition as factors
 T = W @ Q (W: S x d, Q: d x S, both row-stochastic), never the dense S x S matrix,
 so 8192 tasks x 128 states fit in memory. A dense single HMM is the special case
-W = T, Q = I.
+W = T, Q = I. This is the bottom of the data layers: episodes.py (in-context
+episodes) builds on it, and this module imports nothing from it.
+
+Sampling. Every categorical draw is an inverse-CDF lookup: each stochastic row
+is stored once per mixture as a float32 cumulative table padded to a
+power-of-two width K2, and the draw for a uniform u is the number of entries
+<= u, found by a branchless binary search (log2 K2 vectorized gathers). A
+transition uses the factors T = W Q: z ~ W[task, s] (d-way), then
+s' ~ Q[task, z] (S-way); no dense S x S matrix is formed. Sequences are
+processed sorted by task (cache-friendly gathers) in fixed chunks; the only
+Python loop is over time steps. Output is a deterministic function of the
+numpy Generator state (single-threaded numpy).
+
+Mixing. `mixing_rate(T)` = -log|lambda_2(T)|, the chain's own asymptotic forgetting
+rate per step (lambda_2: the eigenvalue of second-largest modulus). With T = W Q the
+nonzero eigenvalues of T are those of the d x d matrix Q W, so it costs O(d^3). The
+one-step Dobrushin coefficient is also given; for sticky chains it is ~1 and says
+little about forgetting over many steps.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -16,6 +34,7 @@ import numpy as np
 from .config import HMMConfig, config_hash
 
 _ATOL = 1e-6
+_CHUNK = 1 << 15  # sequences per chunk (fixed: the random stream depends on it)
 
 
 def _check_stochastic(name: str, a: np.ndarray, ndim: int) -> np.ndarray:
@@ -79,13 +98,15 @@ class HMM:
         """Dobrushin coefficient: max over state pairs of TV between their transition rows."""
         return dobrushin(self.transition)
 
+    def mixing_rate(self) -> float:
+        """-log|lambda_2(T)|: the chain's own forgetting rate per step (inf when |lambda_2| = 0)."""
+        return mixing_rate(self.W, self.Q)
+
     def as_mixture(self) -> Mixture:
         return Mixture(self.initial[None], self.W[None], self.Q[None], self.emission[None], np.ones(1))
 
     def sample(self, n: int, length: int, seed: int = 0, *, start: np.ndarray | None = None):
         """(tokens, states), int arrays (n, length); vectorized over the n sequences."""
-        from .episodes import sample_sequences
-
         mix = self.as_mixture()
         rng = np.random.default_rng(seed)
         return sample_sequences(mix, np.zeros(n, dtype=np.int64), length, rng,
@@ -202,6 +223,127 @@ def make_hmm(cfg: HMMConfig, task: int = 0) -> HMM:
     return make_mixture(cfg).task(task)
 
 
+# ---------------------------------------------------------------- sampling
+
+
+class _CDF:
+    """Inverse-CDF sampler for the rows of a stochastic array P (..., K), flattened to rows."""
+
+    def __init__(self, P: np.ndarray):
+        P = np.asarray(P, dtype=np.float64)
+        K = P.shape[-1]
+        self.K2 = 1 << (K - 1).bit_length()  # K=1 -> 1, K=8 -> 8, K=9 -> 16
+        c = np.cumsum(P.reshape(-1, K), axis=1)
+        c /= c[:, -1:]
+        tab = np.full((c.shape[0], self.K2), 2.0, np.float32)  # padding is never <= u < 1
+        tab[:, :K] = c
+        tab[:, K - 1] = 1.0  # so the index is always < K
+        self.tab = tab.reshape(-1)  # (R * K2,)
+
+    def draw(self, row: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Index in [0, K) for each row (N,) intp, uniform u (N,) float32: #{j: cdf[row, j] <= u}."""
+        pos = row * self.K2
+        h = self.K2 >> 1
+        while h:
+            pos += (self.tab.take(pos + (h - 1)) <= u) * h
+            h >>= 1
+        return pos & (self.K2 - 1)
+
+
+@dataclass
+class _Tables:
+    init: _CDF  # rows: task
+    W: _CDF  # rows: task * S + s
+    Q: _CDF  # rows: task * d + z
+    O: _CDF  # rows: task * S + s
+
+
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _tables(mix: Mixture) -> _Tables:
+    """Tables built once per Mixture object (do not modify a mixture's arrays in place)."""
+    tab = _CACHE.get(mix)
+    if tab is None:
+        tab = _CACHE[mix] = _Tables(_CDF(mix.initial), _CDF(mix.W), _CDF(mix.Q), _CDF(mix.emission))
+    return tab
+
+
+def _run(mix: Mixture, task: np.ndarray, s0: np.ndarray, length: int, rng: np.random.Generator, dtype):
+    """Sequences from given first states: (tokens, states) (N, length) in the input order."""
+    tabs, S, d, N = _tables(mix), mix.n_states, mix.rank, len(task)
+    order = np.argsort(task, kind="stable")  # same-task sequences together: local table gathers
+    tok, st = np.empty((N, length), dtype), np.empty((N, length), dtype)
+    for a in range(0, N, _CHUNK):
+        idx = order[a:a + _CHUNK]
+        tS, td, s = task[idx] * S, task[idx] * d, s0[idx]  # (n,) intp
+        ctok, cst = np.empty((length, len(idx)), dtype), np.empty((length, len(idx)), dtype)  # time-major
+        for t in range(length):
+            last = t == length - 1
+            u = rng.random((1 if last else 3, len(idx)), dtype=np.float32)
+            r = tS + s
+            cst[t] = s
+            ctok[t] = tabs.O.draw(r, u[0])  # o_t ~ O[task, s_t]
+            if not last:
+                z = tabs.W.draw(r, u[1])  # z ~ W[task, s_t]
+                s = tabs.Q.draw(td + z, u[2])  # s_{t+1} ~ Q[task, z]
+        tok[idx], st[idx] = ctok.T, cst.T
+    return tok, st
+
+
+def _check_tasks(mix: Mixture, task_ids) -> np.ndarray:
+    task = np.asarray(task_ids).astype(np.intp).reshape(-1)
+    if task.size and (task.min() < 0 or task.max() >= mix.n_tasks):
+        raise ValueError(f"task ids must lie in [0, {mix.n_tasks}), got range [{task.min()}, {task.max()}]")
+    return task
+
+
+def sample_sequences(mix: Mixture, task_ids: np.ndarray, length: int, rng: np.random.Generator,
+                     start: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Sample N independent sequences; returns (tokens, states), int32 arrays (N, length).
+
+    task_ids (N,): task of each sequence. start (N, S): first-state distribution of each
+    sequence (default mix.initial[task_ids]).
+    """
+    task = _check_tasks(mix, task_ids)
+    N, S = len(task), mix.n_states
+    if length < 0:
+        raise ValueError(f"length must be >= 0, got {length}")
+    u0 = rng.random(N, dtype=np.float32)
+    if start is None:
+        s0 = _tables(mix).init.draw(task, u0)
+    else:
+        start = np.asarray(start, dtype=np.float64)
+        if start.shape != (N, S):
+            raise ValueError(f"start must have shape ({N}, {S}), got {start.shape}")
+        if np.any(start < 0) or not np.allclose(start.sum(1), 1.0, atol=1e-6):
+            raise ValueError("start rows must be distributions (non-negative, summing to 1)")
+        s0 = _CDF(start).draw(np.arange(N), u0)
+    if length == 0:
+        return np.empty((N, 0), np.int32), np.empty((N, 0), np.int32)
+    return _run(mix, task, s0, length, rng, np.int32)
+
+
+def _after_unique(mix: Mixture, tasks: np.ndarray, steps: int) -> np.ndarray:
+    """mu T^steps (m, S) for the given tasks via mu W (Q W)^(steps-1) Q: only d x d powers."""
+    p = mix.initial[tasks].astype(np.float64)
+    if steps <= 0:
+        return p
+    W, Q = mix.W[tasks].astype(np.float64), mix.Q[tasks].astype(np.float64)
+    x = (p[:, None, :] @ W)[:, 0]  # (m, d)
+    if steps > 1:
+        x = (x[:, None, :] @ np.linalg.matrix_power(Q @ W, steps - 1))[:, 0]  # (Q W) is (m, d, d)
+    p = np.clip((x[:, None, :] @ Q)[:, 0], 0.0, None)  # (m, S)
+    return p / p.sum(1, keepdims=True)
+
+
+def state_distribution_after(mix: Mixture, task_ids: np.ndarray, steps: int) -> np.ndarray:
+    """Distribution mu T^steps of the hidden state after `steps` transitions from mu, per sequence (N, S)."""
+    task = _check_tasks(mix, task_ids)
+    uniq, inv = np.unique(task, return_inverse=True)
+    return _after_unique(mix, uniq, int(steps))[inv]
+
+
 # ---------------------------------------------------------------- chain properties
 
 
@@ -226,3 +368,14 @@ def dobrushin(T: np.ndarray) -> float:
         diff = np.abs(T[start:start + 64, None, :] - T[None, :, :]).sum(-1)
         best = max(best, float(diff.max()))
     return 0.5 * best
+
+
+def mixing_rate(W: np.ndarray, Q: np.ndarray | None = None) -> float:
+    """-log|lambda_2(T)| for T = W @ Q (or T = W when Q is None): the second-largest eigenvalue modulus
+    (the eigenvalue 1 of a stochastic matrix removed once). Uses the d x d matrix Q W. inf if |lambda_2| ~ 0."""
+    M = np.asarray(W, np.float64) if Q is None else np.asarray(Q, np.float64) @ np.asarray(W, np.float64)
+    if M.shape[0] < 2:
+        return float("inf")
+    lam = np.sort(np.abs(np.linalg.eigvals(M)))[::-1]
+    l2 = float(lam[1])
+    return float("inf") if l2 <= 1e-12 else float(-np.log(min(l2, 1.0)))  # 1e-12: round-off of a zero eigenvalue

@@ -335,13 +335,18 @@ def memory_predictor(hmm: HMM, tokens, L: int, *, dtype=torch.float64, chunk: in
 
 @dataclass(frozen=True, eq=False)
 class MemoryErrorResult:
-    """eps(L) = E[TV(p(.|o_{1:t}), p_L(.|o_{t-L+1:t}))] with its Monte Carlo standard error."""
+    """eps(L) = E[TV(p(.|o_{1:t}), p_L(.|o_{t-L+1:t}))] with its Monte Carlo standard error.
+
+    tv (n_histories, len(lengths)): the per-history TV values (eps = tv.mean(0)); the histories are
+    shared by all L, so a bootstrap over histories (theory.fit_decay_rate) keeps their correlation.
+    """
 
     lengths: np.ndarray
     eps: np.ndarray
     stderr: np.ndarray
     n_histories: int
     burn_in: int
+    tv: np.ndarray | None = None
 
 
 def memory_error(hmm: HMM, lengths: Sequence[int], n_histories: int = 1000, burn_in: int = 200,
@@ -357,9 +362,10 @@ def memory_error(hmm: HMM, lengths: Sequence[int], n_histories: int = 1000, burn
     tokens, _ = hmm.sample(n_histories, H, seed=seed, start=hmm.stationary)
     tok = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
     full = _stationary_filter(hmm, tok, dtype)  # (n, V)
-    eps, se = [], []
+    eps, se, tvs = [], [], []
     for L in lengths:
         tv = 0.5 * (full - _stationary_filter(hmm, tok[:, H - int(L):], dtype)).abs().sum(-1)
         eps.append(tv.mean().item())
         se.append(tv.std().item() / np.sqrt(n_histories))
-    return MemoryErrorResult(lengths, np.array(eps), np.array(se), n_histories, burn_in)
+        tvs.append(tv.double().numpy())
+    return MemoryErrorResult(lengths, np.array(eps), np.array(se), n_histories, burn_in, np.stack(tvs, 1))

@@ -42,7 +42,8 @@ def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int
     metrics = res.headline()
     extra: dict[str, Any] = {}
     if cfg.model.window > 0:
-        extra = memory_comparison(model, mix, ep, cfg.model.window, device=str(dev), batch_size=batch_size)
+        extra = memory_comparison(model, mix, ep, cfg.model.window, n_layers=cfg.model.n_layers, device=str(dev),
+                                  batch_size=batch_size)  # eps at the receptive field n_layers (window - 1) + 1
         metrics.update({f"memory/{k}": float(v) for k, v in extra.items()
                         if isinstance(v, (int, float)) and not isinstance(v, bool)})
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,25 +80,39 @@ def _analysis_metrics(shuffle, probes) -> dict[str, float]:
     for r in probes.belief_table:
         for key in ("r2", "r2_lo", "r2_hi", "control_r2"):
             m[f"probe/belief/layer{r['layer']}/{key}"] = r[key]
+    for r in probes.summary:
+        for key in ("best_acc", "baseline_acc"):
+            if key in r:
+                m[f"probe/{r['target']}/{key}"] = r[key]
     for c in [*shuffle.claims, *probes.claims]:
         m.update({f"claim/{c.name}/value": c.value, f"claim/{c.name}/ci_lo": c.ci_lo, f"claim/{c.name}/ci_hi": c.ci_hi})
     return {k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def claim_tags(claims) -> dict[str, str]:
+    """verdict/<name> = "<verdict>: <reason>" and rule/<name> = the decision rule (report.py pools with it)."""
+    return {**{f"verdict/{c.name}": f"{c.verdict}: {c.reason}" for c in claims},
+            **{f"rule/{c.name}": c.rule for c in claims if c.rule}}
+
+
 def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int | None = None,
                 ks: tuple[int, ...] = (1, 2, 3, 4, 5), n_perms: int = 4, seed: int = 0,
-                experiment: str = "hmmscope") -> AnalysisResult:
+                experiment: str = "hmmscope", probe_tasks: int = 32, min_per_task: int = 30) -> AnalysisResult:
     """Shuffle test, probes and belief probes for a run id or a checkpoint file.
 
+    The shuffle test runs on n_episodes (default data.n_eval) eval episodes; the probes on dedicated probe
+    episodes (episodes.probe_episodes): min(probe_tasks, n_tasks) seeded tasks, max(min_per_task,
+    ceil(n_episodes / tasks)) episodes each, so every probed task has training episodes at any n_tasks.
     The results go to a child run "analysis" of the training run (a standalone run in `experiment`
-    for a checkpoint file): metrics, claims as tags, tables, JSON and figures as artifacts.
-    Bad input (unknown run, no checkpoint, k out of range) raises ValueError before any run is created.
+    for a checkpoint file): metrics, claims as tags (verdict/<name>, rule/<name>), tables, JSON and
+    figures as artifacts. Bad input (unknown run, no checkpoint, k out of range) raises ValueError
+    before any run is created.
     """
     import time
 
     import torch
 
-    from .episodes import sample_episodes
+    from .episodes import probe_episodes, sample_episodes
     from .hmm import make_mixture
     from .probes import run_probes
     from .shuffle import shuffle_test
@@ -124,17 +139,20 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
     with torch.no_grad():
         sh = shuffle_test(model, ep, n_perms=n_perms, seed=seed, device=str(dev))
     t1 = time.perf_counter()
-    pr = run_probes(model, mix, ep, ks=tuple(ks), seed=seed, device=str(dev))
+    n_pt = min(probe_tasks, mix.n_tasks)
+    pep = probe_episodes(mix, cfg.data, n_pt, max(min_per_task, -(-len(ep) // n_pt)))
+    pr = run_probes(model, mix, pep, ks=tuple(ks), seed=seed, device=str(dev), max_tasks=n_pt)
     t2 = time.perf_counter()
     claims = [*sh.claims, *pr.claims]
     metrics = _analysis_metrics(sh, pr)
     seconds = {"shuffle_s": t1 - t0, "probes_s": t2 - t1}
     params = {"analysis.target": target, "analysis.n_episodes": len(ep), "analysis.ks": list(ks),
-              "analysis.n_perms": n_perms, "analysis.seed": seed}
+              "analysis.n_perms": n_perms, "analysis.seed": seed, "analysis.probe_tasks": n_pt,
+              "analysis.probe_episodes": len(pep)}
     with tracking.start_run(uri, experiment, "analysis", parent=parent, params=params,
                             tags={"hmmscope.kind": "analysis"}) as run:
         run.log_metrics({**metrics, **{f"analysis/{k}": v for k, v in seconds.items()}}, step=int(ck["step"]))
-        run.set_tags({f"verdict/{c.name}": f"{c.verdict}: {c.reason}" for c in claims})
+        run.set_tags(claim_tags(claims))
         with tempfile.TemporaryDirectory() as tmp:
             d = Path(tmp)
             files = [*sh.to_csv(d), *pr.to_csv(d), sh.plot(d / "figure2_shuffle.png"), pr.plot(d / "figure3_probes.png")]
@@ -163,8 +181,9 @@ def log_theory(result, uri: str, experiment: str, out_files: list[Path], parent:
             name = f"S{p['n_states']}-d{p['rank']}-rho{p['rho']:g}-gamma{p['gamma']:g}"
             with tracking.start_run(uri, experiment, name, parent=run, params=params,
                                     tags={"hmmscope.kind": "theory-setting"}) as child:
-                m = {"theory/dobrushin": s.dobrushin, "theory/rate": f.rate, "theory/rate_lo": f.rate_ci[0],
-                     "theory/rate_hi": f.rate_ci[1], "theory/log_intercept": f.intercept, "theory/fit_points": f.n_used}
+                m = {"theory/dobrushin": s.dobrushin, "theory/mixing_rate": s.mixing_rate, "theory/rate": f.rate,
+                     "theory/rate_lo": f.rate_ci[0], "theory/rate_hi": f.rate_ci[1],
+                     "theory/log_intercept": f.intercept, "theory/fit_points": f.n_used}
                 for key, o in (("gamma_O", s.gamma_O), ("gamma_eff", s.gamma_eff), ("gamma_m", s.gamma_m)):
                     if o is not None:
                         m.update({f"theory/{key}": o["value"], f"theory/{key}_lower": o["lower"],
@@ -172,11 +191,11 @@ def log_theory(result, uri: str, experiment: str, out_files: list[Path], parent:
                 child.log_metrics(m)
                 for L, e, se in zip(s.lengths, s.eps, s.stderr):
                     child.log_metrics({"theory/eps": e, "theory/eps_stderr": se}, step=int(L))
-                child.set_tags({f"verdict/{v.claim}": f"{v.verdict}: {v.reason}" for v in s.verdicts})
+                child.set_tags(claim_tags(s.verdicts))
         for fit in result.exponent_fits:
-            key = f"theory/exponent/{fit.x_name}/{fit.scope}"
+            key = f"theory/exponent{'' if fit.y_name == 'rate' else '_excess'}/{fit.x_name}/{fit.scope}"
             run.log_metrics({key: fit.k, f"{key}_lo": fit.k_ci[0], f"{key}_hi": fit.k_ci[1]})
-        run.set_tags({f"verdict/{v.claim} [{v.scope}]": f"{v.verdict}: {v.reason}" for v in result.verdicts})
+        run.set_tags(claim_tags(result.verdicts))
         run.log_dict("\n".join(result.summary_lines()) + "\n", "theory_summary.txt")
         for f in out_files:
             run.log_artifact(f)

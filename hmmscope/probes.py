@@ -1,5 +1,11 @@
 """Layerwise linear probes: the paper's Figures 3a and 3b, and belief probes (SCIENCE.md 6). Library only.
 
+Episodes. Probe on episodes from a fixed, seeded subset of tasks with many episodes each
+(`episodes.probe_episodes`: 32 tasks x >= 30 episodes at any n_tasks). Probes that need the task
+(task id, the within-task state, the baseline) use the `max_tasks` most frequent tasks of `ep` (all of
+them for probe episodes); with episodes drawn from the prior at large n_tasks most tasks would have
+one or two episodes and no task probe could be trained for them.
+
 Residuals. Layer 0 is the embedding (hook_embed), layer l the output of block l-1; the residual at
 sequence position t has seen tokens <= t. Probed positions: the test segment, `positions_per_episode`
 of them per episode (seeded, without replacement; None = all). `collect_residuals` streams layers in
@@ -7,48 +13,61 @@ chunks whose (N, P, D) float32 outputs fit `mem_budget` bytes (stop_early forwar
 Transformer, or a callable fn(tokens (B, T) long, layer, episode_idx (B,)) -> (B, T, D) with n_layers=.
 
 Targets at a probed position t of episode i:
-- task: task_ids[i]; only episodes of the `max_tasks` most frequent tasks of ep (ties: lower id).
-- state: the hidden-state index s_t. Indices are comparable only within a task (state 3 of task a and of
-  task b are unrelated); like the paper we probe the raw index over all tasks.
+- task: task_ids[i] (probed tasks only).
+- state: the hidden state s_t *within its task* (Figure 3a; the paper probes the state of a known
+  task): one probe per probed task, fitted on that task's training rows, accuracies pooled over tasks.
+  State indices are comparable only within a task, so a single probe of the raw index over all tasks
+  (`state_pooled`, kept as a secondary row) needs the task to decode the state.
 - kback{k}: the token o_{t-k}, only where t-k lies in the test segment (test position >= k).
-- belief: p(s_t | tokens <= t, true task) (inference.task_beliefs), S-dim, all episodes; the same caveat
-  as for state applies (a coordinate means different states in different tasks). Ridge regression.
+  Baseline (memory isolated): a lookup table from (task, current token o_t) to the most frequent
+  o_{t-k} on the training rows (unseen pairs: the most frequent given o_t, then overall); it knows the
+  true task, which the model must infer, so it is generous. o_{t-k} is partly predictable from
+  (task, o_t) alone: beating a shuffled-label control is not evidence of memory, beating this is.
+- belief: p(s_t | tokens <= t, true task) (inference.task_beliefs), S-dim, all episodes; ridge regression.
+  A coordinate means different states in different tasks (as for state_pooled).
 
 Split and fits. One seeded split of episodes (`test_frac` held out) for every target and layer: no
 episode on both sides. Features standardized on the training rows. Classifiers: multinomial
 LogisticRegression(C, lbfgs, max_iter, tol), each layer fitted from scratch (warm_start=True reuses the
 previous layer's fit: ~20% faster on the tiny preset, accuracies within 0.01, but layer-order
-dependent). Fits run with `blas_threads` BLAS threads (default 1: on a 2-core machine multi-threaded
-OpenBLAS made each lbfgs fit 5-40x slower). Ridge: alpha from `alphas` chosen on an inner split of
-the training episodes (a quarter of them held out), then refit on all training rows.
-Controls: every probe is refitted on shuffled training labels and scored on the real test labels.
-Per-position labels are permuted among training rows with the same test position (so the control gets
-what position alone predicts); task labels are permuted among training episodes.
+dependent; never for the per-task state probes). Fits run with `blas_threads` BLAS threads (default 1:
+on a 2-core machine multi-threaded OpenBLAS made each lbfgs fit 5-40x slower). Ridge: alpha from
+`alphas` chosen on an inner split of the training episodes (a quarter held out), then refit.
+Controls: every probe is refitted on shuffled training labels and scored on the real test labels
+(each target's permutation from its own seeded stream, so adding a target changes no other control).
+Per-position labels are permuted among training rows with the same test position (and task, for the
+within-task state), so the control gets what position alone predicts; task labels are permuted among
+training episodes.
 
 Statistics. 95% CIs are percentile bootstraps over test episodes (`n_boot` resamples, the same for every
 target and layer, so differences are paired); the fitted probes are held fixed. Accuracy pools the
-positions of the resampled episodes; chance = the majority-class rate on the test split. R^2 is
-variance-weighted over outputs (1 - sum SSE / sum SST; a uniform average is dominated by rarely
-occupied states with near-zero variance).
+positions of the resampled episodes; chance = the majority-class rate on the test split (per task for
+the within-task state). R^2 is variance-weighted over outputs (1 - sum SSE / sum SST).
+Best layer, cross-fitted: the test episodes are split in two seeded halves; each half is scored at the
+layer that is best on the *other* half, and the two are pooled. Choosing the best of L noisy layers on
+the data that then measures it would bias the value upwards (and pooled over runs, into a false
+verdict); cross-fitted, a flat curve gives a value centred on its level. Layers are re-chosen in
+every resample.
 
-Claims (verdict supported / not supported / inconclusive):
-- {target}_beats_control: acc - max(control acc, chance) at the best layer (R^2 - max(control R^2, 0)
-  for belief); supported if the CI is above 0, not supported if its upper end is <= 0. Chance enters because
-  a shuffled control can fall below chance when features cluster by the true label (each cluster is
-  fitted to a random majority of shuffled labels); the table's beats_control is acc_lo > max(control_hi,
-  chance).
-- kback{k}_rises_then_falls: quadratic term q of OLS acc ~ 1 + layer + layer^2 (statsmodels; bootstrap
-  CI). Supported if q's CI < 0 and the peak l* is interior with rise acc[l*] - acc[0] and fall
-  acc[l*] - acc[last] both CI > 0 (a concave but monotone curve also has q < 0); not supported if q's
-  CI > 0 or the bootstrap peak sits at an end layer in >= 95% of resamples; fewer than 3 layers or
-  anything else: inconclusive.
-- kback_peak_moves_up: OLS slope of the peak layer vs k (bootstrap CI); supported if CI > 0, not
-  supported if its upper end is <= 0.
-- kback_acc_falls_with_k: slope of the max-over-layers accuracy vs k; supported if CI < 0, not
-  supported if its lower end is >= 0.
-- state_before_task (Fig. 3a): reach(target) = first layer with (acc - chance) / (max acc - chance)
-  >= frac; value = reach(task) - reach(state). Supported if reach(state) < reach(task) in >= 95% of
-  bootstrap resamples, not supported if in <= 5%; inconclusive if either probe does not beat control.
+Claims (stats.claim: the verdict is the rule applied to the CI on the row):
+- {target}_beats_control: best-layer acc - max(control acc at those layers, chance) (R^2 - max(control
+  R^2, 0) for belief); rule "> 0".
+- kback{k}_beats_baseline: best-layer acc - (task, current token) baseline acc; rule "> 0".
+- kback{k}_rises_then_falls: min(rise, fall), rise = best-layer acc - acc at the first layer, fall =
+  best-layer acc - acc at the last layer (cross-fitted). A curve that only rises peaks at the last layer,
+  so its fall, and the statistic, is <= 0 however concave it is. Rule "> 0"; < 3 layers: NaN.
+- kback_peak_moves_up: OLS slope of the peak layer on k over the K values of k (k is the unit). CI: the
+  hull of the t interval with K - 2 degrees of freedom and the bootstrap interval with peaks re-chosen
+  in each resample (peak-location noise). Rule "> 0"; K < 3: NaN.
+- kback_acc_falls_with_k: the largest adjacent difference best acc(k_{i+1}) - best acc(k_i) (the
+  weakest fall). CI: [max of lower ends, max of upper ends] of the per-step percentile intervals at
+  level 1 - 0.05 / (K - 1) (Bonferroni: simultaneous 95%), so "supported" means every step falls.
+  Rule "< 0"; the reason lists Holm-adjusted bootstrap p-values per step.
+- state_before_task (threshold-free): mean over layers of the normalized accuracy
+  clip((acc - chance) / (max acc - chance), 0, 1), state minus task (a target that becomes decodable at
+  lower layers has the larger mean). state_before_task_reach{50,90}: reach(task) - reach(state) in
+  layers, reach(frac) = the first layer with normalized accuracy >= frac. Rule "> 0; requires
+  task_beats_control, state_beats_control".
 """
 
 from __future__ import annotations
@@ -58,23 +77,24 @@ import math
 import os
 import time
 import warnings
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import statsmodels.api as sm
 import torch
+from scipy import stats as st
 from scipy.linalg import LinAlgWarning
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression, Ridge
 from threadpoolctl import threadpool_limits
 
 from .model import resid_names, run_with_cache
-from .stats import Claim, jsonable
+from .stats import Claim, claim, holm, jsonable, percentile_ci, rule
 
-__all__ = ["Claim", "ProbeResult", "Residuals", "collect_residuals", "sample_positions", "split_episodes",
-           "run_probes"]
+__all__ = ["Claim", "ProbeResult", "Residuals", "TargetScores", "collect_residuals", "probe_claims",
+           "sample_positions", "split_episodes", "run_probes"]
 
 _TAG = 0x50524F42  # "PROB": separates the probe streams from other users of the seed
 NAN = float("nan")
@@ -166,7 +186,7 @@ def collect_residuals(model, ep, *, positions: Any = "test", layers=None, n_laye
     return Residuals(fn, tokens, pos, layers, batch_size, mem_budget)
 
 
-# ---------------------------------------------------------------- fits and statistics
+# ---------------------------------------------------------------- fits
 
 
 def split_episodes(n: int, test_frac: float = 0.25, seed: int = 0) -> np.ndarray:
@@ -177,13 +197,20 @@ def split_episodes(n: int, test_frac: float = 0.25, seed: int = 0) -> np.ndarray
     return out
 
 
-def _control(y, ep_row, pos_row, episode_level: bool, rng) -> np.ndarray:
-    """Shuffled labels: whole episodes' labels permuted (episode_level), else rows within equal positions."""
+def _halves(n: int, seed: int) -> np.ndarray:
+    """(n,) bool: the first of the two seeded cross-fitting halves of the test episodes."""
+    out = np.zeros(n, bool)
+    out[np.random.default_rng(np.random.SeedSequence([seed, _TAG, 4])).permutation(n)[:(n + 1) // 2]] = True
+    return out
+
+
+def _control(y, ep_row, key, episode_level: bool, rng) -> np.ndarray:
+    """Shuffled labels: whole episodes' labels permuted (episode_level), else rows within equal keys."""
     if episode_level:
         _, first, inv = np.unique(ep_row, return_index=True, return_inverse=True)
         return y[first][rng.permutation(len(first))][inv]
     out = np.empty_like(y)
-    out[np.argsort(pos_row, kind="stable")] = y[np.lexsort((rng.random(len(y)), pos_row))]
+    out[np.argsort(key, kind="stable")] = y[np.lexsort((rng.random(len(y)), key))]
     return out
 
 
@@ -200,33 +227,49 @@ def _ratio(num, den):
         return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
 
 
-def _ci(b) -> tuple[float, float]:
-    b = np.asarray(b, float)
-    b = b[np.isfinite(b)]
-    return (NAN, NAN) if len(b) == 0 else tuple(float(v) for v in np.percentile(b, [2.5, 97.5]))
+def _fit_predict(make, X, y, a, b, group) -> np.ndarray:
+    """Predicted labels of rows b by a classifier fitted on rows a (one per value of `group` if given).
+
+    A group with one training class predicts it; a group with no training rows predicts -1 (never right).
+    """
+    Xb = X[b]
+    if group is None:
+        return make().fit(X[a], y[a]).predict(Xb)
+    pred, gb = np.full(len(Xb), -1, y.dtype), group[b]
+    for g in np.unique(gb):
+        tr, sel = a & (group == g), gb == g
+        cls = np.unique(y[tr])
+        if len(cls) == 1:
+            pred[sel] = cls[0]
+        elif len(cls) > 1:
+            pred[sel] = make(fresh=True).fit(X[tr], y[tr]).predict(Xb[sel])
+    return pred
 
 
-def _verdict(lo: float, hi: float, positive: bool = True) -> str:
-    """Claim value > 0 (positive) or < 0, judged by its 95% CI."""
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return "inconclusive"
-    if positive:
-        return "supported" if lo > 0 else "not supported" if hi <= 0 else "inconclusive"
-    return "supported" if hi < 0 else "not supported" if lo >= 0 else "inconclusive"
+def _majority(y, group=None) -> float:
+    """Majority-class rate of y (per group, pooled, when group is given)."""
+    if group is None:
+        return float(np.bincount(y).max() / len(y))
+    return float(sum(np.bincount(y[group == g]).max() for g in np.unique(group)) / len(y))
 
 
-def _slope(x, Y) -> np.ndarray:
-    """OLS slopes of each row of Y (..., K) on x (K,)."""
-    xc = np.asarray(x, float) - np.mean(x)
-    return (np.asarray(Y, float) - np.mean(Y, -1, keepdims=True)) @ xc / (xc @ xc)
+def _lookup_baseline(key, y, a, b, fallback) -> np.ndarray:
+    """Most frequent y per key on rows a, predicted for rows b; unseen keys: per fallback key, then overall."""
+    n_cls = int(y[a].max()) + 1 if a.any() else 1
 
+    def table(k):
+        uk, inv = np.unique(k[a], return_inverse=True)
+        cnt = np.zeros((len(uk), n_cls))
+        np.add.at(cnt, (inv, y[a]), 1.0)
+        return uk, cnt.argmax(1)
 
-def _reach(acc, chance: float, frac: float) -> np.ndarray:
-    """First layer index where (acc - chance) / (max - chance) >= frac, per row of acc (..., L); NaN if max <= chance."""
-    acc = np.atleast_2d(acc)
-    top = acc.max(-1, keepdims=True)
-    first = np.argmax((acc - chance) >= frac * (top - chance), -1).astype(float)
-    return np.where(top[..., 0] > chance, first, np.nan)
+    pred = np.full(int(b.sum()), int(np.bincount(y[a]).argmax()) if a.any() else 0)
+    for k in (fallback, key):  # the finer key overwrites where it has data
+        uk, best = table(k)
+        j = np.clip(np.searchsorted(uk, k[b]), 0, max(len(uk) - 1, 0))
+        seen = uk[j] == k[b] if len(uk) else np.zeros(len(pred), bool)
+        pred[seen] = best[j[seen]]
+    return pred
 
 
 def _ridge(Xtr, Ytr, g, Xte, alphas, rng):
@@ -238,6 +281,187 @@ def _ridge(Xtr, Ytr, g, Xte, alphas, rng):
     return Ridge(alpha=best).fit(Xtr, Ytr).predict(Xte), best
 
 
+# ---------------------------------------------------------------- statistics
+
+
+@dataclass
+class TargetScores:
+    """Per held-out episode: hits of the probe (n_test, L) and of its control, scored rows (n_test,)."""
+
+    hits: np.ndarray
+    control: np.ndarray
+    counts: np.ndarray
+    chance: float
+
+
+def _first(x) -> np.ndarray:
+    """Index of the first maximum along the last axis, NaN treated as -inf."""
+    return np.argmax(np.where(np.isnan(x), -np.inf, x), -1)
+
+
+def _take(x, idx):
+    return np.take_along_axis(x, idx[..., None], -1)[..., 0]
+
+
+def _crossfit(score_a, score_b, num_a, num_b, den):
+    """Half A scored at the layer best on half B's score and vice versa; pooled: (sum of nums) / den."""
+    la, lb = _first(score_b), _first(score_a)
+    return (_take(num_a, la) + _take(num_b, lb)) / den, la, lb
+
+
+def _norm_curve(acc, chance):
+    """clip((acc - chance) / (max acc - chance), 0, 1) per row; NaN rows where max acc <= chance."""
+    top = np.max(np.where(np.isnan(acc), -np.inf, acc), -1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = np.clip((acc - chance) / (top - chance), 0, 1)
+    return np.where(top > chance, z, np.nan)
+
+
+def _reach(norm, frac: float) -> np.ndarray:
+    """First layer index with normalized accuracy >= frac (NaN for NaN rows)."""
+    ok = np.isfinite(norm).all(-1)
+    return np.where(ok, np.argmax(np.nan_to_num(norm, nan=-1.0) >= frac - 1e-12, -1), np.nan)
+
+
+def _slope(x, Y) -> np.ndarray:
+    """OLS slopes of each row of Y (..., K) on x (K,)."""
+    xc = np.asarray(x, float) - np.mean(x)
+    return (np.asarray(Y, float) - np.mean(Y, -1, keepdims=True)) @ xc / (xc @ xc)
+
+
+def _r2_curves(sums, w) -> np.ndarray:
+    """Variance-weighted R^2 per layer for episode weights w (B, n_test): (B, L). sums: per layer (n, sy, syy, sse)."""
+    out = []
+    for s in sums:
+        n, sy, syy, sse = (w @ a for a in s)
+        out.append(1 - _ratio(sse.sum(-1), (syy - _ratio(sy ** 2, n)).sum(-1)))
+    return np.stack(out, -1)
+
+
+def probe_claims(layers, scores: dict[str, TargetScores], *, ks=(1, 2, 3, 4, 5), fracs=(0.5, 0.9),
+                 n_boot: int = 1000, seed: int = 0, baseline: dict[int, np.ndarray] | None = None,
+                 belief: tuple | None = None) -> tuple[list[Claim], list[dict], dict]:
+    """Claims (module docstring), a summary row per target, and per-layer bootstrap CIs {target: (lo, hi)}.
+
+    baseline: {k: (n_test,) hits of the (task, current token) baseline of kback{k}} (its counts are
+    kback{k}'s). belief: (real, control) per-layer sums (n, sy, syy, sse), each (n_test, S).
+    """
+    lay = np.asarray(layers)
+    L = len(lay)
+    n_test = len(next(iter(scores.values())).counts) if scores else len(belief[0][0][0])
+    W = np.vstack([np.ones(n_test), _boot_weights(n_test, n_boot, seed)])  # row 0: the point estimate
+    A = _halves(n_test, seed)
+    WA, WB = W * A, W * ~A
+    claims: list[Claim] = []
+    verdicts: dict[str, str] = {}
+    summary, ci, cur, best = [], {}, {}, {}
+
+    def add(name, stat, values, rule_, reason, lo_hi=None):
+        v = np.asarray(values, float)
+        lo, hi = lo_hi if lo_hi is not None else percentile_ci(v[1:])
+        c = claim(name, stat, float(v[0]), lo, hi, rule_, reason, verdicts)
+        claims.append(c)
+        verdicts[name] = c.verdict
+
+    for t, s in scores.items():
+        H, Hc, Cn = (np.asarray(x, float) for x in (s.hits, s.control, s.counts))
+        n_all, nA, nB = W @ Cn, WA @ Cn, WB @ Cn
+        acc = _ratio(W @ H, n_all[:, None])  # (1 + B, L)
+        hA, hB, cA, cB = WA @ H, WB @ H, WA @ Hc, WB @ Hc
+        b, la, lb = _crossfit(_ratio(hA, nA[:, None]), _ratio(hB, nB[:, None]), hA, hB, n_all)
+        b[(nA == 0) | (nB == 0)] = NAN
+        cb = (_take(cA, la) + _take(cB, lb)) / n_all
+        cur[t], best[t] = acc, b
+        ci[t] = np.array([percentile_ci(acc[1:, l]) for l in range(L)]), \
+            np.array([percentile_ci(_ratio(W[1:] @ Hc[:, l], n_all[1:])) for l in range(L)])
+        peaks = lay[_first(acc)]
+        norm = _norm_curve(acc[:1], s.chance)
+        summary.append({"target": t, "peak_layer": int(peaks[0]), "peak_lo": percentile_ci(peaks[1:])[0],
+                        "peak_hi": percentile_ci(peaks[1:])[1], "max_acc": float(np.nanmax(acc[0])),
+                        "best_acc": float(b[0]), "best_layers": f"{lay[la[0]]}/{lay[lb[0]]}", "chance": s.chance,
+                        **{f"reach{round(100 * f)}": float(lay[int(r)]) if np.isfinite(r) else NAN
+                           for f in fracs for r in [_reach(norm, f)[0]]}})
+        add(f"{t}_beats_control", "best-layer acc (cross-fitted) - max(control acc there, chance)",
+            b - np.maximum(cb, s.chance), rule(">", 0),
+            f"acc {b[0]:.3f} at layers {lay[la[0]]}/{lay[lb[0]]} (each half at the other half's best) vs control "
+            f"{cb[0]:.3f}, chance {s.chance:.3f}")
+    if belief is not None:
+        real, ctrl = belief
+        rA, rB, qA, qB = _r2_curves(real, WA), _r2_curves(real, WB), _r2_curves(ctrl, WA), _r2_curves(ctrl, WB)
+        la, lb = _first(rB), _first(rA)
+        d = 0.5 * (_take(rA, la) - np.maximum(_take(qA, la), 0) + _take(rB, lb) - np.maximum(_take(qB, lb), 0))
+        add("belief_beats_control", "best-layer R^2 (cross-fitted, mean of halves) - max(control R^2 there, 0)",
+            d, rule(">", 0), f"R^2 {0.5 * (rA[0, la[0]] + rB[0, lb[0]]):.3f} at layers {lay[la[0]]}/{lay[lb[0]]} vs "
+                             f"control {0.5 * (qA[0, la[0]] + qB[0, lb[0]]):.3f}")
+    kk = [k for k in ks if f"kback{k}" in scores]
+    for k in kk:
+        t = f"kback{k}"
+        acc, b, s = cur[t], best[t], scores[t]
+        if baseline is not None and k in baseline:
+            base = _ratio(W @ np.asarray(baseline[k], float), W @ np.asarray(s.counts, float))
+            next(r for r in summary if r["target"] == t)["baseline_acc"] = float(base[0])
+            add(f"{t}_beats_baseline", "best-layer acc (cross-fitted) - (task, current token) baseline acc",
+                b - base, rule(">", 0), f"acc {b[0]:.3f} vs baseline {base[0]:.3f} (chance {s.chance:.3f}): "
+                                        f"memory of o_(t-{k}) beyond what the task and o_t predict")
+        if L < 3:
+            add(f"{t}_rises_then_falls", "min(rise, fall) of acc over layers (cross-fitted peak)", [NAN], rule(">", 0),
+                "fewer than 3 layers", (NAN, NAN))
+            continue
+        rise, fall = b - acc[:, 0], b - acc[:, -1]
+        ends = np.isin(_first(acc[1:]), [0, L - 1]).mean()
+        add(f"{t}_rises_then_falls", "min(rise, fall) of acc over layers (cross-fitted peak)", np.minimum(rise, fall),
+            rule(">", 0), f"rise {rise[0]:.3f} {_fci(rise)}, fall {fall[0]:.3f} {_fci(fall)}; peak layer "
+                          f"{lay[_first(acc[:1])[0]]}, at an end layer in {ends:.0%} of resamples")
+    if len(kk) >= 2:
+        K, x = len(kk), np.asarray(kk, float)
+        P = np.stack([lay[_first(cur[f"kback{k}"])] for k in kk], -1).astype(float)  # (1 + B, K)
+        sl = _slope(x, P)
+        if K >= 3:
+            resid = P[0] - P[0].mean() - sl[0] * (x - x.mean())
+            se = math.sqrt((resid @ resid) / (K - 2) / ((x - x.mean()) @ (x - x.mean())))
+            q = float(st.t.ppf(0.975, K - 2))
+            blo, bhi = percentile_ci(sl[1:])
+            lo_hi = (min(sl[0] - q * se, blo), max(sl[0] + q * se, bhi))
+        else:
+            lo_hi = (NAN, NAN)
+        add("kback_peak_moves_up", f"OLS slope of peak layer on k over {K} values of k", sl, rule(">", 0),
+            f"peak layers {dict(zip(kk, P[0].astype(int).tolist()))}; CI: hull of the t interval ({K - 2} df)"
+            " and the bootstrap with re-chosen peaks" + ("" if K >= 3 else "; fewer than 3 values of k"), lo_hi)
+        Bk = np.stack([best[f"kback{k}"] for k in kk], -1)  # (1 + B, K)
+        d = np.diff(Bk, axis=-1)
+        step = np.array([percentile_ci(d[1:, i], 1 - 0.05 / (K - 1)) for i in range(K - 1)])
+        nb = np.isfinite(d[1:]).sum(0)
+        p = np.minimum(1, 2 * np.minimum(((d[1:] >= 0).sum(0) + 1) / (nb + 1), ((d[1:] <= 0).sum(0) + 1) / (nb + 1)))
+        ph = holm(p)
+        steps = ", ".join(f"{kk[i]}->{kk[i + 1]}: {d[0, i]:+.3f} (Holm p {ph[i]:.3g})" for i in range(K - 1))
+        add("kback_acc_falls_with_k", "largest adjacent difference of best-layer acc over k (weakest fall)",
+            d.max(-1), rule("<", 0), f"best acc {dict(zip(kk, np.round(Bk[0], 3).tolist()))}; steps {steps}; CI "
+                                     f"from per-step {1 - 0.05 / (K - 1):.4g} intervals (Bonferroni)",
+            (float(step[:, 0].max()), float(step[:, 1].max())))
+    if "task" in scores and "state" in scores:
+        req = rule(">", 0, ("task_beats_control", "state_beats_control"))
+        nt, ns = _norm_curve(cur["task"], scores["task"].chance), _norm_curve(cur["state"], scores["state"].chance)
+        et, es = np.mean(nt, -1), np.mean(ns, -1)
+        add("state_before_task", "mean normalized acc over layers, state - task (threshold-free)", es - et, req,
+            f"state {es[0]:.3f}, task {et[0]:.3f} (1 = decodable from the first layer)")
+        for f in fracs:
+            rt, rs = _reach(nt, f), _reach(ns, f)
+            d = np.where(np.isfinite(rt) & np.isfinite(rs),
+                         lay[np.nan_to_num(rt).astype(int)] - lay[np.nan_to_num(rs).astype(int)], np.nan)
+            add(f"state_before_task_reach{round(100 * f)}", f"reach layer (task) - reach layer (state), frac {f:g}",
+                d, req, f"reach: task layer {_fl(rt[0], lay)}, state layer {_fl(rs[0], lay)}")
+    return claims, summary, ci
+
+
+def _fci(x) -> str:
+    lo, hi = percentile_ci(np.asarray(x)[1:])
+    return f"[{lo:.3f}, {hi:.3f}]"
+
+
+def _fl(r, lay) -> str:
+    return "-" if not np.isfinite(r) else str(lay[int(r)])
+
+
 # ---------------------------------------------------------------- result
 
 
@@ -245,7 +469,7 @@ def _ridge(Xtr, Ytr, g, Xte, alphas, rng):
 class ProbeResult:
     table: list[dict]  # one row per (target, layer): classification probes
     belief_table: list[dict]  # one row per layer: belief R^2
-    summary: list[dict]  # per target: peak layer, max accuracy, reach layer, quadratic term
+    summary: list[dict]  # per target: peak layer, best and max accuracy, reach layers, baseline
     claims: list[Claim]
     meta: dict = field(default_factory=dict)  # sizes, settings, timings (s)
 
@@ -281,17 +505,22 @@ class ProbeResult:
         by: dict[str, list[dict]] = {}
         for r in self.table:
             by.setdefault(r["target"], []).append(r)
-        panels = [(axes[0], [t for t in ("task", "state") if t in by], "Fig. 3a: task vs hidden state"),
+        base = {s["target"]: s.get("baseline_acc") for s in self.summary}
+        panels = [(axes[0], [t for t in ("task", "state", "state_pooled") if t in by], "Fig. 3a: task vs hidden state"),
                   (axes[1], [t for t in by if t.startswith("kback")], "Fig. 3b: token k steps back")]
         for ax, targets, title in panels:
             for j, t in enumerate(targets):
                 rows = by[t]
                 x, c = [r["layer"] for r in rows], f"C{j % 10}"
-                ax.plot(x, [r["acc"] for r in rows], "o-", color=c, label=t)
+                ax.plot(x, [r["acc"] for r in rows], "o--" if t == "state_pooled" else "o-", color=c,
+                        label=t + (" (raw index over tasks)" if t == "state_pooled" else ""))
                 ax.fill_between(x, [r["acc_lo"] for r in rows], [r["acc_hi"] for r in rows], color=c, alpha=0.2)
                 ax.plot(x, [r["control_acc"] for r in rows], ":", color=c, lw=1)
                 ax.axhline(rows[0]["chance"], ls="--", color=c, lw=0.8)
-            ax.set(xlabel="layer (0 = embedding)", ylabel="held-out accuracy", title=title + " (dotted: control)")
+                if base.get(t) is not None:
+                    ax.axhline(base[t], ls="-.", color=c, lw=1)
+            ax.set(xlabel="layer (0 = embedding)", ylabel="held-out accuracy",
+                   title=title + " (dotted: control" + ("; dash-dot: (task, o_t) baseline)" if ax is axes[1] else ")"))
             if targets:
                 ax.legend(fontsize=7)
         ax, rows = axes[2], self.belief_table
@@ -311,87 +540,12 @@ class ProbeResult:
         return path
 
 
-# ---------------------------------------------------------------- claims
-
-
-def _claims(layers, acc, boot, ctrl, cboot, chance, ks, frac, belief):
-    L, claims, summary = np.asarray(layers, float), [], []
-    for t in acc:
-        l = int(np.nanargmax(acc[t]))
-        d, db = acc[t][l] - max(ctrl[t][l], chance[t]), boot[t][:, l] - np.maximum(cboot[t][:, l], chance[t])
-        lo, hi = _ci(db)
-        claims.append(Claim(f"{t}_beats_control", f"acc - max(control acc, chance) at best layer {layers[l]}", float(d), lo, hi,
-                            _verdict(lo, hi), f"acc {acc[t][l]:.3f} vs control {ctrl[t][l]:.3f}, chance {chance[t]:.3f}"))
-        peaks = np.asarray(layers)[np.argmax(np.nan_to_num(boot[t], nan=-1), 1)]
-        summary.append({"target": t, "peak_layer": layers[l], "peak_lo": _ci(peaks)[0], "peak_hi": _ci(peaks)[1],
-                        "max_acc": acc[t][l], "chance": chance[t], "reach_layer": float(_reach(acc[t], chance[t], frac)[0])})
-    if belief is not None:
-        r2, rb, c2, cb = belief
-        l = int(np.nanargmax(r2))
-        lo, hi = _ci(rb[:, l] - np.maximum(cb[:, l], 0.0))
-        claims.append(Claim("belief_beats_control", f"R^2 - max(control R^2, 0) at best layer {layers[l]}",
-                            float(r2[l] - max(c2[l], 0.0)), lo, hi,
-                            _verdict(lo, hi), f"R^2 {r2[l]:.3f} vs control {c2[l]:.3f}"))
-    kk = [k for k in ks if f"kback{k}" in acc]
-    for k in kk:
-        a, b, s = acc[f"kback{k}"], boot[f"kback{k}"], summary[list(acc).index(f"kback{k}")]
-        if len(L) < 3:
-            claims.append(Claim(f"kback{k}_rises_then_falls", "quadratic term of acc vs layer", NAN, NAN, NAN,
-                                "inconclusive", "fewer than 3 layers"))
-            continue
-        X = np.c_[np.ones_like(L), L, L ** 2]
-        ols = sm.OLS(a, X).fit()
-        q, (qlo, qhi) = float(ols.params[2]), _ci(b @ np.linalg.pinv(X)[2])
-        oci = np.asarray(ols.conf_int(0.05))[2] if len(L) > 3 else (NAN, NAN)
-        l = int(np.argmax(a))
-        rise, fall = _ci(b[:, l] - b[:, 0]), _ci(b[:, l] - b[:, -1])
-        p_end = float(np.isin(np.argmax(np.nan_to_num(b, nan=-1), 1), [0, len(L) - 1]).mean())
-        if qhi < 0 and rise[0] > 0 and fall[0] > 0:
-            v = "supported"
-        elif qlo > 0 or p_end >= 0.95:
-            v = "not supported"
-        else:
-            v = "inconclusive"
-        s.update(quad=q, quad_lo=qlo, quad_hi=qhi, quad_ols_lo=float(oci[0]), quad_ols_hi=float(oci[1]))
-        claims.append(Claim(f"kback{k}_rises_then_falls", "quadratic term of acc vs layer (bootstrap CI)", q, qlo, qhi, v,
-                            f"peak layer {layers[l]}; rise CI [{rise[0]:.3f}, {rise[1]:.3f}], fall CI [{fall[0]:.3f}, "
-                            f"{fall[1]:.3f}]; peak at an end layer in {p_end:.0%} of resamples; OLS CI "
-                            f"[{oci[0]:.3g}, {oci[1]:.3g}]"))
-    if len(kk) >= 2:
-        B = np.stack([boot[f"kback{k}"] for k in kk], 1)  # (n_boot, K, L)
-        A = np.stack([acc[f"kback{k}"] for k in kk])  # (K, L)
-        ok = np.isfinite(B).all((1, 2))
-        peak, peak_b = L[A.argmax(1)], L[B[ok].argmax(2)]
-        lo, hi = _ci(_slope(kk, peak_b))
-        claims.append(Claim("kback_peak_moves_up", "OLS slope of peak layer vs k", float(_slope(kk, peak)), lo, hi,
-                            _verdict(lo, hi), f"peak layers {dict(zip(kk, peak.astype(int).tolist()))}"))
-        lo, hi = _ci(_slope(kk, B[ok].max(2)))
-        claims.append(Claim("kback_acc_falls_with_k", "OLS slope of max-over-layers acc vs k", float(_slope(kk, A.max(1))),
-                            lo, hi, _verdict(lo, hi, positive=False),
-                            f"max acc {dict(zip(kk, np.round(A.max(1), 3).tolist()))}"))
-    if "task" in acc and "state" in acc:
-        rt, rs = _reach(boot["task"], chance["task"], frac), _reach(boot["state"], chance["state"], frac)
-        ok = np.isfinite(rt) & np.isfinite(rs)
-        lay = np.asarray(layers, float)
-        at, as_ = _reach(acc["task"], chance["task"], frac)[0], _reach(acc["state"], chance["state"], frac)[0]
-        value = float(lay[int(at)] - lay[int(as_)]) if math.isfinite(at) and math.isfinite(as_) else NAN
-        lo, hi = _ci(lay[rt[ok].astype(int)] - lay[rs[ok].astype(int)]) if ok.any() else (NAN, NAN)
-        p = float((rs[ok] < rt[ok]).mean()) if ok.any() else NAN
-        weak = [c.name for c in claims if c.name in ("task_beats_control", "state_beats_control") and c.verdict != "supported"]
-        v = "inconclusive" if weak or not ok.any() else "supported" if p >= 0.95 else "not supported" if p <= 0.05 \
-            else "inconclusive"
-        claims.append(Claim("state_before_task", f"reach layer (task) - reach layer (state), frac {frac:g}", value, lo, hi, v,
-                            f"P(state reaches first) = {p:.3f} over bootstrap resamples"
-                            + (f"; not decodable above control: {', '.join(weak)}" if weak else "")))
-    return claims, summary
-
-
 # ---------------------------------------------------------------- driver
 
 
 def run_probes(model, mix, ep, *, ks=(1, 2, 3, 4, 5), max_tasks: int = 32, positions_per_episode: int | None = 32,
                seed: int = 0, device="cpu", test_frac: float = 0.25, n_boot: int = 1000, C: float = 1.0,
-               max_iter: int = 100, tol: float = 1e-3, frac: float = 0.9, belief: bool = True,
+               max_iter: int = 100, tol: float = 1e-3, fracs=(0.5, 0.9), belief: bool = True,
                alphas=(0.1, 1.0, 10.0, 100.0, 1000.0), layers=None, n_layers: int | None = None,
                batch_size: int = 64, mem_budget: int = 1 << 30, blas_threads: int | None = 1,
                warm_start: bool = False) -> ProbeResult:
@@ -407,38 +561,39 @@ def run_probes(model, mix, ep, *, ks=(1, 2, 3, 4, 5), max_tasks: int = 32, posit
     tok, tid = np.asarray(ep.tokens).astype(np.int64), np.asarray(ep.task_ids).astype(np.int64)
     uniq, cnt = np.unique(tid, return_counts=True)
     keep = uniq[np.lexsort((uniq, -cnt))[:max_tasks]]
-    targets = {"task": (np.where(np.isin(tid, keep), tid, -1)[rows_ep], True),
-               "state": (np.asarray(ep.states).astype(np.int64)[rows_ep, pos.ravel()], False)}
+    task_row, cur = tid[rows_ep], tok[rows_ep, pos.ravel()]
+    probed = np.isin(task_row, keep)
+    state = np.asarray(ep.states).astype(np.int64)[rows_ep, pos.ravel()]
+    # name -> (labels (-1: unused), group for per-group probes, episode-level control)
+    targets = {"task": (np.where(probed, task_row, -1), None, True),
+               "state": (np.where(probed, state, -1), task_row, False),
+               "state_pooled": (state, None, False)}
     for k in ks:
-        targets[f"kback{k}"] = (np.where(tpos >= k, tok[rows_ep, np.maximum(pos.ravel() - k, 0)], -1), False)
-    rng = np.random.default_rng(np.random.SeedSequence([seed, _TAG, 3]))
-
-    def shuffled(y, use, episode_level):  # control labels: permuted among the used training rows only
+        targets[f"kback{k}"] = (np.where(tpos >= k, tok[rows_ep, np.maximum(pos.ravel() - k, 0)], -1), None, False)
+    def shuffled(y, use, group, episode_level, name):  # control labels: permuted among the used training rows only
+        rng = np.random.default_rng(np.random.SeedSequence([seed, _TAG, 3, zlib.crc32(name.encode())]))
         out, m = y.copy(), use & ~test_row
-        out[m] = _control(y[m], rows_ep[m], tpos[m], episode_level, rng)
+        key = tpos if group is None else group * (int(tpos.max()) + 1) + tpos
+        out[m] = _control(y[m], rows_ep[m], key[m], episode_level, rng)
         return out
-    ctrl_y = {t: shuffled(y, y >= 0, epl) for t, (y, epl) in targets.items()}
-    W = _boot_weights(n_test, n_boot, seed)
+    ctrl_y = {t: shuffled(y, y >= 0, g, epl, t) for t, (y, g, epl) in targets.items()}
+    rng = np.random.default_rng(np.random.SeedSequence([seed, _TAG, 5]))  # ridge's inner splits
+    e_row = te_of[rows_ep]
     Y = None
     if belief and mix is not None:
         from .inference import task_beliefs
         Y = np.concatenate([task_beliefs(mix, ep.subset(slice(a, a + 256)), dtype=torch.float32).numpy()[
             np.arange(min(256, N - a))[:, None], pos[a:a + 256]] for a in range(0, N, 256)]).reshape(N * P, -1)
-        Yc = Y[shuffled(np.arange(N * P), np.ones(N * P, bool), False)]
+        Yc = Y[shuffled(np.arange(N * P), np.ones(N * P, bool), None, False, "belief")]
 
-    def r2_stats(pred, y):  # per test episode sums -> point R^2 and bootstrap draws
-        e, y, pred = te_of[rows_ep[test_row]], y.astype(np.float64), pred.astype(np.float64)
-        s = [np.stack([np.bincount(e, v[:, j], n_test) for j in range(v.shape[1])], 1)
-             for v in (np.ones_like(y[:, :1]), y, y * y, (pred - y) ** 2)]
+    def sums(pred, y):  # per test episode sums (n, sy, syy, sse), each (n_test, S)
+        e, y, pred = e_row[test_row], y.astype(np.float64), pred.astype(np.float64)
+        return [np.stack([np.bincount(e, v[:, j], n_test) for j in range(v.shape[1])], 1)
+                for v in (np.ones_like(y[:, :1]), y, y * y, (pred - y) ** 2)]
 
-        def r2(w):
-            n, sy, syy, sse = (w @ a for a in s)
-            return 1 - _ratio(sse.sum(-1), (syy - _ratio(sy ** 2, n)).sum(-1))
-        return float(r2(np.ones(n_test))), r2(W)
-
-    acc, boot, ctrl, cboot, chance, table, btab, clfs = {}, {}, {}, {}, {}, [], [], {}
-    bel = [[], [], [], []]
-    t_fit = 0.0
+    nL = len(res.layers)
+    scores: dict[str, TargetScores] = {}
+    bel, btab, clfs, meta_fit, t_fit = ([], []), [], {}, {}, 0.0
     for li, (layer, X) in enumerate(res):
         t1 = time.perf_counter()
         with threadpool_limits(blas_threads, user_api="blas"), warnings.catch_warnings():  # see module docstring
@@ -448,46 +603,65 @@ def run_probes(model, mix, ep, *, ks=(1, 2, 3, 4, 5), max_tasks: int = 32, posit
             tr = ~test_row
             mu, sd = X[tr].mean(0), X[tr].std(0) + 1e-6
             X = (X - mu) / sd
-            for t, (y, _) in targets.items():
+            for t, (y, group, _) in targets.items():
                 use = y >= 0
                 a, b = use & tr, use & test_row
                 if len(np.unique(y[a])) < 2 or not b.any():
                     continue
-                e, yte = te_of[rows_ep[b]], y[b]
-                if li == 0:
-                    chance[t] = float(np.bincount(yte).max() / len(yte))
-                    acc[t], boot[t], ctrl[t], cboot[t] = (np.full(len(res.layers), NAN) if i % 2 == 0 else
-                                                          np.full((n_boot, len(res.layers)), NAN) for i in range(4))
+                e = e_row[b]
+                if t not in scores:
+                    scores[t] = TargetScores(np.zeros((n_test, nL)), np.zeros((n_test, nL)),
+                                             np.bincount(e, None, n_test).astype(float),
+                                             _majority(y[b], None if group is None else group[b]))
+                    meta_fit[t] = {"n_train": int(a.sum()), "n_test": int(b.sum()), "n_classes": int(len(np.unique(y[a])))}
                 for kind, labels in (("real", y), ("control", ctrl_y[t])):
-                    clf = clfs.setdefault((t, kind), LogisticRegression(C=C, max_iter=max_iter, tol=tol,
-                                                                          warm_start=warm_start))
-                    hit = (clf.fit(X[a], labels[a]).predict(X[b]) == yte).astype(float)
-                    h, c = np.bincount(e, hit, n_test), np.bincount(e, None, n_test).astype(float)
-                    (acc if kind == "real" else ctrl)[t][li] = h.sum() / c.sum()
-                    (boot if kind == "real" else cboot)[t][:, li] = _ratio(W @ h, W @ c)
-                lo, hi = _ci(boot[t][:, li])
-                clo, chi = _ci(cboot[t][:, li])
-                table.append({"target": t, "layer": layer, "acc": acc[t][li], "acc_lo": lo, "acc_hi": hi, "chance": chance[t],
-                              "control_acc": ctrl[t][li], "control_lo": clo, "control_hi": chi,
-                              "beats_control": lo > max(chi, chance[t]),
-                              "n_train": int(a.sum()), "n_test": int(b.sum()), "n_classes": int(len(np.unique(y[a])))})
+                    def make(fresh=False, key=(t, kind)):
+                        if warm_start and not fresh:
+                            return clfs.setdefault(key, LogisticRegression(C=C, max_iter=max_iter, tol=tol, warm_start=True))
+                        return LogisticRegression(C=C, max_iter=max_iter, tol=tol)
+                    hit = (_fit_predict(make, X, labels, a, b, group) == y[b]).astype(float)
+                    (scores[t].hits if kind == "real" else scores[t].control)[:, li] = np.bincount(e, hit, n_test)
             if Y is not None:
                 g = rows_ep[tr]
                 p1, alpha = _ridge(X[tr], Y[tr], g, X[test_row], alphas, rng)
                 p2, calpha = _ridge(X[tr], Yc[tr], g, X[test_row], alphas, rng)
-                (r2, rb), (c2, cb) = r2_stats(p1, Y[test_row]), r2_stats(p2, Y[test_row])
-                for lst, v in zip(bel, (r2, rb, c2, cb)):
-                    lst.append(v)
-                btab.append({"target": "belief", "layer": layer, "r2": r2, "r2_lo": _ci(rb)[0], "r2_hi": _ci(rb)[1],
-                             "control_r2": c2, "control_lo": _ci(cb)[0], "control_hi": _ci(cb)[1], "alpha": alpha,
-                             "control_alpha": calpha, "n_test": int(test_row.sum()), "n_outputs": Y.shape[1]})
+                bel[0].append(sums(p1, Y[test_row]))
+                bel[1].append(sums(p2, Y[test_row]))
+                btab.append({"target": "belief", "layer": layer, "alpha": alpha, "control_alpha": calpha,
+                             "n_test": int(test_row.sum()), "n_outputs": Y.shape[1]})
         t_fit += time.perf_counter() - t1
-    table.sort(key=lambda r: (list(targets).index(r["target"]), r["layer"]))
-    belief_arrays = None if Y is None else (np.array(bel[0]), np.stack(bel[1], 1), np.array(bel[2]), np.stack(bel[3], 1))
-    claims, summary = _claims(res.layers, acc, boot, ctrl, cboot, chance, ks, frac, belief_arrays)
+    baseline = {}
+    for k in ks:
+        t = f"kback{k}"
+        if t not in scores:
+            continue
+        y = targets[t][0]
+        a, b = (y >= 0) & ~test_row, (y >= 0) & test_row
+        hit = (_lookup_baseline(task_row * (tok.max() + 1) + cur, y, a, b, cur) == y[b]).astype(float)
+        baseline[k] = np.bincount(e_row[b], hit, n_test)
+    claims, summary, ci = probe_claims(res.layers, scores, ks=ks, fracs=fracs, n_boot=n_boot, seed=seed,
+                                       baseline=baseline, belief=tuple(bel) if Y is not None else None)
+    table = []
+    for t, s in scores.items():
+        acc, cacc = _ratio(s.hits.sum(0), s.counts.sum()), _ratio(s.control.sum(0), s.counts.sum())
+        (alo, ahi), (clo, chi) = ci[t][0].T, ci[t][1].T
+        for li, layer in enumerate(res.layers):
+            table.append({"target": t, "layer": layer, "acc": acc[li], "acc_lo": alo[li], "acc_hi": ahi[li],
+                          "chance": s.chance, "control_acc": cacc[li], "control_lo": clo[li], "control_hi": chi[li],
+                          "beats_control": bool(alo[li] > max(chi[li], s.chance)), **meta_fit[t]})
+    if Y is not None:
+        W = _boot_weights(n_test, n_boot, seed)
+        one = np.ones((1, n_test))
+        r2, rb, c2, cb = (_r2_curves(bel[0], one)[0], _r2_curves(bel[0], W), _r2_curves(bel[1], one)[0],
+                          _r2_curves(bel[1], W))
+        for li, row in enumerate(btab):
+            row.update({"r2": float(r2[li]), "r2_lo": percentile_ci(rb[:, li])[0], "r2_hi": percentile_ci(rb[:, li])[1],
+                        "control_r2": float(c2[li]), "control_lo": percentile_ci(cb[:, li])[0],
+                        "control_hi": percentile_ci(cb[:, li])[1]})
     meta = {"n_episodes": N, "n_train_episodes": N - n_test, "n_test_episodes": n_test, "positions_per_episode": P,
             "layers": res.layers, "tasks_probed": keep.tolist(),
+            "episodes_per_task": {"min": int(cnt[np.isin(uniq, keep)].min()), "max": int(cnt[np.isin(uniq, keep)].max())},
             "test_episodes": np.flatnonzero(is_test).tolist(), "ks": list(ks), "seed": seed, "C": C,
-            "max_iter": max_iter, "tol": tol, "n_boot": n_boot, "frac": frac, "test_frac": test_frac,
+            "max_iter": max_iter, "tol": tol, "n_boot": n_boot, "fracs": list(fracs), "test_frac": test_frac,
             "timings": {"residuals_s": res.seconds, "fits_s": t_fit, "total_s": time.perf_counter() - t0}}
     return ProbeResult(table, btab, summary, claims, meta)

@@ -45,6 +45,7 @@ Statistical choices (each claim is a `stats.Claim` with a 95% CI and a verdict):
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import html as _html
 import json
@@ -59,7 +60,7 @@ from typing import Any
 import numpy as np
 
 from . import tracking
-from .stats import Claim, jsonable
+from .stats import NO_POWER, VERDICTS, Claim, claim, decide, jsonable, parse_rule, rule
 
 NAN = float("nan")
 Block = tuple  # ("h", level, text) | ("p", text) | ("table", headers, rows) | ("img", filename, alt)
@@ -67,8 +68,10 @@ Block = tuple  # ("h", level, text) | ("p", text) | ("table", headers, rows) | (
 # better direction for "RoPE improves <metric>": +1 higher is better, -1 lower is better
 METRIC_DIRECTION = {"eval/test_acc": +1, "eval/excess_ce": -1, "eval/kl_mix": -1}
 # the side of 0 a layerwise claim's value lies on when the claim holds (names as logged: safe_key'd)
-_CLAIM_SIDE = [(r"upper layers change less", -1), (r"_beats_control$", +1), (r"rises_then_falls$", -1),
-               (r"peak_moves_up$", +1), (r"acc_falls_with_k$", -1), (r"state_before_task$", +1)]
+# (the statistics of probes.py and shuffle.py; the runs' logged rules decide the pooled verdicts)
+_CLAIM_SIDE = [(r"upper layers change less", -1), (r"_beats_control$", +1), (r"_beats_baseline$", +1),
+               (r"rises_then_falls$", +1), (r"peak_moves_up$", +1), (r"acc_falls_with_k$", -1),
+               (r"state_before_task(_reach\d+)?$", +1)]
 
 
 @dataclass
@@ -132,13 +135,12 @@ def _num(s: Any) -> Any:
 
 
 def _side_verdict(lo: float, hi: float, side: int) -> str:
-    """Claim: the quantity lies on `side` of 0 (+1 above, -1 below; 0: two-sided 'differs from 0')."""
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return "inconclusive"
+    """Claim: the quantity lies on `side` of 0 (+1 above, -1 below: stats.decide with '> 0' / '< 0');
+    side 0: two-sided 'differs from 0' (supported if the CI excludes 0, else inconclusive)."""
     if side == 0:
-        return "supported" if lo > 0 or hi < 0 else "inconclusive"
-    a, b = (lo, hi) if side > 0 else (-hi, -lo)
-    return "supported" if a > 0 else "not supported" if b < 0 else "inconclusive"
+        ok = math.isfinite(lo) and math.isfinite(hi)
+        return "supported" if ok and (lo > 0 or hi < 0) else "inconclusive"
+    return decide(rule(">" if side > 0 else "<", 0), lo, hi)
 
 
 def claim_side(name: str, per_run: list[tuple[float, str]] | None = None) -> int:
@@ -224,6 +226,7 @@ def _training_frame(runs: list, children: dict):
             row.update({f"metric:{k}": v for k, v in a.data.metrics.items() if k.startswith("claim/")})
             row.update({f"verdict:{k[len('verdict/'):]}": v.split(":", 1)[0].strip()
                         for k, v in a.data.tags.items() if k.startswith("verdict/")})
+            row.update({f"rule:{k[len('rule/'):]}": v for k, v in a.data.tags.items() if k.startswith("rule/")})
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -260,15 +263,19 @@ def _header(sweep: str, t: _Trials, n_train: int, n_theory: int) -> tuple[dict, 
 
 
 def _theory_section(settings: list, out_dir: Path, figs: dict) -> tuple[Section, list[Claim]]:
-    from .theory import fit_exponent, fit_rank_intercept
+    from .theory import exponent_fits, fit_rank_intercept
 
     sec, claims = Section("Theory: decay of eps(L) (Theorem 1)"), []
     rows = []
     for s in sorted(settings, key=lambda s: (s["n_states"], s["rank"], s["rho"], s["gamma"])):
         rows.append([_f(s["n_states"]), _f(s["rank"]), _f(s["rho"]), _f(s["gamma"]), _f(s["gamma_eff"]),
-                     _f(s["rate"]), _ci(s["rate_lo"], s["rate_hi"]), _f(s["log_intercept"])])
-    sec.blocks += [("p", "Decay rate r of log eps(L) = a - r L per setting, with its 95% CI (as logged)."),
-                   ("table", ["S", "d", "rho", "gamma", "gamma_eff", "rate", "95% CI", "intercept a"], rows)]
+                     _f(s["rate"]), _ci(s["rate_lo"], s["rate_hi"]), _f(s["mixing_rate"]),
+                     _f(s["rate"] - s["mixing_rate"]), _f(s["log_intercept"])])
+    sec.blocks += [("p", "Decay rate r of log eps(L) = a - r L per setting, with its 95% CI (as logged), beside "
+                         "the chain's own mixing rate m = -log|lambda_2(T)| (theory/mixing_rate): with no "
+                         "information in the emissions eps(L) still decays like exp(-m L)."),
+                   ("table", ["S", "d", "rho", "gamma", "gamma_eff", "rate", "95% CI", "mixing m", "rate - m",
+                              "intercept a"], rows)]
     groups: dict[tuple, list] = defaultdict(list)
     for s in settings:
         groups[(s["n_states"], s["rank"], s["rho"])].append(s)
@@ -277,14 +284,18 @@ def _theory_section(settings: list, out_dir: Path, figs: dict) -> tuple[Section,
         scopes.append(("pooled", settings))
     fits, erows = [], []
     for scope, ss in scopes:
-        for x in ("gamma", "gamma_eff"):
-            f = fit_exponent([s[x] for s in ss], [s["rate"] for s in ss], x_name=x, scope=scope)
+        for f in exponent_fits(ss, scope):
             fits.append(f)
-            erows.append([scope, x, _f(f.k), _ci(*f.k_ci), str(f.n_used), f.verdict, f.reason])
-            claims.append(Claim(f"theory: rate ~ {x}^k, k <= 4 [{scope}]", f"OLS slope of log rate on log {x}",
-                                f.k, f.k_ci[0], f.k_ci[1], f.verdict, f.reason))
-    sec.blocks += [("h", 3, "Exponent of the rate on gamma (theory: k = 4)"),
-                   ("table", ["scope", "x", "k", "95% CI", "n", "verdict (k <= 4)", "reason"], erows)]
+            erows.append([scope, f.y_name, f.x_name, _f(f.k), _ci(*f.k_ci), str(f.n_used),
+                          "(same regression)" if f.same_as else f.verdict, f.reason])
+            if f.same_as is None:
+                c = f.claim()
+                claims.append(dataclasses.replace(c, name=f"theory: {c.name}"))
+    sec.blocks += [("h", 3, "Exponent of the rate on gamma (the bound allows k <= 4)"),
+                   ("p", "OLS of log y on log x. y = rate, and y = rate - mixing floor over the settings whose "
+                         "rate CI lies above the floor (a gamma^4 law plus a floor looks like a small k). A CI "
+                         "below 4 means exponent 4 is rejected and the bound holds, loose by gamma^(4 - k)."),
+                   ("table", ["scope", "y", "x", "k", "95% CI", "n", "verdict (k <= 4)", "reason"], erows)]
     by: dict[tuple, list] = defaultdict(list)
     for s in settings:
         by[(s["n_states"], s["rho"], s["gamma"])].append(s)
@@ -295,16 +306,15 @@ def _theory_section(settings: list, out_dir: Path, figs: dict) -> tuple[Section,
         f = fit_rank_intercept([s["rank"] for s in ss], [s["log_intercept"] for s in ss],
                                scope=f"S={k[0]} rho={_f(k[1])} gamma={_f(k[2])}")
         rrows.append([f.scope, _f(f.slope), _ci(*f.slope_ci), str(f.n_used), f.verdict, f.reason])
-        claims.append(Claim(f"theory: intercept slope in log d <= 1 [{f.scope}]", "OLS slope of intercept on log d",
-                            f.slope, f.slope_ci[0], f.slope_ci[1], f.verdict, f.reason))
+        c = f.claim()
+        claims.append(dataclasses.replace(c, name=f"theory: {c.name}"))
     sec.blocks.append(("h", 3, "Rank dependence of the intercept (bound: slope <= 1 in log d)"))
     sec.blocks.append(("table", ["scope", "slope", "95% CI", "n", "verdict (slope <= 1)", "reason"], rrows) if rrows
                       else ("p", "Fewer than 3 ranks per (S, rho, gamma): no rank fit."))
-    pooled = [f for f in fits if f.x_name == "gamma" and (f.scope == "pooled" or len(scopes) == 1)]
-    if pooled:
-        f = pooled[0]
-        sec.blocks.append(("p", f"Verdict on the bound's exponent (rate >= c gamma^4, gamma knob, {f.scope}): "
-                                f"{f.verdict}. k = {_f(f.k, 3)} {_ci(*f.k_ci)}; {f.reason}."))
+    for f in fits:
+        if f.x_name == "gamma" and (f.scope == "pooled" or len(scopes) == 1):
+            sec.blocks.append(("p", f"The bound's exponent on {f.y_name} ({f.scope}): k = {_f(f.k, 3)} "
+                                    f"{_ci(*f.k_ci)}; {f.reason} (claim k <= 4: {f.verdict})."))
     path = out_dir / "theory_rate_vs_gamma.png"
     if _plot_theory(settings, fits, path):
         figs["theory"] = str(path)
@@ -333,7 +343,7 @@ def _plot_theory(settings, fits, path: Path) -> bool:
         ax.errorbar(g, r, yerr=[r - lo, hi - r], fmt="o", capsize=3, label=f"S={k[0]} d={k[1]} rho={_f(k[2])}")
     gg = np.geomspace(min(s["gamma"] for s in good), max(s["gamma"] for s in good), 50)
     for f in fits:
-        if f.x_name == "gamma" and math.isfinite(f.k) and (f.scope == "pooled" or len(groups) == 1):
+        if f.x_name == "gamma" and f.y_name == "rate" and math.isfinite(f.k) and (f.scope == "pooled" or len(groups) == 1):
             ax.plot(gg, np.exp(f.intercept) * gg ** f.k, "k--", label=f"fit k={f.k:.2f} {_ci(*f.k_ci)}")
     ax.set(xscale="log", yscale="log", xlabel="gamma", ylabel="decay rate r", title="rate vs gamma")
     ax.legend(fontsize=7)
@@ -353,21 +363,31 @@ def _practice_section(df, out_dir: Path, figs: dict) -> Section | None:
         return None
     eps = "metric:memory/eps" if "metric:memory/eps" in d.columns else None
     groups = [c for c in ("param:hmm.gamma", "param:hmm.rank") if c in d.columns]
+    d = d.copy()
+    rf = "metric:memory/receptive_field"
+    old = rf not in d.columns or d[rf].isna().any()
+    d["L"] = d["param:model.window"] if old else d[rf]  # runs logged before receptive fields: eps at the window
     rows, series = [], defaultdict(list)
-    for key, g in d.groupby([*groups, "param:model.window"], sort=True):
+    for key, g in d.groupby([*groups, "L"], sort=True):
         key = key if isinstance(key, tuple) else (key,)
         setting, L = dict(zip(groups, key[:-1])), key[-1]
         gam, rank = setting.get("param:hmm.gamma", "-"), setting.get("param:hmm.rank", "-")
         tv = g["metric:memory/model_tv"]
         e = g[eps].mean() if eps else NAN
-        rows.append([_f(gam), _f(rank), _f(L), str(len(g)), _f(tv.mean()),
+        wins = ", ".join(_f(w) for w in sorted(set(g["param:model.window"])))
+        rows.append([_f(gam), _f(rank), wins, _f(L), str(len(g)), _f(tv.mean()),
                      _f(tv.std(ddof=1) if len(g) > 1 else NAN), _f(e),
                      _f(tv.mean() / e if e and math.isfinite(e) else NAN, 3)])
         series[f"gamma={_f(gam)} d={_f(rank)}"].append((L, tv.mean(), e))
     sec = Section("Practice vs theory: windowed transformers", [
-        ("p", "Excess error of a transformer that sees only the last L test tokens (memory/model_tv, mean over "
-              "runs) beside the L-memory predictor's eps(L) (memory/eps) at the same L, per (gamma, d)."),
-        ("table", ["gamma", "d", "L", "runs", "model TV", "sd", "eps(L)", "model / eps"], rows)])
+        ("p", "Excess error of a transformer with banded attention (memory/model_tv, mean over runs) beside the "
+              "L-memory predictor's eps(L) (memory/eps) per (gamma, d). A stack of n_layers banded layers of width w "
+              "sees L = n_layers (w - 1) + 1 tokens (its receptive field, memory/receptive_field), so eps is taken "
+              "at that L and the model is scored on test positions whose receptive field holds test tokens only."
+         + (" Some runs predate receptive fields: their rows use L = w, which understates what a deep model sees."
+            if old else "")),
+        ("table", ["gamma", "d", "window w", "L (receptive field)", "runs", "model TV", "sd", "eps(L)", "model / eps"],
+         rows)])
     import matplotlib
 
     matplotlib.use("Agg")
@@ -381,7 +401,7 @@ def _practice_section(df, out_dir: Path, figs: dict) -> Section | None:
         ax.plot(L, [p[1] for p in pts], "o-", color=c, label=f"model, {gam}")
         if any(math.isfinite(p[2]) for p in pts):
             ax.plot(L, [p[2] for p in pts], "s--", color=c, label=f"eps(L), {gam}")
-    ax.set(yscale="log", xlabel="window L", ylabel="TV to full-history oracle", title="practice vs theory")
+    ax.set(yscale="log", xlabel="receptive field L", ylabel="TV to full-history oracle", title="practice vs theory")
     ax.legend(fontsize=7)
     fig.tight_layout()
     path = out_dir / "practice_vs_theory.png"
@@ -531,18 +551,26 @@ def _posenc_section(df) -> tuple[Section | None, list[Claim]]:
     return sec, claims
 
 
+def _pooled_rule(r: str) -> str:
+    """A run's rule for the pooled claim: the same test, its requirements renamed to the pooled claims."""
+    op, t, req = parse_rule(r)
+    return NO_POWER if op == NO_POWER else rule(op, t, [f"pooled: {x}" for x in req])
+
+
 def _layerwise_section(df) -> tuple[Section | None, list[Claim]]:
     cols = sorted(c for c in df.columns if c.startswith("metric:claim/") and c.endswith("/value")) if not df.empty else []
     if not cols:
         return None, []
     from scipy import stats as st
 
-    sec, claims = Section("Layerwise claims (Figures 2, 3a, 3b), pooled over analyzed runs"), []
-    sec.blocks.append(("p", "Pooled estimate = mean of the per-run values with a t-based 95% CI across runs "
-                            "(between-run variance kept); IVW = inverse-variance weighted mean with SE = "
-                            "(ci_hi - ci_lo) / 3.92, shown for comparison. Pooled verdict: the pooled CI on the "
-                            "claimed side of 0."))
-    rows, per_run = [], []
+    sec = Section("Layerwise claims (Figures 2, 3a, 3b), pooled over analyzed runs")
+    sec.blocks.append(("p", "Pooled estimate = mean of the per-run values of the statistic that decides each claim, "
+                            "with a t-based 95% CI across runs (between-run variance kept); one run: its own CI. "
+                            "IVW = inverse-variance weighted mean with SE = (ci_hi - ci_lo) / 3.92, shown for "
+                            "comparison. Pooled verdict: the claim's own decision rule (logged with each run, "
+                            "stats.decide) applied to the pooled CI, the same rule every run used. A claim whose "
+                            "runs logged no rule (older hmmscope) or different rules is not judged (inconclusive)."))
+    rows, per_run, pooled = [], [], []
     for c in cols:
         name = c[len("metric:claim/"):-len("/value")]
         sub = df[df[c].notna()]
@@ -551,7 +579,8 @@ def _layerwise_section(df) -> tuple[Section | None, list[Claim]]:
         hi = sub.get(f"metric:claim/{name}/ci_hi", np.full(len(sub), NAN))
         lo, hi = np.asarray(lo, float), np.asarray(hi, float)
         verd = list(sub.get(f"verdict:{name}", [""] * len(sub)))
-        counts = {k: sum(x == k for x in verd) for k in ("supported", "not supported", "inconclusive")}
+        rules = {str(r) for r in sub.get(f"rule:{name}", [""] * len(sub)) if isinstance(r, str) and r}
+        counts = {k: sum(x == k for x in verd) for k in VERDICTS}
         n = len(v)
         if n >= 2:
             m, se = float(v.mean()), float(v.std(ddof=1) / math.sqrt(n))
@@ -566,22 +595,37 @@ def _layerwise_section(df) -> tuple[Section | None, list[Claim]]:
             ivw, ivw_se = float((w * v[ok]).sum() / w.sum()), float(1 / math.sqrt(w.sum()))
         else:
             ivw, ivw_se = NAN, NAN
-        side = claim_side(name, list(zip(v, verd)))
-        verdict = _side_verdict(plo, phi, side)
-        where = {1: "above 0", -1: "below 0", 0: "away from 0"}[side]
-        claims.append(Claim(f"pooled: {name}", f"mean over {n} runs, t-CI" if n >= 2 else "single run's CI",
-                            m, plo, phi, verdict, f"claim holds {where}; per-run verdicts {counts['supported']} "
-                                                  f"supported / {counts['not supported']} not / "
-                                                  f"{counts['inconclusive']} inconclusive"))
-        rows.append([name, str(n), _f(m), _ci(plo, phi), f"{_f(ivw)} ± {_f(1.96 * ivw_se)}",
-                     f"{counts['supported']}/{counts['not supported']}/{counts['inconclusive']}", where, verdict])
+        pooled.append((name, n, m, plo, phi, ivw, ivw_se, counts, rules))
         for i in range(n):
             per_run.append([name, str(sub["trial"].iloc[i]), _f(v[i]), _ci(lo[i], hi[i]), verd[i] or "-"])
+    claims: dict[str, Claim] = {}
+    pending = list(pooled)
+    while pending:  # claims whose requirements are decided first
+        done = {k: c.verdict for k, c in claims.items()}
+        ready = [p for p in pending if len(p[8]) != 1 or all(r in done for r in parse_rule(
+            _pooled_rule(next(iter(p[8]))))[2])] or pending
+        for p in ready:
+            name, n, m, plo, phi, ivw, ivw_se, counts, rules = p
+            stat = f"mean over {n} runs, t-CI" if n >= 2 else "single run's CI"
+            tally = "; ".join(f"{counts[k]} {k}" for k in VERDICTS if counts[k]) or "no per-run verdicts"
+            if len(rules) == 1:
+                c = claim(f"pooled: {name}", stat, m, plo, phi, _pooled_rule(next(iter(rules))),
+                          f"per-run verdicts: {tally}", done)
+            else:
+                why = "no decision rule logged (older hmmscope)" if not rules else f"runs logged different rules {sorted(rules)}"
+                c = Claim(f"pooled: {name}", stat, m, plo, phi, "inconclusive", f"{why}: not judged; per-run verdicts: {tally}")
+            claims[f"pooled: {name}"] = c
+            done[f"pooled: {name}"] = c.verdict
+        pending = [p for p in pending if p not in ready]
+    for name, n, m, plo, phi, ivw, ivw_se, counts, _ in pooled:
+        c = claims[f"pooled: {name}"]
+        rows.append([name, str(n), _f(m), _ci(plo, phi), f"{_f(ivw)} ± {_f(1.96 * ivw_se)}",
+                     "/".join(str(counts[k]) for k in VERDICTS), c.rule or "-", c.verdict])
     sec.blocks += [("table", ["claim", "runs", "pooled mean", "95% CI", "IVW ± 1.96 SE",
-                              "per-run supported/not/inconclusive", "holds if", "pooled verdict"], rows),
+                              "per-run supported/not/inconclusive/no power", "rule", "pooled verdict"], rows),
                    ("h", 3, "Per-run values"),
                    ("table", ["claim", "trial", "value", "95% CI", "verdict"], per_run)]
-    return sec, claims
+    return sec, [claims[f"pooled: {p[0]}"] for p in pooled]
 
 
 def _depth_rank_section(df) -> tuple[Section | None, list[Claim]]:
@@ -686,7 +730,8 @@ def _theory_settings(theory_runs: list, children: dict) -> list[dict]:
                         "rho": g("hmm.rho", 0.0), "gamma": g("hmm.gamma"),
                         "gamma_eff": float(m.get("theory/gamma_eff", NAN)), "rate": float(m.get("theory/rate", NAN)),
                         "rate_lo": float(m.get("theory/rate_lo", NAN)), "rate_hi": float(m.get("theory/rate_hi", NAN)),
-                        "log_intercept": float(m.get("theory/log_intercept", NAN))})
+                        "log_intercept": float(m.get("theory/log_intercept", NAN)),
+                        "mixing_rate": float(m.get("theory/mixing_rate", NAN))})
     return out
 
 

@@ -33,8 +33,8 @@ Claims ("upper layers change less"), from the per-episode layer values r[e, l]:
 1. slope: OLS of r[e,l] on l over all (e, l), episode-clustered SE, t-based 95% CI.
 2. contrast: mean over upper-half layers minus lower-half layers (the middle layer of an
    odd count is left out), paired per episode, t-based 95% CI.
-Verdict: CI entirely below 0 -> supported; entirely above 0 -> not supported; else
-inconclusive. One layer, or fewer than 2 episodes -> inconclusive with the reason.
+Verdict (stats.claim, rule "< 0"): CI entirely below 0 -> supported; CI at or above 0 -> not
+supported; else inconclusive. One layer, or fewer than 2 episodes -> NaN, inconclusive, with the reason.
 """
 
 from __future__ import annotations
@@ -56,10 +56,11 @@ import torch
 from .episodes import Episodes
 from .episodes import layout as make_layout
 from .model import run_with_cache
-from .stats import Claim, jsonable
+from .stats import Claim, claim, jsonable, rule
 
 _TAG = 0x53485546  # "SHUF"
 NAN = float("nan")
+_RULE = rule("<", 0)  # the claims' decision rule (stats.decide)
 
 
 def _dims(segment) -> tuple[int, int, int]:
@@ -116,14 +117,11 @@ def _mean_ci(x: np.ndarray):
     return m, se, m - 1.96 * se, m + 1.96 * se, n
 
 
-def _verdict(lo: float, hi: float) -> tuple[str, str]:
+def _reason(lo: float, hi: float) -> str:
     if not (math.isfinite(lo) and math.isfinite(hi)):
-        return "inconclusive", "CI not finite"
-    if hi < 0:
-        return "supported", "95% CI entirely below 0: upper layers change less"
-    if lo > 0:
-        return "not supported", "95% CI entirely above 0: upper layers change more"
-    return "inconclusive", "95% CI contains 0"
+        return "CI not finite"
+    return ("95% CI entirely below 0: upper layers change less" if hi < 0 else
+            "95% CI entirely above 0: upper layers change more" if lo > 0 else "95% CI contains 0")
 
 
 def layer_claims(per_episode: np.ndarray) -> list[Claim]:
@@ -136,16 +134,16 @@ def layer_claims(per_episode: np.ndarray) -> list[Claim]:
              "mean(upper-half layers) - mean(lower-half layers), paired over episodes")
     why = "one layer: no layer trend to test" if L < 2 else "fewer than 2 valid episodes" if E < 2 else None
     if why is not None:
-        return [Claim(n, s, NAN, NAN, NAN, "inconclusive", why) for n, s in zip(names, stats)]
+        return [claim(n, s, NAN, NAN, NAN, _RULE, why) for n, s in zip(names, stats)]
     x = np.tile(np.arange(L, dtype=float), E)
     fit = sm.OLS(r.reshape(-1), sm.add_constant(x)).fit(
         cov_type="cluster", cov_kwds={"groups": np.repeat(np.arange(E), L)}, use_t=True)
     b, (lo, hi) = float(fit.params[1]), (float(v) for v in np.asarray(fit.conf_int(0.05))[1])
-    out = [Claim(names[0], stats[0], b, lo, hi, *_verdict(lo, hi))]
+    out = [claim(names[0], stats[0], b, lo, hi, _RULE, _reason(lo, hi))]
     h = L // 2
     d = r[:, L - h:].mean(1) - r[:, :h].mean(1)
     dlo, dhi = (float(v) for v in sm.stats.DescrStatsW(d).tconfint_mean(0.05))
-    out.append(Claim(names[1], stats[1], float(d.mean()), dlo, dhi, *_verdict(dlo, dhi)))
+    out.append(claim(names[1], stats[1], float(d.mean()), dlo, dhi, _RULE, _reason(dlo, dhi)))
     return out
 
 

@@ -280,3 +280,34 @@ def test_save_is_atomic(mix3, tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         save_episodes(sample_episodes(mix3, DATA, 6), tmp_path / "d.npz")
     assert os.listdir(tmp_path) == ["d.npz"] and (tmp_path / "d.npz").read_bytes() == before
+
+
+def test_probe_episodes_fixed_task_subset():
+    """A seeded subset of min(k, n_tasks) tasks, per_task episodes each, its own stream; at 8192 tasks too."""
+    from hmmscope.episodes import probe_episodes, probe_tasks
+
+    big = make_mixture(HMMConfig(n_tasks=8192, n_states=3, n_tokens=4, rank=2, seed=0))
+    data = DataConfig(n_demos=1, l_demo=3, l_test=4, seed=5)
+    ep = probe_episodes(big, data, n_tasks=32, per_task=30)
+    tasks, counts = np.unique(ep.task_ids, return_counts=True)
+    assert len(tasks) == 32 and (counts == 30).all() and len(ep) == 960
+    assert np.array_equal(tasks, probe_tasks(8192, 32, seed=5)) and tasks.max() >= 1000  # spread over all tasks
+    assert np.array_equal(probe_tasks(8192, 32, seed=5), probe_tasks(8192, 32, seed=5))
+    assert not np.array_equal(probe_tasks(8192, 32, seed=5), probe_tasks(8192, 32, seed=6))
+    again = probe_episodes(big, data, n_tasks=32, per_task=30)
+    assert again.tokens.tobytes() == ep.tokens.tobytes() and ep.meta["split"] == "probe"
+    assert np.array_equal(np.unique(probe_episodes(big, data, 32, 5).task_ids), tasks)  # same subset at any size
+    small = make_mixture(HMMConfig(n_tasks=3, n_states=3, n_tokens=4, rank=2, seed=0))
+    assert np.array_equal(np.unique(probe_episodes(small, data, 32, 4).task_ids), [0, 1, 2])
+    with pytest.raises(ValueError):
+        probe_episodes(small, data, 32, 0)
+
+
+def test_hmm_does_not_import_episodes():
+    """The data layers run one way: hmm.py (HMMs and their sampler) below, episodes.py above."""
+    import subprocess
+    import sys
+
+    code = "import sys, hmmscope.hmm as h; h.make_hmm(h.HMMConfig()).sample(2, 3); print('hmmscope.episodes' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

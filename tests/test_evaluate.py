@@ -10,7 +10,14 @@ import torch.nn as nn
 
 from hmmscope.config import DataConfig, HMMConfig
 from hmmscope.episodes import Episodes, layout, sample_episodes
-from hmmscope.evaluate import figure1, memory_comparison, model_predictive, plot_figure1, truncate_demos
+from hmmscope.evaluate import (
+    figure1,
+    memory_comparison,
+    model_predictive,
+    plot_figure1,
+    receptive_field,
+    truncate_demos,
+)
 from hmmscope.hmm import make_mixture
 from hmmscope.inference import memory_error, mixture_oracle, task_oracle
 from hmmscope.train import oracle_metrics
@@ -170,11 +177,43 @@ def test_figure1_oracle_as_model(mix, ep, tmp_path):
 def test_memory_comparison(mix):
     data = DataConfig(n_demos=1, l_demo=6, l_test=10, test_start="midstream", burn_in=150, seed=2)
     ep = sample_episodes(mix, data, 24, "eval")
-    out = memory_comparison(OracleModel(mix, ep), mix, ep, 4, n_tasks_theory=2,
+    out = memory_comparison(OracleModel(mix, ep), mix, ep, 4, n_layers=1, n_tasks_theory=2,
                             theory_kw={"n_histories": 64, "burn_in": 50, "seed": 5})
-    assert out["comparable"] and out["n_positions"] == data.l_test - 4
+    assert out["comparable"] and out["n_positions"] == data.l_test - 4 and out["receptive_field"] == 4
     assert out["model_tv"] == pytest.approx(out["mix_tv"], abs=1e-6) and out["model_tv_lo"] <= out["model_tv"]
     ref = [memory_error(mix.task(i), [4], n_histories=64, burn_in=50, seed=5).eps[0] for i in range(2)]
     assert out["eps"] == pytest.approx(np.mean(ref))
     assert not memory_comparison(FixedModel(np.zeros(V + 1)), mix, truncate_demos(sample_episodes(mix, DATA, 8), 2), 3,
-                                 n_tasks_theory=1, theory_kw={"n_histories": 16})["comparable"]
+                                 n_layers=1, n_tasks_theory=1, theory_kw={"n_histories": 16})["comparable"]
+    # 3 layers of width 3 see 7 tokens: eps at L = 7, scored on test positions >= 7
+    deep = memory_comparison(OracleModel(mix, ep), mix, ep, 3, n_layers=3, n_tasks_theory=1,
+                             theory_kw={"n_histories": 64, "burn_in": 50, "seed": 5})
+    assert deep["receptive_field"] == deep["eps_L"] == 7 and deep["n_positions"] == data.l_test - 7
+    assert deep["eps"] == pytest.approx(memory_error(mix.task(0), [7], n_histories=64, burn_in=50, seed=5).eps[0])
+    # a receptive field beyond the test segment: no comparison, said so, no eps
+    far = memory_comparison(OracleModel(mix, ep), mix, ep, 4, n_layers=4, n_tasks_theory=1)
+    assert far["n_positions"] == 0 and not far["comparable"] and "receptive field 13" in far["reason"]
+    assert "eps" not in far
+
+
+@pytest.mark.parametrize("n_layers, window", [(3, 4), (2, 5)])
+def test_receptive_field_of_a_windowed_transformer(n_layers, window):
+    """Perturb the token just outside / just inside R = n_layers (w - 1) + 1 of a real banded Transformer: the
+    logits at t change for tokens t - R + 1 .. t and never for t - R (nor for any earlier token)."""
+    from hmmscope.config import ModelConfig
+    from hmmscope.model import Transformer
+
+    R = receptive_field(n_layers, window)
+    assert R == n_layers * (window - 1) + 1 and receptive_field(n_layers, 0) == 0
+    torch.manual_seed(0)
+    m = Transformer(ModelConfig(n_layers=n_layers, n_heads=2, d_model=16, d_mlp=32, window=window, max_len=32),
+                    V + 1).eval()
+    x = torch.randint(0, V, (2, 24), generator=torch.Generator().manual_seed(1))
+    t = 20
+    with torch.no_grad():
+        base = m(x)[0][:, t]
+        for p in range(t + 1):
+            y = x.clone()
+            y[:, p] = (y[:, p] + 1) % V
+            changed = not torch.equal(m(y)[0][:, t], base)
+            assert changed == (p >= t - R + 1), (p, t - R + 1)

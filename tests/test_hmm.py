@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hmmscope.config import HMMConfig, config_hash
-from hmmscope.hmm import HMM, dobrushin, make_hmm, make_mixture, stationary_distribution
+from hmmscope.hmm import HMM, dobrushin, make_hmm, make_mixture, mixing_rate, stationary_distribution
 
 
 def _random_hmm_arrays(S=4, V=3, seed=0):
@@ -180,3 +180,18 @@ def test_hmm_sample_shapes_and_dtypes():
     start = np.eye(7)[3]
     _, st3 = h.sample(50, 4, seed=0, start=start)
     assert np.all(st3[:, 0] == 3)
+
+
+def test_mixing_rate_known_answers():
+    a, b = 0.1, 0.3
+    T = np.array([[1 - a, a], [b, 1 - b]])  # eigenvalues 1 and 1 - a - b
+    assert mixing_rate(T) == pytest.approx(-np.log(1 - a - b))
+    assert mixing_rate(np.full((3, 3), 1 / 3)) == np.inf  # one step to stationarity
+    assert mixing_rate(np.eye(3)) == 0.0  # never forgets
+    for fam in ("sticky", "dirichlet"):  # the factored form (d x d matrix Q W) agrees with the dense T
+        h = make_hmm(HMMConfig(family=fam, n_states=12, rank=3, rho=0.05, seed=2))
+        lam = np.sort(np.abs(np.linalg.eigvals(h.transition)))[::-1]
+        assert h.mixing_rate() == pytest.approx(-np.log(lam[1]), rel=1e-9)
+    # sticky chains forget at about rho per step (the prototype permutation has |eigenvalues| 1 - rho)
+    h = make_hmm(HMMConfig(family="sticky", n_states=64, rank=8, rho=0.02, seed=0))
+    assert 0.005 < h.mixing_rate() < 0.06 and h.dobrushin() > 0.95

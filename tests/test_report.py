@@ -4,10 +4,13 @@ import json
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from hmmscope import tracking
-from hmmscope.report import Section, build_report, claim_side, render_html, render_md, report_to_dict
+from hmmscope.probes import TargetScores, probe_claims
+from hmmscope.report import Section, _layerwise_section, build_report, claim_side, render_html, render_md, report_to_dict
+from hmmscope.stats import Claim, check_claims
 
 EXP = "rep"
 GAMMAS = (0.2, 0.4, 0.6, 0.8)
@@ -55,7 +58,9 @@ def store(tmp_path_factory):
                                                 "claim/kback1_rises_then_falls/ci_lo": -0.05,
                                                 "claim/kback1_rises_then_falls/ci_hi": 0.05})
                                 an.set_tags({"verdict/upper layers change less _slope_": "supported: CI below 0",
-                                             "verdict/kback1_rises_then_falls": "inconclusive: CI contains 0"})
+                                             "verdict/kback1_rises_then_falls": "inconclusive: CI contains 0",
+                                             "rule/upper layers change less _slope_": "< 0",
+                                             "rule/kback1_rises_then_falls": "> 0"})
                     n += 1
         # one theory trial: rate = 0.3 gamma^2 exactly, S=4 d=2 rho=0
         with tracking.start_run(uri, EXP, "theory", parent=parent, tags={"hmmscope.kind": "sweep-theory",
@@ -66,7 +71,8 @@ def store(tmp_path_factory):
                 with tracking.start_run(uri, EXP, f"S4-d2-gamma{g}", parent=th, tags={"hmmscope.kind": "theory-setting"},
                                         params={"hmm.n_states": 4, "hmm.rank": 2, "hmm.gamma": g, "hmm.rho": 0.0}) as s:
                     s.log_metrics({"theory/rate": r, "theory/rate_lo": 0.9 * r, "theory/rate_hi": 1.1 * r,
-                                   "theory/log_intercept": math.log(2), "theory/gamma_eff": g})
+                                   "theory/log_intercept": math.log(2), "theory/gamma_eff": g,
+                                   "theory/mixing_rate": 0.02})
             for d in (4, 8):  # at gamma 0.8: intercept = log 2 + 0.5 log(d / 2): rank slope 0.5 <= 1
                 with tracking.start_run(uri, EXP, f"S4-d{d}-gamma0.8", parent=th,
                                         params={"hmm.n_states": 4, "hmm.rank": d, "hmm.gamma": 0.8, "hmm.rho": 0.0}) as s:
@@ -91,8 +97,9 @@ def store(tmp_path_factory):
                       "model.n_layers": nl, "train.seed": i, "data.seed": 7}
             with tracking.start_run(uri, EXP, f"b-{i}", parent=pb, params=params, tags=_trial_tags("study-b", i)) as tr:
                 ce = 0.5 + 0.05 * math.log(rank) - 0.04 * nl * math.log(rank) + rng.normal(0, 0.003)
-                tr.log_metrics({"eval/excess_ce": ce, "memory/model_tv": 0.1 * math.exp(-0.2 * win) + 0.01,
-                                "memory/eps": 0.1 * math.exp(-0.2 * win)})
+                rf = nl * (win - 1) + 1  # receptive field, as evaluate.memory_comparison logs it
+                tr.log_metrics({"eval/excess_ce": ce, "memory/model_tv": 0.1 * math.exp(-0.2 * rf) + 0.01,
+                                "memory/eps": 0.1 * math.exp(-0.2 * rf), "memory/receptive_field": rf})
     with _sweep_parent(uri, "study-empty") as empty:
         with pytest.raises(RuntimeError), tracking.start_run(uri, EXP, "trial-0", parent=empty,
                                                              tags=_trial_tags("study-empty", 0)):
@@ -134,23 +141,67 @@ def test_posenc_effect_recovers_planted_difference(store):
 
 def test_theory_exponent_and_verdict(store):
     rep = store[2]
-    c = _claim(rep, "theory: rate ~ gamma^k, k <= 4 [S=4 d=2 rho=0]")
+    c = _claim(rep, "theory: rate ~ gamma^k: k <= 4 [S=4 d=2 rho=0]")
     assert c.value == pytest.approx(2.0, abs=1e-6)
     assert c.ci_lo <= 2.0 + 1e-6 and c.ci_hi >= 2.0 - 1e-6 and c.ci_hi < 4
-    assert c.verdict == "supported"
-    assert _claim(rep, "theory: rate ~ gamma_eff^k, k <= 4 [S=4 d=2 rho=0]").value == pytest.approx(2.0, abs=1e-6)
-    assert _claim(rep, "theory: rate ~ gamma^k, k <= 4 [pooled]").value == pytest.approx(2.0, abs=1e-6)
+    assert c.verdict == "supported" and "exponent 4 rejected" in c.reason and c.rule == "<= 4"
+    # gamma_eff = gamma here: the same regression, named as such and not a second claim
+    assert not any("gamma_eff^k" in x.name for x in rep.claims)
+    md = (store[3] / "out" / "report.md").read_text()
+    assert "same regression" in md and "mixing m" in md
+    assert _claim(rep, "theory: rate ~ gamma^k: k <= 4 [pooled]").value == pytest.approx(2.0, abs=1e-6)
+    # the excess over the mixing floor (0.02), over the settings whose rate CI lies above it
+    x = _claim(rep, "theory: rate - mixing floor ~ gamma^k: k <= 4 [S=4 d=2 rho=0]")
+    assert x.value > 2.0 and "3 of 4" in x.reason
     r = _claim(rep, "theory: intercept slope in log d <= 1 [S=4 rho=0 gamma=0.8]")
     assert r.value == pytest.approx(0.5, abs=1e-6) and r.verdict == "supported"
+    assert check_claims([c for c in rep.claims if c.name.startswith("theory: ")]) == []
 
 
 def test_layerwise_pooled(store):
     rep = store[2]
     c = _claim(rep, "pooled: upper layers change less _slope_")
     assert c.value == pytest.approx(-0.09) and c.ci_hi < 0 and c.verdict == "supported"
-    assert "6 supported / 0 not / 0 inconclusive" in c.reason
+    assert c.rule == "< 0" and "6 supported" in c.reason  # the rule logged with the runs (rule/<name> tags)
     k = _claim(rep, "pooled: kback1_rises_then_falls")
-    assert k.verdict == "inconclusive" and "0 supported / 0 not / 6 inconclusive" in k.reason
+    assert k.verdict == "inconclusive" and k.rule == "> 0" and "6 inconclusive" in k.reason
+    assert check_claims([c for c in rep.claims if c.name.startswith("pooled: ")]) == []
+
+
+def _frame(per_run_claims):
+    """The training-frame columns report._training_frame reads from analysis runs, one row per run."""
+    rows = []
+    for i, claims in enumerate(per_run_claims):
+        row = {"trial": i}
+        for c in claims:
+            row.update({f"metric:claim/{c.name}/value": c.value, f"metric:claim/{c.name}/ci_lo": c.ci_lo,
+                        f"metric:claim/{c.name}/ci_hi": c.ci_hi, f"verdict:{c.name}": c.verdict})
+            if c.rule:
+                row[f"rule:{c.name}"] = c.rule
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def test_pooled_concave_rise_is_not_supported():
+    """A concave curve that only rises: 'not supported' or 'inconclusive' in every run, so not 'supported' pooled.
+    Pooling now applies each run's rule to the statistic that decided it; it used to read only the sign of the
+    value, and the quadratic term of a rising concave curve is negative too."""
+    rng = np.random.default_rng(0)
+    runs = []
+    for seed in range(6):
+        hits = rng.binomial(16, np.broadcast_to([0.2, 0.6, 0.8, 0.9, 0.95], (120, 5))).astype(float)
+        sc = {"kback1": TargetScores(hits, rng.binomial(16, np.full((120, 5), 0.1)).astype(float),
+                                     np.full(120, 16.0), 0.1)}
+        runs.append([c for c in probe_claims(range(5), sc, ks=(1,), n_boot=200, seed=seed)[0]
+                     if c.name == "kback1_rises_then_falls"])
+        assert runs[-1][0].verdict in ("not supported", "inconclusive")
+    pooled = _layerwise_section(_frame(runs))[1]
+    assert [c.verdict for c in pooled] == ["not supported"] and check_claims(pooled) == []
+    # runs logged before decision rules (the quadratic term, q < 0 with CIs straddling 0): not judged
+    old = [[Claim("kback1_rises_then_falls", "quadratic term", q, q - 0.02, q + 0.015, "inconclusive", "")]
+           for q in (-0.012, -0.01, -0.011, -0.013)]
+    (c,) = _layerwise_section(_frame(old))[1]
+    assert c.ci_hi < 0 and c.verdict == "inconclusive" and "no decision rule" in c.reason
 
 
 def test_artifacts_logged_to_parent(store):
@@ -195,4 +246,5 @@ def test_practice_and_depth_vs_rank(store, tmp_path):
     assert c.ci_lo <= -0.04 <= c.ci_hi and c.ci_hi < 0 and c.verdict == "supported"
     assert (tmp_path / "b" / "practice_vs_theory.png").exists()
     md = (tmp_path / "b" / "report.md").read_text()
-    assert "| 0.5 | 4 | 8 | 2 |" in md  # gamma, d, L, runs (n_layers 1 and 2)
+    # gamma, d, window, L = receptive field n_layers (w - 1) + 1, runs: 2 layers of width 4 see 7 tokens
+    assert "| 0.5 | 4 | 4 | 7 | 1 |" in md and "| 0.5 | 4 | 8 | 15 | 1 |" in md and "receptive field" in md

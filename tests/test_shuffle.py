@@ -11,6 +11,7 @@ from hmmscope.episodes import layout, sample_episodes
 from hmmscope.hmm import make_mixture
 from hmmscope.model import Transformer, run_with_cache
 from hmmscope.shuffle import Claim, ShuffleResult, layer_claims, permute_demos, shuffle_test
+from hmmscope.stats import check_claims
 
 K, LD, LT = 4, 5, 6
 
@@ -166,6 +167,7 @@ def test_verdicts():
         cl = layer_claims(_data(trend, 0.05))
         assert [c.verdict for c in cl] == [want, want]
         assert (cl[0].value < 0) == (trend < 0) and cl[0].ci_lo <= cl[0].value <= cl[0].ci_hi
+        assert all(c.rule == "< 0" for c in cl) and check_claims(cl) == []
     cl = layer_claims(_data(0.0, 0.3, E=10))
     assert [c.verdict for c in cl] == ["inconclusive"] * 2 and all(c.ci_lo < 0 < c.ci_hi for c in cl)
     one = layer_claims(_data(-0.05, 0.05, L=1))
@@ -177,7 +179,7 @@ def test_verdicts():
 def test_claim_fields():
     import dataclasses
     assert [f.name for f in dataclasses.fields(Claim)] == ["name", "statistic", "value", "ci_lo", "ci_hi",
-                                                          "verdict", "reason"]
+                                                          "verdict", "reason", "rule"]
 
 
 # ---------------------------------------------------------------- outputs

@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from hmmscope.config import TheoryConfig
+from hmmscope.stats import check_claims
 from hmmscope.theory import (
     RateFit,
-    bound_verdict,
+    bound_claims,
+    exponent_fits,
     fit_decay_rate,
     fit_exponent,
     fit_rank_intercept,
@@ -60,10 +62,11 @@ def test_rate_floor_and_stderr_handling():
     # unsorted input is sorted by L
     perm = np.random.default_rng(0).permutation(L.size)
     assert fit_decay_rate(L[perm], eps[perm]).rate == pytest.approx(0.2, abs=1e-10)
-    # points not distinguishable from 0 (eps <= 2 stderr) are dropped
-    se = np.full(L.size, 1e-2)  # 3 exp(-0.2 L) <= 0.02 from L = 32 on
+    # points whose Monte Carlo error is too large (eps <= 4 stderr, z_fit) end the range
+    se = np.full(L.size, 1e-2)  # 3 exp(-0.2 L) <= 0.04 from L = 24 on, <= 0.02 from L = 32 on
     g = fit_decay_rate(L, 3 * np.exp(-0.2 * L), se)
-    assert g.used_lengths == (1, 2, 4, 6, 8, 12, 16, 24) and g.rate == pytest.approx(0.2, abs=1e-10)
+    assert g.used_lengths == (1, 2, 4, 6, 8, 12, 16) and g.rate == pytest.approx(0.2, abs=1e-10)
+    assert fit_decay_rate(L, 3 * np.exp(-0.2 * L), se, z_fit=2).used_lengths == (1, 2, 4, 6, 8, 12, 16, 24)
 
 
 def test_rate_too_few_points():
@@ -81,6 +84,8 @@ def test_exponent_recovers_k():
     f = fit_exponent(g, 0.3 * g ** 1.5)
     assert f.k == pytest.approx(1.5, abs=1e-9) and f.intercept == pytest.approx(math.log(0.3), abs=1e-9)
     assert f.verdict == "supported" and f.consistent_with_4 is False and f.consistent_with(1.5)
+    assert "exponent 4 rejected; the bound holds and is loose by gamma^(2.50)" in f.reason
+    assert "theory 4: supported" not in f.summary and f.claim().verdict == "supported"
     rng = np.random.default_rng(3)
     noisy = fit_exponent(g, 0.3 * g ** 4 * rng.lognormal(0, 0.05, g.size))
     assert noisy.k_ci[0] <= 4 <= noisy.k_ci[1] and noisy.verdict == "inconclusive" and noisy.consistent_with_4
@@ -105,35 +110,98 @@ def test_rank_fit_recovers_slope():
     assert fit_rank_intercept([2, 4], [0.1, 0.2]).verdict == "inconclusive"
 
 
-# ---------------------------------------------------------------- verdicts
+# ---------------------------------------------------------------- per-setting checks
+
+
+def _checks(*a, **kw):
+    out = bound_claims(*a, **kw)
+    assert check_claims(out) == []
+    return out
 
 
 def test_bound_violated_and_satisfied():
     Ls = np.arange(1, 21)
     g, d = 0.9, 2  # g^4 = 0.656
     slow = 1.0 * np.exp(-0.1 * Ls)  # far above 2 exp(-0.656 L) at large L
-    va, vb = bound_verdict(Ls, slow, np.full(Ls.size, 1e-4), fit_decay_rate(Ls, slow), g, d)
-    assert va.verdict == "not supported" and va.value < 1
-    assert vb.verdict == "not supported" and vb.value == pytest.approx(0.1 / g ** 4)
+    va, vb = _checks(Ls, slow, np.full(Ls.size, 1e-4), fit_decay_rate(Ls, slow), g, d, 0.02)
+    assert va.verdict == "not supported" and va.ci_lo > 0 and va.rule == "<= 0"
+    assert vb.verdict == "not supported" and vb.value == pytest.approx(0.1 - g ** 4) and vb.rule == ">= 0"
     fast = 0.5 * np.exp(-1.0 * Ls)
-    va, vb = bound_verdict(Ls, fast, np.zeros(Ls.size), fit_decay_rate(Ls, fast), g, d)
-    assert va.verdict == "supported" and va.value == 1.0 and vb.verdict == "supported"
-    # a point above the bound but within 2 stderr still counts as under it
+    va, vb = _checks(Ls, fast, np.zeros(Ls.size), fit_decay_rate(Ls, fast), g, d, 0.02)
+    assert va.verdict == "supported" and va.ci_hi <= 0 and vb.verdict == "supported"
+    # a point above the bound but within 2 stderr: the CI straddles 0 -> inconclusive, not supported
     e = 2 * np.exp(-g ** 4 * Ls) * 1.01
-    va, _ = bound_verdict(Ls, e, 0.02 * e, fit_decay_rate(Ls, e), g, d)
-    assert va.verdict == "supported"
+    va, _ = _checks(Ls, e, 0.02 * e, fit_decay_rate(Ls, e), g, d, 0.02)
+    assert va.verdict == "inconclusive" and va.ci_lo <= 0 < va.ci_hi
     # rate CI straddling g^4 -> inconclusive; failed fit -> inconclusive
-    assert bound_verdict(Ls, fast, None, _ok_fit(0.6, 0.5, 0.8), g, d)[1].verdict == "inconclusive"
-    assert bound_verdict(Ls, fast, None, fit_decay_rate(Ls, 1e-20 * fast), g, d)[1].verdict == "inconclusive"
+    assert _checks(Ls, fast, None, _ok_fit(0.6, 0.5, 0.8), g, d, 0.02)[1].verdict == "inconclusive"
+    assert _checks(Ls, fast, None, fit_decay_rate(Ls, 1e-20 * fast), g, d, 0.02)[1].verdict == "inconclusive"
+    # an inexact gamma: the CI covers every g in the bracket
+    va, vb = _checks(Ls, fast, None, _ok_fit(0.6, 0.55, 0.65), (0.8, 0.95), d, 0.02)
+    assert vb.ci_lo == pytest.approx(0.55 - 0.95 ** 4) and vb.ci_hi == pytest.approx(0.65 - 0.8 ** 4)
+    assert vb.verdict == "inconclusive"
 
 
-def test_bound_vacuous_when_gamma_zero_or_no_power():
-    Ls = np.array([1, 2, 4, 8])
-    e = np.full(4, 0.9)  # does not decay at all
-    va, vb = bound_verdict(Ls, e, None, fit_decay_rate(Ls, e), 0.0, 8)
-    assert va.verdict == vb.verdict == "inconclusive" and "vacuous" in va.reason and "vacuous" in vb.reason
-    va, _ = bound_verdict(Ls, e, None, _ok_fit(0.0, -0.1, 0.1), 0.1, 8)  # 8 exp(-1e-4 L) >= 1 everywhere
-    assert va.verdict == "inconclusive" and "no power" in va.reason
+def test_checks_that_cannot_fail_have_no_power():
+    Ls = np.array([1, 2, 4, 8, 16, 32])
+    e = np.full(6, 0.9)  # does not decay at all
+    va, vb = _checks(Ls, e, None, fit_decay_rate(Ls, e), 0.0, 8, 0.02)
+    assert va.verdict == vb.verdict == "no power" and "vacuous" in va.reason and "vacuous" in vb.reason
+    va, _ = _checks(Ls, e, None, _ok_fit(0.0, -0.1, 0.1), 0.1, 8, 0.02)  # 8 exp(-1e-4 L) >= 1 everywhere
+    assert va.verdict == "no power" and "cannot fail" in va.reason
+    # rate >= gamma_eff^4 with gamma_eff^4 ~ 1e-5 below the chain's own mixing rate 0.02: no power, not supported
+    _, vb = _checks(Ls, np.exp(-0.1 * Ls), None, _ok_fit(0.1, 0.09, 0.11), 0.056, 8, 0.02)
+    assert vb.verdict == "no power" and "mixing" in vb.reason
+    # the same check with g^4 above the floor has power
+    _, vb = _checks(Ls, np.exp(-0.1 * Ls), None, _ok_fit(0.1, 0.09, 0.11), 0.5, 8, 0.02)
+    assert vb.verdict == "supported"
+
+
+def test_mixing_floor_plus_gamma4_law():
+    """r = m + c gamma^4: fitted as a power of gamma the raw rate gives k ~ 1.7, 'exponent 4 rejected'; on the
+    excess over the mixing floor k = 4. gamma_eff = 0.25 gamma is the same regression, not a second finding."""
+    g = np.array([0.1, 0.3, 0.5, 0.7, 0.9])
+    m = 0.02
+    r = m + 0.6 * g ** 4 * np.exp(np.random.default_rng(0).normal(0, 0.02, g.size))
+    pts = [{"gamma": x, "gamma_eff": 0.25 * x, "rate": y, "rate_lo": y - 0.002, "rate_hi": y + 0.002,
+            "mixing_rate": m} for x, y in zip(g, r)]
+    raw, eff, excess = exponent_fits(pts, "planted")
+    assert raw.y_name == "rate" and 1.0 < raw.k < 2.5 and raw.k_ci[1] < 4 and raw.verdict == "supported"
+    assert "exponent 4 rejected" in raw.reason
+    assert excess.y_name == "rate - mixing floor" and excess.n_used == 4  # gamma 0.1: rate CI not above the floor
+    assert excess.k == pytest.approx(4, abs=0.15) and excess.k_ci[0] < 4 < excess.k_ci[1]
+    assert excess.verdict == "inconclusive" and "consistent with the bound's exponent" in excess.reason
+    assert eff.same_as == "gamma" and eff.k == pytest.approx(raw.k) and "same regression" in eff.reason
+    assert check_claims([f.claim() for f in (raw, excess)]) == []
+    # a gamma_eff that is not a multiple of gamma is its own fit
+    pts2 = [{**p, "gamma_eff": p["gamma_eff"] * (1 + 0.1 * i)} for i, p in enumerate(pts)]
+    assert exponent_fits(pts2, "planted")[1].same_as is None
+
+
+def test_rate_ci_covers_under_correlated_histories():
+    """Per-history TV with errors shared across L: tv[i, L] = exp(-0.3 L) (1 + u_i (L - Lbar) / span) x_iL, u_i ~
+    U(-0.5, 0.5) (a history that forgets more slowly than average does so at every L) and x_iL lognormal noise.
+    E tv = const exp(-0.3 L) exactly, so the rate on the fixed L range is 0.3. The sample curve is smooth and
+    nearly straight, so OLS residuals are small while the slope moves with mean(u): the t interval under-covers;
+    the bootstrap over histories covers at the nominal rate (binomial tests, fixed seeds)."""
+    from scipy import stats
+
+    L = np.array([1, 2, 4, 6, 8, 12, 16], float)
+    shape = (L - L.mean()) / np.abs(L - L.mean()).max()
+    rng = np.random.default_rng(12)
+    boot = ols = 0
+    n_rep = 150
+    for rep in range(n_rep):
+        u = rng.uniform(-0.5, 0.5, (400, 1))
+        tv = np.exp(-0.3 * L) * (1 + u * shape) * rng.lognormal(0, 0.1, (400, L.size))
+        e, se = tv.mean(0), tv.std(0, ddof=1) / np.sqrt(400)
+        fb = fit_decay_rate(L, e, se, tv=tv, n_boot=300, seed=rep)
+        fo = fit_decay_rate(L, e, se)
+        assert fb.n_used == len(L) and fb.rate == fo.rate and "bootstrap" in fb.ci_method
+        boot += fb.rate_ci[0] <= 0.3 <= fb.rate_ci[1]
+        ols += fo.rate_ci[0] <= 0.3 <= fo.rate_ci[1]
+    assert stats.binomtest(boot, n_rep, 0.95).pvalue > 0.01  # consistent with 95%
+    assert stats.binomtest(ols, n_rep, 0.95, alternative="less").pvalue < 0.01  # the t interval under-covers
 
 
 # ---------------------------------------------------------------- end to end
@@ -154,10 +222,12 @@ def test_run_theory_end_to_end(tmp_path):
     for s in res.settings:
         assert s.gamma_O["exact"] and s.gamma_O["value"] == pytest.approx(s.params["gamma"], abs=1e-6)  # S <= V
         assert len(s.eps) == len(cfg.lengths) and len(s.stderr) == len(cfg.lengths)
-        assert 0 <= s.dobrushin <= 1 and s.gamma_m is not None
-        assert len(s.verdicts) == 4
+        assert 0 <= s.dobrushin <= 1 and s.gamma_m is not None and s.mixing_rate > 0
+        assert len(s.verdicts) == 4 and check_claims(s.verdicts) == []
+        assert not s.rate_fit.ok or "bootstrap over histories" in s.rate_fit.ci_method
     assert {f.x_name for f in res.exponent_fits} == {"gamma", "gamma_eff"}
     assert all(f.verdict == "inconclusive" for f in res.exponent_fits)  # 2 gammas: no CI
+    assert check_claims(res.claims()) == [] and len(res.claims()) == len(res.verdicts) + 8
     assert res.rank_fits == []
     d = res.to_dict()
     text = json.dumps(d, allow_nan=False)
