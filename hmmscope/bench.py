@@ -54,28 +54,73 @@ def bench_sample(n_seqs: int = 4096, length: int = 256, peer_length: int = 20000
     return {"ours_tokens_per_s": ours, "hmmlearn_tokens_per_s": theirs, "ratio": ours / theirs}
 
 
-def bench_filter(n_seqs: int = 4096, length: int = 256, peer_length: int = 100000, repeats: int = 3,
-                 **hmm_kw) -> dict[str, float]:
-    """Tokens/s of the task-oracle filter (float32, batched) vs hmmlearn's CategoricalHMM.score."""
+def gemm_rate(m: int, k: int, n: int, dtype=None, device="cpu", repeats: int = 20) -> float:
+    """Measured FLOP/s of one (m, k) x (k, n) matmul (out= a preallocated buffer), best of `repeats`."""
     import torch
 
-    from .inference import filter_factored
+    dtype = torch.float32 if dtype is None else dtype
+    dev = torch.device(device)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    a, b = (torch.rand(shape, generator=g).to(dev, dtype) for shape in ((m, k), (k, n)))
+    out = torch.empty((m, n), dtype=dtype, device=dev)
+
+    def run():
+        torch.mm(a, b, out=out)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    return 2 * m * k * n / _best_time(run, repeats)
+
+
+def bench_filter(n_seqs: int = 4096, length: int = 256, peer_length: int = 20000, repeats: int = 3,
+                 **hmm_kw) -> dict[str, float]:
+    """Filter tokens/s, side by side, in one process, on one HMM (128 states, 16 tokens, rank 8 by default).
+
+    - dense: the public ``predictive(HMM(mu, T, O), tokens)`` (batched scaled forward, S x S per step),
+      float32 and float64, vs hmmlearn's CategoricalHMM.score on the same dense HMM, both of its
+      implementations ("log", its default, and "scaling");
+    - low-rank: ``predictive`` on the same HMM given as its rank-d factors T = W Q, vs the dense path;
+    - limits: the fp32 GEMM rate of each path's per-step product, measured here: (chunk, S) x (S, S)
+      for dense (2 S^2 FLOPs per token, as counted in the issue; the step also carries the V prediction
+      columns, (S, S + V)), and (n, d) x (d, V d + V) for low-rank.
+    """
+    import torch
+
+    from .inference import DENSE_CHUNK, predictive
 
     hmm = bench_hmm(**hmm_kw)
+    dense = HMM(hmm.initial, hmm.transition, hmm.emission)
+    S, V, d = hmm.n_states, hmm.n_tokens, hmm.rank
     peer = _hmmlearn_model(hmm)
     tokens, _ = hmm.sample(n_seqs, length, seed=2)
-    tok = torch.as_tensor(tokens, dtype=torch.long)
-    mu, W, Q, O = (torch.as_tensor(a, dtype=torch.float32) for a in (hmm.initial, hmm.W, hmm.Q, hmm.emission))
-    init = mu.expand(n_seqs, -1)
-    t_ours = _best_time(lambda: filter_factored(init, W, Q, O, tok, dtype=torch.float32), repeats)
+    n_tok = n_seqs * length
+    out: dict[str, float] = {"n_states": S, "n_tokens": V, "rank": d, "threads": torch.get_num_threads()}
+    preds = {}
+    for name, h, dt in (("dense_f32", dense, torch.float32), ("dense_f64", dense, torch.float64),
+                        ("lowrank_f32", hmm, torch.float32)):
+        preds[name] = predictive(h, tokens, dtype=dt)
+        out[f"{name}_tokens_per_s"] = n_tok / _best_time(lambda h=h, dt=dt: predictive(h, tokens, dtype=dt), repeats)
+    out["f32_vs_f64_max_abs"] = float(np.abs(preds["dense_f32"] - preds["dense_f64"]).max())
+    out["lowrank_vs_dense_max_abs"] = float(np.abs(preds["lowrank_f32"] - preds["dense_f64"]).max())
     x, _ = hmm.sample(1, peer_length, seed=3)
     X = x.reshape(-1, 1)
-    t_peer = _best_time(lambda: peer.score(X), repeats)
-    peer.implementation = "scaling"  # hmmlearn's faster forward pass, reported beside its default ("log")
-    t_scaling = _best_time(lambda: peer.score(X), repeats)
-    ours, theirs = n_seqs * length / t_ours, peer_length / t_peer
-    return {"ours_tokens_per_s": ours, "hmmlearn_tokens_per_s": theirs, "ratio": ours / theirs,
-            "hmmlearn_scaling_tokens_per_s": peer_length / t_scaling, "ratio_scaling": ours * t_scaling / peer_length}
+    for impl in ("log", "scaling"):
+        peer.implementation = impl
+        out[f"hmmlearn_{impl}_tokens_per_s"] = peer_length / _best_time(lambda: peer.score(X), repeats)
+    ours = out["dense_f32_tokens_per_s"]
+    out["ratio_log"] = ours / out["hmmlearn_log_tokens_per_s"]
+    out["ratio_scaling"] = ours / out["hmmlearn_scaling_tokens_per_s"]
+    out["ratio_lowrank_dense"] = out["lowrank_f32_tokens_per_s"] / ours
+    chunk = min(DENSE_CHUNK, n_seqs)
+    out["gemm_dense_flops"] = gemm_rate(chunk, S, S)
+    out["gemm_dense_step_flops"] = gemm_rate(chunk, S, S + V)
+    out["dense_flops"] = ours * 2 * S * S
+    out["dense_frac_gemm"] = out["dense_flops"] / out["gemm_dense_flops"]
+    out["dense_frac_gemm_step"] = ours * 2 * S * (S + V) / out["gemm_dense_step_flops"]
+    out["gemm_lowrank_flops"] = gemm_rate(n_seqs, d, V * d + V)
+    out["lowrank_flops"] = out["lowrank_f32_tokens_per_s"] * 2 * d * (V * d + V)
+    out["lowrank_frac_gemm"] = out["lowrank_flops"] / out["gemm_lowrank_flops"]
+    return out
 
 
 def bench_paper_dataset() -> dict[str, float]:
