@@ -564,9 +564,10 @@ def bench_oracle_cmd(
     r = bench_oracle(tuple(counts), n_episodes=n_episodes, dtype=dtype)
     typer.echo(f"mixture oracle ({r['path']}, {r['dtype']}, {r['threads']} threads), {n_episodes} episodes x 358 tokens")
     for row in r["rows"]:
-        peer = (f"; torch path {row['torch_path_seconds']:.2f} s = {row['torch_path_seconds'] / row['seconds']:.1f}x "
-                "slower" if "torch_path_seconds" in row else "")
-        typer.echo(f"  n_tasks {row['n_tasks']:>5}: {row['seconds']:8.2f} s, {row['ns_per_task_token']:6.1f} ns per "
+        peer = (f"; torch path (CUDA's) {row['torch_path_s_per_episode']:.2f} s/episode = "
+                f"{row['torch_path_ratio']:.1f}x slower" if "torch_path_ratio" in row else "")
+        typer.echo(f"  n_tasks {row['n_tasks']:>5}: {row['seconds']:8.2f} s wall ({row['cpu_seconds']:.2f} s CPU), "
+                   f"{row['ns_per_task_token']:6.1f} ns per "
                    f"(task, episode, token); 1024 episodes extrapolated: {row['extrapolated_full_s']:7.0f} s{peer}")
 
 

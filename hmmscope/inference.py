@@ -423,6 +423,16 @@ def _step_tables(mu, W, Q, O, start):
     return MM, Y0, P0, Ys, Ps
 
 
+def _log_bounds(Q, O, P0, Ps) -> np.ndarray:
+    """(3, C, V) float64 upper bounds on log p(o = v | past, task): after a transition (max over the
+    prototypes of Q O), and the exact first predictions from mu and from the test start; with a margin
+    for rounding in the kernel's dtype."""
+    slack = 4 * torch.finfo(Q.dtype).eps
+    QO = torch.bmm(Q.double(), O.double()).amax(1).numpy()  # (C, V)
+    with np.errstate(divide="ignore"):
+        return np.log(np.stack([QO, P0, Ps]).astype(np.float64) * (1 + slack) + 1e-300)
+
+
 def _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos, posterior_at, *, chunk_tasks,
                         dtype):
     """mixture_oracle on the CPU with the compiled kernel (same outputs; see _mixture_kernel)."""
@@ -441,9 +451,7 @@ def _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos,
             snap[p] = k
     slots = [int(snap[p]) for p in pos]
     n_snap = max(slots, default=-1) + 1
-    O = np.asarray(mix.emission, np.float64)
     with np.errstate(divide="ignore"):
-        lmax = np.log(O.max(1).max(0))  # (V,): log max over tasks and states of O[state, v]
         logprior = np.log(np.asarray(mix.prior, np.float64))
     theta = float(np.log(2 * n / MIX_TOL[dtype]))
     acc = np.zeros((N, T, V))
@@ -457,7 +465,8 @@ def _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos,
         start = _propagate(mu, W, Q, burn_in) if test_start == "midstream" else None
         MM, Y0, P0, Ys, Ps = (a.numpy() for a in _step_tables(mu, W, Q, Oc, start))
         first = np.where((true >= lo) & (true < lo + len(ids)), true - lo, -1)
-        kern.mix_chunk(tok_np, kind, snap, MM, Y0, P0, Ys, Ps, logprior[ids], first, lmax, theta, acc, wsum, mx,
+        kern.mix_chunk(tok_np, kind, snap, MM, Y0, P0, Ys, Ps, logprior[ids], first, _log_bounds(Q, Oc, P0, Ps),
+                       theta, acc, wsum, mx,
                        post[:, :, lo:lo + len(ids)])
     s = wsum[..., None]
     pred = np.divide(acc, s, out=np.zeros_like(acc), where=s > 0)
