@@ -3,9 +3,10 @@
 Imported lazily by ``inference.mixture_oracle`` when numba is installed and the device is the CPU; the
 torch path (``inference._run``) does the same computation everywhere else and is the reference.
 
-Per episode i and task j the filter state is the latent c (d,) of the low-rank representation and the
-task's prediction P (V,); one observation o costs one (d) x (d, d + V) product with the precomputed
-``MM[j, o] = [M_o | M_o Q O]`` (the next latent, unnormalized, and its prediction). The log joint
+Per episode i and task j the filter state is the latent c (d,) of the low-rank representation (the
+predicted belief is c @ Q_j); one observation o costs z = c @ (Q O)[:, o] (d MACs) and the next latent
+c @ M_o / z (d^2 MACs, ``M_o = Q diag(O[:, o]) W``); the task's full prediction c @ Q O (d V MACs) is
+formed only when its mixture weight passes the theta test below. The log joint
 ``L = log p(o_<t, task j)`` is kept in float64. The mixture prediction at t is accumulated over tasks
 with an online max per (i, t): ``acc[i, t] = sum_j exp(L_j(t) - mx[i, t]) P_j(t)``, divided at the end by
 ``wsum[i, t] = sum_j exp(L_j(t) - mx[i, t])`` (the posterior weights, as in the torch path).
@@ -34,11 +35,16 @@ _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}  # no 'nnan'/'ninf': log(0) =
 
 
 @numba.njit(fastmath=_FASTMATH, cache=True)
-def _chain(i, j, tok, kind, snap, MM, Y0, P0, Ys, Ps, logprior, lq, theta, acc, wsum, mx, post,
-           c, u, P, cum, R):  # pragma: no cover
-    """Run task j's filter over episode i, adding its terms to acc / wsum / mx and its posterior entries."""
+def _chain(i, j, tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, lq, theta, acc, wsum, mx, post,
+           c, u, cum, R):  # pragma: no cover
+    """Run task j's filter over episode i, adding its terms to acc / wsum / mx and its posterior entries.
+
+    State: the latent c (d,) with predicted belief c @ Q_j (src 0), or a restart (src 1: mu, 2: the test
+    start). Per observation: z = p(o | past) = c @ (Q O)[:, o] (d MACs), next latent c @ M_o / z (d^2);
+    the full prediction c @ Q O (d V) only when its mixture weight passes the theta test.
+    """
     T = tok.shape[1]
-    V, d, D = MM.shape[1], MM.shape[2], MM.shape[3]
+    V, d = MM.shape[1], MM.shape[2]
     b = 1  # cum[t] = sum over observed s < t of the bound on log p(o_s | o_<s, j)
     for t in range(T):
         if kind[t] != 0:
@@ -58,15 +64,8 @@ def _chain(i, j, tok, kind, snap, MM, Y0, P0, Ys, Ps, logprior, lq, theta, acc, 
     L = logprior[j]
     src = 1
     for t in range(T):
-        k = kind[t]
-        if k == 1:
-            src = 1
-            for v in range(V):
-                P[v] = P0[j, v]
-        elif k == 2:
-            src = 2
-            for v in range(V):
-                P[v] = Ps[j, v]
+        if kind[t] != 0:
+            src = kind[t]
         s = snap[t]
         if s >= 0:
             post[i, s, j] = L
@@ -84,39 +83,49 @@ def _chain(i, j, tok, kind, snap, MM, Y0, P0, Ys, Ps, logprior, lq, theta, acc, 
                 wsum[i, t] *= sc
             mx[i, t] = L
             m = L
-        if L >= m - theta and L > -np.inf:
+        if L >= m - theta and L > -np.inf:  # add w * p(. | past, j)
             w = math.exp(L - m)
-            for v in range(V):
-                acc[i, t, v] += w * P[v]
             wsum[i, t] += w
+            if src == 0:
+                for v in range(V):
+                    pv = 0.0
+                    for e in range(d):
+                        pv += c[e] * MpT[j, v, e]
+                    acc[i, t, v] += w * pv
+            elif src == 1:
+                for v in range(V):
+                    acc[i, t, v] += w * P0[j, v]
+            else:
+                for v in range(V):
+                    acc[i, t, v] += w * Ps[j, v]
         if src == 0:
-            for f in range(D):
+            z = 0.0
+            for e in range(d):
+                z += c[e] * MpT[j, o, e]
+            for f in range(d):
                 u[f] = 0.0
             for e in range(d):
                 ce = c[e]
-                for f in range(D):
+                for f in range(d):
                     u[f] += ce * MM[j, o, e, f]
         elif src == 1:
-            for f in range(D):
+            z = P0[j, o]
+            for f in range(d):
                 u[f] = Y0[j, o, f]
         else:
-            for f in range(D):
+            z = Ps[j, o]
+            for f in range(d):
                 u[f] = Ys[j, o, f]
         src = 0
-        z = P[o]
         if z > 0:
             L += math.log(z)
             rz = 1.0 / z
             for e in range(d):
                 c[e] = u[e] * rz
-            for v in range(V):
-                P[v] = u[d + v] * rz
         else:
             L = -np.inf
             for e in range(d):
                 c[e] = 0.0
-            for v in range(V):
-                P[v] = 0.0
     s = snap[T]
     if s >= 0:
         post[i, s, j] = L
@@ -126,33 +135,33 @@ BLOCK = 8  # episodes per block: a task's tables (V d (d + V) numbers) are reuse
 
 
 @numba.njit(parallel=True, fastmath=_FASTMATH, cache=True)
-def mix_chunk(tok, kind, snap, MM, Y0, P0, Ys, Ps, logprior, first, lq, theta, acc, wsum, mx, post):  # pragma: no cover
+def mix_chunk(tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, first, lq, theta, acc, wsum, mx, post):  # pragma: no cover
     """Accumulate one chunk of C tasks into acc (N, T, V), wsum and mx (N, T) (float64, in place).
 
     tok (N, T) int (outside [0, V): missing); kind (T,) int8: 1 restart from mu, 2 restart from the
-    test start, 0 continue; snap (T + 1,) int: posterior slot of each position or -1; MM (C, V, d, d + V);
-    Y0, Ys (C, V, d + V) first-step tables from mu / the test start; P0, Ps (C, V) their predictions;
+    test start, 0 continue; snap (T + 1,) int: posterior slot of each position or -1; MM (C, V, d, d) the
+    latent update M_v; MpT (C, V, d) = (Q O)^T; Y0, Ys (C, V, d) first-step latents (unnormalized) from mu /
+    the test start; P0, Ps (C, V) their predictions;
     logprior (C,) float64; first (N,) chunk-local task to run first for each episode or -1; lq (3, C, V)
     float64 bounds on log p(o = v | past, task) after a transition, at a restart from mu, at a restart
     from the test start; post (N, n_snap, C) float64 (filled). Episodes run in blocks of BLOCK, tasks
     outermost within a block.
     """
     N, T = tok.shape
-    C, V, d, D = MM.shape
+    C, d = MM.shape[0], MM.shape[2]
     for blk in numba.prange((N + BLOCK - 1) // BLOCK):
         i0 = blk * BLOCK
         i1 = min(i0 + BLOCK, N)
         c = np.zeros(d, MM.dtype)
-        u = np.empty(D, MM.dtype)
-        P = np.zeros(V, MM.dtype)
+        u = np.empty(d, MM.dtype)
         cum = np.zeros(T + 1)
         R = np.empty(T + 1)
         for i in range(i0, i1):  # each episode's likely task first: mx rises early, more is skipped
             if first[i] >= 0:
-                _chain(i, first[i], tok, kind, snap, MM, Y0, P0, Ys, Ps, logprior, lq, theta, acc, wsum, mx, post,
-                       c, u, P, cum, R)
+                _chain(i, first[i], tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, lq, theta, acc, wsum, mx,
+                       post, c, u, cum, R)
         for j in range(C):
             for i in range(i0, i1):
                 if j != first[i]:
-                    _chain(i, j, tok, kind, snap, MM, Y0, P0, Ys, Ps, logprior, lq, theta, acc, wsum, mx, post,
-                           c, u, P, cum, R)
+                    _chain(i, j, tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, lq, theta, acc, wsum, mx,
+                           post, c, u, cum, R)

@@ -23,6 +23,14 @@ viewed as (V, d):
 
 so one (d x V*d) matmul per token gives both; the cost is O(V d^2) per token (the same
 as O(S d) at the paper's S = 128, V = 16, d = 8) and everything stays nonnegative.
+
+Fast paths (same outputs; the tests hold them to the paths above at 1e-12 in float64):
+- A dense HMM (Q = I, as ``HMM`` stores one without factors) runs ``_dense_run``: per step
+  ``b <- normalize(b * O[:, o_t]) @ [T | T O]``, one (n, S) x (S, S + V) GEMM that also yields the next
+  prediction, over chunks of DENSE_CHUNK sequences, on preallocated buffers.
+- ``mixture_oracle`` on the CPU runs the compiled kernel of ``_mixture_kernel`` when numba is installed
+  (one (episode, task) chain at a time, exact skipping of terms below exp(-theta) of the running max,
+  total error <= MIX_TOL[dtype]); on CUDA, or without numba, the torch path (``_run``) runs.
 """
 
 from __future__ import annotations
@@ -205,6 +213,7 @@ def filter_factored(initial, W, Q, emission, tokens, *, reset=None, start=None, 
     or (S, V); tokens (N, T) int. Shared parameters (no leading N) are never copied N times.
     reset (T,) bool: a new independent sequence starts at t (belief back to ``initial``).
     start (N, S) or (S,): the belief before the token at ``start_pos`` (default 0) instead.
+    Shared dense parameters (Q the S x S identity) take the dense scaled forward (``_dense_run``).
     """
     device = torch.device("cpu") if device is None else torch.device(device)
     tok = torch.as_tensor(np.asarray(tokens) if not isinstance(tokens, torch.Tensor) else tokens)
@@ -404,23 +413,21 @@ def _numba():
 
 
 def _step_tables(mu, W, Q, O, start):
-    """Per task: MM (C, V, d, d + V) = [M_v | M_v Q O] and the first-step tables (C, V, d + V), (C, V)
-    from mu and from ``start`` (None: same as mu)."""
+    """Per task: M_v (C, V, d, d), (Q O)^T (C, V, d), and the first-step latents (C, V, d) and predictions
+    (C, V) from mu and from ``start`` (None: same as mu)."""
     C, S, V = O.shape
     d = W.shape[-1]
     K, M = _kernels(W, Q, O)  # (C, S, V d + V), (C, d, V d + V)
-    Mp = M[..., V * d:]  # (C, d, V) = Q @ O
-    Mv = M[..., :V * d].reshape(C, d, V, d).permute(0, 2, 1, 3)  # (C, V, d, d)
-    MM = torch.cat([Mv, Mv @ Mp[:, None]], -1).contiguous()
+    MM = M[..., :V * d].reshape(C, d, V, d).permute(0, 2, 1, 3).contiguous()  # (C, V, d, d)
+    MpT = M[..., V * d:].transpose(1, 2).contiguous()  # (C, V, d)
 
     def first(b):  # b (C, S)
         Y = torch.bmm(b[:, None], K)[:, 0]  # (C, V d + V)
-        u = Y[:, :V * d].reshape(C, V, d)
-        return torch.cat([u, u @ Mp], -1).contiguous(), Y[:, V * d:].contiguous()
+        return Y[:, :V * d].reshape(C, V, d).contiguous(), Y[:, V * d:].contiguous()
 
     Y0, P0 = first(mu)
     Ys, Ps = (Y0, P0) if start is None else first(start)
-    return MM, Y0, P0, Ys, Ps
+    return MM, MpT, Y0, P0, Ys, Ps
 
 
 def _log_bounds(Q, O, P0, Ps) -> np.ndarray:
@@ -463,9 +470,9 @@ def _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos,
         ids = np.arange(lo, min(lo + chunk_tasks, n))
         mu, W, Q, Oc = _task_params(mix, ids, dtype, "cpu")
         start = _propagate(mu, W, Q, burn_in) if test_start == "midstream" else None
-        MM, Y0, P0, Ys, Ps = (a.numpy() for a in _step_tables(mu, W, Q, Oc, start))
+        MM, MpT, Y0, P0, Ys, Ps = (a.numpy() for a in _step_tables(mu, W, Q, Oc, start))
         first = np.where((true >= lo) & (true < lo + len(ids)), true - lo, -1)
-        kern.mix_chunk(tok_np, kind, snap, MM, Y0, P0, Ys, Ps, logprior[ids], first, _log_bounds(Q, Oc, P0, Ps),
+        kern.mix_chunk(tok_np, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior[ids], first, _log_bounds(Q, Oc, P0, Ps),
                        theta, acc, wsum, mx,
                        post[:, :, lo:lo + len(ids)])
     s = wsum[..., None]
