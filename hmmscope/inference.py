@@ -444,6 +444,9 @@ def _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos,
                         dtype):
     """mixture_oracle on the CPU with the compiled kernel (same outputs; see _mixture_kernel)."""
     kern = _numba()
+    import numba
+
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))  # as torch: one per worker
     N, T = tok.shape
     V, n = mix.n_tokens, mix.n_tasks
     tok_np = tok.numpy().astype(np.int32)

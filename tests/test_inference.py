@@ -384,7 +384,15 @@ def test_mixture_kernel_matches_torch_path_with_skipping():
     torch.testing.assert_close(pa, pb, rtol=0, atol=1e-12)
     assert (pb[:, -1].max(-1).values > 1 - 1e-9).all()  # collapsed posterior
     assert (pa[:, -1] == 0).float().mean() > 0.5  # the kernel stopped most chains (their weight < exp(-theta))
-    (c, _), (d, _) = _kernel_and_torch(mix, ep, dtype=torch.float32)
+    import numba
+
+    saved = torch.get_num_threads()
+    try:  # the kernel uses as many threads as torch (one per sweep worker), never all cores
+        torch.set_num_threads(1)
+        (c, _), (d, _) = _kernel_and_torch(mix, ep, dtype=torch.float32)
+        assert numba.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(saved)
     assert c.dtype == torch.float32
     torch.testing.assert_close(c.double(), b, rtol=0, atol=1e-6, equal_nan=True)
     torch.testing.assert_close(d.double(), b, rtol=0, atol=1e-5, equal_nan=True)
