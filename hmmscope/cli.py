@@ -512,13 +512,14 @@ ThreadsOpt = Annotated[int | None, typer.Option(min=1, help="Threads for torch (
 def bench_filter_cmd(
     n_seqs: Annotated[int, typer.Option(min=1, help="Sequences filtered at once.")] = 4096,
     length: Annotated[int, typer.Option(min=1, help="Tokens per sequence.")] = 256,
+    peer_length: Annotated[int, typer.Option(min=1, help="Tokens in hmmlearn's one sequence.")] = 20000,
     threads: ThreadsOpt = None,
 ) -> None:
     """Filter tokens/s on one 128-state, 16-token HMM: dense vs hmmlearn, low-rank vs dense, each vs its GEMM limit."""
     from .bench import bench_filter
 
     _bench_threads(threads)
-    r = bench_filter(n_seqs=n_seqs, length=length)
+    r = bench_filter(n_seqs=n_seqs, length=length, peer_length=peer_length)
     S, V, d = r["n_states"], r["n_tokens"], r["rank"]
     typer.echo(f"filter, {n_seqs} x {length} tokens, {S} states, {V} tokens, {r['threads']} torch threads "
                "(hmmlearn: one sequence, single-threaded)")
