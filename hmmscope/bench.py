@@ -54,28 +54,125 @@ def bench_sample(n_seqs: int = 4096, length: int = 256, peer_length: int = 20000
     return {"ours_tokens_per_s": ours, "hmmlearn_tokens_per_s": theirs, "ratio": ours / theirs}
 
 
-def bench_filter(n_seqs: int = 4096, length: int = 256, peer_length: int = 100000, repeats: int = 3,
-                 **hmm_kw) -> dict[str, float]:
-    """Tokens/s of the task-oracle filter (float32, batched) vs hmmlearn's CategoricalHMM.score."""
+def gemm_rate(m: int, k: int, n: int, dtype=None, device="cpu", repeats: int = 3, calls: int = 20) -> float:
+    """Measured FLOP/s of `calls` back-to-back (m, k) x (k, n) matmuls into a preallocated buffer, best of
+    `repeats` (give `calls` the number of products the measured path runs, so both see the same load)."""
     import torch
 
-    from .inference import filter_factored
+    dtype = torch.float32 if dtype is None else dtype
+    dev = torch.device(device)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    a, b = (torch.rand(shape, generator=g).to(dev, dtype) for shape in ((m, k), (k, n)))
+    out = torch.empty((m, n), dtype=dtype, device=dev)
+
+    def run():
+        for _ in range(calls):
+            torch.mm(a, b, out=out)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    return 2 * m * k * n * calls / _best_time(run, repeats)
+
+
+def bench_filter(n_seqs: int = 4096, length: int = 256, peer_length: int = 20000, repeats: int = 3,
+                 **hmm_kw) -> dict[str, float]:
+    """Filter tokens/s, side by side, in one process, on one HMM (128 states, 16 tokens, rank 8 by default).
+
+    - dense: the public ``predictive(HMM(mu, T, O), tokens)`` (batched scaled forward, S x S per step),
+      float32 and float64, vs hmmlearn's CategoricalHMM.score on the same dense HMM, both of its
+      implementations ("log", its default, and "scaling");
+    - low-rank: ``predictive`` on the same HMM given as its rank-d factors T = W Q, vs the dense path;
+    - limits: the fp32 GEMM rate of each path's per-step product, measured here: (chunk, S) x (S, S)
+      for dense (2 S^2 FLOPs per token, as counted in the issue; the step also carries the V prediction
+      columns, (S, S + V)), and (n, d) x (d, V d + V) for low-rank.
+    """
+    import torch
+
+    from .inference import DENSE_CHUNK, predictive
 
     hmm = bench_hmm(**hmm_kw)
+    dense = HMM(hmm.initial, hmm.transition, hmm.emission)
+    S, V, d = hmm.n_states, hmm.n_tokens, hmm.rank
     peer = _hmmlearn_model(hmm)
     tokens, _ = hmm.sample(n_seqs, length, seed=2)
-    tok = torch.as_tensor(tokens, dtype=torch.long)
-    mu, W, Q, O = (torch.as_tensor(a, dtype=torch.float32) for a in (hmm.initial, hmm.W, hmm.Q, hmm.emission))
-    init = mu.expand(n_seqs, -1)
-    t_ours = _best_time(lambda: filter_factored(init, W, Q, O, tok, dtype=torch.float32), repeats)
+    n_tok = n_seqs * length
+    out: dict[str, float] = {"n_states": S, "n_tokens": V, "rank": d, "threads": torch.get_num_threads()}
+    preds = {}
+    for name, h, dt in (("dense_f32", dense, torch.float32), ("dense_f64", dense, torch.float64),
+                        ("lowrank_f32", hmm, torch.float32)):
+        preds[name] = predictive(h, tokens, dtype=dt)
+        out[f"{name}_tokens_per_s"] = n_tok / _best_time(lambda h=h, dt=dt: predictive(h, tokens, dtype=dt), repeats)
+    out["f32_vs_f64_max_abs"] = float(np.abs(preds["dense_f32"] - preds["dense_f64"]).max())
+    out["lowrank_vs_dense_max_abs"] = float(np.abs(preds["lowrank_f32"] - preds["dense_f64"]).max())
     x, _ = hmm.sample(1, peer_length, seed=3)
     X = x.reshape(-1, 1)
-    t_peer = _best_time(lambda: peer.score(X), repeats)
-    peer.implementation = "scaling"  # hmmlearn's faster forward pass, reported beside its default ("log")
-    t_scaling = _best_time(lambda: peer.score(X), repeats)
-    ours, theirs = n_seqs * length / t_ours, peer_length / t_peer
-    return {"ours_tokens_per_s": ours, "hmmlearn_tokens_per_s": theirs, "ratio": ours / theirs,
-            "hmmlearn_scaling_tokens_per_s": peer_length / t_scaling, "ratio_scaling": ours * t_scaling / peer_length}
+    for impl in ("log", "scaling"):
+        peer.implementation = impl
+        out[f"hmmlearn_{impl}_tokens_per_s"] = peer_length / _best_time(lambda: peer.score(X), repeats)
+    ours = out["dense_f32_tokens_per_s"]
+    out["ratio_log"] = ours / out["hmmlearn_log_tokens_per_s"]
+    out["ratio_scaling"] = ours / out["hmmlearn_scaling_tokens_per_s"]
+    out["ratio_lowrank_dense"] = out["lowrank_f32_tokens_per_s"] / ours
+    chunk = min(DENSE_CHUNK, n_seqs)
+    calls = -(-n_seqs // chunk) * length  # the dense path's GEMM count
+    out["gemm_dense_flops"] = gemm_rate(chunk, S, S, calls=calls, repeats=repeats)
+    out["gemm_dense_step_flops"] = gemm_rate(chunk, S, S + V, calls=calls, repeats=repeats)
+    out["dense_flops"] = ours * 2 * S * S
+    out["dense_frac_gemm"] = out["dense_flops"] / out["gemm_dense_flops"]
+    out["dense_frac_gemm_step"] = ours * 2 * S * (S + V) / out["gemm_dense_step_flops"]
+    out["gemm_lowrank_flops"] = gemm_rate(n_seqs, d, V * d + V, calls=length, repeats=repeats)
+    out["lowrank_flops"] = out["lowrank_f32_tokens_per_s"] * 2 * d * (V * d + V)
+    out["lowrank_frac_gemm"] = out["lowrank_flops"] / out["gemm_lowrank_flops"]
+    return out
+
+
+def bench_oracle(n_tasks=(512, 2048, 8192), n_episodes: int = 16, dtype: str = "float64", torch_peer: bool = True,
+                 full_episodes: int = 1024) -> dict[str, Any]:
+    """Mixture-oracle wall time at the paper's shape (128 states, 16 tokens, rank 8, 358-token episodes)
+    for each n_tasks, on `n_episodes` held-out episodes; `full_episodes` scales the per-episode part
+    linearly to the paper's evaluation set (the per-task tables, timed apart, are paid once): an
+    extrapolation, labelled so. With torch_peer, the smallest n_tasks is
+    also timed on the torch path (the one CUDA runs) on the first 4 of the same episodes, per episode."""
+    import torch
+
+    from . import inference
+    from .config import preset
+    from .episodes import sample_episodes
+    from .hmm import make_mixture
+
+    cfg = preset("paper")
+    dt = {"float32": torch.float32, "float64": torch.float64}[dtype]
+    rows = []
+    for n in n_tasks:
+        mix = make_mixture(dataclasses.replace(cfg.hmm, n_tasks=n), dtype=np.float32)
+        ep = sample_episodes(mix, cfg.data, n_episodes, split="eval")
+        inference.mixture_oracle(mix, ep.subset(slice(0, 1)), posterior_at="test_start", dtype=dt)  # load / warm up
+        t0, c0 = time.perf_counter(), time.process_time()
+        inference.mixture_oracle(mix, ep, posterior_at="test_start", dtype=dt)
+        s, cpu = time.perf_counter() - t0, time.process_time() - c0
+        t0, c0 = time.perf_counter(), time.process_time()  # the per-task tables alone: paid once, not per episode
+        for lo in range(0, n, 1024):
+            mu, W, Q, O = inference._task_params(mix, np.arange(lo, min(lo + 1024, n)), dt, "cpu")
+            inference._step_tables(mu, W, Q, O, None)
+        tab, tab_cpu = time.perf_counter() - t0, time.process_time() - c0
+        row = {"n_tasks": n, "seconds": s, "cpu_seconds": cpu, "tables_s": tab, "tables_cpu_s": tab_cpu,
+               "ns_per_task_token": (s - tab) / (n * n_episodes * ep.tokens.shape[1]) * 1e9,
+               "extrapolated_full_s": tab + (s - tab) * full_episodes / n_episodes,
+               "extrapolated_full_cpu_s": tab_cpu + (cpu - tab_cpu) * full_episodes / n_episodes}
+        if torch_peer and n == min(n_tasks):  # the torch path on the first few of the same episodes
+            k = min(4, n_episodes)
+            saved, inference._numba = inference._numba, lambda: None
+            try:
+                t0 = time.perf_counter()
+                inference.mixture_oracle(mix, ep.subset(slice(0, k)), posterior_at="test_start", dtype=dt)
+                row["torch_path_s_per_episode"] = (time.perf_counter() - t0) / k
+            finally:
+                inference._numba = saved
+            row["torch_path_ratio"] = row["torch_path_s_per_episode"] / (s / n_episodes)
+        rows.append(row)
+    kernel = "numba kernel" if inference._numba() is not None else "torch path (numba not installed)"
+    return {"rows": rows, "n_episodes": n_episodes, "dtype": dtype, "path": kernel,
+            "threads": torch.get_num_threads()}
 
 
 def bench_paper_dataset() -> dict[str, float]:
@@ -99,45 +196,119 @@ def bench_paper_dataset() -> dict[str, float]:
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12, "V100": 125e12}
 
 
-def _peak_flops(device) -> tuple[float | None, str]:
-    """Dense peak FLOP/s for MFU: the datasheet bf16 figure on known GPUs, else a measured fp32 GEMM."""
+def _datasheet_bf16(device) -> tuple[float | None, str]:
+    """The datasheet dense bf16 peak of a known GPU (printed beside the measured rate, never the MFU denominator)."""
     import torch
 
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, val in PEAK_BF16_FLOPS.items():
-            if key in name:
-                return val, f"{name} bf16 datasheet peak"
-        return None, f"{name}: unknown peak"
-    n = 1024
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    t = _best_time(lambda: a @ b, 5)
-    return 2 * n ** 3 / t, "measured fp32 1024^3 GEMM on this CPU"
+    if device.type != "cuda":
+        return None, ""
+    name = torch.cuda.get_device_name(device)
+    for key, val in PEAK_BF16_FLOPS.items():
+        if key in name:
+            return val, f"{name} bf16 datasheet"
+    return None, f"{name}: no datasheet figure"
 
 
-def _step_time(loss_fn, opt, steps: int, device, autocast) -> float:
-    """Seconds per training step (forward, backward, optimizer) of `loss_fn`, best of two runs."""
+def cpu_bf16_native() -> bool:
+    """True when this CPU has native bf16 matmul instructions (AVX512-BF16 or AMX)."""
+    import torch
+
+    cap = torch.backends.cpu.get_cpu_capability()
+    return "BF16" in cap or "AMX" in cap
+
+
+def _step_time(loss_fn, model, opt, steps: int, device, autocast) -> float:
+    """Seconds per training step as train.py runs it (forward, backward, clip_grad_norm_, AdamW), best of two."""
     import torch
 
     def run():
         for _ in range(steps):
             with autocast:
                 loss = loss_fn()
-            loss.backward()
-            opt.step()
             opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
         if device.type == "cuda":
             torch.cuda.synchronize()
 
     return _best_time(run, 2) / steps
 
 
-def bench_train(cfg, device: str = "auto", batch_size: int = 32, seq_len: int = 256, steps: int = 5,
-                peer: bool = True) -> dict[str, Any]:
-    """Tokens/s and MFU of one training step (forward, backward, AdamW) for `cfg.model`, vs HF RoFormer.
+def _sync_time(fn, device, repeats: int = 3) -> float:
+    import torch
 
-    The peer is transformers' RoFormerForCausalLM at the same shape (layers, heads, width, MLP,
-    vocabulary, batch, sequence), trained with the same AdamW step in the same process.
+    def run():
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    return _best_time(run, repeats)
+
+
+def _profile(cfg, m, ours, opt, x, y, dev, autocast, t_step: float, rate: float) -> dict[str, float]:
+    """Seconds per step lost to each source, against the ideal (counted FLOPs at the measured GEMM rate).
+
+    attention: SDPA forward + backward at the step's shape, all layers, minus its counted FLOPs at the
+    GEMM rate; optimizer: clip_grad_norm_ + AdamW step + zero_grad; data: train.py's batch_indices and
+    the row gather from a (n_train, T) token table (done outside the step in training, shown beside it);
+    other: the rest of the step (elementwise ops, norms, RoPE, loss, GEMMs below the measured rate).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from .train import batch_indices
+
+    B, T = x.shape
+    H, Dh = m.n_heads, m.d_model // m.n_heads
+    q, k, v = (torch.randn(B, H, T, Dh, device=dev, requires_grad=True) for _ in range(3))
+    g = torch.randn(B, H, T, Dh, device=dev)
+
+    def attn():
+        for _ in range(m.n_layers):
+            with autocast:
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out.backward(g)
+
+    t_attn = _sync_time(attn, dev)
+    attn_flops = 12.0 * m.n_layers * T * m.d_model * B * T
+    with autocast:
+        loss = ours(x, y)[1]
+    loss.backward()
+
+    def optim():
+        torch.nn.utils.clip_grad_norm_(ours.parameters(), 1.0)
+        opt.step()
+        for p in ours.parameters():  # keep the gradients (zero_grad(set_to_none) would drop them)
+            p.grad.zero_()
+
+    t_opt = _sync_time(optim, dev)
+    n_rows = min(cfg.data.n_train, 8192)
+    table = torch.randint(0, cfg.hmm.n_tokens + 1, (n_rows, T + 1), device=dev)
+    step = [0]
+
+    def data():
+        idx = torch.as_tensor(batch_indices(step[0], n_rows, B, 0), device=dev)
+        step[0] += 1
+        return table[idx]
+
+    t_data = _sync_time(data, dev, repeats=20)
+    ideal = ours.flops_per_token(T) * B * T / rate
+    attn_loss = max(t_attn - attn_flops / rate, 0.0)
+    return {"step_s": t_step, "ideal_s": ideal, "attention_s": attn_loss, "optimizer_s": t_opt, "data_s": t_data,
+            "other_s": t_step - ideal - attn_loss - t_opt}
+
+
+def bench_train(cfg, device: str = "auto", batch_size: int = 32, seq_len: int = 256, steps: int = 5,
+                peer: bool = True, profile: bool = False, compile: bool = False) -> dict[str, Any]:
+    """Tokens/s and MFU of one training step (forward, backward, clip, AdamW) for `cfg.model`, vs HF RoFormer.
+
+    MFU = counted FLOPs (Transformer.flops_per_token: 6 N + attention) per second over the matmul rate
+    measured in the same run on the same device: an fp32 GEMM of the model's MLP shape (B T, d_model) x
+    (d_model, d_mlp) on the CPU (which trains in fp32), bf16 on CUDA (which trains under bf16 autocast);
+    the other precision is measured and printed too (bf16 on a CPU only where it has native bf16), and
+    a GPU's datasheet figure beside it, labelled. The peer is transformers' RoFormerForCausalLM at the
+    same shape with the same AdamW step. compile: time torch.compile(model) instead of the eager model.
     """
     import contextlib
 
@@ -152,17 +323,33 @@ def bench_train(cfg, device: str = "auto", batch_size: int = 32, seq_len: int = 
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, vocab, (batch_size, seq_len), generator=g).to(dev)
     y = torch.randint(0, vocab, (batch_size, seq_len), generator=g).to(dev)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else contextlib.nullcontext()
+    cuda = dev.type == "cuda"
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
     ours = Transformer(m, vocab).to(dev)
     opt = ours.configure_optimizers(0.1, 1e-4, (0.9, 0.95))
-    t_ours = _step_time(lambda: ours(x, y)[1], opt, steps, dev, autocast)
+    fwd = torch.compile(ours) if compile else ours
+    t_ours = _step_time(lambda: fwd(x, y)[1], ours, opt, steps, dev, autocast)
     tokens = batch_size * seq_len
-    peak, peak_what = _peak_flops(dev)
+    rows, calls = batch_size * seq_len, max(4, 6 * m.n_layers)
+    rates = {"fp32": gemm_rate(rows, m.d_model, m.d_mlp, torch.float32, dev, calls=calls)}
+    if cuda or cpu_bf16_native():
+        rates["bf16"] = gemm_rate(rows, m.d_model, m.d_mlp, torch.bfloat16, dev, calls=calls)
+    denom = "bf16" if cuda else "fp32"
     flops = ours.flops_per_token(seq_len) * tokens / t_ours
+    sheet, sheet_what = _datasheet_bf16(dev)
     shape = f"{m.n_layers} layers x {m.d_model} x {m.n_heads} heads, batch {batch_size} x {seq_len}"
-    out: dict[str, Any] = {"device": str(dev), "shape": shape,
-                           "ours_tokens_per_s": tokens / t_ours, "ours_tflops": flops / 1e12,
-                           "mfu": flops / peak if peak else None, "peak": peak_what}
+    out: dict[str, Any] = {
+        "device": str(dev), "shape": shape, "compiled": compile,
+        "ours_tokens_per_s": tokens / t_ours, "flops_per_token": ours.flops_per_token(seq_len),
+        "ours_tflops": flops / 1e12, "gemm_shape": f"({rows}, {m.d_model}) x ({m.d_model}, {m.d_mlp})",
+        "measured_rates": rates, "mfu_denominator": denom, "mfu": flops / rates[denom],
+        "mfu_all": {k: flops / r for k, r in rates.items()},
+        "datasheet_bf16": sheet, "datasheet_what": sheet_what,
+        "cpu_bf16_native": None if cuda else cpu_bf16_native()}
+    if profile:
+        out["profile"] = _profile(cfg, m, ours, opt, x, y, dev, autocast, t_ours, rates[denom])
     if peer:
         try:
             from transformers import RoFormerConfig, RoFormerForCausalLM
@@ -174,6 +361,6 @@ def bench_train(cfg, device: str = "auto", batch_size: int = 32, seq_len: int = 
                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
         hf = RoFormerForCausalLM(hf_cfg).to(dev)
         hf_opt = torch.optim.AdamW(hf.parameters(), lr=1e-4, weight_decay=0.1)
-        t_peer = _step_time(lambda: hf(input_ids=x, labels=y).loss, hf_opt, steps, dev, autocast)
+        t_peer = _step_time(lambda: hf(input_ids=x, labels=y).loss, hf, hf_opt, steps, dev, autocast)
         out.update({"hf_roformer_tokens_per_s": tokens / t_peer, "ratio": t_peer / t_ours})
     return out

@@ -494,20 +494,87 @@ def bench_sample_cmd(
                    f"(mixture {p['mixture_s']:.1f} s, episodes {p['episodes_s']:.1f} s)")
 
 
+def _bench_threads(threads: int | None) -> None:
+    """Set torch's (and numba's, when installed) thread count for a benchmark; None keeps the default."""
+    if threads is None:
+        return
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        import numba
+    except ImportError:
+        return
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+
+
+ThreadsOpt = Annotated[int | None, typer.Option(min=1, help="Threads for torch (and numba); default: torch's.")]
+
+
 @bench_app.command("filter")
 @user_errors
 def bench_filter_cmd(
     n_seqs: Annotated[int, typer.Option(min=1, help="Sequences filtered at once.")] = 4096,
     length: Annotated[int, typer.Option(min=1, help="Tokens per sequence.")] = 256,
+    peer_length: Annotated[int, typer.Option(min=1, help="Tokens in hmmlearn's one sequence.")] = 20000,
+    threads: ThreadsOpt = None,
 ) -> None:
-    """Task-oracle filter tokens/s vs hmmlearn's CategoricalHMM.score on the same HMM."""
+    """Filter tokens/s on one 128-state, 16-token HMM: dense vs hmmlearn, low-rank vs dense, each vs its GEMM limit."""
     from .bench import bench_filter
 
-    r = bench_filter(n_seqs=n_seqs, length=length)
-    typer.echo(f"filter: hmmscope {r['ours_tokens_per_s']:,.0f} tokens/s ({n_seqs} x {length}), "
-               f"hmmlearn {r['hmmlearn_tokens_per_s']:,.0f} tokens/s; ratio {r['ratio']:.1f}x")
-    typer.echo(f"        hmmlearn implementation='scaling' {r['hmmlearn_scaling_tokens_per_s']:,.0f} tokens/s; "
-               f"ratio {r['ratio_scaling']:.1f}x")
+    _bench_threads(threads)
+    r = bench_filter(n_seqs=n_seqs, length=length, peer_length=peer_length)
+    S, V, d = r["n_states"], r["n_tokens"], r["rank"]
+    typer.echo(f"filter, {n_seqs} x {length} tokens, {S} states, {V} tokens, {r['threads']} torch threads "
+               "(hmmlearn: one sequence, single-threaded)")
+    typer.echo(f"  dense   hmmscope.predictive float32  {r['dense_f32_tokens_per_s']:>12,.0f} tokens/s   <- headline")
+    typer.echo(f"  dense   hmmscope.predictive float64  {r['dense_f64_tokens_per_s']:>12,.0f} tokens/s   "
+               f"(float32 - float64: max |diff| {r['f32_vs_f64_max_abs']:.1e})")
+    typer.echo(f"  dense   hmmlearn score, log          {r['hmmlearn_log_tokens_per_s']:>12,.0f} tokens/s   "
+               f"dense float32 / this = {r['ratio_log']:.1f}x")
+    typer.echo(f"  dense   hmmlearn score, scaling      {r['hmmlearn_scaling_tokens_per_s']:>12,.0f} tokens/s   "
+               f"dense float32 / this = {r['ratio_scaling']:.1f}x")
+    typer.echo(f"  rank {d}  hmmscope.predictive float32  {r['lowrank_f32_tokens_per_s']:>12,.0f} tokens/s   "
+               f"low-rank / dense = {r['ratio_lowrank_dense']:.2f}x (max |diff| vs dense float64 "
+               f"{r['lowrank_vs_dense_max_abs']:.1e})")
+    typer.echo(f"  limit   fp32 GEMM ({min(n_seqs, 1024)}, {S}) x ({S}, {S}), measured now: "
+               f"{r['gemm_dense_flops'] / 1e9:.1f} GFLOP/s; dense at 2 S^2 FLOPs/token: "
+               f"{r['dense_flops'] / 1e9:.1f} GFLOP/s = {100 * r['dense_frac_gemm']:.0f}% "
+               f"(counting the (S, S + V) product it runs: {100 * r['dense_frac_gemm_step']:.0f}% of that GEMM)")
+    typer.echo(f"  limit   fp32 GEMM ({n_seqs}, {d}) x ({d}, {V * d + V}), measured now: "
+               f"{r['gemm_lowrank_flops'] / 1e9:.1f} GFLOP/s; low-rank at 2 d (V d + V) FLOPs/token: "
+               f"{r['lowrank_flops'] / 1e9:.1f} GFLOP/s = {100 * r['lowrank_frac_gemm']:.0f}%")
+
+
+@bench_app.command("oracle")
+@user_errors
+def bench_oracle_cmd(
+    n_tasks: Annotated[str, typer.Option(help="Comma-separated task counts.")] = "512,2048,8192",
+    n_episodes: Annotated[int, typer.Option(min=1, help="Held-out episodes timed per task count.")] = 16,
+    dtype: Annotated[str, typer.Option(help="float32 or float64 (evaluate and train use float64).")] = "float64",
+    threads: ThreadsOpt = None,
+) -> None:
+    """Mixture-oracle cost vs n_tasks at the paper's shape (128 states, 16 tokens, rank 8, 358 tokens)."""
+    from .bench import bench_oracle
+
+    if dtype not in ("float32", "float64"):
+        raise ValueError(f"--dtype must be float32 or float64, got {dtype!r}")
+    try:
+        counts = [int(x) for x in n_tasks.split(",")]
+    except ValueError:
+        raise ValueError(f"--n-tasks must be comma-separated integers, got {n_tasks!r}") from None
+    if not counts or min(counts) < 1:
+        raise ValueError(f"--n-tasks must be positive, got {n_tasks!r}")
+    _bench_threads(threads)
+    r = bench_oracle(tuple(counts), n_episodes=n_episodes, dtype=dtype)
+    typer.echo(f"mixture oracle ({r['path']}, {r['dtype']}, {r['threads']} threads), {n_episodes} episodes x 358 tokens")
+    for row in r["rows"]:
+        peer = (f"; torch path (CUDA's) {row['torch_path_s_per_episode']:.2f} s/episode = "
+                f"{row['torch_path_ratio']:.1f}x slower" if "torch_path_ratio" in row else "")
+        typer.echo(f"  n_tasks {row['n_tasks']:>5}: {row['seconds']:8.2f} s wall ({row['cpu_seconds']:.2f} s CPU; "
+                   f"tables {row['tables_s']:.2f} s), {row['ns_per_task_token']:6.1f} ns per (task, episode, token) "
+                   f"past the tables; 1024 episodes, extrapolated: {row['extrapolated_full_s']:6.0f} s wall, "
+                   f"{row['extrapolated_full_cpu_s']:6.0f} s CPU{peer}")
 
 
 @bench_app.command("train")
@@ -521,17 +588,39 @@ def bench_train_cmd(
     seq_len: Annotated[int, typer.Option(min=2)] = 256,
     steps: Annotated[int, typer.Option(min=1, help="Timed steps per repeat.")] = 5,
     peer: Annotated[bool, typer.Option(help="Also time HF transformers' RoFormerForCausalLM.")] = True,
+    profile: Annotated[bool, typer.Option(help="One number per source of loss vs the measured GEMM rate.")] = False,
+    compile_: Annotated[bool, typer.Option("--compile", help="Time torch.compile(model) (compile time excluded).")]
+    = False,
+    threads: ThreadsOpt = None,
 ) -> None:
-    """Training tokens/s and MFU for a preset's model on this device, vs HF RoFormerForCausalLM."""
+    """Training tokens/s and MFU (vs the matmul rate measured in the same run) for a preset's model, vs HF RoFormer."""
     from .bench import bench_train
     from .train import resolve_device
 
     cfg = build_config(preset_, config, set_, {"train.device": device})
     resolve_device(cfg.train.device)
-    r = bench_train(cfg, cfg.train.device, batch_size=batch_size, seq_len=seq_len, steps=steps, peer=peer)
-    mfu = f"{100 * r['mfu']:.1f}% of {r['peak']}" if r["mfu"] is not None else f"n/a ({r['peak']})"
-    typer.echo(f"train ({r['device']}, {r['shape']}): hmmscope {r['ours_tokens_per_s']:,.0f} tokens/s, "
-               f"{r['ours_tflops']:.3f} TFLOP/s, MFU {mfu}")
+    _bench_threads(threads)
+    r = bench_train(cfg, cfg.train.device, batch_size=batch_size, seq_len=seq_len, steps=steps, peer=peer,
+                    profile=profile, compile=compile_)
+    typer.echo(f"train ({r['device']}{', compiled' if r['compiled'] else ''}, {r['shape']}): "
+               f"hmmscope {r['ours_tokens_per_s']:,.0f} tokens/s, {r['flops_per_token'] / 1e6:,.2f} MFLOP/token "
+               f"counted (6 N + attention), {r['ours_tflops']:.3f} TFLOP/s")
+    for k, rate in r["measured_rates"].items():
+        tag = "  <- MFU" if k == r["mfu_denominator"] else ""
+        typer.echo(f"  {k} GEMM {r['gemm_shape']} measured now: {rate / 1e12:.3f} TFLOP/s; "
+                   f"MFU {100 * r['mfu_all'][k]:.1f}%{tag}")
+    if r["cpu_bf16_native"] is False:
+        typer.echo("  bf16: this CPU has no native bf16 matmul (no AVX512-BF16/AMX); not measured")
+    if r["datasheet_bf16"]:
+        typer.echo(f"  ({r['datasheet_what']}: {r['datasheet_bf16'] / 1e12:.0f} TFLOP/s, "
+                   f"{100 * r['ours_tflops'] * 1e12 / r['datasheet_bf16']:.1f}% of it; not the MFU denominator)")
+    if "profile" in r:
+        p = r["profile"]
+        typer.echo(f"  profile, seconds per step: step {p['step_s']:.4f} = ideal at the measured GEMM rate "
+                   f"{p['ideal_s']:.4f} ({100 * p['ideal_s'] / p['step_s']:.0f}%)")
+        for k in ("attention", "optimizer", "other"):
+            typer.echo(f"    lost to {k:<9} {p[k + '_s']:.4f} ({100 * p[k + '_s'] / p['step_s']:.0f}% of the step)")
+        typer.echo(f"    data (outside the step) {p['data_s']:.4f} ({100 * p['data_s'] / p['step_s']:.0f}% of the step)")
     if "ratio" in r:
         typer.echo(f"peer HF RoFormerForCausalLM: {r['hf_roformer_tokens_per_s']:,.0f} tokens/s; "
                    f"ratio {r['ratio']:.2f}x")

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from hmmscope import inference
 from hmmscope.config import DataConfig, HMMConfig
 from hmmscope.episodes import layout, sample_episodes
 from hmmscope.hmm import HMM, Mixture, make_hmm, make_mixture
@@ -16,11 +17,14 @@ from hmmscope.inference import (
     memory_error,
     memory_predictor,
     mixture_oracle,
-    predictive,
     task_oracle,
 )
 
 F64 = torch.float64
+
+
+def predictive(h, tokens, dtype=F64):  # the known-answer tests below run in float64 (the default is float32)
+    return inference.predictive(h, tokens, dtype=dtype)
 
 
 def _random_hmm(rng, S, V, d=None):
@@ -307,3 +311,88 @@ def test_memory_error_vanishes_when_fully_observed():
     assert np.all(r.eps < 1e-6)
     noisy = make_hmm(HMMConfig(n_tasks=1, n_states=6, n_tokens=8, rank=3, gamma=0.5, rho=0.1))
     assert memory_error(noisy, [1], n_histories=200, burn_in=20, seed=1).eps[0] > 1e-3
+
+
+# ---------------------------------------------------------------- fast paths
+
+
+def test_predictive_default_is_float32_within_1e6_of_float64():
+    h = _random_hmm(np.random.default_rng(11), 128, 16)
+    tok = h.sample(8, 300, seed=1)[0]
+    p32 = inference.predictive(h, tok)
+    assert p32.dtype == np.float32
+    np.testing.assert_allclose(p32, predictive(h, tok), rtol=0, atol=1e-6)
+
+
+def _per_seq(a, n):  # the same parameters with a leading N axis: forces the rank-d path
+    return np.repeat(np.asarray(a)[None], n, 0)
+
+
+@pytest.mark.parametrize("dtype, tol", [(F64, 1e-12), (torch.float32, 1e-6)])
+def test_dense_path_matches_factor_path(dtype, tol):
+    """Dense HMM (Q = I): the S x S forward against the factor path on the same input, with resets, a
+    start belief, missing tokens and a probability-0 observation, in chunks smaller than the batch."""
+    rng = np.random.default_rng(5)
+    h = _random_hmm(rng, 6, 4)
+    O = h.emission.copy()
+    O[:, 3] = 0.0
+    O[0, 3] = 1.0 - O[0, :3].sum()  # token 3 only from state 0
+    O[1:, :3] /= O[1:, :3].sum(1, keepdims=True)
+    T = h.transition.copy()
+    T[:, 0] = 0.0
+    T /= T.sum(1, keepdims=True)  # state 0 is never re-entered: a late token 3 has probability 0
+    N, L = 7, 19
+    tok = rng.integers(0, 3, (N, L))
+    tok[:, 4] = 4  # delimiter: missing
+    tok[2, 9] = -1
+    tok[3, 12] = 3
+    start = rng.dirichlet(np.ones(6), N)
+    reset = np.zeros(L, bool)
+    reset[5] = True
+    kw = dict(reset=reset, start=start, start_pos=13, dtype=dtype)
+    pd, ld, _ = inference._dense_run(*(torch.as_tensor(a, dtype=dtype) for a in (h.initial, T, O)),
+                                     torch.as_tensor(tok), reset=reset, start=torch.as_tensor(start, dtype=dtype),
+                                     start_pos=13, chunk=3)
+    pf, lf = filter_factored(h.initial, _per_seq(T, N), _per_seq(np.eye(6), N), O, tok, **kw)
+    pp, lp = filter_factored(h.initial, T, np.eye(6), O, tok, **kw)  # public entry: routed to the dense path
+    for p, lg in ((pd, ld), (pp, lp)):
+        torch.testing.assert_close(p, pf, rtol=0, atol=tol, equal_nan=True)
+        torch.testing.assert_close(lg, lf, rtol=0, atol=tol)
+    assert torch.isneginf(lp[3, 12]) and (lp[3, 13:] == lp[3, 13:]).all()  # -inf, never NaN
+    assert torch.isnan(pp[:, 4]).all() and (lp[:, 4] == 0).all()
+
+
+def _kernel_and_torch(mix, ep, **kw):
+    got = mixture_oracle(mix, ep, **kw)
+    saved, inference._numba = inference._numba, lambda: None
+    try:
+        ref = mixture_oracle(mix, ep, **kw)
+    finally:
+        inference._numba = saved
+    return got, ref
+
+
+@pytest.mark.skipif(inference._numba() is None, reason="numba not installed: the torch path is the only one")
+def test_mixture_kernel_matches_torch_path_with_skipping():
+    """The compiled CPU kernel against the torch path (the one CUDA runs). gamma = 0.95 and long demos
+    make the posterior collapse, so the kernel's bounded skipping and chain stopping do fire."""
+    mix = make_mixture(HMMConfig(n_tasks=40, n_states=12, n_tokens=6, rank=3, gamma=0.95, rho=0.02, seed=4))
+    ep = sample_episodes(mix, DataConfig(n_demos=3, l_demo=40, l_test=30, test_start="midstream", burn_in=3), 5)
+    pos = [0, 41, int(np.flatnonzero(ep.test_mask)[0]), ep.seq_len]
+    (a, pa), (b, pb) = _kernel_and_torch(mix, ep, posterior_at=pos, dtype=F64)
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-12, equal_nan=True)
+    torch.testing.assert_close(pa, pb, rtol=0, atol=1e-12)
+    assert (pb[:, -1].max(-1).values > 1 - 1e-9).all()  # collapsed posterior
+    assert (pa[:, -1] == 0).float().mean() > 0.5  # the kernel stopped most chains (their weight < exp(-theta))
+    import numba
+
+    saved = torch.get_num_threads()
+    try:  # the kernel uses as many threads as torch (one per sweep worker), never all cores
+        torch.set_num_threads(1)
+        (c, _), (d, _) = _kernel_and_torch(mix, ep, dtype=torch.float32)
+        assert numba.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(saved)
+    assert c.dtype == torch.float32
+    torch.testing.assert_close(c.double(), b, rtol=0, atol=1e-6, equal_nan=True)
+    torch.testing.assert_close(d.double(), b, rtol=0, atol=1e-5, equal_nan=True)

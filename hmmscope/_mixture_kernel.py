@@ -1,0 +1,167 @@
+"""Compiled CPU kernel of the mixture oracle (numba): one (episode, task) chain at a time, in registers.
+
+Imported lazily by ``inference.mixture_oracle`` when numba is installed and the device is the CPU; the
+torch path (``inference._run``) does the same computation everywhere else and is the reference.
+
+Per episode i and task j the filter state is the latent c (d,) of the low-rank representation (the
+predicted belief is c @ Q_j); one observation o costs z = c @ (Q O)[:, o] (d MACs) and the next latent
+c @ M_o / z (d^2 MACs, ``M_o = Q diag(O[:, o]) W``); the task's full prediction c @ Q O (d V MACs) is
+formed only when its mixture weight passes the theta test below. The log joint
+``L = log p(o_<t, task j)`` is kept in float64. The mixture prediction at t is accumulated over tasks
+with an online max per (i, t): ``acc[i, t] = sum_j exp(L_j(t) - mx[i, t]) P_j(t)``, divided at the end by
+``wsum[i, t] = sum_j exp(L_j(t) - mx[i, t])`` (the posterior weights, as in the torch path).
+
+Exact skipping, bounded by theta (``err <= 2 n_tasks exp(-theta)`` in total variation of each predicted
+row, and the same bound on each posterior row):
+- a term with ``L_j(t) < mx[i, t] - theta`` is not added (its relative weight is below exp(-theta), and
+  mx only grows as more tasks are seen, so against the final normalizer it is smaller still);
+- a task's chain is stopped at t when no later term can pass that test. Bound: after a transition the
+  predicted belief is ``c @ Q_j`` with c a distribution over the d prototypes, so ``p(o_s | o_<s, j) =
+  c @ (Q_j O_j)[:, o_s] <= max_e (Q_j O_j)[e, o_s] = exp(lq[j, o_s])``; at a restart the prediction is
+  known exactly (``P0`` / ``Ps``). Hence ``L_j(t') <= L_j(t) + cum[t'] - cum[t]`` with cum the prefix
+  sums of these per-token bounds over the episode's observations, and the chain stops when
+  ``L_j(t) - cum[t] < min_{t' >= t} (mx[t'] - theta - cum[t'])``. Its later posterior entries are
+  reported as -inf (their true relative weight is below exp(-theta)).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}  # no 'nnan'/'ninf': log(0) = -inf is meaningful here
+
+
+@numba.njit(fastmath=_FASTMATH, cache=True)
+def _chain(i, j, tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, lq, theta, acc, wsum, mx, post,
+           c, u, cum, R):  # pragma: no cover
+    """Run task j's filter over episode i, adding its terms to acc / wsum / mx and its posterior entries.
+
+    State: the latent c (d,) with predicted belief c @ Q_j (src 0), or a restart (src 1: mu, 2: the test
+    start). Per observation: z = p(o | past) = c @ (Q O)[:, o] (d MACs), next latent c @ M_o / z (d^2);
+    the full prediction c @ Q O (d V) only when its mixture weight passes the theta test.
+    """
+    T = tok.shape[1]
+    V, d = MM.shape[1], MM.shape[2]
+    b = 1  # cum[t] = sum over observed s < t of the bound on log p(o_s | o_<s, j)
+    for t in range(T):
+        if kind[t] != 0:
+            b = kind[t]
+        o = tok[i, t]
+        if 0 <= o < V:
+            cum[t + 1] = cum[t] + lq[b, j, o]
+            b = 0
+        else:
+            cum[t + 1] = cum[t]
+    # R[t] = min over observed t' >= t of mx[t'] - theta - cum[t'] (a stale mx only lowers it)
+    R[T] = np.inf
+    for t in range(T - 1, -1, -1):
+        o = tok[i, t]
+        r = mx[i, t] - theta - cum[t] if 0 <= o < V else np.inf
+        R[t] = r if r < R[t + 1] else R[t + 1]
+    L = logprior[j]
+    src = 1
+    for t in range(T):
+        if kind[t] != 0:
+            src = kind[t]
+        s = snap[t]
+        if s >= 0:
+            post[i, s, j] = L
+        if L - cum[t] < R[t]:  # no later term of this task can reach exp(-theta)
+            return
+        o = tok[i, t]
+        if o < 0 or o >= V:
+            continue
+        m = mx[i, t]
+        if L > m:
+            if m > -np.inf:
+                sc = math.exp(m - L)
+                for v in range(V):
+                    acc[i, t, v] *= sc
+                wsum[i, t] *= sc
+            mx[i, t] = L
+            m = L
+        if L >= m - theta and L > -np.inf:  # add w * p(. | past, j)
+            w = math.exp(L - m)
+            wsum[i, t] += w
+            if src == 0:
+                for v in range(V):
+                    pv = 0.0
+                    for e in range(d):
+                        pv += c[e] * MpT[j, v, e]
+                    acc[i, t, v] += w * pv
+            elif src == 1:
+                for v in range(V):
+                    acc[i, t, v] += w * P0[j, v]
+            else:
+                for v in range(V):
+                    acc[i, t, v] += w * Ps[j, v]
+        if src == 0:
+            z = 0.0
+            for e in range(d):
+                z += c[e] * MpT[j, o, e]
+            for f in range(d):
+                u[f] = 0.0
+            for e in range(d):
+                ce = c[e]
+                for f in range(d):
+                    u[f] += ce * MM[j, o, e, f]
+        elif src == 1:
+            z = P0[j, o]
+            for f in range(d):
+                u[f] = Y0[j, o, f]
+        else:
+            z = Ps[j, o]
+            for f in range(d):
+                u[f] = Ys[j, o, f]
+        src = 0
+        if z > 0:
+            L += math.log(z)
+            rz = 1.0 / z
+            for e in range(d):
+                c[e] = u[e] * rz
+        else:
+            L = -np.inf
+            for e in range(d):
+                c[e] = 0.0
+    s = snap[T]
+    if s >= 0:
+        post[i, s, j] = L
+
+
+BLOCK = 8  # episodes per block: a task's tables (V d (d + V) numbers) are reused by them from cache
+
+
+@numba.njit(parallel=True, fastmath=_FASTMATH, cache=True)
+def mix_chunk(tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, first, lq, theta, acc, wsum, mx, post):  # pragma: no cover
+    """Accumulate one chunk of C tasks into acc (N, T, V), wsum and mx (N, T) (float64, in place).
+
+    tok (N, T) int (outside [0, V): missing); kind (T,) int8: 1 restart from mu, 2 restart from the
+    test start, 0 continue; snap (T + 1,) int: posterior slot of each position or -1; MM (C, V, d, d) the
+    latent update M_v; MpT (C, V, d) = (Q O)^T; Y0, Ys (C, V, d) first-step latents (unnormalized) from mu /
+    the test start; P0, Ps (C, V) their predictions;
+    logprior (C,) float64; first (N,) chunk-local task to run first for each episode or -1; lq (3, C, V)
+    float64 bounds on log p(o = v | past, task) after a transition, at a restart from mu, at a restart
+    from the test start; post (N, n_snap, C) float64 (filled). Episodes run in blocks of BLOCK, tasks
+    outermost within a block.
+    """
+    N, T = tok.shape
+    C, d = MM.shape[0], MM.shape[2]
+    for blk in numba.prange((N + BLOCK - 1) // BLOCK):
+        i0 = blk * BLOCK
+        i1 = min(i0 + BLOCK, N)
+        c = np.zeros(d, MM.dtype)
+        u = np.empty(d, MM.dtype)
+        cum = np.zeros(T + 1)
+        R = np.empty(T + 1)
+        for i in range(i0, i1):  # each episode's likely task first: mx rises early, more is skipped
+            if first[i] >= 0:
+                _chain(i, first[i], tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, lq, theta, acc, wsum, mx,
+                       post, c, u, cum, R)
+        for j in range(C):
+            for i in range(i0, i1):
+                if j != first[i]:
+                    _chain(i, j, tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, lq, theta, acc, wsum, mx,
+                           post, c, u, cum, R)
