@@ -612,3 +612,18 @@ def test_jobs_do_not_import_the_sweep_layer():
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module is None
                  for a in n.names}
     assert not imported & {"sweep", "report", "cli"}, imported
+
+
+def test_sweep_run_exits_nonzero_when_a_worker_crashes(tmp_path):
+    """A worker that dies with a traceback (here: the stored spec is unreadable) makes `sweep run` fail loudly."""
+    import optuna
+    from typer.testing import CliRunner
+
+    from hmmscope.cli import app
+
+    spec = theory_spec(tmp_path, name="crash", ranks="[2]")
+    storage, uri = stores(tmp_path)
+    study, _, _ = create_study(spec, storage, uri)
+    optuna.load_study(study_name="crash", storage=storage).set_user_attr("spec_text", "[sweep\n")  # breaks workers only
+    r = CliRunner().invoke(app, ["sweep", "run", str(tmp_path / "crash.toml"), "--storage", storage, "--tracking-uri", uri])
+    assert r.exit_code == 1 and "1 worker(s) crashed (exit codes [1])" in r.output, r.output

@@ -49,10 +49,10 @@ def test_ui_serves_the_store_and_stops_its_servers(tmp_path, stop):
     proc = subprocess.Popen([str(exe), "ui", "--port", str(port)], cwd=tmp_path, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.time() + 90
+        deadline = time.time() + 240  # 6-15 s on a quiet machine; minutes on a loaded one
         while not _answers(f"http://127.0.0.1:{port}/health"):
             assert proc.poll() is None, f"hmmscope ui exited with {proc.returncode}"
-            assert time.time() < deadline, "the MLflow UI did not answer within 90 s"
+            assert time.time() < deadline, "the MLflow UI did not answer within 240 s"
             time.sleep(0.5)
         assert (tmp_path / "mlruns" / "mlflow.db").exists()  # it serves the default store, created once
         if run_id is not None:  # the moved store's artifacts, as the server finds them
