@@ -55,6 +55,7 @@ seeds = [0, 1]
 experiment = "faults"
 heartbeat_interval = 1
 grace_period = 3
+max_retry = 3
 """ + FIXED + """
 [space]
 "model.pos_enc" = {{grid = ["rope", "absolute"]}}
