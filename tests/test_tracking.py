@@ -218,3 +218,12 @@ def test_gc_marks_orphans_killed_and_leaves_live_runs(tmp_path):
     assert abs(s.info.end_time - (now - 400) * 1000) < 1000  # ended at its last heartbeat
     assert [c.get_run(x).info.status for x in (mine, beating, legacy)] == ["RUNNING"] * 3
     assert tracking.gc_runs(uri) == []
+
+
+def test_imports_without_fcntl():
+    """Windows has no fcntl: the package must import (locks come from the filelock package)."""
+    code = ("import sys; sys.modules['fcntl'] = None\n"
+            "import hmmscope.tracking, hmmscope.sweep, hmmscope.jobs, hmmscope.report, hmmscope.cli\n"
+            "import filelock; print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
