@@ -19,6 +19,8 @@ bench_app = typer.Typer(no_args_is_help=True, help="Speed benchmarks against nam
 app.add_typer(bench_app, name="bench")
 sweep_app = typer.Typer(no_args_is_help=True, help="Optuna sweeps: every trial an MLflow run under one parent run.")
 app.add_typer(sweep_app, name="sweep")
+runs_app = typer.Typer(no_args_is_help=True, help="Housekeeping of MLflow runs.")
+app.add_typer(runs_app, name="runs")
 
 
 class Preset(StrEnum):
@@ -309,12 +311,19 @@ def run_cmd(
     """The main job: theory sweep, training + Figure 1, layerwise analysis, a small training sweep and its report."""
     from . import tracking
     from .jobs import main_job
+    from .report import build_report
+    from .sweep import run_sweep
     from .train import resolve_device
 
     cfg = build_config(preset_, config, set_, {"train.device": device})
     resolve_device(cfg.train.device)
     uri = tracking.resolve_uri(tracking_uri)
-    res = main_job(cfg, uri, experiment, out, progress=sys.stderr.isatty(), workers=workers,
+
+    def sweep_and_report(spec, report_dir):  # the jobs layer reaches the sweep layer only through this
+        sw = run_sweep(spec, workers=workers, uri=uri, log=lambda m: None)
+        return sw, build_report(uri, sw.parent_run_id, report_dir, storage=sw.storage)
+
+    res = main_job(cfg, uri, experiment, out, sweep=sweep_and_report, progress=sys.stderr.isatty(),
                    on_stage=lambda s: typer.echo(f"[hmmscope run] {s} ...", err=True))
     m = res.eval_metrics
     typer.echo("")
@@ -367,7 +376,13 @@ def sweep_run_cmd(
     typer.echo(f"sweep {res.study_name}: {res.complete} complete, {res.failed} failed, {res.pruned} pruned of "
                f"{res.n_trials} ({res.retried} retried); MLflow parent run {res.parent_run_id}")
     typer.echo(f"report: hmmscope report {res.study_name}    browse: {tracking.ui_command(uri)}")
-    if not res.finished:
+    if res.killed_workers:
+        typer.echo(f"warning: {len(res.killed_workers)} worker(s) were killed (exit codes {res.killed_workers}: "
+                   "minus the signal); their trials were retried", err=True)
+    if res.crashed_workers:
+        typer.echo(f"error: {len(res.crashed_workers)} worker(s) crashed (exit codes {res.crashed_workers}); "
+                   "see their output above", err=True)
+    if not res.finished or res.crashed_workers:
         raise typer.Exit(1)
 
 
@@ -377,12 +392,15 @@ def sweep_worker_cmd(
     study: Annotated[str, typer.Argument(help="Study name (the spec's sweep.name).")],
     storage: Annotated[str, typer.Option("--storage", help="The study's Optuna storage URL.")],
     max_trials: Annotated[int | None, typer.Option(min=1, help="Stop after this many trials.")] = None,
+    gpu: Annotated[int | None, typer.Option(min=0, help="Use only this GPU (index among the visible ones).")] = None,
     tracking_uri: UriOpt = None,
 ) -> None:
     """Join a study from this machine (e.g. a GPU box sharing a PostgreSQL storage)."""
     from . import tracking
-    from .sweep import run_worker
+    from .sweep import pin_gpu, run_worker
 
+    if gpu is not None:
+        pin_gpu(gpu)
     n = run_worker(study, storage, tracking.resolve_uri(tracking_uri), max_trials=max_trials,
                    log=lambda m: typer.echo(m, err=True))
     typer.echo(f"worker ran {n} trial(s) of {study}")
@@ -393,13 +411,37 @@ def sweep_worker_cmd(
 def sweep_status_cmd(
     study: Annotated[str, typer.Argument(help="Study name.")],
     storage: StorageOpt = None,
+    tracking_uri: UriOpt = None,
 ) -> None:
-    """The study's trials: state, params, objective value, MLflow run, retries."""
-    from .sweep import default_storage, study_status
+    """The study's trials: state, params, objective value, MLflow run, retries; marks orphan runs KILLED."""
+    from . import tracking
+    from .sweep import default_storage, study_orphans, study_status
 
-    rows = study_status(study, storage or default_storage())
+    url = storage or default_storage()
+    rows = study_status(study, url)
     _print_table(f"study {study}", [{k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in r.items()}
                                     for r in rows])
+    study_orphans(study, url, tracking.resolve_uri(tracking_uri), log=lambda m: typer.echo(m, err=True))
+
+
+@runs_app.command("gc")
+@user_errors
+def runs_gc_cmd(
+    experiment: Annotated[list[str] | None, typer.Option(help="Only this experiment (repeatable; default all).")] = None,
+    dry_run: Annotated[bool, typer.Option(help="List the orphan runs without marking them.")] = False,
+    tracking_uri: UriOpt = None,
+) -> None:
+    """Mark orphan RUNNING runs (their process is gone, or no heartbeat) KILLED, with the reason."""
+    from . import tracking
+
+    uri = tracking.resolve_uri(tracking_uri)
+    try:
+        found = tracking.gc_runs(uri, experiments=experiment or None, dry_run=dry_run)
+    except Exception as e:  # e.g. a read-only store: say so in one line
+        fail(f"cannot mark orphan runs in {uri}: {str(e).splitlines()[0] if str(e) else type(e).__name__}", 1)
+    _print_table("orphan runs" + (" (dry run: not marked)" if dry_run else " marked KILLED"),
+                 [{"run": r.info.run_id, "name": r.info.run_name, "reason": why} for r, why in found])
+    typer.echo(f"{len(found)} orphan run(s) {'found' if dry_run else 'marked KILLED'}")
 
 
 @app.command("report")
@@ -407,13 +449,17 @@ def sweep_status_cmd(
 def report_cmd(
     sweep: Annotated[str, typer.Argument(help="Sweep (study) name or its MLflow parent run id.")],
     out: Annotated[Path | None, typer.Option(help="Folder for report.md / report.html (default out/report-NAME).")] = None,
+    storage: Annotated[str | None, typer.Option("--storage", help="The study's Optuna storage URL (default: "
+                                                "optuna.db beside the tracking store, the URL the sweep recorded, "
+                                                "./mlruns/optuna.db).")] = None,
     tracking_uri: UriOpt = None,
 ) -> None:
     """Statistical report of a sweep (Markdown + HTML, figures), also logged to the sweep's parent run."""
     from . import tracking
     from .report import build_report
 
-    rep = build_report(tracking.resolve_uri(tracking_uri), sweep, out or Path("out") / f"report-{sweep}")
+    rep = build_report(tracking.resolve_uri(tracking_uri), sweep, out or Path("out") / f"report-{sweep}",
+                       storage=storage)
     for line in rep.summary_lines():
         typer.echo(line)
 

@@ -2,6 +2,8 @@
 
 Library modules compute; this module wires their results into MLflow runs through
 `tracking` (the only module that talks to MLflow) and files under an output folder.
+Dependencies run one way: the sweep layer (sweep.py, report.py) calls these jobs; this module
+imports neither, and the main job reaches the sweep through the function the CLI hands it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,16 @@ from .config import Config
 # ---------------------------------------------------------------- evaluation
 
 
+def _require_checkpoint(run: tracking.Run) -> None:
+    """ValueError naming the path looked for when the run has no checkpoint (before any work)."""
+    from .train import CKPT_DIR, CKPT_NAME
+
+    try:
+        run.require(f"{CKPT_DIR}/{CKPT_NAME}")
+    except FileNotFoundError as e:
+        raise ValueError(f"run {run.run_id} has no checkpoint: {e}") from None
+
+
 def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int | None = None,
                  batch_size: int = 64) -> dict[str, float]:
     """Figure 1 for a trained run: tables, figure and headline metrics logged into that run."""
@@ -30,6 +42,7 @@ def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int
     from .train import load_checkpoint, model_from_checkpoint, resolve_device
 
     run = tracking.existing_run(uri, run_id)
+    _require_checkpoint(run)
     dev = resolve_device(device)
     with tempfile.TemporaryDirectory() as tmp:
         ck = load_checkpoint(uri, run_id, tmp)
@@ -121,7 +134,7 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
     if Path(target).suffix == ".pt" or Path(target).is_file():
         ck, parent = read_checkpoint(target), None
     else:
-        tracking.existing_run(uri, target)
+        _require_checkpoint(tracking.existing_run(uri, target))
         with tempfile.TemporaryDirectory() as tmp:
             ck = load_checkpoint(uri, target, tmp)
         parent, experiment = target, tracking.experiment_name(uri, target)
@@ -279,17 +292,19 @@ class MainResult:
     report: Any  # report.Report
 
 
-def main_job(cfg: Config, uri: str, experiment: str, out: Path, *, progress: bool = True, workers: int = 2,
+def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
+             sweep: Callable[[Any, Path], tuple[Any, Any]], progress: bool = True,
              on_stage: Callable[[str], None] = lambda s: None) -> MainResult:
     """The main job: theory sweep, training + Figure 1, layerwise analysis, a small training sweep, its report.
 
     Theory, training and analysis runs sit under one parent run "main"; the sweep has its own parent
-    run (one child per trial), and its report is logged there. Re-running resumes: a finished sweep
-    is not run again.
+    run (one child per trial), and its report is logged there. `sweep(spec, report_dir)` runs the
+    training sweep `spec` (a `sweep_spec.SweepSpec` of MAIN_SWEEP) and writes its report under
+    `report_dir`, returning (sweep summary, report): the caller hands it in (the CLI uses `sweep.run_sweep`
+    and `report.build_report`), so this module never imports the sweep layer, which imports it.
+    Re-running resumes: a finished sweep is not run again.
     """
     from .config import flatten
-    from .report import build_report
-    from .sweep import run_sweep
     from .sweep_spec import parse_spec
     from .train import train
 
@@ -305,10 +320,8 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *, progress: boo
         parent.log_metrics(ev)
         on_stage("layerwise analysis (Figures 2, 3a, 3b)")
         an = analyze_run(uri, tr.run_id, device=cfg.train.device)
-        on_stage(f"training sweep {sweep_spec.name!r} ({workers} workers)")
-        sw = run_sweep(sweep_spec, workers=workers, uri=uri, log=lambda m: None)
-        on_stage("sweep report")
-        rep = build_report(uri, sw.parent_run_id, out / f"report-{sweep_spec.name}")
+        on_stage(f"training sweep {sweep_spec.name!r} and its report")
+        sw, rep = sweep(sweep_spec, out / f"report-{sweep_spec.name}")
         parent.set_tags({"hmmscope.train_run": tr.run_id, "hmmscope.theory_run": theory_id or "",
                          "hmmscope.analysis_run": an.run_id, "hmmscope.sweep_run": sw.parent_run_id})
         return MainResult(parent.run_id, tr.run_id, theory_id, ev, th, an, sw, rep)

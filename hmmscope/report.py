@@ -1,15 +1,28 @@
 """`hmmscope report`: read a sweep's runs back from MLflow and write the statistical summary (SCIENCE.md 7).
 
-    report = build_report(uri, "my-study", Path("out/report"))
+    report = build_report(uri, "my-study", Path("out/report"))          # storage found as below
+    report = build_report(uri, "my-study", Path("out/report"), storage="postgresql://...")
     print("\\n".join(report.summary_lines()))
 
-A sweep is one parent run (tag hmmscope.kind = "sweep", tag hmmscope.study = <name>) with one child
-per trial (FINISHED = complete; FAILED with tag hmmscope.pruned = "true" or failure reason
-"TrialPruned: ..." = pruned; other FAILED/KILLED = failed; RUNNING = running). All of a sweep's runs are
-read from the parent's experiment. A training trial is the training run itself (params = flattened config, metrics eval/*,
-memory/*), possibly with a grandchild "analysis" (claim/<name>/value|ci_lo|ci_hi, tags verdict/<name>);
-a theory trial is a theory parent run whose children are the settings (theory/rate, rate_lo, rate_hi,
-log_intercept, gamma_eff).
+Which trials count. The Optuna study is the record of a sweep: the report counts trials by their
+study states (complete / failed / pruned / running / waiting, and "retried": failed trials whose slot
+was run again after their worker died or was interrupted), and exactly one MLflow run per COMPLETE
+trial enters any statistic: the run the trial recorded (user attr mlflow_run_id; with its analysis run,
+user attr mlflow_analysis_run_id). Other children of the parent run (the finished run of a worker killed
+before it told the study, runs of interrupted or failed trials) are never read.
+
+Finding the study. `sweep` is a study name or the sweep's MLflow parent run id. The storage is, in
+order: `storage` if given; else the first of these that holds the study: `optuna.db` beside a sqlite
+tracking database (the project's default layout, `mlruns/optuna.db`, which moves with the project), the
+storage URL the parent run recorded (tag hmmscope.storage; unusable when its password was masked),
+and `./mlruns/optuna.db`. Nothing is created while looking. The study's user attr
+mlflow_parent_run_id names its parent run (one per study, see sweep.py). No study -> ValueError
+naming where it looked.
+
+A sweep is one parent run with one child per trial. A training trial is the training run itself
+(params = flattened config, metrics eval/*, memory/*), possibly with a grandchild "analysis"
+(claim/<name>/value|ci_lo|ci_hi, tags verdict/<name>); a theory trial is a theory parent run whose
+children are the settings (theory/rate, rate_lo, rate_hi, log_intercept, gamma_eff).
 
 The report is built once as a list of blocks (heading, paragraph, table, image) per section, then
 rendered to Markdown (GitHub pipe tables) and HTML (escaped text, <table>); both files, the PNG
@@ -158,49 +171,102 @@ def claim_side(name: str, per_run: list[tuple[float, str]] | None = None) -> int
 @dataclass
 class _Trials:
     parent: Any
-    complete: list
-    failed: list
-    pruned: list
-    running: list
+    complete: list  # the one MLflow run of each COMPLETE trial, by trial number
+    counts: dict  # trial states from the study: complete, failed, pruned, running, waiting, retried
     children: dict  # run id -> list of child runs (whole experiment)
+    analysis: dict  # training run id -> the analysis run id its trial recorded
+    notes: list
 
 
-def _find_parent(uri: str, sweep: str):
+def _storage_candidates(uri: str, parent) -> list[str]:
+    """Storage URLs that may hold the study, in order, without creating anything (module docstring)."""
+    out = []
+    db = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+    if db is not None:
+        out.append(f"sqlite:///{db.parent.resolve() / 'optuna.db'}")
+    tag = parent.data.tags.get("hmmscope.storage", "") if parent is not None else ""
+    if tag and "***" not in tag:
+        out.append(tag)
+    out.append(f"sqlite:///{(Path('mlruns') / 'optuna.db').resolve()}")
+    seen, keep = set(), []
+    for u in out:
+        if u in seen or (u.startswith("sqlite:///") and not Path(u[len("sqlite:///"):]).is_file()):
+            continue
+        seen.add(u)
+        keep.append(u)
+    return keep
+
+
+def _load_study(name: str, url: str, explicit: bool):
+    """The study `name` in storage `url`; None if that storage does not hold it (or, unless `explicit`,
+    cannot be read)."""
+    from .config import ConfigError
+    from .sweep import _load, _safe_url
+
+    try:
+        return _load(name, url)
+    except ConfigError:
+        return None
+    except Exception as e:
+        if explicit:
+            raise ValueError(f"cannot read storage {_safe_url(url)}: "
+                             f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        return None
+
+
+def _find_parent(uri: str, sweep: str, storage: str | None = None):
+    """(parent run, study, storage URL) of sweep `sweep` (study name or parent run id); ValueError if unknown."""
+    from .sweep import ATTR_PARENT, _safe_url
+
+    parent, name = None, sweep
     if re.fullmatch(r"[0-9a-f]{32}", sweep):
-        run = tracking.get_run(uri, sweep)
-        if run is not None:
-            return run
-    q = sweep.replace("'", "")
-    for flt in (f"tags.`hmmscope.study` = '{q}' and tags.`hmmscope.kind` = 'sweep'",
-                f"attributes.run_name = '{q}' and tags.`hmmscope.kind` = 'sweep'"):
-        runs = tracking.search_runs(uri, filter_string=flt)
-        if runs:
-            return runs[0]  # newest first
-    raise ValueError(f"unknown sweep {sweep!r}: no parent run with that id, study name or run name in {uri}")
+        parent = tracking.get_run(uri, sweep)
+        if parent is not None:
+            name = parent.data.tags.get("hmmscope.study") or re.sub(r"^sweep-", "", parent.info.run_name or "")
+    urls = [storage] if storage else _storage_candidates(uri, parent)
+    for url in urls:
+        study = _load_study(name, url, storage is not None)
+        if study is not None:
+            break
+    else:
+        where = ", ".join(_safe_url(u) for u in urls) or "no storage found (pass --storage URL)"
+        raise ValueError(f"unknown sweep {sweep!r}: no sweep study {name!r} (looked in {where})")
+    pid = study.user_attrs.get(ATTR_PARENT)
+    if parent is None:
+        parent = tracking.get_run(uri, pid) if pid else None
+        if parent is None:
+            raise ValueError(f"sweep {sweep!r}: its parent run {pid} is not in {uri}")
+    elif parent.info.run_id != pid:
+        raise ValueError(f"run {sweep} is not the parent run of study {name!r} in {_safe_url(url)} ({pid})")
+    return parent, study, url
 
 
-def _read_trials(uri: str, parent) -> _Trials:
+def _read_trials(uri: str, parent, study) -> _Trials:
+    """Count the study's trials by state; read the one recorded MLflow run of each COMPLETE trial."""
+    from optuna.trial import TrialState
+
+    from .sweep import _counts
+
     runs = tracking.search_runs(uri, experiment_ids=[parent.info.experiment_id])
+    by_id = {r.info.run_id: r for r in runs}
     children: dict[str, list] = defaultdict(list)
     for r in runs:
         p = r.data.tags.get("mlflow.parentRunId")
         if p:
             children[p].append(r)
-    complete, failed, pruned, running = [], [], [], []
-    for r in children.get(parent.info.run_id, []):
-        st = r.info.status
-        if st == "FINISHED":
-            complete.append(r)
-        elif r.data.tags.get("hmmscope.pruned", "").lower() == "true" \
-                or r.data.tags.get("hmmscope.failure_reason", "").startswith("TrialPruned"):
-            pruned.append(r)
-        elif st in ("FAILED", "KILLED"):
-            failed.append(r)
-        else:
-            running.append(r)
-    key = lambda r: _num(r.data.tags.get("hmmscope.trial", "0"))  # noqa: E731
-    complete.sort(key=lambda r: (str(type(key(r))), key(r)))
-    return _Trials(parent, complete, failed, pruned, running, children)
+    complete, analysis, notes, used = [], {}, [], set()
+    for t in sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: t.number):
+        rid = t.user_attrs.get("mlflow_run_id")
+        run = by_id.get(rid) or (tracking.get_run(uri, rid) if rid else None)
+        if run is None or rid in used:
+            notes.append(f"trial {t.number} is COMPLETE but its MLflow run {rid} is "
+                         f"{'missing' if run is None else 'shared with another trial'}: left out of every statistic")
+            continue
+        used.add(rid)
+        complete.append(run)
+        if t.user_attrs.get("mlflow_analysis_run_id"):
+            analysis[rid] = t.user_attrs["mlflow_analysis_run_id"]
+    return _Trials(parent, complete, _counts(study), children, analysis, notes)
 
 
 def _is_theory(r) -> bool:
@@ -208,8 +274,12 @@ def _is_theory(r) -> bool:
                                                              and not any(k.startswith("eval/") for k in r.data.metrics))
 
 
-def _training_frame(runs: list, children: dict):
-    """One row per training trial: numeric-ified params, metrics, analysis claims (claim/<name>/*)."""
+def _training_frame(runs: list, children: dict, analysis: dict | None = None):
+    """One row per training trial: numeric-ified params, metrics, analysis claims (claim/<name>/*).
+
+    The analysis read is the one the trial recorded (`analysis`: run id -> analysis run id), else the
+    newest FINISHED analysis child.
+    """
     import pandas as pd
 
     rows = []
@@ -219,7 +289,8 @@ def _training_frame(runs: list, children: dict):
         row.update({f"metric:{k}": v for k, v in r.data.metrics.items()})
         ana = [c for c in children.get(r.info.run_id, []) if c.info.run_name == "analysis"
                or c.data.tags.get("hmmscope.kind") == "analysis"]
-        ana = [c for c in ana if c.info.status == "FINISHED"] or ana
+        recorded = (analysis or {}).get(r.info.run_id)
+        ana = [c for c in ana if c.info.run_id == recorded] or [c for c in ana if c.info.status == "FINISHED"] or ana
         if ana:
             a = ana[0]  # newest
             row["analysis_id"] = a.info.run_id
@@ -242,14 +313,17 @@ def _header(sweep: str, t: _Trials, n_train: int, n_theory: int) -> tuple[dict, 
     started = _dt.datetime.fromtimestamp(p.info.start_time / 1000, _dt.UTC) if p.info.start_time else None
     h = {"study": study, "sweep_run_name": p.info.run_name, "parent_run_id": p.info.run_id,
          "config_hash": next(iter(hashes.values()), None), "hashes": hashes,
-         "n_complete": len(t.complete), "n_failed": len(t.failed), "n_pruned": len(t.pruned),
-         "n_running": len(t.running), "n_training_trials": n_train, "n_theory_trials": n_theory,
+         "n_complete": t.counts["complete"], "n_failed": t.counts["failed"], "n_pruned": t.counts["pruned"],
+         "n_running": t.counts["running"], "n_waiting": t.counts["waiting"], "n_retried": t.counts["retried"],
+         "n_training_trials": n_train, "n_theory_trials": n_theory,
          "code_version": p.data.tags.get("hmmscope.code_version", "unknown"), "trial_code_versions": versions,
          "sweep_started": started.isoformat(timespec="seconds") if started else None,
          "report_date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
     rows = [["study", study], ["parent run id", p.info.run_id], ["config hash", h["config_hash"] or "-"],
             ["trials complete / failed / pruned / running",
              f"{h['n_complete']} / {h['n_failed']} / {h['n_pruned']} / {h['n_running']}"],
+            ["trials waiting / retried (re-run after an interruption or a dead worker)",
+             f"{h['n_waiting']} / {h['n_retried']}"],
             ["training / theory trials (complete)", f"{n_train} / {n_theory}"],
             ["code version (parent)", h["code_version"]],
             ["code versions (trials)", ", ".join(versions) or "-"],
@@ -735,25 +809,27 @@ def _theory_settings(theory_runs: list, children: dict) -> list[dict]:
     return out
 
 
-def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True) -> Report:
-    """Read sweep `sweep` (study name, sweep run name or parent run id) and write the report under `out_dir`.
+def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, storage: str | None = None) -> Report:
+    """Read sweep `sweep` (study name or parent run id) and write the report under `out_dir`.
 
-    Writes report.md, report.html, report.json and PNG figures; logs them to the parent run under
-    report/ when `log`. Unknown sweep -> ValueError; no complete trials -> a report that says so.
+    The study is looked up in `storage`, else as the module docstring says. Writes report.md, report.html,
+    report.json and PNG figures; logs them to the parent run under report/ when `log` (a store that
+    cannot be written gets a note instead). Unknown sweep -> ValueError before anything is written;
+    no complete trials -> a report that says so.
     """
     uri = tracking.resolve_uri(uri)
     out_dir = Path(out_dir)
+    parent, study, _ = _find_parent(uri, sweep, storage)
+    t = _read_trials(uri, parent, study)
     out_dir.mkdir(parents=True, exist_ok=True)
-    parent = _find_parent(uri, sweep)
-    t = _read_trials(uri, parent)
     theory_runs = [r for r in t.complete if _is_theory(r)]
     train_runs = [r for r in t.complete if not _is_theory(r)]
     header, head_sec = _header(sweep, t, len(train_runs), len(theory_runs))
-    sections, claims, figs, notes = [head_sec], [], {}, []
+    sections, claims, figs, notes = [head_sec], [], {}, list(t.notes)
     settings = _theory_settings(theory_runs, t.children)
     if theory_runs and not settings:
         notes.append("theory trials found but no settings with logged rates")
-    df = _training_frame(train_runs, t.children)
+    df = _training_frame(train_runs, t.children, t.analysis)
     steps = [("theory", lambda: _theory_section(settings, out_dir, figs) if settings else (None, [])),
              ("practice vs theory", lambda: (_practice_section(df, out_dir, figs), [])),
              ("positional encoding", lambda: _posenc_section(df)),
@@ -782,7 +858,11 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True) -> Re
     rep.files = {**{k: str(v) for k, v in files.items()}, **figs}
     files["json"].write_text(json.dumps(report_to_dict(rep), indent=2, default=str))
     if log:
-        run = tracking.existing_run(uri, parent.info.run_id)
-        for p in [*files.values(), *map(Path, figs.values())]:
-            run.log_artifact(p, "report")
+        try:
+            run = tracking.existing_run(uri, parent.info.run_id)
+            for p in [*files.values(), *map(Path, figs.values())]:
+                run.log_artifact(p, "report")
+        except Exception as e:  # e.g. a read-only store: the files are written, say why they are not logged
+            rep.notes.append(f"the report was not logged to run {parent.info.run_id}: "
+                             f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")
     return rep

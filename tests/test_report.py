@@ -1,4 +1,5 @@
-"""hmmscope.report against a temporary sqlite MLflow store with planted effects (the sweep layout of sweep.py)."""
+"""hmmscope.report against a temporary sqlite MLflow store with planted effects (the sweep layout of sweep.py),
+and beside it the Optuna studies that record which trial is complete and which MLflow run it kept."""
 
 import json
 import math
@@ -30,12 +31,28 @@ def _trial_tags(study, n):
     return {"hmmscope.trial": n, "hmmscope.study": study}
 
 
+def _study(storage, name, parent_id, trials):
+    """A real Optuna study: one trial per (state, MLflow run id, retry_history), parent run recorded."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name=name, storage=storage)
+    study.set_user_attr("mlflow_parent_run_id", parent_id)
+    for state, rid, history in trials:
+        study.add_trial(optuna.trial.create_trial(
+            state=getattr(optuna.trial.TrialState, state), value=0.0 if state == "COMPLETE" else None,
+            user_attrs={"mlflow_run_id": rid} if rid else {},
+            system_attrs={"failed_trial": history[0], "retry_history": history} if history else {}))
+    return study
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("store")
-    uri = f"sqlite:///{tmp}/mlflow.db"
+    uri, storage = f"sqlite:///{tmp}/mlflow.db", f"sqlite:///{tmp}/optuna.db"
     rng = np.random.default_rng(0)
     n = 0
+    trials_a = []  # (Optuna state, MLflow run id, retry history) of study-a's trials
     with _sweep_parent(uri, "study-a") as parent:
         # training trials: 2 pos_enc x 3 seeds x 2 gammas; absolute is worse by 0.05 excess CE
         for pe in ("rope", "absolute"):
@@ -61,6 +78,7 @@ def store(tmp_path_factory):
                                              "verdict/kback1_rises_then_falls": "inconclusive: CI contains 0",
                                              "rule/upper layers change less _slope_": "< 0",
                                              "rule/kback1_rises_then_falls": "> 0"})
+                    trials_a.append(["COMPLETE", tr.run_id, None])
                     n += 1
         # one theory trial: rate = 0.3 gamma^2 exactly, S=4 d=2 rho=0
         with tracking.start_run(uri, EXP, "theory", parent=parent, tags={"hmmscope.kind": "sweep-theory",
@@ -78,19 +96,46 @@ def store(tmp_path_factory):
                                         params={"hmm.n_states": 4, "hmm.rank": d, "hmm.gamma": 0.8, "hmm.rho": 0.0}) as s:
                     s.log_metrics({"theory/rate": 0.3 * 0.64, "theory/rate_lo": 0.17, "theory/rate_hi": 0.21,
                                    "theory/log_intercept": math.log(2) + 0.5 * math.log(d / 2), "theory/gamma_eff": 0.8})
+        trials_a.append(["COMPLETE", th.run_id, None])
         n += 1
         # a failed trial and two pruned ones
         with pytest.raises(RuntimeError), tracking.start_run(uri, EXP, f"trial-{n}", parent=parent,
-                                                             tags=_trial_tags("study-a", n)):
+                                                             tags=_trial_tags("study-a", n)) as bad:
             raise RuntimeError("diverged")
+        trials_a.append(["FAIL", bad.run_id, None])
         n += 1
         with pytest.raises(RuntimeError), tracking.start_run(uri, EXP, f"trial-{n}", parent=parent,
-                                                             tags={**_trial_tags("study-a", n), "hmmscope.pruned": "true"}):
+                                                             tags={**_trial_tags("study-a", n), "hmmscope.pruned": "true"}) as pr:
             raise RuntimeError("pruned")
+        trials_a.append(["PRUNED", pr.run_id, None])
         n += 1
         with pytest.raises(TrialPruned), tracking.start_run(uri, EXP, f"trial-{n}", parent=parent,
-                                                            tags=_trial_tags("study-a", n)):
+                                                            tags=_trial_tags("study-a", n)) as pr2:
             raise TrialPruned("step 10")  # sweep.py marks pruning by the failure reason only
+        trials_a.append(["PRUNED", pr2.run_id, None])
+        n += 1
+        # a worker finished this run, then died before telling the study: its trial went stale (FAIL) and was
+        # run again as trial 6 (absolute, seed 0, gamma 0.5). The run is FINISHED, with a wild planted value
+        # and a wild analysis claim; the report must not count it, nor use it as a replicate.
+        with tracking.start_run(uri, EXP, f"trial-{n}", parent=parent, tags=_trial_tags("study-a", n),
+                                params={"hmm.gamma": 0.5, "hmm.rank": 4, "model.pos_enc": "absolute", "model.window": 0,
+                                        "model.n_layers": 2, "train.seed": 0, "data.seed": 7}) as dup:
+            dup.log_metrics({"eval/excess_ce": 9.0, "eval/test_acc": 0.0, "eval/kl_mix": 9.0})
+            with tracking.start_run(uri, EXP, "analysis", parent=dup, tags={"hmmscope.kind": "analysis"}) as an:
+                an.log_metrics({"claim/upper layers change less _slope_/value": 5.0,
+                                "claim/upper layers change less _slope_/ci_lo": 4.0,
+                                "claim/upper layers change less _slope_/ci_hi": 6.0})
+        trials_a.append(["FAIL", dup.run_id, None])
+        trials_a[6][2] = [n]  # trial 6 is the retry of trial n
+        n += 1
+        # a worker killed mid-training: its run stays RUNNING, its trial FAIL and retried (by trial 7)
+        orphan = tracking.client(uri).create_run(tracking.experiment_id(uri, EXP), run_name=f"trial-{n}",
+                                                 tags={"mlflow.parentRunId": parent.run_id})
+        trials_a.append(["FAIL", None, None])
+        trials_a[7][2] = [n]
+    _study(storage, "study-a", parent.run_id, trials_a)
+    assert orphan.info.status == "RUNNING"
+    trials_b = []
     with _sweep_parent(uri, "study-b") as pb:  # windowed runs, depth x rank with a planted interaction
         for i, (nl, rank, win) in enumerate([(nl, r, w) for nl in (1, 2) for r in (2, 4, 8) for w in (4, 8)]):
             params = {"hmm.gamma": 0.5, "hmm.rank": rank, "model.pos_enc": "rope", "model.window": win,
@@ -100,10 +145,13 @@ def store(tmp_path_factory):
                 rf = nl * (win - 1) + 1  # receptive field, as evaluate.memory_comparison logs it
                 tr.log_metrics({"eval/excess_ce": ce, "memory/model_tv": 0.1 * math.exp(-0.2 * rf) + 0.01,
                                 "memory/eps": 0.1 * math.exp(-0.2 * rf), "memory/receptive_field": rf})
+            trials_b.append(("COMPLETE", tr.run_id, None))
+    _study(storage, "study-b", pb.run_id, trials_b)
     with _sweep_parent(uri, "study-empty") as empty:
         with pytest.raises(RuntimeError), tracking.start_run(uri, EXP, "trial-0", parent=empty,
-                                                             tags=_trial_tags("study-empty", 0)):
+                                                             tags=_trial_tags("study-empty", 0)) as bad:
             raise RuntimeError("boom")
+    _study(storage, "study-empty", empty.run_id, [("FAIL", bad.run_id, None)])
     rep = build_report(uri, "study-a", tmp / "out")
     return uri, parent.run_id, rep, tmp
 
@@ -116,6 +164,7 @@ def test_header_counts_and_files(store):
     uri, pid, rep, tmp = store
     h = rep.header
     assert (h["n_complete"], h["n_failed"], h["n_pruned"]) == (13, 1, 2)
+    assert (h["n_retried"], h["n_waiting"], h["n_running"]) == (2, 0, 0)  # the study's states, not run statuses
     assert h["n_training_trials"] == 12 and h["n_theory_trials"] == 1
     assert h["config_hash"] == "abc123" and rep.parent_id == pid
     md, html = (tmp / "out" / "report.md").read_text(), (tmp / "out" / "report.html").read_text()
@@ -210,14 +259,50 @@ def test_artifacts_logged_to_parent(store):
     assert {"report/report.md", "report/report.html", "report/report.json", "report/theory_rate_vs_gamma.png"} <= names
 
 
-def test_lookup_by_parent_id_and_unknown(store, tmp_path):
-    uri, pid, _, _ = store
+def test_one_run_per_complete_trial(store, tmp_path):
+    """The FINISHED run of a trial whose worker died before telling the study (and its analysis), and the
+    RUNNING run of a killed worker, are children of the parent but enter no count and no statistic."""
+    uri, pid, rep, tmp = store
+    kids = [r for r in tracking.search_runs(uri, EXP) if r.data.tags.get("mlflow.parentRunId") == pid]
+    assert sum(r.info.status == "FINISHED" for r in kids) == 14 and sum(r.info.status == "RUNNING" for r in kids) == 1
+    rows = json.loads((tmp / "out" / "report.json").read_text())
+    assert rows["header"]["n_complete"] == 13
+    effect = _claim(rep, "RoPE improves eval/excess_ce")  # with the planted 9.0 replicate it would be ~ -0.8
+    assert -0.06 < effect.value < -0.04
+
+
+def test_lookup_by_parent_id_storage_and_unknown(store, tmp_path, monkeypatch):
+    uri, pid, _, tmp = store
     rep = build_report(uri, pid, tmp_path / "byid", log=False)
     assert rep.header["study"] == "study-a"
-    with pytest.raises(ValueError, match="unknown sweep"):
+    monkeypatch.chdir(tmp_path)  # no ./mlruns here
+    with pytest.raises(ValueError, match="unknown sweep 'no-such-study'.*optuna.db"):
         build_report(uri, "no-such-study", tmp_path / "x", log=False)
     with pytest.raises(ValueError, match="unknown sweep"):
         build_report(uri, "0" * 32, tmp_path / "x", log=False)
+    assert not (tmp_path / "x").exists()  # nothing written for an unknown sweep
+    # the study in another storage: not found beside the tracking store, found with an explicit storage
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (tmp / "optuna.db").rename(other / "optuna.db")
+    try:
+        with pytest.raises(ValueError, match="unknown sweep 'study-b'"):
+            build_report(uri, "study-b", tmp_path / "b", log=False)
+        rep = build_report(uri, "study-b", tmp_path / "b", log=False, storage=f"sqlite:///{other}/optuna.db")
+        assert rep.header["n_complete"] == 12
+    finally:
+        (other / "optuna.db").rename(tmp / "optuna.db")
+
+
+def test_complete_trial_without_its_run_is_left_out_with_a_note(tmp_path):
+    uri, storage = f"sqlite:///{tmp_path}/mlflow.db", f"sqlite:///{tmp_path}/optuna.db"
+    with _sweep_parent(uri, "gone") as parent:
+        with tracking.start_run(uri, EXP, "trial-0", parent=parent, params={"model.pos_enc": "rope"}) as tr:
+            tr.log_metrics({"eval/excess_ce": 0.1})
+    _study(storage, "gone", parent.run_id, [("COMPLETE", tr.run_id, None), ("COMPLETE", "f" * 32, None)])
+    rep = build_report(uri, "gone", tmp_path / "out", log=False)
+    assert rep.header["n_complete"] == 2 and rep.header["n_training_trials"] == 1
+    assert any(f"trial 1 is COMPLETE but its MLflow run {'f' * 32} is missing" in n for n in rep.notes)
 
 
 def test_no_complete_trials_is_a_report(store, tmp_path):

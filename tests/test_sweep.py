@@ -208,9 +208,11 @@ def test_prune_hook_reports_and_raises():
 def test_grid_sweep_two_workers_end_to_end(tmp_path):
     spec = theory_spec(tmp_path, seeds="[0, 1]")
     storage, uri = stores(tmp_path)
-    s = run_sweep(spec, workers=2, storage=storage, uri=uri, log=lambda m: None)
+    s = run_sweep(spec, workers=2, storage=storage, uri=uri, log=lambda m: None, gpus=["3", "5"])
     assert (s.complete, s.failed, s.pruned, s.n_trials) == (8, 0, 0, 8) and s.worker_returncodes == [0, 0]
     rows = study_status("th", storage)
+    gpu_of = {r["worker"]["pid"]: r["worker"]["gpu"] for r in rows}  # each worker got its own GPU (round-robin)
+    assert set(gpu_of.values()) <= {"3", "5"} and len(set(gpu_of.values())) == len(gpu_of)
     assert sorted((r["params"]["theory.gammas"], r["params"]["theory.ranks"], r["params"]["seed"])
                   for r in rows if r["state"] == "COMPLETE") == sorted(
         (g, r, sd) for g in (0.5, 0.8) for r in (2, 4) for sd in (0, 1))
@@ -244,7 +246,7 @@ def test_killed_worker_trial_is_retried_with_same_params(tmp_path):
     proc = subprocess.Popen(worker_command("kill", storage, uri), env=worker_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + 300  # generous: loaded CI machines
         while True:
             running = [r for r in study_status("kill", storage) if r["state"] == "RUNNING"]
             if running:
@@ -301,6 +303,7 @@ def test_median_pruner_prunes_a_bad_trial(tmp_path):
     rows = {r["params"]["train.lr"]: r for r in study_status("prune", storage)}
     assert rows[3e-3]["state"] == "COMPLETE"
     assert rows[1e-8]["state"] == "PRUNED" and "median" in rows[1e-8]["reason"]
+    assert rows[1e-8]["value"] is not None  # its last reported value, as Study.tell records it
     bad = {r.info.run_name: r for r in runs(uri)}[f"trial-{rows[1e-8]['number']}"]
     assert bad.info.status == "FAILED" and bad.data.tags["hmmscope.failure_reason"].startswith("TrialPruned")
 
@@ -379,6 +382,7 @@ def test_sweep_on_postgresql(tmp_path):
         rows = study_status("pg", url)
         assert len(rows) == 4 and all(r["state"] == "COMPLETE" and r["mlflow_run_id"] for r in rows)
         assert run_sweep(spec, workers=1, storage=url, uri=uri, log=lambda m: None).already_complete
+        _assert_each_claimed_once(_claim_race(url, "pg-race", n_trials=24), url, "pg-race", n_trials=24)
 
 
 def test_tpe_sweep_with_config_file_base(tmp_path):
@@ -419,7 +423,7 @@ def test_sigterm_stops_workers_and_gives_trials_back(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", code], env=worker_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + 300  # generous: loaded CI machines
         while True:
             with contextlib.suppress(Exception):  # both trials running and their MLflow runs open
                 if sum(r["state"] == "RUNNING" for r in study_status("term", storage)) == 2 and \
@@ -491,3 +495,135 @@ def test_main_job_sweep_is_the_shipped_smoke_spec():
 
     shipped = load_spec(Path(__file__).resolve().parents[1] / "sweeps" / "smoke.toml")
     assert parse_spec(MAIN_SWEEP, "main").hash == shipped.hash
+
+
+# ---------------------------------------------------------------- claims: exactly one winner
+
+
+def _claim_race(url: str, name: str, n_trials: int = 30, n_claimers: int = 6) -> list[list[int]]:
+    """`n_claimers` threads, each with its own storage (own engine and connections), claim WAITING trials
+    of one study at once until none is left; returns the trial ids each one claimed."""
+    import threading
+
+    import optuna
+
+    from hmmscope.sweep import _claim
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name=name, storage=url)
+    for i in range(n_trials):
+        study.enqueue_trial({"x": i}, skip_if_exists=False)
+    barrier, got = threading.Barrier(n_claimers), [[] for _ in range(n_claimers)]
+
+    def claimer(i: int) -> None:
+        s = optuna.load_study(study_name=name, storage=optuna.storages.RDBStorage(
+            url, engine_kwargs={"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {}))
+        barrier.wait()
+        while (tid := _claim(s)) is not None:
+            got[i].append(tid)
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(n_claimers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return got
+
+
+def _assert_each_claimed_once(got: list[list[int]], url: str, name: str, n_trials: int) -> None:
+    import optuna
+
+    flat = [t for g in got for t in g]
+    assert len(flat) == len(set(flat)) == n_trials, f"claimed twice: {sorted(t for t in set(flat) if flat.count(t) > 1)}"
+    states = [t.state.name for t in optuna.load_study(study_name=name, storage=url).get_trials()]
+    assert states == ["RUNNING"] * n_trials
+
+
+def test_claim_is_exclusive_on_sqlite(tmp_path):
+    url = f"sqlite:///{tmp_path}/race.db"
+    for i in range(2):  # Optuna's own claim path claimed 45-60 times for 30 trials here
+        _assert_each_claimed_once(_claim_race(url, f"race{i}", n_trials=24), url, f"race{i}", n_trials=24)
+
+
+def test_finish_has_one_winner(tmp_path):
+    """A trial told COMPLETE by its worker and failed as stale by another: exactly one of them succeeds."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from hmmscope.sweep import _claim, _finish
+
+    url = f"sqlite:///{tmp_path}/fin.db"
+    study = optuna.create_study(study_name="fin", storage=url)
+    study.enqueue_trial({"x": 1})
+    tid = _claim(study)
+    assert _finish(study, tid, TrialState.FAIL, attrs={"fail_reason": "stale"})
+    assert not _finish(study, tid, TrialState.COMPLETE, 0.5)  # too late: no value, state unchanged
+    (t,) = study.get_trials()
+    assert t.state == TrialState.FAIL and t.value is None and t.user_attrs["fail_reason"] == "stale"
+    assert _claim(study) is None
+
+
+# ---------------------------------------------------------------- GPUs (issue 12): checked through the environment
+
+
+def test_workers_get_gpus_round_robin_when_trials_use_cuda(tmp_path, monkeypatch):
+    from hmmscope.sweep import uses_gpu, worker_gpus
+
+    cuda = load_spec(write(tmp_path, f'[sweep]\nname = "g"\n{TRAIN_FIXED.replace("cpu", "cuda")}\n'
+                                     '[space]\n"hmm.gamma" = {grid = [0.5]}\n', "g.toml"))
+    cpu = load_spec(write(tmp_path, f'[sweep]\nname = "c"\n{TRAIN_FIXED}\n[space]\n"hmm.gamma" = {{grid = [0.5]}}\n',
+                          "c.toml"))
+    assert uses_gpu(cuda) and not uses_gpu(cpu) and not uses_gpu(theory_spec(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert worker_gpus(cuda, 3) == ["4", "6", "4"]
+    assert worker_gpus(cuda, 2, ["1", "2", "3"]) == ["1", "2"]
+    assert worker_gpus(cpu, 2) == [None, None] and worker_gpus(theory_spec(tmp_path), 2) == [None, None]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert worker_gpus(cuda, 2) == [None, None]  # no GPU visible: environment untouched
+    assert worker_env("7")["CUDA_VISIBLE_DEVICES"] == "7" and worker_env(None)["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_sweep_worker_joins_with_one_gpu(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from hmmscope.cli import app
+
+    spec = theory_spec(tmp_path, name="gpu", ranks="[2]")
+    storage, uri = stores(tmp_path)
+    create_study(spec, storage, uri)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    r = CliRunner().invoke(app, ["sweep", "worker", "gpu", "--storage", storage, "--gpu", "1", "--max-trials", "1",
+                                 "--tracking-uri", uri])
+    assert r.exit_code == 0, r.output
+    assert [row["worker"]["gpu"] for row in study_status("gpu", storage) if row["state"] == "COMPLETE"] == ["7"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    r = CliRunner().invoke(app, ["sweep", "worker", "gpu", "--storage", storage, "--gpu", "2", "--tracking-uri", uri])
+    assert r.exit_code == 2 and "2 GPU(s) visible" in r.output
+
+
+def test_jobs_do_not_import_the_sweep_layer():
+    """One-way dependency: sweep.py and report.py call the jobs; jobs.py imports neither (not even lazily)."""
+    import ast
+
+    import hmmscope.jobs
+
+    tree = ast.parse(Path(hmmscope.jobs.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module is None
+                 for a in n.names}
+    assert not imported & {"sweep", "report", "cli"}, imported
+
+
+def test_sweep_run_exits_nonzero_when_a_worker_crashes(tmp_path):
+    """A worker that dies with a traceback (here: the stored spec is unreadable) makes `sweep run` fail loudly."""
+    import optuna
+    from typer.testing import CliRunner
+
+    from hmmscope.cli import app
+
+    spec = theory_spec(tmp_path, name="crash", ranks="[2]")
+    storage, uri = stores(tmp_path)
+    study, _, _ = create_study(spec, storage, uri)
+    optuna.load_study(study_name="crash", storage=storage).set_user_attr("spec_text", "[sweep\n")  # breaks workers only
+    r = CliRunner().invoke(app, ["sweep", "run", str(tmp_path / "crash.toml"), "--storage", storage, "--tracking-uri", uri])
+    assert r.exit_code == 1 and "1 worker(s) crashed (exit codes [1])" in r.output, r.output

@@ -1,11 +1,14 @@
 import json
+import os
 import subprocess
 import sys
 import urllib.request
 
 import pytest
+from typer.testing import CliRunner
 
 from hmmscope import tracking
+from hmmscope.cli import app
 
 
 def _runs(uri):
@@ -88,3 +91,139 @@ def test_keys_are_sanitized(tmp_path):
     (r,) = _runs(uri)
     assert r.data.tags["verdict/eps_L_ __ d exp_-g_4 L_"] == "ok"
     assert r.data.metrics == {"theory/exponent/gamma/S_128 d_8": 1.5}
+
+
+# ---------------------------------------------------------------- movable stores
+
+
+def _store_with_artifact(root):
+    uri = f"sqlite:///{root}/mlruns/mlflow.db"
+    with tracking.start_run(uri, "exp", "r") as run:
+        run.log_dict({"x": 1}, "d/x.json")
+    return run.run_id
+
+
+def _roots(db):
+    import sqlite3
+
+    con = sqlite3.connect(str(db))
+    try:
+        return (sorted(r for (r,) in con.execute("SELECT artifact_location FROM experiments WHERE name = 'exp'")),
+                sorted(r for (r,) in con.execute("SELECT artifact_uri FROM runs")))
+    finally:
+        con.close()
+
+
+def test_copied_store_reads_and_writes_only_its_own_artifacts(tmp_path):
+    import shutil
+
+    rid = _store_with_artifact(tmp_path / "A")
+    shutil.copytree(tmp_path / "A", tmp_path / "C")
+    a_files = sorted(p.name for p in (tmp_path / "A").rglob("*.json"))
+    uri_c = f"sqlite:///{tmp_path}/C/mlruns/mlflow.db"
+    run = tracking.existing_run(uri_c, rid)  # opens the copy: its recorded roots are rewritten
+    assert json.loads(run.download("d/x.json", tmp_path / "dl").read_text()) == {"x": 1}
+    run.log_dict({"y": 2}, "y.json")
+    assert (tmp_path / "C/mlruns/artifacts" / rid / "artifacts/y.json").is_file()
+    assert sorted(p.name for p in (tmp_path / "A").rglob("*.json")) == a_files == ["x.json"]
+    root_c = (tmp_path / "C/mlruns/artifacts").as_uri()
+    assert _roots(tmp_path / "C/mlruns/mlflow.db") == ([root_c], [f"{root_c}/{rid}/artifacts"])
+    root_a = (tmp_path / "A/mlruns/artifacts").as_uri()
+    assert _roots(tmp_path / "A/mlruns/mlflow.db") == ([root_a], [f"{root_a}/{rid}/artifacts"])
+
+
+def test_moved_store_reads_without_rewriting_and_names_a_missing_artifact(tmp_path):
+    rid = _store_with_artifact(tmp_path / "A")
+    (tmp_path / "A").rename(tmp_path / "B")
+    uri_b = f"sqlite:///{tmp_path}/B/mlruns/mlflow.db"
+    run = tracking.Run(uri_b, rid)  # no ensure_store: the database still names A (as a read-only store would)
+    assert _roots(tmp_path / "B/mlruns/mlflow.db")[1] == [f"{(tmp_path / 'A/mlruns/artifacts').as_uri()}/{rid}/artifacts"]
+    assert json.loads(run.download("d/x.json", tmp_path / "dl").read_text()) == {"x": 1}
+    want = tmp_path / "B/mlruns/artifacts" / rid / "artifacts/checkpoints/last.pt"
+    with pytest.raises(FileNotFoundError, match=f"looked for {want}"):
+        run.require("checkpoints/last.pt")
+
+
+def test_untagged_experiment_of_an_older_store_is_relocated(tmp_path):
+    """Stores written before the root tag existed: relocated when the runs' artifact folders came along."""
+    import shutil
+
+    uri = f"sqlite:///{tmp_path}/A/mlruns/mlflow.db"
+    tracking.ensure_store(uri)
+    c = tracking.client(uri)
+    eid = c.create_experiment("exp", artifact_location=tracking.artifact_root(uri))  # as the old code did
+    other = c.create_experiment("elsewhere", artifact_location=(tmp_path / "data" / "artifacts").as_uri())
+    rid = c.create_run(eid).info.run_id
+    tracking.Run(uri, rid).log_dict({"x": 1}, "x.json")
+    c.create_run(other)
+    shutil.move(tmp_path / "A", tmp_path / "B")
+    uri_b = f"sqlite:///{tmp_path}/B/mlruns/mlflow.db"
+    tracking.ensure_store(uri_b)
+    exps = {e.name: e.artifact_location for e in tracking.client(uri_b).search_experiments()}
+    assert exps["exp"] == (tmp_path / "B/mlruns/artifacts").as_uri()
+    assert exps["elsewhere"] == (tmp_path / "data" / "artifacts").as_uri()  # not ours: untouched
+
+
+# ---------------------------------------------------------------- orphan runs
+
+
+def test_heartbeat_and_liveness_tags(tmp_path, monkeypatch):
+    import os
+    import socket
+    import time
+
+    monkeypatch.setenv("HMMSCOPE_RUN_HEARTBEAT_S", "0.3")
+    uri = f"sqlite:///{tmp_path}/db.sqlite"
+    with tracking.start_run(uri, "exp", "beating") as run:
+        first = float(run.get().data.tags["hmmscope.heartbeat"])
+        time.sleep(2.5)
+        t = run.get().data.tags
+    assert float(t["hmmscope.heartbeat"]) > first
+    assert t["hmmscope.pid"] == str(os.getpid()) and t["hmmscope.host"] == socket.gethostname()
+    assert t["hmmscope.heartbeat_interval"] == "0.3"
+
+
+def test_gc_marks_orphans_killed_and_leaves_live_runs(tmp_path):
+    import socket
+    import time
+
+    uri = f"sqlite:///{tmp_path}/db.sqlite"
+    tracking.ensure_store(uri)
+    c = tracking.client(uri)
+    eid = tracking.experiment_id(uri, "exp")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a real process that has ended
+    now = time.time()
+    here = socket.gethostname()
+
+    def run(name, host=None, pid=None, beat=None):
+        tags = {} if host is None else {"hmmscope.host": host, "hmmscope.pid": str(pid), "hmmscope.heartbeat": str(beat),
+                                        "hmmscope.heartbeat_interval": "30"}
+        return c.create_run(eid, run_name=name, tags=tags).info.run_id
+
+    dead = run("dead", here, gone.pid, now)  # a process of this host that has ended
+    mine = run("mine", here, os.getpid(), now - 9999)  # alive here: its heartbeat does not matter
+    silent = run("silent", "elsewhere", 1, now - 400)  # another host, no beat for 400 s > 5 x 30 s
+    beating = run("beating", "elsewhere", 1, now - 60)
+    legacy = run("legacy")  # no liveness tags: never judged
+    found = tracking.gc_runs(uri, dry_run=True)
+    assert sorted(r.info.run_name for r, _ in found) == ["dead", "silent"]
+    assert all(c.get_run(r).info.status == "RUNNING" for r in (dead, silent))
+    r = CliRunner().invoke(app, ["runs", "gc", "--tracking-uri", uri])
+    assert r.exit_code == 0 and "2 orphan run(s) marked KILLED" in r.output, r.output
+    d, s = c.get_run(dead), c.get_run(silent)
+    assert d.info.status == s.info.status == "KILLED"
+    assert d.data.tags["hmmscope.failure_reason"] == f"orphaned: its process {gone.pid} on {here} is gone"
+    assert s.data.tags["hmmscope.failure_reason"].startswith("orphaned: no heartbeat for 4")
+    assert abs(s.info.end_time - (now - 400) * 1000) < 1000  # ended at its last heartbeat
+    assert [c.get_run(x).info.status for x in (mine, beating, legacy)] == ["RUNNING"] * 3
+    assert tracking.gc_runs(uri) == []
+
+
+def test_imports_without_fcntl():
+    """Windows has no fcntl: the package must import (locks come from the filelock package)."""
+    code = ("import sys; sys.modules['fcntl'] = None\n"
+            "import hmmscope.tracking, hmmscope.sweep, hmmscope.jobs, hmmscope.report, hmmscope.cli\n"
+            "import filelock; print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

@@ -1,0 +1,343 @@
+"""Fault tests with real processes: interrupted and resumed sweeps, SIGKILLed workers, two `sweep run`s at once,
+a moved, copied or read-only project folder. Tiny trials, 1-second heartbeats (trials and MLflow runs)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hmmscope import tracking
+from hmmscope.cli import app
+from hmmscope.sweep import ensure_storage, study_status
+
+EXE = Path(sys.executable).parent / "hmmscope"
+runner = CliRunner()
+
+FIXED = """
+[fixed]
+"hmm.n_tasks" = 4
+"hmm.n_states" = 8
+"hmm.n_tokens" = 4
+"hmm.rank" = 2
+"data.n_demos" = 2
+"data.l_demo" = 8
+"data.l_test" = 8
+"data.n_train" = 48
+"data.n_eval" = 16
+"model.n_layers" = 1
+"model.n_heads" = 2
+"model.d_model" = 32
+"model.d_mlp" = 64
+"model.max_len" = 64
+"train.steps" = {steps}
+"train.batch_size" = 8
+"train.warmup" = 0
+"train.eval_every" = {steps}
+"train.ckpt_every" = {steps}
+"train.device" = "cpu"
+"""
+
+TRAIN_SPEC = """
+[sweep]
+name = "{name}"
+kind = "train"
+sampler = "grid"
+seeds = [0, 1]
+experiment = "faults"
+heartbeat_interval = 1
+grace_period = 3
+max_retry = 3
+""" + FIXED + """
+[space]
+"model.pos_enc" = {{grid = ["rope", "absolute"]}}
+"""
+
+THEORY_SPEC = """
+[sweep]
+name = "{name}"
+kind = "theory"
+sampler = "grid"
+experiment = "faults"
+heartbeat_interval = 1
+grace_period = 3
+
+[fixed]
+"theory.rhos" = [0.05]
+"theory.n_states" = [8]
+"theory.n_tokens" = 4
+"theory.lengths" = [1, 2, 4]
+"theory.n_histories" = 40
+"theory.burn_in" = 10
+
+[space]
+"theory.gammas" = {{grid = [0.5, 0.8]}}
+"theory.ranks" = {{grid = {ranks}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    """An empty project store (MLflow and Optuna schemas), created once and copied by each test."""
+    d = tmp_path_factory.mktemp("template") / "mlruns"
+    tracking.ensure_store(f"sqlite:///{d}/mlflow.db")
+    ensure_storage(f"sqlite:///{d}/optuna.db")
+    return d
+
+
+def _project(tmp_path: Path, template: Path, name: str, spec: str = "") -> Path:
+    proj = tmp_path / name
+    shutil.copytree(template, proj / "mlruns")
+    if spec:
+        (proj / "s.toml").write_text(spec)
+    return proj
+
+
+def _stores(proj: Path) -> tuple[str, str]:
+    return f"sqlite:///{proj}/mlruns/optuna.db", f"sqlite:///{proj}/mlruns/mlflow.db"
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update(HMMSCOPE_RUN_HEARTBEAT_S="1", HMMSCOPE_THREADS="1", OMP_NUM_THREADS="1")
+    return env
+
+
+def _start(args: list[str], cwd: Path, log: Path) -> subprocess.Popen:
+    """`hmmscope ARGS` in its own session (so SIGINT reaches it as Ctrl-C would), output to `log`."""
+    with open(log, "w") as f:
+        return subprocess.Popen([str(EXE), *args], cwd=cwd, env=_env(), stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _procs_mentioning(needle: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError):
+                if needle in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    pids.append(int(d.name))
+    return pids
+
+
+@contextlib.contextmanager
+def _cleanup(proj: Path, procs: list[subprocess.Popen]):
+    """Whatever happens, stop the sweep processes we started and their workers (found by the project path)."""
+    try:
+        yield
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        for pid in _procs_mentioning(str(proj / "mlruns")):  # workers: `python -m hmmscope.sweep worker ...`
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _wait(cond, timeout: float, what: str, procs: list[subprocess.Popen] = ()):
+    deadline = time.time() + timeout
+    while True:
+        with contextlib.suppress(Exception):  # the stores may be busy or not created yet
+            got = cond()
+            if got:
+                return got
+        assert all(p.poll() is None for p in procs), f"a process ended while waiting for {what}"
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _trial_runs(uri: str) -> list:
+    return [r for r in tracking.search_runs(uri, "faults") if (r.info.run_name or "").startswith("trial-")]
+
+
+def _report(proj: Path, name: str, monkeypatch) -> str:
+    monkeypatch.chdir(proj)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    r = runner.invoke(app, ["report", name])
+    assert r.exit_code == 0, r.output
+    return (proj / "out" / f"report-{name}" / "report.md").read_text()
+
+
+# ---------------------------------------------------------------- interrupted sweeps, killed workers
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads worker processes through /proc")
+def test_interrupts_and_killed_workers_count_the_grid_once(tmp_path, template, monkeypatch):
+    """A 4-trial grid with 2 workers, run twice:
+
+    1. SIGKILL worker A while its training run is open; then Ctrl-C (SIGINT) the sweep while worker B
+       evaluates a trial whose training run has FINISHED (B hands the trial back as "interrupted").
+    2. Run the same command again (resume); SIGKILL the worker C that evaluates a trial whose training run
+       has FINISHED, before it tells the study; the other worker retries that trial and finishes the grid.
+
+    Then: no RUNNING run is left (A's is KILLED as an orphan), the FINISHED runs of B's and C's unfinished
+    trials are in the store, and the report counts and uses exactly 4 trials, one run each."""
+    proj = _project(tmp_path, template, "p", TRAIN_SPEC.format(name="faults", steps=80))
+    storage, uri = _stores(proj)
+
+    def training():  # a worker whose trial's MLflow run is open (RUNNING, tagged with the worker's pid)
+        open_pids = {x.data.tags.get("hmmscope.pid") for x in _trial_runs(uri) if x.info.status == "RUNNING"}
+        return next((r for r in study_status("faults", storage) if r["state"] == "RUNNING" and not r["mlflow_run_id"]
+                     and str(r["worker"]["pid"]) in open_pids), None)
+
+    def evaluating(but: set[int]):  # a RUNNING trial whose training run has finished (mlflow_run_id is set)
+        return next((r for r in study_status("faults", storage) if r["state"] == "RUNNING" and r["mlflow_run_id"]
+                     and r["worker"]["pid"] not in but), None)
+
+    p = _start(["sweep", "run", "s.toml", "--workers", "2"], proj, tmp_path / "run1.log")
+    with _cleanup(proj, [p]):
+        a = _wait(training, 240, "a worker with an open training run", [p])
+        os.kill(a["worker"]["pid"], signal.SIGKILL)
+        b = _wait(lambda: evaluating({a["worker"]["pid"]}), 240, "a trial between its training run and its result", [p])
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=120) == 130, (tmp_path / "run1.log").read_text()
+    assert _procs_mentioning(str(proj / "mlruns")) == []
+    rows = {r["number"]: r for r in study_status("faults", storage)}
+    assert rows[b["number"]]["reason"] == "interrupted" and rows[b["number"]]["mlflow_run_id"] == b["mlflow_run_id"]
+
+    p = _start(["sweep", "run", "s.toml", "--workers", "2"], proj, tmp_path / "run2.log")
+    with _cleanup(proj, [p]):
+        c = _wait(lambda: evaluating({a["worker"]["pid"], b["worker"]["pid"]}), 240,
+                  "a trial between its training run and its result", [p])
+        os.kill(c["worker"]["pid"], signal.SIGKILL)
+        code = p.wait(timeout=600)
+    out = (tmp_path / "run2.log").read_text()
+    assert code == 0 and "4 complete, 0 failed, 0 pruned of 4 (3 retried)" in out, out
+    assert "1 worker(s) were killed" in out
+
+    runs = tracking.search_runs(uri, "faults")
+    assert [x.info.run_name for x in runs if x.info.status == "RUNNING"] == []
+    (orphan,) = [x for x in _trial_runs(uri) if x.data.tags.get("hmmscope.pid") == str(a["worker"]["pid"])
+                 and x.info.status != "FINISHED"]
+    assert orphan.info.status == "KILLED"
+    assert orphan.data.tags["hmmscope.failure_reason"].startswith(f"orphaned: its process {a['worker']['pid']} ")
+    rows = {r["number"]: r for r in study_status("faults", storage)}
+    assert rows[c["number"]]["state"] == "FAIL" and rows[c["number"]]["reason"].startswith("stale")
+    for t in (b, c):  # finished, never told: in the store ...
+        assert tracking.get_run(uri, t["mlflow_run_id"]).info.status == "FINISHED"
+    assert len([x for x in _trial_runs(uri) if x.info.status == "FINISHED"]) >= 6
+    md = _report(proj, "faults", monkeypatch)  # ... but the report counts and uses one run per grid point
+    assert "| trials complete / failed / pruned / running | 4 / 0 / 0 / 0 |" in md and "| 0 / 3 |" in md
+    assert "Effect = RoPE - absolute; 4 trials;" in md
+
+
+# ---------------------------------------------------------------- two `sweep run`s at once
+
+
+@pytest.mark.parametrize("rounds", [pytest.param(1, id="1-round"),
+                                    pytest.param(12, id="12-rounds", marks=pytest.mark.slow)])
+def test_two_sweep_runs_at_once_finish_the_grid_once(tmp_path, template, rounds):
+    """Two `hmmscope sweep run` processes started together on one spec (the old code made two parent runs
+    every time and ran one trial twice in 2 of 10 tries)."""
+    for i in range(rounds):
+        proj = _project(tmp_path, template, f"p{i}", THEORY_SPEC.format(name="twice", ranks="[2, 4]"))
+        storage, uri = _stores(proj)
+        procs = [_start(["sweep", "run", "s.toml"], proj, tmp_path / f"r{i}-{k}.log") for k in range(2)]
+        with _cleanup(proj, procs):
+            codes = [p.wait(timeout=300) for p in procs]
+        logs = "\n".join((tmp_path / f"r{i}-{k}.log").read_text() for k in range(2))
+        assert codes == [0, 0], logs
+        rows = study_status("twice", storage)
+        assert len(rows) == 4 and all(r["state"] == "COMPLETE" for r in rows), (i, rows)
+        assert sorted((r["params"]["theory.gammas"], r["params"]["theory.ranks"]) for r in rows) == [
+            (0.5, 2), (0.5, 4), (0.8, 2), (0.8, 4)]
+        runs = tracking.search_runs(uri, "faults")
+        (parent,) = [r for r in runs if r.data.tags.get("hmmscope.kind", "").startswith("sweep")
+                     and r.data.tags.get("hmmscope.kind") != "sweep-theory"]
+        assert parent.data.tags["hmmscope.kind"] == "sweep" and parent.info.status == "FINISHED"
+        kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+        assert sorted(r.info.run_id for r in kids) == sorted(r["mlflow_run_id"] for r in rows)
+        assert all(r.info.status == "FINISHED" for r in kids)
+
+
+# ---------------------------------------------------------------- moved, copied, read-only projects
+
+
+def _train_run(proj: Path, monkeypatch) -> str:
+    import tomllib
+
+    from hmmscope.config import override, preset
+    from hmmscope.train import train
+
+    monkeypatch.chdir(proj)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = override(preset("tiny"), tomllib.loads(FIXED.format(steps=10))["fixed"])
+    return train(cfg, tracking_uri=tracking.resolve_uri(), experiment="faults", progress=False).run_id
+
+
+def _files(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+
+
+def test_moved_project_evaluates_and_analyzes_its_old_runs(tmp_path, template, monkeypatch):
+    a = _project(tmp_path, template, "A")
+    rid = _train_run(a, monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    b = tmp_path / "B"
+    a.rename(b)  # mv A B
+    monkeypatch.chdir(b)
+    r = runner.invoke(app, ["evaluate", rid])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["analyze", rid, "--ks", "1", "--n-perms", "1", "--n-episodes", "16"])
+    assert r.exit_code == 0, r.output
+    assert (b / "mlruns" / "artifacts" / rid / "artifacts" / "evaluation" / "figure1.json").is_file()
+    assert not a.exists()
+    # a copy works on its own and never writes into the original
+    c = tmp_path / "C"
+    shutil.copytree(b, c)
+    before = _files(b)
+    monkeypatch.chdir(c)
+    r = runner.invoke(app, ["evaluate", rid])
+    assert r.exit_code == 0, r.output
+    assert _files(b) == before
+    after = _files(c / "mlruns" / "artifacts")
+    assert after[f"{rid}/artifacts/evaluation/figure1.json"] > before[f"mlruns/artifacts/{rid}/artifacts/evaluation/figure1.json"]
+    # a missing artifact: the error names the path looked for
+    ck = c / "mlruns" / "artifacts" / rid / "artifacts" / "checkpoints" / "last.pt"
+    ck.unlink()
+    r = runner.invoke(app, ["evaluate", rid])
+    assert r.exit_code == 2 and "has no checkpoint" in r.output and str(ck) in r.output, r.output
+
+
+def _read_only(cmd: str, ro: Path) -> list[str]:
+    """Run `cmd` (bash) with the folder `ro` read-only: chmod for a normal user; a read-only bind mount in a
+    private mount namespace for root (chmod does not stop root)."""
+    if os.geteuid() != 0:
+        return ["bash", "-c", f"chmod -R a-w {ro} && {cmd}"]
+    if shutil.which("unshare") is None:
+        pytest.skip("running as root without unshare: cannot make a folder read-only")
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"running as root and unshare -m is not permitted: {probe.stderr.decode().strip()}")
+    return ["unshare", "-m", "bash", "-c", f"mount --bind {ro} {ro} && mount -o remount,ro,bind {ro} {ro} && {cmd}"]
+
+
+def test_read_only_store_serves_read_only_commands(tmp_path, template, monkeypatch):
+    from hmmscope.sweep import create_study, run_worker
+    from hmmscope.sweep_spec import load_spec
+
+    proj = _project(tmp_path, template, "p", THEORY_SPEC.format(name="ro", ranks="[2]"))
+    storage, uri = _stores(proj)
+    create_study(load_spec(proj / "s.toml"), storage, uri)
+    assert run_worker("ro", storage, uri, log=lambda m: None) == 2
+    mlruns = proj / "mlruns"
+    before = _files(mlruns)
+    cmd = f"{EXE} sweep status ro; echo rc=$?; {EXE} runs gc --dry-run; echo rc=$?"
+    try:
+        r = subprocess.run(_read_only(cmd, mlruns), cwd=proj, env=_env(), capture_output=True, text=True, timeout=300)
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(mlruns)], check=False)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and out.count("rc=0") == 2 and "Traceback" not in out, out
+    assert out.count("COMPLETE") == 2 and "0 orphan run(s) found" in out
+    assert _files(mlruns) == before  # nothing written, no lock file
