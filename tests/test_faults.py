@@ -75,7 +75,7 @@ grace_period = 3
 "theory.n_states" = [8]
 "theory.n_tokens" = 4
 "theory.lengths" = [1, 2, 4]
-"theory.n_histories" = 40
+"theory.n_histories" = 200
 "theory.burn_in" = 10
 
 [space]

@@ -90,7 +90,7 @@ def write(tmp: Path, text: str, name: str = "spec.toml") -> Path:
     return p
 
 
-def theory_spec(tmp: Path, name: str = "th", seeds: str = "[0]", ranks: str = "[2, 4]", nh: int = 40) -> SweepSpec:
+def theory_spec(tmp: Path, name: str = "th", seeds: str = "[0]", ranks: str = "[2, 4]", nh: int = 200) -> SweepSpec:
     return load_spec(write(tmp, THEORY_SPEC.format(name=name, seeds=seeds, ranks=ranks, nh=nh), f"{name}.toml"))
 
 
