@@ -1,4 +1,7 @@
 import math
+import os
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -11,11 +14,14 @@ from hmmscope.hmm import make_mixture
 from hmmscope.train import (
     DivergedError,
     batch_indices,
+    checkpoint_config,
     evaluate_loss,
     load_checkpoint,
     load_model,
     lr_at,
+    model_from_checkpoint,
     resolve_device,
+    sigterm_interrupts,
     train,
 )
 
@@ -139,3 +145,49 @@ def test_bad_device_raises():
         with pytest.raises(ValueError, match="CUDA is not available"):
             resolve_device("cuda:0")
     assert resolve_device("cpu").type == "cpu"
+
+
+def test_checkpoint_config_refuses_checkpoints_that_do_not_fit(uri, finished, tmp_path):
+    ck = load_checkpoint(uri, finished.run_id, tmp_path)
+    assert checkpoint_config(ck) == small()
+    flat = ck["config"]
+    bad = [({**ck, "config": {**flat, "model.d_model": 64, "model.d_mlp": 128}},
+            r"do not fit .*shape \[5, 32\], model \[5, 64\]"),
+           ({**ck, "config": {**flat, "model.n_layers": 2}}, r"do not fit .*missing blocks\.1\."),
+           ({**ck, "config": {**flat, "model.pos_enc": "absolute"}}, r"missing pos_emb\.weight"),
+           ({**ck, "config": {**flat, "model.bogus": 1}}, "checkpoint config is invalid: unknown config key"),
+           ({**ck, "config": {**flat, "hmm.gamma": 7.0}}, r"checkpoint config is invalid: hmm.gamma must be in"),
+           ({**ck, "config": "not a mapping"}, "checkpoint has no config"),
+           ({**ck, "vocab_size": 3}, "vocab_size 3 does not fit its config"),
+           ({k: v for k, v in ck.items() if k != "model"}, "checkpoint has no model weights"),
+           ({**ck, "model": {**ck["model"], "extra.weight": torch.zeros(2)}}, r"unexpected extra\.weight")]
+    for c, match in bad:
+        with pytest.raises(ValueError, match=match):
+            model_from_checkpoint(c)
+        msg = ""
+        try:
+            checkpoint_config(c)
+        except ValueError as e:
+            msg = str(e)
+        assert msg and "\n" not in msg
+
+
+def test_resume_from_a_checkpoint_that_does_not_fit_changes_nothing(uri, finished, tmp_path):
+    ck = load_checkpoint(uri, finished.run_id, tmp_path)
+    ck["config"] = {**ck["config"], "model.d_model": 64, "model.d_mlp": 128}
+    torch.save(ck, tmp_path / "last.pt")
+    with tracking.start_run(uri, "t", "misfit") as run:
+        run.log_artifact(tmp_path / "last.pt", "checkpoints")
+    with pytest.raises(ValueError, match="do not fit"):
+        train(small(), tracking_uri=uri, experiment="t", resume=run.run_id, progress=False)
+    r = run.get()
+    assert r.info.status == "FINISHED" and "hmmscope.failure_reason" not in r.data.tags
+
+
+def test_sigterm_interrupts_restores_the_old_handler():
+    old = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+        with sigterm_interrupts():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises long before this ends
+    assert signal.getsignal(signal.SIGTERM) is old
