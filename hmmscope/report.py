@@ -698,8 +698,8 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True) -> Re
     """
     uri = tracking.resolve_uri(uri)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     parent = _find_parent(uri, sweep)
+    out_dir.mkdir(parents=True, exist_ok=True)  # after the sweep is found: an unknown sweep writes nothing
     t = _read_trials(uri, parent)
     theory_runs = [r for r in t.complete if _is_theory(r)]
     train_runs = [r for r in t.complete if not _is_theory(r)]

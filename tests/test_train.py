@@ -1,7 +1,12 @@
+import json
 import math
 import os
 import signal
+import sqlite3
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -182,6 +187,51 @@ def test_resume_from_a_checkpoint_that_does_not_fit_changes_nothing(uri, finishe
         train(small(), tracking_uri=uri, experiment="t", resume=run.run_id, progress=False)
     r = run.get()
     assert r.info.status == "FINISHED" and "hmmscope.failure_reason" not in r.data.tags
+
+
+def _toml(flat: dict) -> str:
+    sections: dict[str, list[str]] = {}
+    for k, v in flat.items():
+        sec, name = k.split(".")
+        sections.setdefault(sec, []).append(f"{name} = {json.dumps(v)}")
+    return "".join(f"[{s}]\n" + "\n".join(lines) + "\n" for s, lines in sections.items())
+
+
+def test_sigterm_ends_a_cli_training_run_killed_not_running(tmp_path):
+    """`timeout` / `kill` send SIGTERM: the real `hmmscope train` process ends its run KILLED and exits 130."""
+    cfg = tmp_path / "long.toml"
+    cfg.write_text(_toml({**SMALL, "train.steps": 10**6, "train.eval_every": 10**6, "train.ckpt_every": 10**6}))
+    db = tmp_path / "mlflow.db"
+    env = {**os.environ, "HMMSCOPE_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "hmmscope"), "train", "--config", str(cfg),
+                             "--tracking-uri", f"sqlite:///{db}", "--no-evaluate"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def statuses() -> list[str]:
+        try:
+            with sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True) as c:
+                return [s for (s,) in c.execute("select status from runs")]
+        except sqlite3.Error:  # not created yet, or being created
+            return []
+
+    try:
+        deadline = time.time() + 120
+        while "RUNNING" not in statuses() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert statuses() == ["RUNNING"], proc.poll()
+        time.sleep(1.0)  # into the training loop
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "error: interrupted"
+    (run,) = tracking.client(f"sqlite:///{db}").search_runs([tracking.experiment_id(f"sqlite:///{db}", "hmmscope")])
+    assert run.info.status == "KILLED"
+    assert run.data.tags["hmmscope.failure_reason"] == "KeyboardInterrupt: signal 15 (SIGTERM)"
 
 
 def test_sigterm_interrupts_restores_the_old_handler():
