@@ -350,7 +350,10 @@ def preset(name: str) -> Config:
 
 
 GIB = 1 << 30
-RUNTIME_BYTES = 3 * GIB // 4  # the interpreter with numpy, torch and MLflow imported (measured: 0.6-0.7 GiB RSS)
+# The interpreter with what a job imports (peak RSS of tiny jobs, measured: generate 0.09 GiB with numpy only,
+# theory 0.44 GiB and train 0.52 GiB with torch and MLflow).
+RUNTIME_BYTES = 5 * GIB // 8
+RUNTIME_NUMPY_BYTES = GIB // 8
 ORACLE_CHUNK = 256  # tasks per chunk of the mixture oracle (inference.mixture_oracle's default)
 
 
@@ -366,14 +369,14 @@ def model_params(m: ModelConfig, vocab_size: int) -> int:
 
 
 def _mixture_bytes(h: HMMConfig) -> int:
-    """make_mixture's float64 factors with their build temporaries (~4 live copies of the (n, S, V)
-    emission), then episodes' float32 inverse-CDF tables (rows padded to powers of two) and the float64
-    cumulative sum of the largest one."""
+    """The larger of make_mixture's peak (float64 factors W, Q and three live (n, S, V) emission
+    temporaries) and what stays: the float64 parameters, episodes' float32 inverse-CDF tables (rows
+    padded to powers of two) and the float64 cumulative sum of the largest one."""
     n, S, d, V = h.n_tasks, h.n_states, h.rank, h.n_tokens
-    params = 8 * n * (S + 2 * S * d + 4 * S * V)
+    build = 8 * n * S * (1 + 2 * d + 3 * V)
     rows = [(n, S), (n * S, d), (n * d, S), (n * S, V)]
     tables = sum(4 * r * _p2(k) for r, k in rows) + max(8 * r * k for r, k in rows)
-    return params + tables
+    return max(build, 8 * n * S * (1 + 2 * d + V) + tables)
 
 
 def _episodes_bytes(h: HMMConfig, d: DataConfig, n: int) -> int:
@@ -421,11 +424,12 @@ def memory_estimate(cfg: Config, job: str = "train", *, n_episodes: int | None =
     generate (n_episodes episodes), train (training set, held-out set, mixture oracle, model with AdamW,
     activations of one batch), evaluate and analyze (n_episodes held-out episodes, default data.n_eval),
     theory, bench-train (batch_size x seq tokens). The numbers are upper-leaning estimates of what the
-    code keeps alive at its peak, read off the code (see each helper's docstring), not measurements;
-    they are accurate to a factor of about two, which is what refusing an impossible job needs.
+    code keeps alive at its peak, read off the code (see each helper's docstring); against the peak RSS of
+    real CPU runs (tests/measure_memory.py) they came out 1.1-1.3x high, which is what refusing an
+    impossible job needs.
     """
     h, d = cfg.hmm, cfg.data
-    out: dict[str, tuple[int, str]] = {"runtime": (RUNTIME_BYTES, "host")}
+    out: dict[str, tuple[int, str]] = {"runtime": (RUNTIME_NUMPY_BYTES if job == "generate" else RUNTIME_BYTES, "host")}
     if job == "theory":
         out.update({k: (v, "host") for k, v in _theory_bytes(cfg.theory).items()})
         return out
