@@ -1,4 +1,10 @@
-"""The `hmmscope` command line (Typer). Only this module parses user input."""
+"""The `hmmscope` command line (Typer). Only this module parses user input.
+
+Bad input: exit code 2 and one line `error: ...` on stderr, nothing written. Every command checks its
+names, paths, stores and sizes (hmmscope.checks) before it creates a run, a study, a folder or a file;
+option errors Click finds (a bad value, a missing argument) get the same one line. A training that
+diverges exits 1 with one line naming its FAILED run; Ctrl-C or SIGTERM exits 130 (the run ends KILLED).
+"""
 
 from __future__ import annotations
 
@@ -10,10 +16,40 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
-from .config import Config, ConfigError, flatten, load_toml, override, preset
+from . import checks
+from .config import Config, ConfigError, flatten, load_toml, memory_estimate, override, preset
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+class OneLineErrors(TyperGroup):
+    """The root group: Click's usage errors become one line `error: ...` (exit 2), not a usage box."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except typer.Abort:
+            typer.echo("error: aborted", err=True)
+            sys.exit(1)
+        except Exception as e:  # Click's ClickException family (vendored by Typer): format_message + exit_code
+            if not (hasattr(e, "format_message") and hasattr(e, "exit_code")):
+                raise
+            if type(e).__name__ == "NoArgsIsHelpError":  # `hmmscope sweep`: the help, as Click shows it
+                e.show()
+                sys.exit(e.exit_code)
+            ctx = getattr(e, "ctx", None)
+            hint = f" (see: {ctx.command_path} --help)" if ctx is not None and e.exit_code == 2 else ""
+            msg = " ".join(str(e.format_message()).split())
+            typer.echo(f"error: {msg}{hint}", err=True)
+            sys.exit(e.exit_code)
+        if rv == 130:
+            typer.echo("error: interrupted", err=True)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+app = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Test what transformers learn from mixtures of low-rank hidden Markov models.")
 bench_app = typer.Typer(no_args_is_help=True, help="Speed benchmarks against named peers, as ratios.")
 app.add_typer(bench_app, name="bench")
@@ -44,6 +80,7 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a key:
 UriOpt = Annotated[str | None, typer.Option("--tracking-uri", envvar="MLFLOW_TRACKING_URI",
                                             help="MLflow tracking URI (default: sqlite under ./mlruns).")]
 ExpOpt = Annotated[str, typer.Option("--experiment", help="MLflow experiment name.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Run even if the memory estimate exceeds what this machine has.")]
 
 
 def fail(msg: str, code: int = 2) -> None:
@@ -52,15 +89,35 @@ def fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
 def user_errors(fn):
-    """Turn bad input (ConfigError / ValueError) into a one-line error and exit code 2."""
+    """Turn bad input (ConfigError / ValueError / OSError) into a one-line error and exit code 2.
+
+    A diverged training exits 1 with one line naming its FAILED run; running out of memory anyway
+    (past --force, or past the estimate) exits 1 with one line.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (ConfigError, ValueError, FileNotFoundError) as e:
-            fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        except (ConfigError, ValueError) as e:
+            fail(_line(e))
+        except OSError as e:  # a path that passed the checks and still failed (a race, a full disk)
+            fail(f"{e.strerror or _line(e)}: {e.filename}" if e.filename else _line(e))
+        except MemoryError as e:
+            fail(f"out of memory ({_line(e)}); make the job smaller", code=1)
+        except RuntimeError as e:
+            train = sys.modules.get("hmmscope.train")
+            if train is not None and isinstance(e, train.DivergedError):
+                fail(f"training diverged: {e}; run {e.run_id} ended FAILED (try a smaller train.lr)", code=1)
+            if type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(e):
+                fail(f"out of memory ({_line(e)[:200]}); make the job smaller", code=1)
+            raise
 
     return wrapper
 
@@ -107,17 +164,18 @@ def generate(
     set_: SetOpt = None,
     split: Annotated[Split, typer.Option(help="Which stream of episodes.")] = Split.train,
     n: Annotated[int | None, typer.Option(help="Episodes (default: data.n_train or data.n_eval).")] = None,
+    force: ForceOpt = False,
 ) -> None:
     """Write a dataset of episodes (tokens, states, task ids, layout, config and hash) to an .npz file."""
-    from .episodes import sample_episodes, save_episodes
-    from .hmm import make_mixture
-
     cfg = build_config(preset_, config, set_)
     n = n if n is not None else (cfg.data.n_train if split == Split.train else cfg.data.n_eval)
     if n < 1:
         raise ConfigError(f"--n must be >= 1, got {n}")
-    if out.suffix != ".npz":
-        raise ConfigError(f"output must end in .npz, got {out}")
+    checks.output_file(out, "output", suffix=".npz")
+    checks.memory(memory_estimate(cfg, "generate", n_episodes=n), force=force)
+    from .episodes import sample_episodes, save_episodes
+    from .hmm import make_mixture
+
     mix = make_mixture(cfg.hmm)
     ep = sample_episodes(mix, cfg.data, n, split=split.value)
     save_episodes(ep, out, config=flatten(cfg))
@@ -175,21 +233,27 @@ def theory(
     tracking_uri: UriOpt = None,
     experiment: ExpOpt = "hmmscope-theory",
     track: Annotated[bool, typer.Option(help="Log to MLflow.")] = True,
+    force: ForceOpt = False,
 ) -> None:
     """Theorem 1 against practice: eps(L) curves, decay rates, the exponent fit and verdicts per setting."""
-    from . import tracking
-    from .jobs import atomic_write, theory_job
-
     extra = {"theory.family": family.value if family else None, "theory.gammas": _csv(gammas, "--gammas"),
              "theory.ranks": _csv(ranks, "--ranks"), "theory.rhos": _csv(rhos, "--rhos"),
              "theory.n_states": _csv(n_states, "--n-states"), "theory.lengths": _csv(lengths, "--lengths"),
              "theory.n_histories": n_histories}
-    th = build_config("tiny", config, set_, extra).theory
-    if json_path is not None and json_path.suffix != ".json":
-        raise ConfigError(f"--json must end in .json, got {json_path}")
-    uri = tracking.resolve_uri(tracking_uri) if track else None
+    cfg = build_config("tiny", config, set_, extra)
+    th = cfg.theory
+    checks.output_dir(out, "--out")
+    if json_path is not None:
+        checks.output_file(json_path, "--json", suffix=".json")
+    checks.experiment_name(experiment)
+    uri = checks.tracking_store(tracking_uri) if track else None
+    checks.memory(memory_estimate(cfg, "theory"), force=force)
+    from . import tracking
+    from .jobs import atomic_write, theory_job
+    from .train import sigterm_interrupts
+
     n = len(th.gammas) * len(th.ranks) * len(th.rhos) * len(th.n_states)
-    with _progress() as bar:
+    with sigterm_interrupts(), _progress() as bar:
         task = bar.add_task("theory", total=n)
         result, run_id = theory_job(th, out, uri=uri, experiment=experiment,
                                     progress=lambda i, total, label: bar.update(task, completed=i, description=label))
@@ -226,22 +290,28 @@ def train_cmd(
     run_name: Annotated[str | None, typer.Option(help="MLflow run name.")] = None,
     tracking_uri: UriOpt = None,
     experiment: ExpOpt = "hmmscope",
+    force: ForceOpt = False,
 ) -> None:
     """Train a transformer on HMM-mixture episodes (one MLflow run; checkpoints as artifacts)."""
+    cfg = build_config(preset_, config, set_, {"train.device": device})
+    if run_name is not None:
+        checks.safe_name(run_name, "--run-name")
+    checks.experiment_name(experiment)
+    uri = checks.tracking_store(tracking_uri, must_exist=resume is not None)
     from . import tracking
     from .jobs import evaluate_run
-    from .train import resolve_device, train
+    from .train import resolve_device, sigterm_interrupts, train
 
-    cfg = build_config(preset_, config, set_, {"train.device": device})
-    resolve_device(cfg.train.device)  # an unavailable device fails before any run is created
-    uri = tracking.resolve_uri(tracking_uri)
+    dev = resolve_device(cfg.train.device)  # an unavailable device fails before any run is created
     if resume is not None:
         tracking.existing_run(uri, resume)
-    res = train(cfg, tracking_uri=uri, experiment=experiment, run_name=run_name, resume=resume,
-                progress=sys.stderr.isatty())
-    metrics = dict(res.metrics)
-    if evaluate:
-        metrics.update(evaluate_run(uri, res.run_id, device=cfg.train.device))
+    checks.memory(memory_estimate(cfg, "train"), device=str(dev), force=force)
+    with sigterm_interrupts():  # `kill` / `timeout`: the run ends KILLED, not RUNNING
+        res = train(cfg, tracking_uri=uri, experiment=experiment, run_name=run_name, resume=resume,
+                    progress=sys.stderr.isatty())
+        metrics = dict(res.metrics)
+        if evaluate:
+            metrics.update(evaluate_run(uri, res.run_id, device=cfg.train.device))
     _print_metrics(f"run {res.run_id}: {res.steps} steps in {res.wall_time:.0f} s "
                    f"({res.tokens_per_s:,.0f} tokens/s)", metrics)
     typer.echo(f"browse: {tracking.ui_command(uri)}")
@@ -254,15 +324,21 @@ def evaluate_cmd(
     device: DeviceOpt = None,
     n_episodes: Annotated[int | None, typer.Option(help="Held-out episodes (default data.n_eval).")] = None,
     tracking_uri: UriOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Figure 1: accuracy vs demonstrations and test position beside the oracles; KL and excess CE."""
-    from . import tracking
-    from .jobs import evaluate_run
-
     if n_episodes is not None and n_episodes < 1:
         raise ConfigError(f"--n-episodes must be >= 1, got {n_episodes}")
-    uri = tracking.resolve_uri(tracking_uri)
-    metrics = evaluate_run(uri, run_id, device=device or "auto", n_episodes=n_episodes)
+    uri = checks.tracking_store(tracking_uri, must_exist=True)
+    from .jobs import evaluate_run
+    from .train import resolve_device, sigterm_interrupts
+
+    cfg = checks.run_config(uri, run_id)
+    dev = resolve_device(device or "auto")
+    if cfg is not None:
+        checks.memory(memory_estimate(cfg, "evaluate", n_episodes=n_episodes), device=str(dev), force=force)
+    with sigterm_interrupts():
+        metrics = evaluate_run(uri, run_id, device=device or "auto", n_episodes=n_episodes)
     _print_metrics(f"evaluation of run {run_id}", metrics)
 
 
@@ -277,17 +353,26 @@ def analyze_cmd(
     device: DeviceOpt = None,
     tracking_uri: UriOpt = None,
     experiment: Annotated[str, typer.Option(help="Experiment for a checkpoint file's analysis run.")] = "hmmscope",
+    force: ForceOpt = False,
 ) -> None:
     """Layerwise analysis: shuffle test (Fig. 2), task / state / k-back probes (Fig. 3a, 3b), belief probes."""
-    from . import tracking
-    from .jobs import analyze_run
-
     k_list = _csv(ks, "--ks") or []
-    if not all(isinstance(k, int) for k in k_list):
+    if not all(isinstance(k, int) and not isinstance(k, bool) for k in k_list):
         raise ConfigError(f"--ks: expected comma-separated integers, got {ks!r}")
-    uri = tracking.resolve_uri(tracking_uri)
-    res = analyze_run(uri, target, device=device or "auto", n_episodes=n_episodes, ks=tuple(k_list),
-                      n_perms=n_perms, seed=seed, experiment=experiment)
+    checks.seed(seed, "--seed")
+    checks.experiment_name(experiment)
+    is_file = Path(target).suffix == ".pt" or Path(target).exists()
+    uri = checks.tracking_store(tracking_uri, must_exist=not is_file)
+    from .jobs import analyze_run
+    from .train import checkpoint_config, read_checkpoint, resolve_device, sigterm_interrupts
+
+    cfg = checkpoint_config(read_checkpoint(target, mmap=True)) if is_file else checks.run_config(uri, target)
+    dev = resolve_device(device or "auto")
+    if cfg is not None:
+        checks.memory(memory_estimate(cfg, "analyze", n_episodes=n_episodes), device=str(dev), force=force)
+    with sigterm_interrupts():
+        res = analyze_run(uri, target, device=device or "auto", n_episodes=n_episodes, ks=tuple(k_list),
+                          n_perms=n_perms, seed=seed, experiment=experiment)
     _print_claims(f"claims (analysis run {res.run_id}; shuffle {res.seconds['shuffle_s']:.0f} s, "
                   f"probes {res.seconds['probes_s']:.0f} s)", res.claims)
 
@@ -307,24 +392,31 @@ def run_cmd(
     workers: Annotated[int, typer.Option(min=1, help="Worker processes for the training sweep.")] = 2,
     tracking_uri: UriOpt = None,
     experiment: ExpOpt = "hmmscope",
+    force: ForceOpt = False,
 ) -> None:
     """The main job: theory sweep, training + Figure 1, layerwise analysis, a small training sweep and its report."""
+    cfg = build_config(preset_, config, set_, {"train.device": device})
+    checks.output_dir(out, "--out")
+    checks.experiment_name(experiment)
+    uri = checks.tracking_store(tracking_uri)
+    checks.optuna_storage(None)  # the main job's sweep uses the default storage
     from . import tracking
     from .jobs import main_job
     from .report import build_report
     from .sweep import run_sweep
-    from .train import resolve_device
+    from .train import resolve_device, sigterm_interrupts
 
-    cfg = build_config(preset_, config, set_, {"train.device": device})
-    resolve_device(cfg.train.device)
-    uri = tracking.resolve_uri(tracking_uri)
+    dev = resolve_device(cfg.train.device)
+    for job in ("theory", "train", "analyze"):  # the stages run one after another
+        checks.memory(memory_estimate(cfg, job), device=str(dev), force=force, what=f"the {job} stage")
 
     def sweep_and_report(spec, report_dir):  # the jobs layer reaches the sweep layer only through this
         sw = run_sweep(spec, workers=workers, uri=uri, log=lambda m: None)
         return sw, build_report(uri, sw.parent_run_id, report_dir, storage=sw.storage)
 
-    res = main_job(cfg, uri, experiment, out, sweep=sweep_and_report, progress=sys.stderr.isatty(),
-                   on_stage=lambda s: typer.echo(f"[hmmscope run] {s} ...", err=True))
+    with sigterm_interrupts():
+        res = main_job(cfg, uri, experiment, out, sweep=sweep_and_report, progress=sys.stderr.isatty(),
+                       on_stage=lambda s: typer.echo(f"[hmmscope run] {s} ...", err=True))
     m = res.eval_metrics
     typer.echo("")
     typer.echo(f"Figure 1 (test segment, {cfg.data.n_demos} demonstrations): model acc {m['eval/test_acc']:.3f}, "
@@ -362,14 +454,18 @@ def sweep_run_cmd(
     workers: Annotated[int, typer.Option(min=1, help="Local worker processes (one torch thread each).")] = 1,
     storage: StorageOpt = None,
     tracking_uri: UriOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Create or resume the study and run it to the end with local workers."""
-    from . import tracking
-    from .sweep import run_sweep
     from .sweep_spec import load_spec
 
     s = load_spec(spec)
-    uri = tracking.resolve_uri(tracking_uri)
+    storage = checks.optuna_storage(storage or s.storage or None)
+    uri = checks.tracking_store(tracking_uri)
+    checks.sweep_memory(s, workers=workers, force=force)
+    from . import tracking
+    from .sweep import run_sweep
+
     res = run_sweep(s, workers=workers, storage=storage, uri=uri, log=lambda m: typer.echo(m, err=True))
     if res.already_complete:
         typer.echo(f"sweep {res.study_name} is already complete: nothing to do")
@@ -396,13 +492,15 @@ def sweep_worker_cmd(
     tracking_uri: UriOpt = None,
 ) -> None:
     """Join a study from this machine (e.g. a GPU box sharing a PostgreSQL storage)."""
-    from . import tracking
-    from .sweep import pin_gpu, run_worker
+    checks.safe_name(study, "study")
+    storage = checks.optuna_storage(storage, must_exist=True)
+    uri = checks.tracking_store(tracking_uri, must_exist=True)
+    from .sweep import pin_gpu, run_worker, spec_of_study
 
+    spec_of_study(study, storage)  # an unknown study fails here, before any trial
     if gpu is not None:
         pin_gpu(gpu)
-    n = run_worker(study, storage, tracking.resolve_uri(tracking_uri), max_trials=max_trials,
-                   log=lambda m: typer.echo(m, err=True))
+    n = run_worker(study, storage, uri, max_trials=max_trials, log=lambda m: typer.echo(m, err=True))
     typer.echo(f"worker ran {n} trial(s) of {study}")
 
 
@@ -414,10 +512,11 @@ def sweep_status_cmd(
     tracking_uri: UriOpt = None,
 ) -> None:
     """The study's trials: state, params, objective value, MLflow run, retries; marks orphan runs KILLED."""
+    checks.safe_name(study, "study")
+    url = checks.optuna_storage(storage, must_exist=True, write=False)
     from . import tracking
-    from .sweep import default_storage, study_orphans, study_status
+    from .sweep import study_orphans, study_status
 
-    url = storage or default_storage()
     rows = study_status(study, url)
     _print_table(f"study {study}", [{k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in r.items()}
                                     for r in rows])
@@ -455,11 +554,14 @@ def report_cmd(
     tracking_uri: UriOpt = None,
 ) -> None:
     """Statistical report of a sweep (Markdown + HTML, figures), also logged to the sweep's parent run."""
-    from . import tracking
+    checks.safe_name(sweep, "sweep")
+    out = checks.output_dir(out or Path("out") / f"report-{sweep}", "--out")
+    uri = checks.tracking_store(tracking_uri, must_exist=True)
     from .report import build_report
 
-    rep = build_report(tracking.resolve_uri(tracking_uri), sweep, out or Path("out") / f"report-{sweep}",
-                       storage=storage)
+    if storage is not None:
+        storage = checks.optuna_storage(storage, must_exist=True, write=False)
+    rep = build_report(uri, sweep, out, storage=storage)
     for line in rep.summary_lines():
         typer.echo(line)
 
@@ -481,10 +583,12 @@ def ui_cmd(
     import subprocess
     import time
 
+    uri = checks.tracking_store(tracking_uri)
+    if optuna:
+        storage = checks.optuna_storage(storage)
     from . import tracking
     from .sweep import default_storage
 
-    uri = tracking.resolve_uri(tracking_uri)
     tracking.ensure_store(uri)
     cmds = [shlex.split(tracking.ui_command(uri, port))]
     if optuna:
@@ -527,8 +631,12 @@ def bench_sample_cmd(
     n_seqs: Annotated[int, typer.Option(min=1, help="Sequences sampled at once.")] = 4096,
     length: Annotated[int, typer.Option(min=1, help="Tokens per sequence.")] = 256,
     paper: Annotated[bool, typer.Option(help="Also time the paper-scale dataset (131,072 episodes).")] = True,
+    force: ForceOpt = False,
 ) -> None:
     """Sampler tokens/s vs hmmlearn's CategoricalHMM.sample on one 128-state, 16-token, rank-8 HMM."""
+    checks.memory(checks.tokens_memory(n_seqs, length, "sample"), force=force)
+    if paper:
+        checks.memory(memory_estimate(preset("paper"), "generate"), force=force, what="the paper-scale dataset")
     from .bench import bench_paper_dataset, bench_sample
 
     r = bench_sample(n_seqs=n_seqs, length=length)
@@ -564,8 +672,10 @@ def bench_filter_cmd(
     length: Annotated[int, typer.Option(min=1, help="Tokens per sequence.")] = 256,
     peer_length: Annotated[int, typer.Option(min=1, help="Tokens in hmmlearn's one sequence.")] = 20000,
     threads: ThreadsOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Filter tokens/s on one 128-state, 16-token HMM: dense vs hmmlearn, low-rank vs dense, each vs its GEMM limit."""
+    checks.memory(checks.tokens_memory(n_seqs, length, "filter"), force=force)
     from .bench import bench_filter
 
     _bench_threads(threads)
@@ -638,13 +748,16 @@ def bench_train_cmd(
     compile_: Annotated[bool, typer.Option("--compile", help="Time torch.compile(model) (compile time excluded).")]
     = False,
     threads: ThreadsOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Training tokens/s and MFU (vs the matmul rate measured in the same run) for a preset's model, vs HF RoFormer."""
     from .bench import bench_train
     from .train import resolve_device
 
     cfg = build_config(preset_, config, set_, {"train.device": device})
-    resolve_device(cfg.train.device)
+    dev = resolve_device(cfg.train.device)
+    need = memory_estimate(cfg, "bench-train", batch_size=batch_size, seq=seq_len)
+    checks.memory(need, device=str(dev), force=force, times=2 if peer else 1)
     _bench_threads(threads)
     r = bench_train(cfg, cfg.train.device, batch_size=batch_size, seq_len=seq_len, steps=steps, peer=peer,
                     profile=profile, compile=compile_)

@@ -1,8 +1,13 @@
 """One typed configuration object: defaults -> preset -> TOML file -> overrides.
 
 Every knob lives in a frozen dataclass below. `override` is the only way to change
-one: it walks dotted keys (`hmm.gamma`), rejects unknown keys and wrong types, and
-re-validates the result, so a bad value fails before any work starts.
+one: it walks dotted keys (`hmm.gamma`), rejects unknown keys, wrong types and
+non-finite floats (inf, nan), and re-validates the result, so a bad value fails
+before any work starts. Seeds lie in [0, 2**32 - 1] (numpy's legacy seed range,
+also what torch.manual_seed and SeedSequence take without complaint).
+
+`memory_estimate(cfg, job)` is the peak memory of a job, by term, computed from the
+config alone (no allocation): the CLI refuses a job that cannot fit before it starts.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
+import re
 import tomllib
 import typing
 from collections.abc import Mapping
@@ -22,6 +29,8 @@ class ConfigError(ValueError):
     """A configuration value or key is invalid (one-line message)."""
 
 
+SEED_MAX = 2**32 - 1
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 FAMILIES = ("dirichlet", "sticky")
 TEST_STARTS = ("initial", "midstream")
 POS_ENCODINGS = ("rope", "absolute", "none", "sinusoidal")
@@ -137,6 +146,8 @@ def validate(cfg: Config) -> Config:
     _check(0.0 < h.gamma <= 1.0, f"hmm.gamma must be in (0, 1], got {h.gamma}")
     _check(h.alpha > 0, f"hmm.alpha must be > 0, got {h.alpha}")
     _check(0.0 <= h.rho <= 1.0, f"hmm.rho must be in [0, 1], got {h.rho}")
+    for key, v in (("hmm.seed", h.seed), ("data.seed", d.seed), ("train.seed", t.seed), ("theory.seed", th.seed)):
+        _check(0 <= v <= SEED_MAX, f"{key} must be in [0, {SEED_MAX}] (numpy's seed range), got {v}")
     _check(d.n_demos >= 0, f"data.n_demos must be >= 0, got {d.n_demos}")
     _check(d.l_demo >= 1, f"data.l_demo must be >= 1, got {d.l_demo}")
     _check(d.l_test >= 1, f"data.l_test must be >= 1, got {d.l_test}")
@@ -155,6 +166,8 @@ def validate(cfg: Config) -> Config:
     _check(t.steps >= 1 and t.batch_size >= 1, "train.steps and train.batch_size must be >= 1")
     _check(t.lr > 0 and 0 <= t.min_lr <= t.lr, "train.lr must be > 0 and 0 <= train.min_lr <= train.lr")
     _check(t.warmup >= 0 and t.grad_clip > 0, "train.warmup must be >= 0 and train.grad_clip > 0")
+    _check(t.weight_decay >= 0, f"train.weight_decay must be >= 0, got {t.weight_decay}")
+    _check(0 <= t.beta1 < 1 and 0 <= t.beta2 < 1, f"train.beta1 and train.beta2 must be in [0, 1), got {t.beta1}, {t.beta2}")
     _check(t.eval_every >= 1 and t.ckpt_every >= 1, "train.eval_every and train.ckpt_every must be >= 1")
     _check(t.precision in PRECISIONS, f"train.precision must be one of {PRECISIONS}, got {t.precision!r}")
     _check(th.family in FAMILIES, f"theory.family must be one of {FAMILIES}, got {th.family!r}")
@@ -169,6 +182,17 @@ def validate(cfg: Config) -> Config:
     _check(th.n_histories >= 2 and th.burn_in >= 0, "theory.n_histories must be >= 2 and theory.burn_in >= 0")
     _check(0 < th.floor < 1 and th.gamma_m >= 0, "theory.floor must be in (0, 1) and theory.gamma_m >= 0")
     return cfg
+
+
+def check_name(name: str, what: str = "name") -> str:
+    """A sweep (study) or run name: 1-100 characters of [A-Za-z0-9._-], starting with a letter or digit, no '..'.
+
+    Names become folder names (out/report-NAME) and run names; this keeps them inside the output root.
+    """
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or ".." in name:
+        raise ConfigError(f"{what} {name!r} is not a safe name: use 1-100 letters, digits, '.', '_' or '-', "
+                          "starting with a letter or digit (no '..')")
+    return name
 
 
 def seq_len(d: DataConfig) -> int:
@@ -200,7 +224,13 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                value = float(value)
+            except OverflowError:  # an int too large for a float
+                raise ConfigError(f"{key}: must be a finite number, got {value}") from None
+            if not math.isfinite(value):
+                raise ConfigError(f"{key}: must be a finite number, got {value}")
+            return value
     elif tp is str:
         if isinstance(value, str):
             return value
@@ -251,16 +281,33 @@ def _nested_to_flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def load_toml(path: str | Path, base: Config | None = None) -> Config:
     """Apply a TOML file (tables [hmm], [data], ...) on top of `base` (default: Config())."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    data = parse_toml(read_text(path, "config file"), path)
     try:
         return override(base or Config(), _nested_to_flat(data))
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The UTF-8 text of a file; ConfigError (one line) if it is missing, a folder, unreadable or binary."""
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{what} not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} {path} is a folder, not a file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{what} {path} is not a text (UTF-8) file") from None
+    except OSError as e:
+        raise ConfigError(f"{what} {path}: cannot read it ({e.strerror or e})") from None
+
+
+def parse_toml(text: str, path: str | Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
 
 
 def from_flat(flat: Mapping[str, Any]) -> Config:
@@ -300,3 +347,117 @@ def preset(name: str) -> Config:
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r} (known: {', '.join(PRESETS)})")
     return override(Config(), PRESETS[name])
+
+
+# ---------------------------------------------------------------- memory
+
+
+GIB = 1 << 30
+# The interpreter with what a job imports (peak RSS of tiny jobs, measured: generate 0.09 GiB with numpy only,
+# theory 0.44 GiB and train 0.52 GiB with torch and MLflow).
+RUNTIME_BYTES = 5 * GIB // 8
+RUNTIME_NUMPY_BYTES = GIB // 8
+ORACLE_CHUNK = 256  # tasks per chunk of the mixture oracle (inference.mixture_oracle's default)
+
+
+def _p2(k: int) -> int:
+    return 1 << (k - 1).bit_length()
+
+
+def model_params(m: ModelConfig, vocab_size: int) -> int:
+    """Parameters of model.Transformer (tied embedding counted once; LayerNorms; no linear biases)."""
+    D, M = m.d_model, m.d_mlp
+    n = vocab_size * D + m.n_layers * (4 * D * D + 2 * D * M + 4 * D) + 2 * D
+    return n + (m.max_len * D if m.pos_enc == "absolute" else 0)
+
+
+def _mixture_bytes(h: HMMConfig) -> int:
+    """The larger of make_mixture's peak (float64 factors W, Q and three live (n, S, V) emission
+    temporaries) and what stays: the float64 parameters, episodes' float32 inverse-CDF tables (rows
+    padded to powers of two) and the float64 cumulative sum of the largest one."""
+    n, S, d, V = h.n_tasks, h.n_states, h.rank, h.n_tokens
+    build = 8 * n * S * (1 + 2 * d + 3 * V)
+    rows = [(n, S), (n * S, d), (n * d, S), (n * S, V)]
+    tables = sum(4 * r * _p2(k) for r, k in rows) + max(8 * r * k for r, k in rows)
+    return max(build, 8 * n * S * (1 + 2 * d + V) + tables)
+
+
+def _episodes_bytes(h: HMMConfig, d: DataConfig, n: int) -> int:
+    """sample_episodes: tokens + states (N, T) and the sampler's (N (k+1), L) pair, int16 (int32 past 2**15)
+    plus its float32 uniforms and intp task/state vectors per sequence."""
+    it = 2 if max(h.n_tokens + 1, h.n_states) < 2**15 else 4
+    L = max(d.l_demo, d.l_test)
+    return n * (2 * it * seq_len(d) + (d.n_demos + 1) * (2 * it * L + 32))
+
+
+def _oracle_bytes(h: HMMConfig, d: DataConfig, n: int, predictors: int = 1) -> int:
+    """mixture_oracle over n episodes in float64, a chunk of C tasks at a time: the scaled forward tables
+    (C, N, V d + V) (two buffers, the update, the gathered rows), the kernels (C, S, V d + V) x 2, and
+    `predictors` (N, T, V) predictions with the running mixture (x 4)."""
+    C, S, V, dd, T = min(ORACLE_CHUNK, h.n_tasks), h.n_states, h.n_tokens, h.rank, seq_len(d)
+    return 8 * (4 * C * n * (V * dd + V) + 2 * C * S * (V * dd + V) + (3 + predictors) * n * T * V)
+
+
+def _train_bytes(cfg: Config, batch_size: int, T: int) -> dict[str, int]:
+    m = cfg.model
+    vocab = cfg.hmm.n_tokens + 1
+    D, M, H, L = m.d_model, m.d_mlp, m.n_heads, m.n_layers
+    act = 4 * batch_size * T * (L * (14 * D + 3 * M) + 4 * vocab)  # float32 tensors kept for backward
+    if m.window > 0:  # a boolean band mask pushes SDPA onto the math path: (B, H, T, T) weights per layer
+        act += 4 * batch_size * H * T * T * 2 * L
+    return {"model + AdamW state": 16 * model_params(m, vocab),  # float32 weights, grads and two moments
+            "causal mask (max_len^2)": m.max_len ** 2, "activations": act}
+
+
+def _theory_bytes(th: TheoryConfig) -> dict[str, int]:
+    """One setting at a time, at the largest S and d: the dense S x S chain (transition, its factor check,
+    the complex eigen-decomposition for the stationary law, Dobrushin's 64-row chunks), and the
+    n_histories x (burn_in + max L) histories with the filter's gathers and (B, V d) tables."""
+    S, d, V = max(th.n_states), max(th.ranks), th.n_tokens
+    n, Hn = th.n_histories, th.burn_in + max(th.lengths)
+    return {"dense transition (S x S)": 8 * S * S * (12 + 2 * min(S, 64)),
+            "histories": n * Hn * 41 + 8 * n * (V * d + V) * 6}
+
+
+def memory_estimate(cfg: Config, job: str = "train", *, n_episodes: int | None = None,
+                    batch_size: int | None = None, seq: int | None = None) -> dict[str, tuple[int, str]]:
+    """Peak memory of `job` from the config alone: {term: (bytes, "host" | "device")}.
+
+    "device" terms live on the training device (host memory too when it is the CPU). Jobs:
+    generate (n_episodes episodes), train (training set, held-out set, mixture oracle, model with AdamW,
+    activations of one batch), evaluate and analyze (n_episodes held-out episodes, default data.n_eval),
+    theory, bench-train (batch_size x seq tokens). The numbers are upper-leaning estimates of what the
+    code keeps alive at its peak, read off the code (see each helper's docstring); against the peak RSS of
+    real CPU runs (tests/measure_memory.py) they came out 1.1-1.3x high, which is what refusing an
+    impossible job needs.
+    """
+    h, d = cfg.hmm, cfg.data
+    out: dict[str, tuple[int, str]] = {"runtime": (RUNTIME_NUMPY_BYTES if job == "generate" else RUNTIME_BYTES, "host")}
+    if job == "theory":
+        out.update({k: (v, "host") for k, v in _theory_bytes(cfg.theory).items()})
+        return out
+    if job == "bench-train":
+        out.update({k: (v, "device") for k, v in _train_bytes(cfg, batch_size or 32, seq or 256).items()})
+        return out
+    out["mixture"] = (_mixture_bytes(h), "host")
+    T = seq_len(d)
+    if job == "generate":
+        out["episodes"] = (_episodes_bytes(h, d, n_episodes or d.n_train), "host")
+    elif job == "train":
+        out["episodes"] = (_episodes_bytes(h, d, d.n_train + d.n_eval), "host")
+        out["training tokens (int64)"] = (8 * d.n_train * T, "device")
+        out["mixture oracle"] = (_oracle_bytes(h, d, d.n_eval), "device")
+        out.update({k: (v, "device") for k, v in _train_bytes(cfg, cfg.train.batch_size, T - 1).items()})
+    elif job in ("evaluate", "analyze"):
+        n = n_episodes or d.n_eval
+        out["episodes"] = (_episodes_bytes(h, d, n), "host")
+        out["model"] = (4 * model_params(cfg.model, h.n_tokens + 1), "device")
+        out["causal mask (max_len^2)"] = (cfg.model.max_len ** 2, "device")
+        if job == "evaluate":  # figure1: the mixture oracle with model, task-oracle and mixture predictions
+            out["oracles"] = (_oracle_bytes(h, d, n, predictors=3), "device")
+        else:  # probes: layer chunks within a 1 GiB budget, task beliefs and the shuffle test's batches
+            out["residual streams"] = (min(GIB, 4 * n * 32 * cfg.model.d_model * (cfg.model.n_layers + 1)), "host")
+            out["beliefs and targets"] = (n * 32 * (4 * h.n_states + 64), "host")
+    else:
+        raise ValueError(f"unknown job {job!r}")
+    return out

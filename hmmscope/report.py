@@ -820,8 +820,8 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
     uri = tracking.resolve_uri(uri)
     out_dir = Path(out_dir)
     parent, study, _ = _find_parent(uri, sweep, storage)
+    out_dir.mkdir(parents=True, exist_ok=True)  # after the sweep is found: an unknown sweep writes nothing
     t = _read_trials(uri, parent, study)
-    out_dir.mkdir(parents=True, exist_ok=True)
     theory_runs = [r for r in t.complete if _is_theory(r)]
     train_runs = [r for r in t.complete if not _is_theory(r)]
     header, head_sec = _header(sweep, t, len(train_runs), len(theory_runs))

@@ -3,15 +3,15 @@
 Spec format (TOML, validated strictly by `load_spec` before any study or run exists)::
 
     [sweep]
-    name = "smoke"                 # the Optuna study name
+    name = "smoke"                 # the Optuna study name: 1-100 of [A-Za-z0-9._-] (it names folders)
     base = "tiny"                  # a preset, or: config = "path.toml" (relative to the spec file)
     kind = "train"                 # train | theory
-    objective = "eval/excess_ce"   # a metric of the trial (train/eval/Figure 1/analysis, or theory/*)
+    objective = "eval/excess_ce"   # a metric the trial logs (see OBJECTIVES below; checked here)
     direction = "minimize"         # minimize | maximize
     sampler = "grid"               # grid | tpe | random
     pruner = "none"                # none | median (train kind: reports objective at every evaluation)
     n_trials = 20                  # tpe / random only; grid = grid size x len(seeds)
-    seeds = [0, 1]                 # replicates (see below)
+    seeds = [0, 1]                 # replicates (see below), each in [0, 2**32 - 1]
     storage = ""                   # any SQLAlchemy URL; "" = sqlite:///<cwd>/mlruns/optuna.db
     analyze = false                # also run the layerwise analysis (jobs.analyze_run) per trial
     experiment = "hmmscope-sweeps"
@@ -38,13 +38,24 @@ import hashlib
 import itertools
 import json
 import math
-import tomllib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import Config, ConfigError, flatten, load_toml, override, preset
+from .config import (
+    SEED_MAX,
+    Config,
+    ConfigError,
+    check_name,
+    flatten,
+    load_toml,
+    override,
+    parse_toml,
+    preset,
+    read_text,
+)
 
 SWEEP_KEYS = {"name", "base", "config", "kind", "objective", "direction", "sampler", "pruner", "n_trials",
               "seeds", "storage", "analyze", "experiment", "heartbeat_interval", "grace_period", "max_retry",
@@ -54,6 +65,24 @@ KINDS, SAMPLERS, PRUNERS, DIRECTIONS = ("train", "theory"), ("grid", "tpe", "ran
     ("minimize", "maximize")
 DIST_KEYS = {"grid", "choices", "low", "high", "log", "step"}
 MAX_GRID = 100_000
+# The metrics a trial returns (sweep.run_trial), hence the objectives a spec may name. Train trials:
+# train.train's final eval/* and oracle/*, then jobs.evaluate_run's Figure 1 headline (evaluate.Figure1Result
+# .headline), memory/* when model.window > 0 (evaluate.memory_comparison), and with analyze = true the
+# analysis metrics (jobs._analysis_metrics). Theory trials: sweep._theory_metrics. tests/test_sweep_spec
+# checks these sets against the metrics real trials return.
+TRAIN_OBJECTIVES = frozenset(
+    [f"{p}/{k}" for p in ("eval", "oracle") for k in ("loss", "acc", "test_loss", "test_acc")]
+    + ["eval/excess_ce", "eval/test_ce", "eval/oracle_mix_test_acc", "eval/oracle_mix_test_ce",
+       "eval/oracle_task_test_acc", "eval/oracle_task_test_ce", "eval/kl_mix", "eval/kl_task", "eval/gap_to_mix",
+       "eval/gap_to_task", "eval/p_true_task"])
+MEMORY_OBJECTIVE = re.compile(r"memory/[a-z0-9_]+")
+ANALYSIS_OBJECTIVE = re.compile(r"shuffle/layer\d+/norm_change(_lo|_hi)?|probe/[a-z0-9_]+/layer\d+/[a-z0-9_]+"
+                                r"|claim/[A-Za-z0-9_]+/(value|ci_lo|ci_hi)")
+THEORY_OBJECTIVES = frozenset(
+    ["theory/dobrushin", "theory/rate", "theory/rate_lo", "theory/rate_hi", "theory/log_intercept"]
+    + [f"theory/{k}{s}" for k in ("gamma_O", "gamma_eff") for s in ("", "_lower", "_upper")])
+GAMMA_M_OBJECTIVES = frozenset(f"theory/gamma_m{s}" for s in ("", "_lower", "_upper"))
+
 
 # ---------------------------------------------------------------- spec
 
@@ -144,10 +173,7 @@ def _num(v: Any) -> bool:
 def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = None) -> SweepSpec:
     """Parse and validate spec text; ConfigError '<file>: <key>: <why>' on the first problem."""
     path = str(path)
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    data = parse_toml(text, path)
     for t in data:
         if t not in TABLES:
             raise _err(path, t, f"unknown table (known: {', '.join(sorted(TABLES))})")
@@ -167,6 +193,10 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
     name = get("name", str, "")
     if not name:
         raise _err(path, "sweep.name", "required (the study name)")
+    try:
+        check_name(name, "the name")
+    except ConfigError as e:
+        raise _err(path, "sweep.name", str(e)) from None
     kind = get("kind", str, "train")
     sampler = get("sampler", str, "grid")
     pruner = get("pruner", str, "none")
@@ -179,9 +209,9 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
         raise _err(path, "sweep.pruner", "pruning needs kind='train' (intermediate evaluations)")
     objective = get("objective", str, "theory/rate" if kind == "theory" else "eval/excess_ce")
     seeds = get("seeds", list, [0])
-    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds) \
+    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= SEED_MAX for s in seeds) \
             or len(set(seeds)) != len(seeds):
-        raise _err(path, "sweep.seeds", f"must be a non-empty list of distinct ints >= 0, got {seeds!r}")
+        raise _err(path, "sweep.seeds", f"must be a non-empty list of distinct ints in [0, {SEED_MAX}], got {seeds!r}")
     ints = {}
     for k, default, lo in (("heartbeat_interval", 60, 1), ("grace_period", None, 1), ("max_retry", 2, 0),
                            ("sampler_seed", 0, 0), ("prune_startup", 2, 0)):
@@ -190,6 +220,8 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
             continue
         if not isinstance(v, int) or isinstance(v, bool) or v < lo:
             raise _err(path, f"sweep.{k}", f"must be an int >= {lo}, got {v!r}")
+        if k == "sampler_seed" and v > SEED_MAX:
+            raise _err(path, f"sweep.{k}", f"must be in [0, {SEED_MAX}], got {v!r}")
         ints[k] = v
     ints.setdefault("grace_period", 3 * ints["heartbeat_interval"])
     if ints["grace_period"] <= ints["heartbeat_interval"]:
@@ -288,20 +320,39 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
     spec = SweepSpec(name=name, path=path, text=text, hash=hashlib.sha256(canon.encode()).hexdigest()[:16],
                      base=base, n_trials=n, **spec_kw)
     if sampler == "grid":  # every combination must be a valid config (e.g. rank <= n_states)
+        cfgs = []
         for pt in spec.grid_points():
             try:
-                cfg = spec.trial_config(pt)
+                cfgs.append(spec.trial_config(pt))
             except ConfigError as e:
                 raise _err(path, "space", f"grid point {pt}: {e}") from None
-            _check_theory_single(spec, cfg, path)
+            _check_theory_single(spec, cfgs[-1], path)
     else:  # one sample point (the first choice / lower bound of each parameter)
         pt = {p.key: p.grid[0] if p.grid is not None else p.low for p in params_t}
         try:
-            cfg = spec.trial_config({**pt, "seed": seeds[0]})
+            cfgs = [spec.trial_config({**pt, "seed": seeds[0]})]
         except ConfigError as e:
             raise _err(path, "space", f"point {pt}: {e}") from None
-        _check_theory_single(spec, cfg, path)
+        _check_theory_single(spec, cfgs[0], path)
+    _check_objective(spec, cfgs, path)
     return spec
+
+
+def objectives(spec: SweepSpec, cfg: Config) -> tuple[frozenset[str], tuple[re.Pattern, ...]]:
+    """(names, patterns) of the metrics a trial of `spec` with config `cfg` returns."""
+    if spec.kind == "theory":
+        return THEORY_OBJECTIVES | (GAMMA_M_OBJECTIVES if cfg.theory.gamma_m > 0 else frozenset()), ()
+    pats = ((MEMORY_OBJECTIVE,) if cfg.model.window > 0 else ()) + ((ANALYSIS_OBJECTIVE,) if spec.analyze else ())
+    return TRAIN_OBJECTIVES, pats
+
+
+def _check_objective(spec: SweepSpec, cfgs: list[Config], path: str) -> None:
+    """The objective must be a metric every trial returns (else each trial would train fully, then fail)."""
+    for cfg in cfgs:
+        names, pats = objectives(spec, cfg)
+        if spec.objective not in names and not any(p.fullmatch(spec.objective) for p in pats):
+            raise _err(path, "sweep.objective", f"{spec.objective!r} is not a metric every {spec.kind} trial of this "
+                                                f"spec logs (e.g. {', '.join(sorted(names)[:4])}, ...)")
 
 
 def _check_theory_single(spec: SweepSpec, cfg: Config, path: str) -> None:
@@ -325,8 +376,4 @@ def _bad_key(base: Config, upd: Mapping[str, Any]) -> bool:
 def load_spec(path: str | Path) -> SweepSpec:
     """Read and validate a sweep spec file (see the module docstring); ConfigError names file and key."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"sweep spec not found: {p}") from None
-    return parse_spec(text, p.resolve())
+    return parse_spec(read_text(p, "sweep spec"), p.resolve())

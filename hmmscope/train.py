@@ -24,8 +24,12 @@ that talks to MLflow):
   resolves on the device of each call: a CUDA run resumed on the CPU continues in float32.
   Checkpoints are device-neutral on load: read_checkpoint maps every tensor to the CPU, and
   resuming moves the model and optimizer state to the run's device.
-- Divergence: a non-finite loss or gradient norm raises DivergedError; the run ends FAILED
-  with the reason in the tag hmmscope.failure_reason.
+- Divergence: a non-finite loss or gradient norm raises DivergedError (its run_id says which run);
+  the run ends FAILED with the reason in the tag hmmscope.failure_reason.
+- Signals: while `train` runs in the main thread, SIGTERM (kill, timeout, a scheduler) raises
+  KeyboardInterrupt, so the run ends KILLED with its reason instead of staying RUNNING.
+- Checkpoints are checked against the model their config builds (keys and shapes, on the meta
+  device) before any weight is loaded: a misfit is a one-line ValueError.
 - Precision (train.precision): "auto" is bf16 autocast on CUDA and float32 elsewhere; "bf16"
   autocasts on any device (the CPU twin of the CUDA path); "fp32" runs without autocast and, on
   CUDA, without TF32. bf16 on CUDA also enables TF32 for the matmuls autocast leaves in float32.
@@ -42,10 +46,12 @@ import functools
 import math
 import os
 import random
+import signal
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,7 +71,11 @@ RUNTIME_KEYS = ("train.steps", "train.device", "train.compile")  # may differ on
 
 
 class DivergedError(RuntimeError):
-    """The training loss (or gradient norm) became NaN or infinite."""
+    """The training loss (or gradient norm) became NaN or infinite; `run_id` is the run that ended FAILED."""
+
+    def __init__(self, msg: str, run_id: str | None = None):
+        super().__init__(msg)
+        self.run_id = run_id
 
 
 @dataclass
@@ -237,10 +247,12 @@ def load_checkpoint(tracking_uri: str, run_id: str, dst_dir: str | Path) -> dict
     return read_checkpoint(path)
 
 
-def read_checkpoint(path: str | Path) -> dict:
-    """A checkpoint file (as saved by train) loaded on the CPU; ValueError if it is not one."""
+def read_checkpoint(path: str | Path, mmap: bool = False) -> dict:
+    """A checkpoint file (as saved by train) loaded on the CPU (memory-mapped if `mmap`); ValueError if it is not one."""
+    if Path(path).is_dir():
+        raise ValueError(f"checkpoint {path} is a folder, not a file")
     try:
-        ck = torch.load(path, map_location="cpu", weights_only=True)
+        ck = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise ValueError(f"checkpoint not found: {path}") from None
     except Exception as e:
@@ -250,9 +262,42 @@ def read_checkpoint(path: str | Path) -> dict:
     return ck
 
 
+def checkpoint_config(ck: Mapping) -> Config:
+    """The Config stored in a checkpoint, checked against its weights (keys and shapes) without loading them.
+
+    ValueError (one line) when the config is missing or invalid, or the weights do not fit the model it builds.
+    """
+    flat = ck.get("config") if isinstance(ck, Mapping) else None
+    if not isinstance(flat, Mapping):
+        raise ValueError("checkpoint has no config (a mapping of config keys)")
+    try:
+        cfg = from_flat(flat)
+    except ValueError as e:
+        raise ValueError(f"checkpoint config is invalid: {e}") from None
+    vocab, state = ck.get("vocab_size"), ck.get("model")
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab != cfg.hmm.n_tokens + 1:
+        raise ValueError(f"checkpoint vocab_size {vocab!r} does not fit its config (hmm.n_tokens + 1 = "
+                         f"{cfg.hmm.n_tokens + 1})")
+    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError("checkpoint has no model weights (a state dict of tensors)")
+    with torch.device("meta"):
+        want = {k: tuple(v.shape) for k, v in Transformer(cfg.model, vocab).state_dict().items()}
+    have = {k: tuple(v.shape) for k, v in state.items()}
+    missing, extra = sorted(want.keys() - have.keys()), sorted(have.keys() - want.keys())
+    if missing or extra:
+        what = f"missing {', '.join(missing[:3])}" if missing else f"unexpected {', '.join(extra[:3])}"
+        raise ValueError(f"checkpoint weights do not fit the model of its config ({what}"
+                         f"{', ...' if len(missing or extra) > 3 else ''})")
+    bad = next((k for k in want if want[k] != have[k]), None)
+    if bad is not None:
+        raise ValueError(f"checkpoint weights do not fit the model of its config ({bad}: shape {list(have[bad])}, "
+                         f"model {list(want[bad])})")
+    return cfg
+
+
 def model_from_checkpoint(ck: dict) -> tuple[Transformer, Config]:
-    """The Transformer (CPU, eval mode) and Config stored in a loaded checkpoint."""
-    cfg = from_flat(ck["config"])
+    """The Transformer (CPU, eval mode) and Config stored in a loaded checkpoint (ValueError if they do not fit)."""
+    cfg = checkpoint_config(ck)
     model = Transformer(cfg.model, int(ck["vocab_size"]))
     model.load_state_dict(ck["model"])
     return model.eval(), cfg
@@ -275,6 +320,23 @@ def _resume_config(saved: Config, passed: Config) -> Config:
 
 
 # ---------------------------------------------------------------- training
+
+
+@contextmanager
+def sigterm_interrupts():
+    """While inside (main thread only): SIGTERM raises KeyboardInterrupt, as Ctrl-C does; the old handler comes back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _progress(enabled: bool):
@@ -307,7 +369,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
     if resume is not None:
         with tempfile.TemporaryDirectory() as tmp:
             ck = load_checkpoint(tracking_uri, resume, tmp)
-        cfg = _resume_config(from_flat(ck["config"]), cfg)
+        cfg = _resume_config(checkpoint_config(ck), cfg)
         device = resolve_device(cfg.train.device)
     t = cfg.train
     precision = resolve_precision(t.precision, device)
@@ -333,7 +395,10 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
     start, best = 0, {}
     if ck is not None:
         model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
+        try:
+            opt.load_state_dict(ck["optimizer"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"run {resume}: its checkpoint's optimizer state does not fit the model ({e})") from None
         start, best = int(ck["step"]), dict(ck["metrics"].get("best", {}))
         _set_rng_state(ck["rng"])
     fwd = torch.compile(model) if t.compile else model  # the training step only; evaluation and state dicts: `model`
@@ -345,8 +410,9 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
             "hmmscope.hmm_hash": config_hash(cfg.hmm), "hmmscope.device": str(device), "hmmscope.precision": precision,
             "hmmscope.n_params": n_params}
     name = run_name or f"train-{config_hash(cfg.hmm, cfg.data, cfg.model, cfg.train)[:8]}"
-    with tracking.start_run(tracking_uri, experiment, name, parent=parent, resume=resume,
-                            params=None if resume else flatten(cfg), tags=None if resume else tags) as run:
+    with sigterm_interrupts(), tracking.start_run(tracking_uri, experiment, name, parent=parent, resume=resume,
+                                                  params=None if resume else flatten(cfg),
+                                                  tags=None if resume else tags) as run:
         run.set_tags({**tags, **({"hmmscope.resumed_from_step": start, "hmmscope.target_steps": t.steps}
                                  if resume else {})})
         last: dict[str, float] = {}
@@ -395,12 +461,12 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                     _, loss = fwd(batch[:, :-1], batch[:, 1:], loss_mask)
                 lv = loss.item()
                 if not math.isfinite(lv):
-                    raise DivergedError(f"non-finite loss ({lv}) at step {step + 1}")
+                    raise DivergedError(f"non-finite loss ({lv}) at step {step + 1}", run.run_id)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 gn = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip).item()
                 if not math.isfinite(gn):
-                    raise DivergedError(f"non-finite gradient norm ({gn}) at step {step + 1}")
+                    raise DivergedError(f"non-finite gradient norm ({gn}) at step {step + 1}", run.run_id)
                 opt.step()
                 dt = time.perf_counter() - t0
                 train_s, int_s = train_s + dt, int_s + dt

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from hmmscope import tracking
 from hmmscope.cli import app
 from hmmscope.episodes import load_episodes
+from hmmscope.sweep_spec import TRAIN_OBJECTIVES
 
 runner = CliRunner()
 
@@ -137,9 +138,10 @@ def test_train_bad_config_exits_2_without_a_run(store, sets, needle):
     assert not (store / "mlruns").exists()
 
 
-def test_evaluate_unknown_run(store):
+def test_evaluate_without_a_store_creates_none(store):
     r = runner.invoke(app, ["evaluate", "0123456789abcdef"])
-    assert r.exit_code == 2 and "unknown MLflow run id" in r.output
+    assert r.exit_code == 2 and "no MLflow store at" in r.output, r.output
+    assert not (store / "mlruns").exists()
 
 
 def test_analyze_end_to_end_and_bad_input(store):
@@ -183,6 +185,10 @@ def test_smoke_sweep_two_workers_then_report(store):
     assert r.exit_code == 0 and "already complete" in r.output
     r = runner.invoke(app, ["sweep", "status", "smoke"])
     assert r.exit_code == 0 and r.output.count("COMPLETE") == 4
+    trials = [x for x in _runs(tracking.default_tracking_uri()) if x.data.tags.get("hmmscope.kind") == "sweep-train"]
+    assert len(trials) == 4
+    for t in trials:  # the objectives a spec may name (checked at spec validation) are what a trial logs
+        assert {k for k in t.data.metrics if k.split("/")[0] in ("eval", "oracle")} == TRAIN_OBJECTIVES
     r = runner.invoke(app, ["report", "smoke"])
     assert r.exit_code == 0, r.output
     md = (store / "out" / "report-smoke" / "report.md").read_text()
@@ -198,7 +204,8 @@ def test_bad_sweep_spec_exits_2_without_study_or_run(store):
     assert len(r.output.strip().splitlines()) == 1
     assert not (store / "mlruns").exists()
     r = runner.invoke(app, ["report", "no-such-sweep"])
-    assert r.exit_code == 2 and "unknown sweep" in r.output
+    assert r.exit_code == 2 and "no MLflow store" in r.output  # nothing tracked here: no store is created
+    assert not (store / "mlruns").exists() and not (store / "out").exists()
 
 
 def test_main_job_end_to_end_small(store):
@@ -216,3 +223,36 @@ def test_main_job_end_to_end_small(store):
     assert {"train", "theory"} <= kids and main.info.status == "FINISHED"
     assert main.data.tags["hmmscope.analysis_run"] and main.data.tags["hmmscope.sweep_run"]
     assert (store / "out" / "report-smoke" / "report.html").exists() and (store / "out" / "theory" / "theory.png").exists()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["sweep", "run", "x.toml", "--workers", "0"], "Invalid value for '--workers'"),
+    (["train", "--no-such-option"], "No such option: --no-such-option"),
+    (["generate"], "Missing argument 'out'"),
+    (["nosuchcommand"], "No such command 'nosuchcommand'"),
+    (["theory", "--family", "gaussian"], "'--family'"),
+    (["ui", "--port", "70000"], "'--port'"),
+    (["generate", "x.npz", "--n", "abc"], "Invalid value for '--n'"),
+])
+def test_option_errors_are_one_line(store, args, needle):
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("error: ") and needle in line and "--help" in line, line
+    assert r.stdout == "" and not (store / "mlruns").exists()
+
+
+def test_no_arguments_shows_the_help(store):
+    r = runner.invoke(app, ["sweep"])
+    assert "Usage" in r.output and "run" in r.output
+
+
+def test_diverged_training_is_one_line_naming_its_failed_run(store):
+    r = runner.invoke(app, ["train", *TINY_TRAIN, "--set", "train.lr=1e6", "--set", "train.min_lr=1e6",
+                            "--set", "train.warmup=0", "--set", "train.grad_clip=1e30", "--no-evaluate"])
+    assert r.exit_code == 1, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    (run,) = _runs(tracking.default_tracking_uri())
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: training diverged: non-finite") and f"run {run.info.run_id} ended FAILED" in line
+    assert run.info.status == "FAILED" and run.data.tags["hmmscope.failure_reason"].startswith("DivergedError")

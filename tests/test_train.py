@@ -1,5 +1,13 @@
+import json
 import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,13 +20,16 @@ from hmmscope.hmm import make_mixture
 from hmmscope.train import (
     DivergedError,
     batch_indices,
+    checkpoint_config,
     evaluate_loss,
     load_checkpoint,
     load_model,
     lr_at,
+    model_from_checkpoint,
     read_checkpoint,
     resolve_device,
     resolve_precision,
+    sigterm_interrupts,
     train,
 )
 
@@ -220,3 +231,94 @@ def test_cuda_checkpoint_loads_and_resumes_on_cpu(uri, finished, tmp_path):
     a, _ = load_model(uri, finished.run_id)
     b, _ = load_model(uri, res.run_id)
     assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_checkpoint_config_refuses_checkpoints_that_do_not_fit(uri, finished, tmp_path):
+    ck = load_checkpoint(uri, finished.run_id, tmp_path)
+    assert checkpoint_config(ck) == small()
+    flat = ck["config"]
+    bad = [({**ck, "config": {**flat, "model.d_model": 64, "model.d_mlp": 128}},
+            r"do not fit .*shape \[5, 32\], model \[5, 64\]"),
+           ({**ck, "config": {**flat, "model.n_layers": 2}}, r"do not fit .*missing blocks\.1\."),
+           ({**ck, "config": {**flat, "model.pos_enc": "absolute"}}, r"missing pos_emb\.weight"),
+           ({**ck, "config": {**flat, "model.bogus": 1}}, "checkpoint config is invalid: unknown config key"),
+           ({**ck, "config": {**flat, "hmm.gamma": 7.0}}, r"checkpoint config is invalid: hmm.gamma must be in"),
+           ({**ck, "config": "not a mapping"}, "checkpoint has no config"),
+           ({**ck, "vocab_size": 3}, "vocab_size 3 does not fit its config"),
+           ({k: v for k, v in ck.items() if k != "model"}, "checkpoint has no model weights"),
+           ({**ck, "model": {**ck["model"], "extra.weight": torch.zeros(2)}}, r"unexpected extra\.weight")]
+    for c, match in bad:
+        with pytest.raises(ValueError, match=match):
+            model_from_checkpoint(c)
+        msg = ""
+        try:
+            checkpoint_config(c)
+        except ValueError as e:
+            msg = str(e)
+        assert msg and "\n" not in msg
+
+
+def test_resume_from_a_checkpoint_that_does_not_fit_changes_nothing(uri, finished, tmp_path):
+    ck = load_checkpoint(uri, finished.run_id, tmp_path)
+    ck["config"] = {**ck["config"], "model.d_model": 64, "model.d_mlp": 128}
+    torch.save(ck, tmp_path / "last.pt")
+    with tracking.start_run(uri, "t", "misfit") as run:
+        run.log_artifact(tmp_path / "last.pt", "checkpoints")
+    with pytest.raises(ValueError, match="do not fit"):
+        train(small(), tracking_uri=uri, experiment="t", resume=run.run_id, progress=False)
+    r = run.get()
+    assert r.info.status == "FINISHED" and "hmmscope.failure_reason" not in r.data.tags
+
+
+def _toml(flat: dict) -> str:
+    sections: dict[str, list[str]] = {}
+    for k, v in flat.items():
+        sec, name = k.split(".")
+        sections.setdefault(sec, []).append(f"{name} = {json.dumps(v)}")
+    return "".join(f"[{s}]\n" + "\n".join(lines) + "\n" for s, lines in sections.items())
+
+
+def test_sigterm_ends_a_cli_training_run_killed_not_running(tmp_path):
+    """`timeout` / `kill` send SIGTERM: the real `hmmscope train` process ends its run KILLED and exits 130."""
+    cfg = tmp_path / "long.toml"
+    cfg.write_text(_toml({**SMALL, "train.steps": 10**6, "train.eval_every": 10**6, "train.ckpt_every": 10**6}))
+    db = tmp_path / "mlflow.db"
+    env = {**os.environ, "HMMSCOPE_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "hmmscope"), "train", "--config", str(cfg),
+                             "--tracking-uri", f"sqlite:///{db}", "--no-evaluate"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def statuses() -> list[str]:
+        try:
+            with sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True) as c:
+                return [s for (s,) in c.execute("select status from runs")]
+        except sqlite3.Error:  # not created yet, or being created
+            return []
+
+    try:
+        deadline = time.time() + 120
+        while "RUNNING" not in statuses() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert statuses() == ["RUNNING"], proc.poll()
+        time.sleep(1.0)  # into the training loop
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "error: interrupted"
+    (run,) = tracking.client(f"sqlite:///{db}").search_runs([tracking.experiment_id(f"sqlite:///{db}", "hmmscope")])
+    assert run.info.status == "KILLED"
+    assert run.data.tags["hmmscope.failure_reason"] == "KeyboardInterrupt: signal 15 (SIGTERM)"
+
+
+def test_sigterm_interrupts_restores_the_old_handler():
+    old = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+        with sigterm_interrupts():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises long before this ends
+    assert signal.getsignal(signal.SIGTERM) is old

@@ -1,0 +1,417 @@
+"""Checks before work: every name, path, store and size the CLI is given, validated before anything is written.
+
+The CLI (the only module that parses user input) calls these before it creates a run, a study, a folder
+or a file; each raises ConfigError with a one-line message naming the value and what is wrong with it.
+None of them writes anything: a folder to be created is checked through its nearest existing ancestor,
+a database through a read-only open, a server through one short health check.
+
+- Names (sweeps, studies, runs): 1-100 characters from [A-Za-z0-9._-], starting with a letter or a
+  digit, so a name never becomes a path outside the output root (`report ../x` is refused).
+- Seeds: integers in [0, 2**32 - 1], numpy's legacy range (np.random.seed and torch.manual_seed).
+- Stores: the MLflow tracking URI (sqlite:///FILE, http(s)://HOST:PORT, or a SQLAlchemy database URL)
+  and the Optuna storage (a SQLAlchemy database URL). Commands that only read (evaluate, report,
+  sweep status/worker) need the store to exist; commands that write need it creatable.
+- Memory: `config.memory_estimate` gives the peak bytes by term; a job whose total exceeds what this
+  process can get (MemAvailable, the cgroup limit, RLIMIT_AS; the GPU's memory for device terms) is
+  refused unless --force, with the dominant term named.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import resource
+from collections.abc import Mapping
+from pathlib import Path
+
+from .config import RUNTIME_BYTES, SEED_MAX, Config, ConfigError, check_name, flatten, from_flat, memory_estimate
+
+HEALTH_TIMEOUT_S = 3.0  # one short health check of an MLflow server
+CONNECT_TIMEOUT_S = 5  # one connection attempt to a database server
+GIB = 1 << 30
+
+
+# ---------------------------------------------------------------- names and numbers
+
+
+def safe_name(value: str, what: str) -> str:
+    """`value` if it is a safe name (config.check_name), else ConfigError."""
+    return check_name(value, what)
+
+
+def seed(value: int, what: str) -> int:
+    if not 0 <= value <= SEED_MAX:
+        raise ConfigError(f"{what} must be in [0, {SEED_MAX}] (numpy's seed range), got {value}")
+    return value
+
+
+# ---------------------------------------------------------------- paths
+
+
+def _creatable(p: Path, what: str) -> None:
+    """A path that does not exist yet can be created: its nearest existing ancestor is a writable folder."""
+    for anc in Path(os.path.abspath(p)).parents:
+        if os.path.lexists(anc):
+            if not anc.is_dir():
+                raise ConfigError(f"{what} {p}: {anc} is a file, not a folder")
+            if not os.access(anc, os.W_OK | os.X_OK):
+                raise ConfigError(f"{what} {p}: cannot create it, {anc} is not writable")
+            return
+
+
+def output_dir(path: str | Path, what: str) -> Path:
+    """A folder that will be created or written into: an existing writable folder, or a creatable path."""
+    p = Path(path)
+    if os.path.lexists(p):
+        if not p.is_dir():
+            raise ConfigError(f"{what} {p} exists and is not a folder")
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise ConfigError(f"{what} {p} is not writable")
+    else:
+        _creatable(p, what)
+    return p
+
+
+def output_file(path: str | Path, what: str, suffix: str | None = None) -> Path:
+    """A file that will be written (by a rename in its folder): not a folder, in a writable or creatable folder."""
+    p = Path(path)
+    if suffix is not None and p.suffix != suffix:
+        raise ConfigError(f"{what} must end in {suffix}, got {p}")
+    if os.path.lexists(p) and p.is_dir():
+        raise ConfigError(f"{what} {p} is a folder, not a file")
+    _creatable(p, what)  # its folder (existing or not) takes a new file: the write goes to a temp file, renamed
+    return p
+
+
+def input_file(path: str | Path, what: str) -> Path:
+    """A file that will be read: exists, is a regular file, is readable."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"{what} not found: {p}")
+    if p.is_dir():
+        raise ConfigError(f"{what} {p} is a folder, not a file")
+    if not os.access(p, os.R_OK):
+        raise ConfigError(f"{what} {p} is not readable")
+    return p
+
+
+# ---------------------------------------------------------------- stores: MLflow tracking URI, Optuna storage
+
+
+def hide_password(url: str) -> str:
+    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
+
+
+def _sqlite_tables(db: Path, what: str) -> set[str] | None:
+    """Table names of an existing SQLite file, read through a read-only connection; None if not SQLite."""
+    import sqlite3
+
+    try:
+        with open(db, "rb") as f:
+            head = f.read(16)
+    except OSError as e:
+        raise ConfigError(f"{what} {db}: cannot read it ({e.strerror or e})") from None
+    if not head:
+        return set()  # an empty file is an empty database
+    if head != b"SQLite format 3\x00":
+        return None
+    try:
+        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        return {r[0] for r in con.execute("select name from sqlite_master where type = 'table'")}
+    except sqlite3.Error:
+        return None
+    finally:
+        con.close()
+
+
+def _sqlite_file(db: Path, what: str, table: str, *, must_exist: bool, write: bool) -> None:
+    if os.path.lexists(db):
+        if db.is_dir():
+            raise ConfigError(f"{what} {db} is a folder, not a database file")
+        tables = _sqlite_tables(db, what)
+        if tables is None:
+            raise ConfigError(f"{what} {db} is not an SQLite database")
+        if table not in tables and (tables or must_exist):
+            raise ConfigError(f"no {what} in {db} (an SQLite file without a {table!r} table)")
+        if write:  # SQLite writes the file and a journal beside it
+            if not os.access(db, os.W_OK):
+                raise ConfigError(f"{what} {db} is not writable")
+            _creatable(db, what)
+    elif must_exist:
+        raise ConfigError(f"no {what} at {db} (nothing was recorded there yet)")
+    else:
+        output_file(db, what)
+
+
+def _database(url: str, what: str) -> None:
+    """A SQLAlchemy database URL that is not SQLite: known scheme, installed driver, a server that answers."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+    from sqlalchemy.pool import NullPool
+
+    shown = hide_password(url)
+    try:
+        u = make_url(url)
+    except ArgumentError:
+        raise ConfigError(f"{what} {shown!r} is not a URL (e.g. sqlite:///path/file.db, postgresql://user@host/db)") \
+            from None
+    try:
+        dialect = u.get_dialect()
+    except NoSuchModuleError:
+        raise ConfigError(f"{what} {shown!r}: unknown scheme {u.drivername!r} (e.g. sqlite:///path/file.db, "
+                          "postgresql://user@host/db)") from None
+    backend = u.get_backend_name()
+    try:
+        (getattr(dialect, "import_dbapi", None) or dialect.dbapi)()
+    except ImportError as e:
+        hint = " (pip install 'hmmscope[postgres]' gives postgresql+psycopg2://)" if backend == "postgresql" else ""
+        raise ConfigError(f"{what} {shown!r}: the driver for {u.drivername!r} is not installed (no module "
+                          f"{e.name or e}); install it or name an installed one in the URL{hint}") from None
+    args = {"connect_timeout": CONNECT_TIMEOUT_S} if backend in ("postgresql", "mysql", "mariadb") else {}
+    try:
+        engine = create_engine(u, poolclass=NullPool, connect_args=args)
+        with engine.connect():
+            pass
+    except SQLAlchemyError as e:
+        why = str(getattr(e, "orig", None) or e).strip().splitlines()
+        raise ConfigError(f"{what} {shown!r}: cannot connect ({why[0] if why else type(e).__name__})") from None
+    except Exception as e:  # a driver's own error type
+        raise ConfigError(f"{what} {shown!r}: cannot connect ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") \
+            from None
+    else:
+        engine.dispose()
+
+
+def _sqlite_path(url: str, what: str) -> Path | None:
+    """The database file of a sqlite:/// URL; None for other schemes; ConfigError for an in-memory one."""
+    if not url.lower().startswith("sqlite:"):
+        return None
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        path = make_url(url).database
+    except ArgumentError:
+        path = None
+    if not path or path == ":memory:":
+        raise ConfigError(f"{what} {url!r}: give a database file, sqlite:///path/to/file.db")
+    return Path(path)
+
+
+def _health(uri: str) -> None:
+    """One short GET /health: an unreachable server fails here, in seconds, with its URI."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=HEALTH_TIMEOUT_S) as r:
+            if r.status == 200:
+                return
+            why = f"HTTP {r.status}"
+    except urllib.error.HTTPError as e:
+        why = f"HTTP {e.code}"
+    except (OSError, ValueError) as e:
+        why = str(getattr(e, "reason", None) or e) or type(e).__name__
+    raise ConfigError(f"MLflow server {hide_password(uri)} is not reachable ({why}); start it or give another "
+                      "--tracking-uri")
+
+
+def tracking_store(uri: str | None, *, must_exist: bool = False, write: bool = True) -> str:
+    """The resolved MLflow tracking URI (option, else MLFLOW_TRACKING_URI, else ./mlruns), checked."""
+    from . import tracking
+
+    uri = tracking.resolve_uri(uri)
+    what = "MLflow store"
+    db = _sqlite_path(uri, "tracking URI")
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    if db is not None:
+        _sqlite_file(db, what, "experiments", must_exist=must_exist, write=write)
+    elif scheme in ("http", "https"):
+        _health(uri)
+    elif scheme in ("", "file"):
+        raise ConfigError(f"tracking URI {uri!r}: a plain folder is not an MLflow store here; use "
+                          "sqlite:///path/mlflow.db or http://HOST:PORT")
+    else:
+        _database(uri, "tracking URI")
+    return uri
+
+
+def default_storage_url() -> str:
+    """The default Optuna storage, sqlite:///<cwd>/mlruns/optuna.db (as sweep.default_storage, not created)."""
+    return f"sqlite:///{(Path('mlruns') / 'optuna.db').resolve()}"
+
+
+def optuna_storage(url: str | None, *, must_exist: bool = False, write: bool = True) -> str:
+    """The Optuna storage URL (default: ./mlruns/optuna.db), checked; a study to be read needs must_exist."""
+    url = url or default_storage_url()
+    db = _sqlite_path(url, "Optuna storage")
+    if db is not None:
+        _sqlite_file(db, "Optuna storage", "studies", must_exist=must_exist, write=write)
+    else:
+        _database(url, "Optuna storage")
+    return url
+
+
+# ---------------------------------------------------------------- memory
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        text = Path(path).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def host_memory() -> int:
+    """Bytes this process can still get: MemAvailable, capped by the cgroup limit and RLIMIT_AS."""
+    vals = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                vals.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    if not vals:
+        with contextlib.suppress(ValueError, OSError, AttributeError):
+            vals.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    for lim, cur in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                     ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        a, b = _read_int(lim), _read_int(cur)
+        if a is not None and b is not None and a < 1 << 60:
+            vals.append(max(0, a - b))
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        vm = 0
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            vm = next(int(ln.split()[1]) * 1024 for ln in Path("/proc/self/status").read_text().splitlines()
+                      if ln.startswith("VmSize:"))
+        vals.append(max(0, soft - vm))
+    return min(vals) if vals else 1 << 62
+
+
+def device_memory(device) -> int | None:
+    """Free bytes on a CUDA device; None for the CPU (its terms count against host memory)."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(dev.index or 0)
+    return int(free)
+
+
+def fmt_bytes(n: float) -> str:
+    return f"{n / GIB:.1f} GiB" if n >= GIB / 10 else f"{n / (1 << 20):.0f} MiB"
+
+
+def fits(need: Mapping[str, tuple[int, str]], *, host: int, device: int | None = None, times: int = 1,
+         what: str = "this job") -> None:
+    """ConfigError unless every pool holds its terms: "device" terms go to `device` bytes (host when None).
+
+    `times` multiplies every term (parallel worker processes). The message names the dominant term.
+    """
+    pools: dict[str, dict[str, int]] = {"host": {}, "device": {}}
+    for term, (b, where) in need.items():
+        pools["device" if where == "device" and device is not None else "host"][term] = b * times
+    for pool, terms in pools.items():
+        if not terms:
+            continue
+        total, have = sum(terms.values()), host if pool == "host" else device
+        if total > have:
+            top = max(terms, key=terms.get)
+            where = "this machine has" if pool == "host" else "the GPU has"
+            raise ConfigError(f"{what} needs about {fmt_bytes(total)} of {'memory' if pool == 'host' else 'GPU memory'}"
+                              f" (mostly {top}: {fmt_bytes(terms[top])}), {where} {fmt_bytes(have)} available; "
+                              "make it smaller, or pass --force to try anyway")
+
+
+def memory(need: Mapping[str, tuple[int, str]], *, device: str = "cpu", force: bool = False, times: int = 1,
+           what: str = "this job") -> None:
+    """Refuse a job whose estimate (config.memory_estimate) cannot fit here, unless `force`."""
+    if force:
+        return
+    dev = device_memory(device) if any(w == "device" for _, w in need.values()) and device != "cpu" else None
+    fits(need, host=host_memory(), device=dev, times=times, what=what)
+
+
+def tokens_memory(n_seqs: int, length: int, bench: str) -> dict[str, tuple[int, str]]:
+    """bench sample / filter on the benchmark HMM (V = 16): bytes per token of the arrays alive at the peak.
+
+    sample: int32 tokens and states, their time-major chunk copies and the uniforms (about 40 B/token);
+    filter: those, the int64 token tensor, float32 predictions (V = 16) and log-likelihoods, and the
+    filter's int64 gather index and clamped tokens (about 120 B/token).
+    """
+    per = {"sample": 40, "filter": 120}[bench]
+    return {"runtime": (RUNTIME_BYTES, "host"), f"{n_seqs} x {length} tokens": (per * n_seqs * length, "host")}
+
+
+# ---------------------------------------------------------------- runs and sweeps
+
+
+def experiment_name(name: str) -> str:
+    """An MLflow experiment name: 1-200 printable characters."""
+    if not name or len(name) > 200 or not name.isprintable() or name != name.strip():
+        raise ConfigError(f"--experiment {name!r}: give 1-200 printable characters (no leading/trailing spaces)")
+    return name
+
+
+def run_config(uri: str, run_id: str):
+    """The Config a training run logged as params (None if it logged none that rebuild a valid one).
+
+    ValueError "unknown MLflow run id" when the run does not exist; reads only.
+    """
+    from . import tracking
+
+    run = tracking.get_run(uri, run_id)
+    if run is None:
+        raise ConfigError(f"unknown MLflow run id {run_id!r} in {uri}")
+    known = flatten(Config()).keys()
+    params = {k: v for k, v in run.data.params.items() if k in known}
+    if not params:
+        return None
+    try:
+        return from_flat(params)
+    except ConfigError:
+        return None
+
+
+def sweep_memory(spec, *, workers: int, force: bool = False) -> None:
+    """Refuse a sweep whose largest trial, times the worker processes running at once, cannot fit.
+
+    The largest trial: over every grid point (sampler grid), or with each parameter at whichever of its
+    choices or bounds needs most (tpe / random). Analysis trials count the larger of training and analysis.
+    """
+    if force:
+        return
+
+    def need(pt) -> dict[str, tuple[int, str]]:
+        cfg = spec.trial_config({**pt, "seed": spec.seeds[0]})
+        if spec.kind == "theory":
+            return memory_estimate(cfg, "theory")
+        jobs = [memory_estimate(cfg, "train")] + ([memory_estimate(cfg, "analyze")] if spec.analyze else [])
+        return max(jobs, key=lambda n: sum(b for b, _ in n.values()))
+
+    total = lambda n: sum(b for b, _ in n.values())  # noqa: E731
+    if spec.sampler == "grid":
+        pts = [{k: v for k, v in pt.items() if k != "seed"} for pt in spec.grid_points()[::len(spec.seeds)]]
+        worst = max((need(pt) for pt in pts), key=total)
+    else:
+        pt = {p.key: p.grid[0] if p.grid is not None else p.low for p in spec.space}
+        for p in spec.space:
+            vals = list(p.grid) if p.grid is not None else [p.low, p.high]
+            pt[p.key] = max(vals, key=lambda v, key=p.key: total(need({**pt, key: v})))
+        worst = need(pt)
+    device = "cpu"
+    if spec.kind == "train" and any(w == "device" for _, w in worst.values()):
+        from .train import resolve_device
+
+        device = str(resolve_device(spec.trial_config({"seed": spec.seeds[0]} | {
+            p.key: p.grid[0] if p.grid is not None else p.low for p in spec.space}).train.device))
+    memory(worst, device=device, times=max(1, min(workers, spec.n_trials)),
+           what=f"sweep {spec.name!r} ({min(workers, spec.n_trials)} worker(s) at once)")

@@ -1,0 +1,543 @@
+"""Audit: try many distinct bad inputs on the real `hmmscope` CLI and classify each outcome.
+
+Not a test (pytest does not collect it): a script run by hand, before and after a change, e.g.
+
+    .venv/bin/python tests/audit_bad_inputs.py --json /tmp/audit.json
+    # the same cases against another checkout of the package (e.g. main, unpacked with git archive):
+    PYTHONPATH=/tmp/hmmscope-main .venv/bin/python tests/audit_bad_inputs.py --json /tmp/audit-main.json
+
+Each case runs `hmmscope ARGS` as a real process (own session, 16 GiB address-space limit, a
+timeout) in a prepared project folder: a tiny training run with a checkpoint, a run whose
+checkpoint does not fit its model, a run without a checkpoint, a sweep study, config files, a
+directory, a regular file. Outcome classes (one per case, first that applies):
+
+- wrongly accepted: exit code 0;
+- traceback: "Traceback (most recent call last)" in the output;
+- leaked writes: a new or changed file or directory under the project (or a named path outside
+  it), a new or changed MLflow run, a new Optuna study or trial, or a RUNNING run left behind;
+- hang: still running at the timeout (killed);
+- other: a non-zero exit that is not exit code 2 with exactly one `error: ...` line on stderr;
+- clean: exit code 2, one `error: ...` line on stderr, no traceback, nothing written.
+
+Signal cases ("sigterm") start a long training, send SIGTERM once its run exists, and are clean
+when no run is left RUNNING and there is no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BIN = Path(sys.executable).parent / "hmmscope"
+UNWRITABLE = "/proc/1"  # a directory nobody (root included) can create entries in
+
+TINY_TOML = """
+[hmm]
+n_tasks = 4
+n_states = 8
+n_tokens = 4
+rank = 2
+[data]
+n_demos = 2
+l_demo = 8
+l_test = 8
+n_train = 64
+n_eval = 16
+[model]
+n_layers = 1
+n_heads = 2
+d_model = 32
+d_mlp = 64
+max_len = 64
+[train]
+steps = 4
+batch_size = 8
+warmup = 1
+eval_every = 2
+ckpt_every = 2
+device = "cpu"
+[theory]
+gammas = [0.5]
+n_states = [6]
+ranks = [2]
+rhos = [0.02]
+n_tokens = 6
+n_histories = 50
+lengths = [1, 2, 4]
+burn_in = 10
+gamma_m = 0
+"""
+
+SPEC = """
+[sweep]
+name = "{name}"
+kind = "{kind}"
+objective = "{objective}"
+sampler = "grid"
+seeds = {seeds}
+experiment = "audit-sweeps"
+{extra}
+[fixed]
+"hmm.n_tasks" = 4
+"hmm.n_states" = 8
+"hmm.n_tokens" = 4
+"hmm.rank" = 2
+"data.n_demos" = 2
+"data.l_demo" = 8
+"data.l_test" = 8
+"data.n_train" = 48
+"data.n_eval" = 16
+"model.n_layers" = 1
+"model.n_heads" = 2
+"model.d_model" = 32
+"model.d_mlp" = 64
+"model.max_len" = 64
+"train.steps" = 4
+"train.batch_size" = 8
+"train.warmup" = 0
+"train.eval_every" = 2
+"train.ckpt_every" = 4
+"train.device" = "cpu"
+{fixed}
+[space]
+"hmm.gamma" = {{grid = [0.5]}}
+"""
+
+
+def spec(name="audit", kind="train", objective="eval/excess_ce", seeds="[0]", extra="", fixed="") -> str:
+    return SPEC.format(name=name, kind=kind, objective=objective, seeds=seeds, extra=extra, fixed=fixed)
+
+
+@dataclass
+class Case:
+    name: str
+    klass: str
+    args: list[str]
+    files: dict[str, str] = field(default_factory=dict)  # written into the project before the case
+    fresh: bool = False  # run in a new empty folder (read-only commands must not create a store)
+    env: dict[str, str] = field(default_factory=dict)
+    outside: list[str] = field(default_factory=list)  # paths outside the project that must not appear
+    timeout: float = 90.0
+    kind: str = "plain"  # plain | sigterm
+
+
+# ---------------------------------------------------------------- the prepared project
+
+
+def prepare(root: Path) -> dict[str, str]:
+    """A project folder with runs, a study and files; returns substitutions for the case arguments."""
+    import torch
+
+    from hmmscope import tracking
+    from hmmscope.config import load_toml
+    from hmmscope.sweep import create_study
+    from hmmscope.sweep_spec import parse_spec
+    from hmmscope.train import train
+
+    torch.set_num_threads(1)
+    proj = root / "proj"
+    proj.mkdir()
+    (proj / "tiny.toml").write_text(TINY_TOML)
+    (proj / "cfgdir").mkdir()
+    (proj / "dir.npz").mkdir()
+    (proj / "dir.json").mkdir()
+    (proj / "dir.pt").mkdir()
+    (proj / "afile").write_text("a regular file\n")
+    (proj / "garbage.bin").write_bytes(bytes(range(256)) * 8)
+    (proj / "garbage.pt").write_bytes(bytes(range(256)) * 8)
+    uri = f"sqlite:///{proj}/mlruns/mlflow.db"
+    cfg = load_toml(proj / "tiny.toml")
+    res = train(cfg, tracking_uri=uri, experiment="hmmscope", run_name="good", progress=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = tracking.Run(uri, res.run_id).download("checkpoints/last.pt", tmp)
+        ck = torch.load(path, weights_only=True)
+    torch.save(ck, proj / "good.pt")
+    bad_w = {**ck, "config": {**ck["config"], "model.d_model": 64, "model.d_mlp": 128}}
+    torch.save(bad_w, proj / "wrong_weights.pt")
+    torch.save({**ck, "config": {**ck["config"], "model.bogus": 1}}, proj / "bad_config.pt")
+    torch.save({**ck, "vocab_size": 3}, proj / "wrong_vocab.pt")
+    torch.save({k: v for k, v in ck.items() if k != "model"}, proj / "no_model.pt")
+    torch.save({**ck, "config": "not a dict"}, proj / "config_not_dict.pt")
+    torch.save({**ck, "config": {**ck["config"], "model.n_layers": 3}}, proj / "missing_layers.pt")
+    torch.save([1, 2, 3], proj / "a_list.pt")
+    with tracking.start_run(uri, "hmmscope", "bad-ckpt") as run:
+        run.log_artifact(proj / "wrong_weights.pt", "tmpdir")
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copy(proj / "wrong_weights.pt", Path(tmp) / "last.pt")
+            run.log_artifact(Path(tmp) / "last.pt", "checkpoints")
+    bad_ckpt_run = run.run_id
+    with tracking.start_run(uri, "hmmscope", "bare") as bare:
+        pass
+    storage = f"sqlite:///{proj}/mlruns/optuna.db"
+    sp = parse_spec(spec(name="known"), proj / "known.toml")
+    (proj / "known.toml").write_text(sp.text)
+    cwd = os.getcwd()
+    os.chdir(proj)
+    try:
+        create_study(sp, storage, uri)
+    finally:
+        os.chdir(cwd)
+    return {"RUN": res.run_id, "BADCKPT_RUN": bad_ckpt_run, "BARE_RUN": bare.run_id, "STORAGE": storage,
+            "URI": uri, "PROJ": str(proj)}
+
+
+# ---------------------------------------------------------------- the cases
+
+
+def cases() -> list[Case]:
+    C: list[Case] = []
+
+    def add(klass, name, args, **kw):
+        C.append(Case(name, klass, args, **kw))
+
+    T = ["--config", "tiny.toml"]
+    # 1. config values: non-finite, out of range, wrong type, unknown key, malformed --set
+    for s in ["train.lr=inf", "train.lr=nan", "train.weight_decay=-1", "train.weight_decay=inf", "hmm.gamma=nan",
+              "train.beta1=1.5", "train.beta2=-0.1", "train.beta2=1.0", "model.dropout=inf", "train.grad_clip=inf",
+              "hmm.alpha=inf", "hmm.rho=nan", "train.min_lr=-1", "data.n_demos=-1", "train.warmup=-5",
+              "model.max_len=8", "model.bogus=1", "train.steps=1.5", "noequals", "=3", "train.lr=1e400"]:
+        add("config value", f"train --set {s}", ["train", *T, "--set", s])
+    add("config value", "generate hmm.n_tokens=1", ["generate", "x.npz", *T, "--set", "hmm.n_tokens=1"])
+    add("config value", "theory floor nan", ["theory", *T, "--set", "theory.floor=nan", "--no-track"])
+    add("config value", "theory --gammas nan", ["theory", *T, "--gammas", "nan", "--no-track"])
+    add("config value", "theory --gammas inf", ["theory", *T, "--gammas", "inf", "--no-track"])
+    add("config value", "theory alpha inf", ["theory", *T, "--set", "theory.alpha=inf", "--no-track"])
+    add("config value", "toml gamma string", ["train", "--config", "badval.toml"],
+        files={"badval.toml": '[hmm]\ngamma = "high"\n'})
+    add("config value", "toml lr inf", ["train", "--config", "inf.toml"], files={"inf.toml": "[train]\nlr = inf\n"})
+    # 2. seeds outside numpy's range
+    for s in ["train.seed=-1", "train.seed=18446744073709551616", "hmm.seed=9223372036854775807",
+              "data.seed=4294967296"]:
+        add("seed", f"train --set {s}", ["train", *T, "--set", s])
+    add("seed", "generate data.seed=-5", ["generate", "x.npz", *T, "--set", "data.seed=-5"])
+    add("seed", "theory seed 1e20", ["theory", *T, "--set", "theory.seed=99999999999999999999", "--no-track"])
+    add("seed", "analyze --seed -1", ["analyze", "{RUN}", "--seed", "-1"])
+    add("seed", "analyze --seed 2^32", ["analyze", "{RUN}", "--seed", "4294967296"])
+    add("seed", "spec seeds 2^40", ["sweep", "run", "s.toml"], files={"s.toml": spec(name="s1", seeds="[1099511627776]")})
+    add("seed", "spec sampler_seed 2^40", ["sweep", "run", "s.toml"],
+        files={"s.toml": spec(name="s2", extra="sampler_seed = 1099511627776")})
+    # 3. sizes that cannot fit in memory
+    for s in ["hmm.n_tasks=1000000000", "hmm.n_tokens=1000000000", "hmm.n_states=100000000"]:
+        add("size vs memory", f"generate --set {s}", ["generate", "x.npz", *T, "--set", s])
+    add("size vs memory", "generate --n 1e9", ["generate", "x.npz", *T, "--n", "1000000000"])
+    for s in [["model.d_model=1000000", "model.n_heads=1000"], ["data.n_train=100000000000"],
+              ["train.batch_size=100000000"], ["model.max_len=10000000"], ["model.n_layers=100000"],
+              ["model.d_mlp=100000000"], ["data.l_test=1000000", "model.max_len=1000100"]]:
+        add("size vs memory", f"train --set {' '.join(s)}", ["train", *T, *[a for x in s for a in ("--set", x)]])
+    add("size vs memory", "theory --n-states 100000", ["theory", *T, "--n-states", "100000", "--ranks", "2", "--no-track"])
+    add("size vs memory", "theory --n-histories 1e9", ["theory", *T, "--n-histories", "1000000000", "--no-track"])
+    add("size vs memory", "theory --lengths 1,1e9", ["theory", *T, "--lengths", "1,1000000000", "--no-track"])
+    add("size vs memory", "bench train --batch-size 1e8", ["bench", "train", *T, "--batch-size", "100000000",
+                                                           "--no-peer"])
+    add("size vs memory", "bench filter --length 1e9", ["bench", "filter", "--length", "1000000000"])
+    add("size vs memory", "evaluate --n-episodes 1e9", ["evaluate", "{RUN}", "--n-episodes", "1000000000"])
+    add("size vs memory", "analyze --n-episodes 1e9", ["analyze", "{RUN}", "--n-episodes", "1000000000"])
+    add("size vs memory", "run huge d_mlp", ["run", *T, "--set", "model.d_mlp=100000000", "--out", "runout"])
+    add("size vs memory", "spec fixed n_tasks 1e9", ["sweep", "run", "s.toml"],
+        files={"s.toml": spec(name="s3", fixed='"data.n_train" = 100000000000')})
+    # 4. a directory where a file is expected
+    add("directory as file", "train --config DIR", ["train", "--config", "cfgdir"])
+    add("directory as file", "theory --config DIR", ["theory", "--config", "cfgdir", "--no-track"])
+    add("directory as file", "generate --config DIR", ["generate", "x.npz", "--config", "cfgdir"])
+    add("directory as file", "sweep run DIR", ["sweep", "run", "cfgdir"])
+    add("directory as file", "analyze DIR.pt", ["analyze", "dir.pt"])
+    add("directory as file", "spec config = DIR", ["sweep", "run", "s.toml"],
+        files={"s.toml": '[sweep]\nname = "s4"\nconfig = "cfgdir"\n[space]\n"hmm.gamma" = {grid = [0.5]}\n'})
+    add("directory as file", "generate DIR.npz", ["generate", "dir.npz", *T])
+    add("directory as file", "theory --json DIR.json", ["theory", *T, "--json", "dir.json", "--no-track"])
+    # 5. missing or unreadable input files
+    add("input file", "train --config missing", ["train", "--config", "missing.toml"])
+    add("input file", "sweep run missing", ["sweep", "run", "missing.toml"])
+    add("input file", "train --config binary", ["train", "--config", "garbage.bin"])
+    add("input file", "sweep run binary", ["sweep", "run", "garbage.bin"])
+    add("input file", "spec config missing", ["sweep", "run", "s.toml"],
+        files={"s.toml": '[sweep]\nname = "s5"\nconfig = "nope.toml"\n[space]\n"hmm.gamma" = {grid = [0.5]}\n'})
+    add("input file", "analyze missing.pt", ["analyze", "missing.pt"])
+    add("input file", "analyze garbage.pt", ["analyze", "garbage.pt"])
+    add("input file", "spec invalid toml", ["sweep", "run", "s.toml"], files={"s.toml": "[sweep\nname="})
+    # 6. output under a regular file, or a regular file where a folder is expected
+    add("output under file", "generate afile/x.npz", ["generate", "afile/x.npz", *T])
+    add("output under file", "theory --out afile/sub", ["theory", *T, "--out", "afile/sub", "--no-track"])
+    add("output under file", "theory --out afile (tracked)", ["theory", *T, "--out", "afile"])
+    add("output under file", "theory --json afile/x.json", ["theory", *T, "--json", "afile/x.json"])
+    add("output under file", "run --out afile", ["run", *T, "--out", "afile"])
+    add("output under file", "report --out afile", ["report", "known", "--out", "afile"])
+    add("output under file", "report --out afile/sub", ["report", "known", "--out", "afile/sub"])
+    add("output under file", "tracking uri under a file", ["train", *T, "--tracking-uri", "sqlite:///{PROJ}/afile/m.db"])
+    add("output under file", "storage under a file", ["sweep", "run", "known.toml", "--storage",
+                                                      "sqlite:///{PROJ}/afile/o.db"])
+    # 7. unwritable outputs
+    add("unwritable output", "generate unwritable", ["generate", f"{UNWRITABLE}/x.npz", *T])
+    add("unwritable output", "theory --out unwritable", ["theory", *T, "--out", f"{UNWRITABLE}/th", "--no-track"])
+    add("unwritable output", "theory --json unwritable", ["theory", *T, "--json", f"{UNWRITABLE}/x.json"])
+    add("unwritable output", "run --out unwritable", ["run", *T, "--out", f"{UNWRITABLE}/out"])
+    add("unwritable output", "report --out unwritable", ["report", "known", "--out", f"{UNWRITABLE}/rep"])
+    add("unwritable output", "tracking uri unwritable", ["train", *T, "--tracking-uri", f"sqlite:///{UNWRITABLE}/m.db"])
+    add("unwritable output", "storage unwritable", ["sweep", "run", "known.toml", "--storage",
+                                                    f"sqlite:///{UNWRITABLE}/o.db"])
+    # 8. tracking URI: bogus scheme, unreachable server, database down, driver missing, file store
+    for u in ["bogus://x", "http://127.0.0.1:9", "postgresql://u:p@127.0.0.1:9/db", "mysql://u:p@127.0.0.1:9/db",
+              "file:///tmp/hmmscope-audit-filestore", "relative/store", "sqlite:///{PROJ}/cfgdir"]:
+        add("tracking uri", f"train --tracking-uri {u}", ["train", *T, "--tracking-uri", u])
+    add("tracking uri", "evaluate over unreachable server", ["evaluate", "{RUN}", "--tracking-uri", "http://127.0.0.1:9"])
+    add("tracking uri", "report over unreachable server", ["report", "known", "--tracking-uri", "http://127.0.0.1:9"])
+    add("tracking uri", "theory bogus uri", ["theory", *T, "--tracking-uri", "bogus://x"])
+    add("tracking uri", "env MLFLOW_TRACKING_URI bogus", ["train", *T], env={"MLFLOW_TRACKING_URI": "bogus://y"})
+    add("tracking uri", "sweep run unreachable", ["sweep", "run", "known.toml", "--tracking-uri", "http://127.0.0.1:9"])
+    # 9. Optuna storage
+    for u in ["bogus://x", "postgresql://u:p@127.0.0.1:9/db", "mysql://u:p@127.0.0.1:9/db", "not a url"]:
+        add("storage", f"sweep run --storage {u}", ["sweep", "run", "known.toml", "--storage", u])
+    add("storage", "sweep status bogus storage", ["sweep", "status", "known", "--storage", "bogus://x"])
+    add("storage", "sweep worker db down", ["sweep", "worker", "known", "--storage", "postgresql://u:p@127.0.0.1:9/db"])
+    add("storage", "sweep status missing sqlite", ["sweep", "status", "known", "--storage",
+                                                   "sqlite:///{PROJ}/nowhere/optuna.db"])
+    add("storage", "spec storage bogus", ["sweep", "run", "s.toml"], files={"s.toml": spec(name="s6", extra='storage = "bogus://z"')})
+    # 10. unknown study, sweep or run; read-only commands in a fresh folder
+    add("unknown name", "sweep worker unknown study", ["sweep", "worker", "nosuch", "--storage", "{STORAGE}"])
+    add("unknown name", "sweep status unknown study", ["sweep", "status", "nosuch"])
+    add("unknown name", "sweep status in fresh dir", ["sweep", "status", "nosuch"], fresh=True)
+    add("unknown name", "report unknown sweep", ["report", "nosuch"])
+    add("unknown name", "report in fresh dir", ["report", "nosuch"], fresh=True)
+    add("unknown name", "evaluate unknown run", ["evaluate", "0123456789abcdef0123456789abcdef"])
+    add("unknown name", "evaluate in fresh dir", ["evaluate", "0123456789abcdef0123456789abcdef"], fresh=True)
+    add("unknown name", "analyze unknown run", ["analyze", "0123456789abcdef0123456789abcdef"])
+    add("unknown name", "analyze in fresh dir", ["analyze", "0123456789abcdef"], fresh=True)
+    add("unknown name", "train --resume unknown", ["train", *T, "--resume", "0123456789abcdef0123456789abcdef"])
+    add("unknown name", "evaluate run without checkpoint", ["evaluate", "{BARE_RUN}"])
+    add("unknown name", "sweep worker unknown in fresh dir", ["sweep", "worker", "nosuch", "--storage",
+                                                              "sqlite:///{PROJ}/fresh-w/optuna.db"])
+    # 11. names that would escape the project or are not safe
+    add("unsafe name", "report ../../../../tmp/x", ["report", "../../../../tmp/hmmscope-audit-escape"],
+        outside=["/tmp/hmmscope-audit-escape"])
+    add("unsafe name", "spec name ../escape", ["sweep", "run", "s.toml"], files={"s.toml": spec(name="../escape")})
+    add("unsafe name", "spec name a/b", ["sweep", "run", "s.toml"], files={"s.toml": spec(name="a/b")})
+    add("unsafe name", "spec name 300 chars", ["sweep", "run", "s.toml"], files={"s.toml": spec(name="x" * 300)})
+    add("unsafe name", "train --run-name ../x", ["train", *T, "--run-name", "../x"])
+    add("unsafe name", "train --run-name empty", ["train", *T, "--run-name", ""])
+    add("unsafe name", "sweep status ../x", ["sweep", "status", "../x"])
+    add("unsafe name", "report name with ;", ["report", "a b;rm -rf"])
+    add("unsafe name", "train --experiment empty", ["train", *T, "--experiment", ""])
+    add("unsafe name", "sweep worker /abs", ["sweep", "worker", "/etc/passwd", "--storage", "{STORAGE}"])
+    # 12. checkpoints whose config or weights do not fit the model
+    for f in ["wrong_weights.pt", "bad_config.pt", "wrong_vocab.pt", "no_model.pt", "config_not_dict.pt",
+              "missing_layers.pt", "a_list.pt"]:
+        add("checkpoint", f"analyze {f}", ["analyze", f])
+    add("checkpoint", "evaluate run with misfit checkpoint", ["evaluate", "{BADCKPT_RUN}"])
+    add("checkpoint", "train --resume misfit checkpoint", ["train", *T, "--resume", "{BADCKPT_RUN}"])
+    add("checkpoint", "train --resume changed config", ["train", *T, "--resume", "{RUN}", "--set", "model.d_model=64"])
+    # 13. sweep spec semantics
+    add("spec", "objective not logged", ["sweep", "run", "s.toml"], files={"s.toml": spec(name="s7", objective="eval/nope")})
+    add("spec", "theory objective in train sweep", ["sweep", "run", "s.toml"],
+        files={"s.toml": spec(name="s8", objective="theory/rate")})
+    add("spec", "train objective in theory sweep", ["sweep", "run", "s.toml"],
+        files={"s.toml": '[sweep]\nname = "s9"\nkind = "theory"\nobjective = "eval/excess_ce"\n[fixed]\n'
+                         '"theory.n_states" = [6]\n"theory.rhos" = [0.02]\n"theory.ranks" = [2]\n'
+                         '[space]\n"theory.gammas" = {grid = [0.5]}\n'})
+    add("spec", "unknown space key", ["sweep", "run", "s.toml"],
+        files={"s.toml": '[sweep]\nname = "s10"\n[space]\n"hmm.nope" = {grid = [1]}\n'})
+    add("spec", "existing study, other spec", ["sweep", "run", "s.toml"], files={"s.toml": spec(name="known", seeds="[0, 1]")})
+    add("spec", "objective empty", ["sweep", "run", "s.toml"], files={"s.toml": spec(name="s11", objective="")})
+    # 14. option usage errors (Click): one line, not a usage box
+    add("option", "sweep run --workers 0", ["sweep", "run", "known.toml", "--workers", "0"])
+    add("option", "train --bogus", ["train", "--bogus"])
+    add("option", "generate missing argument", ["generate"])
+    add("option", "theory --family gaussian", ["theory", "--family", "gaussian"])
+    add("option", "ui --port 70000", ["ui", "--port", "70000"])
+    add("option", "no such command", ["nosuchcommand"])
+    add("option", "train --preset huge", ["train", "--preset", "huge"])
+    add("option", "generate --n abc", ["generate", "x.npz", "--n", "abc"])
+    add("option", "evaluate --n-episodes 0", ["evaluate", "{RUN}", "--n-episodes", "0"])
+    add("option", "generate x.txt", ["generate", "x.txt", *T])
+    add("option", "theory --json x.txt", ["theory", *T, "--json", "x.txt", "--no-track"])
+    add("option", "analyze --ks 0", ["analyze", "{RUN}", "--ks", "0"])
+    add("option", "analyze --n-perms 0", ["analyze", "{RUN}", "--n-perms", "0"])
+    add("option", "bench train --seq-len 1", ["bench", "train", "--seq-len", "1"])
+    add("option", "theory --ranks a", ["theory", "--ranks", "a", "--no-track"])
+    add("option", "analyze --ks 1.5", ["analyze", "{RUN}", "--ks", "1.5"])
+    # 15. devices
+    add("device", "train --device tpu", ["train", *T, "--device", "tpu"])
+    add("device", "train --device cuda:7", ["train", *T, "--device", "cuda:7"])
+    add("device", "evaluate --device cuda", ["evaluate", "{RUN}", "--device", "cuda"])
+    add("device", "analyze --device bogus", ["analyze", "{RUN}", "--device", "bogus"])
+    add("device", "bench train --device cuda", ["bench", "train", *T, "--device", "cuda", "--no-peer"])
+    # 16. signals: a timed-out training must not leave a RUNNING run
+    add("signal", "train SIGTERM", ["train", "--config", "long.toml"], kind="sigterm",
+        files={"long.toml": TINY_TOML.replace("steps = 4", "steps = 1000000")})
+    return C
+
+
+# ---------------------------------------------------------------- running and classifying
+
+
+def _snapshot(proj: Path) -> dict:
+    files = {}
+    for p in proj.rglob("*"):
+        rel = str(p.relative_to(proj))
+        if p.is_dir():
+            files[rel] = "dir"
+        elif p.suffix in (".db", ".db-journal", ".db-wal", ".db-shm") or p.name.endswith(".lock"):
+            files[rel] = "db"  # read-only commands may open a database; its rows are compared below
+        else:
+            st = p.stat()
+            files[rel] = (st.st_size, st.st_mtime_ns)
+    runs, studies, trials = {}, set(), 0
+    for db in proj.rglob("mlflow.db"):
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as c:
+            runs.update({f"{db}:{r}": (s, ls) for r, s, ls in c.execute("select run_uuid, status, lifecycle_stage from runs")})
+    for db in proj.rglob("optuna.db"):
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as c:
+            studies |= {f"{db}:{n}" for (n,) in c.execute("select study_name from studies")}
+            trials += c.execute("select count(*) from trials").fetchone()[0]
+    return {"files": files, "runs": runs, "studies": studies, "trials": trials}
+
+
+def _diff(a: dict, b: dict) -> list[str]:
+    out = []
+    for k in sorted(b["files"].keys() - a["files"].keys()):
+        out.append(f"new {k}")
+    for k in sorted(a["files"].keys() & b["files"].keys()):
+        if a["files"][k] != b["files"][k]:
+            out.append(f"changed {k}")
+    for k in sorted(b["runs"].keys() - a["runs"].keys()):
+        out.append(f"new run {k.rsplit(':', 1)[1]} {b['runs'][k][0]}")
+    for k in sorted(a["runs"].keys() & b["runs"].keys()):
+        if a["runs"][k] != b["runs"][k]:
+            out.append(f"run {k.rsplit(':', 1)[1]} {a['runs'][k][0]} -> {b['runs'][k][0]}")
+    for k in sorted(b["studies"] - a["studies"]):
+        out.append(f"new study {k.rsplit(':', 1)[1]}")
+    if b["trials"] != a["trials"]:
+        out.append(f"trials {a['trials']} -> {b['trials']}")
+    return out
+
+
+def _limit():
+    os.setsid()
+    lim = 16 << 30
+    resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
+
+
+def run_case(case: Case, proj: Path, subs: dict[str, str], i: int) -> dict:
+    for name, text in case.files.items():
+        (proj / name).write_text(text)
+    cwd = proj
+    if case.fresh:
+        cwd = proj / f"fresh-{i}"
+        cwd.mkdir()
+    args = [a.format(**subs) if "{" in a else a for a in case.args]
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update({"HMMSCOPE_THREADS": "1", "OMP_NUM_THREADS": "1", "COLUMNS": "200", **case.env})
+    before = _snapshot(proj)
+    t0 = time.time()
+    proc = subprocess.Popen([str(BIN), *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=_limit)
+    hang = False
+    if case.kind == "sigterm":
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            snap = _snapshot(proj)
+            if any(v[0] == "RUNNING" for k, v in snap["runs"].items() if k not in before["runs"]):
+                time.sleep(2.0)
+                break
+            time.sleep(0.5)
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)  # what `timeout` does
+    try:
+        out, err = proc.communicate(timeout=case.timeout)
+    except subprocess.TimeoutExpired:
+        hang = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    secs = time.time() - t0
+    after = _snapshot(proj)
+    leaks = _diff(before, after)
+    if case.fresh and cwd.exists() and not any(cwd.iterdir()):
+        leaks = [x for x in leaks if x != f"new {cwd.name}"]
+    leaks += [f"outside {p}" for p in case.outside if Path(p).exists()]
+    for p in case.outside:
+        if Path(p).is_dir():
+            shutil.rmtree(p)
+    running = [k for k, v in after["runs"].items() if v[0] == "RUNNING" and before["runs"].get(k, ("",))[0] != "RUNNING"]
+    if case.kind == "sigterm":  # the run it started must not stay RUNNING
+        leaks = [f"RUNNING run {k.rsplit(':', 1)[1]}" for k in running]
+    err_lines = [ln for ln in err.splitlines() if ln.strip()]
+    tb = "Traceback (most recent call last)" in out + err
+    if case.kind == "sigterm":
+        klass = "traceback" if tb else "leaked writes" if leaks else "clean"
+    elif proc.returncode == 0 and not hang:
+        klass = "wrongly accepted"
+    elif tb:
+        klass = "traceback"
+    elif leaks:
+        klass = "leaked writes"
+    elif hang:
+        klass = "hang"
+    elif proc.returncode == 2 and len(err_lines) == 1 and err_lines[0].startswith("error: "):
+        klass = "clean"
+    else:
+        klass = "other"
+    # undo leaks so that later cases start from the prepared state (new files / folders only)
+    for x in leaks:
+        if x.startswith("new ") and not x.startswith(("new run", "new study")):
+            p = proj / x[4:]
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            elif p.exists():
+                p.unlink()
+    for name in case.files:
+        (proj / name).unlink(missing_ok=True)
+    if case.fresh:
+        shutil.rmtree(cwd, ignore_errors=True)
+    return {"class": case.klass, "case": case.name, "args": args, "outcome": klass, "exit": proc.returncode,
+            "hang": hang, "seconds": round(secs, 1), "stderr_lines": len(err_lines),
+            "stderr_tail": err_lines[-1][:300] if err_lines else "", "leaks": leaks[:8]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", type=Path, help="write every case's outcome here")
+    ap.add_argument("--only", default="", help="run only cases whose class or name contains this")
+    a = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="hmmscope-audit-"))
+    try:
+        t0 = time.time()
+        subs = prepare(root)
+        proj = Path(subs["PROJ"])
+        todo = [c for c in cases() if a.only in c.klass or a.only in c.name]
+        print(f"prepared {proj} in {time.time() - t0:.0f} s; {len(todo)} cases", flush=True)
+        results = []
+        for i, c in enumerate(todo):
+            r = run_case(c, proj, subs, i)
+            results.append(r)
+            print(f"{i + 1:3d} [{r['outcome']:>16}] {r['class']:>18} | {r['case']} ({r['seconds']} s, exit {r['exit']})"
+                  f"{'  | ' + r['stderr_tail'][:150] if r['outcome'] != 'clean' else ''}"
+                  f"{'  | ' + '; '.join(r['leaks'][:3]) if r['leaks'] else ''}", flush=True)
+        counts = {k: sum(r["outcome"] == k for r in results)
+                  for k in ("clean", "traceback", "leaked writes", "wrongly accepted", "hang", "other")}
+        print(f"\ntried {len(results)}; " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+        by_class: dict[str, dict[str, int]] = {}
+        for r in results:
+            by_class.setdefault(r["class"], {}).setdefault(r["outcome"], 0)
+            by_class[r["class"]][r["outcome"]] += 1
+        for k, v in by_class.items():
+            print(f"  {k:>18}: " + ", ".join(f"{o} {n}" for o, n in sorted(v.items())))
+        if a.json:
+            a.json.write_text(json.dumps({"counts": counts, "tried": len(results), "by_class": by_class,
+                                          "results": results}, indent=2))
+        return 0
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""Bad input, one case per class: exit code 2, one line on stderr, no traceback, nothing written.
+
+Every case runs the real CLI in-process (CliRunner) inside a prepared project: a store with a run whose
+checkpoint does not fit its model, a bare run, a sweep study, a config file, a folder, a regular file and a
+binary file. Around each case the project is snapshotted: every file and folder (size and mtime; databases
+by their rows, lock files by their existence), the MLflow runs with their status, the Optuna studies and
+trials. A case passes when the command exits 2 with exactly one `error: ...` line on stderr, raised no
+exception but SystemExit, and the snapshot is unchanged (paths outside the project named by the case are
+checked too).
+
+tests/audit_bad_inputs.py tries many more inputs of these classes with real processes (a script, not a test).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from hmmscope import tracking
+from hmmscope.cli import app
+from hmmscope.config import flatten, load_toml
+from hmmscope.model import Transformer
+
+runner = CliRunner()
+
+TINY = """
+[hmm]
+n_tasks = 4
+n_states = 8
+n_tokens = 4
+rank = 2
+[data]
+n_demos = 2
+l_demo = 8
+l_test = 8
+n_train = 64
+n_eval = 16
+[model]
+n_layers = 1
+n_heads = 2
+d_model = 32
+d_mlp = 64
+max_len = 64
+[train]
+steps = 4
+batch_size = 8
+warmup = 1
+eval_every = 2
+ckpt_every = 2
+device = "cpu"
+[theory]
+gammas = [0.5]
+n_states = [6]
+ranks = [2]
+n_tokens = 6
+n_histories = 50
+lengths = [1, 2, 4]
+burn_in = 10
+gamma_m = 0
+"""
+
+
+def spec_text(name: str = "s", objective: str = "eval/excess_ce") -> str:
+    return (f'[sweep]\nname = "{name}"\nobjective = "{objective}"\nsampler = "grid"\nexperiment = "sw"\n'
+            '[fixed]\n"hmm.n_tasks" = 4\n"hmm.n_states" = 8\n"hmm.n_tokens" = 4\n"hmm.rank" = 2\n'
+            '"data.n_train" = 32\n"data.n_eval" = 16\n"model.n_layers" = 1\n"model.d_model" = 32\n"model.d_mlp" = 64\n'
+            '"train.steps" = 2\n"train.device" = "cpu"\n[space]\n"hmm.gamma" = {grid = [0.5]}\n')
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """The prepared project (built once): see the module docstring. Returns {name: value} for the cases."""
+    from hmmscope.sweep import create_study
+    from hmmscope.sweep_spec import parse_spec
+
+    root = tmp_path_factory.mktemp("project")
+    (root / "tiny.toml").write_text(TINY)
+    (root / "cfgdir").mkdir()
+    (root / "afile").write_text("a regular file\n")
+    (root / "garbage.bin").write_bytes(bytes(range(256)) * 4)
+    (root / "spec.toml").write_text(spec_text("fine"))
+    (root / "escape.toml").write_text(spec_text("../escape"))
+    (root / "objective.toml").write_text(spec_text("objective", objective="eval/not_a_metric"))
+    cfg = load_toml(root / "tiny.toml")
+    model = Transformer(cfg.model, cfg.hmm.n_tokens + 1)
+    ck = {"model": model.state_dict(), "optimizer": {}, "step": 0, "vocab_size": cfg.hmm.n_tokens + 1,
+          "config": {**flatten(cfg), "model.d_model": 64}, "metrics": {}, "rng": {}}
+    torch.save(ck, root / "misfit.pt")  # weights of a d_model=32 model, config says 64
+    uri = f"sqlite:///{root}/mlruns/mlflow.db"
+    with tracking.start_run(uri, "hmmscope", "misfit") as run:
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "last.pt").write_bytes((root / "misfit.pt").read_bytes())
+            run.log_artifact(Path(tmp) / "last.pt", "checkpoints")
+    storage = f"sqlite:///{root}/mlruns/optuna.db"
+    create_study(parse_spec(spec_text("known"), root / "known.toml"), storage, uri)
+    if os.geteuid() == 0:  # root writes through permission bits: a procfs folder refuses new entries to everyone
+        ro = Path("/proc/1")
+    else:
+        ro = root / "readonly"
+        ro.mkdir()
+        ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    return {"root": root, "uri": uri, "storage": storage, "misfit_run": run.run_id, "readonly": ro,
+            "port": _free_port()}
+
+
+def _snapshot(root: Path) -> dict:
+    files, runs, studies = {}, {}, set()
+    trials = 0
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if p.is_dir():
+            files[rel] = "dir"
+        elif p.suffix in (".db", ".lock"):
+            files[rel] = "db"  # a database is compared by its rows below; an existing lock file may be reopened
+        else:
+            st = p.stat()
+            files[rel] = (st.st_size, st.st_mtime_ns)
+    for db in root.rglob("mlflow.db"):
+        with sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True) as c:
+            runs.update({r: s for r, s in c.execute("select run_uuid, status from runs")})
+    for db in root.rglob("optuna.db"):
+        with sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True) as c:
+            studies |= {n for (n,) in c.execute("select study_name from studies")}
+            trials += c.execute("select count(*) from trials").fetchone()[0]
+    return {"files": files, "runs": runs, "studies": studies, "trials": trials}
+
+
+P = pytest.param
+# One case per class of bad input: (args, a word the one-line error must contain, paths outside the project).
+CASES = [
+    P(["train", "--config", "tiny.toml", "--set", "train.lr=inf"], "finite", id="config: non-finite float"),
+    P(["train", "--config", "tiny.toml", "--set", "train.weight_decay=-1"], "weight_decay", id="config: out of range"),
+    P(["generate", "x.npz", "--config", "tiny.toml", "--set", "data.seed=4294967296"], "seed",
+      id="seed outside numpy's range"),
+    P(["generate", "x.npz", "--config", "tiny.toml", "--set", "hmm.n_tasks=1000000000"], "this machine has",
+      id="size that cannot fit in memory"),
+    P(["train", "--config", "cfgdir"], "folder", id="directory as config file"),
+    P(["sweep", "run", "cfgdir"], "folder", id="directory as sweep spec"),
+    P(["train", "--config", "garbage.bin"], "garbage.bin", id="binary config file"),
+    P(["generate", "afile/x.npz", "--config", "tiny.toml"], "afile", id="output under a regular file"),
+    P(["theory", "--config", "tiny.toml", "--json", "{readonly}/x.json"], "x.json", id="unwritable --json"),
+    P(["run", "--config", "tiny.toml", "--out", "{readonly}/out"], "out", id="run: unwritable output folder"),
+    P(["train", "--config", "tiny.toml", "--tracking-uri", "bogus://x"], "bogus", id="tracking uri: bogus scheme"),
+    P(["evaluate", "{misfit_run}", "--tracking-uri", "http://127.0.0.1:{port}"], "http://127.0.0.1:",
+      id="tracking uri: unreachable server"),
+    P(["sweep", "run", "spec.toml", "--storage", "postgresql://u:p@127.0.0.1:{port}/db"], "storage",
+      id="storage: database down"),
+    P(["sweep", "run", "spec.toml", "--storage", "mysql://u:p@127.0.0.1:{port}/db"], "storage",
+      id="storage: driver missing or database down"),
+    P(["sweep", "worker", "nosuch", "--storage", "{storage}"], "nosuch", id="sweep worker: unknown study"),
+    P(["sweep", "status", "nosuch", "--storage", "sqlite:///{root}/fresh/optuna.db"], "optuna",
+      id="sweep status: no storage yet"),
+    P(["report", "nosuch"], "nosuch", id="report: unknown sweep"),
+    P(["report", "../../hmmscope-escape"], "safe name", id="report: name escapes the project"),
+    P(["sweep", "run", "escape.toml"], "safe name", id="spec: name escapes the project"),
+    P(["sweep", "run", "objective.toml"], "not_a_metric", id="spec: objective the trial does not log"),
+    P(["analyze", "misfit.pt"], "do not fit", id="checkpoint file does not fit its model"),
+    P(["evaluate", "{misfit_run}"], "do not fit", id="run's checkpoint does not fit its model"),
+    P(["train", "--config", "tiny.toml", "--resume", "0123456789abcdef0123456789abcdef"], "unknown",
+      id="unknown run"),
+    P(["train", "--config", "tiny.toml", "--run-name", "../x"], "safe name", id="unsafe run name"),
+    P(["train", "--config", "tiny.toml", "--device", "cuda:99"], "cuda:99", id="unavailable device"),
+    P(["sweep", "run", "spec.toml", "--workers", "0"], "--workers", id="option value (Click)"),
+    P(["train", "--no-such-option"], "no-such-option", id="unknown option (Click)"),
+]
+
+
+@pytest.mark.parametrize("args, needle", CASES)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(project, monkeypatch, args, needle):
+    root = project["root"]
+    monkeypatch.chdir(root)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", project["uri"])
+    args = [a.format(**project) for a in args]
+    escape = (root / "../../hmmscope-escape").resolve()
+    before = _snapshot(root)
+    r = runner.invoke(app, args)
+    after = _snapshot(root)
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2, (r.exit_code, r.output, r.exception)
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert needle in lines[0], lines[0]
+    assert "Traceback" not in r.output
+    new = sorted(after["files"].keys() - before["files"].keys())
+    changed = sorted(k for k in before["files"] if after["files"].get(k) != before["files"][k])
+    assert not new and not changed, (new, changed)
+    assert after == before
+    assert not escape.exists()
+
+
+def test_theory_objectives_are_what_a_theory_trial_returns():
+    from hmmscope.config import TheoryConfig
+    from hmmscope.sweep import _theory_metrics
+    from hmmscope.sweep_spec import GAMMA_M_OBJECTIVES, THEORY_OBJECTIVES
+    from hmmscope.theory import run_theory
+
+    for m in (0, 2):
+        th = TheoryConfig(gammas=(0.7,), ranks=(2,), rhos=(0.05,), n_states=(4,), n_tokens=4, n_histories=64,
+                          lengths=(1, 2, 3, 4), burn_in=10, gamma_m=m)
+        got = set(_theory_metrics(run_theory(th)))
+        assert got == THEORY_OBJECTIVES | (GAMMA_M_OBJECTIVES if m else set())
