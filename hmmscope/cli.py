@@ -682,7 +682,7 @@ def bench_filter_cmd(
     r = bench_filter(n_seqs=n_seqs, length=length, peer_length=peer_length)
     S, V, d = r["n_states"], r["n_tokens"], r["rank"]
     typer.echo(f"filter, {n_seqs} x {length} tokens, {S} states, {V} tokens, {r['threads']} torch threads "
-               "(hmmlearn: one sequence, single-threaded)")
+               f"(hmmlearn: one sequence, single-threaded); best of {r['rounds']} interleaved rounds")
     typer.echo(f"  dense   hmmscope.predictive float32  {r['dense_f32_tokens_per_s']:>12,.0f} tokens/s   <- headline")
     typer.echo(f"  dense   hmmscope.predictive float64  {r['dense_f64_tokens_per_s']:>12,.0f} tokens/s   "
                f"(float32 - float64: max |diff| {r['f32_vs_f64_max_abs']:.1e})")
