@@ -37,6 +37,7 @@ def main(argv=None) -> int:
     write_table(rows, out, "figure2_by_layer")
 
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for c in sorted({c for c, _ in data}):
@@ -47,6 +48,7 @@ def main(argv=None) -> int:
     ax.set_xlabel("layer (block output, as logged by the shuffle test)")
     ax.set_ylabel("mean |delta logit| / mean |logit|")
     ax.set_title(f"{sw.name}: shuffle test per layer (mean over seeds, 95% CI)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=8)
     save(fig, out, "figure2")
     return 0

@@ -41,12 +41,13 @@ def main(argv=None) -> int:
     write_table(rows, out, "figure3_probes")
 
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     cells = sorted({c for c, _, _ in acc})
     targets = sorted({t for _, t, _ in acc})
     kbacks = sorted((t for t in targets if t.startswith("kback")), key=lambda t: int(t[5:]))
     panels = [("3a: task and state", [t for t in targets if not t.startswith("kback")]), ("3b: k-back tokens", kbacks)]
-    fig, axes = plt.subplots(len(cells), 2, figsize=(12, 3.6 * len(cells)), squeeze=False)
+    fig, axes = plt.subplots(len(cells), 2, figsize=(12, 3.8 * len(cells)), squeeze=False, layout="constrained")
     for i, c in enumerate(cells):
         for ax, (title, ts) in zip(axes[i], panels):
             for t in ts:
@@ -59,6 +60,7 @@ def main(argv=None) -> int:
             ax.plot([], [], color="gray", ls=":", lw=0.7, label="chance (same colour)")
             ax.set(xlabel="layer (0 = embedding)", ylabel="probe accuracy", ylim=(0, 1),
                    title=f"{title} [{label(sw, c)}]")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.legend(fontsize=7, ncol=2)
     fig.suptitle(f"{sw.name}: probes, mean over seeds with 95% CI")
     save(fig, out, "figure3")
