@@ -521,9 +521,14 @@ class ProbeResult:
                 rows = by[t]
                 x, c = [r["layer"] for r in rows], kcol.get(t, f"C{j % 10}")
                 lab = (f"k = {t[5:]}" if t in kcol else t + (" (raw index over tasks)" if t == "state_pooled" else ""))
-                ax.plot(x, [r["acc"] for r in rows], "o-" if t != "state_pooled" else "o--", color=c, lw=1.8, ms=4,
-                        label=lab)
-                ax.fill_between(x, [r["acc_lo"] for r in rows], [r["acc_hi"] for r in rows], color=c, alpha=0.18)
+                acc, lo, hi = (np.array([r[key] for r in rows], float) for key in ("acc", "acc_lo", "acc_hi"))
+                if t in kcol:  # 3b: error bars dodged sideways, so K overlapping bands do not hide each other
+                    xd = np.asarray(x, float) + 0.08 * (kb.index(t) - (len(kb) - 1) / 2)
+                    ax.errorbar(xd, acc, yerr=np.nan_to_num(np.abs([acc - lo, hi - acc])), fmt="o-", color=c, lw=1.8,
+                                ms=4, capsize=2, elinewidth=1, label=lab)
+                else:
+                    ax.plot(x, acc, "o-" if t != "state_pooled" else "o--", color=c, lw=1.8, ms=4, label=lab)
+                    ax.fill_between(x, lo, hi, color=c, alpha=0.18)
                 ax.plot(x, [r["control_acc"] for r in rows], ":", color=c, lw=1)
                 ax.axhline(rows[0]["chance"], ls="--", color=c, lw=0.8, alpha=0.8)
                 if base.get(t) is not None:

@@ -481,7 +481,7 @@ def theory_figure(result: TheoryResult, title: str | None = None):
     for s in result.settings:
         groups.setdefault((s.params["n_states"], s.params["rank"], s.params["rho"]), []).append(s)
     n = len(groups) + 2
-    fig = Figure(figsize=(4.6 * n, 4.6), layout="constrained")
+    fig = Figure(figsize=(4.6 * n, 6.5), layout="constrained")
     axes = fig.subplots(1, n, squeeze=False)[0]
     hollow = Line2D([], [], color="gray", marker="o", mfc="none", ls="none", label="hollow: left out of the fit")
     for ax, ((S, d, rho), ss) in zip(axes, groups.items()):
@@ -547,7 +547,8 @@ def theory_figure(result: TheoryResult, title: str | None = None):
         ax.plot(g, g ** 4, ":", color="gray", label=f"{x_name}^4 (c = 1)")
         h, _ = ax.get_legend_handles_labels()
         ax.set(xscale="log", yscale="log", xlabel=x_name, ylabel="decay rate r", title=f"rate vs {x_name}")
-        ax.legend(handles=h + ([hollow] if x_name == "gamma" else []), fontsize=6)
+        ax.legend(handles=h + ([hollow] if x_name == "gamma" else []), fontsize=7, loc="upper center",
+                  bbox_to_anchor=(0.5, -0.16), frameon=False)
     fig.suptitle("Theorem 1: eps(L) and its decay rate" + (f", {title}" if title else ""))
     return fig
 
