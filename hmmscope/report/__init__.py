@@ -65,8 +65,8 @@ Statistical choices (each claim is a `stats.Claim` with a 95% CI and a verdict):
 - Depth vs rank: cell means of eval/excess_ce by (n_layers, rank) and OLS
   `excess_ce ~ n_layers * log(rank)` (HC3 when finite), each coefficient with a 95% CI.
 - Power: a row whose design cannot answer says "underpowered" with the reason (fewer than 2
-  replicates per cell; no finite CI; an inconclusive CI wider than the effect it tests, with the rough
-  factor of replicates needed): common.underpowered. It never changes a verdict, which is always
+  replicates per cell; no finite CI; an inconclusive CI wider than the effect it tests, with the
+  smallest effect the design could resolve): common.underpowered. It never changes a verdict, which is always
   stats.decide's rule applied to the CI printed beside it (claims without a rule are only the two-sided
   "RoPE improves <claim of unknown side>" rows).
 """

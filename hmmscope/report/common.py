@@ -5,8 +5,8 @@ A Section is a title and a list of blocks: ("h", level, text) | ("p", text) | ("
 
 Power. `underpowered(...)` says plainly when a design cannot answer its question: fewer than 2 replicates
 per cell (nothing estimates the noise within a cell), no finite CI, or, for an inconclusive verdict, a
-95% CI wider than the effect it tests (|value - threshold|), with the factor of replicates that would
-roughly be needed ((width / |effect|)^2, the CI shrinking as 1/sqrt(n)). The note never changes a verdict:
+95% CI wider than the effect it tests (|value - threshold|), with the smallest effect the design could
+resolve (about the CI half-width; it shrinks as 1/sqrt(replicates)). The note never changes a verdict:
 verdicts are stats.decide's, from the CI printed beside them.
 """
 
@@ -94,7 +94,6 @@ def underpowered(value: float, lo: float, hi: float, verdict: str, *, threshold:
     elif verdict == "inconclusive" and math.isfinite(value):
         eff, width = abs(value - threshold), hi - lo
         if width > eff:
-            need = f"; about {min((width / eff) ** 2, 1e6):.0f}x the replicates to resolve an effect this size" \
-                if eff > 0 else ""
-            why.append(f"95% CI width {_f(width, 3)} > |effect| {_f(eff, 3)}{need}")
+            why.append(f"95% CI width {_f(width, 3)} > |effect| {_f(eff, 3)}: only an effect beyond about "
+                       f"{_f(width / 2, 3)} (the CI half-width) could be resolved with these replicates")
     return "underpowered: " + "; ".join(why) if why else ""

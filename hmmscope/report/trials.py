@@ -1,7 +1,8 @@
 """The per-trial table: one row per COMPLETE trial (the one MLflow run the study recorded for it).
 
 Columns: trial number, run id, run name, kind (train / theory), the objective as the study recorded it,
-the params that vary across these trials (seeds included: they tell replicates apart), then metrics.
+the params that vary across the trials that log them (seeds included: they tell replicates apart; a
+param that only one kind of trial logs, at one value, is not "varying"), then metrics.
 The report shows the key metrics (KEY_METRICS, those present); trials.csv, written beside report.md,
 holds every metric of each run (a training run's analysis claims as claim/<name>/value, ci_lo, ci_hi).
 """
@@ -35,7 +36,7 @@ def trial_rows(t: _Trials, is_theory) -> tuple[list[dict], list[str], list[str]]
             row["metrics"].update({k: v for k, v in r.data.metrics.items() if k.startswith("theory/exponent")})
         rows.append(row)
     keys = sorted({k for row in rows for k in row["params"]})
-    varying = [k for k in keys if len({str(row["params"].get(k, "")) for row in rows}) > 1]
+    varying = [k for k in keys if len({str(row["params"][k]) for row in rows if k in row["params"]}) > 1]
     metrics = sorted({k for row in rows for k in row["metrics"]})
     return rows, varying, metrics
 
