@@ -141,6 +141,15 @@ def _is_theory(r) -> bool:
                                                              and not any(k.startswith("eval/") for k in r.data.metrics))
 
 
+def analysis_run(r, children: dict, analysis: dict | None = None):
+    """The analysis child of training run r that counts: the one its trial recorded, else the newest FINISHED."""
+    ana = [c for c in children.get(r.info.run_id, []) if c.info.run_name == "analysis"
+           or c.data.tags.get("hmmscope.kind") == "analysis"]
+    recorded = (analysis or {}).get(r.info.run_id)
+    ana = [c for c in ana if c.info.run_id == recorded] or [c for c in ana if c.info.status == "FINISHED"] or ana
+    return ana[0] if ana else None  # newest first (search order)
+
+
 def _training_frame(runs: list, children: dict, analysis: dict | None = None):
     """One row per training trial: numeric-ified params, metrics, analysis claims (claim/<name>/*).
 
@@ -154,12 +163,8 @@ def _training_frame(runs: list, children: dict, analysis: dict | None = None):
         row: dict[str, Any] = {"run_id": r.info.run_id, "trial": r.data.tags.get("hmmscope.trial", "")}
         row.update({f"param:{k}": _num(v) for k, v in r.data.params.items()})
         row.update({f"metric:{k}": v for k, v in r.data.metrics.items()})
-        ana = [c for c in children.get(r.info.run_id, []) if c.info.run_name == "analysis"
-               or c.data.tags.get("hmmscope.kind") == "analysis"]
-        recorded = (analysis or {}).get(r.info.run_id)
-        ana = [c for c in ana if c.info.run_id == recorded] or [c for c in ana if c.info.status == "FINISHED"] or ana
-        if ana:
-            a = ana[0]  # newest
+        a = analysis_run(r, children, analysis)
+        if a is not None:
             row["analysis_id"] = a.info.run_id
             row.update({f"metric:{k}": v for k, v in a.data.metrics.items() if k.startswith("claim/")})
             row.update({f"verdict:{k[len('verdict/'):]}": v.split(":", 1)[0].strip()

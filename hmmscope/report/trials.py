@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from .common import NAN, Section, _f
-from .read import _Trials
+from .read import _Trials, analysis_run
 
 KEY_METRICS = ("eval/test_acc", "eval/excess_ce", "eval/kl_mix", "memory/model_tv", "memory/eps",
                "theory/exponent/gamma/pooled")
@@ -28,10 +28,9 @@ def trial_rows(t: _Trials, is_theory) -> tuple[list[dict], list[str], list[str]]
         row = {"trial": t.trial_of.get(rid, ""), "run_id": rid, "run_name": r.info.run_name or "",
                "kind": "theory" if is_theory(r) else "train", "objective": t.value_of.get(rid, NAN),
                "params": dict(r.data.params), "metrics": dict(r.data.metrics)}
-        ana = t.analysis.get(rid)
-        for c in t.children.get(rid, []):
-            if c.info.run_id == ana:
-                row["metrics"].update({k: v for k, v in c.data.metrics.items() if k.startswith("claim/")})
+        a = analysis_run(r, t.children, t.analysis) if row["kind"] == "train" else None
+        if a is not None:
+            row["metrics"].update({k: v for k, v in a.data.metrics.items() if k.startswith("claim/")})
         if row["kind"] == "theory":  # the theory trial's pooled exponent sits on its parent run
             row["metrics"].update({k: v for k, v in r.data.metrics.items() if k.startswith("theory/exponent")})
         rows.append(row)
