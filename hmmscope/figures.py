@@ -3,7 +3,7 @@
 `save(fig, path)` writes `path` with the suffix .png and .pdf (any suffix given is replaced), each through
 a temporary file renamed into place, so an interrupted save leaves no half-written figure; it returns
 [png, pdf]. Figures are built on `matplotlib.figure.Figure` (no pyplot state, safe in threads and
-workers). `where(dir, name)` is the PNG path of a figure saved by name.
+workers).
 """
 
 from __future__ import annotations

@@ -257,7 +257,8 @@ def test_pooled_concave_rise_is_not_supported():
 def test_artifacts_logged_to_parent(store):
     uri, pid, _, _ = store
     names = {f.path for f in tracking.client(uri).list_artifacts(pid, "report")}
-    assert {"report/report.md", "report/report.html", "report/report.json", "report/theory_rate_vs_gamma.png"} <= names
+    assert {"report/report.md", "report/report.html", "report/report.json", "report/theory_rate_vs_gamma.png",
+            "report/theory_rate_vs_gamma.pdf", "report/trials.csv"} <= names  # the same files as on disk
 
 
 def test_one_run_per_complete_trial(store, tmp_path):
