@@ -228,7 +228,8 @@ def theory(
     n_histories: Annotated[int | None, typer.Option(help="Monte Carlo histories per eps(L).")] = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    out: Annotated[Path, typer.Option(help="Folder for the figure and the JSON.")] = Path("out/theory"),
+    out: Annotated[Path | None, typer.Option(help="Folder for the figure and the JSON (default: a new "
+                                            "out/theory-<UTC time>/).")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the full result as JSON here.")] = None,
     tracking_uri: UriOpt = None,
     experiment: ExpOpt = "hmmscope-theory",
@@ -242,7 +243,9 @@ def theory(
              "theory.n_histories": n_histories}
     cfg = build_config("tiny", config, set_, extra)
     th = cfg.theory
-    checks.output_dir(out, "--out")
+    from .jobs import new_folder
+
+    out = checks.output_dir(out or new_folder(Path("out"), "theory"), "--out")
     if json_path is not None:
         checks.output_file(json_path, "--json", suffix=".json")
     checks.experiment_name(experiment)
@@ -260,7 +263,7 @@ def theory(
     if json_path is not None:
         atomic_write(json_path, lambda p: p.write_text(json.dumps(result.to_dict(), indent=2)))
     _print_theory(result, th)
-    typer.echo(f"figure: {out / 'theory.png'}  result: {out / 'theory.json'}")
+    typer.echo(f"figures: {out / 'theory.png'}, {out / 'theory.pdf'}  result: {out / 'theory.json'}")
     if run_id is not None:
         typer.echo(f"MLflow run {run_id} in experiment {experiment!r}; browse: {tracking.ui_command(uri)}")
 
@@ -276,6 +279,14 @@ def _print_theory(result, th, detail: bool = True) -> None:
 # ---------------------------------------------------------------- train / evaluate / run
 
 DeviceOpt = Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda | cuda:N (sets train.device).")]
+OutOpt = Annotated[Path, typer.Option("--out", help="Root folder for figures and tables: they go to "
+                                      "OUT/<run name>-<run id[:8]>/ (also logged to the run).")]
+
+
+def _print_files(files) -> None:
+    figs = [str(p) for p in files if Path(p).suffix in (".png", ".pdf")]
+    if figs:
+        typer.echo(f"figures: {', '.join(figs)}")
 
 
 @app.command("train")
@@ -288,6 +299,7 @@ def train_cmd(
     resume: Annotated[str | None, typer.Option(help="Continue this MLflow run from its last checkpoint.")] = None,
     evaluate: Annotated[bool, typer.Option(help="Run Figure 1 evaluation at the end.")] = True,
     run_name: Annotated[str | None, typer.Option(help="MLflow run name.")] = None,
+    out: OutOpt = Path("out"),
     tracking_uri: UriOpt = None,
     experiment: ExpOpt = "hmmscope",
     force: ForceOpt = False,
@@ -297,6 +309,7 @@ def train_cmd(
     if run_name is not None:
         checks.safe_name(run_name, "--run-name")
     checks.experiment_name(experiment)
+    checks.output_dir(out, "--out")
     uri = checks.tracking_store(tracking_uri, must_exist=resume is not None)
     from . import tracking
     from .jobs import evaluate_run
@@ -309,11 +322,14 @@ def train_cmd(
     with sigterm_interrupts():  # `kill` / `timeout`: the run ends KILLED, not RUNNING
         res = train(cfg, tracking_uri=uri, experiment=experiment, run_name=run_name, resume=resume,
                     progress=sys.stderr.isatty())
-        metrics = dict(res.metrics)
+        metrics, files = dict(res.metrics), []
         if evaluate:
-            metrics.update(evaluate_run(uri, res.run_id, device=cfg.train.device))
+            ev = evaluate_run(uri, res.run_id, device=cfg.train.device, out=out)
+            metrics.update(ev)
+            files = ev.files
     _print_metrics(f"run {res.run_id}: {res.steps} steps in {res.wall_time:.0f} s "
                    f"({res.tokens_per_s:,.0f} tokens/s)", metrics)
+    _print_files(files)
     typer.echo(f"browse: {tracking.ui_command(uri)}")
 
 
@@ -323,12 +339,14 @@ def evaluate_cmd(
     run_id: Annotated[str, typer.Argument(help="MLflow run id of a training run.")],
     device: DeviceOpt = None,
     n_episodes: Annotated[int | None, typer.Option(help="Held-out episodes (default data.n_eval).")] = None,
+    out: OutOpt = Path("out"),
     tracking_uri: UriOpt = None,
     force: ForceOpt = False,
 ) -> None:
     """Figure 1: accuracy vs demonstrations and test position beside the oracles; KL and excess CE."""
     if n_episodes is not None and n_episodes < 1:
         raise ConfigError(f"--n-episodes must be >= 1, got {n_episodes}")
+    checks.output_dir(out, "--out")
     uri = checks.tracking_store(tracking_uri, must_exist=True)
     from .jobs import evaluate_run
     from .train import resolve_device, sigterm_interrupts
@@ -338,8 +356,9 @@ def evaluate_cmd(
     if cfg is not None:
         checks.memory(memory_estimate(cfg, "evaluate", n_episodes=n_episodes), device=str(dev), force=force)
     with sigterm_interrupts():
-        metrics = evaluate_run(uri, run_id, device=device or "auto", n_episodes=n_episodes)
+        metrics = evaluate_run(uri, run_id, device=device or "auto", n_episodes=n_episodes, out=out)
     _print_metrics(f"evaluation of run {run_id}", metrics)
+    _print_files(metrics.files)
 
 
 @app.command("analyze")
@@ -353,6 +372,7 @@ def analyze_cmd(
     device: DeviceOpt = None,
     tracking_uri: UriOpt = None,
     experiment: Annotated[str, typer.Option(help="Experiment for a checkpoint file's analysis run.")] = "hmmscope",
+    out: OutOpt = Path("out"),
     force: ForceOpt = False,
 ) -> None:
     """Layerwise analysis: shuffle test (Fig. 2), task / state / k-back probes (Fig. 3a, 3b), belief probes."""
@@ -361,6 +381,7 @@ def analyze_cmd(
         raise ConfigError(f"--ks: expected comma-separated integers, got {ks!r}")
     checks.seed(seed, "--seed")
     checks.experiment_name(experiment)
+    checks.output_dir(out, "--out")
     is_file = Path(target).suffix == ".pt" or Path(target).exists()
     uri = checks.tracking_store(tracking_uri, must_exist=not is_file)
     from .jobs import analyze_run
@@ -372,9 +393,10 @@ def analyze_cmd(
         checks.memory(memory_estimate(cfg, "analyze", n_episodes=n_episodes), device=str(dev), force=force)
     with sigterm_interrupts():
         res = analyze_run(uri, target, device=device or "auto", n_episodes=n_episodes, ks=tuple(k_list),
-                          n_perms=n_perms, seed=seed, experiment=experiment)
+                          n_perms=n_perms, seed=seed, experiment=experiment, out=out)
     _print_claims(f"claims (analysis run {res.run_id}; shuffle {res.seconds['shuffle_s']:.0f} s, "
                   f"probes {res.seconds['probes_s']:.0f} s)", res.claims)
+    _print_files(res.files)
 
 
 def _print_metrics(title: str, metrics: dict[str, float]) -> None:
@@ -429,6 +451,7 @@ def run_cmd(
                f"{sw.n_trials}; report: {res.report.files.get('md')}")
     typer.echo(f"MLflow: parent run {res.parent_id} (train {res.train_id}, theory {res.theory_id}) in experiment "
                f"{experiment!r}; sweep parent run {sw.parent_run_id}")
+    typer.echo(f"files (figures, tables, report): {res.folder}")
     typer.echo(f"browse: {tracking.ui_command(uri)}")
 
 
@@ -547,7 +570,7 @@ def runs_gc_cmd(
 @user_errors
 def report_cmd(
     sweep: Annotated[str, typer.Argument(help="Sweep (study) name or its MLflow parent run id.")],
-    out: Annotated[Path | None, typer.Option(help="Folder for report.md / report.html (default out/report-NAME).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Folder for report.md / report.html (default out/NAME).")] = None,
     storage: Annotated[str | None, typer.Option("--storage", help="The study's Optuna storage URL (default: "
                                                 "optuna.db beside the tracking store, the URL the sweep recorded, "
                                                 "./mlruns/optuna.db).")] = None,
@@ -555,7 +578,7 @@ def report_cmd(
 ) -> None:
     """Statistical report of a sweep (Markdown + HTML, figures), also logged to the sweep's parent run."""
     checks.safe_name(sweep, "sweep")
-    out = checks.output_dir(out or Path("out") / f"report-{sweep}", "--out")
+    out = checks.output_dir(out or Path("out") / sweep, "--out")
     uri = checks.tracking_store(tracking_uri, must_exist=True)
     from .report import build_report
 

@@ -187,7 +187,7 @@ def validate(cfg: Config) -> Config:
 def check_name(name: str, what: str = "name") -> str:
     """A sweep (study) or run name: 1-100 characters of [A-Za-z0-9._-], starting with a letter or digit, no '..'.
 
-    Names become folder names (out/report-NAME) and run names; this keeps them inside the output root.
+    Names become folder names (out/NAME) and run names; this keeps them inside the output root.
     """
     if not isinstance(name, str) or not NAME_RE.fullmatch(name) or ".." in name:
         raise ConfigError(f"{what} {name!r} is not a safe name: use 1-100 letters, digits, '.', '_' or '-', "

@@ -37,7 +37,7 @@ from .hmm import Mixture
 from .inference import memory_error, mixture_oracle, task_oracle
 from .stats import jsonable
 
-__all__ = ["model_predictive", "truncate_demos", "figure1", "Figure1Result", "plot_figure1",
+__all__ = ["model_predictive", "truncate_demos", "figure1", "Figure1Result", "build_figure1", "plot_figure1",
            "memory_comparison", "receptive_field", "PREDICTORS"]
 
 PREDICTORS = ("model", "task_oracle", "mixture_oracle")
@@ -138,7 +138,8 @@ class Figure1Result:
     Columns: k, [position], predictor, n_episodes, [n_tokens], p_true_task (mixture posterior of the
     true task at the test start, same on every predictor row), and for each metric acc, ce, kl_mix
     (KL(mixture oracle || predictor)), kl_task (KL(task oracle || predictor)), excess_ce (CE - mixture
-    oracle CE), excess_ce_task (CE - task oracle CE): the mean and its 95% CI as <metric>_lo/_hi."""
+    oracle CE), excess_ce_task (CE - task oracle CE): the mean and its 95% CI as <metric>_lo/_hi.
+    (A row's n_tokens counts the scored tokens; meta['n_tokens'] is V, the observation vocabulary.)"""
 
     by_k: list[dict]
     by_position: list[dict]
@@ -200,8 +201,8 @@ def figure1(model: torch.nn.Module, mix: Mixture, ep: Episodes, *, device="cpu",
         by_k += _rows(per_token, base, by_position=False)
         if k == ks[-1]:
             by_pos = _rows(per_token, base, by_position=True, positions=e.position[cols])
-    meta = {"n_demos": ep.n_demos, "l_demo": ep.l_demo, "l_test": ep.l_test, "n_episodes": len(ep), "ks": ks,
-            "test_start": ep.test_start, "burn_in": ep.burn_in, "dataset_hash": ep.meta.get("dataset_hash")}
+    meta = {"n_tokens": V, "n_demos": ep.n_demos, "l_demo": ep.l_demo, "l_test": ep.l_test, "n_episodes": len(ep),
+            "ks": ks, "test_start": ep.test_start, "burn_in": ep.burn_in, "dataset_hash": ep.meta.get("dataset_hash")}
     return Figure1Result(by_k, by_pos, ks[-1], meta)
 
 
@@ -209,21 +210,30 @@ _STYLE = {"model": ("C0", "-", "model"), "task_oracle": ("C2", "--", "task oracl
           "mixture_oracle": ("C3", "-", "mixture oracle")}
 
 
-def plot_figure1(result: Figure1Result, path) -> Path:
-    """Three panels: accuracy vs k, accuracy vs test position (k = k_max), excess CE and KL vs k."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def build_figure1(result: Figure1Result, title: str | None = None):
+    """Figure 1 as a matplotlib Figure: accuracy vs k, accuracy vs test position (k = k_max), excess CE and
+    KL vs k. The accuracy panels draw chance (1 / V, dotted gray; V = meta['n_tokens']) and span 0 to above
+    the highest upper CI of any predictor, so the oracles' ceiling is always in view; `title` (the run)
+    heads the figure."""
+    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig = Figure(figsize=(15, 4.6), layout="constrained")
+    ax = fig.subplots(1, 3)
+    top = 0.0
     for name, (c, ls, label) in _STYLE.items():
         for a, rows, xkey in ((ax[0], result.by_k, "k"), (ax[1], result.by_position, "position")):
             r = [r for r in rows if r["predictor"] == name]
             x = [q[xkey] for q in r]
             a.plot(x, [q["acc"] for q in r], marker="o" if xkey == "k" else None, ls=ls, color=c, label=label, ms=4)
             a.fill_between(x, [q["acc_lo"] for q in r], [q["acc_hi"] for q in r], color=c, alpha=0.2)
+            top = max([top, *(q["acc_hi"] for q in r if q["acc_hi"] is not None and math.isfinite(q["acc_hi"]))])
+    V = result.meta.get("n_tokens")
+    chance = 1.0 / V if V else None
+    for a in ax[:2]:
+        if chance is not None:
+            a.axhline(chance, color="gray", ls=":", lw=1.2, label=f"chance (1/V = {chance:.3g})")
+        a.set_ylim(0.0, min(1.02, max(top, chance or 0.0) * 1.06 + 0.02))
     m = [r for r in result.by_k if r["predictor"] == "model"]
     ks = [r["k"] for r in m]
     for key, c, label in (("excess_ce", "C0", "excess CE (model - mixture oracle)"),
@@ -231,7 +241,8 @@ def plot_figure1(result: Figure1Result, path) -> Path:
                           ("kl_task", "C2", "KL(task oracle || model)")):
         ax[2].plot(ks, [r[key] for r in m], "o-", color=c, label=label, ms=4)
         ax[2].fill_between(ks, [r[f"{key}_lo"] for r in m], [r[f"{key}_hi"] for r in m], color=c, alpha=0.2)
-    ax[0].set(xlabel="demonstrations k", ylabel="test next-token accuracy", title="accuracy vs k")
+    ax[0].set(xlabel="demonstrations k", ylabel="test next-token accuracy",
+              title="accuracy vs k (oracles = ceiling)")
     ax[1].set(xlabel="test position", ylabel="next-token accuracy", title=f"accuracy vs position (k = {result.k_max})")
     ax[2].set(xlabel="demonstrations k", ylabel="nats / token", title="gap to the Bayes-optimal predictor")
     ax[2].axhline(0, color="gray", lw=0.8)
@@ -239,12 +250,17 @@ def plot_figure1(result: Figure1Result, path) -> Path:
         a.xaxis.set_major_locator(MaxNLocator(integer=True))
         a.grid(alpha=0.3)
         a.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    n = result.meta.get("n_episodes")
+    fig.suptitle("Figure 1: in-context next-token prediction" + (f", {title}" if title else "")
+                 + (f" ({n} held-out episodes, 95% CIs)" if n else ""))
+    return fig
+
+
+def plot_figure1(result: Figure1Result, path, title: str | None = None) -> list[Path]:
+    """Write Figure 1 (`build_figure1`) as <path>.png and <path>.pdf; returns [png, pdf]."""
+    from .figures import save
+
+    return save(build_figure1(result, title), path)
 
 
 # ---------------------------------------------------------------- fixed memory

@@ -8,15 +8,64 @@ imports neither, and the main job reaches the sweep through the function the CLI
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import tracking
 from .config import Config
+
+# ---------------------------------------------------------------- output folders
+#
+# Every command keeps what it makes under one root (default ./out), one folder per run or sweep:
+#   out/<run name>-<run id[:8]>/evaluation/   figure1.{png,pdf}, figure1_*.csv, figure1.json   (train, evaluate)
+#   out/<run name>-<run id[:8]>/analysis/     figure2_shuffle.*, figure3_probes.*, tables        (analyze)
+#   out/<sweep>/                              report.{md,html,json}, trials.csv, figures          (report)
+#   out/theory-<UTC time>/                    theory.{png,pdf,json}                              (theory)
+#   out/main-<run id[:8]>/                    the main job: theory/, the training run's folder, <sweep>/
+# The run id in a run's folder name keeps two runs with one name apart; each command has its own
+# subfolder, so no command overwrites another's files (re-running one command on one run re-makes its own).
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "run"
+
+
+def run_folder(root: Path, run_name: str | None, run_id: str) -> Path:
+    """root/<run name>-<first 8 of the run id> (the name made file-safe; the id alone without a name)."""
+    return Path(root) / (f"{_safe(run_name)}-{run_id[:8]}" if run_name else run_id)
+
+
+def new_folder(root: Path, prefix: str) -> Path:
+    """root/<prefix>-<UTC time>, with -2, -3, ... if that exists; not created (the job creates it when it writes)."""
+    import datetime as _dt
+
+    base = Path(root) / f"{_safe(prefix)}-{_dt.datetime.now(_dt.UTC).strftime('%Y%m%d-%H%M%S')}"
+    path, i = base, 1
+    while path.exists():
+        i += 1
+        path = base.with_name(f"{base.name}-{i}")
+    return path
+
+
+def _run_title(run_name: str | None, run_id: str) -> str:
+    return f"run {run_name} ({run_id[:8]})" if run_name else f"run {run_id[:8]}"
+
+
+@contextlib.contextmanager
+def _folder(path: Path | None) -> Iterator[Path]:
+    """`path` (created) if given, else a temporary folder removed afterwards."""
+    if path is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            yield Path(tmp)
+    else:
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
 
 # ---------------------------------------------------------------- evaluation
 
@@ -31,9 +80,18 @@ def _require_checkpoint(run: tracking.Run) -> None:
         raise ValueError(f"run {run.run_id} has no checkpoint: {e}") from None
 
 
+class EvalMetrics(dict):
+    """evaluate_run's headline metrics (a dict, as before), with `files`: what it wrote under `out` ([] if none)."""
+
+    files: list[Path]
+
+
 def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int | None = None,
-                 batch_size: int = 64) -> dict[str, float]:
-    """Figure 1 for a trained run: tables, figure and headline metrics logged into that run."""
+                 batch_size: int = 64, out: Path | None = None) -> EvalMetrics:
+    """Figure 1 for a trained run: tables, figure (PNG + PDF) and headline metrics logged into that run.
+
+    With `out`, the same files are also kept in out/<run name>-<id8>/evaluation/ (`run_folder`) and their
+    paths returned in `.files`; without, they live in a temporary folder only."""
     import torch
 
     from .episodes import sample_episodes
@@ -59,15 +117,18 @@ def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int
                                   batch_size=batch_size)  # eps at the receptive field n_layers (window - 1) + 1
         metrics.update({f"memory/{k}": float(v) for k, v in extra.items()
                         if isinstance(v, (int, float)) and not isinstance(v, bool)})
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp)
-        files = [*res.to_csv(d), plot_figure1(res, d / "figure1.png")]
-        (d / "figure1.json").write_text(json.dumps({**res.to_dict(), "memory": extra}, indent=2, default=str))
+    info = run.get().info
+    with _folder(out and run_folder(out, info.run_name, run_id) / "evaluation") as d:
+        files = [*res.to_csv(d), *plot_figure1(res, d / "figure1.png", title=_run_title(info.run_name, run_id))]
+        atomic_write(d / "figure1.json", lambda p: p.write_text(
+            json.dumps({**res.to_dict(), "memory": extra}, indent=2, default=str)))
         files.append(d / "figure1.json")
         for f in files:
             run.log_artifact(f, "evaluation")
     run.log_metrics(metrics, step=step)
-    return metrics
+    result = EvalMetrics(metrics)
+    result.files = files if out is not None else []
+    return result
 
 
 # ---------------------------------------------------------------- analysis (Figures 2, 3a, 3b, belief probes)
@@ -79,6 +140,7 @@ class AnalysisResult:
     claims: list  # stats.Claim, shuffle test first, then probes
     metrics: dict[str, float]
     seconds: dict[str, float]
+    files: list = field(default_factory=list)  # what it wrote under `out` (figures PNG + PDF, tables, JSON)
 
 
 def _analysis_metrics(shuffle, probes) -> dict[str, float]:
@@ -110,7 +172,8 @@ def claim_tags(claims) -> dict[str, str]:
 
 def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int | None = None,
                 ks: tuple[int, ...] = (1, 2, 3, 4, 5), n_perms: int = 4, seed: int = 0,
-                experiment: str = "hmmscope", probe_tasks: int = 32, min_per_task: int = 30) -> AnalysisResult:
+                experiment: str = "hmmscope", probe_tasks: int = 32, min_per_task: int = 30,
+                out: Path | None = None) -> AnalysisResult:
     """Shuffle test, probes and belief probes for a run id or a checkpoint file.
 
     The shuffle test runs on n_episodes (default data.n_eval) eval episodes; the probes on dedicated probe
@@ -118,8 +181,9 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
     ceil(n_episodes / tasks)) episodes each, so every probed task has training episodes at any n_tasks.
     The results go to a child run "analysis" of the training run (a standalone run in `experiment`
     for a checkpoint file): metrics, claims as tags (verdict/<name>, rule/<name>), tables, JSON and
-    figures as artifacts. Bad input (unknown run, no checkpoint, k out of range) raises ValueError
-    before any run is created.
+    figures (PNG + PDF) as artifacts. With `out`, the same files are kept in
+    out/<training run name>-<id8>/analysis/ (a checkpoint file: out/<file stem>-<analysis id8>/analysis/).
+    Bad input (unknown run, no checkpoint, k out of range) raises ValueError before any run is created.
     """
     import time
 
@@ -132,9 +196,11 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
     from .train import load_checkpoint, model_from_checkpoint, read_checkpoint, resolve_device
 
     if Path(target).suffix == ".pt" or Path(target).is_file():
-        ck, parent = read_checkpoint(target), None
+        ck, parent, parent_name = read_checkpoint(target), None, Path(target).stem
     else:
-        _require_checkpoint(tracking.existing_run(uri, target))
+        parent_run = tracking.existing_run(uri, target)
+        _require_checkpoint(parent_run)
+        parent_name = parent_run.get().info.run_name
         with tempfile.TemporaryDirectory() as tmp:
             ck = load_checkpoint(uri, target, tmp)
         parent, experiment = target, tracking.experiment_name(uri, target)
@@ -166,14 +232,17 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
                             tags={"hmmscope.kind": "analysis"}) as run:
         run.log_metrics({**metrics, **{f"analysis/{k}": v for k, v in seconds.items()}}, step=int(ck["step"]))
         run.set_tags(claim_tags(claims))
-        with tempfile.TemporaryDirectory() as tmp:
-            d = Path(tmp)
-            files = [*sh.to_csv(d), *pr.to_csv(d), sh.plot(d / "figure2_shuffle.png"), pr.plot(d / "figure3_probes.png")]
-            (d / "analysis.json").write_text(json.dumps({"shuffle": sh.to_dict(), "probes": pr.to_dict(),
-                                                         "seconds": seconds}, indent=2))
-            for f in [*files, d / "analysis.json"]:
+        rid = parent or run.run_id
+        title = _run_title(parent_name, rid)
+        with _folder(out and run_folder(out, parent_name, rid) / "analysis") as d:
+            files = [*sh.to_csv(d), *pr.to_csv(d), *sh.plot(d / "figure2_shuffle.png", title=title),
+                     *pr.plot(d / "figure3_probes.png", title=title)]
+            atomic_write(d / "analysis.json", lambda p: p.write_text(json.dumps(
+                {"shuffle": sh.to_dict(), "probes": pr.to_dict(), "seconds": seconds}, indent=2)))
+            files.append(d / "analysis.json")
+            for f in files:
                 run.log_artifact(f, "analysis")
-        return AnalysisResult(run.run_id, claims, metrics, seconds)
+        return AnalysisResult(run.run_id, claims, metrics, seconds, files if out is not None else [])
 
 
 # ---------------------------------------------------------------- theory
@@ -228,14 +297,15 @@ def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
 
 def theory_job(th, out: Path, *, uri: str | None, experiment: str, parent: str | None = None,
                progress: Callable[[int, int, str], Any] | None = None):
-    """Run the sweep, write theory.png / theory.json under `out`, log to MLflow if `uri`. Returns (result, run_id)."""
+    """Run the sweep, write theory.png / theory.pdf / theory.json under `out` (the folder itself: callers give
+    each job its own, see `new_folder`), log to MLflow if `uri`. Returns (result, run_id)."""
     from .theory import plot_theory, run_theory
 
     result = run_theory(th, progress=progress)
-    fig_path, res_json = out / "theory.png", out / "theory.json"
-    atomic_write(fig_path, lambda p: plot_theory(result, p))
+    res_json = out / "theory.json"
+    figs = plot_theory(result, out / "theory.png")
     atomic_write(res_json, lambda p: p.write_text(json.dumps(result.to_dict(), indent=2)))
-    run_id = log_theory(result, uri, experiment, [fig_path, res_json], parent=parent) if uri else None
+    run_id = log_theory(result, uri, experiment, [*figs, res_json], parent=parent) if uri else None
     return result, run_id
 
 
@@ -290,6 +360,7 @@ class MainResult:
     analysis: AnalysisResult
     sweep: Any  # sweep.SweepSummary
     report: Any  # report.Report
+    folder: Path | None = None  # out/main-<id8>/: every file this job wrote
 
 
 def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
@@ -302,7 +373,8 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
     training sweep `spec` (a `sweep_spec.SweepSpec` of MAIN_SWEEP) and writes its report under
     `report_dir`, returning (sweep summary, report): the caller hands it in (the CLI uses `sweep.run_sweep`
     and `report.build_report`), so this module never imports the sweep layer, which imports it.
-    Re-running resumes: a finished sweep is not run again.
+    Re-running resumes: a finished sweep is not run again. Files go to out/main-<id8>/ (`run_folder`):
+    theory/, the training run's folder (evaluation/, analysis/) and <sweep name>/ (the report).
     """
     from .config import flatten
     from .sweep_spec import parse_spec
@@ -310,18 +382,19 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
 
     sweep_spec = parse_spec(MAIN_SWEEP, "hmmscope.jobs.MAIN_SWEEP")
     with tracking.start_run(uri, experiment, "main", params=flatten(cfg), tags={"hmmscope.kind": "main"}) as parent:
+        out = run_folder(out, "main", parent.run_id)  # this job's folder: nothing else writes there
         on_stage("theory sweep (Theorem 1)")
         th, theory_id = theory_job(cfg.theory, out / "theory", uri=uri, experiment=experiment, parent=parent.run_id)
         on_stage("training")
         tr = train(cfg, tracking_uri=uri, experiment=experiment, run_name="train", parent=parent.run_id,
                    progress=progress)
         on_stage("evaluating (Figure 1)")
-        ev = evaluate_run(uri, tr.run_id, device=cfg.train.device)
+        ev = evaluate_run(uri, tr.run_id, device=cfg.train.device, out=out)
         parent.log_metrics(ev)
         on_stage("layerwise analysis (Figures 2, 3a, 3b)")
-        an = analyze_run(uri, tr.run_id, device=cfg.train.device)
+        an = analyze_run(uri, tr.run_id, device=cfg.train.device, out=out)
         on_stage(f"training sweep {sweep_spec.name!r} and its report")
-        sw, rep = sweep(sweep_spec, out / f"report-{sweep_spec.name}")
+        sw, rep = sweep(sweep_spec, out / sweep_spec.name)
         parent.set_tags({"hmmscope.train_run": tr.run_id, "hmmscope.theory_run": theory_id or "",
                          "hmmscope.analysis_run": an.run_id, "hmmscope.sweep_run": sw.parent_run_id})
-        return MainResult(parent.run_id, tr.run_id, theory_id, ev, th, an, sw, rep)
+        return MainResult(parent.run_id, tr.run_id, theory_id, ev, th, an, sw, rep, out)

@@ -178,28 +178,47 @@ class ShuffleResult:
             paths.append(d / f"{name}.csv")
         return paths
 
-    def plot(self, path) -> Path:
-        """Per-layer change with its 95% CI band, and a layer x head heatmap; a PNG."""
+    def figure(self, title: str | None = None):
+        """Figure 2 as a matplotlib Figure: the per-layer change with its 95% CI (error bars and band) and a
+        layer x head heatmap with a labelled colourbar. Layers are numbered as in Figure 3: layer l >= 1 is
+        the attention of block l (1-based, the block whose output Figure 3 calls layer l); layer 0, the
+        embedding, has no attention and no point here. (Tables and metrics keep `layer` = 0-based block.)"""
         from matplotlib.figure import Figure
 
         lay = np.array([[r["layer"], r["mean"], r["ci_lo"], r["ci_hi"]] for r in self.by_layer], float)
         heat = np.array([[r["mean"] for r in self.by_head if r["layer"] == l] for l in range(len(lay))], float)
-        fig = Figure(figsize=(10, 4), layout="constrained")
+        x = lay[:, 0] + 1  # Figure 3's numbering: layer 0 = embedding
+        fig = Figure(figsize=(11, 4.2), layout="constrained")
         a, b = fig.subplots(1, 2)
-        a.plot(lay[:, 0], lay[:, 1], "o-")
-        a.fill_between(lay[:, 0], lay[:, 2], lay[:, 3], alpha=0.3, label="95% CI over episodes")
-        a.set(xlabel="layer", ylabel="mean |delta logit| / mean |logit|", title="shuffle test: test -> demo logits")
-        a.set_xticks(lay[:, 0])
-        a.legend()
-        im = b.imshow(heat.T, aspect="auto", origin="lower", cmap="viridis")
-        b.set(xlabel="layer", ylabel="head", title="normalized change per head",
-              xticks=range(heat.shape[0]), yticks=range(heat.shape[1]))
-        fig.colorbar(im, ax=b)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with _atomic(path) as tmp:
-            fig.savefig(tmp, dpi=120, format="png")
-        return path
+        a.fill_between(x, lay[:, 2], lay[:, 3], color="C0", alpha=0.25, label="95% CI over episodes")
+        err = np.abs(np.stack([lay[:, 1] - lay[:, 2], lay[:, 3] - lay[:, 1]]))
+        a.errorbar(x, lay[:, 1], yerr=np.nan_to_num(err), fmt="o-", color="C0", capsize=5, elinewidth=1.5,
+                   label="mean over episodes")
+        a.set(xlabel="layer (attention of block l; 0 = embedding, as in Fig. 3)",
+              ylabel="mean |delta logit| / mean |logit|", title="shuffle test: test -> demo logits")
+        a.set_xticks(x)
+        a.set_xlim(0.5, len(x) + 0.5)
+        lo = np.nanmin(lay[:, 2]) if np.isfinite(lay[:, 2]).any() else 0.0
+        a.set_ylim(bottom=min(0.0, lo))
+        c = next((c for c in self.claims if "slope" in c.statistic.lower()), self.claims[0] if self.claims else None)
+        if c is not None:
+            a.text(0.02, 0.02, f"{c.name}: {c.verdict}\n{c.statistic} = {c.value:.3g} "
+                               f"[95% CI {c.ci_lo:.3g}, {c.ci_hi:.3g}]", transform=a.transAxes, fontsize=7, va="bottom")
+        a.legend(fontsize=8)
+        im = b.imshow(heat.T, aspect="auto", origin="lower", cmap="viridis",
+                      extent=(0.5, heat.shape[0] + 0.5, -0.5, heat.shape[1] - 0.5))
+        b.set(xlabel="layer (attention of block l)", ylabel="head", title="normalized change per head",
+              xticks=range(1, heat.shape[0] + 1), yticks=range(heat.shape[1]))
+        fig.colorbar(im, ax=b, label="mean |delta logit| / mean |logit|")
+        fig.suptitle("Figure 2: shuffle test" + (f", {title}" if title else "")
+                     + f" ({self.per_episode.shape[0]} episodes)")
+        return fig
+
+    def plot(self, path, title: str | None = None) -> list[Path]:
+        """Write `figure()` as <path>.png and <path>.pdf; returns [png, pdf]."""
+        from .figures import save
+
+        return save(self.figure(title), path)
 
 
 @contextlib.contextmanager

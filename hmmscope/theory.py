@@ -57,6 +57,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -463,53 +464,97 @@ def run_theory(cfg: TheoryConfig, *, progress: Callable[[int, int, str], Any] | 
     return TheoryResult(dataclasses.asdict(cfg), settings, exps, ranks, verdicts, time.perf_counter() - t0)
 
 
-def plot_theory(result: TheoryResult, path) -> None:
-    """log eps vs L per gamma, one panel per (S, d, rho) group, plus rate vs gamma / gamma_eff (log-log)."""
+def theory_figure(result: TheoryResult, title: str | None = None):
+    """The Theorem 1 figure as a matplotlib Figure.
+
+    One panel per (S, d, rho) group: eps(L) vs L per gamma, with the rate fit as a dashed line in its
+    points' colour over the L range it used; points left out of the fit (below the floor or the 4-stderr
+    cut) are hollow. Then rate vs gamma and rate vs gamma_eff on separate panels (log-log): a colour per
+    (S, d, rho) group, each group's exponent fit in its points' colour, the pooled fit in black; on the
+    gamma panel also the excess over the mixing floor (triangles, hollow where the rate CI does not clear
+    the floor and the excess fit leaves the point out), with the reference g^4 (c = 1) and the floor.
+    """
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
     groups: dict[tuple, list[Setting]] = {}
     for s in result.settings:
         groups.setdefault((s.params["n_states"], s.params["rank"], s.params["rho"]), []).append(s)
-    n = len(groups) + 1
-    fig = Figure(figsize=(4.5 * n, 4), layout="constrained")
+    n = len(groups) + 2
+    fig = Figure(figsize=(4.6 * n, 6.5), layout="constrained")
     axes = fig.subplots(1, n, squeeze=False)[0]
+    hollow = Line2D([], [], color="gray", marker="o", mfc="none", ls="none", label="hollow: left out of the fit")
     for ax, ((S, d, rho), ss) in zip(axes, groups.items()):
         for j, s in enumerate(ss):
             L, e, se = (np.asarray(x, float) for x in (s.lengths, s.eps, s.stderr))
             pos = np.isfinite(e) & (e > 0)
-            line = ax.errorbar(L[pos], e[pos], yerr=np.minimum(se[pos], 0.999 * e[pos]), fmt="o", ms=3,
-                               capsize=2, label=f"gamma={s.params['gamma']:g}", color=f"C{j % 10}")
+            used = np.isin(L, np.asarray(s.rate_fit.used_lengths, float)) if s.rate_fit.ok else np.zeros_like(pos)
+            c = f"C{j % 10}"
+            yerr = np.minimum(se, 0.999 * e)
+            for sel, mfc, lab in ((pos & used, c, f"gamma={s.params['gamma']:g}"), (pos & ~used, "none", None)):
+                if sel.any():
+                    ax.errorbar(L[sel], e[sel], yerr=yerr[sel], fmt="o", ms=4, capsize=2, color=c, mfc=mfc,
+                                label=lab if lab and (pos & used).any() else None)
+            if not (pos & used).any():
+                ax.plot([], [], "o", color=c, label=f"gamma={s.params['gamma']:g} (no fit)")
             f = s.rate_fit
             if f.ok:
                 x = np.array([min(f.used_lengths), max(f.used_lengths)], float)
-                ax.plot(x, np.exp(f.intercept - f.rate * x), "--", color=line[0].get_color())
+                ax.plot(x, np.exp(f.intercept - f.rate * x), "--", color=c)
         ax.set(yscale="log", xlabel="L (memory)", ylabel="eps(L)", title=f"S={S} d={d} rho={rho:g}")
-        ax.legend(fontsize=7)
-    ax, xmin = axes[-1], 0.1
+        h, _ = ax.get_legend_handles_labels()
+        ax.legend(handles=[*h, hollow, Line2D([], [], color="gray", ls="--", label="rate fit")], fontsize=7)
     r = np.array([s.rate_fit.rate for s in result.settings])
+    rlo = np.array([s.rate_fit.rate_ci[0] for s in result.settings])
     m = np.array([s.mixing_rate for s in result.settings])
-    for x_name, key, mk in (("gamma", None, "o"), ("gamma_eff", "gamma_eff", "s")):
-        xs = np.array([s.params["gamma"] if key is None else (s.gamma_eff["value"] or NAN) for s in result.settings])
-        ok = np.isfinite(xs) & (xs > 0) & np.isfinite(r) & (r > 0)
-        xmin = min([xmin, *xs[ok]])
-        ax.plot(xs[ok], r[ok], mk, mfc="none" if key else None, label=f"rate vs {x_name}")
+    gk = np.array([s.params["gamma"] for s in result.settings], float)
+    ge = np.array([NAN if s.gamma_eff["value"] is None else s.gamma_eff["value"] for s in result.settings], float)
+    gi = {id(s): i for i, s in enumerate(result.settings)}
+    scope_of = {k: f"S={k[0]} d={k[1]} rho={k[2]:g}" for k in groups}
+    pooled = len(groups) > 1
+    for ax, xs, x_name in ((axes[-2], gk, "gamma"), (axes[-1], ge, "gamma_eff")):
+        xmin = 1.0
+        for j, (k, ss) in enumerate(groups.items()):
+            c, idx = f"C{j % 10}", np.array([gi[id(s)] for s in ss])
+            x, y = xs[idx], r[idx]
+            ok = np.isfinite(x) & (x > 0) & np.isfinite(y) & (y > 0)
+            if ok.any():
+                xmin = min(xmin, float(x[ok].min()))
+                ax.plot(x[ok], y[ok], "o", color=c, label=f"rate, {scope_of[k]}")
+            if x_name == "gamma":
+                ex, above = (r - m)[idx], (np.isfinite(rlo) & np.isfinite(m) & (rlo > m))[idx]
+                okx = np.isfinite(ex) & (ex > 0) & (x > 0)
+                for sel, mfc in ((okx & above, c), (okx & ~above, "none")):
+                    if sel.any():
+                        ax.plot(x[sel], ex[sel], "^", color=c, mfc=mfc,
+                                label=f"rate - mixing floor, {scope_of[k]}" if mfc == c else None)
+            for f in result.exponent_fits:
+                if f.x_name != x_name or f.scope != scope_of[k] or not math.isfinite(f.k) or not ok.any():
+                    continue
+                g = np.geomspace(x[ok].min(), x[ok].max(), 50)
+                ls = "-" if f.y_name == "rate" else "--"
+                ax.plot(g, np.exp(f.intercept) * g ** f.k, ls, color=c, lw=1.2,
+                        label=f"fit {f.y_name}: k={f.k:.2f} [{f.k_ci[0]:.2f}, {f.k_ci[1]:.2f}]")
         for f in result.exponent_fits:
-            if f.x_name == x_name and f.y_name == "rate" and f.same_as is None and f.n_used >= 3 \
-                    and (f.scope == "pooled" or len(groups) == 1) and ok.any():
+            ok = np.isfinite(xs) & (xs > 0)
+            if pooled and f.scope == "pooled" and f.x_name == x_name and math.isfinite(f.k) and ok.any():
                 g = np.geomspace(xs[ok].min(), xs[ok].max(), 50)
-                ax.plot(g, np.exp(f.intercept) * g ** f.k, "-", lw=1, label=f"fit {x_name}: k={f.k:.2f}")
-    gk = np.array([s.params["gamma"] for s in result.settings])
-    ok = np.isfinite(r - m) & (r - m > 0)
-    if ok.any():
-        ax.plot(gk[ok], (r - m)[ok], "^", label="rate - mixing floor vs gamma")
-        for f in result.exponent_fits:
-            if f.y_name != "rate" and f.n_used >= 3 and (f.scope == "pooled" or len(groups) == 1):
-                g = np.geomspace(gk[ok].min(), gk[ok].max(), 50)
-                ax.plot(g, np.exp(f.intercept) * g ** f.k, "--", lw=1, label=f"fit excess: k={f.k:.2f}")
-    if np.isfinite(m).any():
-        ax.axhline(float(np.nanmin(m)), color="gray", lw=0.8, ls="-.", label="mixing floor -log|lambda_2|")
-    g = np.geomspace(xmin, 1.0, 50)
-    ax.plot(g, g ** 4, ":", color="gray", label="gamma^4 (c = 1)")
-    ax.set(xscale="log", yscale="log", xlabel="gamma / gamma_eff", ylabel="decay rate r", title="rate vs observability")
-    ax.legend(fontsize=7)
-    fig.savefig(path, dpi=110)
+                ax.plot(g, np.exp(f.intercept) * g ** f.k, "-" if f.y_name == "rate" else "--", color="k", lw=1.2,
+                        label=f"pooled fit {f.y_name}: k={f.k:.2f} [{f.k_ci[0]:.2f}, {f.k_ci[1]:.2f}]")
+        if np.isfinite(m).any():
+            ax.axhline(float(np.nanmin(m)), color="gray", lw=0.8, ls="-.", label="mixing floor -log|lambda_2|")
+        g = np.geomspace(min(xmin, 1.0), 1.0, 50)
+        ax.plot(g, g ** 4, ":", color="gray", label=f"{x_name}^4 (c = 1)")
+        h, _ = ax.get_legend_handles_labels()
+        ax.set(xscale="log", yscale="log", xlabel=x_name, ylabel="decay rate r", title=f"rate vs {x_name}")
+        ax.legend(handles=h + ([hollow] if x_name == "gamma" else []), fontsize=7, loc="upper center",
+                  bbox_to_anchor=(0.5, -0.16), frameon=False)
+    fig.suptitle("Theorem 1: eps(L) and its decay rate" + (f", {title}" if title else ""))
+    return fig
+
+
+def plot_theory(result: TheoryResult, path, title: str | None = None) -> list[Path]:
+    """Write `theory_figure` as <path>.png and <path>.pdf; returns [png, pdf]."""
+    from .figures import save
+
+    return save(theory_figure(result, title), path)

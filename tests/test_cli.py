@@ -50,7 +50,9 @@ def test_theory_end_to_end(store):
     # S <= V with an injective revealing map: gamma(O) is exactly the knob
     assert all(s["gamma_O"]["exact"] and abs(s["gamma_O"]["value"] - s["params"]["gamma"]) < 1e-7
                for s in res["settings"])
-    assert (store / "out/theory/theory.png").stat().st_size > 1000
+    (folder,) = (store / "out").glob("theory-*")  # each `hmmscope theory` gets its own out/theory-<UTC time>/
+    assert (folder / "theory.png").stat().st_size > 1000 and (folder / "theory.pdf").exists()
+    assert f"figures: {Path('out') / folder.name / 'theory.png'}" in r.output
     runs = {r.info.run_name: r for r in _runs(tracking.default_tracking_uri())}
     parent = runs["theory"]
     children = [r for r in runs.values() if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
@@ -118,9 +120,12 @@ def test_train_then_evaluate(store):
     assert run.info.status == "FINISHED"
     assert {"eval/test_acc", "eval/oracle_mix_test_acc", "eval/excess_ce", "eval/kl_mix"} <= set(run.data.metrics)
     assert run.data.params["model.d_model"] == "32"
+    figs = sorted((store / "out").glob("*/evaluation/figure1.p*"))  # out/<run name>-<id8>/evaluation/
+    assert [p.suffix for p in figs] == [".pdf", ".png"] and figs[0].parent.parent.name.endswith(run.info.run_id[:8])
+    assert "figures: out/" in r.output and "figure1.png" in r.output
     r2 = runner.invoke(app, ["evaluate", run.info.run_id])
     assert r2.exit_code == 0, r2.output
-    assert "eval/test_acc" in r2.output
+    assert "eval/test_acc" in r2.output and "figure1.pdf" in r2.output
 
 
 @pytest.mark.parametrize("sets, needle", [
@@ -157,6 +162,8 @@ def test_analyze_end_to_end_and_bad_input(store):
     assert {"shuffle/layer0/norm_change", "probe/kback1/layer0/acc", "probe/task/layer1/acc"} <= set(an.data.metrics)
     assert any(k.startswith("verdict/") for k in an.data.tags)
     assert "upper layers change less" in r.output
+    assert "figure2_shuffle.png" in r.output and "figure3_probes.pdf" in r.output
+    assert len(list((store / "out").glob(f"*-{rid[:8]}/analysis/figure*.p*"))) == 4
     ckpt = next(store.rglob("last.pt"))
     r = runner.invoke(app, ["analyze", str(ckpt), "--ks", "1", "--n-perms", "1", "--n-episodes", "16"])
     assert r.exit_code == 0, r.output  # a checkpoint file works too (standalone analysis run)
@@ -191,9 +198,10 @@ def test_smoke_sweep_two_workers_then_report(store):
         assert {k for k in t.data.metrics if k.split("/")[0] in ("eval", "oracle")} == TRAIN_OBJECTIVES
     r = runner.invoke(app, ["report", "smoke"])
     assert r.exit_code == 0, r.output
-    md = (store / "out" / "report-smoke" / "report.md").read_text()
+    md = (store / "out" / "smoke" / "report.md").read_text()
     assert "| trials complete / failed / pruned / running | 4 / 0 / 0 / 0 |" in md
-    assert "Positional encoding" in md and (store / "out" / "report-smoke" / "report.html").exists()
+    assert "Positional encoding" in md and (store / "out" / "smoke" / "report.html").exists()
+    assert (store / "out" / "smoke" / "trials.csv").exists() and "trials: out/smoke/trials.csv" in r.output
 
 
 def test_bad_sweep_spec_exits_2_without_study_or_run(store):
@@ -222,7 +230,9 @@ def test_main_job_end_to_end_small(store):
     kids = {x.info.run_name for x in runs if x.data.tags.get("mlflow.parentRunId") == main.info.run_id}
     assert {"train", "theory"} <= kids and main.info.status == "FINISHED"
     assert main.data.tags["hmmscope.analysis_run"] and main.data.tags["hmmscope.sweep_run"]
-    assert (store / "out" / "report-smoke" / "report.html").exists() and (store / "out" / "theory" / "theory.png").exists()
+    folder = store / "out" / f"main-{main.info.run_id[:8]}"  # everything the main job wrote, in its own folder
+    assert (folder / "smoke" / "report.html").exists() and (folder / "theory" / "theory.png").exists()
+    assert len(list(folder.glob("train-*/evaluation/figure1.p*"))) == 2 and f"out/{folder.name}" in r.output
 
 
 @pytest.mark.parametrize("args, needle", [

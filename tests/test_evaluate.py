@@ -11,6 +11,7 @@ import torch.nn as nn
 from hmmscope.config import DataConfig, HMMConfig
 from hmmscope.episodes import Episodes, layout, sample_episodes
 from hmmscope.evaluate import (
+    build_figure1,
     figure1,
     memory_comparison,
     model_predictive,
@@ -170,8 +171,23 @@ def test_figure1_oracle_as_model(mix, ep, tmp_path):
     paths = res.to_csv(tmp_path)
     with open(paths[0]) as f:
         assert len(list(csv.DictReader(f))) == len(res.by_k)
-    png = plot_figure1(res, tmp_path / "fig" / "figure1.png")
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png, pdf = plot_figure1(res, tmp_path / "fig" / "figure1.png", title="run abc (12345678)")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and pdf.read_bytes()[:5] == b"%PDF-"
+    assert not list((tmp_path / "fig").glob(".*tmp"))
+    _check_figure1_artists(res)
+
+
+def _check_figure1_artists(res):
+    """Chance at 1/V in both accuracy panels' legends, the oracles' ceiling inside the y-range, the run in the title."""
+    fig = build_figure1(res, title="run abc (12345678)")
+    assert "run abc (12345678)" in fig._suptitle.get_text()
+    top = max(r["acc_hi"] for r in res.by_k + res.by_position if r["predictor"] != "model")
+    for ax in fig.axes[:2]:
+        chance = [ln for ln in ax.get_lines() if ln.get_label().startswith("chance")]
+        assert len(chance) == 1 and np.allclose(chance[0].get_ydata(), 1 / V)
+        assert any(t.get_text().startswith("chance") for t in ax.get_legend().get_texts())
+        lo, hi = ax.get_ylim()
+        assert lo <= 1 / V and hi >= top  # the mixture / task oracle ceiling is in view
 
 
 def test_memory_comparison(mix):

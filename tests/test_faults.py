@@ -165,7 +165,7 @@ def _report(proj: Path, name: str, monkeypatch) -> str:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     r = runner.invoke(app, ["report", name])
     assert r.exit_code == 0, r.output
-    return (proj / "out" / f"report-{name}" / "report.md").read_text()
+    return (proj / "out" / name / "report.md").read_text()
 
 
 # ---------------------------------------------------------------- interrupted sweeps, killed workers

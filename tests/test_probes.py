@@ -135,8 +135,36 @@ def test_planted_kback_signal(data, tmp_path):
     assert "kback1_rises_then_falls" in blob
     paths = r.to_csv(tmp_path / "csv")
     assert {p.name for p in paths} >= {"probes.csv", "probe_claims.csv"} and all(p.stat().st_size > 0 for p in paths)
-    png = r.plot(tmp_path / "probes.png")
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png, pdf = r.plot(tmp_path / "probes.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and pdf.read_bytes()[:5] == b"%PDF-"
+
+
+def test_figure3_legends_with_five_ks():
+    """Chance and the shuffled control in the legends of 3a and 3b; 3b with k = 1..5 keeps one legend entry and one
+    colour per k (a sequential map, so k's order shows), its CIs as dodged error bars, and a style key."""
+    rows, summary = [], []
+    targets = ["task", "state", *(f"kback{k}" for k in range(1, 6))]
+    for t in targets:
+        for l in range(4):
+            acc = 0.3 + 0.1 * l
+            rows.append({"target": t, "layer": l, "acc": acc, "acc_lo": acc - 0.05, "acc_hi": acc + 0.05,
+                         "control_acc": 0.2, "chance": 0.25})
+        summary.append({"target": t, **({"baseline_acc": 0.28} if t.startswith("kback") else {})})
+    belief = [{"layer": l, "r2": 0.1 * l, "r2_lo": 0.1 * l - 0.02, "r2_hi": 0.1 * l + 0.02, "control_r2": 0.0}
+              for l in range(4)]
+    fig = ProbeResult(rows, belief, summary, [], {"n_episodes": 40}).figure(title="run q")
+    a3, b3, belief_ax = fig.axes
+    texts = {ax: [t.get_text() for t in ax.get_legend().get_texts()] for ax in (a3, b3, belief_ax)}
+    for ax in (a3, b3):
+        assert "chance (majority class)" in texts[ax] and "shuffled-label control" in texts[ax]
+    assert "(task, o_t) baseline" in texts[b3] and "chance (R^2 = 0)" in texts[belief_ax]
+    assert [x for x in texts[b3] if x.startswith("k = ")] == [f"k = {k}" for k in range(1, 6)]
+    bars = [c for c in b3.containers if c.get_label().startswith("k = ")]
+    colours = [tuple(c.lines[0].get_color()) for c in bars]
+    assert len(bars) == 5 and len(set(colours)) == 5
+    xs = [c.lines[0].get_xdata()[0] for c in bars]
+    assert xs == sorted(xs) and len(set(xs)) == 5  # dodged: no two k's error bars on one x
+    assert "run q" in fig._suptitle.get_text() and "0 = embedding" in a3.get_xlabel()
 
 
 def test_split_episodes_is_disjoint_and_seeded():

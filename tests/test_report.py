@@ -3,6 +3,7 @@ and beside it the Optuna studies that record which trial is complete and which M
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -256,7 +257,8 @@ def test_pooled_concave_rise_is_not_supported():
 def test_artifacts_logged_to_parent(store):
     uri, pid, _, _ = store
     names = {f.path for f in tracking.client(uri).list_artifacts(pid, "report")}
-    assert {"report/report.md", "report/report.html", "report/report.json", "report/theory_rate_vs_gamma.png"} <= names
+    assert {"report/report.md", "report/report.html", "report/report.json", "report/theory_rate_vs_gamma.png",
+            "report/theory_rate_vs_gamma.pdf", "report/trials.csv"} <= names  # the same files as on disk
 
 
 def test_one_run_per_complete_trial(store, tmp_path):
@@ -333,3 +335,117 @@ def test_practice_and_depth_vs_rank(store, tmp_path):
     md = (tmp_path / "b" / "report.md").read_text()
     # gamma, d, window, L = receptive field n_layers (w - 1) + 1, runs: 2 layers of width 4 see 7 tokens
     assert "| 0.5 | 4 | 4 | 7 | 1 |" in md and "| 0.5 | 4 | 8 | 15 | 1 |" in md and "receptive field" in md
+
+
+# ---------------------------------------------------------------- per-trial table, embedded figures, power
+
+
+def test_trials_table_and_csv(store):
+    """One row per COMPLETE trial (the run its study recorded): trial, run id, the params that vary, objective,
+    metrics; trials.csv beside report.md holds every metric, analysis claims included."""
+    import csv
+
+    uri, pid, rep, tmp = store
+    assert rep.files["trials"] == str(tmp / "out" / "trials.csv")
+    with open(tmp / "out" / "trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["trial"]) for r in rows] == list(range(13))  # the 13 COMPLETE trials, not the failed/retried ones
+    assert {r["run_id"] for r in rows} == {r.info.run_id for r in tracking.search_runs(uri, EXP)
+                                          if r.data.tags.get("mlflow.parentRunId") == pid
+                                          and r.info.run_name != "trial-17" and r.info.status == "FINISHED"
+                                          and r.data.metrics.get("eval/excess_ce") != 9.0}
+    cols = rows[0].keys()
+    assert {"model.pos_enc", "hmm.gamma", "train.seed"} <= cols and "data.seed" not in cols  # data.seed never varies
+    assert {"eval/excess_ce", "claim/upper layers change less _slope_/value"} <= cols
+    assert sum(r["kind"] == "theory" for r in rows) == 1
+    md, html = (tmp / "out" / "report.md").read_text(), (tmp / "out" / "report.html").read_text()
+    table = md[md.index("## Trials"):].split("\n")
+    assert sum(line.startswith("| ") for line in table) == 1 + 13  # header + one row per trial
+    assert any(line.startswith(f"| 0 | {rows[0]['run_id'][:8]} |") for line in table)
+    assert "<h2>Trials</h2>" in html
+
+
+def test_html_embeds_its_figures(store):
+    import base64
+    import re
+
+    tmp = store[3]
+    html = (tmp / "out" / "report.html").read_text()
+    srcs = re.findall(r'<img src="([^"]+)"', html)
+    assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs)
+    assert base64.b64decode(srcs[0].split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp / "out" / "theory_rate_vs_gamma.pdf").read_bytes()[:5] == b"%PDF-"  # PDF beside every PNG
+
+
+@pytest.fixture(scope="module")
+def thin(tmp_path_factory):
+    """A sweep like `smoke`: rope/absolute x gamma 0.5/0.7/0.9, one seed (one replicate per cell); n_layers is
+    confounded with pos_enc (not estimable beside it), train.lr differs in every trial; one analyzed run."""
+    import optuna
+
+    tmp = tmp_path_factory.mktemp("thin")
+    uri, storage = f"sqlite:///{tmp}/mlflow.db", f"sqlite:///{tmp}/optuna.db"
+    trials = []
+    with _sweep_parent(uri, "thin") as parent:
+        for i, (pe, gamma) in enumerate([(pe, g) for pe in ("rope", "absolute") for g in (0.5, 0.7, 0.9)]):
+            params = {"hmm.gamma": gamma, "model.pos_enc": pe, "model.n_layers": 2 if pe == "rope" else 3,
+                      "train.lr": 1e-3 * (i + 1), "train.seed": 0}
+            with tracking.start_run(uri, EXP, f"t-{i}", parent=parent, params=params, tags=_trial_tags("thin", i)) as tr:
+                ce = 0.2 + 0.1 * gamma + 0.01 * (pe == "absolute") + 0.004 * (i % 3 == 1)
+                tr.log_metrics({"eval/excess_ce": ce, "eval/test_acc": 0.6 - ce / 4})
+                if i == 0:
+                    with tracking.start_run(uri, EXP, "analysis", parent=tr, tags={"hmmscope.kind": "analysis"}) as an:
+                        an.log_metrics({"claim/task_beats_control/value": 0.02, "claim/task_beats_control/ci_lo": -0.1,
+                                        "claim/task_beats_control/ci_hi": 0.14})
+                        an.set_tags({"verdict/task_beats_control": "inconclusive: CI contains 0",
+                                     "rule/task_beats_control": "> 0"})
+            trials.append((tr.run_id, ce))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="thin", storage=storage)
+    study.set_user_attr("mlflow_parent_run_id", parent.run_id)
+    with warnings.catch_warnings():  # experimental in Optuna: the sweep sets it the same way
+        warnings.simplefilter("ignore")
+        study.set_metric_names(["eval/excess_ce"])
+    for rid, ce in trials:
+        study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=ce,
+                                                  user_attrs={"mlflow_run_id": rid}))
+    rep = build_report(uri, "thin", tmp / "out", log=False)
+    return rep, (tmp / "out" / "report.md").read_text(), trials
+
+
+def test_not_estimable_factors_stay_in_the_table(thin):
+    rep, md, _ = thin
+    sec = md[md.index("## Positional encoding"):md.index("## Layerwise")]
+    rows = [line for line in sec.split("\n") if line.startswith("| eval/excess_ce |")]
+    assert rows and all("model.n_layers (not estimable" in r and "train.lr (a different value in every trial" in r
+                        for r in rows)
+    assert all("| hmm.gamma |" in r for r in rows)  # the factor that did enter the model
+    factors = sec[sec.index("### Blocking factors"):]
+    assert "| model.n_layers | 2 | left out: not estimable |" in factors
+    assert "| train.lr | 6 | left out: a different value in every trial: not estimable |" in factors
+    assert "| hmm.gamma | 3 | in the model |" in factors
+
+
+def test_underpowered_is_said_plainly_and_verdicts_follow_the_ci(thin):
+    rep, md, trials = thin
+    c = _claim(rep, "RoPE improves eval/excess_ce")
+    assert "underpowered: 1 replicate per cell" in c.reason
+    assert c.rule == "< 0" and check_claims([c]) == []  # the verdict is decide(rule, CI printed beside it)
+    pooled = _claim(rep, "pooled: task_beats_control")
+    assert pooled.verdict == "inconclusive" and "underpowered: 1 replicate" in pooled.reason
+    assert "95% CI width 0.24 > |effect| 0.02" in pooled.reason
+    assert check_claims([x for x in rep.claims if x.rule]) == []
+    rows = [line for line in md.split("\n") if line.startswith("| eval/") or line.startswith("| task_beats_control | 1 |")]
+    assert len(rows) == 3 and all("underpowered" in r for r in rows)  # 2 metrics (OLS only: 1 seed), the pooled claim
+    # the per-trial table names the objective the study recorded and its values
+    assert "objective: eval/excess_ce" in md and f"| {trials[1][1]:.4g} |" in md
+
+
+def test_underpowered_note():
+    from hmmscope.report import underpowered
+
+    assert underpowered(0.5, 0.4, 0.6, "supported", replicates=3) == ""
+    assert underpowered(0.01, -0.2, 0.22, "inconclusive", replicates=3).startswith("underpowered: 95% CI width 0.42")
+    assert underpowered(0.5, 0.1, 0.9, "supported", replicates=3) == ""  # wide but it answered the question
+    assert "1 replicate per cell" in underpowered(0.5, 0.4, 0.6, "supported", replicates=1)
+    assert "no finite 95% CI" in underpowered(float("nan"), float("nan"), float("nan"), "inconclusive")

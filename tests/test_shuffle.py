@@ -193,6 +193,22 @@ def test_to_dict_csv_plot(tmp_path):
     paths = res.to_csv(tmp_path / "csv")
     assert {p.name for p in paths} == {"by_layer.csv", "by_head.csv", "claims.csv", "per_episode.csv"}
     assert (tmp_path / "csv" / "by_head.csv").read_text().count("\n") == 1 + 2
-    png = res.plot(tmp_path / "fig" / "shuffle.png")
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png, pdf = res.plot(tmp_path / "fig" / "shuffle.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and pdf.read_bytes()[:5] == b"%PDF-"
     assert not list((tmp_path / "fig").glob(".*tmp"))
+
+
+def test_figure2_artists():
+    """Colourbar label; layers numbered as in Figure 3 (block b's attention is layer b + 1, layer 0 = embedding);
+    the 95% CI drawn as error bars with caps besides the band, so a narrow CI stays visible."""
+    res = shuffle_test(model("rope", n_layers=3), episodes(n=6), n_perms=1)
+    fig = res.figure(title="run xyz")
+    a, b, cbar = fig.axes
+    assert cbar.get_ylabel() == "mean |delta logit| / mean |logit|"
+    assert "0 = embedding" in a.get_xlabel() and [t for t in a.get_xticks()] == [1, 2, 3]
+    (eb,) = [c for c in a.containers if c.get_label() == "mean over episodes"]
+    line, caps, _ = eb.lines
+    assert list(line.get_xdata()) == [1, 2, 3] and np.allclose(line.get_ydata(), [r["mean"] for r in res.by_layer])
+    assert len(caps) == 2 and all(len(c.get_xdata()) == 3 for c in caps)  # error-bar caps at every layer
+    assert "95% CI over episodes" in [t.get_text() for t in a.get_legend().get_texts()]
+    assert "run xyz" in fig._suptitle.get_text() and list(b.get_xticks()) == [1, 2, 3]

@@ -235,8 +235,8 @@ def test_run_theory_end_to_end(tmp_path):
     rows = res.table()
     assert len(rows) == 2 and all(isinstance(v, str) for v in rows[0].values())
     assert any("gamma" in line for line in res.summary_lines())
-    plot_theory(res, tmp_path / "theory.png")
-    assert (tmp_path / "theory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png, pdf = plot_theory(res, tmp_path / "theory.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and pdf.read_bytes()[:5] == b"%PDF-"
 
 
 def test_run_theory_rejects_rank_above_states():
@@ -246,3 +246,59 @@ def test_run_theory_rejects_rank_above_states():
 
     with pytest.raises(ValueError, match="ranks"):
         run_theory(TheoryConfig(ranks=(8,), n_states=(4,)))
+
+
+def _synthetic_result():
+    """Two (S, d, rho) groups x 3 gammas, eps(L) = 0.5 exp(-r L) with r = 0.5 gamma^2 and a floor at L = 24, so
+    the last point of every setting is left out of its rate fit; gamma_eff = 0.8 gamma."""
+    from hmmscope.theory import Setting, TheoryResult
+
+    Ls = [1, 2, 4, 8, 24]
+    settings, fits = [], []
+    for S, d in ((6, 2), (8, 3)):
+        group = []
+        for g in (0.4, 0.6, 0.9):
+            r = 0.5 * g ** 2 * (1 + 0.1 * (d == 3))
+            eps = [0.5 * math.exp(-r * x) if x < 24 else 1e-12 for x in Ls]
+            fit = fit_decay_rate(Ls, eps, [1e-4 * e for e in eps], floor=1e-10)
+            obs = {"value": 0.8 * g, "exact": True, "lower": 0.8 * g, "upper": 0.8 * g, "method": "x"}
+            group.append(Setting({"family": "sticky", "n_states": S, "rank": d, "rho": 0.02, "gamma": g, "m": 0},
+                                 {**obs, "value": g}, obs, None, 0.99, Ls, eps, [1e-4 * e for e in eps], fit,
+                                 mixing_rate=0.01))
+        fits += exponent_fits([s.point() for s in group], f"S={S} d={d} rho=0.02")
+        settings += group
+    fits += exponent_fits([s.point() for s in settings], "pooled")
+    return TheoryResult({}, settings, fits, [], [])
+
+
+def test_theory_figure_artists(tmp_path):
+    """Fit lines in their points' colour, gamma and gamma_eff on separate panels, points left out of a fit hollow."""
+    from hmmscope.theory import plot_theory, theory_figure
+
+    res = _synthetic_result()
+    assert all(s.rate_fit.ok and 24 not in s.rate_fit.used_lengths for s in res.settings)
+    fig = theory_figure(res, title="run t")
+    eps_axes = [ax for ax in fig.axes if ax.get_xlabel() == "L (memory)"]
+    by_x = {ax.get_xlabel(): ax for ax in fig.axes if ax.get_ylabel() == "decay rate r"}
+    assert len(eps_axes) == 2 and set(by_x) == {"gamma", "gamma_eff"}  # one x quantity per panel
+    for ax in eps_axes:  # the L = 24 point of each gamma: hollow; fitted points filled; dashed fit in their colour
+        hollow = [ln for ln in ax.get_lines() if ln.get_markerfacecolor() == "none" and ln.get_marker() == "o"
+                  and len(ln.get_xdata())]
+        assert sorted(float(ln.get_xdata()[0]) for ln in hollow) == [24.0] * 3
+        fits = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
+        filled = [c.lines[0] for c in ax.containers if not c.get_label().startswith("_")]
+        assert len(fits) == 3 and [f.get_color() for f in fits] == [p.get_color() for p in filled]
+        assert "hollow: left out of the fit" in [t.get_text() for t in ax.get_legend().get_texts()]
+    for ax in by_x.values():
+        lines = ax.get_lines()
+        colours = set()
+        for S, d in ((6, 2), (8, 3)):
+            (pts,) = [ln for ln in lines if ln.get_label() == f"rate, S={S} d={d} rho=0.02"]
+            fit = [ln for ln in lines if ln.get_label().startswith("fit rate:") and ln.get_color() == pts.get_color()]
+            assert len(fit) == 1 and fit[0].get_linestyle() == "-"
+            colours.add(pts.get_color())
+        assert len(colours) == 2
+        assert any(ln.get_label().startswith("pooled fit rate") and ln.get_color() == "k" for ln in lines)
+    assert "run t" in fig._suptitle.get_text()
+    png, pdf = plot_theory(res, tmp_path / "t.png")
+    assert png.exists() and pdf.exists()

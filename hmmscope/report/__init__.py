@@ -1,0 +1,227 @@
+"""`hmmscope report`: read a sweep's runs back from MLflow and write the statistical summary (SCIENCE.md 7).
+
+    report = build_report(uri, "my-study", Path("out/my-study"))          # storage found as below
+    report = build_report(uri, "my-study", Path("out/my-study"), storage="postgresql://...")
+    print("\\n".join(report.summary_lines()))
+
+Which trials count. The Optuna study is the record of a sweep: the report counts trials by their
+study states (complete / failed / pruned / running / waiting, and "retried": failed trials whose slot
+was run again after their worker died or was interrupted), and exactly one MLflow run per COMPLETE
+trial enters any statistic: the run the trial recorded (user attr mlflow_run_id; with its analysis run,
+user attr mlflow_analysis_run_id). Other children of the parent run (the finished run of a worker killed
+before it told the study, runs of interrupted or failed trials) are never read.
+
+Finding the study. `sweep` is a study name or the sweep's MLflow parent run id. The storage is, in
+order: `storage` if given; else the first of these that holds the study: `optuna.db` beside a sqlite
+tracking database (the project's default layout, `mlruns/optuna.db`, which moves with the project), the
+storage URL the parent run recorded (tag hmmscope.storage; unusable when its password was masked),
+and `./mlruns/optuna.db`. Nothing is created while looking. The study's user attr
+mlflow_parent_run_id names its parent run (one per study, see sweep.py). No study -> ValueError
+naming where it looked.
+
+A sweep is one parent run with one child per trial. A training trial is the training run itself
+(params = flattened config, metrics eval/*, memory/*), possibly with a grandchild "analysis"
+(claim/<name>/value|ci_lo|ci_hi, tags verdict/<name>); a theory trial is a theory parent run whose
+children are the settings (theory/rate, rate_lo, rate_hi, log_intercept, gamma_eff).
+
+The report is built once as a list of blocks (heading, paragraph, table, image) per section, then
+rendered to Markdown (GitHub pipe tables) and HTML (escaped text, <table>, figures embedded as base64
+PNG); both files, the figures (PNG + PDF), report.json and trials.csv (one row per COMPLETE trial: run
+id, the params that vary, the objective, every metric) sit in `out_dir` and are logged to the parent
+run under `report/`. The report also shows the per-trial table (key metrics).
+
+Modules (one idea each): read.py (finding the study and parent run, reading one run per COMPLETE trial,
+the tables of runs), theory.py (Theorem 1 and practice-vs-theory sections), posenc.py (RoPE vs
+absolute), layerwise.py (pooled layerwise claims, depth vs rank), trials.py (the per-trial table and
+trials.csv), render.py (Markdown, HTML), common.py (blocks, formatting, claim sides, power notes); this
+module builds the report from them.
+
+Statistical choices (each claim is a `stats.Claim` with a 95% CI and a verdict):
+
+- Theory: the per-setting rates and CIs are the ones logged; the exponent of rate on gamma and on
+  gamma_eff (`theory.fit_exponent`, unweighted OLS of log r on log x, as in `run_theory`) per
+  (S, d, rho) group and pooled; the rank slope of the intercept (`theory.fit_rank_intercept`) per
+  (S, rho, gamma) group with >= 3 ranks. Verdicts are theory's: k <= 4 supported if the CI upper < 4.
+- Positional encoding: effect = RoPE - absolute, trials restricted to those two levels, seeds
+  (train.seed, else data.seed) as replicates. OLS `metric ~ rope + C(other swept factors)` with HC3
+  errors (plain errors, stated, when HC3 is not finite: a leverage-1 point); when every cell
+  (pos_enc x other factors) has >= 2 seeds, also a mixed model with a random intercept per seed
+  (smf.mixedlm, REML); the mixed model is the headline when it converges, else OLS, with the reason.
+  Every candidate blocking factor is listed with its fate (in the model / left out: not estimable,
+  or a different value in every trial); none drops out silently.
+  Effect size: effect / residual sd (mixed model: sd of residual + seed intercept). Verdict for
+  "RoPE improves <metric>": the CI of the effect in the better direction (acc: up; CE, KL: down;
+  analysis claims: the direction that supports the claim) entirely above 0 -> supported ("RoPE
+  better"), entirely below -> not supported ("RoPE worse"), else inconclusive ("no detectable
+  difference").
+- Layerwise claims pooled across analyzed runs: the headline estimate is the mean of the per-run
+  values with a t-based 95% CI across runs (runs = seeds/settings are the replicates; this keeps the
+  between-run variance, which an inverse-variance fixed-effect mean would ignore); the
+  inverse-variance weighted mean (SE = (ci_hi - ci_lo) / 3.92) is shown beside it. One run: its own
+  CI. Pooled verdict: the CI entirely on the claimed side of 0 -> supported, entirely on the other
+  side -> not supported, else inconclusive (the claimed side comes from the claim's name; per-run
+  verdicts with extra conditions, e.g. "rises then falls" also needing a rise and a fall, are counted
+  but the pooled verdict reads the value only).
+- Depth vs rank: cell means of eval/excess_ce by (n_layers, rank) and OLS
+  `excess_ce ~ n_layers * log(rank)` (HC3 when finite), each coefficient with a 95% CI.
+- Power: a row whose design cannot answer says "underpowered" with the reason (fewer than 2
+  replicates per cell; no finite CI; an inconclusive CI wider than the effect it tests, with the
+  smallest effect the design could resolve): common.underpowered. It never changes a verdict, which is always
+  stats.decide's rule applied to the CI printed beside it (claims without a rule are only the two-sided
+  "RoPE improves <claim of unknown side>" rows).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import tracking
+from ..stats import Claim, jsonable
+from .common import METRIC_DIRECTION, Section, _ci, _f, claim_side, underpowered
+from .layerwise import _depth_rank_section, _layerwise_section
+from .posenc import _posenc_section
+from .read import _find_parent, _is_theory, _read_trials, _theory_settings, _training_frame, _Trials
+from .render import render_html, render_md
+from .theory import _practice_section, _theory_section
+from .trials import trial_rows, trials_section, write_csv
+
+__all__ = ["build_report", "Report", "Section", "report_to_dict", "render_md", "render_html", "claim_side",
+           "underpowered", "METRIC_DIRECTION"]
+
+
+@dataclass
+class Report:
+    sweep: str
+    parent_id: str
+    header: dict
+    sections: list[Section]
+    claims: list[Claim]
+    files: dict[str, str] = field(default_factory=dict)  # md, html, json, trials (csv), figures (local paths)
+    notes: list[str] = field(default_factory=list)
+
+    def summary_lines(self) -> list[str]:
+        h = self.header
+        out = [f"sweep {self.sweep} (parent run {self.parent_id}): {h['n_complete']} complete, "
+               f"{h['n_failed']} failed, {h['n_pruned']} pruned"]
+        out += [f"[{c.verdict}] {c.name}: {c.value:.4g} [95% CI {c.ci_lo:.4g}, {c.ci_hi:.4g}] ({c.reason})"
+                for c in self.claims]
+        out += [f"note: {n}" for n in self.notes]
+        out += [f"{k}: {v}" for k, v in self.files.items() if k in ("md", "html", "trials")]
+        figs = [v for k, v in self.files.items() if k not in ("md", "html", "json", "trials")]
+        if figs:
+            out.append(f"figures: {', '.join(figs)}")
+        return out
+
+
+def report_to_dict(report: Report) -> dict:
+    """The report as plain JSON-able data (blocks included)."""
+    return jsonable(report)
+
+
+def _header(sweep: str, t: _Trials, n_train: int, n_theory: int) -> tuple[dict, Section]:
+    p = t.parent
+    hashes = {k: v for k, v in {**p.data.params, **p.data.tags}.items() if "hash" in k.lower()}
+    versions = sorted({r.data.tags.get("hmmscope.code_version", "unknown") for r in t.complete})
+    study = p.data.tags.get("hmmscope.study") or p.info.run_name or sweep
+    started = _dt.datetime.fromtimestamp(p.info.start_time / 1000, _dt.UTC) if p.info.start_time else None
+    h = {"study": study, "sweep_run_name": p.info.run_name, "parent_run_id": p.info.run_id,
+         "config_hash": next(iter(hashes.values()), None), "hashes": hashes,
+         "n_complete": t.counts["complete"], "n_failed": t.counts["failed"], "n_pruned": t.counts["pruned"],
+         "n_running": t.counts["running"], "n_waiting": t.counts["waiting"], "n_retried": t.counts["retried"],
+         "n_training_trials": n_train, "n_theory_trials": n_theory,
+         "code_version": p.data.tags.get("hmmscope.code_version", "unknown"), "trial_code_versions": versions,
+         "sweep_started": started.isoformat(timespec="seconds") if started else None,
+         "report_date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
+    rows = [["study", study], ["parent run id", p.info.run_id], ["config hash", h["config_hash"] or "-"],
+            ["trials complete / failed / pruned / running",
+             f"{h['n_complete']} / {h['n_failed']} / {h['n_pruned']} / {h['n_running']}"],
+            ["trials waiting / retried (re-run after an interruption or a dead worker)",
+             f"{h['n_waiting']} / {h['n_retried']}"],
+            ["training / theory trials (complete)", f"{n_train} / {n_theory}"],
+            ["code version (parent)", h["code_version"]],
+            ["code versions (trials)", ", ".join(versions) or "-"],
+            ["sweep started", h["sweep_started"] or "-"], ["report date", h["report_date"]]]
+    sec = Section("Sweep", [("table", ["field", "value"], rows)])
+    if len(versions) > 1:
+        sec.blocks.append(("p", f"Warning: the trials ran on {len(versions)} different code versions."))
+    if not t.complete:
+        sec.blocks.append(("p", "This sweep has no complete trials: there is nothing to summarize."))
+    return h, sec
+
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, storage: str | None = None) -> Report:
+    """Read sweep `sweep` (study name or parent run id) and write the report under `out_dir`.
+
+    The study is looked up in `storage`, else as the module docstring says. Writes report.md, report.html
+    (figures embedded), report.json, trials.csv and the figures (PNG + PDF); logs them to the parent run
+    under report/ when `log` (a store that cannot be written gets a note instead). Unknown sweep ->
+    ValueError before anything is written; no complete trials -> a report that says so.
+    """
+    uri = tracking.resolve_uri(uri)
+    out_dir = Path(out_dir)
+    parent, study, _ = _find_parent(uri, sweep, storage)
+    out_dir.mkdir(parents=True, exist_ok=True)  # after the sweep is found: an unknown sweep writes nothing
+    t = _read_trials(uri, parent, study)
+    theory_runs = [r for r in t.complete if _is_theory(r)]
+    train_runs = [r for r in t.complete if not _is_theory(r)]
+    header, head_sec = _header(sweep, t, len(train_runs), len(theory_runs))
+    sections, claims, figs, notes = [head_sec], [], {}, list(t.notes)
+    settings = _theory_settings(theory_runs, t.children)
+    if theory_runs and not settings:
+        notes.append("theory trials found but no settings with logged rates")
+    df = _training_frame(train_runs, t.children, t.analysis)
+    steps = [("theory", lambda: _theory_section(settings, out_dir, figs) if settings else (None, [])),
+             ("practice vs theory", lambda: (_practice_section(df, out_dir, figs), [])),
+             ("positional encoding", lambda: _posenc_section(df)),
+             ("layerwise claims", lambda: _layerwise_section(df)),
+             ("depth vs rank", lambda: _depth_rank_section(df))]
+    for title, fn in steps:
+        try:
+            s, c = fn()
+        except Exception as e:  # one broken section must not sink the report
+            s, c = Section(f"{title} (failed)", [("p", f"This section failed: {type(e).__name__}: {e}")]), []
+            notes.append(f"{title}: {type(e).__name__}: {e}")
+        if s is not None:
+            sections.append(s)
+            claims += c
+    if t.complete and len(sections) == 1:
+        sections.append(Section("Results", [("p", "Complete trials carry none of the metrics this report reads.")]))
+    if claims:
+        sections.append(Section("Verdicts", [
+            ("p", "Each verdict is its rule applied to the 95% CI beside it (stats.decide); 'underpowered' in the "
+                  "reason says the design cannot answer, and why."),
+            ("table", ["claim", "statistic", "value", "95% CI", "rule", "verdict", "reason"],
+             [[c.name, c.statistic, _f(c.value), _ci(c.ci_lo, c.ci_hi), c.rule or "-", c.verdict, c.reason]
+              for c in claims])]))
+    rows, varying, metrics = trial_rows(t, _is_theory)
+    tsec = trials_section(t.objective, rows, varying, metrics)
+    if tsec is not None:
+        sections.append(tsec)
+    title = f"hmmscope report: {header['study']}"
+    rep = Report(header["study"], parent.info.run_id, header, sections, claims, {}, notes)
+    files = {"md": out_dir / "report.md", "html": out_dir / "report.html", "json": out_dir / "report.json",
+             "trials": out_dir / "trials.csv"}
+    write_csv(files["trials"], t.objective, rows, varying, metrics)
+    _write(files["md"], render_md(title, sections))
+    _write(files["html"], render_html(title, sections, out_dir))
+    rep.files = {**{k: str(v) for k, v in files.items()}, **figs}
+    _write(files["json"], json.dumps(report_to_dict(rep), indent=2, default=str))
+    if log:
+        try:
+            run = tracking.existing_run(uri, parent.info.run_id)
+            for p in [*files.values(), *map(Path, figs.values())]:
+                run.log_artifact(p, "report")
+        except Exception as e:  # e.g. a read-only store: the files are written, say why they are not logged
+            rep.notes.append(f"the report was not logged to run {parent.info.run_id}: "
+                             f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    return rep

@@ -1,0 +1,71 @@
+"""The per-trial table: one row per COMPLETE trial (the one MLflow run the study recorded for it).
+
+Columns: trial number, run id, run name, kind (train / theory), the objective as the study recorded it,
+the params that vary across the trials that log them (seeds included: they tell replicates apart; a
+param that only one kind of trial logs, at one value, is not "varying"), then metrics.
+The report shows the key metrics (KEY_METRICS, those present); trials.csv, written beside report.md,
+holds every metric of each run (a training run's analysis claims as claim/<name>/value, ci_lo, ci_hi).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+from .common import NAN, Section, _f
+from .read import _Trials, analysis_run
+
+KEY_METRICS = ("eval/test_acc", "eval/excess_ce", "eval/kl_mix", "memory/model_tv", "memory/eps",
+               "theory/exponent/gamma/pooled")
+
+
+def trial_rows(t: _Trials, is_theory) -> tuple[list[dict], list[str], list[str]]:
+    """(rows, varying param names, metric names) over the COMPLETE trials' runs, by trial number."""
+    rows = []
+    for r in sorted(t.complete, key=lambda r: t.trial_of.get(r.info.run_id, -1)):
+        rid = r.info.run_id
+        row = {"trial": t.trial_of.get(rid, ""), "run_id": rid, "run_name": r.info.run_name or "",
+               "kind": "theory" if is_theory(r) else "train", "objective": t.value_of.get(rid, NAN),
+               "params": dict(r.data.params), "metrics": dict(r.data.metrics)}
+        a = analysis_run(r, t.children, t.analysis) if row["kind"] == "train" else None
+        if a is not None:
+            row["metrics"].update({k: v for k, v in a.data.metrics.items() if k.startswith("claim/")})
+        if row["kind"] == "theory":  # the theory trial's pooled exponent sits on its parent run
+            row["metrics"].update({k: v for k, v in r.data.metrics.items() if k.startswith("theory/exponent")})
+        rows.append(row)
+    keys = sorted({k for row in rows for k in row["params"]})
+    varying = [k for k in keys if len({str(row["params"][k]) for row in rows if k in row["params"]}) > 1]
+    metrics = sorted({k for row in rows for k in row["metrics"]})
+    return rows, varying, metrics
+
+
+def write_csv(path: Path, objective: str, rows: list[dict], varying: list[str], metrics: list[str]) -> Path:
+    """trials.csv: trial, run_id, run_name, kind, <objective>, the varying params, every metric (atomic write)."""
+    obj_col = f"objective ({objective})"
+    fields = ["trial", "run_id", "run_name", "kind", obj_col, *varying, *metrics]
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for row in rows:
+            w.writerow({"trial": row["trial"], "run_id": row["run_id"], "run_name": row["run_name"],
+                        "kind": row["kind"], obj_col: row["objective"],
+                        **{k: row["params"].get(k, "") for k in varying},
+                        **{k: row["metrics"].get(k, "") for k in metrics}})
+    os.replace(tmp, path)
+    return path
+
+
+def trials_section(objective: str, rows: list[dict], varying: list[str], metrics: list[str]) -> Section | None:
+    """The table in the report: trial, run id, varying params, objective, key metrics."""
+    if not rows:
+        return None
+    key = [m for m in KEY_METRICS if m in metrics and m != objective]
+    head = ["trial", "run id", *varying, f"objective: {objective}", *key]
+    table = [[str(row["trial"]), row["run_id"][:8], *(str(row["params"].get(k, "-")) for k in varying),
+              _f(row["objective"]), *(_f(row["metrics"].get(m)) for m in key)] for row in rows]
+    return Section("Trials", [("p", f"One row per COMPLETE trial ({len(rows)}): the params that vary across them, "
+                                    f"the objective as the study recorded it, key metrics. Every metric of every "
+                                    f"trial, with full run ids: trials.csv."),
+                              ("table", head, table)])

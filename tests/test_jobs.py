@@ -1,0 +1,68 @@
+"""hmmscope.jobs' output folders: every command's figures as PNG + PDF under out/<run>/, the same files logged to
+MLflow, and no two commands writing the same path (a real tiny training run in a sqlite store)."""
+
+import pytest
+import torch
+
+from hmmscope import tracking
+from hmmscope.config import Config, TheoryConfig, override
+from hmmscope.jobs import analyze_run, evaluate_run, new_folder, run_folder, theory_job
+from hmmscope.train import train
+
+torch.set_num_threads(1)
+
+SMALL = {
+    "hmm.n_tasks": 4, "hmm.n_states": 8, "hmm.n_tokens": 4, "hmm.rank": 2,
+    "data.n_demos": 2, "data.l_demo": 6, "data.l_test": 6, "data.n_train": 64, "data.n_eval": 16,
+    "model.n_layers": 2, "model.n_heads": 2, "model.d_model": 16, "model.d_mlp": 32, "model.max_len": 64,
+    "train.steps": 4, "train.batch_size": 8, "train.warmup": 1, "train.eval_every": 4, "train.ckpt_every": 4,
+    "train.device": "cpu",
+}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("jobs")
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    res = train(override(Config(), SMALL), tracking_uri=uri, experiment="j", run_name="my run/1", progress=False)
+    return uri, res.run_id, tmp
+
+
+def _artifacts(uri, run_id, path):
+    return {f.path.split("/")[-1] for f in tracking.client(uri).list_artifacts(run_id, path)}
+
+
+def test_evaluate_and_analyze_write_png_and_pdf_under_the_run_folder(run):
+    uri, rid, tmp = run
+    out = tmp / "out"
+    ev = evaluate_run(uri, rid, out=out)
+    folder = out / f"my_run_1-{rid[:8]}"  # the run's name made file-safe, then its id
+    assert folder == run_folder(out, "my run/1", rid)
+    assert {p.name for p in ev.files} >= {"figure1.png", "figure1.pdf", "figure1.json", "figure1_by_k.csv"}
+    assert all(p.parent == folder / "evaluation" and p.stat().st_size > 0 for p in ev.files)
+    assert (folder / "evaluation" / "figure1.pdf").read_bytes()[:5] == b"%PDF-"
+    assert "eval/test_acc" in ev  # still the metrics dict
+    an = analyze_run(uri, rid, n_episodes=16, ks=(1, 2), n_perms=1, out=out, probe_tasks=4, min_per_task=4)
+    names = {p.name for p in an.files}
+    assert names >= {"figure2_shuffle.png", "figure2_shuffle.pdf", "figure3_probes.png", "figure3_probes.pdf"}
+    assert all(p.parent == folder / "analysis" for p in an.files)
+    assert not {str(p) for p in ev.files} & {str(p) for p in an.files}  # two commands, no shared path
+    assert all(p.exists() for p in ev.files)  # analyze left evaluate's files alone
+    # the same files, logged to MLflow
+    assert {"figure1.png", "figure1.pdf"} <= _artifacts(uri, rid, "evaluation")
+    assert {"figure2_shuffle.pdf", "figure3_probes.pdf"} <= _artifacts(uri, an.run_id, "analysis")
+    # without `out` nothing is kept on disk (sweep trials), only logged
+    assert evaluate_run(uri, rid).files == []
+
+
+def test_theory_jobs_never_share_a_folder(tmp_path):
+    th = TheoryConfig(gammas=(0.5, 0.9), ranks=(2,), n_states=(4,), n_tokens=4, lengths=(1, 2, 3), n_histories=20,
+                      burn_in=5, gamma_m=0)
+    a = new_folder(tmp_path / "out", "theory")
+    theory_job(th, a, uri=None, experiment="x")
+    assert {p.name for p in a.iterdir()} == {"theory.png", "theory.pdf", "theory.json"}
+    b = new_folder(tmp_path / "out", "theory")  # a second `hmmscope theory`: its own folder (a suffix in the same second)
+    assert b != a and b.parent == a.parent == tmp_path / "out" and not b.exists()
+    # the main job's theory figure lives in its own run's folder, never in a `hmmscope theory` folder
+    main = run_folder(tmp_path / "out", "main", "f" * 32) / "theory"
+    assert main.parent.name == "main-ffffffff" and main.parent not in (a, b)
