@@ -4,7 +4,8 @@ with the 95% t interval over seeds. The paper's claim: upper layers change less.
 
     python analysis/figure2.py --sweep rope-vs-absolute-cpu
 
-Needs a sweep run with `analyze = true` (reads shuffle/layer{l}/norm_change of each analysis run).
+Needs a sweep run with `analyze = true` (reads shuffle/layer{b}/norm_change of each analysis run, b the block
+counted from 0, drawn as layer b + 1 so that layers mean what they mean in Figure 3, where 0 is the embedding).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def main(argv=None) -> int:
         for k, v in (t.analysis or {}).items():
             m = KEY.match(k)
             if m:
-                data[sw.cell(t), int(m.group(1))].append(v)
+                data[sw.cell(t), int(m.group(1)) + 1].append(v)  # block b's attention is layer b + 1, as in Figure 3
     if not data:
         fail(f"sweep {sw.name!r} has no shuffle-test layers: run it with analyze = true, on models without "
              "banded attention (model.window = 0: a windowed test token cannot see the demonstrations)")
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
         st = [mean_ci(data[c, l]) for l in layers]
         line, = ax.plot(layers, [s[0] for s in st], marker="o", label=label(sw, c))
         ax.fill_between(layers, [s[1] for s in st], [s[2] for s in st], color=line.get_color(), alpha=0.2)
-    ax.set_xlabel("layer (block output, as logged by the shuffle test)")
+    ax.set_xlabel("layer (block b's attention = layer b + 1; 0 would be the embedding, as in Figure 3)")
     ax.set_ylabel("mean |delta logit| / mean |logit|")
     ax.set_title(f"{sw.name}: shuffle test per layer (mean over seeds, 95% CI)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -134,8 +134,8 @@ def test_figure2_and_figure3_pool_the_analysis_runs(store, capsys):
     r = rows(out / "figure2_by_layer.csv")
     cells = {(x["model.n_layers"], x["hmm.rank"]) for x in r}
     assert cells == {("1", "2"), ("1", "4"), ("2", "2"), ("2", "4")}
-    assert max(int(x["layer"]) for x in r if x["model.n_layers"] == "2") > \
-        max(int(x["layer"]) for x in r if x["model.n_layers"] == "1")
+    for n in (1, 2):  # layers 1..n_layers: block b's attention is layer b + 1, as in Figure 3
+        assert {int(x["layer"]) for x in r if x["model.n_layers"] == str(n)} == set(range(1, n + 1))
     out, _ = run(store, "figure3", "tiny-train", capsys)
     r = rows(out / "figure3_probes.csv")
     assert {"task", "kback1"} <= {x["target"] for x in r}
