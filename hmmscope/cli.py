@@ -49,7 +49,7 @@ class OneLineErrors(TyperGroup):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
-app = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(cls=OneLineErrors, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Test what transformers learn from mixtures of low-rank hidden Markov models.")
 bench_app = typer.Typer(no_args_is_help=True, help="Speed benchmarks against named peers, as ratios.")
 app.add_typer(bench_app, name="bench")
@@ -57,6 +57,28 @@ sweep_app = typer.Typer(no_args_is_help=True, help="Optuna sweeps: every trial a
 app.add_typer(sweep_app, name="sweep")
 runs_app = typer.Typer(no_args_is_help=True, help="Housekeeping of MLflow runs.")
 app.add_typer(runs_app, name="runs")
+
+
+def _quiet_third_party() -> None:
+    """No third-party chatter on a normal run: MLflow's INFO lines when it creates a store's tables."""
+    import logging
+
+    for name in ("mlflow.store.db.utils", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"hmmscope {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_show_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    _quiet_third_party()
 
 
 class Preset(StrEnum):
@@ -75,11 +97,13 @@ class Split(StrEnum):
 
 
 PresetOpt = Annotated[Preset, typer.Option(help="Base configuration.")]
-ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML file with [hmm], [data], ... tables.")]
+# help text is rich markup: a literal [ is written \\[ (else `[hmm]` vanishes from --help)
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML file with \\[hmm], \\[data], ... tables.")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set hmm.gamma=0.5 (repeatable).")]
 UriOpt = Annotated[str | None, typer.Option("--tracking-uri", envvar="MLFLOW_TRACKING_URI",
                                             help="MLflow tracking URI (default: sqlite under ./mlruns).")]
 ExpOpt = Annotated[str, typer.Option("--experiment", help="MLflow experiment name.")]
+PrintConfigOpt = Annotated[bool, typer.Option("--print-config", help="Print the resolved config as TOML and exit.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Run even if the memory estimate exceeds what this machine has.")]
 
 
@@ -143,6 +167,21 @@ def build_config(base: Preset | str = "tiny", config: Path | None = None, sets: 
     return override(cfg, parse_sets(sets))
 
 
+def config_toml(cfg: Config, sections: tuple[str, ...] | None = None) -> str:
+    """The config as TOML (tables [hmm], [data], ...), which `--config` reads back to the same config."""
+    from .config import to_dict
+
+    out = []
+    for sec, values in to_dict(cfg).items():
+        if sections is None or sec in sections:
+            out += [f"[{sec}]", *(f"{k} = {json.dumps(v)}" for k, v in values.items()), ""]
+    return "\n".join(out)
+
+
+def _print_config(cfg: Config, sections: tuple[str, ...] | None = None) -> None:
+    typer.echo(config_toml(cfg, sections), nl=False)  # plain text: rich markup would eat the [tables]
+
+
 def _csv(value: str | None, key: str) -> list[Any] | None:
     if value is None:
         return None
@@ -165,9 +204,12 @@ def generate(
     split: Annotated[Split, typer.Option(help="Which stream of episodes.")] = Split.train,
     n: Annotated[int | None, typer.Option(help="Episodes (default: data.n_train or data.n_eval).")] = None,
     force: ForceOpt = False,
+    print_config: PrintConfigOpt = False,
 ) -> None:
     """Write a dataset of episodes (tokens, states, task ids, layout, config and hash) to an .npz file."""
     cfg = build_config(preset_, config, set_)
+    if print_config:
+        return _print_config(cfg, ("hmm", "data"))
     n = n if n is not None else (cfg.data.n_train if split == Split.train else cfg.data.n_eval)
     if n < 1:
         raise ConfigError(f"--n must be >= 1, got {n}")
@@ -234,6 +276,7 @@ def theory(
     experiment: ExpOpt = "hmmscope-theory",
     track: Annotated[bool, typer.Option(help="Log to MLflow.")] = True,
     force: ForceOpt = False,
+    print_config: PrintConfigOpt = False,
 ) -> None:
     """Theorem 1 against practice: eps(L) curves, decay rates, the exponent fit and verdicts per setting."""
     extra = {"theory.family": family.value if family else None, "theory.gammas": _csv(gammas, "--gammas"),
@@ -241,6 +284,8 @@ def theory(
              "theory.n_states": _csv(n_states, "--n-states"), "theory.lengths": _csv(lengths, "--lengths"),
              "theory.n_histories": n_histories}
     cfg = build_config("tiny", config, set_, extra)
+    if print_config:
+        return _print_config(cfg, ("theory",))
     th = cfg.theory
     checks.output_dir(out, "--out")
     if json_path is not None:
@@ -291,9 +336,12 @@ def train_cmd(
     tracking_uri: UriOpt = None,
     experiment: ExpOpt = "hmmscope",
     force: ForceOpt = False,
+    print_config: PrintConfigOpt = False,
 ) -> None:
     """Train a transformer on HMM-mixture episodes (one MLflow run; checkpoints as artifacts)."""
     cfg = build_config(preset_, config, set_, {"train.device": device})
+    if print_config:
+        return _print_config(cfg, ("hmm", "data", "model", "train"))
     if run_name is not None:
         checks.safe_name(run_name, "--run-name")
     checks.experiment_name(experiment)
@@ -393,9 +441,12 @@ def run_cmd(
     tracking_uri: UriOpt = None,
     experiment: ExpOpt = "hmmscope",
     force: ForceOpt = False,
+    print_config: PrintConfigOpt = False,
 ) -> None:
     """The main job: theory sweep, training + Figure 1, layerwise analysis, a small training sweep and its report."""
     cfg = build_config(preset_, config, set_, {"train.device": device})
+    if print_config:
+        return _print_config(cfg)
     checks.output_dir(out, "--out")
     checks.experiment_name(experiment)
     uri = checks.tracking_store(tracking_uri)
@@ -443,8 +494,10 @@ def _print_claims(title: str, claims) -> None:
 
 # ---------------------------------------------------------------- sweeps, report, ui
 
+SpecStorageOpt = Annotated[str | None, typer.Option("--storage", help="Optuna storage URL (any SQLAlchemy URL; "
+                                                    "default: the spec's sweep.storage, else ./mlruns/optuna.db).")]
 StorageOpt = Annotated[str | None, typer.Option("--storage", help="Optuna storage URL (any SQLAlchemy URL; "
-                                                "default: the spec's, else sqlite under ./mlruns).")]
+                                                "default: ./mlruns/optuna.db).")]
 
 
 @sweep_app.command("run")
@@ -452,14 +505,21 @@ StorageOpt = Annotated[str | None, typer.Option("--storage", help="Optuna storag
 def sweep_run_cmd(
     spec: Annotated[Path, typer.Argument(help="Sweep spec (TOML), e.g. sweeps/smoke.toml.")],
     workers: Annotated[int, typer.Option(min=1, help="Local worker processes (one torch thread each).")] = 1,
-    storage: StorageOpt = None,
+    storage: SpecStorageOpt = None,
     tracking_uri: UriOpt = None,
     force: ForceOpt = False,
+    print_config: Annotated[bool, typer.Option("--print-config", help="Print the config every trial starts from "
+                                               "(base and \\[fixed]) as TOML and exit.")] = False,
 ) -> None:
     """Create or resume the study and run it to the end with local workers."""
     from .sweep_spec import load_spec
 
     s = load_spec(spec)
+    if print_config:
+        swept = ", ".join([p.key for p in s.space] + ["seed"])
+        typer.echo(f"# sweep {s.name} ({s.kind}): the config before each trial's values of {swept}")
+        return _print_config(s.trial_config({}), ("theory",) if s.kind == "theory" else
+                             ("hmm", "data", "model", "train"))
     storage = checks.optuna_storage(storage or s.storage or None)
     uri = checks.tracking_store(tracking_uri)
     checks.sweep_memory(s, workers=workers, force=force)
@@ -572,7 +632,7 @@ def ui_cmd(
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the MLflow UI.")] = 5000,
     optuna: Annotated[bool, typer.Option("--optuna-dashboard", help="Also start optuna-dashboard.")] = False,
     storage: StorageOpt = None,
-    dashboard_port: Annotated[int, typer.Option(min=1, max=65535)] = 8080,
+    dashboard_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of optuna-dashboard.")] = 8080,
     tracking_uri: UriOpt = None,
 ) -> None:
     """Start the MLflow UI on 127.0.0.1 on this project's store (and optuna-dashboard on the studies)."""
@@ -749,12 +809,15 @@ def bench_train_cmd(
     = False,
     threads: ThreadsOpt = None,
     force: ForceOpt = False,
+    print_config: PrintConfigOpt = False,
 ) -> None:
     """Training tokens/s and MFU (vs the matmul rate measured in the same run) for a preset's model, vs HF RoFormer."""
+    cfg = build_config(preset_, config, set_, {"train.device": device})
+    if print_config:
+        return _print_config(cfg, ("hmm", "data", "model", "train"))
     from .bench import bench_train
     from .train import resolve_device
 
-    cfg = build_config(preset_, config, set_, {"train.device": device})
     dev = resolve_device(cfg.train.device)
     need = memory_estimate(cfg, "bench-train", batch_size=batch_size, seq=seq_len)
     checks.memory(need, device=str(dev), force=force, times=2 if peer else 1)
