@@ -583,6 +583,67 @@ def sweep_status_cmd(
     study_orphans(study, url, tracking.resolve_uri(tracking_uri), log=lambda m: typer.echo(m, err=True))
 
 
+@sweep_app.command("list")
+@user_errors
+def sweep_list_cmd(storage: StorageOpt = None) -> None:
+    """The studies in the storage, with their trial counts per state."""
+    url = checks.optuna_storage(storage, must_exist=True, write=False)
+    from .studies import list_studies
+    from .sweep import _safe_url
+
+    rows = list_studies(url)
+    _print_table(f"studies in {_safe_url(url)}", rows)
+    typer.echo(f"{len(rows)} stud{'y' if len(rows) == 1 else 'ies'}")
+
+
+@sweep_app.command("export")
+@user_errors
+def sweep_export_cmd(
+    study: Annotated[str, typer.Argument(help="Study name.")],
+    path: Annotated[Path | None, typer.Argument(help="Output file (default: standard output).")] = None,
+    csv_: Annotated[bool, typer.Option("--csv", help="As CSV (the one format, so also without --csv).")] = True,
+    storage: StorageOpt = None,
+) -> None:
+    """One CSV row per trial: number, state, value, times, params, user attrs, MLflow run id."""
+    checks.safe_name(study, "study")
+    url = checks.optuna_storage(storage, must_exist=True, write=False)
+    out = None if path is None else checks.output_file(path, "output", suffix=".csv")
+    from .studies import csv_text, export_rows, write_csv
+
+    rows = export_rows(study, url)
+    if out is None:
+        typer.echo(csv_text(rows), nl=False)
+    else:
+        write_csv(rows, out)
+        typer.echo(f"wrote {len(rows)} trial(s) of {study} to {out}", err=True)
+
+
+@sweep_app.command("delete")
+@user_errors
+def sweep_delete_cmd(
+    study: Annotated[str, typer.Argument(help="Study name.")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask first.")] = False,
+    storage: StorageOpt = None,
+    tracking_uri: UriOpt = None,
+) -> None:
+    """Delete the study and its MLflow runs (the sweep's parent run and every trial run below it); asks first."""
+    checks.safe_name(study, "study")
+    url = checks.optuna_storage(storage, must_exist=True)
+    uri = checks.tracking_store(tracking_uri, must_exist=True)
+    from .studies import delete_study, study_runs
+    from .sweep import _safe_url
+
+    found = study_runs(study, url, uri)
+    what = (f"study {study!r} ({found.n_trials} trials) in {_safe_url(url)} and {len(found.run_ids)} MLflow run(s)"
+            + (f" in experiment(s) {', '.join(found.experiments)}" if found.experiments else "")
+            + (f"; {found.n_running} trial(s) are RUNNING: their workers will fail" if found.n_running else ""))
+    if not yes and not typer.confirm(f"Delete {what}?", default=False, err=True):
+        typer.echo("nothing deleted", err=True)
+        raise typer.Exit(1)
+    delete_study(found, url, uri)
+    typer.echo(f"deleted {what}")
+
+
 @runs_app.command("gc")
 @user_errors
 def runs_gc_cmd(
