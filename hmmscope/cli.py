@@ -8,6 +8,7 @@ diverges exits 1 with one line naming its FAILED run; Ctrl-C or SIGTERM exits 13
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
@@ -354,12 +355,16 @@ def train_cmd(
     if resume is not None:
         tracking.existing_run(uri, resume)
     checks.memory(memory_estimate(cfg, "train"), device=str(dev), force=force)
-    with sigterm_interrupts():  # `kill` / `timeout`: the run ends KILLED, not RUNNING
+    # a spinner over the silent setup (data, oracles, model, the run), stopped by the step-0 evaluation, which
+    # comes just before training's own bar; a resumed run has no such evaluation, and no spinner
+    setup = Spinner("setting up: data, oracles, model" if resume is None else None)
+    with sigterm_interrupts(), setup:  # `kill` / `timeout`: the run ends KILLED, not RUNNING
         res = train(cfg, tracking_uri=uri, experiment=experiment, run_name=run_name, resume=resume,
-                    progress=sys.stderr.isatty())
+                    progress=sys.stderr.isatty(), on_eval=lambda step, m: setup.stop())
         metrics = dict(res.metrics)
         if evaluate:
-            metrics.update(evaluate_run(uri, res.run_id, device=cfg.train.device))
+            with Spinner("evaluating: Figure 1"):
+                metrics.update(evaluate_run(uri, res.run_id, device=cfg.train.device))
     _print_metrics(f"run {res.run_id}: {res.steps} steps in {res.wall_time:.0f} s "
                    f"({res.tokens_per_s:,.0f} tokens/s)", metrics)
     typer.echo(f"browse: {tracking.ui_command(uri)}")
@@ -500,6 +505,73 @@ StorageOpt = Annotated[str | None, typer.Option("--storage", help="Optuna storag
                                                 "default: ./mlruns/optuna.db).")]
 
 
+class SweepProgress:
+    """run_sweep's `progress` callback, called with the trial counts about once a second.
+
+    On a terminal: a rich bar on stderr (finished of all trials; done, failed, running; ETA). Otherwise one
+    plain line on stderr each time the counts change. ETA: the trials left over the rate at which trials
+    finished since this command started (a resumed sweep's earlier trials do not count toward the rate);
+    "?" until one has finished. done = complete + pruned; failed = failed for good (retried ones are not).
+    """
+
+    def __init__(self, name: str, n_trials: int, *, tty: bool | None = None, echo=None, clock=None):
+        import time
+
+        self.name, self.n = name, n_trials
+        self.tty = sys.stderr.isatty() if tty is None else tty
+        self.echo = echo or (lambda m: typer.echo(m, err=True))
+        self.clock = clock or time.monotonic
+        self.t0, self.base, self.last, self.bar, self.task = self.clock(), None, None, None, None
+
+    def eta(self, finished: int) -> str:
+        if self.base is None:
+            self.base = finished
+        new, left, dt = finished - self.base, self.n - finished, self.clock() - self.t0
+        if left <= 0:
+            return "0:00:00"
+        if new <= 0 or dt <= 0:
+            return "?"
+        secs = int(round(left * dt / new))
+        return f"{secs // 3600}:{secs // 60 % 60:02d}:{secs % 60:02d}"
+
+    def line(self, c: dict[str, int], n: int) -> str:
+        done, failed, running = c.get("complete", 0) + c.get("pruned", 0), c.get("failed", 0), c.get("running", 0)
+        self.n = n
+        return (f"{done + failed}/{n} finished: {done} done, {failed} failed, {running} running; "
+                f"ETA {self.eta(done + failed)}")
+
+    def __call__(self, counts: dict[str, int], n: int) -> None:
+        text = self.line(counts, n)
+        if self.bar is not None:
+            done = counts.get("complete", 0) + counts.get("pruned", 0) + counts.get("failed", 0)
+            self.bar.update(self.task, completed=done, total=n, detail=text.split(": ", 1)[1])
+        elif text.split("; ETA")[0] != (self.last or "").split("; ETA")[0]:
+            self.echo(f"sweep {self.name}: {text}")
+        self.last = text
+
+    def log(self, msg: str) -> None:
+        if self.bar is not None:
+            self.bar.console.print(msg, markup=False, highlight=False)  # above the bar
+        else:
+            self.echo(msg)
+
+    def __enter__(self):
+        if self.tty:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn(f"sweep {self.name}"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+                                console=_console(stderr=True), transient=True)
+            self.task = self.bar.add_task(self.name, total=self.n, detail="starting")
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            bar, self.bar = self.bar, None
+            bar.__exit__(*exc)
+
+
 @sweep_app.command("run")
 @user_errors
 def sweep_run_cmd(
@@ -526,7 +598,9 @@ def sweep_run_cmd(
     from . import tracking
     from .sweep import run_sweep
 
-    res = run_sweep(s, workers=workers, storage=storage, uri=uri, log=lambda m: typer.echo(m, err=True))
+    with SweepProgress(s.name, s.n_trials) as bar:
+        res = run_sweep(s, workers=workers, storage=storage, uri=uri, log=bar.log, progress=bar)
+        bar({"complete": res.complete, "pruned": res.pruned, "failed": res.failed, "running": 0}, res.n_trials)
     if res.already_complete:
         typer.echo(f"sweep {res.study_name} is already complete: nothing to do")
     typer.echo(f"sweep {res.study_name}: {res.complete} complete, {res.failed} failed, {res.pruned} pruned of "
@@ -687,6 +761,76 @@ def report_cmd(
         typer.echo(line)
 
 
+def _die_with_parent():
+    """preexec_fn (Linux): the child gets SIGTERM when this process dies, even by SIGKILL (PR_SET_PDEATHSIG);
+    a child whose parent is already gone stops at once. None where prctl does not exist."""
+    import os
+    import signal
+
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    libc, parent = ctypes.CDLL(None, use_errno=True), os.getpid()  # loaded here: no imports after fork
+
+    def preexec() -> None:
+        libc.prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def _answers(url: str, ok_only: bool = True) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200 or not ok_only
+    except urllib.error.HTTPError:
+        return not ok_only
+    except OSError:
+        return False
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _stop_groups(procs) -> None:
+    """SIGTERM each server's process group (by the group's id, its leader's pid), then SIGKILL what is left
+    after 15 s. Returns once every member of every group is gone (the leader reaped)."""
+    import os
+    import signal
+    import time
+
+    def alive(pgid: int) -> bool:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.time() + 15
+    for p in procs:
+        while p.poll() is None or alive(p.pid):  # poll() reaps the leader: a zombie still counts as a member
+            if time.time() > deadline:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signal.SIGKILL)
+            time.sleep(0.1)
+
+
 @app.command("ui")
 @user_errors
 def ui_cmd(
@@ -696,51 +840,114 @@ def ui_cmd(
     dashboard_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of optuna-dashboard.")] = 8080,
     tracking_uri: UriOpt = None,
 ) -> None:
-    """Start the MLflow UI on 127.0.0.1 on this project's store (and optuna-dashboard on the studies)."""
+    """Start the MLflow UI on 127.0.0.1 on this project's store (and optuna-dashboard on the studies).
+
+    The URLs are printed once the servers answer; the servers' own output goes to a log file (shown if one
+    fails). The servers stop with this command: Ctrl-C, SIGTERM, SIGHUP, or its death (Linux).
+    """
     import os
     import shlex
     import shutil
     import signal
     import subprocess
+    import tempfile
     import time
 
     uri = checks.tracking_store(tracking_uri)
     if optuna:
         storage = checks.optuna_storage(storage)
+    for p_, what in [(port, "--port")] + ([(dashboard_port, "--dashboard-port")] if optuna else []):
+        if not _port_free(p_):
+            raise ConfigError(f"{what} {p_}: the port is in use on 127.0.0.1")
+    if optuna and port == dashboard_port:
+        raise ConfigError("--port and --dashboard-port must differ")
     from . import tracking
     from .sweep import default_storage
 
     tracking.ensure_store(uri)
-    cmds = [shlex.split(tracking.ui_command(uri, port))]
+    mlflow = shlex.split(tracking.ui_command(uri, port))
+    mlflow[0] = shutil.which("mlflow") or str(Path(sys.executable).parent / "mlflow")
+    mlflow += ["--registry-store-uri", uri, "--workers", "1",
+               "--uvicorn-opts", "--log-level warning --no-access-log"]  # no per-request lines
+    servers = [("MLflow UI", mlflow, f"http://127.0.0.1:{port}", "/health")]
     if optuna:
         exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
         if not Path(exe).exists():
             raise ConfigError("optuna-dashboard is not installed: pip install optuna-dashboard")
-        cmds.append([exe, storage or default_storage(), "--host", "127.0.0.1", "--port", str(dashboard_port)])
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    cmds[0][0] = shutil.which("mlflow") or str(Path(sys.executable).parent / "mlflow")
+        servers.append(("optuna-dashboard", [exe, storage or default_storage(), "--host", "127.0.0.1",
+                                             "--port", str(dashboard_port)], f"http://127.0.0.1:{dashboard_port}", "/"))
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+           "PYTHONWARNINGS": "ignore:starlette.middleware.wsgi is deprecated"}
+    fd, log_path = tempfile.mkstemp(prefix="hmmscope-ui-", suffix=".log")
+
     def _stop(signum, frame):
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, _stop)  # `kill PID` stops the servers as Ctrl-C does
-    procs = [subprocess.Popen(c, env=env, start_new_session=True) for c in cmds]
-    typer.echo(f"MLflow UI: http://127.0.0.1:{port}" + (f"  optuna-dashboard: http://127.0.0.1:{dashboard_port}"
-                                                         if optuna else "") + "  (Ctrl-C to stop)")
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # `kill PID`, a closed terminal: stop as Ctrl-C does
+        signal.signal(sig, _stop)
+    procs: list[subprocess.Popen] = []
+    failed = None
     try:
-        while all(p.poll() is None for p in procs):
-            time.sleep(0.5)
+        with os.fdopen(fd, "wb") as log:
+            for _, cmd, _, _ in servers:  # own group: we stop it whole; dies with us even on SIGKILL
+                procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                              start_new_session=True, preexec_fn=_die_with_parent()))
+        with _spinner("starting the MLflow UI" + (" and optuna-dashboard" if optuna else "")):
+            for (name, _, url, path), p in zip(servers, procs, strict=True):
+                while not _answers(url + path, ok_only=path == "/health"):
+                    if p.poll() is not None:
+                        failed = f"{name} exited with code {p.returncode} before it answered"
+                        break
+                    time.sleep(0.25)
+                if failed:
+                    break
+        if failed is None:
+            typer.echo("  ".join(f"{name}: {url}" for name, _, url, _ in servers) + "  (Ctrl-C to stop)")
+            while all(p.poll() is None for p in procs):
+                time.sleep(0.5)
+            failed = next(f"{name} exited with code {p.returncode}" for (name, _, _, _), p in
+                          zip(servers, procs, strict=True) if p.poll() is not None)
     except KeyboardInterrupt:
         pass
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second signal must not cut the cleanup
+            signal.signal(sig, signal.SIG_IGN)
+        _stop_groups(procs)
+    if failed is not None:
+        tail = Path(log_path).read_text(errors="replace").strip().splitlines()[-15:]
+        typer.echo(f"error: {failed}; its log ({log_path}) ends:", err=True)
+        for line in tail:
+            typer.echo(f"  {line}", err=True)
+        raise typer.Exit(1)
+    Path(log_path).unlink(missing_ok=True)
+
+
+def _spinner(text: str):
+    return Spinner(text)
+
+
+class Spinner:
+    """A spinner on stderr while something silent runs: a terminal only (nothing otherwise, or with no text).
+    A context manager; `stop()` ends it early (idempotent), e.g. when another display takes over."""
+
+    def __init__(self, text: str | None, console=None):
+        self.text, self._status = text, None
+        self.console = console
+
+    def __enter__(self):
+        console = self.console or _console(stderr=True)
+        if self.text and console.is_terminal:
+            self._status = console.status(self.text, spinner="dots")
+            self._status.__enter__()
+        return self
+
+    def stop(self) -> None:
+        status, self._status = self._status, None
+        if status is not None:
+            status.__exit__(None, None, None)
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
 # ---------------------------------------------------------------- bench

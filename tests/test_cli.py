@@ -380,3 +380,70 @@ def test_spec_comment_examples_work(monkeypatch, name, args):
     assert any(p.name == "print_config" for p in cmd.params), f"{name}: `{' '.join(args)}` has no dry form"
     r = runner.invoke(app, [*args, "--print-config"])
     assert r.exit_code == 0, (name, args, r.output)
+
+
+def test_sweep_progress_lines_and_eta():
+    from hmmscope.cli import SweepProgress
+
+    now, lines = [0.0], []
+    bar = SweepProgress("s", 10, tty=False, echo=lines.append, clock=lambda: now[0])
+    now[0] = 10.0
+    bar({"complete": 2, "pruned": 0, "failed": 0, "running": 2}, 10)  # resumed: 2 done before we started
+    bar({"complete": 2, "pruned": 0, "failed": 0, "running": 2}, 10)  # no change, no line
+    now[0] = 110.0
+    bar({"complete": 3, "pruned": 0, "failed": 1, "running": 2}, 10)  # 2 finished in 110 s, 6 left: 330 s
+    now[0] = 200.0
+    bar({"complete": 8, "pruned": 1, "failed": 1, "running": 0}, 10)
+    assert lines == ["sweep s: 2/10 finished: 2 done, 0 failed, 2 running; ETA ?",
+                     "sweep s: 4/10 finished: 3 done, 1 failed, 2 running; ETA 0:05:30",
+                     "sweep s: 10/10 finished: 9 done, 1 failed, 0 running; ETA 0:00:00"]
+
+
+def _pty_run(args, cwd, timeout=600):
+    """Run `hmmscope ARGS` with stderr on a pseudo-terminal (stdout a pipe); returns (stdout, stderr text)."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+    import time
+
+    master, slave = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    exe = Path(sys.executable).parent / "hmmscope"
+    proc = subprocess.Popen([str(exe), *args], cwd=cwd, env={**env, "COLUMNS": "120"}, stdout=subprocess.PIPE,
+                            stderr=slave, stdin=subprocess.DEVNULL, start_new_session=True)
+    os.close(slave)
+    err, deadline = b"", time.time() + timeout
+    try:
+        while True:
+            r, _, _ = select.select([master], [], [], 0.5)
+            if r:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the pty closed: the process is gone
+                    break
+                if not chunk:
+                    break
+                err += chunk
+            elif proc.poll() is not None:
+                break
+            assert time.time() < deadline, "hmmscope did not finish"
+        out = proc.stdout.read().decode()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, 9)
+            proc.wait()
+        os.close(master)
+        proc.stdout.close()
+    return proc.returncode, out, err.decode(errors="replace")
+
+
+def test_train_shows_a_spinner_before_its_bar_on_a_terminal(store):
+    rc, out, err = _pty_run(["train", "--set", "train.steps=4", "--set", "train.eval_every=4", "--set",
+                             "data.n_train=64", "--set", "data.n_eval=16", "--no-evaluate", "--device", "cpu"], store)
+    assert rc == 0, err
+    assert "setting up: data, oracles, model" in err and "step " in err
+    assert err.index("setting up") < err.index("step ")  # the spinner, then training's own bar
+    assert "run " in out
