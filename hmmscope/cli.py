@@ -4,6 +4,11 @@ Bad input: exit code 2 and one line `error: ...` on stderr, nothing written. Eve
 names, paths, stores and sizes (hmmscope.checks) before it creates a run, a study, a folder or a file;
 option errors Click finds (a bad value, a missing argument) get the same one line. A training that
 diverges exits 1 with one line naming its FAILED run; Ctrl-C or SIGTERM exits 130 (the run ends KILLED).
+
+Output: results on stdout; errors, progress bars and spinners on stderr, the bars and spinners on a terminal
+only (a sweep prints plain progress lines elsewhere). No third-party chatter: MLflow's table-creation INFO
+lines are silenced here, `hmmscope ui` sends its servers' output to a log file (shown if a server fails).
+`--print-config` prints the resolved config as TOML (what `--config` reads) and exits.
 """
 
 from __future__ import annotations
@@ -892,7 +897,7 @@ def ui_cmd(
             for _, cmd, _, _ in servers:  # own group: we stop it whole; dies with us even on SIGKILL
                 procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                               start_new_session=True, preexec_fn=_die_with_parent()))
-        with _spinner("starting the MLflow UI" + (" and optuna-dashboard" if optuna else "")):
+        with Spinner("starting the MLflow UI" + (" and optuna-dashboard" if optuna else "")):
             for (name, _, url, path), p in zip(servers, procs, strict=True):
                 while not _answers(url + path, ok_only=path == "/health"):
                     if p.poll() is not None:
@@ -920,10 +925,6 @@ def ui_cmd(
             typer.echo(f"  {line}", err=True)
         raise typer.Exit(1)
     Path(log_path).unlink(missing_ok=True)
-
-
-def _spinner(text: str):
-    return Spinner(text)
 
 
 class Spinner:

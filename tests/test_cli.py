@@ -181,6 +181,9 @@ def test_smoke_sweep_two_workers_then_report(store):
     r = runner.invoke(app, ["sweep", "run", str(SWEEPS / "smoke.toml"), "--workers", "2"])
     assert r.exit_code == 0, r.output
     assert "smoke: 4 complete, 0 failed, 0 pruned of 4" in r.output
+    # progress (stderr is no terminal here: plain lines when the counts change), ending with every trial finished
+    assert "sweep smoke: 4/4 finished: 4 done, 0 failed, 0 running; ETA 0:00:00" in r.stderr
+    assert "HighsMipSolverData" not in r.output and "INFO" not in r.output
     r = runner.invoke(app, ["sweep", "run", str(SWEEPS / "smoke.toml"), "--workers", "2"])
     assert r.exit_code == 0 and "already complete" in r.output
     r = runner.invoke(app, ["sweep", "status", "smoke"])
