@@ -515,7 +515,7 @@ class SweepProgress:
 
     On a terminal: a rich bar on stderr (finished of all trials; done, failed, running; ETA). Otherwise one
     plain line on stderr each time the counts change. ETA: the trials left over the rate at which trials
-    finished since this command started (a resumed sweep's earlier trials do not count toward the rate);
+    finished since the first count (a resumed sweep's earlier trials do not count toward the rate);
     "?" until one has finished. done = complete + pruned; failed = failed for good (retried ones are not).
     """
 
@@ -526,11 +526,11 @@ class SweepProgress:
         self.tty = sys.stderr.isatty() if tty is None else tty
         self.echo = echo or (lambda m: typer.echo(m, err=True))
         self.clock = clock or time.monotonic
-        self.t0, self.base, self.last, self.bar, self.task = self.clock(), None, None, None, None
+        self.t0, self.base, self.last, self.bar, self.task = 0.0, None, None, None, None
 
     def eta(self, finished: int) -> str:
-        if self.base is None:
-            self.base = finished
+        if self.base is None:  # the first count: the rate counts from here (not the study's creation)
+            self.base, self.t0 = finished, self.clock()
         new, left, dt = finished - self.base, self.n - finished, self.clock() - self.t0
         if left <= 0:
             return "0:00:00"

@@ -394,11 +394,11 @@ def test_sweep_progress_lines_and_eta():
     bar({"complete": 2, "pruned": 0, "failed": 0, "running": 2}, 10)  # resumed: 2 done before we started
     bar({"complete": 2, "pruned": 0, "failed": 0, "running": 2}, 10)  # no change, no line
     now[0] = 110.0
-    bar({"complete": 3, "pruned": 0, "failed": 1, "running": 2}, 10)  # 2 finished in 110 s, 6 left: 330 s
+    bar({"complete": 3, "pruned": 0, "failed": 1, "running": 2}, 10)  # 2 finished in 100 s, 6 left: 300 s
     now[0] = 200.0
     bar({"complete": 8, "pruned": 1, "failed": 1, "running": 0}, 10)
     assert lines == ["sweep s: 2/10 finished: 2 done, 0 failed, 2 running; ETA ?",
-                     "sweep s: 4/10 finished: 3 done, 1 failed, 2 running; ETA 0:05:30",
+                     "sweep s: 4/10 finished: 3 done, 1 failed, 2 running; ETA 0:05:00",
                      "sweep s: 10/10 finished: 9 done, 1 failed, 0 running; ETA 0:00:00"]
 
 
