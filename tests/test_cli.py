@@ -449,4 +449,5 @@ def test_train_shows_a_spinner_before_its_bar_on_a_terminal(store):
     assert rc == 0, err
     assert "setting up: data, oracles, model" in err and "step " in err
     assert err.index("setting up") < err.index("step ")  # the spinner, then training's own bar
+    assert "Creating initial MLflow database tables" not in err and " INFO " not in err  # a new store, quietly
     assert "run " in out
