@@ -4,10 +4,16 @@ Bad input: exit code 2 and one line `error: ...` on stderr, nothing written. Eve
 names, paths, stores and sizes (hmmscope.checks) before it creates a run, a study, a folder or a file;
 option errors Click finds (a bad value, a missing argument) get the same one line. A training that
 diverges exits 1 with one line naming its FAILED run; Ctrl-C or SIGTERM exits 130 (the run ends KILLED).
+
+Output: results on stdout; errors, progress bars and spinners on stderr, the bars and spinners on a terminal
+only (a sweep prints plain progress lines elsewhere). No third-party chatter: MLflow's table-creation INFO
+lines are silenced here, `hmmscope ui` sends its servers' output to a log file (shown if a server fails).
+`--print-config` prints the resolved config as TOML (what `--config` reads) and exits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
@@ -49,7 +55,7 @@ class OneLineErrors(TyperGroup):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
-app = typer.Typer(cls=OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(cls=OneLineErrors, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Test what transformers learn from mixtures of low-rank hidden Markov models.")
 bench_app = typer.Typer(no_args_is_help=True, help="Speed benchmarks against named peers, as ratios.")
 app.add_typer(bench_app, name="bench")
@@ -57,6 +63,28 @@ sweep_app = typer.Typer(no_args_is_help=True, help="Optuna sweeps: every trial a
 app.add_typer(sweep_app, name="sweep")
 runs_app = typer.Typer(no_args_is_help=True, help="Housekeeping of MLflow runs.")
 app.add_typer(runs_app, name="runs")
+
+
+def _quiet_third_party() -> None:
+    """No third-party chatter on a normal run: MLflow's INFO lines when it creates a store's tables."""
+    import logging
+
+    for name in ("mlflow.store.db.utils", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"hmmscope {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_show_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    _quiet_third_party()
 
 
 class Preset(StrEnum):
@@ -75,11 +103,13 @@ class Split(StrEnum):
 
 
 PresetOpt = Annotated[Preset, typer.Option(help="Base configuration.")]
-ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML file with [hmm], [data], ... tables.")]
+# help text is rich markup: a literal [ is written \\[ (else `[hmm]` vanishes from --help)
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML file with \\[hmm], \\[data], ... tables.")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set hmm.gamma=0.5 (repeatable).")]
 UriOpt = Annotated[str | None, typer.Option("--tracking-uri", envvar="MLFLOW_TRACKING_URI",
                                             help="MLflow tracking URI (default: sqlite under ./mlruns).")]
 ExpOpt = Annotated[str, typer.Option("--experiment", help="MLflow experiment name.")]
+PrintConfigOpt = Annotated[bool, typer.Option("--print-config", help="Print the resolved config as TOML and exit.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Run even if the memory estimate exceeds what this machine has.")]
 
 
@@ -143,6 +173,21 @@ def build_config(base: Preset | str = "tiny", config: Path | None = None, sets: 
     return override(cfg, parse_sets(sets))
 
 
+def config_toml(cfg: Config, sections: tuple[str, ...] | None = None) -> str:
+    """The config as TOML (tables [hmm], [data], ...), which `--config` reads back to the same config."""
+    from .config import to_dict
+
+    out = []
+    for sec, values in to_dict(cfg).items():
+        if sections is None or sec in sections:
+            out += [f"[{sec}]", *(f"{k} = {json.dumps(v)}" for k, v in values.items()), ""]
+    return "\n".join(out)
+
+
+def _print_config(cfg: Config, sections: tuple[str, ...] | None = None) -> None:
+    typer.echo(config_toml(cfg, sections), nl=False)  # plain text: rich markup would eat the [tables]
+
+
 def _csv(value: str | None, key: str) -> list[Any] | None:
     if value is None:
         return None
@@ -165,9 +210,12 @@ def generate(
     split: Annotated[Split, typer.Option(help="Which stream of episodes.")] = Split.train,
     n: Annotated[int | None, typer.Option(help="Episodes (default: data.n_train or data.n_eval).")] = None,
     force: ForceOpt = False,
+    print_config: PrintConfigOpt = False,
 ) -> None:
     """Write a dataset of episodes (tokens, states, task ids, layout, config and hash) to an .npz file."""
     cfg = build_config(preset_, config, set_)
+    if print_config:
+        return _print_config(cfg, ("hmm", "data"))
     n = n if n is not None else (cfg.data.n_train if split == Split.train else cfg.data.n_eval)
     if n < 1:
         raise ConfigError(f"--n must be >= 1, got {n}")
@@ -235,6 +283,7 @@ def theory(
     experiment: ExpOpt = "hmmscope-theory",
     track: Annotated[bool, typer.Option(help="Log to MLflow.")] = True,
     force: ForceOpt = False,
+    print_config: PrintConfigOpt = False,
 ) -> None:
     """Theorem 1 against practice: eps(L) curves, decay rates, the exponent fit and verdicts per setting."""
     extra = {"theory.family": family.value if family else None, "theory.gammas": _csv(gammas, "--gammas"),
@@ -242,6 +291,8 @@ def theory(
              "theory.n_states": _csv(n_states, "--n-states"), "theory.lengths": _csv(lengths, "--lengths"),
              "theory.n_histories": n_histories}
     cfg = build_config("tiny", config, set_, extra)
+    if print_config:
+        return _print_config(cfg, ("theory",))
     th = cfg.theory
     from .jobs import new_folder
 
@@ -303,9 +354,12 @@ def train_cmd(
     tracking_uri: UriOpt = None,
     experiment: ExpOpt = "hmmscope",
     force: ForceOpt = False,
+    print_config: PrintConfigOpt = False,
 ) -> None:
     """Train a transformer on HMM-mixture episodes (one MLflow run; checkpoints as artifacts)."""
     cfg = build_config(preset_, config, set_, {"train.device": device})
+    if print_config:
+        return _print_config(cfg, ("hmm", "data", "model", "train"))
     if run_name is not None:
         checks.safe_name(run_name, "--run-name")
     checks.experiment_name(experiment)
@@ -319,12 +373,16 @@ def train_cmd(
     if resume is not None:
         tracking.existing_run(uri, resume)
     checks.memory(memory_estimate(cfg, "train"), device=str(dev), force=force)
-    with sigterm_interrupts():  # `kill` / `timeout`: the run ends KILLED, not RUNNING
+    # a spinner over the silent setup (data, oracles, model, the run), stopped by the step-0 evaluation, which
+    # comes just before training's own bar; a resumed run has no such evaluation, and no spinner
+    setup = Spinner("setting up: data, oracles, model" if resume is None else None)
+    with sigterm_interrupts(), setup:  # `kill` / `timeout`: the run ends KILLED, not RUNNING
         res = train(cfg, tracking_uri=uri, experiment=experiment, run_name=run_name, resume=resume,
-                    progress=sys.stderr.isatty())
+                    progress=sys.stderr.isatty(), on_eval=lambda step, m: setup.stop())
         metrics, files = dict(res.metrics), []
         if evaluate:
-            ev = evaluate_run(uri, res.run_id, device=cfg.train.device, out=out)
+            with Spinner("evaluating: Figure 1"):
+                ev = evaluate_run(uri, res.run_id, device=cfg.train.device, out=out)
             metrics.update(ev)
             files = ev.files
     _print_metrics(f"run {res.run_id}: {res.steps} steps in {res.wall_time:.0f} s "
@@ -415,9 +473,12 @@ def run_cmd(
     tracking_uri: UriOpt = None,
     experiment: ExpOpt = "hmmscope",
     force: ForceOpt = False,
+    print_config: PrintConfigOpt = False,
 ) -> None:
     """The main job: theory sweep, training + Figure 1, layerwise analysis, a small training sweep and its report."""
     cfg = build_config(preset_, config, set_, {"train.device": device})
+    if print_config:
+        return _print_config(cfg)
     checks.output_dir(out, "--out")
     checks.experiment_name(experiment)
     uri = checks.tracking_store(tracking_uri)
@@ -466,8 +527,77 @@ def _print_claims(title: str, claims) -> None:
 
 # ---------------------------------------------------------------- sweeps, report, ui
 
+SpecStorageOpt = Annotated[str | None, typer.Option("--storage", help="Optuna storage URL (any SQLAlchemy URL; "
+                                                    "default: the spec's sweep.storage, else ./mlruns/optuna.db).")]
 StorageOpt = Annotated[str | None, typer.Option("--storage", help="Optuna storage URL (any SQLAlchemy URL; "
-                                                "default: the spec's, else sqlite under ./mlruns).")]
+                                                "default: ./mlruns/optuna.db).")]
+
+
+class SweepProgress:
+    """run_sweep's `progress` callback, called with the trial counts about once a second.
+
+    On a terminal: a rich bar on stderr (finished of all trials; done, failed, running; ETA). Otherwise one
+    plain line on stderr each time the counts change. ETA: the trials left over the rate at which trials
+    finished since the first count (a resumed sweep's earlier trials do not count toward the rate);
+    "?" until one has finished. done = complete + pruned; failed = failed for good (retried ones are not).
+    """
+
+    def __init__(self, name: str, n_trials: int, *, tty: bool | None = None, echo=None, clock=None):
+        import time
+
+        self.name, self.n = name, n_trials
+        self.tty = sys.stderr.isatty() if tty is None else tty
+        self.echo = echo or (lambda m: typer.echo(m, err=True))
+        self.clock = clock or time.monotonic
+        self.t0, self.base, self.last, self.bar, self.task = 0.0, None, None, None, None
+
+    def eta(self, finished: int) -> str:
+        if self.base is None:  # the first count: the rate counts from here (not the study's creation)
+            self.base, self.t0 = finished, self.clock()
+        new, left, dt = finished - self.base, self.n - finished, self.clock() - self.t0
+        if left <= 0:
+            return "0:00:00"
+        if new <= 0 or dt <= 0:
+            return "?"
+        secs = int(round(left * dt / new))
+        return f"{secs // 3600}:{secs // 60 % 60:02d}:{secs % 60:02d}"
+
+    def line(self, c: dict[str, int], n: int) -> str:
+        done, failed, running = c.get("complete", 0) + c.get("pruned", 0), c.get("failed", 0), c.get("running", 0)
+        self.n = n
+        return (f"{done + failed}/{n} finished: {done} done, {failed} failed, {running} running; "
+                f"ETA {self.eta(done + failed)}")
+
+    def __call__(self, counts: dict[str, int], n: int) -> None:
+        text = self.line(counts, n)
+        if self.bar is not None:
+            done = counts.get("complete", 0) + counts.get("pruned", 0) + counts.get("failed", 0)
+            self.bar.update(self.task, completed=done, total=n, detail=text.split(": ", 1)[1])
+        elif text.split("; ETA")[0] != (self.last or "").split("; ETA")[0]:
+            self.echo(f"sweep {self.name}: {text}")
+        self.last = text
+
+    def log(self, msg: str) -> None:
+        if self.bar is not None:
+            self.bar.console.print(msg, markup=False, highlight=False)  # above the bar
+        else:
+            self.echo(msg)
+
+    def __enter__(self):
+        if self.tty:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn(f"sweep {self.name}"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+                                console=_console(stderr=True), transient=True)
+            self.task = self.bar.add_task(self.name, total=self.n, detail="starting")
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            bar, self.bar = self.bar, None
+            bar.__exit__(*exc)
 
 
 @sweep_app.command("run")
@@ -475,21 +605,30 @@ StorageOpt = Annotated[str | None, typer.Option("--storage", help="Optuna storag
 def sweep_run_cmd(
     spec: Annotated[Path, typer.Argument(help="Sweep spec (TOML), e.g. sweeps/smoke.toml.")],
     workers: Annotated[int, typer.Option(min=1, help="Local worker processes (one torch thread each).")] = 1,
-    storage: StorageOpt = None,
+    storage: SpecStorageOpt = None,
     tracking_uri: UriOpt = None,
     force: ForceOpt = False,
+    print_config: Annotated[bool, typer.Option("--print-config", help="Print the config every trial starts from "
+                                               "(base and \\[fixed]) as TOML and exit.")] = False,
 ) -> None:
     """Create or resume the study and run it to the end with local workers."""
     from .sweep_spec import load_spec
 
     s = load_spec(spec)
+    if print_config:
+        swept = ", ".join([p.key for p in s.space] + ["seed"])
+        typer.echo(f"# sweep {s.name} ({s.kind}): the config before each trial's values of {swept}")
+        return _print_config(s.trial_config({}), ("theory",) if s.kind == "theory" else
+                             ("hmm", "data", "model", "train"))
     storage = checks.optuna_storage(storage or s.storage or None)
     uri = checks.tracking_store(tracking_uri)
     checks.sweep_memory(s, workers=workers, force=force)
     from . import tracking
     from .sweep import run_sweep
 
-    res = run_sweep(s, workers=workers, storage=storage, uri=uri, log=lambda m: typer.echo(m, err=True))
+    with SweepProgress(s.name, s.n_trials) as bar:
+        res = run_sweep(s, workers=workers, storage=storage, uri=uri, log=bar.log, progress=bar)
+        bar({"complete": res.complete, "pruned": res.pruned, "failed": res.failed, "running": 0}, res.n_trials)
     if res.already_complete:
         typer.echo(f"sweep {res.study_name} is already complete: nothing to do")
     typer.echo(f"sweep {res.study_name}: {res.complete} complete, {res.failed} failed, {res.pruned} pruned of "
@@ -546,6 +685,67 @@ def sweep_status_cmd(
     study_orphans(study, url, tracking.resolve_uri(tracking_uri), log=lambda m: typer.echo(m, err=True))
 
 
+@sweep_app.command("list")
+@user_errors
+def sweep_list_cmd(storage: StorageOpt = None) -> None:
+    """The studies in the storage, with their trial counts per state."""
+    url = checks.optuna_storage(storage, must_exist=True, write=False)
+    from .studies import list_studies
+    from .sweep import _safe_url
+
+    rows = list_studies(url)
+    _print_table(f"studies in {_safe_url(url)}", rows)
+    typer.echo(f"{len(rows)} stud{'y' if len(rows) == 1 else 'ies'}")
+
+
+@sweep_app.command("export")
+@user_errors
+def sweep_export_cmd(
+    study: Annotated[str, typer.Argument(help="Study name.")],
+    path: Annotated[Path | None, typer.Argument(help="Output file (default: standard output).")] = None,
+    csv_: Annotated[bool, typer.Option("--csv", help="As CSV (the one format, so also without --csv).")] = True,
+    storage: StorageOpt = None,
+) -> None:
+    """One CSV row per trial: number, state, value, times, params, user attrs, MLflow run id."""
+    checks.safe_name(study, "study")
+    url = checks.optuna_storage(storage, must_exist=True, write=False)
+    out = None if path is None else checks.output_file(path, "output", suffix=".csv")
+    from .studies import csv_text, export_rows, write_csv
+
+    rows = export_rows(study, url)
+    if out is None:
+        typer.echo(csv_text(rows), nl=False)
+    else:
+        write_csv(rows, out)
+        typer.echo(f"wrote {len(rows)} trial(s) of {study} to {out}", err=True)
+
+
+@sweep_app.command("delete")
+@user_errors
+def sweep_delete_cmd(
+    study: Annotated[str, typer.Argument(help="Study name.")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask first.")] = False,
+    storage: StorageOpt = None,
+    tracking_uri: UriOpt = None,
+) -> None:
+    """Delete the study and its MLflow runs (the sweep's parent run and every trial run below it); asks first."""
+    checks.safe_name(study, "study")
+    url = checks.optuna_storage(storage, must_exist=True)
+    uri = checks.tracking_store(tracking_uri, must_exist=True)
+    from .studies import delete_study, study_runs
+    from .sweep import _safe_url
+
+    found = study_runs(study, url, uri)
+    what = (f"study {study!r} ({found.n_trials} trials) in {_safe_url(url)} and {len(found.run_ids)} MLflow run(s)"
+            + (f" in experiment(s) {', '.join(found.experiments)}" if found.experiments else "")
+            + (f"; {found.n_running} trial(s) are RUNNING: their workers will fail" if found.n_running else ""))
+    if not yes and not typer.confirm(f"Delete {what}?", default=False, err=True):
+        typer.echo("nothing deleted", err=True)
+        raise typer.Exit(1)
+    delete_study(found, url, uri)
+    typer.echo(f"deleted {what}")
+
+
 @runs_app.command("gc")
 @user_errors
 def runs_gc_cmd(
@@ -589,60 +789,189 @@ def report_cmd(
         typer.echo(line)
 
 
+def _die_with_parent():
+    """preexec_fn (Linux): the child gets SIGTERM when this process dies, even by SIGKILL (PR_SET_PDEATHSIG);
+    a child whose parent is already gone stops at once. None where prctl does not exist."""
+    import os
+    import signal
+
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    libc, parent = ctypes.CDLL(None, use_errno=True), os.getpid()  # loaded here: no imports after fork
+
+    def preexec() -> None:
+        libc.prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def _answers(url: str, ok_only: bool = True) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200 or not ok_only
+    except urllib.error.HTTPError:
+        return not ok_only
+    except OSError:
+        return False
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _stop_groups(procs) -> None:
+    """SIGTERM each server's process group (by the group's id, its leader's pid), then SIGKILL what is left
+    after 15 s. Returns once every member of every group is gone (the leader reaped)."""
+    import os
+    import signal
+    import time
+
+    def alive(pgid: int) -> bool:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.time() + 15
+    for p in procs:
+        while p.poll() is None or alive(p.pid):  # poll() reaps the leader: a zombie still counts as a member
+            if time.time() > deadline:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signal.SIGKILL)
+            time.sleep(0.1)
+
+
 @app.command("ui")
 @user_errors
 def ui_cmd(
     port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the MLflow UI.")] = 5000,
     optuna: Annotated[bool, typer.Option("--optuna-dashboard", help="Also start optuna-dashboard.")] = False,
     storage: StorageOpt = None,
-    dashboard_port: Annotated[int, typer.Option(min=1, max=65535)] = 8080,
+    dashboard_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of optuna-dashboard.")] = 8080,
     tracking_uri: UriOpt = None,
 ) -> None:
-    """Start the MLflow UI on 127.0.0.1 on this project's store (and optuna-dashboard on the studies)."""
+    """Start the MLflow UI on 127.0.0.1 on this project's store (and optuna-dashboard on the studies).
+
+    The URLs are printed once the servers answer; the servers' own output goes to a log file (shown if one
+    fails). The servers stop with this command: Ctrl-C, SIGTERM, SIGHUP, or its death (Linux).
+    """
     import os
     import shlex
     import shutil
     import signal
     import subprocess
+    import tempfile
     import time
 
     uri = checks.tracking_store(tracking_uri)
     if optuna:
         storage = checks.optuna_storage(storage)
+    for p_, what in [(port, "--port")] + ([(dashboard_port, "--dashboard-port")] if optuna else []):
+        if not _port_free(p_):
+            raise ConfigError(f"{what} {p_}: the port is in use on 127.0.0.1")
+    if optuna and port == dashboard_port:
+        raise ConfigError("--port and --dashboard-port must differ")
     from . import tracking
     from .sweep import default_storage
 
     tracking.ensure_store(uri)
-    cmds = [shlex.split(tracking.ui_command(uri, port))]
+    mlflow = shlex.split(tracking.ui_command(uri, port))
+    mlflow[0] = shutil.which("mlflow") or str(Path(sys.executable).parent / "mlflow")
+    mlflow += ["--registry-store-uri", uri, "--workers", "1",
+               "--uvicorn-opts", "--log-level warning --no-access-log"]  # no per-request lines
+    servers = [("MLflow UI", mlflow, f"http://127.0.0.1:{port}", "/health")]
     if optuna:
         exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
         if not Path(exe).exists():
             raise ConfigError("optuna-dashboard is not installed: pip install optuna-dashboard")
-        cmds.append([exe, storage or default_storage(), "--host", "127.0.0.1", "--port", str(dashboard_port)])
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    cmds[0][0] = shutil.which("mlflow") or str(Path(sys.executable).parent / "mlflow")
+        servers.append(("optuna-dashboard", [exe, storage or default_storage(), "--host", "127.0.0.1",
+                                             "--port", str(dashboard_port)], f"http://127.0.0.1:{dashboard_port}", "/"))
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+           "PYTHONWARNINGS": "ignore:starlette.middleware.wsgi is deprecated"}
+    fd, log_path = tempfile.mkstemp(prefix="hmmscope-ui-", suffix=".log")
+
     def _stop(signum, frame):
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, _stop)  # `kill PID` stops the servers as Ctrl-C does
-    procs = [subprocess.Popen(c, env=env, start_new_session=True) for c in cmds]
-    typer.echo(f"MLflow UI: http://127.0.0.1:{port}" + (f"  optuna-dashboard: http://127.0.0.1:{dashboard_port}"
-                                                         if optuna else "") + "  (Ctrl-C to stop)")
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # `kill PID`, a closed terminal: stop as Ctrl-C does
+        signal.signal(sig, _stop)
+    procs: list[subprocess.Popen] = []
+    failed = None
     try:
-        while all(p.poll() is None for p in procs):
-            time.sleep(0.5)
+        with os.fdopen(fd, "wb") as log:
+            for _, cmd, _, _ in servers:  # own group: we stop it whole; dies with us even on SIGKILL
+                procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                              start_new_session=True, preexec_fn=_die_with_parent()))
+        with Spinner("starting the MLflow UI" + (" and optuna-dashboard" if optuna else "")):
+            for (name, _, url, path), p in zip(servers, procs, strict=True):
+                while not _answers(url + path, ok_only=path == "/health"):
+                    if p.poll() is not None:
+                        failed = f"{name} exited with code {p.returncode} before it answered"
+                        break
+                    time.sleep(0.25)
+                if failed:
+                    break
+        if failed is None:
+            typer.echo("  ".join(f"{name}: {url}" for name, _, url, _ in servers) + "  (Ctrl-C to stop)")
+            while all(p.poll() is None for p in procs):
+                time.sleep(0.5)
+            failed = next(f"{name} exited with code {p.returncode}" for (name, _, _, _), p in
+                          zip(servers, procs, strict=True) if p.poll() is not None)
     except KeyboardInterrupt:
         pass
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second signal must not cut the cleanup
+            signal.signal(sig, signal.SIG_IGN)
+        _stop_groups(procs)
+    if failed is not None:
+        tail = Path(log_path).read_text(errors="replace").strip().splitlines()[-15:]
+        typer.echo(f"error: {failed}; its log ({log_path}) ends:", err=True)
+        for line in tail:
+            typer.echo(f"  {line}", err=True)
+        raise typer.Exit(1)
+    Path(log_path).unlink(missing_ok=True)
+
+
+class Spinner:
+    """A spinner on stderr while something silent runs: a terminal only (nothing otherwise, or with no text).
+    A context manager; `stop()` ends it early (idempotent), e.g. when another display takes over."""
+
+    def __init__(self, text: str | None, console=None):
+        self.text, self._status = text, None
+        self.console = console
+
+    def __enter__(self):
+        console = self.console or _console(stderr=True)
+        if self.text and console.is_terminal:
+            self._status = console.status(self.text, spinner="dots")
+            self._status.__enter__()
+        return self
+
+    def stop(self) -> None:
+        status, self._status = self._status, None
+        if status is not None:
+            status.__exit__(None, None, None)
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
 # ---------------------------------------------------------------- bench
@@ -772,12 +1101,15 @@ def bench_train_cmd(
     = False,
     threads: ThreadsOpt = None,
     force: ForceOpt = False,
+    print_config: PrintConfigOpt = False,
 ) -> None:
     """Training tokens/s and MFU (vs the matmul rate measured in the same run) for a preset's model, vs HF RoFormer."""
+    cfg = build_config(preset_, config, set_, {"train.device": device})
+    if print_config:
+        return _print_config(cfg, ("hmm", "data", "model", "train"))
     from .bench import bench_train
     from .train import resolve_device
 
-    cfg = build_config(preset_, config, set_, {"train.device": device})
     dev = resolve_device(cfg.train.device)
     need = memory_estimate(cfg, "bench-train", batch_size=batch_size, seq=seq_len)
     checks.memory(need, device=str(dev), force=force, times=2 if peer else 1)

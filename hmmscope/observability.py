@@ -33,6 +33,10 @@ method="bounds" skips the exact steps: certified lower and witness upper, exact=
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -158,6 +162,44 @@ def _local_search(O, starts, deadline) -> tuple[float, np.ndarray]:
     return best, bx
 
 
+_FD1_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _no_highs_stdout():
+    """HiGHS's MIP solver printf()s debug lines ("HighsMipSolverData::...") to the C-level stdout whatever its
+    options say (disp=False included). Around the call, fd 1 goes to a temporary file; afterwards every other
+    line written there (another thread's output) is passed on to the real stdout. One thread at a time."""
+    import ctypes
+    import tempfile
+
+    try:
+        libc = ctypes.CDLL(None)
+    except (OSError, TypeError):  # no C library to flush (e.g. Windows): leave stdout alone
+        yield
+        return
+    fd = 1  # where printf writes, whatever sys.stdout is
+    with _FD1_LOCK, tempfile.TemporaryFile() as tmp:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        libc.fflush(None)
+        saved = os.dup(fd)
+        os.dup2(tmp.fileno(), fd)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+            libc.fflush(None)
+            os.dup2(saved, fd)
+            os.close(saved)
+            tmp.seek(0)
+            keep = b"".join(line for line in tmp.read().splitlines(keepends=True)
+                            if not line.startswith(b"HighsMipSolverData::"))
+            if keep:
+                os.write(fd, keep)
+
+
 def _milp(O: np.ndarray, time_limit: float, scale: float):
     """x = x+ - x-, z_i = [x_i >= 0], sum x+ = sum x- = 1/2, min sum t, t >= scale * |x O| (z_0 = 1 by symmetry).
 
@@ -173,9 +215,10 @@ def _milp(O: np.ndarray, time_limit: float, scale: float):
     lb = np.zeros(3 * S + V)
     lb[2 * S] = 1.0
     ub = np.r_[np.full(2 * S, 0.5), np.ones(S), np.full(V, np.inf)]
-    res = milp(np.r_[np.zeros(3 * S), np.ones(V)], constraints=cons, bounds=Bounds(lb, ub),
-               integrality=np.r_[np.zeros(2 * S), np.ones(S), np.zeros(V)],
-               options={"time_limit": max(time_limit, 0.01), "mip_rel_gap": 1e-9})
+    with _no_highs_stdout():
+        res = milp(np.r_[np.zeros(3 * S), np.ones(V)], constraints=cons, bounds=Bounds(lb, ub),
+                   integrality=np.r_[np.zeros(2 * S), np.ones(S), np.zeros(V)],
+                   options={"time_limit": max(time_limit, 0.01), "mip_rel_gap": 1e-9, "disp": False})
     x = None if res.x is None else _normalize(res.x[:S] - res.x[S:2 * S])
     dual = res.mip_dual_bound if res.mip_dual_bound is not None and np.isfinite(res.mip_dual_bound) else 0.0
     return x, max(0.0, float(dual) / scale)

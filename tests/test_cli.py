@@ -188,6 +188,9 @@ def test_smoke_sweep_two_workers_then_report(store):
     r = runner.invoke(app, ["sweep", "run", str(SWEEPS / "smoke.toml"), "--workers", "2"])
     assert r.exit_code == 0, r.output
     assert "smoke: 4 complete, 0 failed, 0 pruned of 4" in r.output
+    # progress (stderr is no terminal here: plain lines when the counts change), ending with every trial finished
+    assert "sweep smoke: 4/4 finished: 4 done, 0 failed, 0 running; ETA 0:00:00" in r.stderr
+    assert "HighsMipSolverData" not in r.output and "INFO" not in r.output
     r = runner.invoke(app, ["sweep", "run", str(SWEEPS / "smoke.toml"), "--workers", "2"])
     assert r.exit_code == 0 and "already complete" in r.output
     r = runner.invoke(app, ["sweep", "status", "smoke"])
@@ -266,3 +269,195 @@ def test_diverged_training_is_one_line_naming_its_failed_run(store):
     line = r.stderr.strip().splitlines()[-1]
     assert line.startswith("error: training diverged: non-finite") and f"run {run.info.run_id} ended FAILED" in line
     assert run.info.status == "FAILED" and run.data.tags["hmmscope.failure_reason"].startswith("DivergedError")
+
+
+# ---------------------------------------------------------------- a conventional, quiet CLI
+
+
+def _all_commands():
+    """Every command path of the CLI, the root group included (walked from Click's tree)."""
+    import typer.main
+
+    out, todo = [], [([], typer.main.get_command(app))]
+    while todo:
+        path, cmd = todo.pop()
+        out.append((path, cmd))
+        for name, sub in sorted(getattr(cmd, "commands", {}).items()):
+            todo.append(([*path, name], sub))
+    return out
+
+
+def _flat(text: str) -> str:
+    """Rendered help without the box and the line wrapping."""
+    return " ".join(text.replace("│", " ").split())
+
+
+def test_version():
+    from importlib.metadata import version
+
+    import hmmscope
+
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output.strip() == f"hmmscope {hmmscope.__version__}" == f"hmmscope {version('hmmscope')}"
+
+
+def test_shell_completion_is_on():
+    r = runner.invoke(app, ["--help"])
+    assert "--install-completion" in r.output and "--show-completion" in r.output
+
+
+@pytest.mark.parametrize("path", [p for p, _ in _all_commands()], ids=lambda p: " ".join(p) or "root")
+def test_help_renders_every_bracket_and_word(path):
+    """Rich markup must not eat `[hmm]`: every [word] of an option's help is in the rendered help."""
+    import re
+
+    cmd = dict((tuple(p), c) for p, c in _all_commands())[tuple(path)]
+    r = runner.invoke(app, [*path, "--help"], terminal_width=100)
+    assert r.exit_code == 0, r.output
+    shown = _flat(r.output)
+    for p in cmd.params:
+        for word in re.findall(r"\[[a-z_.]+\]", (getattr(p, "help", None) or "").replace("\\[", "[")):
+            assert word in shown, (path, p.name, word)
+    if any(p.name == "config" for p in cmd.params):
+        assert "TOML file with [hmm], [data], ... tables" in shown
+
+
+@pytest.mark.parametrize("path", [["ui"], ["sweep", "status"]])
+def test_storage_help_describes_the_default_the_command_has(path):
+    r = runner.invoke(app, [*path, "--help"], terminal_width=200)
+    shown = _flat(r.output)
+    assert "spec" not in shown.split("--storage", 1)[1].split("--", 1)[0]  # these commands read no spec
+    assert "default: ./mlruns/optuna.db" in shown
+
+
+@pytest.mark.parametrize("cmd, sections", [
+    (["generate", "x.npz", "--set", "hmm.gamma=0.5"], ["hmm", "data"]),
+    (["theory", "--gammas", "0.4", "--set", "theory.n_tokens=6"], ["theory"]),
+    (["train", "--set", "hmm.gamma=0.5", "--device", "cpu"], ["hmm", "data", "model", "train"]),
+    (["run", "--preset", "paper", "--set", "hmm.gamma=0.5"], ["hmm", "data", "model", "train", "theory"]),
+    (["bench", "train", "--set", "hmm.gamma=0.5"], ["hmm", "data", "model", "train"]),
+    (["sweep", "run", str(SWEEPS / "smoke.toml")], ["hmm", "data", "model", "train"]),
+], ids=["generate", "theory", "train", "run", "bench-train", "sweep-run"])
+def test_print_config_prints_the_resolved_config_and_exits(store, cmd, sections):
+    import tomllib
+
+    from hmmscope.config import load_toml, preset, to_dict
+
+    r = runner.invoke(app, [*cmd, "--print-config"])
+    assert r.exit_code == 0, r.output
+    data = tomllib.loads(r.stdout)
+    assert list(data) == sections
+    if cmd[0] == "theory":
+        assert data["theory"]["gammas"] == [0.4] and data["theory"]["n_tokens"] == 6
+    elif cmd[0] == "sweep":
+        assert data["hmm"]["n_tasks"] == 8 and data["data"]["n_train"] == 512  # smoke.toml's [fixed]
+        assert r.stdout.startswith("# sweep smoke (train)")
+    else:
+        assert data["hmm"]["gamma"] == 0.5
+        (store / "c.toml").write_text(r.stdout)  # --config reads it back to the same config
+        base = preset("paper" if "paper" in cmd else "tiny")
+        got = to_dict(load_toml(store / "c.toml", base))
+        assert {k: got[k] for k in sections} == data
+    assert sorted(p.name for p in store.iterdir() if p.name != "c.toml") == []  # no run, study, file or folder
+
+
+def _spec_examples():
+    import re
+    import shlex
+
+    out = []
+    for path in sorted(SWEEPS.glob("*.toml")):
+        for line in path.read_text().splitlines():
+            if line.lstrip().startswith("#"):
+                out += [(path.name, shlex.split(cmd)[1:]) for cmd in re.findall(r"`(hmmscope [^`]*)`", line)]
+    return out
+
+
+def test_spec_comments_have_examples():
+    assert any(name == "smoke.toml" for name, _ in _spec_examples())
+
+
+@pytest.mark.parametrize("name, args", _spec_examples(), ids=lambda x: x if isinstance(x, str) else None)
+def test_spec_comment_examples_work(monkeypatch, name, args):
+    """Each example command in sweeps/*.toml's comments parses (--help) and, in its dry form (--print-config),
+    reads its files, from the repository root."""
+    import typer.main
+
+    monkeypatch.chdir(SWEEPS.parent)
+    r = runner.invoke(app, [*args, "--help"])
+    assert r.exit_code == 0 and "Usage" in r.output, (name, args, r.output)
+    cmd = typer.main.get_command(app)
+    ctx_args = list(args)
+    while hasattr(cmd, "commands") and ctx_args and ctx_args[0] in cmd.commands:
+        cmd = cmd.commands[ctx_args.pop(0)]
+    assert any(p.name == "print_config" for p in cmd.params), f"{name}: `{' '.join(args)}` has no dry form"
+    r = runner.invoke(app, [*args, "--print-config"])
+    assert r.exit_code == 0, (name, args, r.output)
+
+
+def test_sweep_progress_lines_and_eta():
+    from hmmscope.cli import SweepProgress
+
+    now, lines = [0.0], []
+    bar = SweepProgress("s", 10, tty=False, echo=lines.append, clock=lambda: now[0])
+    now[0] = 10.0
+    bar({"complete": 2, "pruned": 0, "failed": 0, "running": 2}, 10)  # resumed: 2 done before we started
+    bar({"complete": 2, "pruned": 0, "failed": 0, "running": 2}, 10)  # no change, no line
+    now[0] = 110.0
+    bar({"complete": 3, "pruned": 0, "failed": 1, "running": 2}, 10)  # 2 finished in 100 s, 6 left: 300 s
+    now[0] = 200.0
+    bar({"complete": 8, "pruned": 1, "failed": 1, "running": 0}, 10)
+    assert lines == ["sweep s: 2/10 finished: 2 done, 0 failed, 2 running; ETA ?",
+                     "sweep s: 4/10 finished: 3 done, 1 failed, 2 running; ETA 0:05:00",
+                     "sweep s: 10/10 finished: 9 done, 1 failed, 0 running; ETA 0:00:00"]
+
+
+def _pty_run(args, cwd, timeout=600):
+    """Run `hmmscope ARGS` with stderr on a pseudo-terminal (stdout a pipe); returns (stdout, stderr text)."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+    import time
+
+    master, slave = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    exe = Path(sys.executable).parent / "hmmscope"
+    proc = subprocess.Popen([str(exe), *args], cwd=cwd, env={**env, "COLUMNS": "120"}, stdout=subprocess.PIPE,
+                            stderr=slave, stdin=subprocess.DEVNULL, start_new_session=True)
+    os.close(slave)
+    err, deadline = b"", time.time() + timeout
+    try:
+        while True:
+            r, _, _ = select.select([master], [], [], 0.5)
+            if r:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the pty closed: the process is gone
+                    break
+                if not chunk:
+                    break
+                err += chunk
+            elif proc.poll() is not None:
+                break
+            assert time.time() < deadline, "hmmscope did not finish"
+        out = proc.stdout.read().decode()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, 9)
+            proc.wait()
+        os.close(master)
+        proc.stdout.close()
+    return proc.returncode, out, err.decode(errors="replace")
+
+
+def test_train_shows_a_spinner_before_its_bar_on_a_terminal(store):
+    rc, out, err = _pty_run(["train", "--set", "train.steps=4", "--set", "train.eval_every=4", "--set",
+                             "data.n_train=64", "--set", "data.n_eval=16", "--no-evaluate", "--device", "cpu"], store)
+    assert rc == 0, err
+    assert "setting up: data, oracles, model" in err and "step " in err
+    assert err.index("setting up") < err.index("step ")  # the spinner, then training's own bar
+    assert "Creating initial MLflow database tables" not in err and " INFO " not in err  # a new store, quietly
+    assert "run " in out

@@ -166,3 +166,16 @@ def test_input_validation():
         m_step_emission(np.eye(2), np.eye(2), 0)
     with pytest.raises(ValueError):
         m_step_emission(np.eye(3), np.eye(2), 2)
+
+
+def test_milp_prints_nothing_on_stdout(capfd):
+    """HiGHS printf()s `HighsMipSolverData::...` debug lines on this matrix (seen on a normal theory run);
+    nothing reaches the C-level stdout, and Python's own output around the call still does."""
+    rng = np.random.default_rng(1)
+    rng.dirichlet(np.ones(12) * 0.05, size=10)
+    O = rng.dirichlet(np.ones(12) * 0.05, size=10)
+    print("before", flush=True)
+    r = observability(O, method="milp", time_limit=3.0)
+    print("after", flush=True)
+    assert r.exact and r.method == "milp"
+    assert capfd.readouterr().out == "before\nafter\n"

@@ -1,5 +1,6 @@
-"""`hmmscope ui`: a real MLflow UI on 127.0.0.1 on the project's store, stopped (with its children) by Ctrl-C;
-a moved store is served with its artifacts."""
+"""`hmmscope ui`: a real MLflow UI on 127.0.0.1 on the project's store, quiet, stopped (with its children) by
+Ctrl-C, SIGTERM or its own death; a moved store is served with its artifacts. Every process a test starts is
+stopped by its pid, and checked gone."""
 
 import json
 import os
@@ -35,8 +36,43 @@ def _get(url):
         return r.read()
 
 
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c-moved-store", "kill-new-store"])
-def test_ui_serves_the_store_and_stops_its_servers(tmp_path, stop):
+def _start_time(pid):
+    """The process's start time (clock ticks since boot), or None if it is gone (a pid can be reused)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _descendants(pid):
+    """{pid: start time} of every process below `pid` (Linux /proc)."""
+    kids = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            kids.setdefault(int(fields[1]), []).append((int(d.name), fields[19]))
+    out, todo = {}, [pid]
+    while todo:
+        for child, start in kids.get(todo.pop(), []):
+            out[child] = start
+            todo.append(child)
+    return out
+
+
+def _alive(procs):
+    return {pid for pid, start in procs.items() if _start_time(pid) == start}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
+                         ids=["ctrl-c-moved-store", "kill-new-store", "sigkill-parent"])
+def test_ui_serves_the_store_quietly_and_no_process_outlives_it(tmp_path, stop):
+    """`hmmscope ui` prints one line, its URL, once the server answers; nothing else (no MLflow table
+    creation, no Starlette warnings, no per-request lines); one uvicorn worker; and every process it started
+    is gone after Ctrl-C, SIGTERM, or its own death by SIGKILL (the servers die with their parent)."""
     run_id = None
     if stop == signal.SIGINT:  # a store written in another folder, then moved here (mv old/mlruns mlruns)
         with tracking.start_run(f"sqlite:///{tmp_path}/old/mlruns/mlflow.db", "exp", "r") as run:
@@ -45,28 +81,63 @@ def test_ui_serves_the_store_and_stops_its_servers(tmp_path, stop):
         (tmp_path / "old" / "mlruns").rename(tmp_path / "mlruns")
     port = _free_port()
     exe = Path(sys.executable).parent / "hmmscope"
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, "TMPDIR": str(tmp_path)}
+    out, err = (tmp_path / "out.txt").open("w+"), (tmp_path / "err.txt").open("w+")
     proc = subprocess.Popen([str(exe), "ui", "--port", str(port)], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdout=out, stderr=err, start_new_session=True)
+    started, printed_before_health = {}, None
     try:
         deadline = time.time() + 240  # 6-15 s on a quiet machine; minutes on a loaded one
         while not _answers(f"http://127.0.0.1:{port}/health"):
-            assert proc.poll() is None, f"hmmscope ui exited with {proc.returncode}"
+            started.update(_descendants(proc.pid))  # known as soon as they exist: stopped by pid at the end
+            if printed_before_health is None and (tmp_path / "out.txt").read_text():
+                printed_before_health = not _answers(f"http://127.0.0.1:{port}/health")
+            assert proc.poll() is None, f"hmmscope ui exited with {proc.returncode}: {(tmp_path / 'err.txt').read_text()}"
             assert time.time() < deadline, "the MLflow UI did not answer within 240 s"
-            time.sleep(0.5)
+            time.sleep(0.2)
+        started.update(_descendants(proc.pid))
+        deadline = time.time() + 30
+        while not (tmp_path / "out.txt").read_text():  # the URL, once /health answers
+            assert time.time() < deadline and proc.poll() is None, "hmmscope ui printed no URL"
+            time.sleep(0.1)
         assert (tmp_path / "mlruns" / "mlflow.db").exists()  # it serves the default store, created once
+        base = f"http://127.0.0.1:{port}"
         if run_id is not None:  # the moved store's artifacts, as the server finds them
-            base = f"http://127.0.0.1:{port}"
             files = json.loads(_get(f"{base}/api/2.0/mlflow/artifacts/list?run_id={run_id}&path=d"))["files"]
             assert [f["path"] for f in files] == ["d/x.json"]
             assert json.loads(_get(f"{base}/get-artifact?path=d/x.json&run_uuid={run_id}")) == {"x": 1}
+        _get(f"{base}/ajax-api/2.0/mlflow/experiments/search?max_results=5")
         proc.send_signal(stop)
-        assert proc.wait(timeout=60) == 0
+        assert proc.wait(timeout=60) == (-signal.SIGKILL if stop == signal.SIGKILL else 0)
         deadline = time.time() + 30
-        while _answers(f"http://127.0.0.1:{port}/health"):  # its server went with it
-            assert time.time() < deadline, "the MLflow server outlived hmmscope ui"
-            time.sleep(0.5)
+        while _alive(started):  # its servers went with it
+            assert time.time() < deadline, f"processes outlived hmmscope ui: {_alive(started)}"
+            time.sleep(0.2)
+        assert not _answers(f"http://127.0.0.1:{port}/health")
+        assert len(started) == 2, started  # mlflow, and uvicorn with one worker (its default is 4)
+        assert not printed_before_health  # the URL came once the server answered
+        assert (tmp_path / "out.txt").read_text() == f"MLflow UI: {base}  (Ctrl-C to stop)\n"
+        assert (tmp_path / "err.txt").read_text() == ""
+        logs = list(tmp_path.glob("hmmscope-ui-*.log"))  # the servers' log: removed on a clean stop
+        assert len(logs) == (1 if stop == signal.SIGKILL else 0)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        for pid in [proc.pid, *started]:  # stop what is left, by pid
+            if pid == proc.pid and proc.poll() is None or pid != proc.pid and pid in _alive(started):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+        out.close()
+        err.close()
+
+
+def test_ui_refuses_a_port_in_use(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from hmmscope.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        r = CliRunner().invoke(app, ["ui", "--port", str(s.getsockname()[1])])
+    assert r.exit_code == 2 and "the port is in use" in r.output and not (tmp_path / "mlruns").exists()
