@@ -232,8 +232,10 @@ def create_study(spec: SweepSpec, storage_url: str, uri: str):
         if have != spec.hash and have != legacy_hash(spec):
             raise ConfigError(f"{spec.path}: sweep.name: study {spec.name!r} exists in {storage_url} with a "
                               f"different spec (hash {have} != {spec.hash}); rename the sweep")
-        if have != spec.hash or study.user_attrs.get(ATTR_TEXT) != spec.text \
-                or study.user_attrs.get(ATTR_BASE) != flatten(spec.base):
+        if have != spec.hash:
+            study.set_user_attr(ATTR_HASH, spec.hash)  # a study stored with the legacy hash: the same sweep
+        if _readable(study) and (study.user_attrs.get(ATTR_TEXT) != spec.text
+                                 or study.user_attrs.get(ATTR_BASE) != flatten(spec.base)):
             _store_spec(study, spec)  # same sweep, new run-time keys (device, heartbeat, ...): workers use these
     parent = study.user_attrs.get(ATTR_PARENT)
     if parent is None:
@@ -258,6 +260,16 @@ def create_study(spec: SweepSpec, storage_url: str, uri: str):
         if prun.get().data.tags.get("hmmscope.kind") != "sweep":
             prun.set_tags({"hmmscope.kind": "sweep"})
     return study, parent, created
+
+
+def _readable(study) -> bool:
+    """Does the study's stored spec parse? (One that does not is never overwritten: its workers fail loudly.)"""
+    attrs = study.user_attrs
+    try:
+        parse_spec(attrs[ATTR_TEXT], attrs.get(ATTR_PATH, "<stored spec>"), base=from_flat(attrs[ATTR_BASE]))
+    except Exception:
+        return False
+    return True
 
 
 def _store_spec(study, spec: SweepSpec) -> None:

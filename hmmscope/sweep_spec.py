@@ -207,11 +207,9 @@ def _labels(keys: list[str]) -> dict[str, str]:
     def last(k: str) -> str:
         return k.rsplit(".", 1)[-1]
 
-    out = {k: ABBREV.get(last(k), last(k)) for k in keys}
-    for k in keys:
-        if out[k] and sum(out[j] == out[k] for j in keys) > 1:
-            out[k] = last(k) if sum(last(j) == last(k) for j in keys) == 1 else k
-    return out
+    short = {k: ABBREV.get(last(k), last(k)) for k in keys}
+    return {k: (last(k) if sum(last(j) == last(k) for j in keys) == 1 else k)
+            if short[k] and sum(short[j] == short[k] for j in keys) > 1 else short[k] for k in keys}
 
 
 def _label_value(label: str, v: Any) -> str:
