@@ -353,7 +353,7 @@ def trial_note(spec: SweepSpec, number: int, params: dict[str, Any], seed: int) 
             f"objective {spec.objective} ({spec.direction})")
 
 
-def _link(trial, uri: str, experiment: str, run_id: str, prefix: str = "mlflow") -> None:
+def _link(trial, uri: str, run_id: str, prefix: str = "mlflow") -> None:
     """User attrs that take a trial to its MLflow run: <prefix>_run_id, _experiment_id, _run_url."""
     from . import tracking
 
@@ -379,7 +379,7 @@ def run_trial(trial, spec: SweepSpec, uri: str, parent: str) -> float:
         with tempfile.TemporaryDirectory() as tmp:
             result, run_id = jobs.theory_job(cfg.theory, Path(tmp), uri=uri, experiment=spec.experiment,
                                              parent=parent, run_name=name, tags=tags, note=note)
-        _link(trial, uri, spec.experiment, run_id)
+        _link(trial, uri, run_id)
         metrics = _theory_metrics(result)
         run = tracking.existing_run(uri, run_id)
         run.log_metrics(metrics)  # the setting's numbers on the trial run itself, for side-by-side comparison
@@ -389,13 +389,13 @@ def run_trial(trial, spec: SweepSpec, uri: str, parent: str) -> float:
         hook = make_prune_hook(trial, spec.prune_metric) if spec.pruner != "none" else None
         res = train(cfg, tracking_uri=uri, experiment=spec.experiment, run_name=name, parent=parent,
                     progress=False, on_eval=hook, tags=tags, note=note)
-        _link(trial, uri, spec.experiment, res.run_id)
+        _link(trial, uri, res.run_id)
         run = tracking.existing_run(uri, res.run_id)
         metrics = {**res.metrics, **jobs.evaluate_run(uri, res.run_id, device=cfg.train.device)}
         if spec.analyze:
             an = jobs.analyze_run(uri, res.run_id, device=cfg.train.device, experiment=spec.experiment)
             metrics.update(an.metrics)
-            _link(trial, uri, spec.experiment, an.run_id, prefix="mlflow_analysis")
+            _link(trial, uri, an.run_id, prefix="mlflow_analysis")
     if spec.objective not in metrics:
         raise KeyError(f"objective {spec.objective!r} is not among the trial's metrics "
                        f"({', '.join(sorted(metrics)[:20])}, ...)")
