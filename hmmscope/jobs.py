@@ -165,7 +165,10 @@ def _analysis_metrics(shuffle, probes) -> dict[str, float]:
 
 
 def claim_tags(claims) -> dict[str, str]:
-    """verdict/<name> = "<verdict>: <reason>" and rule/<name> = the decision rule (report.py pools with it)."""
+    """verdict/<name> = "<verdict>: <reason>" and rule/<name> = the decision rule (report.py pools with it).
+
+    The keys are the claim names made MLflow-safe (tracking.safe_key): for reading, each run with claims
+    also has them as a table, claims.json (`tracking.Run.log_claims`)."""
     return {**{f"verdict/{c.name}": f"{c.verdict}: {c.reason}" for c in claims},
             **{f"rule/{c.name}": c.rule for c in claims if c.rule}}
 
@@ -180,8 +183,8 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
     episodes (episodes.probe_episodes): min(probe_tasks, n_tasks) seeded tasks, max(min_per_task,
     ceil(n_episodes / tasks)) episodes each, so every probed task has training episodes at any n_tasks.
     The results go to a child run "analysis" of the training run (a standalone run in `experiment`
-    for a checkpoint file): metrics, claims as tags (verdict/<name>, rule/<name>), tables, JSON and
-    figures (PNG + PDF) as artifacts. With `out`, the same files are kept in
+    for a checkpoint file): metrics, claims as the table claims.json and as tags (verdict/<name>,
+    rule/<name>), tables, JSON and figures (PNG + PDF) as artifacts. With `out`, the same files are kept in
     out/<training run name>-<id8>/analysis/ (a checkpoint file: out/<file stem>-<analysis id8>/analysis/).
     Bad input (unknown run, no checkpoint, k out of range) raises ValueError before any run is created.
     """
@@ -228,10 +231,14 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
     params = {"analysis.target": target, "analysis.n_episodes": len(ep), "analysis.ks": list(ks),
               "analysis.n_perms": n_perms, "analysis.seed": seed, "analysis.probe_tasks": n_pt,
               "analysis.probe_episodes": len(pep)}
+    tally = ", ".join(f"{sum(c.verdict == v for c in claims)} {v}" for v in sorted({c.verdict for c in claims}))
+    note = (f"Layerwise analysis of {'run ' + target if parent else target}: shuffle test on {len(ep)} episodes, "
+            f"probes at k = {', '.join(map(str, ks))} on {len(pep)} episodes; {len(claims)} claims ({tally})")
     with tracking.start_run(uri, experiment, "analysis", parent=parent, params=params,
-                            tags={"hmmscope.kind": "analysis"}) as run:
+                            tags={"hmmscope.kind": "analysis"}, note=note) as run:
         run.log_metrics({**metrics, **{f"analysis/{k}": v for k, v in seconds.items()}}, step=int(ck["step"]))
         run.set_tags(claim_tags(claims))
+        run.log_claims(claims)
         rid = parent or run.run_id
         title = _run_title(parent_name, rid)
         with _folder(out and run_folder(out, parent_name, rid) / "analysis") as d:
@@ -248,12 +255,25 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
 # ---------------------------------------------------------------- theory
 
 
-def log_theory(result, uri: str, experiment: str, out_files: list[Path], parent: str | None = None) -> str:
-    """One parent run for the sweep, a child run per setting; returns the parent's run id."""
+def theory_note(cfg: dict) -> str:
+    """A theory run's one-line description."""
+    def vals(k: str) -> str:
+        return ", ".join(f"{v:g}" for v in cfg[k])
+
+    return (f"Theory (Theorem 1): {cfg['family']} HMMs, gamma {vals('gammas')}, rank {vals('ranks')}, rho "
+            f"{vals('rhos')}, {vals('n_states')} states, {cfg['n_tokens']} tokens; eps(L) over "
+            f"{cfg['n_histories']} histories, seed {cfg['seed']}")
+
+
+def log_theory(result, uri: str, experiment: str, out_files: list[Path], parent: str | None = None, *,
+               run_name: str = "theory", tags: dict[str, Any] | None = None, note: str | None = None) -> str:
+    """One parent run for the sweep (params: the theory.* keys only), a child run per setting; returns the
+    parent's run id. Claims go to each run as tags and as the table claims.json."""
     cfg = result.config
-    with tracking.start_run(uri, experiment, "theory", parent=parent,
+    with tracking.start_run(uri, experiment, run_name, parent=parent,
                             params={f"theory.{k}": v for k, v in cfg.items()},
-                            tags={"hmmscope.kind": "theory"}) as run:
+                            tags={"hmmscope.kind": "theory", **(tags or {})},
+                            note=note or theory_note(cfg)) as run:
         for s in result.settings:
             p, f = s.params, s.rate_fit
             params = {"hmm.family": p["family"], "hmm.n_states": p["n_states"], "hmm.n_tokens": cfg["n_tokens"],
@@ -262,7 +282,9 @@ def log_theory(result, uri: str, experiment: str, out_files: list[Path], parent:
                       "theory.burn_in": cfg["burn_in"], "theory.floor": cfg["floor"], "theory.gamma_m": cfg["gamma_m"]}
             name = f"S{p['n_states']}-d{p['rank']}-rho{p['rho']:g}-gamma{p['gamma']:g}"
             with tracking.start_run(uri, experiment, name, parent=run, params=params,
-                                    tags={"hmmscope.kind": "theory-setting"}) as child:
+                                    tags={"hmmscope.kind": "theory-setting"},
+                                    note=f"Theory setting {name}: eps(L) at L = {', '.join(map(str, s.lengths))}; "
+                                         f"fitted decay rate {f.rate:.4g}") as child:
                 m = {"theory/dobrushin": s.dobrushin, "theory/mixing_rate": s.mixing_rate, "theory/rate": f.rate,
                      "theory/rate_lo": f.rate_ci[0], "theory/rate_hi": f.rate_ci[1],
                      "theory/log_intercept": f.intercept, "theory/fit_points": f.n_used}
@@ -274,10 +296,12 @@ def log_theory(result, uri: str, experiment: str, out_files: list[Path], parent:
                 for L, e, se in zip(s.lengths, s.eps, s.stderr):
                     child.log_metrics({"theory/eps": e, "theory/eps_stderr": se}, step=int(L))
                 child.set_tags(claim_tags(s.verdicts))
+                child.log_claims(s.verdicts)
         for fit in result.exponent_fits:
             key = f"theory/exponent{'' if fit.y_name == 'rate' else '_excess'}/{fit.x_name}/{fit.scope}"
             run.log_metrics({key: fit.k, f"{key}_lo": fit.k_ci[0], f"{key}_hi": fit.k_ci[1]})
         run.set_tags(claim_tags(result.verdicts))
+        run.log_claims(result.verdicts)
         run.log_dict("\n".join(result.summary_lines()) + "\n", "theory_summary.txt")
         for f in out_files:
             run.log_artifact(f)
@@ -296,16 +320,19 @@ def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
 
 
 def theory_job(th, out: Path, *, uri: str | None, experiment: str, parent: str | None = None,
-               progress: Callable[[int, int, str], Any] | None = None):
+               progress: Callable[[int, int, str], Any] | None = None, run_name: str = "theory",
+               tags: dict[str, Any] | None = None, note: str | None = None):
     """Run the sweep, write theory.png / theory.pdf / theory.json under `out` (the folder itself: callers give
-    each job its own, see `new_folder`), log to MLflow if `uri`. Returns (result, run_id)."""
+    each job its own, see `new_folder`), log to MLflow if `uri` (a run `run_name` with extra `tags` and the
+    one-line `note`; see log_theory). Returns (result, run_id)."""
     from .theory import plot_theory, run_theory
 
     result = run_theory(th, progress=progress)
     res_json = out / "theory.json"
     figs = plot_theory(result, out / "theory.png")
     atomic_write(res_json, lambda p: p.write_text(json.dumps(result.to_dict(), indent=2)))
-    run_id = log_theory(result, uri, experiment, [*figs, res_json], parent=parent) if uri else None
+    run_id = log_theory(result, uri, experiment, [*figs, res_json], parent=parent, run_name=run_name, tags=tags,
+                        note=note) if uri else None
     return result, run_id
 
 
@@ -381,7 +408,10 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
     from .train import train
 
     sweep_spec = parse_spec(MAIN_SWEEP, "hmmscope.jobs.MAIN_SWEEP")
-    with tracking.start_run(uri, experiment, "main", params=flatten(cfg), tags={"hmmscope.kind": "main"}) as parent:
+    note = (f"Main job: Theorem 1 theory sweep, training + Figure 1, layerwise analysis, and the training sweep "
+            f"{sweep_spec.name!r} with its report")
+    with tracking.start_run(uri, experiment, "main", params=flatten(cfg), tags={"hmmscope.kind": "main"},
+                            note=note) as parent:
         out = run_folder(out, "main", parent.run_id)  # this job's folder: nothing else writes there
         on_stage("theory sweep (Theorem 1)")
         th, theory_id = theory_job(cfg.theory, out / "theory", uri=uri, experiment=experiment, parent=parent.run_id)

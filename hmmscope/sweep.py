@@ -11,7 +11,10 @@ Design:
   sweep does nothing.
 - Seeds: a replicate sets train.seed and data.seed (kind theory: theory.seed) to the seed; hmm.seed
   stays the base value, so replicates share the HMM mixture and differ in data sample and init.
-  The seed is the Optuna param "seed" (so a retried trial keeps it).
+  The seed is the trial's user attr "seed", fixed when the trial is enqueued (grid: every point x seed;
+  tpe/random: slot i gets seeds[i % len(seeds)]) and inherited by a retry. It is not an Optuna param, so
+  samplers never tune it and optuna-dashboard never ranks it among the hyperparameters. (Studies created
+  before this kept it as the param "seed"; their trials still read it from there.)
 - Claims: every change of a trial's state is one conditional UPDATE through the storage's SQLAlchemy
   engine that succeeds for exactly one process on SQLite and PostgreSQL alike (`_claim`: WAITING ->
   RUNNING, with the trial's first heartbeat in the same transaction; `_finish`: RUNNING -> COMPLETE /
@@ -34,7 +37,11 @@ Design:
   set by a conditional insert (the attr key is unique per study): processes that start the same sweep at
   once each create a candidate (tag hmmscope.kind "sweep-candidate"), one wins the insert and tags its
   candidate "sweep", the others delete theirs. Each trial's training run (or theory run) is its child,
-  named "trial-<number>", tagged hmmscope.trial / hmmscope.study, with `flatten(cfg)` params. The parent is
+  named after what varies (`SweepSpec.trial_name`, e.g. "rope-g0.5-s0"), tagged hmmscope.trial (the trial
+  number) / hmmscope.study, with its kind's params (training: hmm/data/model/train; theory: theory), a
+  one-line mlflow.note.content, and the objective also as the metric `Objective/<objective>` (first in the
+  MLflow UI's metric lists). The trial links back: user attrs mlflow_run_id, mlflow_experiment_id and
+  mlflow_run_url (`tracking.run_url`). The study's metric name is the objective (`set_metric_names`). The parent is
   RUNNING while `run_sweep` waits for its workers and ends FINISHED when it returns (KILLED on Ctrl-C);
   bare `run_worker` calls never touch its status.
 - Orphan runs: MLflow runs carry host, pid and a heartbeat (tracking.py). `run_sweep` (at its start and
@@ -76,7 +83,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ConfigError, flatten, from_flat
-from .sweep_spec import Param, SweepSpec, parse_spec
+from .sweep_spec import Param, SweepSpec, legacy_hash, parse_spec
 
 ATTR_HASH, ATTR_TEXT, ATTR_PATH, ATTR_BASE, ATTR_PARENT = ("spec_hash", "spec_text", "spec_path",
                                                            "base_config", "mlflow_parent_run_id")
@@ -208,22 +215,28 @@ def create_study(spec: SweepSpec, storage_url: str, uri: str):
         study = optuna.load_study(study_name=spec.name, storage=storage, sampler=_sampler(spec),
                                   pruner=_pruner(spec))
     if created:
-        points = spec.grid_points() if spec.sampler == "grid" else [{} for _ in range(spec.n_trials)]
-        for i, pt in enumerate(points):
-            study.enqueue_trial(pt, user_attrs={"slot": i}, skip_if_exists=False)
-        study.set_user_attr(ATTR_TEXT, spec.text)
-        study.set_user_attr(ATTR_PATH, spec.path)
-        study.set_user_attr(ATTR_BASE, flatten(spec.base))
-        study.set_user_attr(ATTR_HASH, spec.hash)  # last: marks the study complete
+        study.set_metric_names([spec.objective])
+        if spec.sampler == "grid":
+            points = [({k: v for k, v in pt.items() if k != "seed"}, pt["seed"]) for pt in spec.grid_points()]
+        else:
+            points = [({}, spec.seeds[i % len(spec.seeds)]) for i in range(spec.n_trials)]
+        for i, (pt, seed) in enumerate(points):
+            study.enqueue_trial(pt, user_attrs={"slot": i, "seed": seed}, skip_if_exists=False)
+        _store_spec(study, spec)  # the hash last: marks the study complete
     else:
         _wait_complete(study)
         have = study.user_attrs.get(ATTR_HASH)
         if have is None:
             raise ConfigError(f"{spec.path}: sweep.name: study {spec.name!r} exists in {storage_url} but is not "
                               "a complete hmmscope sweep; choose another name or delete it")
-        if have != spec.hash:
+        if have != spec.hash and have != legacy_hash(spec):
             raise ConfigError(f"{spec.path}: sweep.name: study {spec.name!r} exists in {storage_url} with a "
                               f"different spec (hash {have} != {spec.hash}); rename the sweep")
+        if have != spec.hash:
+            study.set_user_attr(ATTR_HASH, spec.hash)  # a study stored with the legacy hash: the same sweep
+        if _readable(study) and (study.user_attrs.get(ATTR_TEXT) != spec.text
+                                 or study.user_attrs.get(ATTR_BASE) != flatten(spec.base)):
+            _store_spec(study, spec)  # same sweep, new run-time keys (device, heartbeat, ...): workers use these
     parent = study.user_attrs.get(ATTR_PARENT)
     if parent is None:
         params = {f"sweep.{k}": v for k, v in (("name", spec.name), ("kind", spec.kind),
@@ -232,7 +245,10 @@ def create_study(spec: SweepSpec, storage_url: str, uri: str):
                                                ("n_trials", spec.n_trials), ("seeds", list(spec.seeds)))}
         params.update({f"sweep.space.{p.key}": list(p.grid) if p.grid else [p.low, p.high, p.log, p.step]
                        for p in spec.space})
-        with tracking.start_run(uri, spec.experiment, f"sweep-{spec.name}", params=params,
+        varied = ", ".join(p.key for p in spec.space) or "nothing"
+        note = (f"Sweep {spec.name!r}: {spec.n_trials} {spec.kind} trials ({spec.sampler} over {varied}; seeds "
+                f"{', '.join(map(str, spec.seeds))}); objective {spec.objective} ({spec.direction})")
+        with tracking.start_run(uri, spec.experiment, f"sweep-{spec.name}", params=params, note=note,
                                 tags={"hmmscope.kind": "sweep-candidate", "hmmscope.study": spec.name,
                                       "hmmscope.spec_hash": spec.hash, "hmmscope.storage": _safe_url(storage_url)}) as run:
             run.log_dict(spec.text, "sweep.toml")
@@ -244,6 +260,24 @@ def create_study(spec: SweepSpec, storage_url: str, uri: str):
         if prun.get().data.tags.get("hmmscope.kind") != "sweep":
             prun.set_tags({"hmmscope.kind": "sweep"})
     return study, parent, created
+
+
+def _readable(study) -> bool:
+    """Does the study's stored spec parse? (One that does not is never overwritten: its workers fail loudly.)"""
+    attrs = study.user_attrs
+    try:
+        parse_spec(attrs[ATTR_TEXT], attrs.get(ATTR_PATH, "<stored spec>"), base=from_flat(attrs[ATTR_BASE]))
+    except Exception:
+        return False
+    return True
+
+
+def _store_spec(study, spec: SweepSpec) -> None:
+    """Store the spec with the study (its text, path, base config, then its identity hash)."""
+    study.set_user_attr(ATTR_TEXT, spec.text)
+    study.set_user_attr(ATTR_PATH, spec.path)
+    study.set_user_attr(ATTR_BASE, flatten(spec.base))
+    study.set_user_attr(ATTR_HASH, spec.hash)
 
 
 def _set_parent(study, run_id: str) -> str:
@@ -304,45 +338,69 @@ def _theory_metrics(result) -> dict[str, float]:
     return {k: float(v) for k, v in m.items() if v is not None}
 
 
+def trial_seed(trial, spec: SweepSpec) -> int:
+    """The trial's replicate seed: its user attr "seed" (older studies: the Optuna param "seed")."""
+    fixed = trial.study._storage.get_trial(trial._trial_id).system_attrs.get("fixed_params", {})
+    if "seed" in fixed or "seed" not in trial.user_attrs:  # a study created when the seed was a param
+        return trial.suggest_categorical("seed", list(spec.seeds))
+    return int(trial.user_attrs["seed"])
+
+
+def trial_note(spec: SweepSpec, number: int, params: dict[str, Any], seed: int) -> str:
+    """A trial run's one-line description."""
+    what = ", ".join(f"{k}={v}" for k, v in params.items())
+    return (f"Sweep {spec.name!r} trial {number} ({spec.kind}): {what + ', ' if what else ''}seed {seed}; "
+            f"objective {spec.objective} ({spec.direction})")
+
+
+def _link(trial, uri: str, run_id: str, prefix: str = "mlflow") -> None:
+    """User attrs that take a trial to its MLflow run: <prefix>_run_id, _experiment_id, _run_url."""
+    from . import tracking
+
+    trial.set_user_attr(f"{prefix}_run_id", run_id)
+    with contextlib.suppress(Exception):
+        eid = tracking.client(uri).get_run(run_id).info.experiment_id
+        trial.set_user_attr(f"{prefix}_experiment_id", eid)
+        trial.set_user_attr(f"{prefix}_run_url", tracking.run_url(uri, eid, run_id))
+
+
 def run_trial(trial, spec: SweepSpec, uri: str, parent: str) -> float:
     """One trial: config -> train + evaluate (+ analyze), or one theory setting; returns the objective."""
     from . import jobs, tracking
 
     params = {p.key: _suggest(trial, p) for p in spec.space}
-    params["seed"] = trial.suggest_categorical("seed", list(spec.seeds))
-    cfg = spec.trial_config(params)
-    name = f"trial-{trial.number}"
+    seed = trial_seed(trial, spec)
+    cfg = spec.trial_config({**params, "seed": seed})
+    name = spec.trial_name(params, seed)
+    note = trial_note(spec, trial.number, params, seed)
     tags = {"hmmscope.trial": trial.number, "hmmscope.study": spec.name, "hmmscope.kind": f"sweep-{spec.kind}",
-            "hmmscope.sweep_parent": parent}
+            "hmmscope.sweep_parent": parent, "hmmscope.seed": seed}
     if spec.kind == "theory":
         with tempfile.TemporaryDirectory() as tmp:
             result, run_id = jobs.theory_job(cfg.theory, Path(tmp), uri=uri, experiment=spec.experiment,
-                                             parent=parent)
-        trial.set_user_attr("mlflow_run_id", run_id)
+                                             parent=parent, run_name=name, tags=tags, note=note)
+        _link(trial, uri, run_id)
         metrics = _theory_metrics(result)
         run = tracking.existing_run(uri, run_id)
-        run.set_tags({**tags, "mlflow.runName": name})
-        run.log_params({k: v for k, v in flatten(cfg).items() if not k.startswith("theory.")})
         run.log_metrics(metrics)  # the setting's numbers on the trial run itself, for side-by-side comparison
     else:
         from .train import train
 
-        hook = make_prune_hook(trial, spec.objective) if spec.pruner != "none" else None
+        hook = make_prune_hook(trial, spec.prune_metric) if spec.pruner != "none" else None
         res = train(cfg, tracking_uri=uri, experiment=spec.experiment, run_name=name, parent=parent,
-                    progress=False, on_eval=hook)
-        trial.set_user_attr("mlflow_run_id", res.run_id)
+                    progress=False, on_eval=hook, tags=tags, note=note)
+        _link(trial, uri, res.run_id)
         run = tracking.existing_run(uri, res.run_id)
-        run.set_tags(tags)
         metrics = {**res.metrics, **jobs.evaluate_run(uri, res.run_id, device=cfg.train.device)}
         if spec.analyze:
             an = jobs.analyze_run(uri, res.run_id, device=cfg.train.device, experiment=spec.experiment)
             metrics.update(an.metrics)
-            trial.set_user_attr("mlflow_analysis_run_id", an.run_id)
+            _link(trial, uri, an.run_id, prefix="mlflow_analysis")
     if spec.objective not in metrics:
         raise KeyError(f"objective {spec.objective!r} is not among the trial's metrics "
                        f"({', '.join(sorted(metrics)[:20])}, ...)")
     value = float(metrics[spec.objective])
-    run.log_metrics({"sweep/objective": value})
+    run.log_metrics({tracking.objective_key(spec.objective): value})
     return value
 
 
@@ -404,7 +462,8 @@ def _finish(study, trial_id: int, state, value: float | None = None, attrs: dict
     return True
 
 
-_NOT_INHERITED = ("mlflow_run_id", "mlflow_analysis_run_id", "fail_reason", "pruned_reason", "worker")
+_NOT_INHERITED = ("mlflow_run_id", "mlflow_experiment_id", "mlflow_run_url", "mlflow_analysis_run_id",
+                  "mlflow_analysis_experiment_id", "mlflow_analysis_run_url", "fail_reason", "pruned_reason", "worker")
 
 
 def _retry(study, trial_id: int, max_retry: int | None) -> int | None:
@@ -726,12 +785,16 @@ def _best(study):
 
 
 def study_status(study_name: str, storage_url: str) -> list[dict[str, Any]]:
-    """One row per trial: number, state, params, value, mlflow_run_id, retried_from, reason, worker."""
+    """One row per trial: number, state, params (with the replicate seed), seed, value, mlflow_run_id,
+    retried_from, reason, worker."""
     study = _load(study_name, storage_url)
     rows = []
     for t in study.get_trials(deepcopy=False):
         params = dict(t.params) or dict(t.system_attrs.get("fixed_params", {}))  # WAITING: the enqueued point
-        rows.append({"number": t.number, "state": t.state.name, "params": params, "value": t.value,
+        if "seed" in t.user_attrs:
+            params["seed"] = t.user_attrs["seed"]
+        rows.append({"number": t.number, "state": t.state.name, "params": params, "seed": params.get("seed"),
+                     "value": t.value,
                      "mlflow_run_id": t.user_attrs.get("mlflow_run_id"),
                      "retried_from": t.system_attrs.get("failed_trial"),
                      "reason": None if t.state.name in ("COMPLETE", "RUNNING", "WAITING")

@@ -29,11 +29,31 @@ Spec format (TOML, validated strictly by `load_spec` before any study or run exi
     "train.lr" = {low = 1e-4, high = 1e-2, log = true}     # float (int when both bounds are ints)
     "model.n_layers" = {choices = [2, 4]}                  # categorical (a grid under sampler="grid")
     "x.y" = {low = 1, high = 8, step = 1}
+
+Identity. A study remembers its spec; running a spec under an existing study's name needs the same
+identity (`SweepSpec.hash`, sha256 of the canonical parsed spec): the keys that change what a trial
+computes or how trials are chosen and scored. Run-time keys do not count: storage, heartbeat_interval,
+grace_period, max_retry (sweep table), and the config keys train.device and train.compile (RUNTIME_CONFIG,
+in [fixed] or in the base config; the trainer accepts the same keys as changed on resume). So moving a
+sweep to a GPU, or giving it a longer heartbeat, keeps its name; the study then stores the new text.
+The experiment counts: a sweep's runs stay in one MLflow experiment. Defaults and explicit values are the
+same identity (the canonical form is the parsed spec, not its text).
+
+Trial names. A trial's MLflow run is named after what varies (`SweepSpec.trial_name`): each [space] key
+as a short label and value (strings as they are: `rope`; numbers after an abbreviation: `g0.5` for
+hmm.gamma, see ABBREV), then the replicate seed (`s0`), e.g. `rope-g0.5-s0`.
+
+Pruning. The median pruner compares a trial's intermediate values at each evaluation of the training
+loop, which logs the learning curve val/* (train.py), not the Figure 1 metrics eval/* (computed once, at
+the end). A pruned spec's objective must be a val/* key or an eval/* key with a learning-curve proxy
+(PRUNE_PROXY: eval/excess_ce -> val/excess_ce, eval/test_acc -> val/test_acc, eval/test_ce ->
+val/test_loss); the proxy is what the trial reports at each evaluation (`SweepSpec.prune_metric`).
 """
 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -71,8 +91,8 @@ MAX_GRID = 100_000
 # analysis metrics (jobs._analysis_metrics). Theory trials: sweep._theory_metrics. tests/test_sweep_spec
 # checks these sets against the metrics real trials return.
 TRAIN_OBJECTIVES = frozenset(
-    [f"{p}/{k}" for p in ("eval", "oracle") for k in ("loss", "acc", "test_loss", "test_acc")]
-    + ["eval/excess_ce", "eval/test_ce", "eval/oracle_mix_test_acc", "eval/oracle_mix_test_ce",
+    [f"{p}/{k}" for p in ("val", "oracle") for k in ("loss", "acc", "test_loss", "test_acc")]
+    + ["val/excess_ce", "eval/test_acc", "eval/excess_ce", "eval/test_ce", "eval/oracle_mix_test_acc", "eval/oracle_mix_test_ce",
        "eval/oracle_task_test_acc", "eval/oracle_task_test_ce", "eval/kl_mix", "eval/kl_task", "eval/gap_to_mix",
        "eval/gap_to_task", "eval/p_true_task"])
 MEMORY_OBJECTIVE = re.compile(r"memory/[a-z0-9_]+")
@@ -82,6 +102,15 @@ THEORY_OBJECTIVES = frozenset(
     ["theory/dobrushin", "theory/rate", "theory/rate_lo", "theory/rate_hi", "theory/log_intercept"]
     + [f"theory/{k}{s}" for k in ("gamma_O", "gamma_eff") for s in ("", "_lower", "_upper")])
 GAMMA_M_OBJECTIVES = frozenset(f"theory/gamma_m{s}" for s in ("", "_lower", "_upper"))
+PRUNE_PROXY = {"eval/excess_ce": "val/excess_ce", "eval/test_acc": "val/test_acc", "eval/test_ce": "val/test_loss"}
+# Identity (module docstring): sweep keys that do not count, and config keys that do not.
+RUNTIME_SWEEP_KEYS = frozenset({"storage", "heartbeat_interval", "grace_period", "max_retry"})
+RUNTIME_CONFIG = frozenset({"train.device", "train.compile"})
+# Trial names: short labels of common config keys (by their last part); others use that last part.
+ABBREV = {"gamma": "g", "gammas": "g", "rank": "d", "ranks": "d", "rho": "rho", "rhos": "rho", "n_states": "S",
+          "n_tasks": "T", "n_tokens": "V", "n_layers": "L", "n_heads": "H", "d_model": "dm", "d_mlp": "dmlp",
+          "window": "w", "n_demos": "k", "l_demo": "ld", "l_test": "lt", "lr": "lr", "steps": "steps",
+          "batch_size": "bs", "weight_decay": "wd", "pos_enc": "", "family": "", "precision": "", "test_start": ""}
 
 
 # ---------------------------------------------------------------- spec
@@ -149,12 +178,52 @@ class SweepSpec:
                 out.append({**dict(zip(keys, combo)), "seed": s})
         return out
 
+    @property
+    def prune_metric(self) -> str | None:
+        """The learning-curve metric a pruned trial reports at each evaluation (module docstring)."""
+        if self.objective.startswith("val/"):
+            return self.objective
+        return PRUNE_PROXY.get(self.objective)
+
+    def trial_name(self, params: Mapping[str, Any], seed: int | None = None) -> str:
+        """The run name of a trial: what varies, then the seed (module docstring), e.g. `rope-g0.5-s0`."""
+        labels = _labels([p.key for p in self.space])
+        parts = [_label_value(labels[p.key], params[p.key]) for p in self.space if p.key in params]
+        if seed is None:
+            seed = params.get("seed")
+        return "-".join([*(parts or [self.name]), *([f"s{seed}"] if seed is not None else [])])
+
     def trial_config(self, params: Mapping[str, Any]) -> Config:
         """The config of a trial with Optuna params `params` (space keys and "seed")."""
         upd = {**self.fixed, **{k: v for k, v in params.items() if k != "seed"}}
         if "seed" in params:
             upd.update(seed_keys(self.kind, params["seed"]))
         return override(self.base, upd)
+
+
+def _labels(keys: list[str]) -> dict[str, str]:
+    """key -> short label (ABBREV by the key's last part); a label two keys share falls back to the last part,
+    then to the whole key."""
+    def last(k: str) -> str:
+        return k.rsplit(".", 1)[-1]
+
+    short = {k: ABBREV.get(last(k), last(k)) for k in keys}
+    return {k: (last(k) if sum(last(j) == last(k) for j in keys) == 1 else k)
+            if short[k] and sum(short[j] == short[k] for j in keys) > 1 else short[k] for k in keys}
+
+
+def _label_value(label: str, v: Any) -> str:
+    if isinstance(v, bool):
+        return label if v else f"no{label}" if label else str(v).lower()
+    if isinstance(v, float):
+        text = f"{v:.4g}"
+    elif isinstance(v, (list, tuple)):
+        text = "_".join(_label_value("", x) for x in v)
+    else:
+        text = str(v)
+    if not label and isinstance(v, (int, float)) and not isinstance(v, bool):
+        return text
+    return f"{label}{text}"
 
 
 def seed_keys(kind: str, seed: int) -> dict[str, int]:
@@ -208,6 +277,9 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
     if pruner != "none" and kind != "train":
         raise _err(path, "sweep.pruner", "pruning needs kind='train' (intermediate evaluations)")
     objective = get("objective", str, "theory/rate" if kind == "theory" else "eval/excess_ce")
+    if pruner != "none" and not objective.startswith("val/") and objective not in PRUNE_PROXY:
+        raise _err(path, "sweep.pruner", f"pruning needs an objective the training loop reports at every evaluation "
+                                         f"(a val/* key, or one of {', '.join(sorted(PRUNE_PROXY))}), got {objective!r}")
     seeds = get("seeds", list, [0])
     if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= SEED_MAX for s in seeds) \
             or len(set(seeds)) != len(seeds):
@@ -315,9 +387,7 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
         n = get("n_trials", int, 0)
         if n < 1:
             raise _err(path, "sweep.n_trials", f"must be an int >= 1 for sampler={sampler!r}, got {n!r}")
-    canon = json.dumps({"sweep": {k: v for k, v in sw.items()}, "fixed": fixed, "space": space,
-                        "base": flatten(base)}, sort_keys=True, default=str)
-    spec = SweepSpec(name=name, path=path, text=text, hash=hashlib.sha256(canon.encode()).hexdigest()[:16],
+    spec = SweepSpec(name=name, path=path, text=text, hash=identity_hash(name, spec_kw, n, base),
                      base=base, n_trials=n, **spec_kw)
     if sampler == "grid":  # every combination must be a valid config (e.g. rank <= n_states)
         cfgs = []
@@ -336,6 +406,25 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
         _check_theory_single(spec, cfgs[0], path)
     _check_objective(spec, cfgs, path)
     return spec
+
+
+def identity_hash(name: str, kw: Mapping[str, Any], n_trials: int, base: Config) -> str:
+    """sha256 (16 hex) of what makes a sweep's results: the parsed spec less its run-time keys (module docstring)."""
+    sweep = {k: v for k, v in kw.items() if k not in ("fixed", "space") and k not in RUNTIME_SWEEP_KEYS}
+    canon = {"sweep": {**sweep, "name": name, "n_trials": n_trials},
+             "fixed": {k: v for k, v in kw["fixed"].items() if k not in RUNTIME_CONFIG},
+             "space": [dataclasses.asdict(p) for p in kw["space"]],
+             "base": {k: v for k, v in flatten(base).items() if k not in RUNTIME_CONFIG}}
+    return hashlib.sha256(json.dumps(canon, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def legacy_hash(spec: SweepSpec) -> str:
+    """The identity hash of studies created before run-time keys were left out (the spec text's tables and the
+    base config, all keys): a stored study with this hash is the same sweep."""
+    data = parse_toml(spec.text, spec.path)
+    canon = json.dumps({"sweep": dict(data.get("sweep", {})), "fixed": data.get("fixed", {}),
+                        "space": data.get("space", {}), "base": flatten(spec.base)}, sort_keys=True, default=str)
+    return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
 
 def objectives(spec: SweepSpec, cfg: Config) -> tuple[frozenset[str], tuple[re.Pattern, ...]]:

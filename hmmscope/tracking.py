@@ -33,11 +33,25 @@ now belongs to another process), or, on another host, when its last heartbeat is
 than HEARTBEAT_GRACE heartbeat intervals. `gc_runs` marks stale runs KILLED with the tag
 `hmmscope.failure_reason = "orphaned: <why>"` and the last heartbeat as end time; runs
 without these tags (older stores) are never judged.
+
+Runs that compare side by side. Every new run carries MLflow's standard tags: `mlflow.user`,
+`mlflow.source.name` (the entry point, e.g. `hmmscope train` or `hmmscope.sweep worker`),
+`mlflow.source.type` LOCAL, `mlflow.source.git.commit` (when the code is a git checkout) and, given a
+`note`, `mlflow.note.content` (the run's one-line description, shown as its Description). A run logs
+as params only the config sections of its kind (`config_params`: a training run hmm/data/model/train,
+a theory run theory). Claims go into a logged table `claims.json` (`log_claims`: MLflow's
+`log_table` format, listed in the tag `mlflow.loggedArtifacts`), one row per claim with its value,
+CI, rule, verdict and reason, beside the `verdict/<name>` / `rule/<name>` tags report.py reads.
+The MLflow UI lists a run's metrics in key order (JavaScript's default sort, i.e. code-unit order:
+upper case before lower case), so a sweep trial's objective is also logged as
+`Objective/<objective key>` (`objective_key`), which sorts before every lower-case metric key.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import getpass
 import json
 import math
 import os
@@ -45,10 +59,11 @@ import re
 import socket
 import sqlite3
 import subprocess
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -176,14 +191,102 @@ def experiment_id(uri: str, name: str) -> str:
         return exp.experiment_id
 
 
+@functools.lru_cache(maxsize=1)
 def git_commit() -> str | None:
-    """The code version: the git commit of the working tree, if any."""
+    """The code version: the commit of the git checkout this package runs from, if it runs from one.
+
+    None for an installed copy (even one inside some other repository's folder, e.g. a venv in a project):
+    the package folder must sit at the top of the checkout, as it does in hmmscope's own repository.
+    """
+    pkg = Path(__file__).resolve().parent
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or None if out.returncode == 0 else None
+        out = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], capture_output=True, text=True,
+                             timeout=5, cwd=pkg)
     except (OSError, subprocess.SubprocessError):
         return None
+    lines = out.stdout.split()
+    if out.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != pkg.parent:
+        return None
+    return lines[1]
+
+
+def source_name(argv: list[str] | None = None) -> str:
+    """The entry point, for `mlflow.source.name`: `hmmscope <command ...>` for the CLI, `hmmscope.<module>
+    <command>` for `python -m hmmscope.<module>`, else the program's file name (e.g. `pytest`)."""
+    argv = list(sys.argv if argv is None else argv) or [""]
+    prog = Path(argv[0])
+    words = []
+    for a in argv[1:3]:  # the (sub)command words, not options or paths
+        if a.startswith("-") or "/" in a or "." in a:
+            break
+        words.append(a)
+    pkg = Path(__file__).resolve().parent
+    with contextlib.suppress(OSError):
+        if prog.suffix == ".py" and prog.resolve().parent == pkg:
+            return " ".join([f"{pkg.name}.{prog.stem}", *words])
+    if prog.name == "hmmscope":
+        return " ".join([prog.name, *words])
+    return "python" if not prog.name or prog.name.startswith("-") else prog.name
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no login name (some containers)
+        return "unknown"
+
+
+def standard_tags(note: str | None = None) -> dict[str, str]:
+    """MLflow's standard run tags (module docstring); the note is cut to its first line."""
+    tags = {"mlflow.user": _user(), "mlflow.source.name": source_name(), "mlflow.source.type": "LOCAL"}
+    commit = git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    if note:
+        tags["mlflow.note.content"] = note_line(note)
+    return tags
+
+
+def note_line(note: str) -> str:
+    """One line (newlines folded), at most 500 characters."""
+    return " ".join(str(note).split())[:500]
+
+
+TRAIN_SECTIONS, THEORY_SECTIONS = ("hmm", "data", "model", "train"), ("theory",)
+
+
+def config_params(cfg: Any, sections: Iterable[str]) -> dict[str, Any]:
+    """The flat config keys of `sections` (e.g. TRAIN_SECTIONS): the params of one run kind."""
+    from .config import flatten
+
+    keep = set(sections)
+    return {k: v for k, v in flatten(cfg).items() if k.split(".", 1)[0] in keep}
+
+
+def objective_key(objective: str) -> str:
+    """The metric key that carries a sweep objective's value; it sorts first in the MLflow UI."""
+    return safe_key(f"Objective/{objective}")
+
+
+CLAIM_COLUMNS = ("claim", "value", "ci_lo", "ci_hi", "rule", "verdict", "reason", "statistic")
+
+
+def claims_table(claims: Iterable[Any]) -> dict[str, list]:
+    """stats.Claim objects -> columns (CLAIM_COLUMNS); non-finite numbers become None."""
+    def num(v: Any) -> float | None:
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            return None
+        return f if math.isfinite(f) else None
+
+    cols: dict[str, list] = {c: [] for c in CLAIM_COLUMNS}
+    for c in claims:
+        for col, v in (("claim", c.name), ("value", num(c.value)), ("ci_lo", num(c.ci_lo)), ("ci_hi", num(c.ci_hi)),
+                       ("rule", c.rule or ""), ("verdict", c.verdict), ("reason", c.reason),
+                       ("statistic", c.statistic)):
+            cols[col].append(v)
+    return cols
 
 
 def safe_key(key: str) -> str:
@@ -265,6 +368,32 @@ class Run:
             p.write_text(obj if isinstance(obj, str) else json.dumps(obj, indent=2, default=str))
             parent = str(Path(name).parent)
             self.log_artifact(p, None if parent == "." else parent)
+
+    def log_table(self, columns: Mapping[str, list], name: str) -> None:
+        """A table (equal-length columns) as the JSON artifact `name`, in `MlflowClient.log_table`'s format
+        (pandas orient="split"), listed in the tag `mlflow.loggedArtifacts`; written again, it is replaced."""
+        if not name.endswith(".json"):
+            raise ValueError(f"table name must end in .json, got {name!r}")
+        cols = list(columns)
+        n = {len(v) for v in columns.values()}
+        if len(n) > 1:
+            raise ValueError(f"table {name}: columns of different lengths {sorted(n)}")
+        rows = [list(r) for r in zip(*(columns[c] for c in cols))]
+        self.log_dict({"columns": cols, "data": rows}, name)
+        have = self.get().data.tags.get("mlflow.loggedArtifacts", "[]")
+        try:
+            logged = json.loads(have)
+        except ValueError:
+            logged = []
+        entry = {"path": name, "type": "table"}
+        if entry not in logged:
+            self.set_tags({"mlflow.loggedArtifacts": json.dumps([*logged, entry])})
+
+    def log_claims(self, claims: Iterable[Any], name: str = "claims.json") -> None:
+        """The claims as a logged table (`claims_table` columns); nothing for no claims."""
+        claims = list(claims)
+        if claims:
+            self.log_table(claims_table(claims), name)
 
     def get(self):
         """The run as MLflow returns it (info, data.params, data.metrics, data.tags)."""
@@ -383,8 +512,11 @@ def _beating(run: Run, interval: float) -> Iterator[None]:
 @contextlib.contextmanager
 def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None = None,
               params: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None,
-              resume: str | None = None) -> Iterator[Run]:
+              resume: str | None = None, note: str | None = None) -> Iterator[Run]:
     """Open a run (nested under `parent` if given), or reopen run `resume` (its status goes back to RUNNING).
+
+    A new run gets MLflow's standard tags (`standard_tags`; `note` is its one-line description, and `tags`
+    may override any of them). Reopening keeps the run's tags, except the note when one is given.
 
     The run ends FINISHED, or FAILED/KILLED with the reason in the tag `hmmscope.failure_reason`.
     While it is open it carries this process's host and pid and a heartbeat (module docstring).
@@ -395,13 +527,15 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
     if resume is not None:
         run = existing_run(uri, resume)
         c.update_run(resume, status="RUNNING")
-        run.set_tags(_liveness_tags(interval))
+        run.set_tags({**_liveness_tags(interval), **({"mlflow.note.content": note_line(note)} if note else {})})
     else:
-        all_tags = {"hmmscope.code_version": git_commit() or "unknown", **(tags or {}), **_liveness_tags(interval)}
+        std = standard_tags(note)
+        all_tags = {"hmmscope.code_version": std.get("mlflow.source.git.commit", "unknown"), **std, **(tags or {}),
+                    **_liveness_tags(interval)}
         if parent is not None:
             all_tags["mlflow.parentRunId"] = parent.run_id if isinstance(parent, Run) else parent
         r = c.create_run(experiment_id(uri, experiment), run_name=name,
-                         tags={k: str(v) for k, v in all_tags.items()})
+                         tags={safe_key(k): str(v)[:5000] for k, v in all_tags.items()})
         run = Run(uri, r.info.run_id)
     try:
         with _beating(run, interval):
@@ -482,7 +616,19 @@ def gc_runs(uri: str, *, experiments: list[str] | None = None, dry_run: bool = F
     return found
 
 
-def ui_command(uri: str, port: int = 5000) -> str:
+UI_PORT = 5000  # `hmmscope ui`'s default port
+
+
+def run_url(uri: str, experiment_id: str, run_id: str) -> str:
+    """A run's page in the MLflow UI: on the server itself for an http(s) store, else on `hmmscope ui` at its
+    default address (http://127.0.0.1:5000), which serves the local store."""
+    base = f"http://127.0.0.1:{UI_PORT}"
+    if uri.startswith(("http://", "https://")):
+        base = re.sub(r"//[^/@]*@", "//", uri.rstrip("/"))  # never a password
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def ui_command(uri: str, port: int = UI_PORT) -> str:
     """The shell command that opens the MLflow UI on this store."""
     extra = ""
     root = artifact_root(uri)

@@ -10,11 +10,16 @@ that talks to MLflow):
   permutation `default_rng([seed, e])` of the training set, so the batches depend on
   (train.seed, step) only and a resumed run sees what an uninterrupted one would.
 - Schedule `lr_at`: linear warmup, then cosine decay to min_lr at train.steps.
-- Params: `flatten(cfg)`; tags: dataset hashes, hmm config hash, device, n_params (the code
-  version is added by tracking). Metrics by step: train/{loss,lr,grad_norm,tokens_per_s}
-  every `log_every` steps; eval/{loss,acc,test_loss,test_acc,excess_ce} at step 0, every
-  eval_every steps and at the end; oracle/{loss,acc,test_loss,test_acc} (mixture oracle on
-  the eval episodes, scored on the same targets) once at step 0.
+- Params: the training sections of the config (hmm, data, model, train: `tracking.config_params`;
+  never theory.*); tags: dataset hashes, hmm config hash, device, n_params, and a one-line
+  `mlflow.note.content` (tracking adds the code version and MLflow's standard tags). Metrics by
+  step: train/{loss,lr,grad_norm,tokens_per_s} every `log_every` steps; val/{loss,acc,test_loss,
+  test_acc,excess_ce} (the learning curve on the eval episodes: cross-entropy over the full
+  vocabulary, pooled over tokens; excess_ce = val/test_loss - oracle/test_loss) at step 0, every
+  eval_every steps and at the end; oracle/{loss,acc,test_loss,test_acc} (mixture oracle on the
+  eval episodes, scored on the same targets) once at step 0. The eval/* keys belong to Figure 1
+  (evaluate.Figure1Result.headline, logged by jobs.evaluate_run at the final step): one key, one
+  measurement.
 - Checkpoints: every ckpt_every steps and at the end, the artifact checkpoints/last.pt
   (overwritten): model/optimizer state dicts, step, flat config, RNG states, metrics.
 - Resume: `train(cfg, resume=run_id)` continues that run from its checkpoint; only
@@ -81,7 +86,7 @@ class DivergedError(RuntimeError):
 @dataclass
 class TrainResult:
     run_id: str
-    metrics: dict[str, float]  # final eval/* and oracle/* metrics
+    metrics: dict[str, float]  # final val/* and oracle/* metrics
     steps: int  # optimizer steps done in total (including those before a resume)
     wall_time: float  # seconds spent in this call
     n_params: int = 0
@@ -350,17 +355,34 @@ def _progress(enabled: bool):
                     console=console, disable=not (enabled and console.is_terminal))
 
 
+def describe(cfg: Config) -> str:
+    """A training run's one-line description (its MLflow note)."""
+    h, d, m, t = cfg.hmm, cfg.data, cfg.model, cfg.train
+    return (f"Training: {m.n_layers}-layer {m.pos_enc} transformer (d_model {m.d_model}, {m.n_heads} heads"
+            f"{f', window {m.window}' if m.window else ''}) on a {h.family} HMM mixture ({h.n_tasks} tasks, "
+            f"{h.n_states} states, rank {h.rank}, gamma {h.gamma:g}); {d.n_demos} demos of {d.l_demo} + test "
+            f"{d.l_test} tokens; {t.steps} steps, lr {t.lr:g}, seed {t.seed}")
+
+
+def _val_keys(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """Metrics saved in a checkpoint, with the learning-curve keys of older checkpoints (eval/*) as val/*."""
+    return {("val/" + k[len("eval/"):] if k.startswith("eval/") else k): v for k, v in metrics.items()}
+
+
 def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_name: str | None = None,
           resume: str | None = None, parent: str | None = None, progress: bool = True,
           eval_fn: Callable[[torch.nn.Module, int], Mapping[str, float] | None] | None = None,
           log_every: int | None = None, _stop_after: int | None = None,
-          on_eval: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
+          on_eval: Callable[[int, dict[str, float]], None] | None = None,
+          tags: Mapping[str, Any] | None = None, note: str | None = None) -> TrainResult:
     """Train a Transformer on cfg's episodes in one MLflow run (new, or `resume`d); see the module docstring.
 
     eval_fn(model, step) -> {name: value} is called at every evaluation and its metrics logged at that step.
     on_eval(step, metrics) is called after each evaluation is logged (e.g. a sweep's pruning hook); an
     exception it raises ends the run like any failure (FAILED, reason tagged) and propagates.
     log_every: train/* metric cadence (default: steps // 100 clipped to [1, 50]).
+    tags: extra tags of a new run (e.g. a sweep trial's); note: its one-line description (default:
+    `describe(cfg)`).
     _stop_after: test hook; raise KeyboardInterrupt after this step (the run ends KILLED), like a kill.
     """
     t_start = time.perf_counter()
@@ -399,33 +421,34 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
             opt.load_state_dict(ck["optimizer"])
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"run {resume}: its checkpoint's optimizer state does not fit the model ({e})") from None
-        start, best = int(ck["step"]), dict(ck["metrics"].get("best", {}))
+        start, best = int(ck["step"]), _val_keys(ck["metrics"].get("best", {}))
         _set_rng_state(ck["rng"])
     fwd = torch.compile(model) if t.compile else model  # the training step only; evaluation and state dicts: `model`
     n_params = model.num_params()
     tok_per_step = t.batch_size * (ep_train.seq_len - 1)
 
-    tags = {"hmmscope.dataset_hash": ep_train.meta.get("dataset_hash", ""),
+    run_tags = {"hmmscope.dataset_hash": ep_train.meta.get("dataset_hash", ""),
             "hmmscope.eval_dataset_hash": ep_eval.meta.get("dataset_hash", ""),
             "hmmscope.hmm_hash": config_hash(cfg.hmm), "hmmscope.device": str(device), "hmmscope.precision": precision,
             "hmmscope.n_params": n_params}
     name = run_name or f"train-{config_hash(cfg.hmm, cfg.data, cfg.model, cfg.train)[:8]}"
+    params = None if resume else tracking.config_params(cfg, tracking.TRAIN_SECTIONS)
     with sigterm_interrupts(), tracking.start_run(tracking_uri, experiment, name, parent=parent, resume=resume,
-                                                  params=None if resume else flatten(cfg),
-                                                  tags=None if resume else tags) as run:
-        run.set_tags({**tags, **({"hmmscope.resumed_from_step": start, "hmmscope.target_steps": t.steps}
-                                 if resume else {})})
+                                                  params=params, tags=None if resume else {**run_tags, **(tags or {})},
+                                                  note=None if resume else (note or describe(cfg))) as run:
+        run.set_tags({**run_tags, **({"hmmscope.resumed_from_step": start, "hmmscope.target_steps": t.steps}
+                                     if resume else {})})
         last: dict[str, float] = {}
 
         def evaluate(step: int) -> None:
-            ev = {f"eval/{k}": v for k, v in evaluate_loss(model, ep_eval, device, precision=precision).items()}
+            ev = {f"val/{k}": v for k, v in evaluate_loss(model, ep_eval, device, precision=precision).items()}
             if "oracle/test_loss" in oracle:
-                ev["eval/excess_ce"] = ev["eval/test_loss"] - oracle["oracle/test_loss"]
+                ev["val/excess_ce"] = ev["val/test_loss"] - oracle["oracle/test_loss"]
             if eval_fn is not None:
                 ev.update(eval_fn(model, step) or {})
             last.clear()
             last.update(ev)
-            if ev["eval/loss"] < best.get("eval/loss", math.inf):
+            if ev["val/loss"] < best.get("val/loss", math.inf):
                 best.clear()
                 best.update(ev, step=step)
             run.log_metrics(ev, step=step)

@@ -198,7 +198,7 @@ def test_smoke_sweep_two_workers_then_report(store):
     trials = [x for x in _runs(tracking.default_tracking_uri()) if x.data.tags.get("hmmscope.kind") == "sweep-train"]
     assert len(trials) == 4
     for t in trials:  # the objectives a spec may name (checked at spec validation) are what a trial logs
-        assert {k for k in t.data.metrics if k.split("/")[0] in ("eval", "oracle")} == TRAIN_OBJECTIVES
+        assert {k for k in t.data.metrics if k.split("/")[0] in ("val", "eval", "oracle")} == TRAIN_OBJECTIVES
     r = runner.invoke(app, ["report", "smoke"])
     assert r.exit_code == 0, r.output
     md = (store / "out" / "smoke" / "report.md").read_text()

@@ -157,7 +157,7 @@ def _wait(cond, timeout: float, what: str, procs: list[subprocess.Popen] = ()):
 
 
 def _trial_runs(uri: str) -> list:
-    return [r for r in tracking.search_runs(uri, "faults") if (r.info.run_name or "").startswith("trial-")]
+    return [r for r in tracking.search_runs(uri, "faults") if "hmmscope.trial" in r.data.tags]
 
 
 def _report(proj: Path, name: str, monkeypatch) -> str:

@@ -101,9 +101,9 @@ def test_cuda_default_path_bf16_tf32_fused_compile(uri, cpu_ref):
     assert counters["stats"]["unique_graphs"] > graphs
     tags = tracking.Run(uri, res.run_id).get().data.tags
     assert tags["hmmscope.device"].startswith("cuda") and tags["hmmscope.precision"] == "bf16"
-    first = tracking.client(uri).get_metric_history(res.run_id, "eval/loss")[0].value
-    assert res.metrics["eval/loss"] < first
-    assert res.metrics["eval/loss"] == pytest.approx(cpu_ref.metrics["eval/loss"], rel=2e-2)
+    first = tracking.client(uri).get_metric_history(res.run_id, "val/loss")[0].value
+    assert res.metrics["val/loss"] < first
+    assert res.metrics["val/loss"] == pytest.approx(cpu_ref.metrics["val/loss"], rel=2e-2)
     assert res.metrics["oracle/test_loss"] == pytest.approx(cpu_ref.metrics["oracle/test_loss"], rel=1e-9)
     opt = Transformer(small().model, 5).to(DEV).configure_optimizers(0.1, 1e-3, (0.9, 0.95))
     assert opt.defaults["fused"] is True
@@ -116,7 +116,7 @@ def test_cuda_fp32_matches_cpu(uri, cpu_ref):
         res = train(small(**{"train.device": "cuda"}), tracking_uri=uri, experiment="gpu", run_name="cuda-fp32",
                     progress=False)
         assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
-    for k in ("eval/loss", "eval/test_loss", "eval/acc"):
+    for k in ("val/loss", "val/test_loss", "val/acc"):
         assert res.metrics[k] == pytest.approx(cpu_ref.metrics[k], rel=1e-3), k
 
 
@@ -136,7 +136,7 @@ def test_checkpoint_cuda_to_cpu(uri, cpu_ref, tmp_path):
     assert all(t.device.type == "cpu" for t in ck["model"].values()) and ck["step"] == 6
     res = train(small(), tracking_uri=uri, experiment="c2c", resume=run_id, progress=False)
     assert res.steps == 12 and tracking.Run(uri, run_id).get().data.tags["hmmscope.device"] == "cpu"
-    assert res.metrics["eval/loss"] == pytest.approx(cpu_ref.metrics["eval/loss"], rel=1e-3)
+    assert res.metrics["val/loss"] == pytest.approx(cpu_ref.metrics["val/loss"], rel=1e-3)
 
 
 @gpu
@@ -150,10 +150,10 @@ def test_checkpoint_cpu_to_cuda(uri, cpu_ref, tmp_path):
     raw = torch.load(tracking.Run(uri, run_id).download("checkpoints/last.pt", tmp_path), weights_only=True)
     assert all(t.device.type == "cuda" for t in raw["model"].values())
     assert all(v.device.type == "cuda" for st in raw["optimizer"]["state"].values() for v in st.values())
-    assert res.metrics["eval/loss"] == pytest.approx(cpu_ref.metrics["eval/loss"], rel=1e-3)
+    assert res.metrics["val/loss"] == pytest.approx(cpu_ref.metrics["val/loss"], rel=1e-3)
     model, _ = load_model(uri, run_id)  # CPU model from the CUDA-written checkpoint
     ep = sample_episodes(make_mixture(small().hmm), small().data, small().data.n_eval, "eval")
-    assert evaluate_loss(model, ep)["loss"] == pytest.approx(res.metrics["eval/loss"], rel=1e-4)
+    assert evaluate_loss(model, ep)["loss"] == pytest.approx(res.metrics["val/loss"], rel=1e-4)
 
 
 # ---------------------------------------------------------------- oracles, shuffle test, probes, evaluation

@@ -227,6 +227,12 @@ def test_grid_sweep_two_workers_end_to_end(tmp_path):
     assert {r.data.tags["hmmscope.trial"] for r in children} == {str(r["number"]) for r in rows}
     assert all(r.data.tags["hmmscope.study"] == "th" and "theory/rate" in r.data.metrics for r in children)
     assert {r.data.params["theory.seed"] for r in children} == {"0", "1"}
+    # the replicate seed is no hyperparameter: optuna-dashboard's importances rank the swept keys only
+    import optuna
+
+    study = optuna.load_study(study_name="th", storage=storage)
+    assert study.metric_names == ["theory/rate"]
+    assert set(optuna.importance.get_param_importances(study)) == {"theory.gammas", "theory.ranks"}
     # re-running a finished sweep adds nothing
     msgs: list[str] = []
     s2 = run_sweep(spec, workers=2, storage=storage, uri=uri, log=msgs.append)
@@ -289,10 +295,12 @@ def test_divergence_fails_the_trial_and_the_sweep_continues(tmp_path):
     rows = {r["params"]["train.lr"]: r for r in study_status("div", storage)}
     assert rows[1e6]["state"] == "FAIL" and "DivergedError" in rows[1e6]["reason"]
     assert rows[3e-3]["state"] == "COMPLETE" and rows[3e-3]["value"] is not None
-    by_name = {r.info.run_name: r for r in runs(uri)}
-    ok = by_name[f"trial-{rows[3e-3]['number']}"]
+    by_trial = {r.data.tags.get("hmmscope.trial"): r for r in runs(uri)}
+    ok = by_trial[str(rows[3e-3]["number"])]
     assert ok.info.status == "FINISHED" and "eval/kl_mix" in ok.data.metrics  # Figure 1 metrics logged
-    bad = by_name[f"trial-{rows[1e6]['number']}"]
+    assert ok.info.run_name == "lr0.003-s0" and ok.data.metrics["Objective/eval/excess_ce"] == rows[3e-3]["value"]
+    bad = by_trial[str(rows[1e6]["number"])]
+    assert bad.info.run_name == "lr1e+06-s0"
     assert bad.info.status == "FAILED" and "DivergedError" in bad.data.tags["hmmscope.failure_reason"]
 
 
@@ -304,7 +312,7 @@ def test_median_pruner_prunes_a_bad_trial(tmp_path):
     assert rows[3e-3]["state"] == "COMPLETE"
     assert rows[1e-8]["state"] == "PRUNED" and "median" in rows[1e-8]["reason"]
     assert rows[1e-8]["value"] is not None  # its last reported value, as Study.tell records it
-    bad = {r.info.run_name: r for r in runs(uri)}[f"trial-{rows[1e-8]['number']}"]
+    bad = {r.data.tags.get("hmmscope.trial"): r for r in runs(uri)}[str(rows[1e-8]["number"])]
     assert bad.info.status == "FAILED" and bad.data.tags["hmmscope.failure_reason"].startswith("TrialPruned")
 
 
@@ -387,7 +395,7 @@ def test_sweep_on_postgresql(tmp_path):
 
 def test_tpe_sweep_with_config_file_base(tmp_path):
     (tmp_path / "base.toml").write_text('[theory]\nrhos = [0.05]\nn_states = [8]\nranks = [2]\nn_tokens = 4\n'
-                                        'lengths = [1, 2, 4]\nn_histories = 40\nburn_in = 10\n')
+                                        'lengths = [1, 2, 4]\nn_histories = 200\nburn_in = 10\n')
     text = ('[sweep]\nname = "tpe"\nconfig = "base.toml"\nkind = "theory"\nsampler = "tpe"\nn_trials = 3\n'
             'seeds = [0, 1]\nexperiment = "sw"\ndirection = "maximize"\n'
             '[space]\n"theory.gammas" = {low = 0.3, high = 0.9}\n')
@@ -398,7 +406,8 @@ def test_tpe_sweep_with_config_file_base(tmp_path):
     assert run_worker("tpe", storage, uri, log=lambda m: None) == 3
     rows = study_status("tpe", storage)
     assert len(rows) == 3 and all(r["state"] == "COMPLETE" for r in rows)
-    assert all(0.3 <= r["params"]["theory.gammas"] <= 0.9 and r["params"]["seed"] in (0, 1) for r in rows)
+    assert all(0.3 <= r["params"]["theory.gammas"] <= 0.9 for r in rows)
+    assert [r["seed"] for r in sorted(rows, key=lambda r: r["number"])] == [0, 1, 0]  # replicates round-robin
     assert run_worker("tpe", storage, uri, log=lambda m: None) == 0  # exhausted: no new trials
 
 
@@ -427,7 +436,7 @@ def test_sigterm_stops_workers_and_gives_trials_back(tmp_path):
         while True:
             with contextlib.suppress(Exception):  # both trials running and their MLflow runs open
                 if sum(r["state"] == "RUNNING" for r in study_status("term", storage)) == 2 and \
-                        sum(r.info.run_name.startswith("trial-") for r in runs(uri)) == 2:
+                        sum("hmmscope.trial" in r.data.tags for r in runs(uri)) == 2:
                     break
             assert proc.poll() is None and time.time() < deadline, "the sweep never started its trials"
             time.sleep(0.2)
@@ -446,7 +455,7 @@ def test_sigterm_stops_workers_and_gives_trials_back(tmp_path):
     assert sorted((r["retried_from"], r["params"]["hmm.gamma"]) for r in waiting) == sorted(
         (r["number"], r["params"]["hmm.gamma"]) for r in failed)
     statuses = {r.info.run_name: r.info.status for r in runs(uri)}
-    assert statuses == {"sweep-term": "KILLED", **{f"trial-{r['number']}": "KILLED" for r in failed}}
+    assert statuses == {"sweep-term": "KILLED", **{f"g{r['params']['hmm.gamma']}-s0": "KILLED" for r in failed}}
 
 
 def test_analyze_adds_an_analysis_run_per_trial(tmp_path):
@@ -459,15 +468,24 @@ def test_analyze_adds_an_analysis_run_per_trial(tmp_path):
     assert any(k.startswith("shuffle/") for k in an.data.metrics)
 
 
-def test_sweep_against_mlflow_server_over_http(tmp_path, mlflow_server):
-    """Trials log through a real `mlflow server` on 127.0.0.1; the runs are read back with MLflow's REST API."""
+def test_sweep_runs_compare_side_by_side_over_http(tmp_path, mlflow_server):
+    """Issue 10, must hold: a theory sweep and a training sweep log through a real `mlflow server`; read back
+    with MLflow's REST API, the trial runs are named after what varies, each kind logs its own params under
+    the same names, every run has MLflow's standard tags, no run logs a metric key twice at one step, the
+    objective is the first metric key of every trial, and claims are a logged table."""
     import json
+    import urllib.parse
     import urllib.request
 
-    spec = theory_spec(tmp_path, name="http", ranks="[2]")
+    import optuna
+
+    th = theory_spec(tmp_path, name="http-th", ranks="[2]")
+    tr = load_spec(write(tmp_path, f'[sweep]\nname = "http-tr"\nexperiment = "sw"\n{TRAIN_FIXED}\n[space]\n'
+                                   '"model.pos_enc" = {grid = ["rope", "absolute"]}\n', "http-tr.toml"))
     storage = f"sqlite:///{tmp_path}/optuna.db"
-    s = run_sweep(spec, workers=1, storage=storage, uri=mlflow_server, log=lambda m: None)
-    assert s.finished and s.complete == s.n_trials == 2
+    for spec in (th, tr):
+        s = run_sweep(spec, workers=1, storage=storage, uri=mlflow_server, log=lambda m: None)
+        assert s.finished and s.complete == s.n_trials == 2
 
     def rest(path, body=None):
         req = urllib.request.Request(f"{mlflow_server}/api/2.0/mlflow/{path}",
@@ -476,17 +494,63 @@ def test_sweep_against_mlflow_server_over_http(tmp_path, mlflow_server):
         with urllib.request.urlopen(req, timeout=10) as r:
             return json.load(r)
 
-    exp = rest(f"experiments/get-by-name?experiment_name={spec.experiment}")["experiment"]
-    found = rest("runs/search", {"experiment_ids": [exp["experiment_id"]], "max_results": 100})["runs"]
+    exp = rest("experiments/get-by-name?experiment_name=sw")["experiment"]
+    found = rest("runs/search", {"experiment_ids": [exp["experiment_id"]], "max_results": 1000})["runs"]
     tags = {r["info"]["run_id"]: {t["key"]: t["value"] for t in r["data"].get("tags", [])} for r in found}
-    (parent,) = [rid for rid, t in tags.items() if t.get("hmmscope.kind") == "sweep"]
-    assert parent == s.parent_run_id
-    trials = [r for r in found if tags[r["info"]["run_id"]].get("mlflow.parentRunId") == parent]
-    assert len(trials) == 2 and all(r["info"]["status"] == "FINISHED" for r in trials)
-    assert {tags[r["info"]["run_id"]]["hmmscope.study"] for r in trials} == {"http"}
-    assert all(any(m["key"] == "theory/rate" for m in r["data"]["metrics"]) for r in trials)
-    params = [{p["key"] for p in r["data"]["params"]} for r in trials]
-    assert params[0] == params[1] and "theory.gammas" in params[0]
+    params = {r["info"]["run_id"]: {p["key"] for p in r["data"].get("params", [])} for r in found}
+    trials = {kind: [r for r in found if tags[r["info"]["run_id"]].get("hmmscope.kind") == f"sweep-{kind}"]
+              for kind in ("theory", "train")}
+    # names say what differs; the trial number stays a tag
+    assert sorted(r["info"]["run_name"] for r in trials["theory"]) == ["g0.5-d2-s0", "g0.8-d2-s0"]
+    assert sorted(r["info"]["run_name"] for r in trials["train"]) == ["absolute-s0", "rope-s0"]
+    assert all(tags[r["info"]["run_id"]]["hmmscope.trial"] in ("0", "1") for r in trials["theory"] + trials["train"])
+    # each kind its own params, the same names across runs of that kind
+    (theory_keys,) = {frozenset(params[r["info"]["run_id"]]) for r in trials["theory"]}
+    (train_keys,) = {frozenset(params[r["info"]["run_id"]]) for r in trials["train"]}
+    assert len(theory_keys) == 13 and all(k.startswith("theory.") for k in theory_keys)
+    assert "model.pos_enc" in train_keys and all(k.split(".")[0] in ("hmm", "data", "model", "train") for k in train_keys)
+    # MLflow's standard tags on every run (sweep parents, trials, theory settings)
+    commit = tracking.git_commit()
+    assert len(found) == 8
+    for t in tags.values():
+        assert t["mlflow.user"] and t["mlflow.source.name"] and t["mlflow.source.type"] == "LOCAL", t
+        note = t["mlflow.note.content"]
+        assert note.strip() and "\n" not in note, note
+        assert commit is None or t["mlflow.source.git.commit"] == commit
+    # one key, one meaning: no metric key logged twice at one step
+    for r in found:
+        rid = r["info"]["run_id"]
+        for key in {m["key"] for m in r["data"].get("metrics", [])}:
+            q = urllib.parse.urlencode({"run_id": rid, "metric_key": key, "max_results": 25000})
+            steps = [m.get("step", 0) for m in rest(f"metrics/get-history?{q}")["metrics"]]
+            assert len(steps) == len(set(steps)), (r["info"]["run_name"], key, steps)
+    # the objective sorts first among a trial's metric keys (the MLflow UI sorts keys in code-unit order)
+    for kind, spec in (("theory", th), ("train", tr)):
+        for r in trials[kind]:
+            keys = sorted(m["key"] for m in r["data"]["metrics"])
+            assert keys[0] == f"Objective/{spec.objective}", keys[:3]
+    assert all({"val/excess_ce", "eval/excess_ce"} <= {m["key"] for m in r["data"]["metrics"]} for r in trials["train"])
+    # claims as a logged table
+    for r in trials["theory"]:
+        rid = r["info"]["run_id"]
+        assert {"path": "claims.json", "type": "table"} in json.loads(tags[rid]["mlflow.loggedArtifacts"])
+        with urllib.request.urlopen(f"{mlflow_server}/get-artifact?path=claims.json&run_uuid={rid}", timeout=10) as f:
+            table = json.load(f)
+        assert table["columns"] == list(tracking.CLAIM_COLUMNS) and table["data"]
+        verdicts = {k[len("verdict/"):]: v for k, v in tags[rid].items() if k.startswith("verdict/")}
+        assert {tracking.safe_key(row[0]): row[5]
+                for row in table["data"]} == {k: v.split(":")[0] for k, v in verdicts.items()}
+    # Optuna: the objective's name, the seed outside the hyperparameters, each trial linked to its run
+    for spec in (th, tr):
+        study = optuna.load_study(study_name=spec.name, storage=storage)
+        assert study.metric_names == [spec.objective]
+        by_id = {r["info"]["run_id"]: r for r in found}
+        for t in study.trials:
+            assert "seed" not in t.params and t.user_attrs["seed"] == 0
+            run = by_id[t.user_attrs["mlflow_run_id"]]
+            assert tags[run["info"]["run_id"]]["hmmscope.trial"] == str(t.number)
+            assert t.user_attrs["mlflow_run_url"] == (f"{mlflow_server}/#/experiments/{exp['experiment_id']}/runs/"
+                                                      f"{run['info']['run_id']}")
 
 
 def test_main_job_sweep_is_the_shipped_smoke_spec():

@@ -227,3 +227,81 @@ def test_imports_without_fcntl():
             "import filelock; print('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+# ---------------------------------------------------------------- runs that compare side by side (issue 10)
+
+
+def test_new_runs_carry_mlflows_standard_tags_and_a_one_line_note(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    with tracking.start_run(uri, "exp", "described", note="Training: a\nsmall   run") as run:
+        pass
+    with tracking.start_run(uri, "exp", "plain"):
+        pass
+    with tracking.start_run(uri, "exp", "described", resume=run.run_id, note="reopened"):
+        pass
+    runs = {r.info.run_name: r for r in _runs(uri)}
+    for r in runs.values():
+        t = r.data.tags
+        assert t["mlflow.user"] and t["mlflow.source.type"] == "LOCAL"
+        assert t["mlflow.source.name"] == tracking.source_name()
+        commit = tracking.git_commit()  # this test runs from the checkout: the package sits at its top
+        assert commit is not None and t["mlflow.source.git.commit"] == commit == t["hmmscope.code_version"]
+    assert runs["described"].data.tags["mlflow.note.content"] == "reopened"
+    assert "mlflow.note.content" not in runs["plain"].data.tags
+    assert tracking.note_line("Training: a\nsmall   run") == "Training: a small run"
+
+
+def test_source_name_is_the_entry_point():
+    pkg = os.path.dirname(tracking.__file__)
+    assert tracking.source_name(["/venv/bin/hmmscope", "sweep", "run", "sweeps/smoke.toml"]) == "hmmscope sweep run"
+    assert tracking.source_name(["/venv/bin/hmmscope", "train", "--preset", "tiny"]) == "hmmscope train"
+    assert tracking.source_name([os.path.join(pkg, "sweep.py"), "worker", "--study", "s"]) == "hmmscope.sweep worker"
+    assert tracking.source_name(["/usr/bin/pytest", "-q"]) == "pytest"
+    assert tracking.source_name(["-c"]) == "python"
+
+
+def test_each_run_kind_logs_its_own_config_sections():
+    from hmmscope.config import Config
+
+    train = tracking.config_params(Config(), tracking.TRAIN_SECTIONS)
+    theory = tracking.config_params(Config(), tracking.THEORY_SECTIONS)
+    assert {k.split(".")[0] for k in train} == {"hmm", "data", "model", "train"}
+    assert len(theory) == 13 and all(k.startswith("theory.") for k in theory)
+
+
+def test_objective_key_sorts_before_every_metric_key_we_log():
+    keys = ["claim/x/value", "eval/excess_ce", "memory/model_tv", "oracle/loss", "probe/task/layer1/acc",
+            "shuffle/layer0/norm_change", "sweep/complete", "theory/rate", "train/loss", "val/excess_ce", "analysis/s"]
+    for objective in ("eval/excess_ce", "theory/rate", "val/loss", "claim/x/value"):
+        assert sorted([*keys, tracking.objective_key(objective)])[0] == f"Objective/{objective}"
+
+
+def test_claims_are_a_logged_table_mlflow_can_load(tmp_path, monkeypatch):
+    from hmmscope.stats import Claim
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # MlflowClient.load_table searches through the fluent API
+    claims = [Claim("eps(L) <= d exp(-g^4 L)", "slope", 0.5, 0.25, 0.75, "supported", "CI below 1", "< 1"),
+              Claim("k back", "acc", float("nan"), float("nan"), float("nan"), "no power", "too few tasks")]
+    with tracking.start_run(uri, "exp", "claims") as run:
+        run.log_claims(claims)
+        run.log_claims(claims[:1])  # written again: replaced, not appended
+        run.log_claims([])  # nothing to log
+    c = tracking.client(uri)
+    r = c.get_run(run.run_id)
+    assert json.loads(r.data.tags["mlflow.loggedArtifacts"]) == [{"path": "claims.json", "type": "table"}]
+    df = c.load_table(r.info.experiment_id, "claims.json", run_ids=[run.run_id])
+    assert list(df.columns) == list(tracking.CLAIM_COLUMNS)
+    assert df.to_dict("records") == [{"claim": "eps(L) <= d exp(-g^4 L)", "value": 0.5, "ci_lo": 0.25, "ci_hi": 0.75,
+                                      "rule": "< 1", "verdict": "supported", "reason": "CI below 1",
+                                      "statistic": "slope"}]
+    assert tracking.claims_table(claims[1:])["value"] == [None]  # NaN is no number in JSON
+    with pytest.raises(ValueError, match="different lengths"):
+        tracking.Run(uri, run.run_id).log_table({"a": [1], "b": []}, "t.json")
+
+
+def test_run_url_never_carries_a_password():
+    assert tracking.run_url("https://u:secret@mlflow.example/x/", "3", "abc") == \
+        "https://mlflow.example/x/#/experiments/3/runs/abc"
+    assert tracking.run_url("sqlite:////a/mlflow.db", "1", "r") == "http://127.0.0.1:5000/#/experiments/1/runs/r"

@@ -16,7 +16,7 @@ from pathlib import Path
 from hmmscope import tracking
 from hmmscope.sweep import default_storage, study_status
 
-METRICS = ("eval/excess_ce", "eval/test_acc", "eval/loss", "eval/kl_mix", "oracle/test_loss", "oracle/test_acc",
+METRICS = ("eval/excess_ce", "eval/test_acc", "val/loss", "eval/loss", "eval/kl_mix", "oracle/test_loss", "oracle/test_acc",
            "train/wall_time_s", "train/tokens_per_s")
 
 

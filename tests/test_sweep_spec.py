@@ -1,0 +1,144 @@
+"""Sweep specs: identity (run-time keys do not count), trial names, the pruning proxy, objective sets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hmmscope.config import ConfigError
+from hmmscope.sweep import ATTR_HASH, create_study, spec_of_study
+from hmmscope.sweep_spec import PRUNE_PROXY, TRAIN_OBJECTIVES, _labels, legacy_hash, parse_spec
+
+BASE = """
+[sweep]
+name = "ident"
+experiment = "sw"
+{sweep}
+
+[fixed]
+"train.steps" = 10
+"train.min_lr" = 1e-6
+{fixed}
+
+[space]
+"model.pos_enc" = {{grid = ["rope", "absolute"]}}
+"hmm.gamma" = {{grid = [0.5, 0.9]}}
+"""
+
+
+def spec(sweep: str = "", fixed: str = "", path: str | Path = "ident.toml"):
+    return parse_spec(BASE.format(sweep=sweep, fixed=fixed), path)
+
+
+# ---------------------------------------------------------------- identity
+
+
+RUNTIME = [('heartbeat_interval = 5\ngrace_period = 20', ""), ("max_retry = 7", ""),
+           ('storage = "sqlite:////elsewhere/optuna.db"', ""), ("", '"train.device" = "cuda"'),
+           ("", '"train.compile" = true'), ('objective = "eval/excess_ce"\ndirection = "minimize"', "")]
+
+
+@pytest.mark.parametrize("sweep,fixed", RUNTIME, ids=["heartbeat", "retries", "storage", "device", "compile",
+                                                      "explicit-defaults"])
+def test_run_time_keys_leave_the_identity_alone(sweep, fixed):
+    assert spec(sweep, fixed).hash == spec().hash
+
+
+RESULT = [("seeds = [0, 1]", ""), ('objective = "eval/test_acc"', ""), ('direction = "maximize"', ""),
+          ("analyze = true", ""), ('experiment = "other"', ""), ("", '"train.lr" = 1e-3'),
+          ("", '"train.precision" = "bf16"'), ('base = "paper"', "")]
+
+
+@pytest.mark.parametrize("sweep,fixed", RESULT, ids=["seeds", "objective", "direction", "analyze", "experiment",
+                                                     "lr", "precision", "base"])
+def test_result_keys_change_the_identity(sweep, fixed):
+    text = BASE.format(sweep=sweep, fixed=fixed)
+    if sweep.startswith("experiment"):
+        text = text.replace('experiment = "sw"\n', "")
+    assert parse_spec(text, "ident.toml").hash != spec().hash
+
+
+def test_device_in_the_base_config_is_run_time_too(tmp_path):
+    for dev in ("cpu", "cuda"):
+        (tmp_path / f"{dev}.toml").write_text(f'[train]\ndevice = "{dev}"\n')
+    a, b = (parse_spec(BASE.format(sweep=f'config = "{d}.toml"', fixed=""), tmp_path / "s.toml") for d in ("cpu", "cuda"))
+    assert a.base.train.device != b.base.train.device and a.hash == b.hash
+
+
+def test_changing_a_run_time_key_keeps_the_sweep_name_and_workers_see_the_change(tmp_path):
+    storage, uri = f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/mlflow.db"
+    first = spec(path=tmp_path / "ident.toml")
+    create_study(first, storage, uri)
+    moved = spec('heartbeat_interval = 7\ngrace_period = 30', '"train.device" = "cuda"', tmp_path / "ident.toml")
+    study, _, created = create_study(moved, storage, uri)  # no "rename the sweep"
+    assert not created
+    stored = spec_of_study("ident", storage)  # what workers run with: the new run-time keys
+    assert stored.heartbeat_interval == 7 and stored.grace_period == 30
+    assert stored.fixed["train.device"] == "cuda" and stored.hash == first.hash
+    with pytest.raises(ConfigError, match="different spec"):  # a key that changes results still needs a new name
+        create_study(spec("seeds = [0, 1]", path=tmp_path / "ident.toml"), storage, uri)
+
+
+def test_a_study_stored_with_the_old_hash_is_the_same_sweep(tmp_path):
+    storage, uri = f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/mlflow.db"
+    s = spec(path=tmp_path / "ident.toml")
+    study, _, _ = create_study(s, storage, uri)
+    study.set_user_attr(ATTR_HASH, legacy_hash(s))  # as a study created before run-time keys were left out
+    assert legacy_hash(s) != s.hash
+    study, _, created = create_study(s, storage, uri)
+    assert not created and study.user_attrs[ATTR_HASH] == s.hash  # upgraded
+    study.set_user_attr(ATTR_HASH, legacy_hash(spec("seeds = [0, 1]")))
+    with pytest.raises(ConfigError, match="different spec"):
+        create_study(s, storage, uri)
+
+
+def test_shipped_main_sweep_keeps_its_identity():
+    from hmmscope.jobs import MAIN_SWEEP
+
+    root = Path(__file__).resolve().parents[1]
+    shipped = parse_spec((root / "sweeps" / "smoke.toml").read_text(), root / "sweeps" / "smoke.toml")
+    assert parse_spec(MAIN_SWEEP, "main").hash == shipped.hash
+
+
+# ---------------------------------------------------------------- trial names
+
+
+def test_trial_names_say_what_differs():
+    s = spec()
+    assert s.trial_name({"model.pos_enc": "rope", "hmm.gamma": 0.5}, 0) == "rope-g0.5-s0"
+    assert s.trial_name({"model.pos_enc": "absolute", "hmm.gamma": 0.9, "seed": 3}) == "absolute-g0.9-s3"
+    tpe = parse_spec('[sweep]\nname = "t"\nsampler = "tpe"\nn_trials = 2\n[fixed]\n"train.min_lr" = 1e-6\n[space]\n'
+                     '"train.lr" = {low = 1e-4, high = 1e-2, log = true}\n"model.n_layers" = {choices = [1, 2]}\n'
+                     '"train.compile" = {choices = [true, false]}\n', "t.toml")
+    assert tpe.trial_name({"train.lr": 0.000316227766, "model.n_layers": 2, "train.compile": False}, 1) == \
+        "lr0.0003162-L2-nocompile-s1"
+    bare = parse_spec('[sweep]\nname = "bare"\nseeds = [4]\n', "bare.toml")
+    assert bare.trial_name({}, 4) == "bare-s4"
+    theory = parse_spec('[sweep]\nname = "th"\nkind = "theory"\n[fixed]\n"theory.rhos" = [0.05]\n'
+                        '"theory.n_states" = [8]\n[space]\n"theory.gammas" = {grid = [0.5]}\n'
+                        '"theory.ranks" = {grid = [2]}\n', "th.toml")
+    assert theory.trial_name({"theory.gammas": 0.5, "theory.ranks": 2}, 0) == "g0.5-d2-s0"
+
+
+def test_labels_of_keys_that_share_an_abbreviation_fall_back_to_something_distinct():
+    assert _labels(["hmm.gamma", "theory.gammas"]) == {"hmm.gamma": "gamma", "theory.gammas": "gammas"}
+    assert _labels(["data.seed", "hmm.seed"]) == {"data.seed": "data.seed", "hmm.seed": "hmm.seed"}
+    assert _labels(["model.pos_enc", "hmm.family"]) == {"model.pos_enc": "", "hmm.family": ""}
+
+
+# ---------------------------------------------------------------- objectives and pruning
+
+
+def test_learning_curve_and_figure1_objectives_are_distinct_keys():
+    assert {"val/loss", "val/acc", "val/test_loss", "val/test_acc", "val/excess_ce"} <= TRAIN_OBJECTIVES
+    assert {"eval/excess_ce", "eval/test_acc", "eval/kl_mix"} <= TRAIN_OBJECTIVES
+    assert "eval/loss" not in TRAIN_OBJECTIVES and "eval/acc" not in TRAIN_OBJECTIVES
+
+
+def test_pruning_reports_the_learning_curve_proxy_of_the_objective():
+    assert spec('pruner = "median"').prune_metric == "val/excess_ce" == PRUNE_PROXY["eval/excess_ce"]
+    assert spec('pruner = "median"\nobjective = "val/loss"').prune_metric == "val/loss"
+    assert spec('objective = "eval/kl_mix"').prune_metric is None  # no pruner: fine
+    with pytest.raises(ConfigError, match=r"ident.toml: sweep.pruner: pruning needs an objective"):
+        spec('pruner = "median"\nobjective = "eval/kl_mix"')
