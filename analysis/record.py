@@ -1,15 +1,14 @@
-"""Write RUN.md and trials.csv for a finished sweep's record under analysis/results/<sweep>/.
+"""Write RUN.md for a finished sweep's record under analysis/results/<sweep>/.
 
     python analysis/record.py --sweep rope-vs-absolute-cpu
 
 RUN.md gives the exact commands that made the record (sweep, report, figures), the git commit the
 trials ran (their hmmscope.code_version tags), the machine, the sweep's wall time (first trial start to
-last trial end, from the Optuna study) and its trial counts by state. trials.csv has one row per
-COMPLETE trial: the swept params, the replicate seed, the objective and the headline metrics, run ids.
+last trial end, from the Optuna study) and its trial counts by state. The record's trials.csv (one row
+per COMPLETE trial: params, metrics, run ids) is written by `hmmscope report`, beside report.md.
 """
 from __future__ import annotations
 
-import csv
 import os
 import platform
 import subprocess
@@ -18,8 +17,6 @@ from pathlib import Path
 from sweepdata import RESULTS, load_sweep, parser
 
 FIGURES = {"train": ["figure1", "figure2", "figure3", "practice_vs_theory", "depth_vs_rank"], "theory": ["theorem1"]}
-HEADLINE = ("eval/excess_ce", "eval/test_acc", "eval/oracle_mix_test_acc", "eval/oracle_task_test_acc",
-            "eval/kl_mix", "memory/receptive_field", "memory/model_tv", "memory/eps")
 
 
 def machine() -> str:
@@ -51,16 +48,6 @@ def main(argv=None) -> int:
     commits = sorted({client.get_run(t.run_id).data.tags.get("hmmscope.code_version", "unknown") for t in sw.trials})
     out = args.out or RESULTS / sw.name
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "trials.csv", "w", newline="") as f:
-        cols = ["trial", "seed", *sw.varied, sw.objective,
-                *(k for k in HEADLINE if k != sw.objective and any(k in t.metrics for t in sw.trials)),
-                "run_id", "analysis_run_id"]
-        w = csv.DictWriter(f, cols, extrasaction="ignore")
-        w.writeheader()
-        for t in sw.trials:
-            w.writerow({"trial": t.number, "seed": t.seed, **{k: t.params.get(k, "") for k in sw.varied},
-                        **{k: t.metrics.get(k, "") for k in cols if "/" in k},
-                        "run_id": t.run_id, "analysis_run_id": t.analysis_run_id or ""})
     figs = [f for f in FIGURES[sw.kind] if (out / "figures" / f"{f}.png").exists()]
     counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(sw.counts.items()))
     wall = (t1 - t0).total_seconds()
@@ -89,10 +76,10 @@ def main(argv=None) -> int:
               "```", "",
               "The store (mlruns/mlflow.db, mlruns/optuna.db, checkpoints) is not kept here; only text and figures.",
               "", "## Files", "", "- `report.md` (and `report.html`): `hmmscope report`",
-              "- `trials.csv`: one row per COMPLETE trial (swept params, seed, objective, headline metrics, run ids)",
+              "- `trials.csv`: one row per COMPLETE trial (params, every metric, run ids): `hmmscope report`",
               *(f"- `figures/{f}.png`, `.pdf`, and its tables `figures/*.csv`: `analysis/{f}.py`" for f in figs), ""]
     (out / "RUN.md").write_text("\n".join(lines))
-    print(f"record: {out / 'RUN.md'}, {out / 'trials.csv'}")
+    print(f"record: {out / 'RUN.md'}")
     return 0
 
 
