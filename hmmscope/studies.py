@@ -80,12 +80,13 @@ def _cell(v: Any) -> Any:
 def export_rows(name: str, storage_url: str) -> list[dict[str, Any]]:
     """One row per trial (see the module docstring); every row has the same columns."""
     trials = _study(name, storage_url).get_trials(deepcopy=False)
-    pkeys = sorted({k for t in trials for k in _trial_params(t)})
-    akeys = sorted({k for t in trials for k in t.user_attrs} - {"mlflow_run_id"})
+    pkeys = sorted({k for t in trials for k in _trial_params(t)} - {"seed"})
+    akeys = sorted({k for t in trials for k in t.user_attrs} - {"mlflow_run_id", "seed"})
     rows = []
     for t in trials:
         params = _trial_params(t)
-        row = {"number": t.number, "state": t.state.name, "value": _cell(t.value),
+        seed = t.user_attrs.get("seed", params.get("seed"))  # the replicate seed (a param in older studies)
+        row = {"number": t.number, "state": t.state.name, "value": _cell(t.value), "seed": _cell(seed),
                "datetime_start": t.datetime_start.isoformat() if t.datetime_start else "",
                "datetime_complete": t.datetime_complete.isoformat() if t.datetime_complete else ""}
         row.update({f"param.{k}": _cell(params.get(k)) for k in pkeys})

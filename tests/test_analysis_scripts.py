@@ -52,13 +52,14 @@ experiment = "an"
 "train.ckpt_every" = 6
 "train.device" = "cpu"
 
+"hmm.rank" = 2
+
 [space]
 "model.n_layers" = {grid = [1, 2]}
-"hmm.rank" = {grid = [2, 4]}
 """
 
 WINDOWED = TRAIN.replace('name = "tiny-train"', 'name = "tiny-window"').replace("analyze = true", "").replace(
-    "seeds = [0, 1]", "seeds = [0]").replace('"hmm.rank" = {grid = [2, 4]}', "").replace(
+    "seeds = [0, 1]", "seeds = [0]").replace(
     '"model.max_len" = 64', '"model.max_len" = 64\n"model.window" = 3')
 
 THEORY = """
@@ -132,8 +133,7 @@ def test_figure1(store, capsys):
 def test_figure2_and_figure3_pool_the_analysis_runs(store, capsys):
     out, _ = run(store, "figure2", "tiny-train", capsys)
     r = rows(out / "figure2_by_layer.csv")
-    cells = {(x["model.n_layers"], x["hmm.rank"]) for x in r}
-    assert cells == {("1", "2"), ("1", "4"), ("2", "2"), ("2", "4")}
+    assert {x["model.n_layers"] for x in r} == {"1", "2"}
     for n in (1, 2):  # layers 1..n_layers: block b's attention is layer b + 1, as in Figure 3
         assert {int(x["layer"]) for x in r if x["model.n_layers"] == str(n)} == set(range(1, n + 1))
     out, _ = run(store, "figure3", "tiny-train", capsys)
@@ -152,9 +152,9 @@ def test_practice_vs_theory(store, capsys):
 def test_depth_vs_rank(store, capsys):
     out, text = run(store, "depth_vs_rank", "tiny-train", capsys)
     r = rows(out / "depth_vs_rank.csv")
-    assert {(x["rank"], x["n_layers"]) for x in r} == {("2", "1"), ("2", "2"), ("4", "1"), ("4", "2")}
+    assert {(x["rank"], x["n_layers"]) for x in r} == {("2", "1"), ("2", "2")}
     need = rows(out / "depth_vs_rank_layers_needed.csv")
-    assert {x["rank"] for x in need} == {"2", "4"}
+    assert [x["rank"] for x in need] == ["2"] and need[0]["layers_needed"] in ("1", "2")
     assert all("underpowered" in x["power"] for x in need)  # 2 seeds per cell: said plainly
 
 

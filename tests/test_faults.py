@@ -171,6 +171,7 @@ def _report(proj: Path, name: str, monkeypatch) -> str:
 # ---------------------------------------------------------------- interrupted sweeps, killed workers
 
 
+@pytest.mark.slow  # ~80 s on 2 quiet cores; test_sweep.py's kill / SIGTERM tests cover the default suite
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads worker processes through /proc")
 def test_interrupts_and_killed_workers_count_the_grid_once(tmp_path, template, monkeypatch):
     """A 4-trial grid with 2 workers, run twice:

@@ -98,12 +98,12 @@ def test_export_rows_one_per_trial(two):
     storage, uri = stores(tmp)
     rows = export_rows("a", storage)
     assert [r["number"] for r in rows] == [0, 1] and {r["state"] for r in rows} == {"COMPLETE"}
-    assert sorted(r["param.theory.gammas"] for r in rows) == [0.5, 0.8] and {r["param.seed"] for r in rows} == {0}
+    assert sorted(r["param.theory.gammas"] for r in rows) == [0.5, 0.8] and {r["seed"] for r in rows} == {0}
     assert len({tuple(r) for r in rows}) == 1  # the same columns in every row
     for r in rows:  # the value is the objective its MLflow run logged; the run is a child of the sweep's parent
         run = tracking.get_run(uri, r["mlflow_run_id"])
         assert run.data.tags["mlflow.parentRunId"] == pa
-        assert r["value"] == pytest.approx(run.data.metrics["sweep/objective"])
+        assert r["value"] == pytest.approx(run.data.metrics[tracking.objective_key("theory/rate")])
         assert r["attr.slot"] in (0, 1) and r["datetime_start"] < r["datetime_complete"]
 
 
