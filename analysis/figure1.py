@@ -43,8 +43,9 @@ def main(argv=None) -> int:
     write_table(rows, out, "figure1_by_k")
 
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), layout="constrained")
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, data, xname in ((axes[0], by_k, "demonstrations k"), (axes[1], by_pos, "position in the test segment")):
         for i, c in enumerate(cells):
@@ -56,15 +57,17 @@ def main(argv=None) -> int:
                 stats = [mean_ci(data[c, pred, x]) for x in xs]
                 ys = [s[0] for s in stats]
                 ax.plot(xs, ys, ls=ls, marker=mk, color=col, ms=4,
-                        label=f"{label(sw, c)}: {pred.replace('_', ' ')}" if pred == "model" or i == 0 else None)
+                        label=label(sw, c) if pred == "model" else None)
                 if pred == "model":
                     ax.fill_between(xs, [s[1] for s in stats], [s[2] for s in stats], color=col, alpha=0.2)
         if n_tokens:
             ax.axhline(1 / n_tokens, color="gray", lw=0.8, label=f"chance 1/{n_tokens}")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(xname)
         ax.set_ylabel("next-token accuracy")
         ax.set_ylim(0, 1)
-    axes[0].set_title(f"{sw.name}: accuracy vs demonstrations (mean over seeds, 95% CI)")
+    fig.suptitle(f"{sw.name}: Figure 1, model (solid, 95% CI over seeds), task oracle (dotted), mixture oracle (dashed)")
+    axes[0].set_title("accuracy vs demonstrations k")
     axes[1].set_title("accuracy along the test segment (all demonstrations)")
     axes[1].legend(fontsize=7, loc="lower right")
     save(fig, out, "figure1")
