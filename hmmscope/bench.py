@@ -163,12 +163,17 @@ def bench_filter(n_seqs: int = 4096, length: int = 256, peer_length: int = 20000
 
 
 def bench_oracle(n_tasks=(512, 2048, 8192), n_episodes: int = 16, dtype: str = "float64", torch_peer: bool = True,
-                 full_episodes: int = 1024) -> dict[str, Any]:
+                 full_episodes: int = 1024, device: str = "cpu", chunks=(None,)) -> dict[str, Any]:
     """Mixture-oracle wall time at the paper's shape (128 states, 16 tokens, rank 8, 358-token episodes)
-    for each n_tasks, on `n_episodes` held-out episodes; `full_episodes` scales the per-episode part
-    linearly to the paper's evaluation set (the per-task tables, timed apart, are paid once): an
-    extrapolation, labelled so. With torch_peer, the smallest n_tasks is
-    also timed on the torch path (the one CUDA runs) on the first 4 of the same episodes, per episode."""
+    for each n_tasks, on `n_episodes` held-out episodes.
+
+    CPU: `full_episodes` scales the per-episode part linearly to the paper's evaluation set (the per-task
+    tables, timed apart, are paid once): an extrapolation, labelled so. With torch_peer, the smallest
+    n_tasks is also timed on the torch path (the one CUDA runs) on the first 4 of the same episodes.
+    CUDA: the torch path on all `n_episodes` (set it to 1024 to time the evaluation set itself, not an
+    extrapolation), once per chunk size in `chunks` (None: inference.cuda_chunk's choice), after a warm-up
+    call; each timing ends with a device synchronize. Its rows also give the largest difference from the
+    CPU kernel on the first 2 episodes (same mixture, same dtype)."""
     import torch
 
     from . import inference
@@ -178,10 +183,14 @@ def bench_oracle(n_tasks=(512, 2048, 8192), n_episodes: int = 16, dtype: str = "
 
     cfg = preset("paper")
     dt = {"float32": torch.float32, "float64": torch.float64}[dtype]
+    dev = torch.device(device)
     rows = []
     for n in n_tasks:
         mix = make_mixture(dataclasses.replace(cfg.hmm, n_tasks=n), dtype=np.float32)
         ep = sample_episodes(mix, cfg.data, n_episodes, split="eval")
+        if dev.type == "cuda":
+            rows += _oracle_cuda_rows(mix, ep, dt, dev, chunks, full_episodes)
+            continue
         inference.mixture_oracle(mix, ep.subset(slice(0, 1)), posterior_at="test_start", dtype=dt)  # load / warm up
         t0, c0 = time.perf_counter(), time.process_time()
         inference.mixture_oracle(mix, ep, posterior_at="test_start", dtype=dt)
@@ -206,9 +215,37 @@ def bench_oracle(n_tasks=(512, 2048, 8192), n_episodes: int = 16, dtype: str = "
                 inference._numba = saved
             row["torch_path_ratio"] = row["torch_path_s_per_episode"] / (s / n_episodes)
         rows.append(row)
-    kernel = "numba kernel" if inference._numba() is not None else "torch path (numba not installed)"
-    return {"rows": rows, "n_episodes": n_episodes, "dtype": dtype, "path": kernel,
+    if dev.type == "cuda":
+        kernel = f"torch path on {torch.cuda.get_device_name(dev)}"
+    else:
+        kernel = "numba kernel" if inference._numba() is not None else "torch path (numba not installed)"
+    return {"rows": rows, "n_episodes": n_episodes, "dtype": dtype, "path": kernel, "device": str(dev),
             "threads": torch.get_num_threads()}
+
+
+def _oracle_cuda_rows(mix, ep, dt, dev, chunks, full_episodes: int) -> list[dict[str, Any]]:
+    import torch
+
+    from . import inference
+
+    n, N, T = mix.n_tasks, len(ep), ep.tokens.shape[1]
+    ref, _ = inference.mixture_oracle(mix, ep.subset(slice(0, 2)), posterior_at="test_start", dtype=dt)  # CPU
+    rows = []
+    for c in chunks:
+        chunk = c if c is not None else inference.cuda_chunk(n, N, mix.n_tokens, mix.rank, dt, dev)
+        got, _ = inference.mixture_oracle(mix, ep.subset(slice(0, 2)), posterior_at="test_start", dtype=dt,
+                                          device=dev, chunk_tasks=chunk)  # warm-up, and the check against the CPU
+        diff = float(torch.nan_to_num(got.cpu() - ref, nan=0.0).abs().max())
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        t0 = time.perf_counter()
+        inference.mixture_oracle(mix, ep, posterior_at="test_start", dtype=dt, device=dev, chunk_tasks=chunk)
+        torch.cuda.synchronize(dev)
+        s = time.perf_counter() - t0
+        rows.append({"n_tasks": n, "chunk_tasks": chunk, "auto_chunk": c is None, "seconds": s,
+                     "ns_per_task_token": s / (n * N * T) * 1e9, "peak_gib": torch.cuda.max_memory_allocated(dev) / 2**30,
+                     "full_s": s * full_episodes / N, "measured_full": N == full_episodes, "max_abs_vs_cpu": diff})
+    return rows
 
 
 def bench_paper_dataset() -> dict[str, float]:

@@ -1061,9 +1061,23 @@ def bench_oracle_cmd(
     n_episodes: Annotated[int, typer.Option(min=1, help="Held-out episodes timed per task count.")] = 16,
     dtype: Annotated[str, typer.Option(help="float32 or float64 (evaluate and train use float64).")] = "float64",
     threads: ThreadsOpt = None,
+    device: Annotated[str, typer.Option(help="cpu (the numba kernel) or cuda / cuda:N (the torch path).")] = "cpu",
+    chunk_tasks: Annotated[str, typer.Option(help="On CUDA: comma-separated tasks per chunk to time, "
+                                                  "'auto' for the oracle's own choice.")] = "auto",
 ) -> None:
     """Mixture-oracle cost vs n_tasks at the paper's shape (128 states, 16 tokens, rank 8, 358 tokens)."""
     from .bench import bench_oracle
+    from .train import resolve_device
+
+    dev = resolve_device(device)
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu or cuda[:N], got {device!r}")
+    try:
+        chunks = [None if x.strip() == "auto" else int(x) for x in chunk_tasks.split(",")]
+    except ValueError:
+        raise ValueError(f"--chunk-tasks must be 'auto' or comma-separated integers, got {chunk_tasks!r}") from None
+    if any(c is not None and c < 1 for c in chunks):
+        raise ValueError(f"--chunk-tasks must be positive, got {chunk_tasks!r}")
 
     if dtype not in ("float32", "float64"):
         raise ValueError(f"--dtype must be float32 or float64, got {dtype!r}")
@@ -1074,7 +1088,17 @@ def bench_oracle_cmd(
     if not counts or min(counts) < 1:
         raise ValueError(f"--n-tasks must be positive, got {n_tasks!r}")
     _bench_threads(threads)
-    r = bench_oracle(tuple(counts), n_episodes=n_episodes, dtype=dtype)
+    r = bench_oracle(tuple(counts), n_episodes=n_episodes, dtype=dtype, device=str(dev), chunks=tuple(chunks))
+    if dev.type == "cuda":
+        typer.echo(f"mixture oracle ({r['path']}, {r['dtype']}), {n_episodes} episodes x 358 tokens")
+        for row in r["rows"]:
+            full = ("measured on the 1024 episodes" if row["measured_full"]
+                    else f"1024 episodes, extrapolated: {row['full_s']:.2f} s")
+            typer.echo(f"  n_tasks {row['n_tasks']:>5}, chunk {row['chunk_tasks']:>5}"
+                       f"{' (auto)' if row['auto_chunk'] else ''}: {row['seconds']:8.3f} s wall, "
+                       f"{row['ns_per_task_token']:.3f} ns per (task, episode, token), peak {row['peak_gib']:.1f} GiB; "
+                       f"{full}; max |cuda - cpu| {row['max_abs_vs_cpu']:.1e} on 2 episodes")
+        return
     typer.echo(f"mixture oracle ({r['path']}, {r['dtype']}, {r['threads']} threads), {n_episodes} episodes x 358 tokens")
     for row in r["rows"]:
         peer = (f"; torch path (CUDA's) {row['torch_path_s_per_episode']:.2f} s/episode = "

@@ -180,7 +180,7 @@ class Figure1Result:
 
 
 def figure1(model: torch.nn.Module, mix: Mixture, ep: Episodes, *, device="cpu", ks=None, batch_size: int = 64,
-            chunk_tasks: int = 256, oracle_dtype=torch.float64) -> Figure1Result:
+            chunk_tasks: int | None = None, oracle_dtype=torch.float64) -> Figure1Result:
     """Next-token accuracy, CE and KL on the test segment vs k (demos kept, default 0..n_demos) and
     vs test position (at the largest k) for the model, the task oracle and the mixture oracle."""
     ks = sorted(range(ep.n_demos + 1) if ks is None else {int(k) for k in ks})

@@ -344,7 +344,19 @@ class _ChunkMixer:
         self.cum.add_(logz)
 
 
-def mixture_oracle(mix: Mixture, ep, *, chunk_tasks: int = 256, posterior_at=None,
+def cuda_chunk(n_tasks: int, n_episodes: int, V: int, d: int, dtype, device, frac: float = 0.25) -> int:
+    """Tasks per chunk of the torch path on a GPU: the largest power of two (at most n_tasks, at least 256)
+    whose per-chunk tables, 4 (C, N, V d + V) arrays, fit in `frac` of the device's free memory. Fewer,
+    larger chunks mean fewer kernel launches per step (T steps x ~12 launches per chunk)."""
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    per_task = 4 * n_episodes * (V * d + V) * torch.finfo(dtype).bits // 8
+    c = 256
+    while c < n_tasks and 2 * c * per_task <= frac * free:
+        c *= 2
+    return min(c, n_tasks)
+
+
+def mixture_oracle(mix: Mixture, ep, *, chunk_tasks: int | None = None, posterior_at=None,
                    dtype=torch.float32, device="cpu"):
     """Bayes-optimal next-token predictor of the pretraining objective.
 
@@ -369,9 +381,14 @@ def mixture_oracle(mix: Mixture, ep, *, chunk_tasks: int = 256, posterior_at=Non
         pos = [int(posterior_at)] if np.isscalar(posterior_at) else [int(p) for p in posterior_at]
     if any(not 0 <= p <= T for p in pos):
         raise ValueError(f"posterior positions must lie in [0, {T}], got {pos}")
+    if chunk_tasks is not None and chunk_tasks < 1:
+        raise ValueError(f"chunk_tasks must be positive, got {chunk_tasks}")
     if torch.device(device).type == "cpu" and _numba() is not None:
         return _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos, posterior_at,
-                                   chunk_tasks=max(chunk_tasks, 1024), dtype=dtype)
+                                   chunk_tasks=max(chunk_tasks or 1024, 1024), dtype=dtype)
+    if chunk_tasks is None:
+        chunk_tasks = (cuda_chunk(mix.n_tasks, N, V, mix.rank, dtype, device) if torch.device(device).type == "cuda"
+                       else 256)
     logprior = torch.log(_t(mix.prior, torch.float64, device)).to(dtype)
     acc_lse = torch.full((N, T), -float("inf"), dtype=dtype, device=device)
     acc = torch.zeros((N, T, V), dtype=dtype, device=device)

@@ -175,6 +175,34 @@ def test_oracles_cuda_match_cpu(data):
 
 
 @gpu
+def test_mixture_oracle_cuda_chunks_agree(data):
+    """Any chunking of the tasks on CUDA (the automatic one included) gives the same mixture, and the
+    automatic chunk is a power of two between 256 and n_tasks (or n_tasks when smaller)."""
+    from hmmscope.inference import cuda_chunk
+
+    mix, ep = data
+    ref, qref = mixture_oracle(mix, ep, posterior_at="test_start", dtype=torch.float64, device="cpu")
+    for c in (1, 3, None):
+        p, q = mixture_oracle(mix, ep, posterior_at="test_start", dtype=torch.float64, device=DEV, chunk_tasks=c)
+        assert torch.allclose(p.cpu(), ref, rtol=1e-9, atol=1e-12, equal_nan=True)
+        assert torch.allclose(q.cpu(), qref, rtol=1e-9, atol=1e-12)
+    assert cuda_chunk(4, 1024, 16, 8, torch.float64, DEV) == 4
+    c = cuda_chunk(8192, 1024, 16, 8, torch.float64, DEV)
+    assert 256 <= c <= 8192 and c & (c - 1) == 0
+
+
+@gpu
+def test_bench_oracle_cuda_rows():
+    from hmmscope.bench import bench_oracle
+
+    r = bench_oracle((8,), n_episodes=4, full_episodes=8, device="cuda", chunks=(None, 2))
+    assert [row["chunk_tasks"] for row in r["rows"]] == [8, 2] and r["device"].startswith("cuda")
+    for row in r["rows"]:
+        assert row["seconds"] > 0 and row["full_s"] == pytest.approx(2 * row["seconds"])
+        assert row["max_abs_vs_cpu"] < 1e-9 and not row["measured_full"]
+
+
+@gpu
 def test_shuffle_test_cuda_matches_cpu(data):
     _, ep = data
     model = _model()

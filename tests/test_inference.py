@@ -231,6 +231,8 @@ def test_mixture_oracle_chunking_and_real_episodes():
     b, pb = mixture_oracle(mix, ep, chunk_tasks=2, posterior_at="test_start", dtype=F64)
     torch.testing.assert_close(a, b, rtol=0, atol=1e-12, equal_nan=True)
     torch.testing.assert_close(pa, pb, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="chunk_tasks must be positive"):
+        mixture_oracle(mix, ep, chunk_tasks=0, dtype=F64)
     assert pa.shape == (6, 7) and torch.allclose(pa.sum(-1), torch.ones(6, dtype=F64))
     obs = torch.as_tensor(ep.is_obs)
     assert torch.isnan(a[:, ~obs]).all() and torch.isfinite(a[:, obs]).all()
