@@ -426,6 +426,8 @@ def analyze_cmd(
     ks: Annotated[str, typer.Option("--ks", help="Comma-separated k for the k-back token probes.")] = "1,2,3,4,5",
     n_episodes: Annotated[int | None, typer.Option(help="Held-out episodes (default data.n_eval).")] = None,
     n_perms: Annotated[int, typer.Option(min=1, help="Demo permutations per episode (shuffle test).")] = 4,
+    probe_tasks: Annotated[int, typer.Option(min=2, help="Tasks the probes draw their episodes from.")] = 32,
+    min_per_task: Annotated[int, typer.Option(min=4, help="Probe episodes per task, at least.")] = 30,
     seed: Annotated[int, typer.Option(help="Seed for permutations, position subsampling and splits.")] = 0,
     device: DeviceOpt = None,
     tracking_uri: UriOpt = None,
@@ -451,7 +453,8 @@ def analyze_cmd(
         checks.memory(memory_estimate(cfg, "analyze", n_episodes=n_episodes), device=str(dev), force=force)
     with sigterm_interrupts():
         res = analyze_run(uri, target, device=device or "auto", n_episodes=n_episodes, ks=tuple(k_list),
-                          n_perms=n_perms, seed=seed, experiment=experiment, out=out)
+                          n_perms=n_perms, seed=seed, experiment=experiment, out=out,
+                          probe_tasks=probe_tasks, min_per_task=min_per_task)
     _print_claims(f"claims (analysis run {res.run_id}; shuffle {res.seconds['shuffle_s']:.0f} s, "
                   f"probes {res.seconds['probes_s']:.0f} s)", res.claims)
     _print_files(res.files)

@@ -85,16 +85,32 @@ check() {  # budget: the call's 600 s less the start; each step gets what is lef
   wait
 }
 
-paper() {  # phases under their own timeouts: setup, sweep SWEEP_S, analysis ANALYZE_S, report + pack (~40 s)
-  local steps=${STEPS:?set STEPS: README.md, from the bench tokens per second} spec=mlruns/paper-gpu.toml
-  local rec=/tmp/paper-gpu t0=$SECONDS n_an=${ANALYZE_EPISODES:-128} dev=cuda ids id
+pack() {  # the record so far into $OUT (called after each phase, so a call cut short still brings it back)
+  local rec=$1 name=$2
+  hmmscope sweep status "$name" >"$rec/status.txt" 2>&1
+  timeout 40 hmmscope report "$name" --out "$rec/report" >"$rec/report.log" 2>&1
+  echo "report: rc=$?"
+  "$PY" analysis/gpu/trials_csv.py "$name" "$rec"
+  tar czf "$OUT/$name.tar.gz" -C /tmp "$name"
+  tar czf "$OUT/store.tar.gz" -C "$PWD/mlruns" mlflow.db optuna.db
+  cp "$rec/sweep.log" "$rec/env.txt" "$rec/report/report.md" "$OUT/" 2>/dev/null
+}
+
+paper() {  # phases: setup, sweep (SWEEP_S), pack, analysis (until DEADLINE s after the call began), pack
+  # NAME (study, default paper-gpu), ENCODINGS (default "rope absolute": one worker each, sharing the GPU)
+  local steps=${STEPS:?set STEPS: README.md, from the bench tokens per second} name=${NAME:-paper-gpu}
+  local encs=(${ENCODINGS:-rope absolute}) spec rec t0=$SECONDS n_an=${ANALYZE_EPISODES:-128} dev=cuda ids id grid
+  spec=mlruns/$name.toml rec=/tmp/$name
   [ "$DRY" = 1 ] && dev=cpu
   rm -rf "$rec" && mkdir -p "$rec"
   env_facts >"$rec/env.txt"
+  grid=$(printf '"%s", ' "${encs[@]}")
   sed -e "s/^\"train.steps\" = .*/\"train.steps\" = $steps/" \
       -e "s/^\"train.eval_every\" = .*/\"train.eval_every\" = $(( steps / 8 > 0 ? steps / 8 : 1 ))/" \
       -e "s/^\"train.ckpt_every\" = .*/\"train.ckpt_every\" = $steps/" \
-      -e "s/^\"train.compile\" = .*/\"train.compile\" = ${COMPILE:-false}/" analysis/gpu/paper-gpu.toml >"$spec"
+      -e "s/^\"train.compile\" = .*/\"train.compile\" = ${COMPILE:-false}/" \
+      -e "s/^name = .*/name = \"$name\"/" -e "s/^experiment = .*/experiment = \"hmmscope-$name\"/" \
+      -e "s/^\"model.pos_enc\" = .*/\"model.pos_enc\" = {grid = [${grid%, }]}/" analysis/gpu/paper-gpu.toml >"$spec"
   if [ "$DRY" = 1 ]; then  # the same sweep on the CPU at the tiny scale, small enough to finish in minutes
     sed -i -e 's/^base = "paper"/base = "tiny"/' -e 's/^"train.device" = .*/"train.device" = "cpu"/' \
         -e 's/^"data.n_eval" = .*/"data.n_eval" = 64/' "$spec"
@@ -102,30 +118,28 @@ paper() {  # phases under their own timeouts: setup, sweep SWEEP_S, analysis ANA
       | sed -i '/^\[fixed\]/r /dev/stdin' "$spec"
   fi
   cp "$spec" "$rec/"
-  # 1. training + Figure 1 evaluation of both encodings at once on the one GPU (2 workers)
-  timeout "${SWEEP_S:-290}" hmmscope sweep run "$spec" --workers 2 >"$rec/sweep.log" 2>&1
+  # 1. training + Figure 1 evaluation of the encodings at once on the one GPU (one worker each)
+  timeout "${SWEEP_S:-290}" hmmscope sweep run "$spec" --workers "${#encs[@]}" >"$rec/sweep.log" 2>&1
   echo "sweep: rc=$? at $((SECONDS - t0)) s; $(tail -n 2 "$rec/sweep.log" | tr '\n' ' ')"
-  # 2. the layerwise analysis of each trained run, both at once (the probes' lbfgs is single-threaded: README.md)
-  ids=$("$PY" -c 'from hmmscope.sweep import default_storage, study_status
-print(" ".join(r["mlflow_run_id"] for r in study_status("paper-gpu", default_storage())
-               if r["state"] == "COMPLETE" and r["mlflow_run_id"]))')
+  pack "$rec" "$name"
+  # 2. the layerwise analysis of each trained run, all at once (the probes' lbfgs is single-threaded: README.md),
+  #    until DEADLINE seconds after the call began, leaving 45 s for the last pack
+  ids=$("$PY" -c "from hmmscope.sweep import default_storage, study_status
+print(' '.join(r['mlflow_run_id'] for r in study_status('$name', default_storage())
+               if r['state'] == 'COMPLETE' and r['mlflow_run_id']))")
+  local an_s=$(( ${DEADLINE:-555} - SECONDS - 45 ))
+  [ -n "${ANALYZE_S:-}" ] && an_s=$ANALYZE_S
+  echo "analysis: $an_s s for [$ids]"
   for id in $ids; do
-    timeout "${ANALYZE_S:-170}" hmmscope analyze "$id" --n-episodes "$n_an" --ks 1,2,3 --device "$dev" \
-      --experiment hmmscope-paper-gpu >"$rec/analyze-$id.log" 2>&1 &
+    timeout "$an_s" hmmscope analyze "$id" --n-episodes "$n_an" --ks "${ANALYZE_KS:-1,2,3}" --device "$dev" \
+      --probe-tasks "${PROBE_TASKS:-32}" --min-per-task "${MIN_PER_TASK:-30}" \
+      --experiment "hmmscope-$name" >"$rec/analyze-$id.log" 2>&1 &
   done
   wait
   echo "analysis of [$ids]: done at $((SECONDS - t0)) s; $(grep -h -o 'claims (analysis run[^)]*)' "$rec"/analyze-*.log | tr '\n' ' ')"
-  # 3. the record: status, report, trials.csv, figures/ and tables/ (trials_csv.py)
-  hmmscope sweep status paper-gpu >"$rec/status.txt" 2>&1
-  timeout 40 hmmscope report paper-gpu --out "$rec/report" >"$rec/report.log" 2>&1
-  echo "report: rc=$?"
-  "$PY" analysis/gpu/trials_csv.py paper-gpu "$rec"
+  # 3. the record again, now with the analysis
+  pack "$rec" "$name"
   echo "total: $((SECONDS - t0)) s" | tee -a "$rec/sweep.log"
-  # what comes back (8 files at most): the record (logs, report, trials.csv, each run's figures and tables; no
-  # checkpoints) as one archive, the MLflow and Optuna databases as another, and the key texts
-  tar czf "$OUT/paper-gpu.tar.gz" -C /tmp paper-gpu
-  tar czf "$OUT/store.tar.gz" -C "$PWD/mlruns" mlflow.db optuna.db
-  cp "$rec/sweep.log" "$rec/trials.csv" "$rec/env.txt" "$rec/report/report.md" "$OUT/" 2>/dev/null
   ls -la "$OUT"
 }
 
