@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sqlite3
 import stat
+import sys
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,8 @@ from hmmscope import checks
 from hmmscope.config import GIB, ConfigError, memory_estimate, preset
 
 ROOT_BYPASSES_MODES = os.geteuid() == 0
+# a PostgreSQL URL to a closed port: "cannot connect" with psycopg2 (the test extra), the driver's name without it
+PG_CLOSED_PORT = "cannot connect" if find_spec("psycopg2") else "the driver for 'postgresql+psycopg2' is not installed"
 
 
 def _listing(d: Path) -> list[str]:
@@ -89,7 +94,7 @@ def test_tracking_store_checks_write_nothing(tmp_path, monkeypatch):
              (f"sqlite:///{tmp_path}/optuna-like.db", "without a 'experiments' table"),
              ("sqlite://", "give a database file"),
              (f"http://127.0.0.1:{port}", f"MLflow server http://127.0.0.1:{port} is not reachable"),
-             (f"postgresql+psycopg2://u:secret@127.0.0.1:{port}/db", "cannot connect"),
+             (f"postgresql+psycopg2://u:secret@127.0.0.1:{port}/db", PG_CLOSED_PORT),
              (f"mysql://u:secret@127.0.0.1:{port}/db", "mysql")]
     for uri, needle in cases:
         with pytest.raises(ConfigError) as e:
@@ -97,6 +102,26 @@ def test_tracking_store_checks_write_nothing(tmp_path, monkeypatch):
         msg = str(e.value)
         assert needle in msg and "\n" not in msg and "secret" not in msg, (uri, msg)
     assert _listing(tmp_path) == before
+
+
+def test_postgres_url_without_its_driver_names_the_driver(monkeypatch):
+    """psycopg2 is an optional extra: without it a PostgreSQL URL fails on the driver, before any connection."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_psycopg2(name, *a, **kw):
+        if name.split(".")[0] == "psycopg2":
+            raise ModuleNotFoundError("No module named 'psycopg2'", name="psycopg2")
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_psycopg2)
+    monkeypatch.delitem(sys.modules, "psycopg2", raising=False)
+    port = _free_port()
+    for check in (checks.tracking_store, checks.optuna_storage):
+        with pytest.raises(ConfigError, match=r"the driver for 'postgresql\+psycopg2' is not installed") as e:
+            check(f"postgresql+psycopg2://u:secret@127.0.0.1:{port}/db")
+        assert "secret" not in str(e.value) and "\n" not in str(e.value)
 
 
 def test_unreachable_server_fails_fast(tmp_path):
@@ -122,7 +147,7 @@ def test_optuna_storage(tmp_path, monkeypatch):
         checks.optuna_storage("bogus://x")
     with pytest.raises(ConfigError, match="is not a URL"):
         checks.optuna_storage("not a url")
-    with pytest.raises(ConfigError, match="cannot connect"):
+    with pytest.raises(ConfigError, match=re.escape(PG_CLOSED_PORT)):
         checks.optuna_storage(f"postgresql+psycopg2://u@127.0.0.1:{_free_port()}/db")
     assert _listing(tmp_path) == before
     from hmmscope.sweep import ensure_storage
