@@ -26,7 +26,14 @@ row, and the same bound on each posterior row):
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import importlib.util
 import math
+import os
+import sys
+import types
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -165,3 +172,89 @@ def mix_chunk(tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, first, lq, the
                 if j != first[i]:
                     _chain(i, j, tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, lq, theta, acc, wsum, mx,
                            post, c, u, cum, R)
+
+
+# ---------------------------------------------------------------- rank-specialized copy
+
+MAX_UNROLL = 16  # ranks up to this get the specialized kernel; larger ones run the generic one above
+
+
+def _specialize(src: str, d: int) -> str:
+    """This module's source with the latent c held in d scalar locals (registers) and the d x d update, z and
+    the prediction unrolled over the rank (the same arithmetic, in the same order per product; only the
+    summation order of each dot product may differ, as fastmath 'reassoc' already allows)."""
+    D = range(d)
+
+    def dot(tab, idx):
+        return " + ".join(f"c{e} * {tab}[{idx}, {e}]" for e in D)
+
+    def lines(fmt, indent=12):
+        return "".join(" " * indent + fmt.format(e=e) + "\n" for e in D)
+
+    edits = [
+        ("                for v in range(V):\n                    pv = 0.0\n                    for e in range(d):\n"
+         "                        pv += c[e] * MpT[j, v, e]\n                    acc[i, t, v] += w * pv\n",
+         f"                for v in range(V):\n                    acc[i, t, v] += w * ({dot('MpT', 'j, v')})\n"),
+        ("            z = 0.0\n            for e in range(d):\n                z += c[e] * MpT[j, o, e]\n"
+         "            for f in range(d):\n                u[f] = 0.0\n            for e in range(d):\n"
+         "                ce = c[e]\n                for f in range(d):\n                    u[f] += ce * MM[j, o, e, f]\n",
+         f"            z = {dot('MpT', 'j, o')}\n"
+         + "".join(f"            u{f} = " + " + ".join(f"c{e} * MM[j, o, {e}, {f}]" for e in D) + "\n" for f in D)),
+        ("            for f in range(d):\n                u[f] = Y0[j, o, f]\n", lines("u{e} = Y0[j, o, {e}]")),
+        ("            for f in range(d):\n                u[f] = Ys[j, o, f]\n", lines("u{e} = Ys[j, o, {e}]")),
+        ("            for e in range(d):\n                c[e] = u[e] * rz\n", lines("c{e} = u{e} * rz")),
+        ("            for e in range(d):\n                c[e] = 0.0\n", lines("c{e} = 0.0")),
+        ("    L = logprior[j]\n    src = 1\n",
+         "    L = logprior[j]\n" + lines("c{e} = 0.0", 4) + lines("u{e} = 0.0", 4) + "    src = 1\n"),
+    ]
+    src = src.split("\n# ---------------------------------------------------------------- rank-specialized copy")[0]
+    for old, new in edits:
+        if src.count(old) != 1:
+            raise RuntimeError("mixture kernel: the specialization template no longer matches the source")
+        src = src.replace(old, new)
+    return src
+
+
+_SPECIAL: dict[int, object] = {}
+
+
+def for_rank(d: int):
+    """The kernel module to run at rank d: a copy specialized to d (written once to a cache folder so numba
+    can cache its machine code), or this generic module when d > MAX_UNROLL."""
+    if d > MAX_UNROLL:
+        return sys.modules[__name__]
+    if d not in _SPECIAL:
+        src = _specialize(Path(__file__).read_text(), d)
+        tag = hashlib.sha256(src.encode()).hexdigest()[:12]
+        name = f"hmmscope_mixkernel_d{d}_{tag}"
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hmmscope" / "kernels"
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+            path = base / f"{name}.py"
+            if not path.exists():
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(src)
+                os.replace(tmp, path)  # atomic: concurrent workers see a whole file or none
+        except OSError:  # no writable cache folder: compile in memory, uncached
+            path = None
+        if path is not None:
+            spec = importlib.util.spec_from_file_location(name, path)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+        else:
+            mod = types.ModuleType(name)
+            exec(compile(src.replace("cache=True", "cache=False"), name, "exec"), mod.__dict__)
+        _SPECIAL[d] = mod
+    return _SPECIAL[d]
+
+
+@contextlib.contextmanager
+def slp_vectorize():
+    """Compile with LLVM's SLP vectorizer on (numba turns it off by default): it packs the unrolled scalar
+    products into AVX2 FMAs (measured 1.6x on the paper-scale oracle). Only compilation reads the flag."""
+    saved = numba.core.config.SLP_VECTORIZE
+    numba.core.config.SLP_VECTORIZE = 1
+    try:
+        yield
+    finally:
+        numba.core.config.SLP_VECTORIZE = saved

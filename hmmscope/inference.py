@@ -443,7 +443,8 @@ def _log_bounds(Q, O, P0, Ps) -> np.ndarray:
 def _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos, posterior_at, *, chunk_tasks,
                         dtype):
     """mixture_oracle on the CPU with the compiled kernel (same outputs; see _mixture_kernel)."""
-    kern = _numba()
+    base = _numba()
+    kern = base.for_rank(int(np.shape(mix.W)[-1]))  # the kernel unrolled over the rank (registers)
     import numba
 
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))  # as torch: one per worker
@@ -483,9 +484,9 @@ def _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos,
         start = _propagate(mu, W, Q, burn_in) if test_start == "midstream" else None
         MM, MpT, Y0, P0, Ys, Ps = (a.numpy() for a in _step_tables(mu, W, Q, Oc, start))
         first = np.where((pos_true >= lo) & (pos_true < lo + len(ids)), pos_true - lo, -1)
-        kern.mix_chunk(tok_np, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior[ids], first, _log_bounds(Q, Oc, P0, Ps),
-                       theta, acc, wsum, mx,
-                       post[:, :, lo:lo + len(ids)])
+        with base.slp_vectorize():  # read only if this call compiles
+            kern.mix_chunk(tok_np, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior[ids], first,
+                           _log_bounds(Q, Oc, P0, Ps), theta, acc, wsum, mx, post[:, :, lo:lo + len(ids)])
     post = post[:, :, rank]  # back to task order
     s = wsum[..., None]
     pred = np.divide(acc, s, out=np.zeros_like(acc), where=s > 0)
