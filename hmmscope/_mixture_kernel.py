@@ -216,6 +216,7 @@ def _specialize(src: str, d: int) -> str:
 
 
 _SPECIAL: dict[int, object] = {}
+_FORMAT = 2  # part of the generated file's name: bump when the way it is loaded changes (stale caches)
 
 
 def for_rank(d: int):
@@ -225,7 +226,7 @@ def for_rank(d: int):
         return sys.modules[__name__]
     if d not in _SPECIAL:
         src = _specialize(Path(__file__).read_text(), d)
-        tag = hashlib.sha256(src.encode()).hexdigest()[:12]
+        tag = hashlib.sha256(f"{_FORMAT}\n{src}".encode()).hexdigest()[:12]
         name = f"hmmscope_mixkernel_d{d}_{tag}"
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hmmscope" / "kernels"
         try:
@@ -240,9 +241,11 @@ def for_rank(d: int):
         if path is not None:
             spec = importlib.util.spec_from_file_location(name, path)
             mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod  # numba's cache finds the module's globals by this name when it reloads
             spec.loader.exec_module(mod)
         else:
             mod = types.ModuleType(name)
+            sys.modules[name] = mod
             exec(compile(src.replace("cache=True", "cache=False"), name, "exec"), mod.__dict__)
         _SPECIAL[d] = mod
     return _SPECIAL[d]

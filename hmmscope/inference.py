@@ -484,9 +484,11 @@ def _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos,
         start = _propagate(mu, W, Q, burn_in) if test_start == "midstream" else None
         MM, MpT, Y0, P0, Ys, Ps = (a.numpy() for a in _step_tables(mu, W, Q, Oc, start))
         first = np.where((pos_true >= lo) & (pos_true < lo + len(ids)), pos_true - lo, -1)
+        chunk_post = np.full((N, n_snap, len(ids)), -np.inf)  # contiguous: one kernel signature, one compile
         with base.slp_vectorize():  # read only if this call compiles
             kern.mix_chunk(tok_np, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior[ids], first,
-                           _log_bounds(Q, Oc, P0, Ps), theta, acc, wsum, mx, post[:, :, lo:lo + len(ids)])
+                           _log_bounds(Q, Oc, P0, Ps), theta, acc, wsum, mx, chunk_post)
+        post[:, :, lo:lo + len(ids)] = chunk_post
     post = post[:, :, rank]  # back to task order
     s = wsum[..., None]
     pred = np.divide(acc, s, out=np.zeros_like(acc), where=s > 0)
