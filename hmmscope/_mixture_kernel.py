@@ -42,9 +42,10 @@ _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}  # no 'nnan'/'ninf': log(0) =
 
 
 @numba.njit(fastmath=_FASTMATH, cache=True)
-def _chain(i, j, tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, lq, theta, acc, wsum, mx, post,
+def _chain(i, j, tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, theta, acc, wsum, mx, post,
            c, u, cum, R):  # pragma: no cover
-    """Run task j's filter over episode i, adding its terms to acc / wsum / mx and its posterior entries.
+    """Run task j's filter over episode i, adding its terms to acc / wsum / mx and its posterior entries;
+    cum, R (T + 1,) its stopping bounds (``_bounds``).
 
     State: the latent c (d,) with predicted belief c @ Q_j (src 0), or a restart (src 1: mu, 2: the test
     start). Per observation: z = p(o | past) = c @ (Q O)[:, o] (d MACs), next latent c @ M_o / z (d^2);
@@ -52,22 +53,6 @@ def _chain(i, j, tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, lq, theta, 
     """
     T = tok.shape[1]
     V, d = MM.shape[1], MM.shape[2]
-    b = 1  # cum[t] = sum over observed s < t of the bound on log p(o_s | o_<s, j)
-    for t in range(T):
-        if kind[t] != 0:
-            b = kind[t]
-        o = tok[i, t]
-        if 0 <= o < V:
-            cum[t + 1] = cum[t] + lq[b, j, o]
-            b = 0
-        else:
-            cum[t + 1] = cum[t]
-    # R[t] = min over observed t' >= t of mx[t'] - theta - cum[t'] (a stale mx only lowers it)
-    R[T] = np.inf
-    for t in range(T - 1, -1, -1):
-        o = tok[i, t]
-        r = mx[i, t] - theta - cum[t] if 0 <= o < V else np.inf
-        R[t] = r if r < R[t + 1] else R[t + 1]
     L = logprior[j]
     src = 1
     for t in range(T):
@@ -138,6 +123,44 @@ def _chain(i, j, tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, lq, theta, 
         post[i, s, j] = L
 
 
+@numba.njit(fastmath=_FASTMATH, cache=True)
+def _bounds(i, j0, n, tok, kind, lq, theta, mx, cum, R):  # pragma: no cover
+    """Stopping bounds of tasks j0 .. j0 + n - 1 on episode i, one column each of cum, R (T + 1, G):
+    cum[t] = sum over observed s < t of the bound on log p(o_s | o_<s, j); R[t] = min over observed t' >= t of
+    mx[t'] - theta - cum[t'] (a stale mx only lowers it: the chain stops later, never wrongly). The inner loops
+    run over the tasks (contiguous in lq): they vectorize."""
+    T = tok.shape[1]
+    V = lq.shape[2]
+    for k in range(n):
+        cum[0, k] = 0.0
+    b = 1
+    for t in range(T):
+        if kind[t] != 0:
+            b = kind[t]
+        o = tok[i, t]
+        if 0 <= o < V:
+            for k in range(n):
+                cum[t + 1, k] = cum[t, k] + lq[b, j0 + k, o]
+            b = 0
+        else:
+            for k in range(n):
+                cum[t + 1, k] = cum[t, k]
+    for k in range(n):
+        R[T, k] = np.inf
+    for t in range(T - 1, -1, -1):
+        o = tok[i, t]
+        if 0 <= o < V:
+            r0 = mx[i, t] - theta
+            for k in range(n):
+                r = r0 - cum[t, k]
+                R[t, k] = r if r < R[t + 1, k] else R[t + 1, k]
+        else:
+            for k in range(n):
+                R[t, k] = R[t + 1, k]
+
+
+G = 16  # tasks whose bounds are computed together (_bounds), per episode of a block
+
 BLOCK = 8  # episodes per block: a task's tables (V d (d + V) numbers) are reused by them from cache
 
 
@@ -151,8 +174,8 @@ def mix_chunk(tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, first, lq, the
     the test start; P0, Ps (C, V) their predictions;
     logprior (C,) float64; first (N,) chunk-local task to run first for each episode or -1; lq (3, C, V)
     float64 bounds on log p(o = v | past, task) after a transition, at a restart from mu, at a restart
-    from the test start; post (N, n_snap, C) float64 (filled). Episodes run in blocks of BLOCK, tasks
-    outermost within a block.
+    from the test start; post (N, n_snap, C) float64 (filled). Episodes run in blocks of BLOCK; within a
+    block, tasks in groups of G (their stopping bounds computed together per episode), then task by task.
     """
     N, T = tok.shape
     C, d = MM.shape[0], MM.shape[2]
@@ -161,17 +184,23 @@ def mix_chunk(tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, first, lq, the
         i1 = min(i0 + BLOCK, N)
         c = np.zeros(d, MM.dtype)
         u = np.empty(d, MM.dtype)
-        cum = np.zeros(T + 1)
-        R = np.empty(T + 1)
+        cum = np.zeros((BLOCK, T + 1, G))
+        R = np.empty((BLOCK, T + 1, G))
         for i in range(i0, i1):  # each episode's likely task first: mx rises early, more is skipped
             if first[i] >= 0:
-                _chain(i, first[i], tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, lq, theta, acc, wsum, mx,
-                       post, c, u, cum, R)
-        for j in range(C):
+                _bounds(i, first[i], 1, tok, kind, lq, theta, mx, cum[i - i0], R[i - i0])
+                _chain(i, first[i], tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, theta, acc, wsum, mx,
+                       post, c, u, cum[i - i0, :, 0], R[i - i0, :, 0])
+        for j0 in range(0, C, G):
+            n = min(G, C - j0)
             for i in range(i0, i1):
-                if j != first[i]:
-                    _chain(i, j, tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, lq, theta, acc, wsum, mx,
-                           post, c, u, cum, R)
+                _bounds(i, j0, n, tok, kind, lq, theta, mx, cum[i - i0], R[i - i0])
+            for k in range(n):
+                j = j0 + k
+                for i in range(i0, i1):
+                    if j != first[i]:
+                        _chain(i, j, tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, theta, acc, wsum, mx,
+                               post, c, u, cum[i - i0, :, k], R[i - i0, :, k])
 
 
 # ---------------------------------------------------------------- rank-specialized copy
