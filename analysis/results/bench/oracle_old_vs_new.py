@@ -62,13 +62,24 @@ def main() -> None:
     runs = {"old": old.mixture_oracle, "new": inference.mixture_oracle}
     for fn in runs.values():  # compile / warm up
         fn(mix, ep.subset(slice(0, 1)), posterior_at="test_start", dtype=torch.float64)
+    mods = {"old": old, "new": inference}
+
+    def tables(mod):  # the per-task tables alone (paid once per call, whatever the number of episodes)
+        for lo in range(0, args.n_tasks, 1024):
+            mu, W, Q, O = mod._task_params(mix, np.arange(lo, min(lo + 1024, args.n_tasks)), torch.float64, "cpu")
+            mod._step_tables(mu, W, Q, O, None)
+
     times: dict[str, list[float]] = {k: [] for k in runs}
+    tab: dict[str, list[float]] = {k: [] for k in runs}
     out = {}
     for _ in range(args.rounds):
         for name, fn in runs.items():
             t0 = time.perf_counter()
             out[name] = fn(mix, ep, posterior_at="test_start", dtype=torch.float64)
             times[name].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            tables(mods[name])
+            tab[name].append(time.perf_counter() - t0)
     (po, qo), (pn, qn) = out["old"], out["new"]
     dp = float(np.nanmax(np.abs(po.numpy() - pn.numpy())))
     dq = float((qo - qn).abs().max())
@@ -77,6 +88,11 @@ def main() -> None:
     for name in runs:
         print(f"  {name}: " + " ".join(f"{t:.2f}" for t in times[name]) + f" s; best {min(times[name]):.2f} s")
     print(f"  old / new (best of {args.rounds} each, interleaved): {min(times['old']) / min(times['new']):.2f}x")
+    for name in runs:
+        print(f"  {name} tables alone: " + " ".join(f"{t:.2f}" for t in tab[name]) + f" s; best {min(tab[name]):.2f} s")
+    past = {k: min(times[k]) - min(tab[k]) for k in runs}
+    print(f"  past the tables (best call - best tables): old {past['old']:.2f} s, new {past['new']:.2f} s, "
+          f"old / new {past['old'] / past['new']:.2f}x")
     print(f"  max |pred old - new| {dp:.1e}, max |posterior old - new| {dq:.1e}")
     print(f"  load average: {open('/proc/loadavg').read().split()[:3]}")
 
