@@ -25,7 +25,7 @@ row, and the same bound on each posterior row):
 
 Speed (measured at the paper's shape, 8192 tasks x 1024 episodes, float64, 2 threads: ~127 s -> ~41 s with
 the ordering in ``inference._mixture_oracle_cpu``; ``analysis/results/bench/oracle_old_vs_new.py``):
-- ``for_rank(d)`` runs a copy of this module generated for the rank d (``_specialize``): c and the next
+- ``for_rank(d)`` runs a copy of this module generated for the rank d (``_specialize``; 4 <= d <= 16): c and the next
   latent are d scalar locals (registers), the d x d update, z and the prediction are unrolled, and the copy
   is compiled with LLVM's SLP vectorizer on (``slp_vectorize``; numba turns it off by default), which packs
   the unrolled products into AVX2 FMAs. The generic loops kept c in memory: each step waited on stores
@@ -216,7 +216,8 @@ def mix_chunk(tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, first, lq, the
 
 # ---------------------------------------------------------------- rank-specialized copy
 
-MAX_UNROLL = 16  # ranks up to this get the specialized kernel; larger ones run the generic one above
+MIN_UNROLL, MAX_UNROLL = 4, 16  # ranks in this range get a specialized copy (each costs a compile, ~10 s,
+# cached); smaller ranks (short loops, tests) and larger ones (long unrolled code) run the generic kernel
 
 
 def _specialize(src: str, d: int) -> str:
@@ -261,8 +262,8 @@ _FORMAT = 2  # part of the generated file's name: bump when the way it is loaded
 
 def for_rank(d: int):
     """The kernel module to run at rank d: a copy specialized to d (written once to a cache folder so numba
-    can cache its machine code), or this generic module when d > MAX_UNROLL."""
-    if d > MAX_UNROLL:
+    can cache its machine code), or this generic module when d is outside [MIN_UNROLL, MAX_UNROLL]."""
+    if not MIN_UNROLL <= d <= MAX_UNROLL:
         return sys.modules[__name__]
     if d not in _SPECIAL:
         src = _specialize(Path(__file__).read_text(), d)

@@ -405,7 +405,7 @@ def test_mixture_kernel_matches_torch_path_with_missing_tokens(rank):
     missing tokens inside the demos and the test (no evidence: the chain does not advance, NaN rows),
     unknown task ids (no task is run first) and posteriors at several positions, missing ones included."""
     kern = inference._numba()
-    assert (kern.for_rank(rank) is kern) == (rank > kern.MAX_UNROLL)
+    assert (kern.for_rank(rank) is kern) == (not kern.MIN_UNROLL <= rank <= kern.MAX_UNROLL)
     mix = make_mixture(HMMConfig(n_tasks=11, n_states=20, n_tokens=5, rank=rank, gamma=0.9, seed=3))
     ep = sample_episodes(mix, DataConfig(n_demos=3, l_demo=9, l_test=12, test_start="midstream", burn_in=2), 6)
     tok = np.asarray(ep.tokens).astype(np.int64)
@@ -424,3 +424,22 @@ def test_mixture_kernel_matches_torch_path_with_missing_tokens(rank):
     miss = (tok < 0) | (tok >= mix.n_tokens)
     assert torch.isnan(a[torch.as_tensor(miss)]).all() and torch.isfinite(a[torch.as_tensor(~miss)]).all()
     assert not torch.allclose(pa[:, -1], pa[:, 0])  # evidence moved the posterior
+
+
+@pytest.mark.slow  # an uncached compile (~10-20 s)
+@pytest.mark.skipif(inference._numba() is None, reason="numba not installed: the torch path is the only one")
+def test_mixture_kernel_without_a_writable_cache_folder(tmp_path, monkeypatch):
+    """No writable cache folder for the rank-specialized copy: it is compiled in memory (uncached), same outputs."""
+    kern = inference._numba()
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # mkdir under a file fails
+    monkeypatch.setattr(kern, "_SPECIAL", {})
+    mod = kern.for_rank(4)
+    assert getattr(mod, "__file__", None) is None and mod is not kern  # built in memory
+    assert not (blocker.parent / "hmmscope").exists()
+    mix = make_mixture(HMMConfig(n_tasks=5, n_states=6, n_tokens=4, rank=4, gamma=0.8, seed=2))
+    ep = sample_episodes(mix, DataConfig(n_demos=2, l_demo=6, l_test=7, test_start="midstream", burn_in=2), 3)
+    (a, pa), (b, pb) = _kernel_and_torch(mix, ep, posterior_at="test_start", dtype=F64)
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-12, equal_nan=True)
+    torch.testing.assert_close(pa, pb, rtol=0, atol=1e-12)
