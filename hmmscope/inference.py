@@ -418,16 +418,13 @@ def _step_tables(mu, W, Q, O, start):
     (C, V) from mu and from ``start`` (None: same as mu)."""
     C, S, V = O.shape
     d = W.shape[-1]
-    # M_v = Q diag(O[:, v]) W one token at a time: never the (C, S, V d) table K of _kernels (151 MB per 1024
-    # tasks at the paper's shape; building it was most of the tables' time)
-    MM = torch.empty((C, V, d, d), dtype=O.dtype)
-    for v in range(V):
-        torch.bmm(Q * O[:, None, :, v], W, out=MM[:, v])  # (C, d, S) x (C, S, d)
-    MpT = torch.bmm(Q, O).transpose(1, 2).contiguous()  # (C, V, d) = (Q O)^T
+    K, M = _kernels(W, Q, O)  # (C, S, V d + V), (C, d, V d + V)
+    MM = M[..., :V * d].reshape(C, d, V, d).permute(0, 2, 1, 3).contiguous()  # (C, V, d, d)
+    MpT = M[..., V * d:].transpose(1, 2).contiguous()  # (C, V, d)
 
-    def first(b):  # b (C, S): Y[v] = sum_s b_s O[s, v] W[s] (C, V, d); prediction b @ O (C, V)
-        bO = b[:, :, None] * O  # (C, S, V)
-        return torch.bmm(bO.transpose(1, 2), W), bO.sum(1)
+    def first(b):  # b (C, S)
+        Y = torch.bmm(b[:, None], K)[:, 0]  # (C, V d + V)
+        return Y[:, :V * d].reshape(C, V, d).contiguous(), Y[:, V * d:].contiguous()
 
     Y0, P0 = first(mu)
     Ys, Ps = (Y0, P0) if start is None else first(start)
