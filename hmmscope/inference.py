@@ -271,8 +271,9 @@ def _layout(ep):
 
 
 def _task_params(mix: Mixture, ids, dtype, device):
-    ids = torch.as_tensor(np.asarray(ids), dtype=torch.long)
-    return tuple(_t(a, dtype, "cpu")[ids].to(device) for a in (mix.initial, mix.W, mix.Q, mix.emission))
+    """(mu, W, Q, O) of tasks ids in dtype on device (only those tasks are converted, not the whole mixture)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    return tuple(_t(np.asarray(a)[ids], dtype, device) for a in (mix.initial, mix.W, mix.Q, mix.emission))
 
 
 def task_oracle(mix: Mixture, ep, *, dtype=torch.float32, device="cpu") -> torch.Tensor:
@@ -460,7 +461,8 @@ def _log_bounds(Q, O, P0, Ps) -> np.ndarray:
 def _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos, posterior_at, *, chunk_tasks,
                         dtype):
     """mixture_oracle on the CPU with the compiled kernel (same outputs; see _mixture_kernel)."""
-    kern = _numba()
+    base = _numba()
+    kern = base.for_rank(int(np.shape(mix.W)[-1]))  # the kernel unrolled over the rank (registers)
     import numba
 
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))  # as torch: one per worker
@@ -484,17 +486,28 @@ def _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos,
     acc = np.zeros((N, T, V))
     wsum = np.zeros((N, T))
     mx = np.full((N, T), -np.inf)
-    post = np.full((N, n_snap, n), -np.inf)
-    true = np.asarray(getattr(ep, "task_ids", np.full(N, -1)), np.int64)  # run first: mx rises early (order only)
+    post = np.full((N, n_snap, n), -np.inf)  # in the processing order below
+    # Order only (the result is the same within the bound): the episodes' own tasks first, in the first chunk,
+    # each episode's own task first of all, so that mx reaches its final level early and the later chunks
+    # skip more (a term below exp(-theta) of the running max is not added; a chain stops once none can pass).
+    true = np.asarray(getattr(ep, "task_ids", np.full(N, -1)), np.int64)
+    known = np.unique(true[(true >= 0) & (true < n)])
+    order = np.concatenate([known, np.setdiff1d(np.arange(n), known)])
+    rank = np.empty(n, np.int64)
+    rank[order] = np.arange(n)
+    pos_true = np.where((true >= 0) & (true < n), rank[np.clip(true, 0, n - 1)], -1)
     for lo in range(0, n, chunk_tasks):
-        ids = np.arange(lo, min(lo + chunk_tasks, n))
+        ids = order[lo:lo + chunk_tasks]
         mu, W, Q, Oc = _task_params(mix, ids, dtype, "cpu")
         start = _propagate(mu, W, Q, burn_in) if test_start == "midstream" else None
         MM, MpT, Y0, P0, Ys, Ps = (a.numpy() for a in _step_tables(mu, W, Q, Oc, start))
-        first = np.where((true >= lo) & (true < lo + len(ids)), true - lo, -1)
-        kern.mix_chunk(tok_np, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior[ids], first, _log_bounds(Q, Oc, P0, Ps),
-                       theta, acc, wsum, mx,
-                       post[:, :, lo:lo + len(ids)])
+        first = np.where((pos_true >= lo) & (pos_true < lo + len(ids)), pos_true - lo, -1)
+        chunk_post = np.full((N, n_snap, len(ids)), -np.inf)  # contiguous: one kernel signature, one compile
+        with base.slp_vectorize():  # read only if this call compiles
+            kern.mix_chunk(tok_np, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior[ids], first,
+                           _log_bounds(Q, Oc, P0, Ps), theta, acc, wsum, mx, chunk_post)
+        post[:, :, lo:lo + len(ids)] = chunk_post
+    post = post[:, :, rank]  # back to task order
     s = wsum[..., None]
     pred = np.divide(acc, s, out=np.zeros_like(acc), where=s > 0)
     missing = (tok_np < 0) | (tok_np >= V)

@@ -398,3 +398,50 @@ def test_mixture_kernel_matches_torch_path_with_skipping():
     assert c.dtype == torch.float32
     torch.testing.assert_close(c.double(), b, rtol=0, atol=1e-6, equal_nan=True)
     torch.testing.assert_close(d.double(), b, rtol=0, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.skipif(inference._numba() is None, reason="numba not installed: the torch path is the only one")
+@pytest.mark.parametrize("rank", [5, 17])  # the kernel unrolled over the rank; above MAX_UNROLL the generic one
+def test_mixture_kernel_matches_torch_path_with_missing_tokens(rank):
+    """Kernel against the torch path on episodes with restarts at every demo, a midstream test start,
+    missing tokens inside the demos and the test (no evidence: the chain does not advance, NaN rows),
+    unknown task ids (no task is run first) and posteriors at several positions, missing ones included."""
+    kern = inference._numba()
+    assert (kern.for_rank(rank) is kern) == (not kern.MIN_UNROLL <= rank <= kern.MAX_UNROLL)
+    mix = make_mixture(HMMConfig(n_tasks=11, n_states=20, n_tokens=5, rank=rank, gamma=0.9, seed=3))
+    ep = sample_episodes(mix, DataConfig(n_demos=3, l_demo=9, l_test=12, test_start="midstream", burn_in=2), 6)
+    tok = np.asarray(ep.tokens).astype(np.int64)
+    rng = np.random.default_rng(0)
+    obs = np.flatnonzero(ep.is_obs)
+    hole = rng.choice(obs[1:], 6, replace=False)
+    tok[:, hole] = -1  # missing in every episode (one layout)
+    tok[2, obs[5]] = -1  # and in one episode only
+    test_pos = int(np.flatnonzero(ep.test_mask)[0])
+    e = SimpleNamespace(tokens=tok, segment=ep.segment, test_mask=ep.test_mask, meta=ep.meta,
+                        task_ids=np.where(np.arange(6) % 2, ep.task_ids, -1))
+    pos = [0, int(hole[0]), test_pos, test_pos + 1, ep.seq_len]
+    (a, pa), (b, pb) = _kernel_and_torch(mix, e, posterior_at=pos, dtype=F64)
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-12, equal_nan=True)
+    torch.testing.assert_close(pa, pb, rtol=0, atol=1e-12)
+    miss = (tok < 0) | (tok >= mix.n_tokens)
+    assert torch.isnan(a[torch.as_tensor(miss)]).all() and torch.isfinite(a[torch.as_tensor(~miss)]).all()
+    assert not torch.allclose(pa[:, -1], pa[:, 0])  # evidence moved the posterior
+
+
+@pytest.mark.slow  # an uncached compile (~10-20 s)
+@pytest.mark.skipif(inference._numba() is None, reason="numba not installed: the torch path is the only one")
+def test_mixture_kernel_without_a_writable_cache_folder(tmp_path, monkeypatch):
+    """No writable cache folder for the rank-specialized copy: it is compiled in memory (uncached), same outputs."""
+    kern = inference._numba()
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # mkdir under a file fails
+    monkeypatch.setattr(kern, "_SPECIAL", {})
+    mod = kern.for_rank(4)
+    assert getattr(mod, "__file__", None) is None and mod is not kern  # built in memory
+    assert not (blocker.parent / "hmmscope").exists()
+    mix = make_mixture(HMMConfig(n_tasks=5, n_states=6, n_tokens=4, rank=4, gamma=0.8, seed=2))
+    ep = sample_episodes(mix, DataConfig(n_demos=2, l_demo=6, l_test=7, test_start="midstream", burn_in=2), 3)
+    (a, pa), (b, pb) = _kernel_and_torch(mix, ep, posterior_at="test_start", dtype=F64)
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-12, equal_nan=True)
+    torch.testing.assert_close(pa, pb, rtol=0, atol=1e-12)
