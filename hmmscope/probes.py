@@ -680,6 +680,8 @@ def _layer_fits(res: Residuals, f: _Fits, vals, n_jobs: int, warm_start: bool):
                                initargs=(f,))
     pending: deque = deque()
     try:
+        for _ in range(n_jobs):  # start every worker now: they import while this process collects residuals
+            pool.submit(int)
         for li, (layer, X) in enumerate(res):
             pending.append((li, layer, pool.submit(_fit_in_worker, X, vals[li])))
             del X
@@ -690,8 +692,8 @@ def _layer_fits(res: Residuals, f: _Fits, vals, n_jobs: int, warm_start: bool):
             li0, layer0, fut = pending.popleft()
             yield li0, layer0, fut.result()
     except BaseException:  # an error, Ctrl-C / SIGTERM, or the consumer gone: stop the running fits too
-        pool.shutdown(wait=False, cancel_futures=True)
         procs = list((getattr(pool, "_processes", None) or {}).values())  # no public API before Python 3.14
+        pool.shutdown(wait=False, cancel_futures=True)  # (it forgets the processes)
         for p in procs:
             p.terminate()
         for p in procs:

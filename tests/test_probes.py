@@ -418,3 +418,18 @@ def test_bad_n_jobs_and_warm_start_in_parallel_are_errors(data, kw, needle):
     mix, ep = data
     with pytest.raises(ValueError, match=needle):
         run_probes(lambda tok, layer, idx: torch.zeros(*tok.shape, 2), mix, ep, ks=(1,), n_layers=2, **kw)
+
+
+def test_an_error_mid_run_stops_the_fit_workers(data):
+    import multiprocessing
+
+    mix, ep = data
+
+    def fn(tok, layer, idx):  # layer 2 fails after layers 0 and 1 went to the workers
+        if layer == 2:
+            raise RuntimeError("residuals failed")
+        return torch.randn(*tok.shape, 4, generator=torch.Generator().manual_seed(layer))
+
+    with pytest.raises(RuntimeError, match="residuals failed"):
+        run_probes(fn, mix, ep, ks=(1,), n_layers=3, n_jobs=2, belief=False, mem_budget=1)
+    assert multiprocessing.active_children() == []
