@@ -428,6 +428,9 @@ def analyze_cmd(
     n_perms: Annotated[int, typer.Option(min=1, help="Demo permutations per episode (shuffle test).")] = 4,
     probe_tasks: Annotated[int, typer.Option(min=2, help="Tasks the probes draw their episodes from.")] = 32,
     min_per_task: Annotated[int, typer.Option(min=4, help="Probe episodes per task, at least.")] = 30,
+    probe_jobs: Annotated[str, typer.Option(
+        help="Worker processes for the probes' layer fits: N >= 1, or 'auto' = the CPUs this process may use "
+             "(the same numbers at any value).")] = "1",
     seed: Annotated[int, typer.Option(help="Seed for permutations, position subsampling and splits.")] = 0,
     device: DeviceOpt = None,
     tracking_uri: UriOpt = None,
@@ -435,10 +438,13 @@ def analyze_cmd(
     out: OutOpt = Path("out"),
     force: ForceOpt = False,
 ) -> None:
-    """Layerwise analysis: shuffle test (Fig. 2), task / state / k-back probes (Fig. 3a, 3b), belief probes."""
+    """Layerwise analysis: shuffle test (Fig. 2), task / state / k-back probes (Fig. 3a, 3b), belief probes.
+
+    Progress: one line per phase on stderr as it ends, with the seconds since the start."""
     k_list = _csv(ks, "--ks") or []
     if not all(isinstance(k, int) and not isinstance(k, bool) for k in k_list):
         raise ConfigError(f"--ks: expected comma-separated integers, got {ks!r}")
+    jobs = _jobs(probe_jobs, "--probe-jobs")
     checks.seed(seed, "--seed")
     checks.experiment_name(experiment)
     checks.output_dir(out, "--out")
@@ -454,10 +460,26 @@ def analyze_cmd(
     with sigterm_interrupts():
         res = analyze_run(uri, target, device=device or "auto", n_episodes=n_episodes, ks=tuple(k_list),
                           n_perms=n_perms, seed=seed, experiment=experiment, out=out,
-                          probe_tasks=probe_tasks, min_per_task=min_per_task)
+                          probe_tasks=probe_tasks, min_per_task=min_per_task, probe_jobs=jobs,
+                          progress=lambda m: typer.echo(m, err=True))
     _print_claims(f"claims (analysis run {res.run_id}; shuffle {res.seconds['shuffle_s']:.0f} s, "
                   f"probes {res.seconds['probes_s']:.0f} s)", res.claims)
     _print_files(res.files)
+
+
+def _jobs(value: str, key: str) -> int:
+    """A worker count: an integer >= 1, or 'auto' = the CPUs this process may use."""
+    import os
+
+    if value.strip().lower() == "auto":
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ConfigError(f"{key}: expected an integer >= 1 or 'auto', got {value!r}")
+    return n
 
 
 def _print_metrics(title: str, metrics: dict[str, float]) -> None:

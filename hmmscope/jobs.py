@@ -176,7 +176,8 @@ def claim_tags(claims) -> dict[str, str]:
 def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int | None = None,
                 ks: tuple[int, ...] = (1, 2, 3, 4, 5), n_perms: int = 4, seed: int = 0,
                 experiment: str = "hmmscope", probe_tasks: int = 32, min_per_task: int = 30,
-                out: Path | None = None) -> AnalysisResult:
+                out: Path | None = None, probe_jobs: int = 1,
+                progress: Callable[[str], Any] | None = None) -> AnalysisResult:
     """Shuffle test, probes and belief probes for a run id or a checkpoint file.
 
     The shuffle test runs on n_episodes (default data.n_eval) eval episodes; the probes on dedicated probe
@@ -187,8 +188,17 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
     rule/<name>), tables, JSON and figures (PNG + PDF) as artifacts. With `out`, the same files are kept in
     out/<training run name>-<id8>/analysis/ (a checkpoint file: out/<file stem>-<analysis id8>/analysis/).
     Bad input (unknown run, no checkpoint, k out of range) raises ValueError before any run is created.
+    probe_jobs: worker processes for the probes' layer fits (probes.run_probes n_jobs; the same numbers at any
+    value). progress: called with one line per phase as it ends, "analyze: <phase>, <seconds since the start> s"
+    (the probes: one per layer), so a run cut off by a timeout shows where its time went.
     """
     import time
+
+    t_start = time.perf_counter()
+
+    def say(msg: str) -> None:
+        if progress is not None:
+            progress(f"analyze: {msg}, {time.perf_counter() - t_start:.0f} s")
 
     import torch
 
@@ -214,17 +224,27 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
         raise ValueError(f"k must lie in [1, l_test - 1 = {k_max}], got {list(ks) or 'none'}")
     if n_episodes is not None and n_episodes < 8:
         raise ValueError(f"n_episodes must be >= 8 (probes split episodes), got {n_episodes}")
+    if isinstance(probe_jobs, bool) or not isinstance(probe_jobs, int) or probe_jobs < 1:
+        raise ValueError(f"probe_jobs must be an integer >= 1, got {probe_jobs!r}")
+    say(f"checkpoint loaded (step {ck['step']}, {cfg.model.n_layers} layers x d_model {cfg.model.d_model})")
     dev = resolve_device(device)
     mix = make_mixture(cfg.hmm)
     ep = sample_episodes(mix, cfg.data, n_episodes or cfg.data.n_eval, "eval")
+    say(f"mixture ({mix.n_tasks} tasks) and {len(ep)} eval episodes drawn")
     t0 = time.perf_counter()
     with torch.no_grad():
         sh = shuffle_test(model, ep, n_perms=n_perms, seed=seed, device=str(dev))
     t1 = time.perf_counter()
+    say(f"shuffle test done ({n_perms} permutations, {t1 - t0:.0f} s)")
     n_pt = min(probe_tasks, mix.n_tasks)
     pep = probe_episodes(mix, cfg.data, n_pt, max(min_per_task, -(-len(ep) // n_pt)))
-    pr = run_probes(model, mix, pep, ks=tuple(ks), seed=seed, device=str(dev), max_tasks=n_pt)
+    say(f"probe episodes drawn ({n_pt} tasks, {len(pep)} episodes)")
+    pr = run_probes(model, mix, pep, ks=tuple(ks), seed=seed, device=str(dev), max_tasks=n_pt, n_jobs=probe_jobs,
+                    progress=lambda m: say(f"probes: {m}"))
     t2 = time.perf_counter()
+    tm = pr.meta["timings"]
+    say(f"probes done ({t2 - t1:.0f} s: residuals {tm['residuals_s']:.0f} s, fits {tm['fits_s']:.0f} s summed over "
+        f"layers in {pr.meta['n_jobs']} process{'es' if pr.meta['n_jobs'] > 1 else ''})")
     claims = [*sh.claims, *pr.claims]
     metrics = _analysis_metrics(sh, pr)
     seconds = {"shuffle_s": t1 - t0, "probes_s": t2 - t1}
@@ -247,9 +267,12 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
             atomic_write(d / "analysis.json", lambda p: p.write_text(json.dumps(
                 {"shuffle": sh.to_dict(), "probes": pr.to_dict(), "seconds": seconds}, indent=2)))
             files.append(d / "analysis.json")
+            say(f"tables and figures written ({len(files)} files)")
             for f in files:
                 run.log_artifact(f, "analysis")
-        return AnalysisResult(run.run_id, claims, metrics, seconds, files if out is not None else [])
+        result = AnalysisResult(run.run_id, claims, metrics, seconds, files if out is not None else [])
+    say(f"logged to MLflow (analysis run {result.run_id})")
+    return result
 
 
 # ---------------------------------------------------------------- theory

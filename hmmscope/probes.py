@@ -31,8 +31,13 @@ episode on both sides. Features standardized on the training rows. Classifiers: 
 LogisticRegression(C, lbfgs, max_iter, tol), each layer fitted from scratch (warm_start=True reuses the
 previous layer's fit: ~20% faster on the tiny preset, accuracies within 0.01, but layer-order
 dependent; never for the per-task state probes). Fits run with `blas_threads` BLAS threads (default 1:
-on a 2-core machine multi-threaded OpenBLAS made each lbfgs fit 5-40x slower). Ridge: alpha from
-`alphas` chosen on an inner split of the training episodes (a quarter held out), then refit.
+on a 2-core machine multi-threaded OpenBLAS made each lbfgs fit 5-40x slower). The layers' fits are
+independent, so with `n_jobs` > 1 they run in n_jobs worker processes (spawned: torch and fork do not
+mix; a script that calls run_probes needs the `if __name__ == "__main__":` guard), each with blas_threads
+BLAS threads, while the main process collects the next layers' residuals; the numbers are identical to
+n_jobs = 1 (everything seeded is drawn in the main process, in layer order). warm_start needs the layers
+in order: with n_jobs > 1 it is an error. Ridge: alpha from `alphas` chosen on an inner split of the
+training episodes (a quarter held out, a seeded split per layer and probe), then refit.
 Controls: every probe is refitted on shuffled training labels and scored on the real test labels
 (each target's permutation from its own seeded stream, so adding a target changes no other control).
 Per-position labels are permuted among training rows with the same test position (and task, for the
@@ -78,20 +83,23 @@ import os
 import time
 import warnings
 import zlib
+from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from scipy import stats as st
 from scipy.linalg import LinAlgWarning
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression, Ridge
 from threadpoolctl import threadpool_limits
 
-from .model import resid_names, run_with_cache
 from .stats import Claim, claim, holm, jsonable, percentile_ci, rule
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Claim", "ProbeResult", "Residuals", "TargetScores", "collect_residuals", "probe_claims",
            "sample_positions", "split_episodes", "run_probes"]
@@ -121,6 +129,8 @@ class Residuals:
         self.batch_size, self.mem_budget, self.seconds = batch_size, mem_budget, 0.0
 
     def _chunk(self, layers) -> dict[int, np.ndarray]:
+        import torch
+
         t0, (N, P) = time.perf_counter(), self.pos.shape
         out: dict[int, np.ndarray] = {}
         tok, pos = self.tokens[:, :int(self.pos.max()) + 1], torch.as_tensor(self.pos)
@@ -159,6 +169,10 @@ def collect_residuals(model, ep, *, positions: Any = "test", layers=None, n_laye
 
     A Transformer is moved to `device` and put in eval mode; activations come back as CPU float32.
     """
+    import torch  # here, not at the top: the fits' worker processes import this module without torch
+
+    from .model import resid_names, run_with_cache
+
     tokens = torch.as_tensor(np.asarray(ep.tokens).astype(np.int64))
     N = tokens.shape[0]
     if isinstance(positions, str):
@@ -272,10 +286,14 @@ def _lookup_baseline(key, y, a, b, fallback) -> np.ndarray:
     return pred
 
 
-def _ridge(Xtr, Ytr, g, Xte, alphas, rng):
-    """Ridge predictions for Xte with alpha chosen on a held-out quarter of the training episodes."""
+def _ridge_val(g, rng) -> np.ndarray:
+    """Rows of a seeded quarter of the training episodes g (at least one): ridge's inner validation split."""
     eps = np.unique(g)
-    val = np.isin(g, eps[rng.permutation(len(eps))[:max(1, len(eps) // 4)]])
+    return np.isin(g, eps[rng.permutation(len(eps))[:max(1, len(eps) // 4)]])
+
+
+def _ridge(Xtr, Ytr, val, Xte, alphas):
+    """Ridge predictions for Xte with alpha chosen on the training rows `val` (_ridge_val), then refitted on all."""
     sse = [((Ridge(alpha=a).fit(Xtr[~val], Ytr[~val]).predict(Xtr[val]) - Ytr[val]) ** 2).sum() for a in alphas]
     best = float(alphas[int(np.argmin(sse))])
     return Ridge(alpha=best).fit(Xtr, Ytr).predict(Xte), best
@@ -471,7 +489,7 @@ class ProbeResult:
     belief_table: list[dict]  # one row per layer: belief R^2
     summary: list[dict]  # per target: peak layer, best and max accuracy, reach layers, baseline
     claims: list[Claim]
-    meta: dict = field(default_factory=dict)  # sizes, settings, timings (s)
+    meta: dict = field(default_factory=dict)  # sizes, settings, n_jobs, timings (s; fits_s: summed over layers)
 
     def to_dict(self) -> dict:
         return jsonable({"table": self.table, "belief_table": self.belief_table, "summary": self.summary,
@@ -569,21 +587,147 @@ class ProbeResult:
 # ---------------------------------------------------------------- driver
 
 
+def _sums(pred, y, e, n_test: int) -> list[np.ndarray]:
+    """Per test episode e of each row: sums (n, sy, syy, sse), each (n_test, S)."""
+    y, pred = y.astype(np.float64), pred.astype(np.float64)
+    return [np.stack([np.bincount(e, v[:, j], n_test) for j in range(v.shape[1])], 1)
+            for v in (np.ones_like(y[:, :1]), y, y * y, (pred - y) ** 2)]
+
+
+@dataclass
+class _Fits:
+    """What every layer's fits need besides its residuals; sent once to each worker process."""
+    targets: dict  # name -> (labels (N * P,), -1 = unused; group for per-group probes or None): fittable targets
+    ctrl_y: dict  # name -> shuffled-label control labels (N * P,)
+    test_row: np.ndarray  # (N * P,) bool: the row's episode is held out
+    e_row: np.ndarray  # (N * P,) the row's index among the test episodes (test rows only)
+    n_test: int
+    Y: np.ndarray | None  # (N * P, S) belief targets; None: no belief probe
+    Yc: np.ndarray | None  # (N * P, S) their shuffled-label control
+    C: float
+    max_iter: int
+    tol: float
+    alphas: tuple
+    blas_threads: int | None
+
+
+def _fit_layer(f: _Fits, X: np.ndarray, vals, clfs: dict | None = None) -> dict:
+    """One layer's probes on its residuals X (N, P, D); vals = ridge's inner validation rows (real, control),
+    clfs = the classifiers carried from layer to layer (warm_start; None: fitted from scratch).
+
+    Returns {"hits": name -> (probe, control) hits per test episode (n_test,) each, "belief": (probe sums,
+    control sums, alpha, control alpha) or None, "seconds": the fits' wall time}.
+    """
+    t0, out = time.perf_counter(), {"hits": {}, "belief": None}
+    with threadpool_limits(f.blas_threads, user_api="blas"), warnings.catch_warnings():  # see module docstring
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        warnings.simplefilter("ignore", LinAlgWarning)  # ridge at small alpha on the low-rank embedding layer
+        X = X.reshape(len(f.test_row), -1)
+        tr = ~f.test_row
+        mu, sd = X[tr].mean(0), X[tr].std(0) + 1e-6
+        X = (X - mu) / sd
+        for t, (y, group) in f.targets.items():
+            use = y >= 0
+            a, b = use & tr, use & f.test_row
+            hits = []
+            for kind, labels in (("real", y), ("control", f.ctrl_y[t])):
+                def make(fresh=False, key=(t, kind)):
+                    if clfs is not None and not fresh:
+                        return clfs.setdefault(key, LogisticRegression(C=f.C, max_iter=f.max_iter, tol=f.tol,
+                                                                       warm_start=True))
+                    return LogisticRegression(C=f.C, max_iter=f.max_iter, tol=f.tol)
+                hit = (_fit_predict(make, X, labels, a, b, group) == y[b]).astype(float)
+                hits.append(np.bincount(f.e_row[b], hit, f.n_test))
+            out["hits"][t] = tuple(hits)
+        if f.Y is not None:
+            Xtr, Xte, Yte, e = X[tr], X[f.test_row], f.Y[f.test_row], f.e_row[f.test_row]
+            p1, alpha = _ridge(Xtr, f.Y[tr], vals[0], Xte, f.alphas)
+            p2, calpha = _ridge(Xtr, f.Yc[tr], vals[1], Xte, f.alphas)
+            out["belief"] = (_sums(p1, Yte, e, f.n_test), _sums(p2, Yte, e, f.n_test), alpha, calpha)
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+_WORKER_FITS: _Fits | None = None  # a worker process's copy (_init_worker)
+
+
+def _init_worker(f: _Fits) -> None:
+    global _WORKER_FITS
+    _WORKER_FITS = f
+
+
+def _fit_in_worker(X, vals) -> dict:
+    return _fit_layer(_WORKER_FITS, X, vals)
+
+
+def _layer_fits(res: Residuals, f: _Fits, vals, n_jobs: int, warm_start: bool):
+    """(layer index, layer, _fit_layer's dict) for every layer, in layer order.
+
+    n_jobs > 1: the fits run in n_jobs spawned worker processes (fork and torch do not mix) while this process
+    collects the next layers' residuals, at most 2 * n_jobs layers in flight; an error or interrupt stops the
+    workers.
+    """
+    if n_jobs == 1:
+        clfs = {} if warm_start else None
+        for li, (layer, X) in enumerate(res):
+            yield li, layer, _fit_layer(f, X, vals[li], clfs)
+        return
+    import multiprocessing
+    from collections import deque
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(n_jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
+                               initargs=(f,))
+    pending: deque = deque()
+    try:
+        for _ in range(n_jobs):  # start every worker now: they import while this process collects residuals
+            pool.submit(int)
+        for li, (layer, X) in enumerate(res):
+            pending.append((li, layer, pool.submit(_fit_in_worker, X, vals[li])))
+            del X
+            while pending and (pending[0][2].done() or len(pending) >= 2 * n_jobs):
+                li0, layer0, fut = pending.popleft()
+                yield li0, layer0, fut.result()
+        while pending:
+            li0, layer0, fut = pending.popleft()
+            yield li0, layer0, fut.result()
+    except BaseException:  # an error, Ctrl-C / SIGTERM, or the consumer gone: stop the running fits too
+        procs = list((getattr(pool, "_processes", None) or {}).values())  # no public API before Python 3.14
+        pool.shutdown(wait=False, cancel_futures=True)  # (it forgets the processes)
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.join(5)
+        raise
+    pool.shutdown()
+
+
 def run_probes(model, mix, ep, *, ks=(1, 2, 3, 4, 5), max_tasks: int = 32, positions_per_episode: int | None = 32,
                seed: int = 0, device="cpu", test_frac: float = 0.25, n_boot: int = 1000, C: float = 1.0,
                max_iter: int = 100, tol: float = 1e-3, fracs=(0.5, 0.9), belief: bool = True,
                alphas=(0.1, 1.0, 10.0, 100.0, 1000.0), layers=None, n_layers: int | None = None,
                batch_size: int = 64, mem_budget: int = 1 << 30, blas_threads: int | None = 1,
-               warm_start: bool = False) -> ProbeResult:
-    """All probes of the module docstring on every layer; mix is needed for the belief probe (None skips it)."""
+               warm_start: bool = False, n_jobs: int = 1, progress: Callable[[str], Any] | None = None) -> ProbeResult:
+    """All probes of the module docstring on every layer; mix is needed for the belief probe (None skips it).
+
+    n_jobs: worker processes for the layers' fits (module docstring; the same numbers at any n_jobs). progress:
+    called with a line of text after the belief targets, after each layer's fits and after the statistics.
+    """
+    if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs < 1:
+        raise ValueError(f"n_jobs must be an integer >= 1, got {n_jobs!r}")
+    if warm_start and n_jobs > 1:
+        raise ValueError("warm_start=True carries each layer's fit to the next, so the layers fit in order: "
+                         f"use n_jobs=1, got {n_jobs}")
+    say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
     res = collect_residuals(model, ep, layers=layers, n_layers=n_layers, positions_per_episode=positions_per_episode,
                             seed=seed, device=device, batch_size=batch_size, mem_budget=mem_budget)
-    pos, (N, P) = res.pos, res.pos.shape
+    pos, (N, P), nL = res.pos, res.pos.shape, len(res.layers)
     rows_ep, tpos = np.repeat(np.arange(N), P), np.asarray(ep.position)[pos].ravel()
     is_test = split_episodes(N, test_frac, seed)
     te_of = np.cumsum(is_test) - 1
     test_row, n_test = is_test[rows_ep], int(is_test.sum())
+    e_row = te_of[rows_ep]
     tok, tid = np.asarray(ep.tokens).astype(np.int64), np.asarray(ep.task_ids).astype(np.int64)
     uniq, cnt = np.unique(tid, return_counts=True)
     keep = uniq[np.lexsort((uniq, -cnt))[:max_tasks]]
@@ -603,59 +747,44 @@ def run_probes(model, mix, ep, *, ks=(1, 2, 3, 4, 5), max_tasks: int = 32, posit
         out[m] = _control(y[m], rows_ep[m], key[m], episode_level, rng)
         return out
     ctrl_y = {t: shuffled(y, y >= 0, g, epl, t) for t, (y, g, epl) in targets.items()}
-    rng = np.random.default_rng(np.random.SeedSequence([seed, _TAG, 5]))  # ridge's inner splits
-    e_row = te_of[rows_ep]
-    Y = None
+    scores: dict[str, TargetScores] = {}
+    fittable, meta_fit = {}, {}
+    for t, (y, group, _) in targets.items():  # a target is fitted at every layer or at none
+        a, b = (y >= 0) & ~test_row, (y >= 0) & test_row
+        if len(np.unique(y[a])) < 2 or not b.any():
+            continue
+        fittable[t] = (y, group)
+        scores[t] = TargetScores(np.zeros((n_test, nL)), np.zeros((n_test, nL)),
+                                 np.bincount(e_row[b], None, n_test).astype(float),
+                                 _majority(y[b], None if group is None else group[b]))
+        meta_fit[t] = {"n_train": int(a.sum()), "n_test": int(b.sum()), "n_classes": int(len(np.unique(y[a])))}
+    Y = Yc = None
+    vals: list = [None] * nL
     if belief and mix is not None:
+        import torch
+
         from .inference import task_beliefs
         Y = np.concatenate([task_beliefs(mix, ep.subset(slice(a, a + 256)), dtype=torch.float32).numpy()[
             np.arange(min(256, N - a))[:, None], pos[a:a + 256]] for a in range(0, N, 256)]).reshape(N * P, -1)
         Yc = Y[shuffled(np.arange(N * P), np.ones(N * P, bool), None, False, "belief")]
-
-    def sums(pred, y):  # per test episode sums (n, sy, syy, sse), each (n_test, S)
-        e, y, pred = e_row[test_row], y.astype(np.float64), pred.astype(np.float64)
-        return [np.stack([np.bincount(e, v[:, j], n_test) for j in range(v.shape[1])], 1)
-                for v in (np.ones_like(y[:, :1]), y, y * y, (pred - y) ** 2)]
-
-    nL = len(res.layers)
-    scores: dict[str, TargetScores] = {}
-    bel, btab, clfs, meta_fit, t_fit = ([], []), [], {}, {}, 0.0
-    for li, (layer, X) in enumerate(res):
-        t1 = time.perf_counter()
-        with threadpool_limits(blas_threads, user_api="blas"), warnings.catch_warnings():  # see module docstring
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            warnings.simplefilter("ignore", LinAlgWarning)  # ridge at small alpha on the low-rank embedding layer
-            X = X.reshape(N * P, -1)
-            tr = ~test_row
-            mu, sd = X[tr].mean(0), X[tr].std(0) + 1e-6
-            X = (X - mu) / sd
-            for t, (y, group, _) in targets.items():
-                use = y >= 0
-                a, b = use & tr, use & test_row
-                if len(np.unique(y[a])) < 2 or not b.any():
-                    continue
-                e = e_row[b]
-                if t not in scores:
-                    scores[t] = TargetScores(np.zeros((n_test, nL)), np.zeros((n_test, nL)),
-                                             np.bincount(e, None, n_test).astype(float),
-                                             _majority(y[b], None if group is None else group[b]))
-                    meta_fit[t] = {"n_train": int(a.sum()), "n_test": int(b.sum()), "n_classes": int(len(np.unique(y[a])))}
-                for kind, labels in (("real", y), ("control", ctrl_y[t])):
-                    def make(fresh=False, key=(t, kind)):
-                        if warm_start and not fresh:
-                            return clfs.setdefault(key, LogisticRegression(C=C, max_iter=max_iter, tol=tol, warm_start=True))
-                        return LogisticRegression(C=C, max_iter=max_iter, tol=tol)
-                    hit = (_fit_predict(make, X, labels, a, b, group) == y[b]).astype(float)
-                    (scores[t].hits if kind == "real" else scores[t].control)[:, li] = np.bincount(e, hit, n_test)
-            if Y is not None:
-                g = rows_ep[tr]
-                p1, alpha = _ridge(X[tr], Y[tr], g, X[test_row], alphas, rng)
-                p2, calpha = _ridge(X[tr], Yc[tr], g, X[test_row], alphas, rng)
-                bel[0].append(sums(p1, Y[test_row]))
-                bel[1].append(sums(p2, Y[test_row]))
+        rng, g = np.random.default_rng(np.random.SeedSequence([seed, _TAG, 5])), rows_ep[~test_row]
+        vals = [(_ridge_val(g, rng), _ridge_val(g, rng)) for _ in range(nL)]  # drawn here, in layer order
+        say(f"belief targets: {N} episodes x {P} positions x {Y.shape[1]} states")
+    fit = _Fits(fittable, ctrl_y, test_row, e_row, n_test, Y, Yc, C, max_iter, tol, tuple(alphas), blas_threads)
+    bel, btab, t_fit, jobs = ([], []), [], 0.0, min(n_jobs, nL)
+    with closing(_layer_fits(res, fit, vals, jobs, warm_start)) as fits:
+        for li, layer, out in fits:
+            for t, (real, control) in out["hits"].items():
+                scores[t].hits[:, li], scores[t].control[:, li] = real, control
+            if out["belief"] is not None:
+                s1, s2, alpha, calpha = out["belief"]
+                bel[0].append(s1)
+                bel[1].append(s2)
                 btab.append({"target": "belief", "layer": layer, "alpha": alpha, "control_alpha": calpha,
                              "n_test": int(test_row.sum()), "n_outputs": Y.shape[1]})
-        t_fit += time.perf_counter() - t1
+            t_fit += out["seconds"]
+            say(f"layer {li + 1}/{nL} done (layer {layer}: fits {out['seconds']:.1f} s"
+                + (f" in one of {jobs} processes)" if jobs > 1 else ")"))
     baseline = {}
     for k in ks:
         t = f"kback{k}"
@@ -684,10 +813,12 @@ def run_probes(model, mix, ep, *, ks=(1, 2, 3, 4, 5), max_tasks: int = 32, posit
             row.update({"r2": float(r2[li]), "r2_lo": percentile_ci(rb[:, li])[0], "r2_hi": percentile_ci(rb[:, li])[1],
                         "control_r2": float(c2[li]), "control_lo": percentile_ci(cb[:, li])[0],
                         "control_hi": percentile_ci(cb[:, li])[1]})
+    say(f"statistics done ({n_boot} bootstrap resamples)")
     meta = {"n_episodes": N, "n_train_episodes": N - n_test, "n_test_episodes": n_test, "positions_per_episode": P,
             "layers": res.layers, "tasks_probed": keep.tolist(),
             "episodes_per_task": {"min": int(cnt[np.isin(uniq, keep)].min()), "max": int(cnt[np.isin(uniq, keep)].max())},
             "test_episodes": np.flatnonzero(is_test).tolist(), "ks": list(ks), "seed": seed, "C": C,
             "max_iter": max_iter, "tol": tol, "n_boot": n_boot, "fracs": list(fracs), "test_frac": test_frac,
+            "n_jobs": jobs,
             "timings": {"residuals_s": res.seconds, "fits_s": t_fit, "total_s": time.perf_counter() - t0}}
     return ProbeResult(table, btab, summary, claims, meta)

@@ -1,6 +1,7 @@
 """The CLI end to end: --help everywhere, small real runs into a temporary MLflow store, bad input."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -164,9 +165,21 @@ def test_analyze_end_to_end_and_bad_input(store):
     assert "upper layers change less" in r.output
     assert "figure2_shuffle.png" in r.output and "figure3_probes.pdf" in r.output
     assert len(list((store / "out").glob(f"*-{rid[:8]}/analysis/figure*.p*"))) == 4
+    # progress: one line per phase on stderr, with the seconds since the start; stdout keeps only the summary
+    lines = r.stderr.splitlines()
+    assert all(re.fullmatch(r"analyze: .+, \d+ s", x) for x in lines), r.stderr
+    assert [x.split(" (")[0].rsplit(", ", 1)[0] for x in lines] == [
+        "analyze: checkpoint loaded", "analyze: mixture", "analyze: shuffle test done", "analyze: probe episodes drawn",
+        "analyze: probes: belief targets: 120 episodes x 8 positions x 16 states", "analyze: probes: layer 1/2 done",
+        "analyze: probes: layer 2/2 done", "analyze: probes: statistics done", "analyze: probes done",
+        "analyze: tables and figures written", "analyze: logged to MLflow"], r.stderr
+    assert f"analyze: logged to MLflow (analysis run {an.info.run_id}), " in r.stderr
+    assert "analyze:" not in r.stdout
     ckpt = next(store.rglob("last.pt"))
-    r = runner.invoke(app, ["analyze", str(ckpt), "--ks", "1", "--n-perms", "1", "--n-episodes", "16"])
+    r = runner.invoke(app, ["analyze", str(ckpt), "--ks", "1", "--n-perms", "1", "--n-episodes", "16",
+                            "--probe-jobs", "2"])
     assert r.exit_code == 0, r.output  # a checkpoint file works too (standalone analysis run)
+    assert "analyze: probes: layer 2/2 done (layer 1: fits" in r.stderr and "in one of 2 processes" in r.stderr
     n_runs = len(_runs(uri))
     with tracking.start_run(uri, "hmmscope", "no-checkpoint") as bare:
         pass
@@ -175,9 +188,13 @@ def test_analyze_end_to_end_and_bad_input(store):
                          ([rid, "--ks", "0"], "k must lie in"),
                          ([rid, "--ks", "99"], "k must lie in"),
                          ([rid, "--ks", "x"], "comma-separated"),
+                         ([rid, "--probe-jobs", "0"], "--probe-jobs: expected an integer >= 1 or 'auto', got '0'"),
+                         ([rid, "--probe-jobs", "-1"], "--probe-jobs: expected an integer >= 1 or 'auto'"),
+                         ([rid, "--probe-jobs", "x"], "--probe-jobs: expected an integer >= 1 or 'auto'"),
                          ([str(store / "missing.pt")], "checkpoint not found")]:
         r = runner.invoke(app, ["analyze", *args])
         assert r.exit_code == 2 and needle in r.output, (args, r.output)
+        assert r.stdout == "" and len(r.stderr.splitlines()) == 1, (args, r.output)  # one line: no progress
     assert len(_runs(uri)) == n_runs + 1  # only the bare run: bad input created no analysis run
 
 

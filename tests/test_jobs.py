@@ -66,3 +66,14 @@ def test_theory_jobs_never_share_a_folder(tmp_path):
     # the main job's theory figure lives in its own run's folder, never in a `hmmscope theory` folder
     main = run_folder(tmp_path / "out", "main", "f" * 32) / "theory"
     assert main.parent.name == "main-ffffffff" and main.parent not in (a, b)
+
+
+def test_analyze_rejects_bad_probe_jobs_before_any_run(run):
+    uri, rid, _ = run
+    c = tracking.client(uri)
+    n = len(c.search_runs([e.experiment_id for e in c.search_experiments()]))
+    lines: list[str] = []
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="probe_jobs must be an integer >= 1"):
+            analyze_run(uri, rid, n_episodes=16, ks=(1,), probe_jobs=bad, progress=lines.append)
+    assert len(c.search_runs([e.experiment_id for e in c.search_experiments()])) == n and lines == []

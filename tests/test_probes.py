@@ -378,3 +378,58 @@ def test_task_probe_at_8192_tasks():
     assert sorted(r.meta["tasks_probed"]) == tasks.tolist() and r.meta["episodes_per_task"]["min"] >= 30
     assert task["n_classes"] == 32 and task["acc"] > 0.95 and task["chance"] < 0.1
     assert {c.name: c for c in r.claims}["task_beats_control"].verdict == "supported"
+
+
+# ---------------------------------------------------------------- parallel fits
+
+
+def _numbers(r: ProbeResult) -> str:
+    d = r.to_dict()
+    del d["meta"]["timings"], d["meta"]["n_jobs"]
+    return json.dumps(d, sort_keys=True)
+
+
+def test_parallel_layer_fits_give_the_same_numbers():
+    """n_jobs=2 (spawned workers) gives exactly the numbers of n_jobs=1: same split, controls, fits, ridge splits."""
+    from hmmscope.episodes import probe_episodes
+
+    torch.manual_seed(0)
+    mix = make_mixture(HMMConfig(n_tasks=6, n_states=8, n_tokens=6, rank=4, gamma=0.6, seed=1))
+    ep = probe_episodes(mix, DataConfig(n_demos=1, l_demo=6, l_test=10, seed=2), 4, 10)
+    model = Transformer(ModelConfig(n_layers=4, n_heads=2, d_model=16, d_mlp=32, max_len=64), vocab_size=7)
+    kw = dict(ks=(1, 2), positions_per_episode=6, n_boot=100, max_tasks=4)
+    lines: list[str] = []
+    one = run_probes(model, mix, ep, **kw)
+    two = run_probes(model, mix, ep, n_jobs=2, progress=lines.append, **kw)  # 5 layers: 4 in flight, then waits
+    assert two.meta["n_jobs"] == 2 and one.meta["n_jobs"] == 1
+    assert len(two.belief_table) == 5 and {x["target"] for x in two.table} >= {"task", "state", "kback2"}
+    assert _numbers(two) == _numbers(one)
+    per_layer = [x for x in lines if x.startswith("layer ")]  # progress: one line per layer, in layer order
+    assert [x.split(" (")[0] for x in per_layer] == [f"layer {i}/5 done" for i in range(1, 6)]
+    assert all(x.endswith("s in one of 2 processes)") for x in per_layer)
+    assert lines[0].startswith("belief targets: 40 episodes x 6 positions x 8 states")
+    assert lines[-1] == "statistics done (100 bootstrap resamples)"
+
+
+@pytest.mark.parametrize("kw, needle", [({"n_jobs": 0}, "n_jobs must be an integer >= 1"),
+                                        ({"n_jobs": 1.5}, "n_jobs must be an integer >= 1"),
+                                        ({"n_jobs": 2, "warm_start": True}, "layers fit in order: use n_jobs=1")])
+def test_bad_n_jobs_and_warm_start_in_parallel_are_errors(data, kw, needle):
+    mix, ep = data
+    with pytest.raises(ValueError, match=needle):
+        run_probes(lambda tok, layer, idx: torch.zeros(*tok.shape, 2), mix, ep, ks=(1,), n_layers=2, **kw)
+
+
+def test_an_error_mid_run_stops_the_fit_workers(data):
+    import multiprocessing
+
+    mix, ep = data
+
+    def fn(tok, layer, idx):  # layer 2 fails after layers 0 and 1 went to the workers
+        if layer == 2:
+            raise RuntimeError("residuals failed")
+        return torch.randn(*tok.shape, 4, generator=torch.Generator().manual_seed(layer))
+
+    with pytest.raises(RuntimeError, match="residuals failed"):
+        run_probes(fn, mix, ep, ks=(1,), n_layers=3, n_jobs=2, belief=False, mem_budget=1)
+    assert multiprocessing.active_children() == []

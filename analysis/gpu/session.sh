@@ -122,21 +122,27 @@ paper() {  # phases: setup, sweep (SWEEP_S), pack, analysis (until DEADLINE s af
   timeout "${SWEEP_S:-290}" hmmscope sweep run "$spec" --workers "${#encs[@]}" >"$rec/sweep.log" 2>&1
   echo "sweep: rc=$? at $((SECONDS - t0)) s; $(tail -n 2 "$rec/sweep.log" | tr '\n' ' ')"
   pack "$rec" "$name"
-  # 2. the layerwise analysis of each trained run, all at once (the probes' lbfgs is single-threaded: README.md),
+  # 2. the layerwise analysis of each trained run, all at once (each lbfgs fit is single-threaded, the layers are
+  #    fitted in --probe-jobs processes: README.md),
   #    until DEADLINE seconds after the call began, leaving 45 s for the last pack
   ids=$("$PY" -c "from hmmscope.sweep import default_storage, study_status
 print(' '.join(r['mlflow_run_id'] for r in study_status('$name', default_storage())
                if r['state'] == 'COMPLETE' and r['mlflow_run_id']))")
   local an_s=$(( ${DEADLINE:-555} - SECONDS - 45 ))
   [ -n "${ANALYZE_S:-}" ] && an_s=$ANALYZE_S
-  echo "analysis: $an_s s for [$ids]"
+  local n_ids; n_ids=$(echo $ids | wc -w)
+  # the probes' layer fits in worker processes: the CPUs shared among the runs analyzed at once
+  local pj=${PROBE_JOBS:-$(( $(nproc) / (n_ids > 0 ? n_ids : 1) ))}
+  [ "$pj" = auto ] || [ "$pj" -ge 1 ] 2>/dev/null || pj=1
+  echo "analysis: $an_s s for [$ids], --probe-jobs $pj each"
   for id in $ids; do
     timeout "$an_s" hmmscope analyze "$id" --n-episodes "$n_an" --ks "${ANALYZE_KS:-1,2,3}" --device "$dev" \
-      --probe-tasks "${PROBE_TASKS:-32}" --min-per-task "${MIN_PER_TASK:-30}" \
+      --probe-tasks "${PROBE_TASKS:-32}" --min-per-task "${MIN_PER_TASK:-30}" --probe-jobs "$pj" \
       --experiment "hmmscope-$name" >"$rec/analyze-$id.log" 2>&1 &
   done
   wait
   echo "analysis of [$ids]: done at $((SECONDS - t0)) s; $(grep -h -o 'claims (analysis run[^)]*)' "$rec"/analyze-*.log | tr '\n' ' ')"
+  for f in "$rec"/analyze-*.log; do [ -f "$f" ] && echo "  ${f##*/}: last phase: $(grep '^analyze: ' "$f" | tail -n 1)"; done
   # 3. the record again, now with the analysis
   pack "$rec" "$name"
   echo "total: $((SECONDS - t0)) s" | tee -a "$rec/sweep.log"
