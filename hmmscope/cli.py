@@ -1103,6 +1103,8 @@ def bench_oracle_cmd(
         raise ValueError(f"--chunk-tasks must be 'auto' or comma-separated integers, got {chunk_tasks!r}") from None
     if any(c is not None and c < 1 for c in chunks):
         raise ValueError(f"--chunk-tasks must be positive, got {chunk_tasks!r}")
+    if dev.type == "cpu" and chunks != [None]:
+        raise ValueError("--chunk-tasks applies to --device cuda (the CPU kernel chooses its own chunks)")
 
     if dtype not in ("float32", "float64"):
         raise ValueError(f"--dtype must be float32 or float64, got {dtype!r}")

@@ -48,7 +48,8 @@ def test_bench_oracle_cli_rejects_bad_counts():
     from hmmscope.cli import app
 
     for bad in (["--n-tasks", "8,x"], ["--n-tasks", "0"], ["--dtype", "float16"], ["--chunk-tasks", "0"],
-                ["--chunk-tasks", "auto,x"], ["--device", "tpu"], ["--device", "cuda:99"]):
+                ["--chunk-tasks", "auto,x"], ["--device", "tpu"], ["--device", "cuda:99"],
+                ["--chunk-tasks", "256"]):
         r = CliRunner().invoke(app, ["bench", "oracle", *bad])
         assert r.exit_code == 2, r.output
         assert len(r.output.strip().splitlines()) == 1
