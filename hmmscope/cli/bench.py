@@ -1,0 +1,210 @@
+"""`hmmscope bench sample | filter | oracle | train`: speed benchmarks against named peers, as ratios.
+
+Owns: the `bench` command group (`app`), its options and their checks, the thread setting of a benchmark, and
+the lines each benchmark prints. The timings themselves are `hmmscope.bench`.
+
+Must not import, at module level, anything beyond typer, the standard library, `hmmscope.config`,
+`hmmscope.checks` and `cli.common`: torch, numba, hmmlearn, transformers and `hmmscope.bench` are imported
+inside the command bodies.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from .. import checks
+from ..config import memory_estimate, preset
+from .common import ConfigOpt, DeviceOpt, ForceOpt, Preset, PrintConfigOpt, SetOpt, build_config, echo_config, user_errors
+
+app = typer.Typer(no_args_is_help=True, help="Speed benchmarks against named peers, as ratios.")
+
+
+@app.command("sample")
+@user_errors
+def bench_sample_cmd(
+    n_seqs: Annotated[int, typer.Option(min=1, help="Sequences sampled at once.")] = 4096,
+    length: Annotated[int, typer.Option(min=1, help="Tokens per sequence.")] = 256,
+    paper: Annotated[bool, typer.Option(help="Also time the paper-scale dataset (131,072 episodes).")] = True,
+    force: ForceOpt = False,
+) -> None:
+    """Sampler tokens/s vs hmmlearn's CategoricalHMM.sample on one 128-state, 16-token, rank-8 HMM."""
+    checks.memory(checks.tokens_memory(n_seqs, length, "sample"), force=force)
+    if paper:
+        checks.memory(memory_estimate(preset("paper"), "generate"), force=force, what="the paper-scale dataset")
+    from ..bench import bench_paper_dataset, bench_sample
+
+    r = bench_sample(n_seqs=n_seqs, length=length)
+    typer.echo(f"sample: hmmscope {r['ours_tokens_per_s']:,.0f} tokens/s ({n_seqs} x {length}), "
+               f"hmmlearn {r['hmmlearn_tokens_per_s']:,.0f} tokens/s; ratio {r['ratio']:.1f}x")
+    if paper:
+        p = bench_paper_dataset()
+        typer.echo(f"paper dataset: {p['episodes']:,.0f} episodes ({p['tokens']:,.0f} tokens) in {p['total_s']:.1f} s "
+                   f"(mixture {p['mixture_s']:.1f} s, episodes {p['episodes_s']:.1f} s)")
+
+
+def _bench_threads(threads: int | None) -> None:
+    """Set torch's (and numba's, when installed) thread count for a benchmark; None keeps the default."""
+    if threads is None:
+        return
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        import numba
+    except ImportError:
+        return
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+
+
+ThreadsOpt = Annotated[int | None, typer.Option(min=1, help="Threads for torch (and numba); default: torch's.")]
+
+
+@app.command("filter")
+@user_errors
+def bench_filter_cmd(
+    n_seqs: Annotated[int, typer.Option(min=1, help="Sequences filtered at once.")] = 4096,
+    length: Annotated[int, typer.Option(min=1, help="Tokens per sequence.")] = 256,
+    peer_length: Annotated[int, typer.Option(min=1, help="Tokens in hmmlearn's one sequence.")] = 20000,
+    threads: ThreadsOpt = None,
+    force: ForceOpt = False,
+) -> None:
+    """Filter tokens/s on one 128-state, 16-token HMM: dense vs hmmlearn, low-rank vs dense, each vs its GEMM limit."""
+    checks.memory(checks.tokens_memory(n_seqs, length, "filter"), force=force)
+    from ..bench import bench_filter
+
+    _bench_threads(threads)
+    r = bench_filter(n_seqs=n_seqs, length=length, peer_length=peer_length)
+    S, V, d = r["n_states"], r["n_tokens"], r["rank"]
+    typer.echo(f"filter, {n_seqs} x {length} tokens, {S} states, {V} tokens, {r['threads']} torch threads "
+               f"(hmmlearn: one sequence, single-threaded); best of {r['rounds']} interleaved rounds")
+    typer.echo(f"  dense   hmmscope.predictive float32  {r['dense_f32_tokens_per_s']:>12,.0f} tokens/s   <- headline")
+    typer.echo(f"  dense   hmmscope.predictive float64  {r['dense_f64_tokens_per_s']:>12,.0f} tokens/s   "
+               f"(float32 - float64: max |diff| {r['f32_vs_f64_max_abs']:.1e})")
+    typer.echo(f"  dense   hmmlearn score, log          {r['hmmlearn_log_tokens_per_s']:>12,.0f} tokens/s   "
+               f"dense float32 / this = {r['ratio_log']:.1f}x")
+    typer.echo(f"  dense   hmmlearn score, scaling      {r['hmmlearn_scaling_tokens_per_s']:>12,.0f} tokens/s   "
+               f"dense float32 / this = {r['ratio_scaling']:.1f}x")
+    typer.echo(f"  rank {d}  hmmscope.predictive float32  {r['lowrank_f32_tokens_per_s']:>12,.0f} tokens/s   "
+               f"low-rank / dense = {r['ratio_lowrank_dense']:.2f}x (max |diff| vs dense float64 "
+               f"{r['lowrank_vs_dense_max_abs']:.1e})")
+    typer.echo(f"  limit   fp32 GEMM ({min(n_seqs, 1024)}, {S}) x ({S}, {S}), measured now: "
+               f"{r['gemm_dense_flops'] / 1e9:.1f} GFLOP/s; dense at 2 S^2 FLOPs/token: "
+               f"{r['dense_flops'] / 1e9:.1f} GFLOP/s = {100 * r['dense_frac_gemm']:.0f}% "
+               f"(counting the (S, S + V) product it runs: {100 * r['dense_frac_gemm_step']:.0f}% of that GEMM)")
+    typer.echo(f"  limit   fp32 GEMM ({n_seqs}, {d}) x ({d}, {V * d + V}), measured now: "
+               f"{r['gemm_lowrank_flops'] / 1e9:.1f} GFLOP/s; low-rank at 2 d (V d + V) FLOPs/token: "
+               f"{r['lowrank_flops'] / 1e9:.1f} GFLOP/s = {100 * r['lowrank_frac_gemm']:.0f}%")
+
+
+@app.command("oracle")
+@user_errors
+def bench_oracle_cmd(
+    n_tasks: Annotated[str, typer.Option(help="Comma-separated task counts.")] = "512,2048,8192",
+    n_episodes: Annotated[int, typer.Option(min=1, help="Held-out episodes timed per task count.")] = 16,
+    dtype: Annotated[str, typer.Option(help="float32 or float64 (evaluate and train use float64).")] = "float64",
+    threads: ThreadsOpt = None,
+    device: Annotated[str, typer.Option(help="cpu (the numba kernel) or cuda / cuda:N (the torch path).")] = "cpu",
+    chunk_tasks: Annotated[str, typer.Option(help="On CUDA: comma-separated tasks per chunk to time, "
+                                                  "'auto' for the oracle's own choice.")] = "auto",
+) -> None:
+    """Mixture-oracle cost vs n_tasks at the paper's shape (128 states, 16 tokens, rank 8, 358 tokens)."""
+    from ..bench import bench_oracle
+    from ..train import resolve_device
+
+    dev = resolve_device(device)
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu or cuda[:N], got {device!r}")
+    try:
+        chunks = [None if x.strip() == "auto" else int(x) for x in chunk_tasks.split(",")]
+    except ValueError:
+        raise ValueError(f"--chunk-tasks must be 'auto' or comma-separated integers, got {chunk_tasks!r}") from None
+    if any(c is not None and c < 1 for c in chunks):
+        raise ValueError(f"--chunk-tasks must be positive, got {chunk_tasks!r}")
+    if dev.type == "cpu" and chunks != [None]:
+        raise ValueError("--chunk-tasks applies to --device cuda (the CPU kernel chooses its own chunks)")
+
+    if dtype not in ("float32", "float64"):
+        raise ValueError(f"--dtype must be float32 or float64, got {dtype!r}")
+    try:
+        counts = [int(x) for x in n_tasks.split(",")]
+    except ValueError:
+        raise ValueError(f"--n-tasks must be comma-separated integers, got {n_tasks!r}") from None
+    if not counts or min(counts) < 1:
+        raise ValueError(f"--n-tasks must be positive, got {n_tasks!r}")
+    _bench_threads(threads)
+    r = bench_oracle(tuple(counts), n_episodes=n_episodes, dtype=dtype, device=str(dev), chunks=tuple(chunks))
+    if dev.type == "cuda":
+        typer.echo(f"mixture oracle ({r['path']}, {r['dtype']}), {n_episodes} episodes x 358 tokens")
+        for row in r["rows"]:
+            full = ("measured on the 1024 episodes" if row["measured_full"]
+                    else f"1024 episodes, extrapolated: {row['full_s']:.2f} s")
+            typer.echo(f"  n_tasks {row['n_tasks']:>5}, chunk {row['chunk_tasks']:>5}"
+                       f"{' (auto)' if row['auto_chunk'] else ''}: {row['seconds']:8.3f} s wall, "
+                       f"{row['ns_per_task_token']:.3f} ns per (task, episode, token), peak {row['peak_gib']:.1f} GiB; "
+                       f"{full}; max |cuda - cpu| {row['max_abs_vs_cpu']:.1e} on 2 episodes")
+        return
+    typer.echo(f"mixture oracle ({r['path']}, {r['dtype']}, {r['threads']} threads), {n_episodes} episodes x 358 tokens")
+    for row in r["rows"]:
+        peer = (f"; torch path (CUDA's) {row['torch_path_s_per_episode']:.2f} s/episode = "
+                f"{row['torch_path_ratio']:.1f}x slower" if "torch_path_ratio" in row else "")
+        typer.echo(f"  n_tasks {row['n_tasks']:>5}: {row['seconds']:8.2f} s wall ({row['cpu_seconds']:.2f} s CPU; "
+                   f"tables {row['tables_s']:.2f} s), {row['ns_per_task_token']:6.1f} ns per (task, episode, token) "
+                   f"past the tables; 1024 episodes, {'measured' if n_episodes == 1024 else 'extrapolated'}: "
+                   f"{row['extrapolated_full_s']:6.0f} s wall, {row['extrapolated_full_cpu_s']:6.0f} s CPU{peer}")
+
+
+@app.command("train")
+@user_errors
+def bench_train_cmd(
+    preset_: Annotated[Preset, typer.Option("--preset", help="Model shape to time.")] = Preset.tiny,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    device: DeviceOpt = None,
+    batch_size: Annotated[int, typer.Option(min=1)] = 32,
+    seq_len: Annotated[int, typer.Option(min=2)] = 256,
+    steps: Annotated[int, typer.Option(min=1, help="Timed steps per repeat.")] = 5,
+    peer: Annotated[bool, typer.Option(help="Also time HF transformers' RoFormerForCausalLM.")] = True,
+    profile: Annotated[bool, typer.Option(help="One number per source of loss vs the measured GEMM rate.")] = False,
+    compile_: Annotated[bool, typer.Option("--compile", help="Time torch.compile(model) (compile time excluded).")]
+    = False,
+    threads: ThreadsOpt = None,
+    force: ForceOpt = False,
+    print_config: PrintConfigOpt = False,
+) -> None:
+    """Training tokens/s and MFU (vs the matmul rate measured in the same run) for a preset's model, vs HF RoFormer."""
+    cfg = build_config(preset_, config, set_, {"train.device": device})
+    if print_config:
+        return echo_config(cfg, ("hmm", "data", "model", "train"))
+    from ..bench import bench_train
+    from ..train import resolve_device
+
+    dev = resolve_device(cfg.train.device)
+    need = memory_estimate(cfg, "bench-train", batch_size=batch_size, seq=seq_len)
+    checks.memory(need, device=str(dev), force=force, times=2 if peer else 1)
+    _bench_threads(threads)
+    r = bench_train(cfg, cfg.train.device, batch_size=batch_size, seq_len=seq_len, steps=steps, peer=peer,
+                    profile=profile, compile=compile_)
+    typer.echo(f"train ({r['device']}{', compiled' if r['compiled'] else ''}, {r['shape']}): "
+               f"hmmscope {r['ours_tokens_per_s']:,.0f} tokens/s, {r['flops_per_token'] / 1e6:,.2f} MFLOP/token "
+               f"counted (6 N + attention), {r['ours_tflops']:.3f} TFLOP/s")
+    for k, rate in r["measured_rates"].items():
+        tag = "  <- MFU" if k == r["mfu_denominator"] else ""
+        typer.echo(f"  {k} GEMM {r['gemm_shape']} measured now: {rate / 1e12:.3f} TFLOP/s; "
+                   f"MFU {100 * r['mfu_all'][k]:.1f}%{tag}")
+    if r["cpu_bf16_native"] is False:
+        typer.echo("  bf16: this CPU has no native bf16 matmul (no AVX512-BF16/AMX); not measured")
+    if r["datasheet_bf16"]:
+        typer.echo(f"  ({r['datasheet_what']}: {r['datasheet_bf16'] / 1e12:.0f} TFLOP/s, "
+                   f"{100 * r['ours_tflops'] * 1e12 / r['datasheet_bf16']:.1f}% of it; not the MFU denominator)")
+    if "profile" in r:
+        p = r["profile"]
+        typer.echo(f"  profile, seconds per step: step {p['step_s']:.4f} = ideal at the measured GEMM rate "
+                   f"{p['ideal_s']:.4f} ({100 * p['ideal_s'] / p['step_s']:.0f}%)")
+        for k in ("attention", "optimizer", "other"):
+            typer.echo(f"    lost to {k:<9} {p[k + '_s']:.4f} ({100 * p[k + '_s'] / p['step_s']:.0f}% of the step)")
+        typer.echo(f"    data (outside the step) {p['data_s']:.4f} ({100 * p['data_s'] / p['step_s']:.0f}% of the step)")
+    if "ratio" in r:
+        typer.echo(f"peer HF RoFormerForCausalLM: {r['hf_roformer_tokens_per_s']:,.0f} tokens/s; "
+                   f"ratio {r['ratio']:.2f}x")

@@ -1,0 +1,235 @@
+"""What every command shares: option types, the bad-input contract, config building, and output helpers.
+
+Owns: the choice enums (Preset, Family, Split) and the `Annotated` option types several commands use; `fail` and
+`user_errors` (bad input -> one line `error: ...`, exit 2; a diverged training or running out of memory -> exit 1);
+`build_config` (defaults -> preset -> TOML -> options -> --set) and `config_toml`; and the output helpers (rich
+tables and progress on a console, claims one per line, the spinner).
+
+Must not import, at module level, anything beyond typer, the standard library and the light `hmmscope.config` /
+`hmmscope.checks` (so `hmmscope --help` stays fast): rich is imported inside the helpers that draw, and torch,
+mlflow, optuna, sklearn, scipy never here. Must not import the command modules or `cli.app`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from enum import Enum, StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..config import Config, ConfigError, load_toml, override, preset
+
+
+class Preset(StrEnum):
+    tiny = "tiny"
+    paper = "paper"
+
+
+class Family(StrEnum):
+    sticky = "sticky"
+    dirichlet = "dirichlet"
+
+
+class Split(StrEnum):
+    train = "train"
+    eval = "eval"
+
+
+PresetOpt = Annotated[Preset, typer.Option(help="Base configuration.")]
+# help text is rich markup: a literal [ is written \\[ (else `[hmm]` vanishes from --help)
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML file with \\[hmm], \\[data], ... tables.")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set hmm.gamma=0.5 (repeatable).")]
+UriOpt = Annotated[str | None, typer.Option("--tracking-uri", envvar="MLFLOW_TRACKING_URI",
+                                            help="MLflow tracking URI (default: sqlite under ./mlruns).")]
+ExpOpt = Annotated[str, typer.Option("--experiment", help="MLflow experiment name.")]
+PrintConfigOpt = Annotated[bool, typer.Option("--print-config", help="Print the resolved config as TOML and exit.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Run even if the memory estimate exceeds what this machine has.")]
+DeviceOpt = Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda | cuda:N (sets train.device).")]
+StorageOpt = Annotated[str | None, typer.Option("--storage", help="Optuna storage URL (any SQLAlchemy URL; "
+                                                "default: ./mlruns/optuna.db).")]
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def fail(msg: str, code: int = 2) -> None:
+    """One line on stderr, then exit (2 = bad input)."""
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(code)
+
+
+def _line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
+def user_errors(fn):
+    """Turn bad input (ConfigError / ValueError / OSError) into a one-line error and exit code 2.
+
+    A diverged training exits 1 with one line naming its FAILED run; running out of memory anyway
+    (past --force, or past the estimate) exits 1 with one line.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (ConfigError, ValueError) as e:
+            fail(_line(e))
+        except OSError as e:  # a path that passed the checks and still failed (a race, a full disk)
+            fail(f"{e.strerror or _line(e)}: {e.filename}" if e.filename else _line(e))
+        except MemoryError as e:
+            fail(f"out of memory ({_line(e)}); make the job smaller", code=1)
+        except RuntimeError as e:
+            train = sys.modules.get("hmmscope.train")
+            if train is not None and isinstance(e, train.DivergedError):
+                fail(f"training diverged: {e}; run {e.run_id} ended FAILED (try a smaller train.lr)", code=1)
+            if type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(e):
+                fail(f"out of memory ({_line(e)[:200]}); make the job smaller", code=1)
+            raise
+
+    return wrapper
+
+
+# ---------------------------------------------------------------- parsing values and the config
+
+
+def parse_sets(items: list[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def build_config(base: Preset | str = "tiny", config: Path | None = None, sets: list[str] | None = None,
+                 extra: dict[str, Any] | None = None) -> Config:
+    """defaults -> preset -> TOML file -> explicit options -> --set, validated at every step."""
+    cfg = preset(base.value if isinstance(base, Enum) else base)
+    if config is not None:
+        cfg = load_toml(config, cfg)
+    if extra:
+        cfg = override(cfg, {k: v for k, v in extra.items() if v is not None})
+    return override(cfg, parse_sets(sets))
+
+
+def config_toml(cfg: Config, sections: tuple[str, ...] | None = None) -> str:
+    """The config as TOML (tables [hmm], [data], ...), which `--config` reads back to the same config."""
+    from ..config import to_dict
+
+    out = []
+    for sec, values in to_dict(cfg).items():
+        if sections is None or sec in sections:
+            out += [f"[{sec}]", *(f"{k} = {json.dumps(v)}" for k, v in values.items()), ""]
+    return "\n".join(out)
+
+
+def echo_config(cfg: Config, sections: tuple[str, ...] | None = None) -> None:
+    """`--print-config`: the config as TOML on stdout."""
+    typer.echo(config_toml(cfg, sections), nl=False)  # plain text: rich markup would eat the [tables]
+
+
+def parse_csv(value: str | None, key: str) -> list[Any] | None:
+    """A comma-separated option (`--gammas 0.3,0.5`) as a list of JSON values; None stays None."""
+    if value is None:
+        return None
+    try:
+        return [json.loads(v) for v in value.split(",") if v.strip()]
+    except json.JSONDecodeError:
+        raise ConfigError(f"{key}: expected comma-separated numbers, got {value!r}") from None
+
+
+def parse_jobs(value: str, key: str) -> int:
+    """A worker count: an integer >= 1, or 'auto' = the CPUs this process may use."""
+    import os
+
+    if value.strip().lower() == "auto":
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ConfigError(f"{key}: expected an integer >= 1 or 'auto', got {value!r}")
+    return n
+
+
+# ---------------------------------------------------------------- output
+
+
+def console(stderr: bool = False):
+    """A rich console: the terminal's width on a terminal, else 160 columns."""
+    from rich.console import Console
+
+    return Console(stderr=stderr, width=None if sys.stdout.isatty() else 160)
+
+
+def progress():
+    """A transient rich progress bar on stderr (a terminal only)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    transient=True, disable=not sys.stderr.isatty(), console=console(stderr=True))
+
+
+def print_table(title: str, rows: list[dict[str, Any]]) -> None:
+    """Rows (dicts with the same keys) as a rich table on stdout; nothing for no rows."""
+    from rich.table import Table
+
+    if not rows:
+        return
+    table = Table(title=title, title_justify="left")
+    for col in rows[0]:
+        table.add_column(str(col), overflow="fold")
+    for r in rows:
+        table.add_row(*(str(v) for v in r.values()))
+    console().print(table)
+
+
+def print_metrics(title: str, metrics: dict[str, float]) -> None:
+    print_table(title, [{"metric": k, "value": f"{v:.4g}"} for k, v in sorted(metrics.items())])
+
+
+def print_files(files) -> None:
+    figs = [str(p) for p in files if Path(p).suffix in (".png", ".pdf")]
+    if figs:
+        typer.echo(f"figures: {', '.join(figs)}")
+
+
+def print_claims(title: str, claims) -> None:
+    """One line per claim (never folded, so names stay greppable): verdict, claim, value, 95% CI, the decision
+    rule that gives the verdict from that CI (stats.decide), the statistic, and the reason."""
+    typer.echo(title)
+    for c in claims:
+        typer.echo(f"  [{c.verdict}] {c.name} = {c.value:.4g} [95% CI {c.ci_lo:.4g}, {c.ci_hi:.4g}]; "
+                   f"rule {c.rule or '-'}; statistic: {c.statistic}; reason: {c.reason}")
+
+
+class Spinner:
+    """A spinner on stderr while something silent runs: a terminal only (nothing otherwise, or with no text).
+    A context manager; `stop()` ends it early (idempotent), e.g. when another display takes over."""
+
+    def __init__(self, text: str | None, console=None):
+        self.text, self._status = text, None
+        self.console = console
+
+    def __enter__(self):
+        out = self.console or console(stderr=True)
+        if self.text and out.is_terminal:
+            self._status = out.status(self.text, spinner="dots")
+            self._status.__enter__()
+        return self
+
+    def stop(self) -> None:
+        status, self._status = self._status, None
+        if status is not None:
+            status.__exit__(None, None, None)
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,222 @@
+"""`hmmscope train`, `evaluate`, `analyze` and `run` (the main job): the commands that launch `hmmscope.jobs`.
+
+Owns: these commands' options, their checks before work (names, paths, stores, memory), the spinners over their
+silent stages, and what they print (metrics, claims, figure paths, the MLflow run). Training, evaluation, the
+layerwise analysis and the main job themselves are the library's (`train`, `jobs`, `sweep`, `report`).
+
+Must not import, at module level, anything beyond typer, the standard library, `hmmscope.config`,
+`hmmscope.checks` and the `cli` helpers (`common`, `theory`): torch, mlflow, optuna and the jobs are imported
+inside the command bodies.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .. import checks
+from ..config import ConfigError, memory_estimate
+from .common import (
+    ConfigOpt,
+    DeviceOpt,
+    ExpOpt,
+    ForceOpt,
+    Preset,
+    PrintConfigOpt,
+    SetOpt,
+    Spinner,
+    UriOpt,
+    build_config,
+    echo_config,
+    parse_csv,
+    parse_jobs,
+    print_claims,
+    print_files,
+    print_metrics,
+    user_errors,
+)
+from .theory import print_theory
+
+OutOpt = Annotated[Path, typer.Option("--out", help="Root folder for figures and tables: they go to "
+                                      "OUT/<run name>-<run id[:8]>/ (also logged to the run).")]
+
+
+@user_errors
+def train_cmd(
+    preset_: Annotated[Preset, typer.Option("--preset", help="Base configuration.")] = Preset.tiny,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    device: DeviceOpt = None,
+    resume: Annotated[str | None, typer.Option(help="Continue this MLflow run from its last checkpoint.")] = None,
+    evaluate: Annotated[bool, typer.Option(help="Run Figure 1 evaluation at the end.")] = True,
+    run_name: Annotated[str | None, typer.Option(help="MLflow run name.")] = None,
+    out: OutOpt = Path("out"),
+    tracking_uri: UriOpt = None,
+    experiment: ExpOpt = "hmmscope",
+    force: ForceOpt = False,
+    print_config: PrintConfigOpt = False,
+) -> None:
+    """Train a transformer on HMM-mixture episodes (one MLflow run; checkpoints as artifacts)."""
+    cfg = build_config(preset_, config, set_, {"train.device": device})
+    if print_config:
+        return echo_config(cfg, ("hmm", "data", "model", "train"))
+    if run_name is not None:
+        checks.safe_name(run_name, "--run-name")
+    checks.experiment_name(experiment)
+    checks.output_dir(out, "--out")
+    uri = checks.tracking_store(tracking_uri, must_exist=resume is not None)
+    from .. import tracking
+    from ..jobs import evaluate_run
+    from ..train import resolve_device, sigterm_interrupts, train
+
+    dev = resolve_device(cfg.train.device)  # an unavailable device fails before any run is created
+    if resume is not None:
+        tracking.existing_run(uri, resume)
+    checks.memory(memory_estimate(cfg, "train"), device=str(dev), force=force)
+    # a spinner over the silent setup (data, oracles, model, the run), stopped by the step-0 evaluation, which
+    # comes just before training's own bar; a resumed run has no such evaluation, and no spinner
+    setup = Spinner("setting up: data, oracles, model" if resume is None else None)
+    with sigterm_interrupts(), setup:  # `kill` / `timeout`: the run ends KILLED, not RUNNING
+        res = train(cfg, tracking_uri=uri, experiment=experiment, run_name=run_name, resume=resume,
+                    progress=sys.stderr.isatty(), on_eval=lambda step, m: setup.stop())
+        metrics, files = dict(res.metrics), []
+        if evaluate:
+            with Spinner("evaluating: Figure 1"):
+                ev = evaluate_run(uri, res.run_id, device=cfg.train.device, out=out)
+            metrics.update(ev)
+            files = ev.files
+    print_metrics(f"run {res.run_id}: {res.steps} steps in {res.wall_time:.0f} s "
+                  f"({res.tokens_per_s:,.0f} tokens/s)", metrics)
+    print_files(files)
+    typer.echo(f"browse: {tracking.ui_command(uri)}")
+
+
+@user_errors
+def evaluate_cmd(
+    run_id: Annotated[str, typer.Argument(help="MLflow run id of a training run.")],
+    device: DeviceOpt = None,
+    n_episodes: Annotated[int | None, typer.Option(help="Held-out episodes (default data.n_eval).")] = None,
+    out: OutOpt = Path("out"),
+    tracking_uri: UriOpt = None,
+    force: ForceOpt = False,
+) -> None:
+    """Figure 1: accuracy vs demonstrations and test position beside the oracles; KL and excess CE."""
+    if n_episodes is not None and n_episodes < 1:
+        raise ConfigError(f"--n-episodes must be >= 1, got {n_episodes}")
+    checks.output_dir(out, "--out")
+    uri = checks.tracking_store(tracking_uri, must_exist=True)
+    from ..jobs import evaluate_run
+    from ..train import resolve_device, sigterm_interrupts
+
+    cfg = checks.run_config(uri, run_id)
+    dev = resolve_device(device or "auto")
+    if cfg is not None:
+        checks.memory(memory_estimate(cfg, "evaluate", n_episodes=n_episodes), device=str(dev), force=force)
+    with sigterm_interrupts():
+        metrics = evaluate_run(uri, run_id, device=device or "auto", n_episodes=n_episodes, out=out)
+    print_metrics(f"evaluation of run {run_id}", metrics)
+    print_files(metrics.files)
+
+
+@user_errors
+def analyze_cmd(
+    target: Annotated[str, typer.Argument(help="MLflow run id of a training run, or a checkpoint (.pt) file.")],
+    ks: Annotated[str, typer.Option("--ks", help="Comma-separated k for the k-back token probes.")] = "1,2,3,4,5",
+    n_episodes: Annotated[int | None, typer.Option(help="Held-out episodes (default data.n_eval).")] = None,
+    n_perms: Annotated[int, typer.Option(min=1, help="Demo permutations per episode (shuffle test).")] = 4,
+    probe_tasks: Annotated[int, typer.Option(min=2, help="Tasks the probes draw their episodes from.")] = 32,
+    min_per_task: Annotated[int, typer.Option(min=4, help="Probe episodes per task, at least.")] = 30,
+    probe_jobs: Annotated[str, typer.Option(
+        help="Worker processes for the probes' layer fits: N >= 1, or 'auto' = the CPUs this process may use "
+             "(the same numbers at any value).")] = "1",
+    seed: Annotated[int, typer.Option(help="Seed for permutations, position subsampling and splits.")] = 0,
+    device: DeviceOpt = None,
+    tracking_uri: UriOpt = None,
+    experiment: Annotated[str, typer.Option(help="Experiment for a checkpoint file's analysis run.")] = "hmmscope",
+    out: OutOpt = Path("out"),
+    force: ForceOpt = False,
+) -> None:
+    """Layerwise analysis: shuffle test (Fig. 2), task / state / k-back probes (Fig. 3a, 3b), belief probes.
+
+    Progress: one line per phase on stderr as it ends, with the seconds since the start."""
+    k_list = parse_csv(ks, "--ks") or []
+    if not all(isinstance(k, int) and not isinstance(k, bool) for k in k_list):
+        raise ConfigError(f"--ks: expected comma-separated integers, got {ks!r}")
+    jobs = parse_jobs(probe_jobs, "--probe-jobs")
+    checks.seed(seed, "--seed")
+    checks.experiment_name(experiment)
+    checks.output_dir(out, "--out")
+    is_file = Path(target).suffix == ".pt" or Path(target).exists()
+    uri = checks.tracking_store(tracking_uri, must_exist=not is_file)
+    from ..jobs import analyze_run
+    from ..train import checkpoint_config, read_checkpoint, resolve_device, sigterm_interrupts
+
+    cfg = checkpoint_config(read_checkpoint(target, mmap=True)) if is_file else checks.run_config(uri, target)
+    dev = resolve_device(device or "auto")
+    if cfg is not None:
+        checks.memory(memory_estimate(cfg, "analyze", n_episodes=n_episodes), device=str(dev), force=force)
+    with sigterm_interrupts():
+        res = analyze_run(uri, target, device=device or "auto", n_episodes=n_episodes, ks=tuple(k_list),
+                          n_perms=n_perms, seed=seed, experiment=experiment, out=out,
+                          probe_tasks=probe_tasks, min_per_task=min_per_task, probe_jobs=jobs,
+                          progress=lambda m: typer.echo(m, err=True))
+    print_claims(f"claims (analysis run {res.run_id}; shuffle {res.seconds['shuffle_s']:.0f} s, "
+                 f"probes {res.seconds['probes_s']:.0f} s)", res.claims)
+    print_files(res.files)
+
+
+@user_errors
+def run_cmd(
+    preset_: Annotated[Preset, typer.Option("--preset", help="Base configuration.")] = Preset.tiny,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    device: DeviceOpt = None,
+    out: Annotated[Path, typer.Option(help="Folder for figures, JSON and the sweep report.")] = Path("out"),
+    workers: Annotated[int, typer.Option(min=1, help="Worker processes for the training sweep.")] = 2,
+    tracking_uri: UriOpt = None,
+    experiment: ExpOpt = "hmmscope",
+    force: ForceOpt = False,
+    print_config: PrintConfigOpt = False,
+) -> None:
+    """The main job: theory sweep, training + Figure 1, layerwise analysis, a small training sweep and its report."""
+    cfg = build_config(preset_, config, set_, {"train.device": device})
+    if print_config:
+        return echo_config(cfg)
+    checks.output_dir(out, "--out")
+    checks.experiment_name(experiment)
+    uri = checks.tracking_store(tracking_uri)
+    checks.optuna_storage(None)  # the main job's sweep uses the default storage
+    from .. import tracking
+    from ..jobs import main_job
+    from ..report import build_report
+    from ..sweep import run_sweep
+    from ..train import resolve_device, sigterm_interrupts
+
+    dev = resolve_device(cfg.train.device)
+    for job in ("theory", "train", "analyze"):  # the stages run one after another
+        checks.memory(memory_estimate(cfg, job), device=str(dev), force=force, what=f"the {job} stage")
+
+    def sweep_and_report(spec, report_dir):  # the jobs layer reaches the sweep layer only through this
+        sw = run_sweep(spec, workers=workers, uri=uri, log=lambda m: None)
+        return sw, build_report(uri, sw.parent_run_id, report_dir, storage=sw.storage)
+
+    with sigterm_interrupts():
+        res = main_job(cfg, uri, experiment, out, sweep=sweep_and_report, progress=sys.stderr.isatty(),
+                       on_stage=lambda s: typer.echo(f"[hmmscope run] {s} ...", err=True))
+    m = res.eval_metrics
+    typer.echo("")
+    typer.echo(f"Figure 1 (test segment, {cfg.data.n_demos} demonstrations): model acc {m['eval/test_acc']:.3f}, "
+               f"mixture oracle {m['eval/oracle_mix_test_acc']:.3f}, task oracle {m['eval/oracle_task_test_acc']:.3f}; "
+               f"excess CE {m['eval/excess_ce']:.4f} nats, KL(mix||model) {m['eval/kl_mix']:.4f}")
+    print_theory(res.theory, cfg.theory, detail=False)
+    print_claims(f"layerwise analysis (run {res.analysis.run_id})", res.analysis.claims)
+    sw = res.sweep
+    typer.echo(f"sweep {sw.study_name}: {sw.complete} complete, {sw.failed} failed, {sw.pruned} pruned of "
+               f"{sw.n_trials}; report: {res.report.files.get('md')}")
+    typer.echo(f"MLflow: parent run {res.parent_id} (train {res.train_id}, theory {res.theory_id}) in experiment "
+               f"{experiment!r}; sweep parent run {sw.parent_run_id}")
+    typer.echo(f"files (figures, tables, report): {res.folder}")
+    typer.echo(f"browse: {tracking.ui_command(uri)}")

@@ -1,0 +1,39 @@
+"""`hmmscope report`: the statistical report of a sweep (Markdown + HTML, figures), logged to its parent run.
+
+Owns: the command's options, checks and the summary lines it prints. The report itself is `hmmscope.report`.
+
+Must not import, at module level, anything beyond typer, the standard library, `hmmscope.checks` and
+`cli.common`: the report package (statsmodels, matplotlib, mlflow, optuna) is imported inside the command body.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .. import checks
+from .common import UriOpt, user_errors
+
+
+@user_errors
+def report_cmd(
+    sweep: Annotated[str, typer.Argument(help="Sweep (study) name or its MLflow parent run id.")],
+    out: Annotated[Path | None, typer.Option(help="Folder for report.md / report.html (default out/NAME).")] = None,
+    storage: Annotated[str | None, typer.Option("--storage", help="The study's Optuna storage URL (default: "
+                                                "optuna.db beside the tracking store, the URL the sweep recorded, "
+                                                "./mlruns/optuna.db).")] = None,
+    tracking_uri: UriOpt = None,
+) -> None:
+    """Statistical report of a sweep (Markdown + HTML, figures), also logged to the sweep's parent run."""
+    checks.safe_name(sweep, "sweep")
+    out = checks.output_dir(out or Path("out") / sweep, "--out")
+    uri = checks.tracking_store(tracking_uri, must_exist=True)
+    from ..report import build_report
+
+    if storage is not None:
+        storage = checks.optuna_storage(storage, must_exist=True, write=False)
+    rep = build_report(uri, sweep, out, storage=storage)
+    for line in rep.summary_lines():
+        typer.echo(line)

@@ -1,0 +1,239 @@
+"""`hmmscope sweep run | worker | status | list | export | delete`: Optuna sweeps from the command line.
+
+Owns: the `sweep` command group (`app`), its commands' options, checks and printed output, and `SweepProgress`
+(the bar on a terminal, plain lines elsewhere, with the ETA). Studies, workers, trials and their MLflow runs are
+the library's: `sweep_spec`, `sweep`, `studies`.
+
+Must not import, at module level, anything beyond typer, the standard library, `hmmscope.checks` and
+`cli.common`: optuna, mlflow, torch and the sweep layer are imported inside the command bodies.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .. import checks
+from .common import ForceOpt, StorageOpt, UriOpt, console, echo_config, print_table, user_errors
+
+app = typer.Typer(no_args_is_help=True, help="Optuna sweeps: every trial an MLflow run under one parent run.")
+
+SpecStorageOpt = Annotated[str | None, typer.Option("--storage", help="Optuna storage URL (any SQLAlchemy URL; "
+                                                    "default: the spec's sweep.storage, else ./mlruns/optuna.db).")]
+
+
+class SweepProgress:
+    """run_sweep's `progress` callback, called with the trial counts about once a second.
+
+    On a terminal: a rich bar on stderr (finished of all trials; done, failed, running; ETA). Otherwise one
+    plain line on stderr each time the counts change. ETA: the trials left over the rate at which trials
+    finished since the first count (a resumed sweep's earlier trials do not count toward the rate);
+    "?" until one has finished. done = complete + pruned; failed = failed for good (retried ones are not).
+    """
+
+    def __init__(self, name: str, n_trials: int, *, tty: bool | None = None, echo=None, clock=None):
+        import time
+
+        self.name, self.n = name, n_trials
+        self.tty = sys.stderr.isatty() if tty is None else tty
+        self.echo = echo or (lambda m: typer.echo(m, err=True))
+        self.clock = clock or time.monotonic
+        self.t0, self.base, self.last, self.bar, self.task = 0.0, None, None, None, None
+
+    def eta(self, finished: int) -> str:
+        if self.base is None:  # the first count: the rate counts from here (not the study's creation)
+            self.base, self.t0 = finished, self.clock()
+        new, left, dt = finished - self.base, self.n - finished, self.clock() - self.t0
+        if left <= 0:
+            return "0:00:00"
+        if new <= 0 or dt <= 0:
+            return "?"
+        secs = int(round(left * dt / new))
+        return f"{secs // 3600}:{secs // 60 % 60:02d}:{secs % 60:02d}"
+
+    def line(self, c: dict[str, int], n: int) -> str:
+        done, failed, running = c.get("complete", 0) + c.get("pruned", 0), c.get("failed", 0), c.get("running", 0)
+        self.n = n
+        return (f"{done + failed}/{n} finished: {done} done, {failed} failed, {running} running; "
+                f"ETA {self.eta(done + failed)}")
+
+    def __call__(self, counts: dict[str, int], n: int) -> None:
+        text = self.line(counts, n)
+        if self.bar is not None:
+            done = counts.get("complete", 0) + counts.get("pruned", 0) + counts.get("failed", 0)
+            self.bar.update(self.task, completed=done, total=n, detail=text.split(": ", 1)[1])
+        elif text.split("; ETA")[0] != (self.last or "").split("; ETA")[0]:
+            self.echo(f"sweep {self.name}: {text}")
+        self.last = text
+
+    def log(self, msg: str) -> None:
+        if self.bar is not None:
+            self.bar.console.print(msg, markup=False, highlight=False)  # above the bar
+        else:
+            self.echo(msg)
+
+    def __enter__(self):
+        if self.tty:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn(f"sweep {self.name}"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+                                console=console(stderr=True), transient=True)
+            self.task = self.bar.add_task(self.name, total=self.n, detail="starting")
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            bar, self.bar = self.bar, None
+            bar.__exit__(*exc)
+
+
+@app.command("run")
+@user_errors
+def sweep_run_cmd(
+    spec: Annotated[Path, typer.Argument(help="Sweep spec (TOML), e.g. sweeps/smoke.toml.")],
+    workers: Annotated[int, typer.Option(min=1, help="Local worker processes (one torch thread each).")] = 1,
+    storage: SpecStorageOpt = None,
+    tracking_uri: UriOpt = None,
+    force: ForceOpt = False,
+    print_config: Annotated[bool, typer.Option("--print-config", help="Print the config every trial starts from "
+                                               "(base and \\[fixed]) as TOML and exit.")] = False,
+) -> None:
+    """Create or resume the study and run it to the end with local workers."""
+    from ..sweep_spec import load_spec
+
+    s = load_spec(spec)
+    if print_config:
+        swept = ", ".join([p.key for p in s.space] + ["seed"])
+        typer.echo(f"# sweep {s.name} ({s.kind}): the config before each trial's values of {swept}")
+        return echo_config(s.trial_config({}), ("theory",) if s.kind == "theory" else
+                           ("hmm", "data", "model", "train"))
+    storage = checks.optuna_storage(storage or s.storage or None)
+    uri = checks.tracking_store(tracking_uri)
+    checks.sweep_memory(s, workers=workers, force=force)
+    from .. import tracking
+    from ..sweep import run_sweep
+
+    with SweepProgress(s.name, s.n_trials) as bar:
+        res = run_sweep(s, workers=workers, storage=storage, uri=uri, log=bar.log, progress=bar)
+        bar({"complete": res.complete, "pruned": res.pruned, "failed": res.failed, "running": 0}, res.n_trials)
+    if res.already_complete:
+        typer.echo(f"sweep {res.study_name} is already complete: nothing to do")
+    typer.echo(f"sweep {res.study_name}: {res.complete} complete, {res.failed} failed, {res.pruned} pruned of "
+               f"{res.n_trials} ({res.retried} retried); MLflow parent run {res.parent_run_id}")
+    typer.echo(f"report: hmmscope report {res.study_name}    browse: {tracking.ui_command(uri)}")
+    if res.killed_workers:
+        typer.echo(f"warning: {len(res.killed_workers)} worker(s) were killed (exit codes {res.killed_workers}: "
+                   "minus the signal); their trials were retried", err=True)
+    if res.crashed_workers:
+        typer.echo(f"error: {len(res.crashed_workers)} worker(s) crashed (exit codes {res.crashed_workers}); "
+                   "see their output above", err=True)
+    if not res.finished or res.crashed_workers:
+        raise typer.Exit(1)
+
+
+@app.command("worker")
+@user_errors
+def sweep_worker_cmd(
+    study: Annotated[str, typer.Argument(help="Study name (the spec's sweep.name).")],
+    storage: Annotated[str, typer.Option("--storage", help="The study's Optuna storage URL.")],
+    max_trials: Annotated[int | None, typer.Option(min=1, help="Stop after this many trials.")] = None,
+    gpu: Annotated[int | None, typer.Option(min=0, help="Use only this GPU (index among the visible ones).")] = None,
+    tracking_uri: UriOpt = None,
+) -> None:
+    """Join a study from this machine (e.g. a GPU box sharing a PostgreSQL storage)."""
+    checks.safe_name(study, "study")
+    storage = checks.optuna_storage(storage, must_exist=True)
+    uri = checks.tracking_store(tracking_uri, must_exist=True)
+    from ..sweep import pin_gpu, run_worker, spec_of_study
+
+    spec_of_study(study, storage)  # an unknown study fails here, before any trial
+    if gpu is not None:
+        pin_gpu(gpu)
+    n = run_worker(study, storage, uri, max_trials=max_trials, log=lambda m: typer.echo(m, err=True))
+    typer.echo(f"worker ran {n} trial(s) of {study}")
+
+
+@app.command("status")
+@user_errors
+def sweep_status_cmd(
+    study: Annotated[str, typer.Argument(help="Study name.")],
+    storage: StorageOpt = None,
+    tracking_uri: UriOpt = None,
+) -> None:
+    """The study's trials: state, params, objective value, MLflow run, retries; marks orphan runs KILLED."""
+    checks.safe_name(study, "study")
+    url = checks.optuna_storage(storage, must_exist=True, write=False)
+    from .. import tracking
+    from ..sweep import study_orphans, study_status
+
+    rows = study_status(study, url)
+    print_table(f"study {study}", [{k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in r.items()}
+                                   for r in rows])
+    study_orphans(study, url, tracking.resolve_uri(tracking_uri), log=lambda m: typer.echo(m, err=True))
+
+
+@app.command("list")
+@user_errors
+def sweep_list_cmd(storage: StorageOpt = None) -> None:
+    """The studies in the storage, with their trial counts per state."""
+    url = checks.optuna_storage(storage, must_exist=True, write=False)
+    from ..studies import list_studies
+    from ..sweep import _safe_url
+
+    rows = list_studies(url)
+    print_table(f"studies in {_safe_url(url)}", rows)
+    typer.echo(f"{len(rows)} stud{'y' if len(rows) == 1 else 'ies'}")
+
+
+@app.command("export")
+@user_errors
+def sweep_export_cmd(
+    study: Annotated[str, typer.Argument(help="Study name.")],
+    path: Annotated[Path | None, typer.Argument(help="Output file (default: standard output).")] = None,
+    csv_: Annotated[bool, typer.Option("--csv", help="As CSV (the one format, so also without --csv).")] = True,
+    storage: StorageOpt = None,
+) -> None:
+    """One CSV row per trial: number, state, value, times, params, user attrs, MLflow run id."""
+    checks.safe_name(study, "study")
+    url = checks.optuna_storage(storage, must_exist=True, write=False)
+    out = None if path is None else checks.output_file(path, "output", suffix=".csv")
+    from ..studies import csv_text, export_rows, write_csv
+
+    rows = export_rows(study, url)
+    if out is None:
+        typer.echo(csv_text(rows), nl=False)
+    else:
+        write_csv(rows, out)
+        typer.echo(f"wrote {len(rows)} trial(s) of {study} to {out}", err=True)
+
+
+@app.command("delete")
+@user_errors
+def sweep_delete_cmd(
+    study: Annotated[str, typer.Argument(help="Study name.")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask first.")] = False,
+    storage: StorageOpt = None,
+    tracking_uri: UriOpt = None,
+) -> None:
+    """Delete the study and its MLflow runs (the sweep's parent run and every trial run below it); asks first."""
+    checks.safe_name(study, "study")
+    url = checks.optuna_storage(storage, must_exist=True)
+    uri = checks.tracking_store(tracking_uri, must_exist=True)
+    from ..studies import delete_study, study_runs
+    from ..sweep import _safe_url
+
+    found = study_runs(study, url, uri)
+    what = (f"study {study!r} ({found.n_trials} trials) in {_safe_url(url)} and {len(found.run_ids)} MLflow run(s)"
+            + (f" in experiment(s) {', '.join(found.experiments)}" if found.experiments else "")
+            + (f"; {found.n_running} trial(s) are RUNNING: their workers will fail" if found.n_running else ""))
+    if not yes and not typer.confirm(f"Delete {what}?", default=False, err=True):
+        typer.echo("nothing deleted", err=True)
+        raise typer.Exit(1)
+    delete_study(found, url, uri)
+    typer.echo(f"deleted {what}")

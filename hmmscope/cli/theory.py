@@ -1,0 +1,128 @@
+"""`hmmscope generate` (a dataset of episodes to .npz) and `hmmscope theory` (Theorem 1 against practice).
+
+Owns: these two commands' options, checks and printed output, and `print_theory` (the per-setting table, the fits
+and the claims; `hmmscope run` prints the same). The work is the library's: `episodes`, `hmm`, `jobs.theory_job`.
+
+Must not import, at module level, anything beyond typer, the standard library, `hmmscope.config`,
+`hmmscope.checks` and `cli.common`: numpy, torch, mlflow and the jobs are imported inside the command bodies.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .. import checks
+from ..config import ConfigError, flatten, memory_estimate
+from .common import (
+    ConfigOpt,
+    ExpOpt,
+    Family,
+    ForceOpt,
+    Preset,
+    PrintConfigOpt,
+    SetOpt,
+    Split,
+    UriOpt,
+    build_config,
+    echo_config,
+    parse_csv,
+    print_claims,
+    print_table,
+    progress,
+    user_errors,
+)
+
+
+@user_errors
+def generate(
+    out: Annotated[Path, typer.Argument(help="Output .npz file.")],
+    preset_: Annotated[Preset, typer.Option("--preset", help="Base configuration.")] = Preset.tiny,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    split: Annotated[Split, typer.Option(help="Which stream of episodes.")] = Split.train,
+    n: Annotated[int | None, typer.Option(help="Episodes (default: data.n_train or data.n_eval).")] = None,
+    force: ForceOpt = False,
+    print_config: PrintConfigOpt = False,
+) -> None:
+    """Write a dataset of episodes (tokens, states, task ids, layout, config and hash) to an .npz file."""
+    cfg = build_config(preset_, config, set_)
+    if print_config:
+        return echo_config(cfg, ("hmm", "data"))
+    n = n if n is not None else (cfg.data.n_train if split == Split.train else cfg.data.n_eval)
+    if n < 1:
+        raise ConfigError(f"--n must be >= 1, got {n}")
+    checks.output_file(out, "output", suffix=".npz")
+    checks.memory(memory_estimate(cfg, "generate", n_episodes=n), force=force)
+    from ..episodes import sample_episodes, save_episodes
+    from ..hmm import make_mixture
+
+    mix = make_mixture(cfg.hmm)
+    ep = sample_episodes(mix, cfg.data, n, split=split.value)
+    save_episodes(ep, out, config=flatten(cfg))
+    typer.echo(f"wrote {n} episodes x {ep.tokens.shape[1]} tokens to {out} (dataset hash {ep.meta['dataset_hash']})")
+
+
+@user_errors
+def theory(
+    family: Annotated[Family | None, typer.Option(help="Transition family.")] = None,
+    gammas: Annotated[str | None, typer.Option(help="Comma-separated gammas, e.g. 0.3,0.5,0.9.")] = None,
+    ranks: Annotated[str | None, typer.Option(help="Comma-separated ranks d.")] = None,
+    rhos: Annotated[str | None, typer.Option(help="Comma-separated rho (sticky mixing).")] = None,
+    n_states: Annotated[str | None, typer.Option(help="Comma-separated numbers of hidden states S.")] = None,
+    lengths: Annotated[str | None, typer.Option(help="Comma-separated memory lengths L.")] = None,
+    n_histories: Annotated[int | None, typer.Option(help="Monte Carlo histories per eps(L).")] = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    out: Annotated[Path | None, typer.Option(help="Folder for the figure and the JSON (default: a new "
+                                            "out/theory-<UTC time>/).")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the full result as JSON here.")] = None,
+    tracking_uri: UriOpt = None,
+    experiment: ExpOpt = "hmmscope-theory",
+    track: Annotated[bool, typer.Option(help="Log to MLflow.")] = True,
+    force: ForceOpt = False,
+    print_config: PrintConfigOpt = False,
+) -> None:
+    """Theorem 1 against practice: eps(L) curves, decay rates, the exponent fit and verdicts per setting."""
+    extra = {"theory.family": family.value if family else None, "theory.gammas": parse_csv(gammas, "--gammas"),
+             "theory.ranks": parse_csv(ranks, "--ranks"), "theory.rhos": parse_csv(rhos, "--rhos"),
+             "theory.n_states": parse_csv(n_states, "--n-states"), "theory.lengths": parse_csv(lengths, "--lengths"),
+             "theory.n_histories": n_histories}
+    cfg = build_config("tiny", config, set_, extra)
+    if print_config:
+        return echo_config(cfg, ("theory",))
+    th = cfg.theory
+    from ..jobs import new_folder
+
+    out = checks.output_dir(out or new_folder(Path("out"), "theory"), "--out")
+    if json_path is not None:
+        checks.output_file(json_path, "--json", suffix=".json")
+    checks.experiment_name(experiment)
+    uri = checks.tracking_store(tracking_uri) if track else None
+    checks.memory(memory_estimate(cfg, "theory"), force=force)
+    from .. import tracking
+    from ..jobs import atomic_write, theory_job
+    from ..train import sigterm_interrupts
+
+    n = len(th.gammas) * len(th.ranks) * len(th.rhos) * len(th.n_states)
+    with sigterm_interrupts(), progress() as bar:
+        task = bar.add_task("theory", total=n)
+        result, run_id = theory_job(th, out, uri=uri, experiment=experiment,
+                                    progress=lambda i, total, label: bar.update(task, completed=i, description=label))
+    if json_path is not None:
+        atomic_write(json_path, lambda p: p.write_text(json.dumps(result.to_dict(), indent=2)))
+    print_theory(result, th)
+    typer.echo(f"figures: {out / 'theory.png'}, {out / 'theory.pdf'}  result: {out / 'theory.json'}")
+    if run_id is not None:
+        typer.echo(f"MLflow run {run_id} in experiment {experiment!r}; browse: {tracking.ui_command(uri)}")
+
+
+def print_theory(result, th, detail: bool = True) -> None:
+    """The per-setting table, the fits' summaries, then the claims (only the sweep-level ones unless `detail`)."""
+    print_table(f"Theorem 1 sweep ({th.family}, V={th.n_tokens}; {result.seconds:.1f} s)", result.table())
+    for f in [*result.exponent_fits, *result.rank_fits]:
+        typer.echo(f.summary)
+    print_claims("Theorem 1 claims", result.claims(detail))

@@ -1,0 +1,283 @@
+"""hmmscope.servers with real processes and real sockets: free ports, health checks, children that die with their
+parent, whole process groups stopped, and `supervise` (clean stop on SIGTERM, a server that exits before or after
+it answers). Every process a test starts is stopped by its pid, and checked gone. The full `hmmscope ui` with a
+real MLflow server is tests/test_ui.py."""
+
+import http.server
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hmmscope import servers, tracking
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG is Linux's")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stat(pid):
+    """(state, start time) of a process, or None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], fields[19]
+
+
+def _running(pid, start):
+    """The process `pid` started at `start` still runs (not gone, not a zombie, not a reused pid)."""
+    st = _stat(pid)
+    return st is not None and st[1] == start and st[0] != "Z"
+
+
+def _wait_gone(pid, start, timeout=20.0):
+    deadline = time.time() + timeout
+    while _running(pid, start):
+        if time.time() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _kill(pid, start):
+    """Stop a process this test started, by its pid (only if it is still that process)."""
+    if _running(pid, start):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _children(pid):
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def _read_line(proc, timeout=30.0):
+    """The next line of proc's stdout, without blocking past `timeout`."""
+    box = []
+    t = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
+    t.start()
+    t.join(timeout)
+    assert box, f"no line within {timeout} s (exit code {proc.poll()})"
+    return box[0].strip()
+
+
+def test_port_free_sees_a_bound_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert not servers.port_free(port)
+    assert servers.port_free(port)
+
+
+def test_answers_needs_200_only_when_asked():
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    try:
+        assert servers.answers(url + "/health") and servers.answers(url + "/health", ok_only=False)
+        assert not servers.answers(url + "/nope") and servers.answers(url + "/nope", ok_only=False)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        t.join()
+    assert not servers.answers(url + "/health", ok_only=False)  # nothing listens any more
+
+
+@linux
+def test_a_child_dies_with_its_parent_even_by_sigkill(tmp_path):
+    code = ("import subprocess, sys, time\n"
+            "from hmmscope.servers import die_with_parent\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], preexec_fn=die_with_parent())\n"
+            "print(p.pid, flush=True)\n"
+            "time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    child, child_start = None, None
+    try:
+        child = int(_read_line(parent))
+        child_start = _stat(child)[1]
+        assert _running(child, child_start)
+        parent.send_signal(signal.SIGKILL)
+        assert parent.wait(timeout=30) == -signal.SIGKILL
+        assert _wait_gone(child, child_start), "the child outlived its SIGKILLed parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        parent.wait()
+        if child is not None:
+            _kill(child, child_start)
+
+
+@linux
+def test_stop_groups_terms_every_member_then_returns(tmp_path):
+    """SIGTERM reaches the whole group: the leader's child (not signalled by the leader) writes its marker on
+    SIGTERM; the leader waits for it before exiting. Both are gone, well before the grace period ends."""
+    marker = tmp_path / "child-got-sigterm"
+    child_code = ("import signal, sys, time\n"
+                  f"def bye(*a): open({str(marker)!r}, 'w').close(); sys.exit(0)\n"
+                  "signal.signal(signal.SIGTERM, bye)\n"
+                  "print('ready', flush=True)\n"
+                  "time.sleep(120)\n")
+    leader_code = ("import signal, subprocess, sys, time\n"
+                   f"c = subprocess.Popen([sys.executable, '-c', {child_code!r}], stdout=subprocess.PIPE, text=True)\n"
+                   "c.stdout.readline()\n"
+                   "signal.signal(signal.SIGTERM, lambda *a: (c.wait(), sys.exit(0)))\n"
+                   "print(c.pid, flush=True)\n"
+                   "time.sleep(120)\n")
+    leader = subprocess.Popen([sys.executable, "-c", leader_code], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    child, child_start = None, None
+    try:
+        child = int(_read_line(leader))
+        child_start = _stat(child)[1]
+        t0 = time.monotonic()
+        servers.stop_groups([leader], grace=30)
+        assert time.monotonic() - t0 < 20
+        assert leader.returncode == 0 and marker.exists() and not _running(child, child_start)
+    finally:
+        if leader.poll() is None:
+            leader.kill()
+        leader.wait()
+        if child is not None:
+            _kill(child, child_start)
+
+
+@linux
+def test_stop_groups_kills_what_ignores_sigterm_after_the_grace_period():
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(120)"
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert _read_line(p) == "ready"
+        t0 = time.monotonic()
+        servers.stop_groups([p], grace=1.0)
+        assert time.monotonic() - t0 >= 1.0 and p.returncode == -signal.SIGKILL
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+SUPERVISOR = """
+import json, sys
+from hmmscope import servers
+name, url, path, argv = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+s = servers.Server(name, tuple(argv), url, path, needs_200=False)
+f = servers.supervise([s], servers.server_env(), ready=lambda: print("ready", flush=True))
+print(json.dumps(None if f is None else [f.message, f.log_path, list(f.tail)]), flush=True)
+"""
+
+
+def _supervisor(tmp_path, argv, port):
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    return subprocess.Popen([sys.executable, "-c", SUPERVISOR, "web", f"http://127.0.0.1:{port}", "/", json.dumps(argv)],
+                            stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+
+
+def _web(port):
+    return [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+
+
+@linux
+def test_supervise_stops_its_server_on_sigterm_and_removes_the_log(tmp_path):
+    port = _free_port()
+    sup = _supervisor(tmp_path, _web(port), port)
+    kids = {}
+    try:
+        assert _read_line(sup) == "ready"
+        assert servers.answers(f"http://127.0.0.1:{port}/", ok_only=False)
+        kids = {pid: _stat(pid)[1] for pid in _children(sup.pid)}
+        assert len(kids) == 1 and len(list(tmp_path.glob("hmmscope-ui-*.log"))) == 1
+        sup.send_signal(signal.SIGTERM)
+        assert _read_line(sup) == "null" and sup.wait(timeout=30) == 0
+        assert not any(_running(pid, start) for pid, start in kids.items())
+        assert not servers.answers(f"http://127.0.0.1:{port}/", ok_only=False)
+        assert list(tmp_path.glob("hmmscope-ui-*.log")) == []
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+        sup.wait()
+        for pid, start in kids.items():
+            _kill(pid, start)
+
+
+@linux
+def test_supervise_reports_a_server_that_exits_before_it_answers(tmp_path):
+    port = _free_port()
+    sup = _supervisor(tmp_path, [sys.executable, "-c", "print('boom', flush=True); raise SystemExit(3)"], port)
+    try:
+        message, log_path, tail = json.loads(_read_line(sup))
+        assert sup.wait(timeout=30) == 0
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+        sup.wait()
+    assert message == "web exited with code 3 before it answered" and tail == ["boom"]
+    assert Path(log_path).parent == tmp_path and Path(log_path).exists()  # kept, for the user to read
+
+
+@linux
+def test_supervise_reports_a_server_that_dies_after_it_answered(tmp_path):
+    port = _free_port()
+    sup = _supervisor(tmp_path, _web(port), port)
+    kids = {}
+    try:
+        assert _read_line(sup) == "ready"
+        kids = {pid: _stat(pid)[1] for pid in _children(sup.pid)}
+        assert len(kids) == 1
+        os.kill(next(iter(kids)), signal.SIGKILL)
+        message, log_path, tail = json.loads(_read_line(sup))
+        assert sup.wait(timeout=30) == 0
+        assert message == f"web exited with code {-signal.SIGKILL}" and Path(log_path).exists()
+    finally:
+        if sup.poll() is None:
+            sup.kill()
+        sup.wait()
+        for pid, start in kids.items():
+            _kill(pid, start)
+
+
+def test_server_command_lines(tmp_path):
+    """The MLflow UI's argv: `tracking.ui_command` split, the executable resolved, one quiet uvicorn worker;
+    optuna-dashboard's: the executable, the storage, 127.0.0.1 and the port."""
+    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    ui = servers.mlflow_ui(uri, 5001)
+    root = tracking.artifact_root(uri)
+    assert Path(ui.argv[0]).name == "mlflow" and ui.argv[1:] == (
+        "ui", "--backend-store-uri", uri, *(("--default-artifact-root", root) if root else ()), "--host", "127.0.0.1",
+        "--port", "5001", "--registry-store-uri", uri, "--workers", "1",
+        "--uvicorn-opts", "--log-level warning --no-access-log")
+    assert (ui.name, ui.url, ui.path, ui.needs_200) == ("MLflow UI", "http://127.0.0.1:5001", "/health", True)
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    dash = servers.optuna_dashboard(storage, 8081)
+    assert Path(dash.argv[0]).name == "optuna-dashboard"
+    assert dash.argv[1:] == (storage, "--host", "127.0.0.1", "--port", "8081")
+    assert (dash.url, dash.path, dash.needs_200) == ("http://127.0.0.1:8081", "/", False)
+    env = servers.server_env()
+    assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false" and env["PATH"] == os.environ["PATH"]
