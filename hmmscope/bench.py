@@ -1,6 +1,6 @@
 """Speed benchmarks: ours against a named peer, run in the same process, reported as a ratio.
 
-Each function returns a dict of plain numbers; `cli.py` prints them. Nothing here
+Each function returns a dict of plain numbers; `cli/bench.py` prints them. Nothing here
 asserts a speed: tests only check that the benchmarks run.
 """
 
