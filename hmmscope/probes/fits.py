@@ -18,6 +18,12 @@ Per-position labels are permuted among training rows with the same test position
 within-task state), so the control gets what position alone predicts; task labels are permuted among
 training episodes.
 
+Stopping the workers (an error, Ctrl-C, SIGTERM, the consumer gone): they are terminated, and the pool's
+own manager thread, which waits for (reaps) each worker that ends, is waited for in turn; this process never
+joins a worker itself. Two threads joining one child race: the one that loses the waitpid gets ECHILD, and
+its join returns as if the child still ran, so the child can stay in `multiprocessing.active_children()`
+after run_probes has raised (the test `test_the_fit_workers_are_reaped_when_the_pool_reaps_them_late`).
+
 Worker processes import this module: it must not import torch (nor anything that does); it imports
 sklearn and the residuals module's tag only.
 """
@@ -39,6 +45,9 @@ from .residuals import _TAG
 
 if TYPE_CHECKING:
     from .residuals import Residuals
+
+STOP_TIMEOUT_S = 30.0  # how long stopping waits for the terminated workers to be reaped before it kills them
+
 
 def split_episodes(n: int, test_frac: float = 0.25, seed: int = 0) -> np.ndarray:
     """(n,) bool: True for held-out episodes (at least one on each side when n >= 2)."""
@@ -189,12 +198,34 @@ def _fit_in_worker(X, vals) -> dict:
     return _fit_layer(_WORKER_FITS, X, vals)
 
 
+def _stop_workers(pool) -> None:
+    """Terminate the pool's workers now, and return once every one is reaped (module docstring).
+
+    The pool's manager thread joins each worker that ends; this process only waits for that thread. A worker
+    that outlives SIGTERM by STOP_TIMEOUT_S is killed, and the thread waited for again.
+    """
+    procs = list((getattr(pool, "_processes", None) or {}).values())  # no public API before Python 3.14
+    manager = getattr(pool, "_executor_manager_thread", None)
+    pool.shutdown(wait=False, cancel_futures=True)  # (it forgets the processes and the thread)
+    for p in procs:
+        p.terminate()
+    if manager is None:  # no thread to reap them (not started): join them here, the only joiner
+        for p in procs:
+            p.join(STOP_TIMEOUT_S)
+        return
+    manager.join(STOP_TIMEOUT_S)
+    if manager.is_alive():
+        for p in procs:
+            p.kill()
+        manager.join(STOP_TIMEOUT_S)
+
+
 def _layer_fits(res: Residuals, f: _Fits, vals, n_jobs: int, warm_start: bool):
     """(layer index, layer, _fit_layer's dict) for every layer, in layer order.
 
     n_jobs > 1: the fits run in n_jobs spawned worker processes (fork and torch do not mix) while this process
     collects the next layers' residuals, at most 2 * n_jobs layers in flight; an error or interrupt stops the
-    workers.
+    workers (`_stop_workers`).
     """
     if n_jobs == 1:
         clfs = {} if warm_start else None
@@ -221,11 +252,6 @@ def _layer_fits(res: Residuals, f: _Fits, vals, n_jobs: int, warm_start: bool):
             li0, layer0, fut = pending.popleft()
             yield li0, layer0, fut.result()
     except BaseException:  # an error, Ctrl-C / SIGTERM, or the consumer gone: stop the running fits too
-        procs = list((getattr(pool, "_processes", None) or {}).values())  # no public API before Python 3.14
-        pool.shutdown(wait=False, cancel_futures=True)  # (it forgets the processes)
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.join(5)
+        _stop_workers(pool)
         raise
     pool.shutdown()
