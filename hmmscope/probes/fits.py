@@ -189,9 +189,13 @@ def _fit_layer(f: _Fits, X: np.ndarray, vals, clfs: dict | None = None) -> dict:
 _WORKER_FITS: _Fits | None = None  # a worker process's copy (_init_worker)
 
 
-def _init_worker(f: _Fits) -> None:
+def _init_worker(path: str) -> None:
+    """Load the _Fits that `_layer_fits` wrote to `path` (see there why a file)."""
+    import pickle
+
     global _WORKER_FITS
-    _WORKER_FITS = f
+    with open(path, "rb") as fh:
+        _WORKER_FITS = pickle.load(fh)
 
 
 def _fit_in_worker(X, vals) -> dict:
@@ -233,25 +237,38 @@ def _layer_fits(res: Residuals, f: _Fits, vals, n_jobs: int, warm_start: bool):
             yield li, layer, _fit_layer(f, X, vals[li], clfs)
         return
     import multiprocessing
+    import os
+    import pickle
+    import tempfile
     from collections import deque
     from concurrent.futures import ProcessPoolExecutor
 
-    pool = ProcessPoolExecutor(n_jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
-                               initargs=(f,))
-    pending: deque = deque()
+    # The workers get `f` from a file: as an initializer argument it would travel in each worker's launch data,
+    # which the spawning call writes to a pipe until the child has read it all, and the child reads it only as
+    # it unpickles, after importing this module (sklearn, seconds): each start would block this process.
+    tmp = tempfile.TemporaryDirectory(prefix="hmmscope-probe-fits-")
     try:
-        for _ in range(n_jobs):  # start every worker now: they import while this process collects residuals
-            pool.submit(int)
-        for li, (layer, X) in enumerate(res):
-            pending.append((li, layer, pool.submit(_fit_in_worker, X, vals[li])))
-            del X
-            while pending and (pending[0][2].done() or len(pending) >= 2 * n_jobs):
+        path = os.path.join(tmp.name, "fits.pkl")
+        with open(path, "wb") as fh:
+            pickle.dump(f, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        pool = ProcessPoolExecutor(n_jobs, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_init_worker, initargs=(path,))
+        pending: deque = deque()
+        try:
+            for _ in range(n_jobs):  # start every worker now: they import while this process collects residuals
+                pool.submit(int)
+            for li, (layer, X) in enumerate(res):
+                pending.append((li, layer, pool.submit(_fit_in_worker, X, vals[li])))
+                del X
+                while pending and (pending[0][2].done() or len(pending) >= 2 * n_jobs):
+                    li0, layer0, fut = pending.popleft()
+                    yield li0, layer0, fut.result()
+            while pending:
                 li0, layer0, fut = pending.popleft()
                 yield li0, layer0, fut.result()
-        while pending:
-            li0, layer0, fut = pending.popleft()
-            yield li0, layer0, fut.result()
-    except BaseException:  # an error, Ctrl-C / SIGTERM, or the consumer gone: stop the running fits too
-        _stop_workers(pool)
-        raise
-    pool.shutdown()
+        except BaseException:  # an error, Ctrl-C / SIGTERM, or the consumer gone: stop the running fits too
+            _stop_workers(pool)
+            raise
+        pool.shutdown()
+    finally:
+        tmp.cleanup()
