@@ -28,8 +28,8 @@ The rooms, in the order of a run (each module's docstring has its part of the me
 - `result`: `ProbeResult`, its tables (CSV), JSON and Figure 3.
 - `driver`: `run_probes`, which builds the targets and wires the four together.
 
-This package imports neither torch nor sklearn at import time (`import hmmscope.probes` stays light), and
-nothing above it in the pipeline (train, jobs, sweep, cli).
+Importing this package loads sklearn (the fits) but never torch: the spawned fit workers import it, and start
+without torch. It must not import anything above it in the pipeline (train, jobs, sweep, cli).
 """
 
 from __future__ import annotations
