@@ -30,7 +30,11 @@ Fast paths (same outputs; the tests hold them to the paths above at 1e-12 in flo
   prediction, over chunks of DENSE_CHUNK sequences, on preallocated buffers.
 - ``mixture_oracle`` on the CPU runs the compiled kernel of ``_mixture_kernel`` when numba is installed
   (one (episode, task) chain at a time, exact skipping of terms below exp(-theta) of the running max,
-  total error <= MIX_TOL[dtype]); on CUDA, or without numba, the torch path (``_run``) runs.
+  total error <= MIX_TOL[dtype]); on CUDA, or without numba, the torch path (``_run``) runs, tasks in
+  chunks (``oracle_chunks``: the chunk size on a GPU, the mixer within and the merge across chunks).
+
+Imports torch, numpy and ``hmm`` (``oracle_chunks`` and ``_mixture_kernel`` below it); must not import the
+model, training, or anything above them.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import numpy as np
 import torch
 
 from .hmm import HMM, Mixture
+from .oracle_chunks import ChunkMerge, ChunkMixer, cuda_chunk
 
 __all__ = [
     "filter_factored", "predictive", "task_oracle", "mixture_oracle",
@@ -321,44 +326,6 @@ def task_beliefs(mix: Mixture, ep, *, dtype=torch.float64, device="cpu") -> torc
     return out
 
 
-class _ChunkMixer:
-    """on_step callback of one chunk of C tasks: mixes their predictions by their posterior within the chunk."""
-
-    def __init__(self, logprior, N, T, V, pos):
-        C, kw = logprior.shape[0], dict(dtype=logprior.dtype, device=logprior.device)
-        self.pos = pos
-        self.cum = logprior[:, None].expand(C, N).clone()  # log p(o_<t, task): (C, N)
-        self.lse = torch.empty((N, T), **kw)  # log sum_(j in chunk) p(o_<t, j)
-        self.pred = torch.empty((N, T, V), **kw)  # prediction within the chunk
-        self.logw = torch.empty((len(pos), C, N), **kw)  # cum at the posterior positions
-
-    def snapshot(self, t):
-        for j in (j for j, p in enumerate(self.pos) if p == t):
-            self.logw[j] = self.cum
-
-    def __call__(self, t, P, logz):  # P (C, N, V), logz (C, N)
-        m = torch.logsumexp(self.cum, 0)  # (N,)
-        self.lse[:, t] = m
-        w = torch.exp(self.cum - torch.where(torch.isfinite(m), m, 0))  # (C, N)
-        self.pred[:, t] = (w[..., None] * P).sum(0)  # (N, V)
-        self.snapshot(t)
-        self.cum.add_(logz)
-
-
-def cuda_chunk(n_tasks: int, n_episodes: int, V: int, d: int, dtype, device, frac: float = 0.25) -> int:
-    """Tasks per chunk of the torch path on a GPU: the largest power of two (at most n_tasks, at least 256)
-    whose peak memory fits in `frac` of the device's free memory. The peak is counted as 7 (C, N, V d + V)
-    arrays: measured on an H100, 30.5 GiB at C = 4096, N = 1024, float64 (6.3 such arrays: the two table
-    buffers, the update, the gathered rows, the mixer's temporaries). Fewer, larger chunks mean fewer kernel
-    launches per step (T steps x ~12 launches per chunk)."""
-    free, _ = torch.cuda.mem_get_info(torch.device(device))
-    per_task = 7 * n_episodes * (V * d + V) * torch.finfo(dtype).bits // 8
-    c = 256
-    while c < n_tasks and 2 * c * per_task <= frac * free:
-        c *= 2
-    return min(c, n_tasks)
-
-
 def mixture_oracle(mix: Mixture, ep, *, chunk_tasks: int | None = None, posterior_at=None,
                    dtype=torch.float32, device="cpu"):
     """Bayes-optimal next-token predictor of the pretraining objective.
@@ -393,31 +360,23 @@ def mixture_oracle(mix: Mixture, ep, *, chunk_tasks: int | None = None, posterio
         chunk_tasks = (cuda_chunk(mix.n_tasks, N, V, mix.rank, dtype, device) if torch.device(device).type == "cuda"
                        else 256)
     logprior = torch.log(_t(mix.prior, torch.float64, device)).to(dtype)
-    acc_lse = torch.full((N, T), -float("inf"), dtype=dtype, device=device)
-    acc = torch.zeros((N, T, V), dtype=dtype, device=device)
-    post = []
+    merged = ChunkMerge(N, T, V, dtype, device)
     for lo in range(0, mix.n_tasks, chunk_tasks):
         ids = np.arange(lo, min(lo + chunk_tasks, mix.n_tasks))
         mu, W, Q, O = _task_params(mix, ids, dtype, device)
         K, M = _kernels(W, Q, O)
         Y0 = torch.bmm(mu[:, None], K)  # (C, 1, V*d + V)
         Ys = torch.bmm(_propagate(mu, W, Q, burn_in)[:, None], K) if test_start == "midstream" else None
-        mixer = _ChunkMixer(logprior[lo:lo + len(ids)], N, T, V, pos)
+        mixer = ChunkMixer(logprior[lo:lo + len(ids)], N, T, V, pos)
         _run(M, Y0, tok[None], V, reset=reset, Ystart=Ys, start_pos=test_pos, store=False, on_step=mixer)
         mixer.snapshot(T)  # posterior after the whole episode
-        lse, chunk, logw = mixer.lse, mixer.pred, mixer.logw
-        new = torch.logaddexp(acc_lse, lse)
-        safe = torch.where(torch.isfinite(new), new, 0)
-        acc = acc * torch.exp(acc_lse - safe)[..., None] + chunk * torch.exp(lse - safe)[..., None]
-        acc_lse = new
-        if pos:
-            post.append(logw.permute(2, 0, 1))  # (N, P, C)
+        merged.add(mixer)
     posterior = None
     if pos:
-        posterior = torch.softmax(torch.cat(post, -1), -1)
+        posterior = torch.softmax(torch.cat(merged.post, -1), -1)
         if isinstance(posterior_at, str) or np.isscalar(posterior_at):
             posterior = posterior[:, 0]
-    return acc, posterior
+    return merged.pred, posterior
 
 
 MIX_TOL = {torch.float32: 1e-7, torch.float64: 1e-13}  # bound on the skipped mass (see _mixture_kernel)

@@ -72,7 +72,7 @@ def _folder(path: Path | None) -> Iterator[Path]:
 
 def _require_checkpoint(run: tracking.Run) -> None:
     """ValueError naming the path looked for when the run has no checkpoint (before any work)."""
-    from .train import CKPT_DIR, CKPT_NAME
+    from .checkpoints import CKPT_DIR, CKPT_NAME
 
     try:
         run.require(f"{CKPT_DIR}/{CKPT_NAME}")
@@ -86,10 +86,13 @@ class EvalMetrics(dict):
     files: list[Path]
 
 
-def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int | None = None,
-                 batch_size: int = 64, out: Path | None = None) -> EvalMetrics:
-    """Figure 1 for a trained run: tables, figure (PNG + PDF) and headline metrics logged into that run.
+def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: str = "auto",
+                   n_episodes: int | None = None, batch_size: int = 64, out: Path | None = None) -> EvalMetrics:
+    """Figure 1 for `model` (trained with `cfg`, `step` optimizer steps, in MLflow run `run`): tables, figure
+    (PNG + PDF) and headline metrics logged into that run at `step`.
 
+    The model is evaluated as it is, in memory (moved to `device`, eval mode): the main job hands in the model
+    it just trained; `evaluate_run` the one it loads from a run's checkpoint.
     With `out`, the same files are also kept in out/<run name>-<id8>/evaluation/ (`run_folder`) and their
     paths returned in `.files`; without, they live in a temporary folder only."""
     import torch
@@ -97,15 +100,11 @@ def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int
     from .episodes import sample_episodes
     from .evaluate import figure1, memory_comparison, plot_figure1
     from .hmm import make_mixture
-    from .train import load_checkpoint, model_from_checkpoint, resolve_device
+    from .train import resolve_device
 
-    run = tracking.existing_run(uri, run_id)
-    _require_checkpoint(run)
+    run_id = run.run_id
     dev = resolve_device(device)
-    with tempfile.TemporaryDirectory() as tmp:
-        ck = load_checkpoint(uri, run_id, tmp)
-    model, cfg = model_from_checkpoint(ck)
-    model, step = model.to(dev).eval(), int(ck["step"])
+    model = model.to(dev).eval()
     mix = make_mixture(cfg.hmm)
     ep = sample_episodes(mix, cfg.data, n_episodes or cfg.data.n_eval, "eval")
     with torch.no_grad():
@@ -129,6 +128,24 @@ def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int
     result = EvalMetrics(metrics)
     result.files = files if out is not None else []
     return result
+
+
+def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int | None = None,
+                 batch_size: int = 64, out: Path | None = None) -> EvalMetrics:
+    """`evaluate_model` on a run's last checkpoint (a run from elsewhere: `hmmscope evaluate RUN_ID`).
+
+    Bad input (unknown run, no checkpoint, unknown device) raises ValueError before the checkpoint is read."""
+    from .checkpoints import load_checkpoint, model_from_checkpoint
+    from .train import resolve_device
+
+    run = tracking.existing_run(uri, run_id)
+    _require_checkpoint(run)
+    resolve_device(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        ck = load_checkpoint(uri, run_id, tmp)
+    model, cfg = model_from_checkpoint(ck)
+    return evaluate_model(model, cfg, int(ck["step"]), run, device=device, n_episodes=n_episodes,
+                          batch_size=batch_size, out=out)
 
 
 # ---------------------------------------------------------------- analysis (Figures 2, 3a, 3b, belief probes)
@@ -173,13 +190,17 @@ def claim_tags(claims) -> dict[str, str]:
             **{f"rule/{c.name}": c.rule for c in claims if c.rule}}
 
 
-def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int | None = None,
-                ks: tuple[int, ...] = (1, 2, 3, 4, 5), n_perms: int = 4, seed: int = 0,
-                experiment: str = "hmmscope", probe_tasks: int = 32, min_per_task: int = 30,
-                out: Path | None = None, probe_jobs: int = 1,
-                progress: Callable[[str], Any] | None = None) -> AnalysisResult:
-    """Shuffle test, probes and belief probes for a run id or a checkpoint file.
+def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None, *, uri: str, target: str | None = None,
+                  device: str = "auto", n_episodes: int | None = None, ks: tuple[int, ...] = (1, 2, 3, 4, 5),
+                  n_perms: int = 4, seed: int = 0, experiment: str = "hmmscope", probe_tasks: int = 32,
+                  min_per_task: int = 30, out: Path | None = None, probe_jobs: int = 1,
+                  progress: Callable[[str], Any] | None = None, origin: str = "model in memory",
+                  t_start: float | None = None) -> AnalysisResult:
+    """Shuffle test, probes and belief probes for `model` (trained with `cfg`, `step` optimizer steps), in memory.
 
+    `parent_run`: the model's MLflow training run (the main job hands in the run and model it just trained), or
+    None for a checkpoint file, whose path is `target` (`analyze_run` loads either). `origin` names where the model
+    came from in the first progress line, and `t_start` (a time.perf_counter() value) is when the work began.
     The shuffle test runs on n_episodes (default data.n_eval) eval episodes; the probes on dedicated probe
     episodes (episodes.probe_episodes): min(probe_tasks, n_tasks) seeded tasks, max(min_per_task,
     ceil(n_episodes / tasks)) episodes each, so every probed task has training episodes at any n_tasks.
@@ -187,14 +208,14 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
     for a checkpoint file): metrics, claims as the table claims.json and as tags (verdict/<name>,
     rule/<name>), tables, JSON and figures (PNG + PDF) as artifacts. With `out`, the same files are kept in
     out/<training run name>-<id8>/analysis/ (a checkpoint file: out/<file stem>-<analysis id8>/analysis/).
-    Bad input (unknown run, no checkpoint, k out of range) raises ValueError before any run is created.
+    Bad input (k out of range, too few episodes, bad probe_jobs) raises ValueError before any run is created.
     probe_jobs: worker processes for the probes' layer fits (probes.run_probes n_jobs; the same numbers at any
     value). progress: called with one line per phase as it ends, "analyze: <phase>, <seconds since the start> s"
     (the probes: one per layer), so a run cut off by a timeout shows where its time went.
     """
     import time
 
-    t_start = time.perf_counter()
+    t_start = time.perf_counter() if t_start is None else t_start
 
     def say(msg: str) -> None:
         if progress is not None:
@@ -206,18 +227,16 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
     from .hmm import make_mixture
     from .probes import run_probes
     from .shuffle import shuffle_test
-    from .train import load_checkpoint, model_from_checkpoint, read_checkpoint, resolve_device
+    from .train import resolve_device
 
-    if Path(target).suffix == ".pt" or Path(target).is_file():
-        ck, parent, parent_name = read_checkpoint(target), None, Path(target).stem
+    if parent_run is None:
+        if target is None:
+            raise ValueError("analyze_model needs the training run, or the checkpoint file as target")
+        parent, parent_name = None, Path(target).stem
     else:
-        parent_run = tracking.existing_run(uri, target)
-        _require_checkpoint(parent_run)
+        target = parent_run.run_id
         parent_name = parent_run.get().info.run_name
-        with tempfile.TemporaryDirectory() as tmp:
-            ck = load_checkpoint(uri, target, tmp)
         parent, experiment = target, tracking.experiment_name(uri, target)
-    model, cfg = model_from_checkpoint(ck)
     k_max = cfg.data.l_test - 1
     bad = [k for k in ks if not 1 <= k <= k_max]
     if bad or not ks:
@@ -226,7 +245,7 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
         raise ValueError(f"n_episodes must be >= 8 (probes split episodes), got {n_episodes}")
     if isinstance(probe_jobs, bool) or not isinstance(probe_jobs, int) or probe_jobs < 1:
         raise ValueError(f"probe_jobs must be an integer >= 1, got {probe_jobs!r}")
-    say(f"checkpoint loaded (step {ck['step']}, {cfg.model.n_layers} layers x d_model {cfg.model.d_model})")
+    say(f"{origin} (step {step}, {cfg.model.n_layers} layers x d_model {cfg.model.d_model})")
     dev = resolve_device(device)
     mix = make_mixture(cfg.hmm)
     ep = sample_episodes(mix, cfg.data, n_episodes or cfg.data.n_eval, "eval")
@@ -256,7 +275,7 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
             f"probes at k = {', '.join(map(str, ks))} on {len(pep)} episodes; {len(claims)} claims ({tally})")
     with tracking.start_run(uri, experiment, "analysis", parent=parent, params=params,
                             tags={"hmmscope.kind": "analysis"}, note=note) as run:
-        run.log_metrics({**metrics, **{f"analysis/{k}": v for k, v in seconds.items()}}, step=int(ck["step"]))
+        run.log_metrics({**metrics, **{f"analysis/{k}": v for k, v in seconds.items()}}, step=step)
         run.set_tags(claim_tags(claims))
         run.log_claims(claims)
         rid = parent or run.run_id
@@ -273,6 +292,34 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
         result = AnalysisResult(run.run_id, claims, metrics, seconds, files if out is not None else [])
     say(f"logged to MLflow (analysis run {result.run_id})")
     return result
+
+
+def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int | None = None,
+                ks: tuple[int, ...] = (1, 2, 3, 4, 5), n_perms: int = 4, seed: int = 0,
+                experiment: str = "hmmscope", probe_tasks: int = 32, min_per_task: int = 30,
+                out: Path | None = None, probe_jobs: int = 1,
+                progress: Callable[[str], Any] | None = None) -> AnalysisResult:
+    """`analyze_model` on a run id's last checkpoint or on a checkpoint file (a run from elsewhere:
+    `hmmscope analyze RUN_ID|FILE`); the arguments are analyze_model's.
+
+    Bad input (unknown run, no checkpoint, k out of range) raises ValueError before any run is created."""
+    import time
+
+    from .checkpoints import load_checkpoint, model_from_checkpoint, read_checkpoint
+
+    t_start = time.perf_counter()
+    if Path(target).suffix == ".pt" or Path(target).is_file():
+        ck, run = read_checkpoint(target), None
+    else:
+        run = tracking.existing_run(uri, target)
+        _require_checkpoint(run)
+        with tempfile.TemporaryDirectory() as tmp:
+            ck = load_checkpoint(uri, target, tmp)
+    model, cfg = model_from_checkpoint(ck)
+    return analyze_model(model, cfg, int(ck["step"]), run, uri=uri, target=target, device=device,
+                         n_episodes=n_episodes, ks=ks, n_perms=n_perms, seed=seed, experiment=experiment,
+                         probe_tasks=probe_tasks, min_per_task=min_per_task, out=out, probe_jobs=probe_jobs,
+                         progress=progress, origin="checkpoint loaded", t_start=t_start)
 
 
 # ---------------------------------------------------------------- theory
@@ -418,6 +465,7 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
              on_stage: Callable[[str], None] = lambda s: None) -> MainResult:
     """The main job: theory sweep, training + Figure 1, layerwise analysis, a small training sweep, its report.
 
+    Figure 1 and the analysis take the model training hands back, in memory (no checkpoint is read back).
     Theory, training and analysis runs sit under one parent run "main"; the sweep has its own parent
     run (one child per trial), and its report is logged there. `sweep(spec, report_dir)` runs the
     training sweep `spec` (a `sweep_spec.SweepSpec` of MAIN_SWEEP) and writes its report under
@@ -442,10 +490,11 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
         tr = train(cfg, tracking_uri=uri, experiment=experiment, run_name="train", parent=parent.run_id,
                    progress=progress)
         on_stage("evaluating (Figure 1)")
-        ev = evaluate_run(uri, tr.run_id, device=cfg.train.device, out=out)
+        train_run = tracking.existing_run(uri, tr.run_id)  # the model in hand: no checkpoint read back
+        ev = evaluate_model(tr.model, tr.config, tr.steps, train_run, device=cfg.train.device, out=out)
         parent.log_metrics(ev)
         on_stage("layerwise analysis (Figures 2, 3a, 3b)")
-        an = analyze_run(uri, tr.run_id, device=cfg.train.device, out=out)
+        an = analyze_model(tr.model, tr.config, tr.steps, train_run, uri=uri, device=cfg.train.device, out=out)
         on_stage(f"training sweep {sweep_spec.name!r} and its report")
         sw, rep = sweep(sweep_spec, out / sweep_spec.name)
         parent.set_tags({"hmmscope.train_run": tr.run_id, "hmmscope.theory_run": theory_id or "",

@@ -21,20 +21,21 @@ that talks to MLflow):
   (evaluate.Figure1Result.headline, logged by jobs.evaluate_run at the final step): one key, one
   measurement.
 - Checkpoints: every ckpt_every steps and at the end, the artifact checkpoints/last.pt
-  (overwritten): model/optimizer state dicts, step, flat config, RNG states, metrics.
+  (overwritten; `checkpoints.save_checkpoint`: model/optimizer state dicts, step, flat config, RNG
+  states, metrics). Reading, checking and loading them is `checkpoints`' job.
 - Resume: `train(cfg, resume=run_id)` continues that run from its checkpoint; only
   train.steps (and the runtime keys train.device / train.compile) may differ from the
   checkpoint's config. On CPU the result is bitwise that of an uninterrupted run.
   train.precision is not a runtime key (bf16 vs fp32 changes the trajectory), but "auto"
   resolves on the device of each call: a CUDA run resumed on the CPU continues in float32.
-  Checkpoints are device-neutral on load: read_checkpoint maps every tensor to the CPU, and
-  resuming moves the model and optimizer state to the run's device.
+  Checkpoints are device-neutral on load (checkpoints.read_checkpoint maps every tensor to the CPU),
+  and resuming moves the model and optimizer state to the run's device.
 - Divergence: a non-finite loss or gradient norm raises DivergedError (its run_id says which run);
   the run ends FAILED with the reason in the tag hmmscope.failure_reason.
 - Signals: while `train` runs in the main thread, SIGTERM (kill, timeout, a scheduler) raises
   KeyboardInterrupt, so the run ends KILLED with its reason instead of staying RUNNING.
-- Checkpoints are checked against the model their config builds (keys and shapes, on the meta
-  device) before any weight is loaded: a misfit is a one-line ValueError.
+- The result (`TrainResult`) carries the trained model (on the run's device, in eval mode) and the run's
+  Config, so a caller evaluates it in memory: its weights are those of the last checkpoint.
 - Precision (train.precision): "auto" is bf16 autocast on CUDA and float32 elsewhere; "bf16"
   autocasts on any device (the CPU twin of the CUDA path); "fp32" runs without autocast and, on
   CUDA, without TF32. bf16 on CUDA also enables TF32 for the matmuls autocast leaves in float32.
@@ -58,7 +59,6 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -66,12 +66,13 @@ import torch
 import torch.nn.functional as F
 
 from . import tracking
-from .config import Config, TrainConfig, config_hash, flatten, from_flat
+from .checkpoints import _set_rng_state, checkpoint_config, load_checkpoint, save_checkpoint
+from .checkpoints import read_checkpoint as read_checkpoint  # re-exported: cli.py imports it from here
+from .config import Config, TrainConfig, config_hash, flatten
 from .episodes import Episodes, sample_episodes
 from .hmm import make_mixture
 from .model import Transformer
 
-CKPT_DIR, CKPT_NAME = "checkpoints", "last.pt"
 RUNTIME_KEYS = ("train.steps", "train.device", "train.compile")  # may differ on resume
 
 
@@ -92,6 +93,8 @@ class TrainResult:
     n_params: int = 0
     tokens_per_s: float = 0.0  # mean training throughput of this call
     extra: dict[str, Any] = field(default_factory=dict)
+    model: Transformer | None = field(default=None, repr=False)  # the trained model, eval mode, weights = last checkpoint
+    config: Config | None = None  # the run's config (a resumed run's: the checkpoint's, runtime keys as passed)
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -213,105 +216,6 @@ def oracle_metrics(mix, ep: Episodes, device: torch.device | str = "cpu") -> dic
     nll, hit = -torch.log(p), (pred.argmax(-1) == y).double()
     return {"loss": nll[m].mean().item(), "acc": hit[m].mean().item(),
             "test_loss": nll[mt].mean().item(), "test_acc": hit[mt].mean().item()}
-
-
-# ---------------------------------------------------------------- checkpoints
-
-
-def _rng_state() -> dict[str, Any]:
-    st = np.random.get_state()
-    return {"torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "numpy": [st[0], torch.from_numpy(st[1].astype(np.int64)), int(st[2]), int(st[3]), float(st[4])],
-            "python": random.getstate()}
-
-
-def _set_rng_state(s: Mapping[str, Any]) -> None:
-    torch.set_rng_state(s["torch"])
-    if s.get("cuda") and torch.cuda.is_available() and len(s["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(s["cuda"])
-    n = s["numpy"]
-    np.random.set_state((n[0], n[1].numpy().astype(np.uint32), n[2], n[3], n[4]))
-    p = s["python"]
-    random.setstate((p[0], tuple(p[1]), p[2]))
-
-
-def load_checkpoint(tracking_uri: str, run_id: str, dst_dir: str | Path) -> dict:
-    """Download run_id's checkpoints/last.pt into dst_dir and load it on the CPU."""
-    run = tracking.Run(tracking_uri, run_id)
-    try:
-        run.get()
-    except Exception as e:
-        raise ValueError(f"run {run_id} not found in {tracking_uri}: {str(e).splitlines()[0]}") from None
-    try:
-        path = run.download(f"{CKPT_DIR}/{CKPT_NAME}", dst_dir)
-    except Exception:
-        path = None
-    if path is None or not Path(path).is_file():
-        raise ValueError(f"run {run_id} has no checkpoint")
-    return read_checkpoint(path)
-
-
-def read_checkpoint(path: str | Path, mmap: bool = False) -> dict:
-    """A checkpoint file (as saved by train) loaded on the CPU (memory-mapped if `mmap`); ValueError if it is not one."""
-    if Path(path).is_dir():
-        raise ValueError(f"checkpoint {path} is a folder, not a file")
-    try:
-        ck = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except FileNotFoundError:
-        raise ValueError(f"checkpoint not found: {path}") from None
-    except Exception as e:
-        raise ValueError(f"{path} is not an hmmscope checkpoint: {str(e).splitlines()[0]}") from None
-    if not isinstance(ck, dict) or not {"model", "config", "vocab_size", "step"} <= set(ck):
-        raise ValueError(f"{path} is not an hmmscope checkpoint")
-    return ck
-
-
-def checkpoint_config(ck: Mapping) -> Config:
-    """The Config stored in a checkpoint, checked against its weights (keys and shapes) without loading them.
-
-    ValueError (one line) when the config is missing or invalid, or the weights do not fit the model it builds.
-    """
-    flat = ck.get("config") if isinstance(ck, Mapping) else None
-    if not isinstance(flat, Mapping):
-        raise ValueError("checkpoint has no config (a mapping of config keys)")
-    try:
-        cfg = from_flat(flat)
-    except ValueError as e:
-        raise ValueError(f"checkpoint config is invalid: {e}") from None
-    vocab, state = ck.get("vocab_size"), ck.get("model")
-    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab != cfg.hmm.n_tokens + 1:
-        raise ValueError(f"checkpoint vocab_size {vocab!r} does not fit its config (hmm.n_tokens + 1 = "
-                         f"{cfg.hmm.n_tokens + 1})")
-    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError("checkpoint has no model weights (a state dict of tensors)")
-    with torch.device("meta"):
-        want = {k: tuple(v.shape) for k, v in Transformer(cfg.model, vocab).state_dict().items()}
-    have = {k: tuple(v.shape) for k, v in state.items()}
-    missing, extra = sorted(want.keys() - have.keys()), sorted(have.keys() - want.keys())
-    if missing or extra:
-        what = f"missing {', '.join(missing[:3])}" if missing else f"unexpected {', '.join(extra[:3])}"
-        raise ValueError(f"checkpoint weights do not fit the model of its config ({what}"
-                         f"{', ...' if len(missing or extra) > 3 else ''})")
-    bad = next((k for k in want if want[k] != have[k]), None)
-    if bad is not None:
-        raise ValueError(f"checkpoint weights do not fit the model of its config ({bad}: shape {list(have[bad])}, "
-                         f"model {list(want[bad])})")
-    return cfg
-
-
-def model_from_checkpoint(ck: dict) -> tuple[Transformer, Config]:
-    """The Transformer (CPU, eval mode) and Config stored in a loaded checkpoint (ValueError if they do not fit)."""
-    cfg = checkpoint_config(ck)
-    model = Transformer(cfg.model, int(ck["vocab_size"]))
-    model.load_state_dict(ck["model"])
-    return model.eval(), cfg
-
-
-def load_model(tracking_uri: str, run_id: str) -> tuple[Transformer, Config]:
-    """The trained Transformer (CPU, eval mode) and Config of run_id, from its last checkpoint."""
-    with tempfile.TemporaryDirectory() as tmp:
-        return model_from_checkpoint(load_checkpoint(tracking_uri, run_id, tmp))
 
 
 def _resume_config(saved: Config, passed: Config) -> Config:
@@ -456,14 +360,9 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                 on_eval(step, dict(ev))
 
         def checkpoint(step: int) -> None:
-            state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                     "config": flatten(cfg), "vocab_size": ep_train.vocab_size, "rng": _rng_state(),
-                     "metrics": {"last": dict(last), "best": dict(best)},
-                     "dataset_hash": ep_train.meta.get("dataset_hash", "")}
-            with tempfile.TemporaryDirectory() as tmp:
-                path = Path(tmp) / CKPT_NAME
-                torch.save(state, path)
-                run.log_artifact(path, CKPT_DIR)
+            save_checkpoint(run, model=model, optimizer=opt, step=step, cfg=cfg, vocab_size=ep_train.vocab_size,
+                            metrics={"last": dict(last), "best": dict(best)},
+                            dataset_hash=ep_train.meta.get("dataset_hash", ""))
 
         if start == 0:
             run.log_metrics(oracle, step=0)
@@ -516,4 +415,4 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
     trained = max(0, t.steps - start)
     return TrainResult(run.run_id, final, max(start, t.steps), time.perf_counter() - t_start, n_params,
                        trained * tok_per_step / train_s if train_s else 0.0,
-                       {"best": dict(best), "train_s": train_s})
+                       {"best": dict(best), "train_s": train_s}, model.eval(), cfg)

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from hmmscope import tracking
+from hmmscope.checkpoints import load_model, read_checkpoint
 from hmmscope.config import Config, override
 from hmmscope.episodes import sample_episodes
 from hmmscope.hmm import make_mixture
@@ -28,7 +29,7 @@ from hmmscope.jobs import analyze_run, evaluate_run
 from hmmscope.model import Transformer, run_with_cache
 from hmmscope.probes import collect_residuals, run_probes
 from hmmscope.shuffle import shuffle_test
-from hmmscope.train import evaluate_loss, load_model, oracle_metrics, read_checkpoint, train
+from hmmscope.train import evaluate_loss, oracle_metrics, train
 
 gpu = pytest.mark.gpu
 

@@ -1,12 +1,15 @@
 """hmmscope.jobs' output folders: every command's figures as PNG + PDF under out/<run>/, the same files logged to
-MLflow, and no two commands writing the same path (a real tiny training run in a sqlite store)."""
+MLflow, and no two commands writing the same path (a real tiny training run in a sqlite store); the main job
+evaluates and analyzes the model it trained in memory, with the numbers of its reloaded checkpoint."""
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from hmmscope import tracking
+from hmmscope import checkpoints, tracking
 from hmmscope.config import Config, TheoryConfig, override
-from hmmscope.jobs import analyze_run, evaluate_run, new_folder, run_folder, theory_job
+from hmmscope.jobs import analyze_run, evaluate_run, main_job, new_folder, run_folder, theory_job
 from hmmscope.train import train
 
 torch.set_num_threads(1)
@@ -25,7 +28,7 @@ def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("jobs")
     uri = f"sqlite:///{tmp}/mlflow.db"
     res = train(override(Config(), SMALL), tracking_uri=uri, experiment="j", run_name="my run/1", progress=False)
-    return uri, res.run_id, tmp
+    return uri, res.run_id, tmp, res
 
 
 def _artifacts(uri, run_id, path):
@@ -33,7 +36,7 @@ def _artifacts(uri, run_id, path):
 
 
 def test_evaluate_and_analyze_write_png_and_pdf_under_the_run_folder(run):
-    uri, rid, tmp = run
+    uri, rid, tmp, _ = run
     out = tmp / "out"
     ev = evaluate_run(uri, rid, out=out)
     folder = out / f"my_run_1-{rid[:8]}"  # the run's name made file-safe, then its id
@@ -69,7 +72,7 @@ def test_theory_jobs_never_share_a_folder(tmp_path):
 
 
 def test_analyze_rejects_bad_probe_jobs_before_any_run(run):
-    uri, rid, _ = run
+    uri, rid, _, _ = run
     c = tracking.client(uri)
     n = len(c.search_runs([e.experiment_id for e in c.search_experiments()]))
     lines: list[str] = []
@@ -77,3 +80,53 @@ def test_analyze_rejects_bad_probe_jobs_before_any_run(run):
         with pytest.raises(ValueError, match="probe_jobs must be an integer >= 1"):
             analyze_run(uri, rid, n_episodes=16, ks=(1,), probe_jobs=bad, progress=lines.append)
     assert len(c.search_runs([e.experiment_id for e in c.search_experiments()])) == n and lines == []
+
+
+# ---------------------------------------------------------------- the model in memory
+
+
+def _same_state(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k].cpu(), sb[k].cpu()) for k in sa)
+
+
+def test_train_hands_back_the_model_of_its_last_checkpoint(run):
+    uri, rid, _, res = run
+    saved, cfg = checkpoints.load_model(uri, rid)
+    assert res.config == cfg == override(Config(), SMALL) and res.steps == 4
+    assert _same_state(res.model, saved) and not res.model.training
+    again = train(override(Config(), SMALL), tracking_uri=uri, resume=rid, progress=False)  # finished: nothing to train
+    assert again.run_id == rid and again.steps == 4 and _same_state(again.model, saved) and again.config == cfg
+
+
+def test_main_job_evaluates_and_analyzes_the_model_in_memory(run, tmp_path, monkeypatch):
+    """The main job reads no checkpoint back (no load_checkpoint, no artifact download); its Figure 1 metrics equal
+    those of the checkpoint reloaded from its training run, and its analysis sits under that run."""
+    uri = run[0]  # an existing store: no schema migrations in this test
+    cfg = override(Config(), {**SMALL, "theory.gammas": (0.5, 0.9), "theory.ranks": (2,), "theory.n_states": (4,),
+                              "theory.n_tokens": 4, "theory.lengths": (1, 2, 3), "theory.n_histories": 20,
+                              "theory.burn_in": 5, "theory.gamma_m": 0})
+    reads: list[str] = []
+    load, download = checkpoints.load_checkpoint, tracking.Run.download
+
+    def counted_load(*a, **k):
+        reads.append("load_checkpoint")
+        return load(*a, **k)
+
+    def counted_download(self, path, dst):
+        reads.append(path)
+        return download(self, path, dst)
+
+    monkeypatch.setattr(checkpoints, "load_checkpoint", counted_load)
+    monkeypatch.setattr(tracking.Run, "download", counted_download)
+    # the sweep stage is the caller's (the CLI hands in sweep.run_sweep + report.build_report); here it does nothing
+    res = main_job(cfg, uri, "m", tmp_path / "out", sweep=lambda spec, d: (SimpleNamespace(parent_run_id=""), None),
+                   progress=False)
+    assert reads == []
+    monkeypatch.undo()
+    ev = evaluate_run(uri, res.train_id, device="cpu")  # the checkpoint, reloaded: the same numbers
+    assert dict(ev) == dict(res.eval_metrics) and "eval/test_acc" in ev
+    (an,) = tracking.search_runs(uri, "m", parent_id=res.train_id)
+    assert an.info.run_id == res.analysis.run_id and an.info.status == "FINISHED"
+    assert an.data.metrics["claim/task_beats_control/value"] == pytest.approx(
+        next(c.value for c in res.analysis.claims if c.name == "task_beats_control"))

@@ -433,3 +433,38 @@ def test_an_error_mid_run_stops_the_fit_workers(data):
     with pytest.raises(RuntimeError, match="residuals failed"):
         run_probes(fn, mix, ep, ks=(1,), n_layers=3, n_jobs=2, belief=False, mem_budget=1)
     assert multiprocessing.active_children() == []
+
+
+def test_the_fit_workers_are_reaped_when_the_pool_reaps_them_late(data, monkeypatch):
+    """The race behind a flaky failure of the test above: the pool's manager thread waits for (reaps) each worker
+    that ends while the clean-up joined the workers too. Two threads joining one child: the loser of the waitpid
+    gets ECHILD and its join returns as if the child ran on, so a dead worker stayed among the children. The race
+    is widened here, the real processes and threads unchanged: the manager thread holds a worker it reaped for a
+    moment before recording it, and the main thread waits a little before each waitpid."""
+    import multiprocessing
+    import os
+    import threading
+    import time
+
+    real = os.waitpid
+
+    def waitpid(pid, flags):
+        if threading.current_thread() is threading.main_thread():
+            time.sleep(0.3)  # the manager thread reaps first
+            return real(pid, flags)
+        out = real(pid, flags)
+        if out[0] == pid:
+            time.sleep(1.0)  # reaped, not yet recorded
+        return out
+
+    mix, ep = data
+
+    def fn(tok, layer, idx):
+        if layer == 2:
+            raise RuntimeError("residuals failed")
+        return torch.randn(*tok.shape, 4, generator=torch.Generator().manual_seed(layer))
+
+    monkeypatch.setattr(os, "waitpid", waitpid)
+    with pytest.raises(RuntimeError, match="residuals failed"):
+        run_probes(fn, mix, ep, ks=(1,), n_layers=3, n_jobs=2, belief=False, mem_budget=1)
+    assert multiprocessing.active_children() == []

@@ -253,10 +253,15 @@ def test_new_runs_carry_mlflows_standard_tags_and_a_one_line_note(tmp_path):
 
 
 def test_source_name_is_the_entry_point():
-    pkg = os.path.dirname(tracking.__file__)
+    import hmmscope
+
+    pkg = os.path.dirname(hmmscope.__file__)
     assert tracking.source_name(["/venv/bin/hmmscope", "sweep", "run", "sweeps/smoke.toml"]) == "hmmscope sweep run"
     assert tracking.source_name(["/venv/bin/hmmscope", "train", "--preset", "tiny"]) == "hmmscope train"
     assert tracking.source_name([os.path.join(pkg, "sweep.py"), "worker", "--study", "s"]) == "hmmscope.sweep worker"
+    # a module of a subpackage, and `python -m` of a package (its __main__.py)
+    assert tracking.source_name([os.path.join(pkg, "sweep", "__main__.py"), "worker"]) == "hmmscope.sweep worker"
+    assert tracking.source_name([os.path.join(pkg, "sweep", "worker.py"), "run"]) == "hmmscope.sweep.worker run"
     assert tracking.source_name(["/usr/bin/pytest", "-q"]) == "pytest"
     assert tracking.source_name(["-c"]) == "python"
 

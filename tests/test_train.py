@@ -14,19 +14,15 @@ import pytest
 import torch
 
 from hmmscope import tracking
+from hmmscope.checkpoints import checkpoint_config, load_checkpoint, load_model, model_from_checkpoint, read_checkpoint
 from hmmscope.config import Config, ConfigError, TrainConfig, flatten, override
 from hmmscope.episodes import sample_episodes
 from hmmscope.hmm import make_mixture
 from hmmscope.train import (
     DivergedError,
     batch_indices,
-    checkpoint_config,
     evaluate_loss,
-    load_checkpoint,
-    load_model,
     lr_at,
-    model_from_checkpoint,
-    read_checkpoint,
     resolve_device,
     resolve_precision,
     sigterm_interrupts,

@@ -1,0 +1,58 @@
+"""The one package that talks to MLflow: `from hmmscope import tracking; tracking.start_run(...)`.
+
+The rooms (each module's docstring has the details):
+- `store`: the store's URI (default: sqlite under ./mlruns), its database created once under a lock, the
+  artifact root beside it, relocating a moved or copied store, the client, experiments.
+- `tags`: what a run carries besides metrics: MLflow's standard tags (user, entry point, git commit, note),
+  the config params of its kind, MLflow-safe keys, the objective key, the claims table.
+- `runs`: `start_run` (nested runs, resuming, FINISHED / FAILED / KILLED with the reason) and `Run`, the
+  handle every write goes through (params, metrics, tags, artifacts, tables, claims, downloads).
+- `liveness`: host, pid and heartbeat of an open run; orphan runs found (`stale_reason`) and ended (`gc_runs`).
+- `search`: runs read back (`search_runs`, `get_run`) and pointed at (`run_url`, `ui_command`).
+
+Dependencies run store <- tags, search <- liveness <- runs, none back. No module of this package imports
+mlflow at import time (only inside functions), and none imports anything of hmmscope outside it except
+`config` (inside `tags.config_params`); every other module reaches MLflow only through this package.
+"""
+
+from .liveness import HEARTBEAT_ENV, HEARTBEAT_GRACE, gc_runs, heartbeat_interval, stale_reason
+from .runs import ArtifactNotFound, Run, delete_run, existing_run, experiment_name, start_run
+from .search import UI_PORT, get_run, run_url, search_runs, ui_command
+from .store import (
+    ARTIFACTS,
+    DB_NAME,
+    ROOT_TAG,
+    STORE_DIR,
+    artifact_root,
+    client,
+    default_tracking_uri,
+    ensure_store,
+    experiment_id,
+    relocate,
+    resolve_uri,
+    writable,
+)
+from .tags import (
+    CLAIM_COLUMNS,
+    PARAM_MAX,
+    THEORY_SECTIONS,
+    TRAIN_SECTIONS,
+    _param_value,
+    claims_table,
+    config_params,
+    git_commit,
+    note_line,
+    objective_key,
+    safe_key,
+    source_name,
+    standard_tags,
+)
+
+__all__ = [
+    "ARTIFACTS", "ArtifactNotFound", "CLAIM_COLUMNS", "DB_NAME", "HEARTBEAT_ENV", "HEARTBEAT_GRACE", "PARAM_MAX",
+    "ROOT_TAG", "Run", "STORE_DIR", "THEORY_SECTIONS", "TRAIN_SECTIONS", "UI_PORT", "_param_value", "artifact_root",
+    "claims_table", "client", "config_params", "default_tracking_uri", "delete_run", "ensure_store",
+    "existing_run", "experiment_id", "experiment_name", "gc_runs", "get_run", "git_commit", "heartbeat_interval",
+    "note_line", "objective_key", "relocate", "resolve_uri", "run_url", "safe_key", "search_runs", "source_name",
+    "stale_reason", "standard_tags", "start_run", "ui_command", "writable",
+]

@@ -1,0 +1,221 @@
+"""Runs: opening and ending one (`start_run`), and the `Run` handle every write goes through.
+
+A run ends FINISHED, or FAILED/KILLED with the reason in the tag `hmmscope.failure_reason`; while it is open it
+carries this process's host and pid and a heartbeat (`liveness`). Params, metrics (finite values only), tags
+(made MLflow-safe, `tags.safe_key`), artifacts, JSON and tables are written through `Run`, which resolves a
+run's artifact URI against the store's own folder (`store`: a moved or copied store reads and writes its own
+artifacts); a missing artifact's error names the path that was looked for.
+
+Part of `tracking`, the one package that talks to MLflow. Imports mlflow only inside functions; imports the
+store, tags and liveness modules, and must not import search or anything of hmmscope outside tracking.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from .liveness import _beating, _liveness_tags, heartbeat_interval
+from .store import ARTIFACTS, _sqlite_path, _uri_path, client, ensure_store, experiment_id
+from .tags import _param_value, claims_table, note_line, safe_key, standard_tags
+
+
+class ArtifactNotFound(FileNotFoundError):
+    """A run's artifact is not where the store says it is; the message names the path looked for."""
+
+
+class Run:
+    """A live MLflow run; every write goes through these methods."""
+
+    def __init__(self, uri: str, run_id: str):
+        self.uri, self.run_id = uri, run_id
+        self._client = client(uri)
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(safe_key(k), _param_value(v)) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            self._client.log_batch(self.run_id, params=items[i:i + 100])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
+        """Finite values only (MLflow stores NaN, but comparisons in the UI break on it)."""
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        items = [Metric(safe_key(k), float(v), ts, int(step)) for k, v in metrics.items()
+                 if v is not None and math.isfinite(float(v))]
+        for i in range(0, len(items), 500):
+            self._client.log_batch(self.run_id, metrics=items[i:i + 500])
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        self._client.log_batch(self.run_id, tags=[RunTag(safe_key(k), str(v)[:5000]) for k, v in tags.items()])
+
+    def artifact_uri(self) -> str:
+        """Where this run's artifacts are: the recorded URI, resolved against a sqlite store's own folder.
+
+        A run recorded as `file://<old>/artifacts/<run id>/artifacts` in a store that now lives in another
+        folder (moved, copied, read-only so not relocated) maps to `<store folder>/artifacts/<run id>/artifacts`.
+        """
+        recorded = self._client.get_run(self.run_id).info.artifact_uri
+        db = _sqlite_path(self.uri)
+        if db is None or not recorded.startswith("file:"):
+            return recorded
+        p = _uri_path(recorded)
+        if p.name != "artifacts" or p.parent.name != self.run_id or p.parent.parent.name != ARTIFACTS:
+            return recorded  # not the store's own layout: leave it alone
+        here = (db.parent / ARTIFACTS).resolve() / self.run_id / "artifacts"
+        return recorded if p == here else here.as_uri()
+
+    def _local_root(self) -> tuple[str, Path | None]:
+        loc = self.artifact_uri()
+        return loc, (_uri_path(loc) if loc.startswith("file:") else None)
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        loc, local = self._local_root()
+        if local is None:
+            self._client.log_artifact(self.run_id, str(path), artifact_path)
+            return
+        from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+
+        LocalArtifactRepository(loc).log_artifact(str(path), artifact_path)
+
+    def log_dict(self, obj: Any, name: str) -> None:
+        """Write `obj` as JSON (or text for .txt/.md/.csv names) to the artifact `name`."""
+        with tempfile.TemporaryDirectory() as tmp:
+            p = Path(tmp) / Path(name).name
+            p.write_text(obj if isinstance(obj, str) else json.dumps(obj, indent=2, default=str))
+            parent = str(Path(name).parent)
+            self.log_artifact(p, None if parent == "." else parent)
+
+    def log_table(self, columns: Mapping[str, list], name: str) -> None:
+        """A table (equal-length columns) as the JSON artifact `name`, in `MlflowClient.log_table`'s format
+        (pandas orient="split"), listed in the tag `mlflow.loggedArtifacts`; written again, it is replaced."""
+        if not name.endswith(".json"):
+            raise ValueError(f"table name must end in .json, got {name!r}")
+        cols = list(columns)
+        n = {len(v) for v in columns.values()}
+        if len(n) > 1:
+            raise ValueError(f"table {name}: columns of different lengths {sorted(n)}")
+        rows = [list(r) for r in zip(*(columns[c] for c in cols))]
+        self.log_dict({"columns": cols, "data": rows}, name)
+        have = self.get().data.tags.get("mlflow.loggedArtifacts", "[]")
+        try:
+            logged = json.loads(have)
+        except ValueError:
+            logged = []
+        entry = {"path": name, "type": "table"}
+        if entry not in logged:
+            self.set_tags({"mlflow.loggedArtifacts": json.dumps([*logged, entry])})
+
+    def log_claims(self, claims: Iterable[Any], name: str = "claims.json") -> None:
+        """The claims as a logged table (`claims_table` columns); nothing for no claims."""
+        claims = list(claims)
+        if claims:
+            self.log_table(claims_table(claims), name)
+
+    def get(self):
+        """The run as MLflow returns it (info, data.params, data.metrics, data.tags)."""
+        return self._client.get_run(self.run_id)
+
+    def require(self, artifact_path: str) -> str:
+        """The artifact's location if it exists; ArtifactNotFound naming the path looked for if not."""
+        loc, local = self._local_root()
+        if local is not None:
+            if not (local / artifact_path).exists():
+                raise ArtifactNotFound(f"run {self.run_id}: artifact {artifact_path} not found "
+                                       f"(looked for {local / artifact_path})")
+            return str(local / artifact_path)
+        parent, _, name = artifact_path.rpartition("/")
+        try:
+            names = {f.path for f in self._client.list_artifacts(self.run_id, parent or None)}
+        except Exception as e:
+            raise ArtifactNotFound(f"run {self.run_id}: artifact {artifact_path} not readable at "
+                                   f"{loc}/{artifact_path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        if artifact_path not in names:
+            raise ArtifactNotFound(f"run {self.run_id}: artifact {artifact_path} not found (looked for {loc}/{artifact_path})")
+        return f"{loc}/{artifact_path}"
+
+    def download(self, artifact_path: str, dst: str | Path) -> Path:
+        """Copy the artifact into the folder `dst` (created if missing); returns the local copy's path."""
+        Path(dst).mkdir(parents=True, exist_ok=True)
+        loc, local = self._local_root()
+        if local is None:
+            return Path(self._client.download_artifacts(self.run_id, artifact_path, str(dst)))
+        self.require(artifact_path)
+        from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+
+        return Path(LocalArtifactRepository(loc).download_artifacts(artifact_path, str(dst)))
+
+
+def existing_run(uri: str, run_id: str) -> Run:
+    """A handle to log more into an existing run, its status untouched; ValueError if unknown."""
+    ensure_store(uri)
+    try:
+        client(uri).get_run(run_id)
+    except Exception:
+        raise ValueError(f"unknown MLflow run id {run_id!r} in {uri}") from None
+    return Run(uri, run_id)
+
+
+def experiment_name(uri: str, run_id: str) -> str:
+    """The name of the experiment holding run_id."""
+    c = client(uri)
+    return c.get_experiment(c.get_run(run_id).info.experiment_id).name
+
+
+@contextlib.contextmanager
+def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None = None,
+              params: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None,
+              resume: str | None = None, note: str | None = None) -> Iterator[Run]:
+    """Open a run (nested under `parent` if given), or reopen run `resume` (its status goes back to RUNNING).
+
+    A new run gets MLflow's standard tags (`standard_tags`; `note` is its one-line description, and `tags`
+    may override any of them). Reopening keeps the run's tags, except the note when one is given.
+
+    The run ends FINISHED, or FAILED/KILLED with the reason in the tag `hmmscope.failure_reason`.
+    While it is open it carries this process's host and pid and a heartbeat (module docstring).
+    """
+    ensure_store(uri)
+    c = client(uri)
+    interval = heartbeat_interval()
+    if resume is not None:
+        run = existing_run(uri, resume)
+        c.update_run(resume, status="RUNNING")
+        run.set_tags({**_liveness_tags(interval), **({"mlflow.note.content": note_line(note)} if note else {})})
+    else:
+        std = standard_tags(note)
+        all_tags = {"hmmscope.code_version": std.get("mlflow.source.git.commit", "unknown"), **std, **(tags or {}),
+                    **_liveness_tags(interval)}
+        if parent is not None:
+            all_tags["mlflow.parentRunId"] = parent.run_id if isinstance(parent, Run) else parent
+        r = c.create_run(experiment_id(uri, experiment), run_name=name,
+                         tags={safe_key(k): str(v)[:5000] for k, v in all_tags.items()})
+        run = Run(uri, r.info.run_id)
+    try:
+        with _beating(run, interval):
+            if params:
+                run.log_params(params)
+            yield run
+    except BaseException as e:
+        status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
+        with contextlib.suppress(Exception):
+            run.set_tags({"hmmscope.failure_reason": f"{type(e).__name__}: {e}"})
+        with contextlib.suppress(Exception):
+            c.set_terminated(run.run_id, status)
+        raise
+    else:
+        c.set_terminated(run.run_id, "FINISHED")
+
+
+def delete_run(uri: str, run_id: str) -> None:
+    """Soft-delete a run (MLflow's deleted lifecycle stage: searches no longer return it)."""
+    client(uri).delete_run(run_id)

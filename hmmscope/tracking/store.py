@@ -1,0 +1,155 @@
+"""The MLflow store: its URI, its database created once, its artifact root, and moving it.
+
+Default store: a sqlite database `mlruns/mlflow.db` with artifacts under
+`mlruns/artifacts/`, both relative to the working directory. `--tracking-uri` or
+MLFLOW_TRACKING_URI override it; any MLflow URI works, an `http://127.0.0.1:PORT`
+server included. The sqlite database is created once, under a file lock (the
+`filelock` package: every platform), before any run is written (two processes
+creating one new sqlite database at once can corrupt it). A store that cannot be
+written (a read-only mlruns/) is opened as it is, with no lock file: read-only
+commands work on it.
+
+Movable stores. MLflow records artifact locations as absolute file URIs (the
+experiment's root `file:///A/mlruns/artifacts`, each run's `<root>/<run id>/artifacts`).
+The layout is fixed relative to the database: an experiment hmmscope creates carries
+the tag `hmmscope.artifact_root = "artifacts"` (relative to the database's folder).
+When a process first opens a writable sqlite store (`ensure_store`) whose recorded roots
+differ from `<folder of mlflow.db>/artifacts` (the folder was moved, copied or rsynced),
+it rewrites the experiment's root and the prefix of its runs' artifact URIs, in one
+transaction under the store's lock (`relocate`); untagged experiments (older stores)
+are rewritten only when their root is an `.../artifacts` folder and the runs' artifact
+folders are present beside the database. After that, `mlflow server` / `hmmscope ui`
+serve the moved store as well. Reads and writes through `Run` also resolve a run's
+artifact URI against the store's folder (`Run.artifact_uri`, in `runs`), so a store that could not
+be rewritten (read-only) still reads its own artifacts, and a copy never writes into
+the original.
+
+Part of `tracking`, the one package that talks to MLflow. Imports mlflow and filelock only inside functions;
+must not import the other tracking modules (they import this) or anything of hmmscope outside tracking.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+from urllib.request import url2pathname
+
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no tqdm bars in our output
+
+STORE_DIR = Path("mlruns")
+DB_NAME = "mlflow.db"
+ARTIFACTS = "artifacts"  # the artifact root's folder, beside the database
+ROOT_TAG = "hmmscope.artifact_root"
+_READY: set[str] = set()  # sqlite stores opened (created, relocated) by this process
+
+
+def default_tracking_uri() -> str:
+    return f"sqlite:///{(STORE_DIR / DB_NAME).resolve()}"
+
+
+def resolve_uri(uri: str | None = None) -> str:
+    """The explicit URI, else MLFLOW_TRACKING_URI, else the sqlite store under ./mlruns."""
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri[len("sqlite:///"):])
+
+
+def _uri_path(file_uri: str) -> Path:
+    """file:///a/b -> Path('/a/b') (percent-escapes decoded)."""
+    return Path(url2pathname(unquote(urlparse(file_uri).path)))
+
+
+def artifact_root(uri: str) -> str | None:
+    """Artifacts sit beside a sqlite database (`<dir>/artifacts`); a server chooses its own."""
+    db = _sqlite_path(uri)
+    return (db.parent / ARTIFACTS).resolve().as_uri() if db is not None else None
+
+
+def writable(path: Path) -> bool:
+    """Can this process write `path` (a file, or the folder that would hold it)?"""
+    target = path if path.exists() else path.parent
+    return os.access(target, os.W_OK) and (path.is_dir() or os.access(path.parent, os.W_OK))
+
+
+def ensure_store(uri: str) -> None:
+    """Create the backing database once, under a file lock, and relocate a moved store (no-op for servers).
+
+    A store that exists but cannot be written is used as it is (no lock file, no relocation).
+    """
+    import filelock
+
+    db = _sqlite_path(uri)
+    if db is None or (uri in _READY and db.exists()):
+        return
+    if db.exists() and not writable(db):
+        _READY.add(uri)
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(str(db.parent / ".init.lock")):
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)  # runs the schema migrations
+        relocate(uri)
+    _READY.add(uri)
+
+
+def relocate(uri: str) -> list[tuple[str, str, str]]:
+    """Point a moved sqlite store's recorded artifact roots at `<its folder>/artifacts` (see the docstring).
+
+    Returns (experiment id, old root, new root) per rewritten experiment. Call under the store's lock
+    (`ensure_store` does).
+    """
+    db = _sqlite_path(uri)
+    if db is None or not db.exists():
+        return []
+    root = (db.parent / ARTIFACTS).resolve()
+    want = root.as_uri()
+    done = []
+    con = sqlite3.connect(str(db), timeout=120)
+    try:
+        with con:
+            exps = con.execute("SELECT experiment_id, artifact_location FROM experiments").fetchall()
+            tagged = {str(e) for (e,) in con.execute("SELECT experiment_id FROM experiment_tags WHERE key = ?",
+                                                     (ROOT_TAG,))}
+            for eid, loc in exps:
+                if not loc or loc == want or not loc.startswith("file:") or _uri_path(loc).name != ARTIFACTS:
+                    continue
+                run_ids = [r for (r,) in con.execute("SELECT run_uuid FROM runs WHERE experiment_id = ?", (eid,))]
+                if str(eid) not in tagged and not any((root / r).is_dir() for r in run_ids):
+                    continue  # not ours, or its artifacts did not travel with the database
+                con.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = ?", (want, eid))
+                con.execute("UPDATE runs SET artifact_uri = ? || substr(artifact_uri, ?) "
+                            "WHERE experiment_id = ? AND substr(artifact_uri, 1, ?) = ?",
+                            (want, len(loc) + 1, eid, len(loc) + 1, loc + "/"))
+                done.append((str(eid), loc, want))
+    finally:
+        con.close()
+    return done
+
+
+def client(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def experiment_id(uri: str, name: str) -> str:
+    """Get or create the experiment `name`, with artifacts beside a sqlite store."""
+    c = client(uri)
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        root = artifact_root(uri)
+        return c.create_experiment(name, artifact_location=root, tags={ROOT_TAG: ARTIFACTS} if root else None)
+    except Exception:  # another process created it first
+        exp = c.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
