@@ -13,7 +13,7 @@ before it calls `delete_study`, and a refusal calls nothing.
 
 Export. One row per trial, in trial order: number, state, value, start and end (UTC, ISO 8601), one column
 per param ("param.<key>": a WAITING trial shows its enqueued values), one per user attr ("attr.<key>", JSON
-for anything that is not a number or a string), and the MLflow run id. Only tracking.py talks to MLflow.
+for anything that is not a number or a string), and the MLflow run id. Only tracking/ talks to MLflow.
 """
 
 from __future__ import annotations

@@ -152,7 +152,8 @@ def analyze_cmd(
     is_file = Path(target).suffix == ".pt" or Path(target).exists()
     uri = checks.tracking_store(tracking_uri, must_exist=not is_file)
     from ..jobs import analyze_run
-    from ..train import checkpoint_config, read_checkpoint, resolve_device, sigterm_interrupts
+    from ..checkpoints import checkpoint_config, read_checkpoint
+    from ..train import resolve_device, sigterm_interrupts
 
     cfg = checkpoint_config(read_checkpoint(target, mmap=True)) if is_file else checks.run_config(uri, target)
     dev = resolve_device(device or "auto")
