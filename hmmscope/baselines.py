@@ -58,6 +58,7 @@ __all__ = ["incontext_unigram", "incontext_bigram", "HMMLearner", "DEFAULT_LEARN
 COUNTING = ("incontext_unigram", "incontext_bigram")
 _BIGRAM_CHUNK_BYTES = 64 << 20  # peak of the bigram's cumulative pair counts per chunk of episodes
 _EM_TAG = 0x454D484D  # "EMHM": the EM learner's initializations
+EM_CHUNK_BYTES = 256 << 20  # working set of one chunk of EM fits
 
 
 def _tokens(ep) -> tuple[np.ndarray, np.ndarray, int]:
@@ -215,7 +216,7 @@ def _normalize(x: torch.Tensor) -> torch.Tensor:
 
 
 def fit_hmm_em(seqs, group, n_groups: int, n_tokens: int, learner: HMMLearner = HMMLearner(), *,
-               init: tuple | None = None, dtype=torch.float64) -> EMFit:
+               init: tuple | None = None, dtype=torch.float64, max_bytes: int = EM_CHUNK_BYTES) -> EMFit:
     """Baum-Welch for n_groups categorical HMMs at once, each fit to its own set of sequences.
 
     seqs (rows, L) int in [0, n_tokens): independent sequences of one length, each started from the group's
@@ -224,6 +225,8 @@ def fit_hmm_em(seqs, group, n_groups: int, n_tokens: int, learner: HMMLearner = 
     (start (G, R, H), transition (G, R, H, H), emission (G, R, H, V)) instead of the seeded random ones (tests
     compare with hmmlearn from one initialization). Each EM iteration is one batched scaled forward-backward
     over all rows x restarts and one M-step; rows of a group are pooled by index_add (deterministic on CPU).
+    Groups are fit in chunks whose working set stays under max_bytes; the initializations are drawn for all
+    groups first, so the result does not depend on the chunking.
     """
     H, R, V, G = learner.n_states, learner.restarts, int(n_tokens), int(n_groups)
     tok = torch.as_tensor(np.asarray(seqs) if not isinstance(seqs, torch.Tensor) else seqs).long()
@@ -234,12 +237,33 @@ def fit_hmm_em(seqs, group, n_groups: int, n_tokens: int, learner: HMMLearner = 
         raise ValueError(f"tokens must lie in [0, {V})")
     if G < 1 or not grp.numel() or grp.min() < 0 or grp.max() >= G or torch.bincount(grp, minlength=G).min() < 1:
         raise ValueError(f"every group in [0, {G}) needs at least one sequence")
+    if init is None:
+        init = tuple(x.view(G, R, *x.shape[1:]) for x in _init_params(G * R, H, V, learner.seed, dtype))
+    else:
+        init = tuple(torch.as_tensor(np.asarray(x), dtype=dtype) for x in init)
+    order = torch.argsort(grp, stable=True)  # rows grouped, each group's rows in their given order
+    tok, grp = tok[order], grp[order]
+    ends = torch.cumsum(torch.bincount(grp, minlength=G), 0).tolist()  # rows of groups < g + 1
+    per_row = 8 * R * tok.shape[1] * H * 8  # ~8 (L, H) float64 arrays per row and restart at the peak
+    parts, g0 = [], 0
+    while g0 < G:
+        first = ends[g0 - 1] if g0 else 0
+        g1 = g0 + 1
+        while g1 < G and (ends[g1] - first) * per_row <= max_bytes:
+            g1 += 1
+        rows = slice(first, ends[g1 - 1])
+        parts.append(_fit_chunk(tok[rows], grp[rows] - g0, g1 - g0, V, learner, tuple(x[g0:g1] for x in init), dtype))
+        g0 = g1
+    return EMFit(*(torch.cat(t, dim=1 if i == 4 else 0) for i, t in enumerate(zip(*(
+        (f.initial, f.transition, f.emission, f.loglik, f.history, f.best) for f in parts)))))
+
+
+def _fit_chunk(tok, grp, G: int, V: int, learner: HMMLearner, init: tuple, dtype) -> EMFit:
+    """fit_hmm_em on one chunk of groups (rows sorted by group, init (G, R, ...))."""
+    H, R = learner.n_states, learner.restarts
     rows, L = tok.shape
     F = G * R  # fits: group g, restart r -> g R + r
-    if init is None:
-        pi, A, B = _init_params(F, H, V, learner.seed, dtype)
-    else:
-        pi, A, B = (torch.as_tensor(np.asarray(x), dtype=dtype).reshape(F, *np.shape(x)[2:]) for x in init)
+    pi, A, B = (x.reshape(F, *x.shape[2:]).clone() for x in init)
     fit = (grp[:, None] * R + torch.arange(R)).reshape(-1)  # (n,) the fit of each (row, restart)
     x = tok.repeat_interleave(R, 0)  # (n, L)
     n = x.shape[0]

@@ -81,20 +81,26 @@ def _require_checkpoint(run: tracking.Run) -> None:
 
 
 class EvalMetrics(dict):
-    """evaluate_run's headline metrics (a dict, as before), with `files`: what it wrote under `out` ([] if none)."""
+    """evaluate_run's headline metrics (a dict, as before), with `files`: what it wrote under `out` ([] if none),
+    and `claims`: the retrieval-gap claim (stats.Claim, decided by stats.decide)."""
 
     files: list[Path]
+    claims: list
 
 
 def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int | None = None,
                  batch_size: int = 64, out: Path | None = None) -> EvalMetrics:
     """Figure 1 for a trained run: tables, figure (PNG + PDF) and headline metrics logged into that run.
 
-    With `out`, the same files are also kept in out/<run name>-<id8>/evaluation/ (`run_folder`) and their
-    paths returned in `.files`; without, they live in a temporary folder only."""
+    Seen tasks: n_episodes (default data.n_eval) held-out episodes of the training tasks; unseen tasks: as many
+    episodes of fresh tasks (episodes.unseen_episodes); references include the mixture of n_tasks other tasks
+    (make_mixture(stream="other")), the counting baselines and the EM learner (evaluate.py). The retrieval gap
+    is logged as eval/retrieval_gap(_lo, _hi) and as a claim (tags verdict/retrieval_gap, rule/retrieval_gap;
+    the table claims.json). With `out`, the same files are also kept in out/<run name>-<id8>/evaluation/
+    (`run_folder`) and their paths returned in `.files`; without, they live in a temporary folder only."""
     import torch
 
-    from .episodes import sample_episodes
+    from .episodes import sample_episodes, unseen_episodes
     from .evaluate import figure1, memory_comparison, plot_figure1
     from .hmm import make_mixture
     from .train import load_checkpoint, model_from_checkpoint, resolve_device
@@ -108,8 +114,10 @@ def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int
     model, step = model.to(dev).eval(), int(ck["step"])
     mix = make_mixture(cfg.hmm)
     ep = sample_episodes(mix, cfg.data, n_episodes or cfg.data.n_eval, "eval")
+    unseen = unseen_episodes(cfg.hmm, cfg.data, len(ep))
     with torch.no_grad():
-        res = figure1(model, mix, ep, device=str(dev), batch_size=batch_size)
+        res = figure1(model, mix, ep, device=str(dev), batch_size=batch_size, unseen=unseen,
+                      other=make_mixture(cfg.hmm, stream="other"))
     metrics = res.headline()
     extra: dict[str, Any] = {}
     if cfg.model.window > 0:
@@ -126,8 +134,11 @@ def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int
         for f in files:
             run.log_artifact(f, "evaluation")
     run.log_metrics(metrics, step=step)
+    run.set_tags(claim_tags(res.claims))
+    run.log_claims(res.claims)
     result = EvalMetrics(metrics)
     result.files = files if out is not None else []
+    result.claims = list(res.claims)
     return result
 
 
@@ -367,7 +378,7 @@ MAIN_SWEEP = """
 name = "smoke"
 base = "tiny"
 kind = "train"
-objective = "eval/excess_ce"
+objective = "eval/seen/excess_ce"
 direction = "minimize"
 sampler = "grid"
 seeds = [0]

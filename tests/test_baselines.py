@@ -187,6 +187,11 @@ def test_em_groups_are_independent_and_seeded():
                      (both.loglik[g], alone.loglik[0])):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
     again = fit_hmm_em(seqs, group, 2, V, ln)
+    one_by_one = fit_hmm_em(seqs, group, 2, V, ln, max_bytes=1)  # each group its own chunk: the same bits
+    for a, b in zip((again.initial, again.transition, again.emission, again.loglik, again.history, again.best),
+                    (one_by_one.initial, one_by_one.transition, one_by_one.emission, one_by_one.loglik,
+                     one_by_one.history, one_by_one.best)):
+        assert torch.equal(a, b)
     assert torch.equal(fit_hmm_em(seqs, group, 2, V, ln).emission, again.emission)  # same seed, same bits
     assert not torch.equal(fit_hmm_em(seqs, group, 2, V, HMMLearner(n_states=3, restarts=2, iters=6, seed=4)).emission,
                            again.emission)
