@@ -133,7 +133,7 @@ class HMMLearner:
     n_states: int = 8
     restarts: int = 4
     iters: int = 30
-    pseudocount: float = 0.1
+    pseudocount: float = 0.3
     seed: int = 0
 
     def __post_init__(self):
@@ -264,29 +264,33 @@ def _fit_chunk(tok, grp, G: int, V: int, learner: HMMLearner, init: tuple, dtype
     rows, L = tok.shape
     F = G * R  # fits: group g, restart r -> g R + r
     pi, A, B = (x.reshape(F, *x.shape[2:]).clone() for x in init)
-    fit = (grp[:, None] * R + torch.arange(R)).reshape(-1)  # (n,) the fit of each (row, restart)
+    fit = (grp[:, None] * R + torch.arange(R)).reshape(-1)  # (n,) the fit of each (row, restart): n = row R + r
     x = tok.repeat_interleave(R, 0)  # (n, L)
     n = x.shape[0]
-    key = (fit[None, :] * V + x.T).reshape(-1)  # (L n,): row (fit, o_t) of a (F V, H) emission table, time-major
+    key = (fit[None, :] * V + x.T).reshape(-1)  # (L n,): column (fit, o_t) of an (H, F V) emission table, time-major
+    idx = x.T.reshape(L, 1, n).expand(L, H, n)  # o_t of each row, per state
     pc = float(learner.pseudocount)
     history = torch.empty((learner.iters + 1, F), dtype=dtype)
 
+    def pool(a: torch.Tensor) -> torch.Tensor:
+        """(..., n) per (row, restart) -> (F, ...) summed over each group's rows (rows are sorted by group)."""
+        lead = a.shape[:-1]
+        a = a.reshape(-1, rows, R).permute(1, 2, 0).reshape(rows, -1)  # (rows, R * prod(lead))
+        out = torch.zeros((G, a.shape[1]), dtype=dtype).index_add_(0, grp, a)
+        return out.view(F, *lead)
+
     def estep(pi, A, B, stats: bool):
-        # state-major per-row parameters: rows last (contiguous (H, n) blocks)
-        Ar = A[fit].permute(1, 2, 0).contiguous()  # (H, H, n)
-        E = B.transpose(1, 2).reshape(F * V, H).index_select(0, key).view(L, n, H).permute(0, 2, 1).contiguous()
-        # E (L, H, n): O[s, o_t] of each row's fit
-        alpha, c = _forward(pi[fit].T, Ar, E)
-        ll = torch.zeros(F, dtype=dtype).index_add_(0, fit, torch.log(c).sum(0))
+        # state-major per-row parameters, rows last: every per-step operand is an (H, n) block
+        Ar = A.permute(1, 2, 0).contiguous().index_select(2, fit)  # (H, H, n)
+        E = B.permute(1, 0, 2).reshape(H, F * V).index_select(1, key).view(H, L, n).transpose(0, 1)  # (L, H, n)
+        alpha, c = _forward(pi.T.index_select(1, fit), Ar, E)  # E[t, s, r] = O[s, o_t] of row r's fit
+        ll = pool(torch.log(c).sum(0))
         if not stats:
             return ll, None
         beta, xi = _backward(Ar, E, c, alpha)
         post = alpha.mul_(beta)  # (L, H, n): p(s_t | the row's tokens) (alpha is not needed any more)
-        obs = torch.zeros((F * V, H), dtype=dtype).index_add_(0, key, post.permute(0, 2, 1).reshape(L * n, H))
-        sums = (torch.zeros((H, F), dtype=dtype).index_add_(1, fit, post[0]).T,  # sum over a fit's rows
-                torch.zeros((H, H, F), dtype=dtype).index_add_(2, fit, xi).permute(2, 0, 1),
-                obs.view(F, V, H).transpose(1, 2))  # sum_t post 1[o_t = v]
-        return ll, sums
+        obs = torch.zeros((V, H, n), dtype=dtype).scatter_add_(0, idx, post)  # sum_t post 1[o_t = v]
+        return ll, (pool(post[0]), pool(xi), pool(obs).transpose(1, 2))
 
     for it in range(learner.iters):
         ll, (s0, sA, sB) = estep(pi, A, B, True)
