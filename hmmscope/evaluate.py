@@ -435,7 +435,7 @@ def build_figure1(result: Figure1Result, title: str | None = None):
                     continue
                 x = [q[xkey] for q in r]
                 a.plot(x, [q[key] for q in r], marker="o" if xkey == "k" else None, ls=ls, color=c, lw=lw, ms=3,
-                       label=label)
+                       label=label, zorder=3 if name == "model" else 2)  # the model on top
                 a.fill_between(x, [q[f"{key}_lo"] for q in r], [q[f"{key}_hi"] for q in r], color=c, alpha=0.12)
                 if key == "acc":
                     top = max([top, *_finite(q["acc_hi"] for q in r)])
