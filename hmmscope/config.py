@@ -459,6 +459,8 @@ def memory_estimate(cfg: Config, job: str = "train", *, n_episodes: int | None =
             # on the scored tokens; the EM learner (baselines.fit_hmm_em, 8 states, 4 restarts) works in chunks of
             # at most baselines.EM_CHUNK_BYTES (256 MiB)
             out["references (seen + unseen)"] = (2 * 8 * n * d.l_test * (d.n_demos + 1) * (2 * h.n_tokens + 24), "host")
+            out["other and unseen tasks' mixtures"] = (_mixture_bytes(h) + _mixture_bytes(
+                dataclasses.replace(h, n_tasks=n)), "host")
             em_rows = n * d.n_demos * (d.n_demos + 1) // 2 * 4
             out["EM learner"] = (min(256 << 20, em_rows * 8 * d.l_demo * 8 * 8), "host")
         else:  # probes: layer chunks within a 1 GiB budget, task beliefs and the shuffle test's batches
