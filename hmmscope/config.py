@@ -455,6 +455,14 @@ def memory_estimate(cfg: Config, job: str = "train", *, n_episodes: int | None =
         out["causal mask (max_len^2)"] = (cfg.model.max_len ** 2, "device")
         if job == "evaluate":  # figure1: the mixture oracle with model, task-oracle and mixture predictions
             out["oracles"] = (_oracle_bytes(h, d, n, predictors=3), "device")
+            # seen and unseen tasks: each k keeps two oracles' predictions and 4 per-token metrics of 6 references
+            # on the scored tokens; the EM learner (baselines.fit_hmm_em, 8 states, 4 restarts) works in chunks of
+            # at most baselines.EM_CHUNK_BYTES (256 MiB)
+            out["references (seen + unseen)"] = (2 * 8 * n * d.l_test * (d.n_demos + 1) * (2 * h.n_tokens + 24), "host")
+            out["other and unseen tasks' mixtures"] = (_mixture_bytes(h) + _mixture_bytes(
+                dataclasses.replace(h, n_tasks=n)), "host")
+            em_rows = n * d.n_demos * (d.n_demos + 1) // 2 * 4
+            out["EM learner"] = (min(256 << 20, em_rows * 8 * d.l_demo * 8 * 8), "host")
         else:  # probes: layer chunks within a 1 GiB budget, task beliefs and the shuffle test's batches
             out["residual streams"] = (min(GIB, 4 * n * 32 * cfg.model.d_model * (cfg.model.n_layers + 1)), "host")
             out["beliefs and targets"] = (n * 32 * (4 * h.n_states + 64), "host")

@@ -18,6 +18,7 @@ delimiter is never a target; every observation except position 0 is.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -27,10 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import DataConfig, config_hash, to_dict
-from .hmm import _CDF, Mixture, _after_unique, _run, _tables, sample_sequences, state_distribution_after
+from .config import DataConfig, HMMConfig, config_hash, to_dict
+from .hmm import _CDF, Mixture, _after_unique, _run, _tables, make_mixture, sample_sequences, state_distribution_after
 
-__all__ = ["Episodes", "layout", "sample_episodes", "probe_tasks", "probe_episodes", "save_episodes",
+__all__ = ["Episodes", "layout", "sample_episodes", "unseen_episodes", "probe_tasks", "probe_episodes", "save_episodes",
            "load_episodes", "sample_sequences", "state_distribution_after"]
 
 _TAG = 0x45504953  # "EPIS": separates episode streams from other users of data.seed
@@ -134,6 +135,24 @@ def sample_episodes(mix: Mixture, data: DataConfig, n: int, split: str = "train"
     rng = np.random.default_rng(np.random.SeedSequence([data.seed, _TAG, _split_code(split)]))
     task = rng.choice(mix.n_tasks, size=n, p=np.asarray(mix.prior, np.float64)).astype(np.int64)  # (n,)
     return _episodes(mix, data, task, rng, split)
+
+
+def unseen_episodes(hmm: HMMConfig, data: DataConfig, n: int) -> tuple[Mixture, Episodes]:
+    """n episodes on n fresh tasks that no training episode uses (SCIENCE.md 8): (their mixture, episodes).
+
+    The tasks are make_mixture(hmm with n_tasks = n, stream="unseen"): the family and hyperparameters of the
+    training mixture, drawn from a seed stream of their own (training draws from stream "train"). Episode i
+    uses task i (one fresh task per episode, so the episodes are independent draws over tasks as well as
+    sequences); the episodes' own stream is (data.seed, split "unseen"). task_ids index the returned
+    mixture, not the training one.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    mix = make_mixture(dataclasses.replace(hmm, n_tasks=int(n)), stream="unseen")
+    rng = np.random.default_rng(np.random.SeedSequence([data.seed, _TAG, _split_code("unseen")]))
+    ep = _episodes(mix, data, np.arange(n, dtype=np.int64), rng, "unseen")
+    ep.meta["tasks"] = "unseen"
+    return mix, ep
 
 
 def probe_tasks(n_tasks: int, k: int = 32, seed: int = 0) -> np.ndarray:

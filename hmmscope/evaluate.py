@@ -1,25 +1,49 @@
-"""In-context evaluation: the paper's Figure 1 with its ceiling (SCIENCE.md 6), and fixed memory (4).
+"""In-context evaluation: the paper's Figure 1 with its ceiling and the regime references (SCIENCE.md 6, 8),
+and fixed memory (4).
 
-Conventions (shared with hmmscope.inference): ``pred[i, t, v] = p(token_t = v | tokens_<t)``, an
-(N, T, V) tensor over the V observation ids, NaN rows where no prediction is scored (t = 0 for the
-model, and every non-observation token). The model's row t is the softmax of its logits at t - 1
-*restricted to the V observation ids* (the delimiter/padding logits are dropped and the rest
-renormalized): the delimiter is never a target, so the predictors are compared on the same simplex.
-(train.evaluate_loss takes the argmax over the full vocabulary; the two agree unless the model
-puts its top logit on the delimiter.)
+Conventions (shared with hmmscope.inference and hmmscope.baselines): ``pred[i, t, v] = p(token_t = v |
+tokens_<t)``, an (N, T, V) tensor over the V observation ids, NaN rows where no prediction is scored (t = 0
+for the model, and every non-observation token). The model's row t is the softmax of its logits at t - 1
+*restricted to the V observation ids* (the delimiter/padding logits are dropped and the rest renormalized):
+the delimiter is never a target, so the predictors are compared on the same simplex. (train.evaluate_loss
+takes the argmax over the full vocabulary; the two agree unless the model puts its top logit on the
+delimiter.) Accuracy is argmax == token, ties to the lowest id, for every predictor.
 
-Scored tokens. Figure 1 scores every test token that has a model prediction: the test segment at
-positions t >= 1 of the (truncated) episode. With k >= 1 demos that is every test token (the first
-one is predicted from the delimiter before it); with k = 0 the first test token is episode token 0,
-which no predictor of the training objective ever sees as a target, so it is dropped for all three
-predictors alike (the k = 0 row scores l_test - 1 tokens; ``n_tokens`` says so).
+Scored tokens. Figure 1 scores every predictor on the tokens that have a model prediction: the test segment
+at positions t >= 1 of the (truncated) episode. With k >= 1 demos that is every test token (the first one
+is predicted from the delimiter before it); with k = 0 the first test token is episode token 0, which no
+predictor of the training objective ever sees as a target, so it is dropped for all predictors alike (the
+k = 0 row scores l_test - 1 tokens; ``n_tokens`` says so).
 
-Accuracy vs the number of demonstrations k is measured on a model trained with n_demos demos by
-keeping only the LAST k demo blocks of each episode (``truncate_demos``); the test segment is
-unchanged, so the task oracle is the same for every k and the mixture oracle's posterior over tasks
-sees only the k kept demos. Statistics: per-episode means over the scored tokens, then the mean over
-episodes with a 95% normal CI (mean +- 1.96 sd / sqrt(N)); per-position tables average over
-episodes at each test position. KL(p || q) = sum_v p log(p / q) in nats.
+Accuracy vs the number of demonstrations k is measured on a model trained with n_demos demos by keeping
+only the LAST k demo blocks of each episode (``truncate_demos``); the test segment is unchanged, so the task
+oracle is the same for every k, and every other predictor sees only the k kept demos (and the test prefix).
+
+Predictors (rows of the tables, column ``predictor``): the model; the task oracle (true parameters: the
+ceiling); the mixture oracle over the training tasks (the Bayes predictor of the pretraining objective:
+the ceiling on seen tasks, a reference on unseen ones); and the references of SCIENCE.md 8, none of which
+knows a training task except the first: ``other_mixture_oracle`` (the Bayes predictor of a mixture of
+n_tasks OTHER tasks of the family, hmm.make_mixture(stream="other"): what knowing the family's typical tasks
+gives without the training tasks), ``incontext_unigram`` and ``incontext_bigram`` (add-one counting over the
+episode, baselines.py), ``incontext_hmm`` (an HMM fit by EM to the episode's demonstrations, baselines.py;
+uniform at k = 0). Every predictor has a row at every k evaluated, k = 0 included (the mixture oracle at
+k = 0 is what memorized tasks give without demonstrations).
+
+Tasks (column ``tasks``): "seen" = held-out episodes of the training tasks (split "eval"); "unseen" = episodes
+of fresh tasks of the same family that no training episode uses (episodes.unseen_episodes, one task per
+episode), scored against their task oracle.
+
+Statistics: per-episode means over the scored tokens, then the mean over episodes with a 95% normal CI
+(mean +- 1.96 sd / sqrt(N)); per-position tables average over episodes at each test position. KL(p || q) =
+sum_v p log(p / q) in nats. The retrieval gap (SCIENCE.md 8) = mean over unseen episodes of (model CE - task
+oracle CE) minus the same over seen episodes, on the test segment at k = k_max; seen and unseen episodes are
+independent samples, so its 95% CI is gap +- 1.96 sqrt(s_u^2 / n_u + s_s^2 / n_s). It is a claim with rule
+"> 0" (the model does better, relative to the ceiling, on the tasks it trained on: retrieval), decided by
+stats.decide.
+
+Cost. The references of one task set are computed once (``eval_set``) and kept; scoring a model on them
+(``score_by_k``, ``figure1_tables``) costs only the model's forward passes, so training can call it at every
+evaluation step.
 """
 
 from __future__ import annotations
@@ -32,15 +56,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .baselines import DEFAULT_LEARNER, HMMLearner, incontext_bigram, incontext_hmm, incontext_unigram
 from .episodes import Episodes, layout
 from .hmm import Mixture
 from .inference import memory_error, mixture_oracle, task_oracle
-from .stats import jsonable
+from .stats import claim, jsonable, rule
 
-__all__ = ["model_predictive", "truncate_demos", "figure1", "Figure1Result", "build_figure1", "plot_figure1",
-           "memory_comparison", "receptive_field", "PREDICTORS"]
+__all__ = ["model_predictive", "truncate_demos", "eval_set", "EvalSet", "score_by_k", "figure1_tables", "figure1",
+           "Figure1Result", "retrieval_gap", "build_figure1", "plot_figure1", "memory_comparison", "receptive_field",
+           "PREDICTORS", "REFERENCES", "BASELINES", "TASKS"]
 
-PREDICTORS = ("model", "task_oracle", "mixture_oracle")
+REFERENCES = ("task_oracle", "mixture_oracle", "other_mixture_oracle", "incontext_unigram", "incontext_bigram",
+              "incontext_hmm")
+PREDICTORS = ("model", *REFERENCES)
+BASELINES = REFERENCES[2:]  # logged under baseline/<tasks>/<name>/...
+TASKS = ("seen", "unseen")
 _Z = 1.96
 
 
@@ -131,39 +161,184 @@ def _rows(per_token: dict[str, dict[str, np.ndarray]], base: dict, by_position: 
     return out
 
 
+# ---------------------------------------------------------------- evaluation sets (references computed once)
+
+
+@dataclass
+class KSet:
+    """One k of one evaluation set: the truncated episodes, the scored columns and tokens, the two oracles'
+    predictions there (the model's KL needs them) and every reference predictor's per-token metrics."""
+
+    k: int
+    episodes: Episodes
+    cols: np.ndarray  # (P,) scored columns of the truncated episodes
+    y: torch.Tensor  # (N, P) scored tokens
+    oracles: dict[str, torch.Tensor]  # task_oracle, mixture_oracle: (N, P, V) float64
+    references: dict[str, dict[str, np.ndarray]]  # predictor -> per-token (N, P) acc, ce, kl_mix, kl_task
+    p_true: float  # mean mixture posterior of the true task at the test start (NaN on unseen tasks)
+
+
+@dataclass
+class EvalSet:
+    """The references of one task set ("seen" / "unseen") at every k in ks (``eval_set``)."""
+
+    tasks: str
+    ks: list[int]
+    by_k: dict[int, KSet]
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def n_episodes(self) -> int:
+        return int(self.by_k[self.ks[0]].y.shape[0])
+
+
+def eval_set(mix: Mixture, ep: Episodes, *, tasks: str = "seen", task_mix: Mixture | None = None,
+             other: Mixture | None = None, learner: HMMLearner | None = DEFAULT_LEARNER, ks=None, device="cpu",
+             chunk_tasks: int | None = None, oracle_dtype=torch.float64) -> EvalSet:
+    """Every reference prediction Figure 1 needs on episodes ep, at each k in ks (default 0..n_demos).
+
+    mix: the training mixture (its mixture oracle). task_mix: the mixture ep's task_ids index, for the task
+    oracle (default mix, the seen tasks; for unseen tasks, the mixture episodes.unseen_episodes returned).
+    other: the other-tasks mixture (row other_mixture_oracle; None leaves the row out). learner: the EM
+    learner's settings (None leaves incontext_hmm out). The counting baselines are always there.
+    """
+    if tasks not in TASKS:
+        raise ValueError(f"tasks must be one of {TASKS}, got {tasks!r}")
+    task_mix = mix if task_mix is None else task_mix
+    seen = task_mix is mix
+    ks = sorted(range(ep.n_demos + 1) if ks is None else {int(k) for k in ks})
+    hmm_preds = incontext_hmm(ep, ks, learner) if learner is not None else {}
+    by_k = {}
+    for k in ks:
+        e = truncate_demos(ep, k)
+        cols = np.flatnonzero(e.test_mask & (np.arange(e.seq_len) >= 1))
+        y = torch.as_tensor(np.asarray(e.tokens[:, cols]).astype(np.int64))
+        # an oracle over tasks other than the episodes' own must not see their ids (the CPU kernel orders by them)
+        anon = e if seen else Episodes(e.tokens, e.states, np.full(len(e), -1, np.int64), e.segment, e.position,
+                                       e.n_tokens, e.n_demos, e.l_demo, e.l_test, e.meta)
+        mix_pred, post = mixture_oracle(mix, anon, chunk_tasks=chunk_tasks, posterior_at="test_start",
+                                        dtype=oracle_dtype, device=device)
+        preds = {"task_oracle": task_oracle(task_mix, e, dtype=oracle_dtype, device=device), "mixture_oracle": mix_pred}
+        if other is not None:
+            preds["other_mixture_oracle"] = mixture_oracle(other, Episodes(
+                e.tokens, e.states, np.full(len(e), -1, np.int64), e.segment, e.position, e.n_tokens, e.n_demos,
+                e.l_demo, e.l_test, e.meta), chunk_tasks=chunk_tasks, dtype=oracle_dtype, device=device)[0]
+        preds["incontext_unigram"] = incontext_unigram(e)
+        preds["incontext_bigram"] = incontext_bigram(e)
+        if k in hmm_preds:
+            preds["incontext_hmm"] = hmm_preds[k]
+        preds = {n: p[:, cols].to("cpu", torch.float64) for n, p in preds.items()}
+        oracles = {n: preds[n] for n in ("task_oracle", "mixture_oracle")}
+        refs = {n: _token_metrics(p, y, oracles) for n, p in preds.items()}
+        p_true = (float(post.cpu()[torch.arange(len(e)), torch.as_tensor(e.task_ids)].double().mean()) if seen
+                  else float("nan"))
+        by_k[k] = KSet(k, e, cols, y, oracles, refs, p_true)
+    meta = {"tasks": tasks, "n_episodes": len(ep), "dataset_hash": ep.meta.get("dataset_hash"),
+            "n_task_params": int(task_mix.n_tasks), "other_tasks": None if other is None else int(other.n_tasks),
+            "incontext_hmm": None if learner is None else learner.describe()}
+    return EvalSet(tasks, ks, by_k, meta)
+
+
+def _model_tokens(model, es: EvalSet, *, device="cpu", batch_size: int = 64) -> dict[int, dict[str, np.ndarray]]:
+    """The model's per-token metrics (N, P) at each k of es."""
+    out = {}
+    V = next(iter(es.by_k.values())).oracles["task_oracle"].shape[-1]
+    for k, ks in es.by_k.items():
+        p = model_predictive(model, ks.episodes.tokens, device, batch_size, n_obs=V, dtype=torch.float64)[:, ks.cols]
+        out[k] = _token_metrics(p, ks.y, ks.oracles)
+    return out
+
+
+@torch.no_grad()
+def score_by_k(model: torch.nn.Module, es: EvalSet, *, device="cpu", batch_size: int = 64) -> dict[int, dict]:
+    """The model's test-segment CE and accuracy at each k of es: {k: {"ce", "acc", "excess_ce_task"}} (means over
+    episodes of per-episode means). Only the model's forward passes are computed (the references are in es)."""
+    out = {}
+    for k, m in _model_tokens(model, es, device=device, batch_size=batch_size).items():
+        t = es.by_k[k].references["task_oracle"]
+        out[k] = {"ce": float(m["ce"].mean(1).mean()), "acc": float(m["acc"].mean(1).mean()),
+                  "excess_ce_task": float((m["ce"] - t["ce"]).mean(1).mean())}
+    return out
+
+
+def retrieval_gap(seen: np.ndarray, unseen: np.ndarray):
+    """The retrieval-gap claim from per-episode excess CE over the task oracle on seen and unseen episodes
+    (module docstring): stats.Claim with rule '> 0', plus the numbers as a dict."""
+    seen, unseen = np.asarray(seen, float), np.asarray(unseen, float)
+    value = float(unseen.mean() - seen.mean())
+    se = math.sqrt(unseen.var(ddof=1) / len(unseen) + seen.var(ddof=1) / len(seen)) \
+        if min(len(seen), len(unseen)) > 1 else float("nan")
+    lo, hi = value - _Z * se, value + _Z * se
+    c = claim("retrieval_gap", "(model CE - task-oracle CE) on unseen tasks minus on seen tasks, test segment, "
+              "k = k_max, nats/token (difference of means over independent episodes, 95% normal CI)",
+              value, lo, hi, rule(">", 0),
+              "positive: the model is closer to the ceiling on the tasks it trained on than on fresh tasks of the "
+              "same family (retrieval of memorized tasks); near 0: in-context inference")
+    return c, {"value": value, "lo": lo, "hi": hi, "n_seen": len(seen), "n_unseen": len(unseen),
+               "seen_excess_ce_task": float(seen.mean()), "unseen_excess_ce_task": float(unseen.mean())}
+
+
 @dataclass
 class Figure1Result:
-    """Figure 1 tables as lists of dicts. by_k: one row per (k, predictor); by_position: one row per
-    (test position, predictor) at k = k_max (the largest k evaluated, normally n_demos).
-    Columns: k, [position], predictor, n_episodes, [n_tokens], p_true_task (mixture posterior of the
-    true task at the test start, same on every predictor row), and for each metric acc, ce, kl_mix
-    (KL(mixture oracle || predictor)), kl_task (KL(task oracle || predictor)), excess_ce (CE - mixture
-    oracle CE), excess_ce_task (CE - task oracle CE): the mean and its 95% CI as <metric>_lo/_hi.
-    (A row's n_tokens counts the scored tokens; meta['n_tokens'] is V, the observation vocabulary.)"""
+    """Figure 1 tables as lists of dicts. by_k: one row per (tasks, k, predictor); by_position: one row per
+    (tasks, test position, predictor) at k = k_max (the largest k evaluated, normally n_demos).
+    Columns: tasks (seen / unseen), k, [position], predictor, n_episodes, [n_tokens], p_true_task (mixture
+    posterior of the true task at the test start, same on every predictor row; empty on unseen tasks), and for
+    each metric acc, ce, kl_mix (KL(mixture oracle || predictor)), kl_task (KL(task oracle || predictor)),
+    excess_ce (CE - mixture oracle CE), excess_ce_task (CE - task oracle CE): the mean and its 95% CI as
+    <metric>_lo/_hi. (A row's n_tokens counts the scored tokens; meta['n_tokens'] is V.) claims: the
+    retrieval gap (when both task sets were evaluated); retrieval: its numbers."""
 
     by_k: list[dict]
     by_position: list[dict]
     k_max: int
     meta: dict = field(default_factory=dict)
+    claims: list = field(default_factory=list)
+    retrieval: dict | None = None
 
-    def row(self, predictor: str, k: int | None = None) -> dict:
+    @property
+    def tasks(self) -> list[str]:
+        return [t for t in TASKS if any(r["tasks"] == t for r in self.by_k)]
+
+    def row(self, predictor: str, k: int | None = None, tasks: str = "seen") -> dict:
         k = self.k_max if k is None else k
-        return next(r for r in self.by_k if r["k"] == k and r["predictor"] == predictor)
+        return next(r for r in self.by_k if r["k"] == k and r["predictor"] == predictor and r["tasks"] == tasks)
 
     def headline(self) -> dict[str, float]:
-        """Scalar metrics at k = k_max, namespaced for MLflow ('eval/...')."""
-        m, t, x = self.row("model"), self.row("task_oracle"), self.row("mixture_oracle")
-        return {"eval/test_acc": m["acc"], "eval/test_ce": m["ce"],
-                "eval/oracle_mix_test_acc": x["acc"], "eval/oracle_mix_test_ce": x["ce"],
-                "eval/oracle_task_test_acc": t["acc"], "eval/oracle_task_test_ce": t["ce"],
-                "eval/kl_mix": m["kl_mix"], "eval/kl_task": m["kl_task"], "eval/excess_ce": m["excess_ce"],
-                "eval/gap_to_mix": x["acc"] - m["acc"], "eval/gap_to_task": t["acc"] - m["acc"],
-                "eval/p_true_task": m["p_true_task"]}
+        """Scalar metrics at k = k_max for MLflow: eval/<tasks>/... (the model and the two oracles),
+        baseline/<tasks>/<reference>/{ce, acc, ce_k0, acc_k0} (the references; the mixture oracle's k = 0 values
+        as baseline/<tasks>/mixture_oracle/{ce_k0, acc_k0}), eval/retrieval_gap with _lo / _hi."""
+        out: dict[str, float] = {}
+        names = {r["predictor"] for r in self.by_k}
+        k0 = 0 in {r["k"] for r in self.by_k}
+        for tasks in self.tasks:
+            m, t, x = (self.row(n, tasks=tasks) for n in ("model", "task_oracle", "mixture_oracle"))
+            p = f"eval/{tasks}/"
+            out.update({p + "test_acc": m["acc"], p + "test_ce": m["ce"],
+                        p + "oracle_mix_test_acc": x["acc"], p + "oracle_mix_test_ce": x["ce"],
+                        p + "oracle_task_test_acc": t["acc"], p + "oracle_task_test_ce": t["ce"],
+                        p + "kl_mix": m["kl_mix"], p + "kl_task": m["kl_task"], p + "excess_ce": m["excess_ce"],
+                        p + "excess_ce_task": m["excess_ce_task"], p + "gap_to_mix": x["acc"] - m["acc"],
+                        p + "gap_to_task": t["acc"] - m["acc"]})
+            if tasks == "seen":
+                out[p + "p_true_task"] = m["p_true_task"]
+            for name in [n for n in BASELINES if n in names]:
+                r = self.row(name, tasks=tasks)
+                out.update({f"baseline/{tasks}/{name}/ce": r["ce"], f"baseline/{tasks}/{name}/acc": r["acc"]})
+            for name in [n for n in ("mixture_oracle", *BASELINES) if n in names] if k0 else []:
+                r = self.row(name, 0, tasks)
+                out.update({f"baseline/{tasks}/{name}/ce_k0": r["ce"], f"baseline/{tasks}/{name}/acc_k0": r["acc"]})
+        if self.retrieval is not None:
+            g = self.retrieval
+            out.update({"eval/retrieval_gap": g["value"], "eval/retrieval_gap_lo": g["lo"],
+                        "eval/retrieval_gap_hi": g["hi"]})
+        return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(v)}
 
     def to_dict(self) -> dict:
         """JSON-safe (NaN / inf -> None)."""
         return jsonable({"by_k": self.by_k, "by_position": self.by_position, "k_max": self.k_max,
-                           "meta": self.meta, "headline": self.headline()})
+                         "meta": self.meta, "headline": self.headline(), "claims": self.claims,
+                         "retrieval": self.retrieval})
 
     def to_csv(self, directory) -> list[Path]:
         """Write figure1_by_k.csv and figure1_by_position.csv into directory; returns the paths."""
@@ -174,85 +349,121 @@ class Figure1Result:
             with open(d / name, "w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=list(rows[0]))
                 w.writeheader()
-                w.writerows(rows)
+                w.writerows({k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+                            for r in rows)
             paths.append(d / name)
         return paths
 
 
+@torch.no_grad()
+def figure1_tables(model: torch.nn.Module, sets: list[EvalSet], *, device="cpu", batch_size: int = 64,
+                   meta: dict | None = None) -> Figure1Result:
+    """Figure 1 from precomputed evaluation sets (``eval_set``): the model is scored on each, beside every
+    reference; with a "seen" and an "unseen" set, the retrieval gap claim is added."""
+    by_k, by_pos, excess = [], [], {}
+    k_max = min(max(es.ks) for es in sets)
+    for es in sets:
+        model_tok = _model_tokens(model, es, device=device, batch_size=batch_size)
+        for k in es.ks:
+            ks = es.by_k[k]
+            per_token = {"model": model_tok[k], **ks.references}
+            base = {"tasks": es.tasks, "k": k, "p_true_task": ks.p_true}
+            by_k += _rows(per_token, base, by_position=False)
+            if k == max(es.ks):
+                by_pos += _rows(per_token, base, by_position=True, positions=ks.episodes.position[ks.cols])
+        km = es.by_k[max(es.ks)]
+        excess[es.tasks] = (model_tok[max(es.ks)]["ce"] - km.references["task_oracle"]["ce"]).mean(1)
+    claims, gap = [], None
+    if {"seen", "unseen"} <= set(excess):
+        c, gap = retrieval_gap(excess["seen"], excess["unseen"])
+        claims.append(c)
+    return Figure1Result(by_k, by_pos, k_max, {**(meta or {}), "sets": {es.tasks: es.meta for es in sets}},
+                         claims, gap)
+
+
 def figure1(model: torch.nn.Module, mix: Mixture, ep: Episodes, *, device="cpu", ks=None, batch_size: int = 64,
-            chunk_tasks: int | None = None, oracle_dtype=torch.float64) -> Figure1Result:
-    """Next-token accuracy, CE and KL on the test segment vs k (demos kept, default 0..n_demos) and
-    vs test position (at the largest k) for the model, the task oracle and the mixture oracle."""
-    ks = sorted(range(ep.n_demos + 1) if ks is None else {int(k) for k in ks})
-    V, by_k, by_pos = mix.n_tokens, [], []
-    for k in ks:
-        e = truncate_demos(ep, k)
-        cols = np.flatnonzero(e.test_mask & (np.arange(e.seq_len) >= 1))
-        y = torch.as_tensor(np.asarray(e.tokens[:, cols]).astype(np.int64))
-        mix_pred, post = mixture_oracle(mix, e, chunk_tasks=chunk_tasks, posterior_at="test_start",
-                                        dtype=oracle_dtype, device=device)
-        preds = {"model": model_predictive(model, e.tokens, device, batch_size, n_obs=V, dtype=torch.float64),
-                 "task_oracle": task_oracle(mix, e, dtype=oracle_dtype, device=device),
-                 "mixture_oracle": mix_pred}
-        preds = {n: p[:, cols].to("cpu", torch.float64) for n, p in preds.items()}
-        per_token = {n: _token_metrics(p, y, preds) for n, p in preds.items()}
-        p_true = float(post.cpu()[torch.arange(len(e)), torch.as_tensor(e.task_ids)].double().mean())
-        base = {"k": k, "p_true_task": p_true}
-        by_k += _rows(per_token, base, by_position=False)
-        if k == ks[-1]:
-            by_pos = _rows(per_token, base, by_position=True, positions=e.position[cols])
-    meta = {"n_tokens": V, "n_demos": ep.n_demos, "l_demo": ep.l_demo, "l_test": ep.l_test, "n_episodes": len(ep),
-            "ks": ks, "test_start": ep.test_start, "burn_in": ep.burn_in, "dataset_hash": ep.meta.get("dataset_hash")}
-    return Figure1Result(by_k, by_pos, ks[-1], meta)
+            chunk_tasks: int | None = None, oracle_dtype=torch.float64, unseen: tuple[Mixture, Episodes] | None = None,
+            other: Mixture | None = None, learner: HMMLearner | None = DEFAULT_LEARNER) -> Figure1Result:
+    """Next-token accuracy, CE and KL on the test segment vs k (demos kept, default 0..n_demos) and vs test
+    position (at the largest k) for the model and every reference predictor (module docstring), on the seen
+    tasks' episodes ep and, with unseen = (unseen tasks' mixture, their episodes), on unseen tasks too."""
+    kw = dict(other=other, learner=learner, ks=ks, device=device, chunk_tasks=chunk_tasks, oracle_dtype=oracle_dtype)
+    sets = [eval_set(mix, ep, tasks="seen", **kw)]
+    if unseen is not None:
+        sets.append(eval_set(mix, unseen[1], tasks="unseen", task_mix=unseen[0], **kw))
+    meta = {"n_tokens": mix.n_tokens, "n_demos": ep.n_demos, "l_demo": ep.l_demo, "l_test": ep.l_test,
+            "n_episodes": len(ep), "ks": sets[0].ks, "test_start": ep.test_start, "burn_in": ep.burn_in,
+            "dataset_hash": ep.meta.get("dataset_hash"), "predictors": list(dict.fromkeys(
+                ["model", *sets[0].by_k[sets[0].ks[0]].references])),
+            "incontext_hmm": None if learner is None else learner.describe()}
+    return figure1_tables(model, sets, device=device, batch_size=batch_size, meta=meta)
 
 
-_STYLE = {"model": ("C0", "-", "model"), "task_oracle": ("C2", "--", "task oracle"),
-          "mixture_oracle": ("C3", "-", "mixture oracle")}
+_STYLE = {"model": ("C0", "-", "model", 2.0), "task_oracle": ("C2", "--", "task oracle", 1.4),
+          "mixture_oracle": ("C3", "-", "mixture oracle (training tasks)", 1.4),
+          "other_mixture_oracle": ("C1", ":", "mixture oracle (other tasks)", 1.4),
+          "incontext_unigram": ("C7", "-.", "in-context unigram", 1.2),
+          "incontext_bigram": ("C5", "-.", "in-context bigram", 1.2),
+          "incontext_hmm": ("C4", "--", "in-context HMM (EM)", 1.2)}
+
+
+def _finite(vals) -> list[float]:
+    return [v for v in vals if v is not None and isinstance(v, (int, float)) and math.isfinite(v)]
 
 
 def build_figure1(result: Figure1Result, title: str | None = None):
-    """Figure 1 as a matplotlib Figure: accuracy vs k, accuracy vs test position (k = k_max), excess CE and
-    KL vs k. The accuracy panels draw chance (1 / V, dotted gray; V = meta['n_tokens']) and span 0 to above
-    the highest upper CI of any predictor, so the oracles' ceiling is always in view; `title` (the run)
-    heads the figure."""
+    """Figure 1 as a matplotlib Figure: one row per task set (seen, unseen), three panels each: accuracy vs k,
+    CE vs k, accuracy vs test position (k = k_max), every predictor with its 95% CI band. The accuracy panels
+    draw chance (1 / V, dotted gray; V = meta['n_tokens']) and span 0 to above the highest upper CI of any
+    predictor, so the oracles' ceiling is always in view; the CE panel draws log V (a uniform guess). The
+    title carries the run (`title`) and the retrieval gap with its verdict."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=(15, 4.6), layout="constrained")
-    ax = fig.subplots(1, 3)
-    top = 0.0
-    for name, (c, ls, label) in _STYLE.items():
-        for a, rows, xkey in ((ax[0], result.by_k, "k"), (ax[1], result.by_position, "position")):
-            r = [r for r in rows if r["predictor"] == name]
-            x = [q[xkey] for q in r]
-            a.plot(x, [q["acc"] for q in r], marker="o" if xkey == "k" else None, ls=ls, color=c, label=label, ms=4)
-            a.fill_between(x, [q["acc_lo"] for q in r], [q["acc_hi"] for q in r], color=c, alpha=0.2)
-            top = max([top, *(q["acc_hi"] for q in r if q["acc_hi"] is not None and math.isfinite(q["acc_hi"]))])
+    tasks = result.tasks
+    fig = Figure(figsize=(16, 4.4 * len(tasks) + 0.6), layout="constrained")
+    axes = fig.subplots(len(tasks), 3, squeeze=False)
     V = result.meta.get("n_tokens")
     chance = 1.0 / V if V else None
-    for a in ax[:2]:
-        if chance is not None:
-            a.axhline(chance, color="gray", ls=":", lw=1.2, label=f"chance (1/V = {chance:.3g})")
-        a.set_ylim(0.0, min(1.02, max(top, chance or 0.0) * 1.06 + 0.02))
-    m = [r for r in result.by_k if r["predictor"] == "model"]
-    ks = [r["k"] for r in m]
-    for key, c, label in (("excess_ce", "C0", "excess CE (model - mixture oracle)"),
-                          ("kl_mix", "C3", "KL(mixture oracle || model)"),
-                          ("kl_task", "C2", "KL(task oracle || model)")):
-        ax[2].plot(ks, [r[key] for r in m], "o-", color=c, label=label, ms=4)
-        ax[2].fill_between(ks, [r[f"{key}_lo"] for r in m], [r[f"{key}_hi"] for r in m], color=c, alpha=0.2)
-    ax[0].set(xlabel="demonstrations k", ylabel="test next-token accuracy",
-              title="accuracy vs k (oracles = ceiling)")
-    ax[1].set(xlabel="test position", ylabel="next-token accuracy", title=f"accuracy vs position (k = {result.k_max})")
-    ax[2].set(xlabel="demonstrations k", ylabel="nats / token", title="gap to the Bayes-optimal predictor")
-    ax[2].axhline(0, color="gray", lw=0.8)
-    for a in ax:
-        a.xaxis.set_major_locator(MaxNLocator(integer=True))
-        a.grid(alpha=0.3)
-        a.legend(fontsize=8)
+    for row, t in zip(axes, tasks):
+        top = 0.0
+        for name, (c, ls, label, lw) in _STYLE.items():
+            for a, rows, xkey, key in ((row[0], result.by_k, "k", "acc"), (row[1], result.by_k, "k", "ce"),
+                                       (row[2], result.by_position, "position", "acc")):
+                r = [q for q in rows if q["predictor"] == name and q["tasks"] == t]
+                if not r:
+                    continue
+                x = [q[xkey] for q in r]
+                a.plot(x, [q[key] for q in r], marker="o" if xkey == "k" else None, ls=ls, color=c, lw=lw, ms=3,
+                       label=label, zorder=3 if name == "model" else 2)  # the model on top
+                a.fill_between(x, [q[f"{key}_lo"] for q in r], [q[f"{key}_hi"] for q in r], color=c, alpha=0.12)
+                if key == "acc":
+                    top = max([top, *_finite(q["acc_hi"] for q in r)])
+        for a in (row[0], row[2]):
+            if chance is not None:
+                a.axhline(chance, color="gray", ls=":", lw=1.2, label=f"chance (1/V = {chance:.3g})")
+            a.set_ylim(0.0, min(1.02, max(top, chance or 0.0) * 1.06 + 0.02))
+        if V:
+            row[1].axhline(math.log(V), color="gray", ls=":", lw=1.2, label=f"uniform (log V = {math.log(V):.3g})")
+        ceiling = "mixture and task oracles = ceiling" if t == "seen" else "task oracle = ceiling"
+        row[0].set(xlabel="demonstrations k", ylabel="test next-token accuracy", title=f"{t} tasks: accuracy vs k ({ceiling})")
+        row[1].set(xlabel="demonstrations k", ylabel="test cross-entropy (nats / token)", title=f"{t} tasks: CE vs k")
+        row[2].set(xlabel="test position", ylabel="next-token accuracy",
+                   title=f"{t} tasks: accuracy vs position (k = {result.k_max})")
+        for a in row:
+            a.xaxis.set_major_locator(MaxNLocator(integer=True))
+            a.grid(alpha=0.3)
+        row[0].legend(fontsize=7, loc="best")
+        row[1].legend(handles=row[1].get_lines()[-1:], fontsize=7, loc="upper right")
+        row[2].legend(handles=row[2].get_lines()[-1:], fontsize=7, loc="lower right")
     n = result.meta.get("n_episodes")
-    fig.suptitle("Figure 1: in-context next-token prediction" + (f", {title}" if title else "")
-                 + (f" ({n} held-out episodes, 95% CIs)" if n else ""))
+    head = "Figure 1: in-context next-token prediction" + (f", {title}" if title else "") \
+        + (f" ({n} held-out episodes per task set, 95% CIs)" if n else "")
+    if result.retrieval is not None and result.claims:
+        g, c = result.retrieval, result.claims[0]
+        head += (f"\nretrieval gap (model - task oracle CE, unseen minus seen, k = {result.k_max}): {g['value']:.3g} "
+                 f"[{g['lo']:.3g}, {g['hi']:.3g}] nats/token, rule {c.rule}: {c.verdict}")
+    fig.suptitle(head)
     return fig
 
 

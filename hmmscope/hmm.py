@@ -25,6 +25,7 @@ little about forgetting over many steps.
 
 from __future__ import annotations
 
+import hashlib
 import weakref
 from dataclasses import dataclass
 from functools import cached_property
@@ -202,9 +203,27 @@ def emission_matrix(reveal: np.ndarray, V: int, gamma: float) -> np.ndarray:
     return gamma * E + (1.0 - gamma) / V
 
 
-def make_mixture(cfg: HMMConfig, dtype=np.float64) -> Mixture:
-    """Draw cfg.n_tasks HMMs from the family with cfg.seed; same config -> same bits."""
-    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0x484D4D]))
+STREAMS = ("train", "unseen", "other")  # the seed streams of make_mixture (SCIENCE.md 8)
+
+
+def _stream_code(stream: str) -> int:
+    """A nonzero 32-bit tag of a non-training stream name (sha256), appended to the training SeedSequence."""
+    return int(hashlib.sha256(f"hmm-stream:{stream}".encode()).hexdigest()[:8], 16) | 1
+
+
+def make_mixture(cfg: HMMConfig, dtype=np.float64, *, stream: str = "train") -> Mixture:
+    """Draw cfg.n_tasks HMMs from the family with cfg.seed; same config -> same bits.
+
+    stream: "train" (the training mixture: SeedSequence([seed, TAG]), unchanged since the first records) or
+    another name, e.g. "unseen" (fresh tasks for evaluation, SCIENCE.md 8) or "other" (the tasks of the
+    other-mixture reference): SeedSequence([seed, TAG, tag(stream)]), a stream no training task uses. Same
+    family, hyperparameters and code path; only the random stream differs. The config_hash of a non-training
+    mixture names its stream, so episodes drawn from it never share a dataset hash with training data.
+    """
+    if not isinstance(stream, str) or not stream:
+        raise ValueError(f"stream must be a non-empty name, got {stream!r}")
+    entropy = [cfg.seed, 0x484D4D] + ([] if stream == "train" else [_stream_code(stream)])
+    rng = np.random.default_rng(np.random.SeedSequence(entropy))
     n, S, V, d = cfg.n_tasks, cfg.n_states, cfg.n_tokens, cfg.rank
     if cfg.family == "dirichlet":
         W, Q = _dirichlet_factors(rng, n, S, d, cfg.alpha)
@@ -215,7 +234,8 @@ def make_mixture(cfg: HMMConfig, dtype=np.float64) -> Mixture:
     O = emission_matrix(revealing_map(rng, n, S, V), V, cfg.gamma)
     mu = _dirichlet(rng, 1.0, (n, S))
     prior = np.full(n, 1.0 / n)
-    return Mixture(mu.astype(dtype), W.astype(dtype), Q.astype(dtype), O.astype(dtype), prior, config_hash(cfg))
+    h = config_hash(cfg) if stream == "train" else f"{config_hash(cfg)}-{stream}"
+    return Mixture(mu.astype(dtype), W.astype(dtype), Q.astype(dtype), O.astype(dtype), prior, h)
 
 
 def make_hmm(cfg: HMMConfig, task: int = 0) -> HMM:

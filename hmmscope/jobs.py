@@ -81,9 +81,11 @@ def _require_checkpoint(run: tracking.Run) -> None:
 
 
 class EvalMetrics(dict):
-    """evaluate_run's headline metrics (a dict, as before), with `files`: what it wrote under `out` ([] if none)."""
+    """evaluate_run's headline metrics (a dict, as before), with `files`: what it wrote under `out` ([] if none),
+    and `claims`: the retrieval-gap claim (stats.Claim, decided by stats.decide)."""
 
     files: list[Path]
+    claims: list
 
 
 def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: str = "auto",
@@ -93,11 +95,15 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
 
     The model is evaluated as it is, in memory (moved to `device`, eval mode): the main job hands in the model
     it just trained; `evaluate_run` the one it loads from a run's checkpoint.
-    With `out`, the same files are also kept in out/<run name>-<id8>/evaluation/ (`run_folder`) and their
-    paths returned in `.files`; without, they live in a temporary folder only."""
+    Seen tasks: n_episodes (default data.n_eval) held-out episodes of the training tasks; unseen tasks: as many
+    episodes of fresh tasks (episodes.unseen_episodes); references include the mixture of n_tasks other tasks
+    (make_mixture(stream="other")), the counting baselines and the EM learner (evaluate.py). The retrieval gap
+    is logged as eval/retrieval_gap(_lo, _hi) and as a claim (tags verdict/retrieval_gap, rule/retrieval_gap;
+    the table claims.json). With `out`, the same files are also kept in out/<run name>-<id8>/evaluation/
+    (`run_folder`) and their paths returned in `.files`; without, they live in a temporary folder only."""
     import torch
 
-    from .episodes import sample_episodes
+    from .episodes import sample_episodes, unseen_episodes
     from .evaluate import figure1, memory_comparison, plot_figure1
     from .hmm import make_mixture
     from .train import resolve_device
@@ -107,8 +113,10 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
     model = model.to(dev).eval()
     mix = make_mixture(cfg.hmm)
     ep = sample_episodes(mix, cfg.data, n_episodes or cfg.data.n_eval, "eval")
+    unseen = unseen_episodes(cfg.hmm, cfg.data, len(ep))
     with torch.no_grad():
-        res = figure1(model, mix, ep, device=str(dev), batch_size=batch_size)
+        res = figure1(model, mix, ep, device=str(dev), batch_size=batch_size, unseen=unseen,
+                      other=make_mixture(cfg.hmm, stream="other"))
     metrics = res.headline()
     extra: dict[str, Any] = {}
     if cfg.model.window > 0:
@@ -125,8 +133,11 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
         for f in files:
             run.log_artifact(f, "evaluation")
     run.log_metrics(metrics, step=step)
+    run.set_tags(claim_tags(res.claims))
+    run.log_claims(res.claims)
     result = EvalMetrics(metrics)
     result.files = files if out is not None else []
+    result.claims = list(res.claims)
     return result
 
 
@@ -414,7 +425,7 @@ MAIN_SWEEP = """
 name = "smoke"
 base = "tiny"
 kind = "train"
-objective = "eval/excess_ce"
+objective = "eval/seen/excess_ce"
 direction = "minimize"
 sampler = "grid"
 seeds = [0]
@@ -452,7 +463,7 @@ class MainResult:
     parent_id: str
     train_id: str
     theory_id: str | None
-    eval_metrics: dict[str, float]
+    eval_metrics: EvalMetrics  # Figure 1 headline metrics, with .claims (the retrieval gap) and .files
     theory: Any
     analysis: AnalysisResult
     sweep: Any  # sweep.SweepSummary

@@ -6,7 +6,7 @@ Spec format (TOML, validated strictly by `load_spec` before any study or run exi
     name = "smoke"                 # the Optuna study name: 1-100 of [A-Za-z0-9._-] (it names folders)
     base = "tiny"                  # a preset, or: config = "path.toml" (relative to the spec file)
     kind = "train"                 # train | theory
-    objective = "eval/excess_ce"   # a metric the trial logs (see OBJECTIVES below; checked here)
+    objective = "eval/seen/excess_ce"   # a metric the trial logs (see OBJECTIVES below; checked here)
     direction = "minimize"         # minimize | maximize
     sampler = "grid"               # grid | tpe | random
     pruner = "none"                # none | median (train kind: reports objective at every evaluation)
@@ -46,8 +46,12 @@ hmm.gamma, see ABBREV), then the replicate seed (`s0`), e.g. `rope-g0.5-s0`.
 Pruning. The median pruner compares a trial's intermediate values at each evaluation of the training
 loop, which logs the learning curve val/* (train.py), not the Figure 1 metrics eval/* (computed once, at
 the end). A pruned spec's objective must be a val/* key or an eval/* key with a learning-curve proxy
-(PRUNE_PROXY: eval/excess_ce -> val/excess_ce, eval/test_acc -> val/test_acc, eval/test_ce ->
-val/test_loss); the proxy is what the trial reports at each evaluation (`SweepSpec.prune_metric`).
+(PRUNE_PROXY: eval/seen/excess_ce -> val/excess_ce, eval/seen/test_acc -> val/test_acc, eval/seen/test_ce ->
+val/test_loss; the learning curve is measured on the seen tasks' eval episodes); the proxy is what the trial
+reports at each evaluation (`SweepSpec.prune_metric`).
+
+Renamed keys. Figure 1's metrics were eval/<name> before seen and unseen tasks were evaluated apart; they are
+eval/seen/<name> now (LEGACY_OBJECTIVES); a spec naming an old key is refused with the new name in the message.
 """
 
 
@@ -86,15 +90,19 @@ KINDS, SAMPLERS, PRUNERS, DIRECTIONS = ("train", "theory"), ("grid", "tpe", "ran
 DIST_KEYS = {"grid", "choices", "low", "high", "log", "step"}
 MAX_GRID = 100_000
 # The metrics a trial returns (sweep.run_trial), hence the objectives a spec may name. Train trials:
-# train.train's final eval/* and oracle/*, then jobs.evaluate_run's Figure 1 headline (evaluate.Figure1Result
+# train.train's final val/* and oracle/*, then jobs.evaluate_run's Figure 1 headline (evaluate.Figure1Result
 # .headline), memory/* when model.window > 0 (evaluate.memory_comparison), and with analyze = true the
 # analysis metrics (jobs._analysis_metrics). Theory trials: sweep._theory_metrics. tests/test_sweep_spec
 # checks these sets against the metrics real trials return.
+_FIGURE1 = ("test_acc", "test_ce", "oracle_mix_test_acc", "oracle_mix_test_ce", "oracle_task_test_acc",
+            "oracle_task_test_ce", "kl_mix", "kl_task", "excess_ce", "excess_ce_task", "gap_to_mix", "gap_to_task")
 TRAIN_OBJECTIVES = frozenset(
     [f"{p}/{k}" for p in ("val", "oracle") for k in ("loss", "acc", "test_loss", "test_acc")]
-    + ["val/excess_ce", "eval/test_acc", "eval/excess_ce", "eval/test_ce", "eval/oracle_mix_test_acc", "eval/oracle_mix_test_ce",
-       "eval/oracle_task_test_acc", "eval/oracle_task_test_ce", "eval/kl_mix", "eval/kl_task", "eval/gap_to_mix",
-       "eval/gap_to_task", "eval/p_true_task"])
+    + ["val/excess_ce", "eval/seen/p_true_task", "eval/retrieval_gap", "eval/retrieval_gap_lo", "eval/retrieval_gap_hi"]
+    + [f"eval/{t}/{k}" for t in ("seen", "unseen") for k in _FIGURE1])
+BASELINE_OBJECTIVE = re.compile(r"baseline/(seen|unseen)/(mixture_oracle|other_mixture_oracle|incontext_unigram"
+                                r"|incontext_bigram|incontext_hmm)/(ce|acc)(_k0)?")
+LEGACY_OBJECTIVES = {f"eval/{k}": f"eval/seen/{k}" for k in (*_FIGURE1, "p_true_task")}
 MEMORY_OBJECTIVE = re.compile(r"memory/[a-z0-9_]+")
 ANALYSIS_OBJECTIVE = re.compile(r"shuffle/layer\d+/norm_change(_lo|_hi)?|probe/[a-z0-9_]+/layer\d+/[a-z0-9_]+"
                                 r"|claim/[A-Za-z0-9_]+/(value|ci_lo|ci_hi)")
@@ -102,7 +110,8 @@ THEORY_OBJECTIVES = frozenset(
     ["theory/dobrushin", "theory/rate", "theory/rate_lo", "theory/rate_hi", "theory/log_intercept"]
     + [f"theory/{k}{s}" for k in ("gamma_O", "gamma_eff") for s in ("", "_lower", "_upper")])
 GAMMA_M_OBJECTIVES = frozenset(f"theory/gamma_m{s}" for s in ("", "_lower", "_upper"))
-PRUNE_PROXY = {"eval/excess_ce": "val/excess_ce", "eval/test_acc": "val/test_acc", "eval/test_ce": "val/test_loss"}
+PRUNE_PROXY = {"eval/seen/excess_ce": "val/excess_ce", "eval/seen/test_acc": "val/test_acc",
+               "eval/seen/test_ce": "val/test_loss"}
 # Identity (module docstring): sweep keys that do not count, and config keys that do not.
 RUNTIME_SWEEP_KEYS = frozenset({"storage", "heartbeat_interval", "grace_period", "max_retry"})
 RUNTIME_CONFIG = frozenset({"train.device", "train.compile"})
@@ -152,7 +161,7 @@ class SweepSpec:
     hash: str  # sha256 (16 hex) of the canonical parsed spec and the base config
     base: Config  # preset/config file, before [fixed]
     kind: str = "train"
-    objective: str = "eval/excess_ce"
+    objective: str = "eval/seen/excess_ce"
     direction: str = "minimize"
     sampler: str = "grid"
     pruner: str = "none"
@@ -276,7 +285,7 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
             raise _err(path, f"sweep.{k}", f"must be one of {ok}, got {v!r}")
     if pruner != "none" and kind != "train":
         raise _err(path, "sweep.pruner", "pruning needs kind='train' (intermediate evaluations)")
-    objective = get("objective", str, "theory/rate" if kind == "theory" else "eval/excess_ce")
+    objective = get("objective", str, "theory/rate" if kind == "theory" else "eval/seen/excess_ce")
     if pruner != "none" and not objective.startswith("val/") and objective not in PRUNE_PROXY:
         raise _err(path, "sweep.pruner", f"pruning needs an objective the training loop reports at every evaluation "
                                          f"(a val/* key, or one of {', '.join(sorted(PRUNE_PROXY))}), got {objective!r}")
@@ -431,7 +440,8 @@ def objectives(spec: SweepSpec, cfg: Config) -> tuple[frozenset[str], tuple[re.P
     """(names, patterns) of the metrics a trial of `spec` with config `cfg` returns."""
     if spec.kind == "theory":
         return THEORY_OBJECTIVES | (GAMMA_M_OBJECTIVES if cfg.theory.gamma_m > 0 else frozenset()), ()
-    pats = ((MEMORY_OBJECTIVE,) if cfg.model.window > 0 else ()) + ((ANALYSIS_OBJECTIVE,) if spec.analyze else ())
+    pats = ((BASELINE_OBJECTIVE,) + ((MEMORY_OBJECTIVE,) if cfg.model.window > 0 else ())
+            + ((ANALYSIS_OBJECTIVE,) if spec.analyze else ()))
     return TRAIN_OBJECTIVES, pats
 
 
@@ -440,8 +450,10 @@ def _check_objective(spec: SweepSpec, cfgs: list[Config], path: str) -> None:
     for cfg in cfgs:
         names, pats = objectives(spec, cfg)
         if spec.objective not in names and not any(p.fullmatch(spec.objective) for p in pats):
+            hint = (f" ({spec.objective} was renamed {LEGACY_OBJECTIVES[spec.objective]}: Figure 1 is measured on seen "
+                    "and unseen tasks apart)" if spec.objective in LEGACY_OBJECTIVES else "")
             raise _err(path, "sweep.objective", f"{spec.objective!r} is not a metric every {spec.kind} trial of this "
-                                                f"spec logs (e.g. {', '.join(sorted(names)[:4])}, ...)")
+                                                f"spec logs{hint} (e.g. {', '.join(sorted(names)[:4])}, ...)")
 
 
 def _check_theory_single(spec: SweepSpec, cfg: Config, path: str) -> None:

@@ -115,7 +115,7 @@ experiment = "audit-sweeps"
 """
 
 
-def spec(name="audit", kind="train", objective="eval/excess_ce", seeds="[0]", extra="", fixed="") -> str:
+def spec(name="audit", kind="train", objective="eval/seen/excess_ce", seeds="[0]", extra="", fixed="") -> str:
     return SPEC.format(name=name, kind=kind, objective=objective, seeds=seeds, extra=extra, fixed=fixed)
 
 
@@ -341,7 +341,7 @@ def cases() -> list[Case]:
     add("spec", "theory objective in train sweep", ["sweep", "run", "s.toml"],
         files={"s.toml": spec(name="s8", objective="theory/rate")})
     add("spec", "train objective in theory sweep", ["sweep", "run", "s.toml"],
-        files={"s.toml": '[sweep]\nname = "s9"\nkind = "theory"\nobjective = "eval/excess_ce"\n[fixed]\n'
+        files={"s.toml": '[sweep]\nname = "s9"\nkind = "theory"\nobjective = "eval/seen/excess_ce"\n[fixed]\n'
                          '"theory.n_states" = [6]\n"theory.rhos" = [0.02]\n"theory.ranks" = [2]\n'
                          '[space]\n"theory.gammas" = {grid = [0.5]}\n'})
     add("spec", "unknown space key", ["sweep", "run", "s.toml"],

@@ -124,7 +124,10 @@ def test_figure1(store, capsys):
     out, _ = run(store, "figure1", "tiny-train", capsys)
     r = rows(out / "figure1_by_k.csv")
     preds = {x["predictor"] for x in r}
-    assert preds == {"model", "task_oracle", "mixture_oracle"}
+    assert preds == {"model", "task_oracle", "mixture_oracle", "other_mixture_oracle", "incontext_unigram",
+                     "incontext_bigram", "incontext_hmm"}
+    assert {(x["tasks"], x["k"]) for x in r if x["predictor"] == "incontext_bigram"} == \
+        {(t, str(k)) for t in ("seen", "unseen") for k in range(3)}  # both task sets, every k (k = 0 too)
     assert {x["n_seeds"] for x in r} == {"2"}  # two replicate seeds per cell
     for x in r:
         assert float(x["acc_lo"]) <= float(x["acc"]) <= float(x["acc_hi"])

@@ -68,7 +68,7 @@ gamma_m = 0
 """
 
 
-def spec_text(name: str = "s", objective: str = "eval/excess_ce") -> str:
+def spec_text(name: str = "s", objective: str = "eval/seen/excess_ce") -> str:
     return (f'[sweep]\nname = "{name}"\nobjective = "{objective}"\nsampler = "grid"\nexperiment = "sw"\n'
             '[fixed]\n"hmm.n_tasks" = 4\n"hmm.n_states" = 8\n"hmm.n_tokens" = 4\n"hmm.rank" = 2\n'
             '"data.n_train" = 32\n"data.n_eval" = 16\n"model.n_layers" = 1\n"model.d_model" = 32\n"model.d_mlp" = 64\n'

@@ -119,14 +119,15 @@ def test_train_then_evaluate(store):
     uri = tracking.default_tracking_uri()
     (run,) = _runs(uri)
     assert run.info.status == "FINISHED"
-    assert {"eval/test_acc", "eval/oracle_mix_test_acc", "eval/excess_ce", "eval/kl_mix"} <= set(run.data.metrics)
+    assert {"eval/seen/test_acc", "eval/seen/oracle_mix_test_acc", "eval/seen/excess_ce", "eval/seen/kl_mix",
+            "eval/unseen/excess_ce_task", "eval/retrieval_gap", "baseline/seen/incontext_bigram/ce"} <= set(run.data.metrics)
     assert run.data.params["model.d_model"] == "32"
     figs = sorted((store / "out").glob("*/evaluation/figure1.p*"))  # out/<run name>-<id8>/evaluation/
     assert [p.suffix for p in figs] == [".pdf", ".png"] and figs[0].parent.parent.name.endswith(run.info.run_id[:8])
     assert "figures: out/" in r.output and "figure1.png" in r.output
     r2 = runner.invoke(app, ["evaluate", run.info.run_id])
     assert r2.exit_code == 0, r2.output
-    assert "eval/test_acc" in r2.output and "figure1.pdf" in r2.output
+    assert "eval/seen/test_acc" in r2.output and "figure1.pdf" in r2.output
 
 
 @pytest.mark.parametrize("sets, needle", [

@@ -311,3 +311,50 @@ def test_hmm_does_not_import_episodes():
     code = "import sys, hmmscope.hmm as h; h.make_hmm(h.HMMConfig()).sample(2, 3); print('hmmscope.episodes' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_unseen_tasks_never_appear_in_training_episodes():
+    """By PARAMETERS, not ids: no unseen task (mu, W, Q, O) equals the task of any training episode (or any
+    training task), for both families; the unseen episodes use task i in episode i and their own streams."""
+    from hmmscope.episodes import unseen_episodes
+
+    for family in ("sticky", "dirichlet"):
+        hc = HMMConfig(family=family, n_tasks=6, n_states=5, n_tokens=4, rank=2, seed=3)
+        data = DataConfig(n_demos=2, l_demo=5, l_test=6, n_train=200, seed=1)
+        mix = make_mixture(hc)
+        train = sample_episodes(mix, data, data.n_train, "train")
+        umix, uep = unseen_episodes(hc, data, 40)
+        assert umix.n_tasks == 40 and np.array_equal(uep.task_ids, np.arange(40))
+        assert uep.meta["split"] == "unseen" and uep.meta["hmm_hash"] != train.meta["hmm_hash"]
+
+        def params(m, ids):
+            return [np.concatenate([m.initial[i].ravel(), m.W[i].ravel(), m.Q[i].ravel(), m.emission[i].ravel()])
+                    for i in ids]
+
+        trained = {p.tobytes() for p in params(mix, np.unique(train.task_ids))}
+        assert len(trained) == len(np.unique(train.task_ids))
+        for u in params(umix, range(40)):
+            assert u.tobytes() not in trained
+            for t in params(mix, range(mix.n_tasks)):  # nor any training task's continuous parts (mu, W, Q)
+                assert not any(np.array_equal(a, b) for a, b in zip(np.split(u, [5, 15, 25])[:3], np.split(t, [5, 15, 25])[:3]))
+        # the episodes follow their own tasks' emissions (task i drives episode i)
+        again = unseen_episodes(hc, data, 40)[1]
+        assert np.array_equal(again.tokens, uep.tokens) and not np.array_equal(uep.tokens[:, :10],
+                                                                               train.tokens[:40, :10])
+    with pytest.raises(ValueError, match="n must be"):
+        unseen_episodes(hc, data, 0)
+
+
+@pytest.mark.parametrize("family, bits", [("sticky", "6ce6a531ffe65f8220fcc64109f3657c"),
+                                          ("dirichlet", "52bb6dd9f9e628080f5faa83cd9442ce")])
+def test_training_episodes_are_bit_identical_to_before(family, bits):
+    """sha256 of the training episodes as drawn before unseen tasks existed (commit b4f5d8b): old records stay
+    reproducible."""
+    import hashlib
+
+    m = make_mixture(HMMConfig(family=family, n_tasks=5, n_states=6, n_tokens=4, rank=3, seed=11))
+    ep = sample_episodes(m, DataConfig(n_demos=2, l_demo=5, l_test=6, seed=3), 20, "train")
+    h = hashlib.sha256()
+    for a in (ep.tokens, ep.states, ep.task_ids):
+        h.update(a.tobytes())
+    assert h.hexdigest()[:32] == bits

@@ -2,25 +2,33 @@
 
 import csv
 import json
+import math
 
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
 
+from hmmscope.baselines import incontext_bigram, incontext_unigram
 from hmmscope.config import DataConfig, HMMConfig
-from hmmscope.episodes import Episodes, layout, sample_episodes
+from hmmscope.episodes import Episodes, layout, sample_episodes, unseen_episodes
 from hmmscope.evaluate import (
+    PREDICTORS,
     build_figure1,
+    eval_set,
     figure1,
+    figure1_tables,
     memory_comparison,
     model_predictive,
     plot_figure1,
     receptive_field,
+    retrieval_gap,
+    score_by_k,
     truncate_demos,
 )
 from hmmscope.hmm import make_mixture
 from hmmscope.inference import memory_error, mixture_oracle, task_oracle
+from hmmscope.stats import decide
 from hmmscope.train import oracle_metrics
 
 V = 5
@@ -151,7 +159,9 @@ def test_figure1_perfect_and_uniform(mix, ep):
 
 def test_figure1_oracle_as_model(mix, ep, tmp_path):
     res = figure1(OracleModel(mix, ep), mix, ep, batch_size=16)
-    assert [r["k"] for r in res.by_k] == sorted(k for k in range(DATA.n_demos + 1) for _ in range(3))
+    names = ["model", "task_oracle", "mixture_oracle", "incontext_unigram", "incontext_bigram", "incontext_hmm"]
+    assert [(r["k"], r["predictor"]) for r in res.by_k] == [(k, n) for k in range(DATA.n_demos + 1) for n in names]
+    assert {r["tasks"] for r in res.by_k + res.by_position} == {"seen"} and res.claims == []
     for k in range(DATA.n_demos + 1):
         m, x, t = res.row("model", k), res.row("mixture_oracle", k), res.row("task_oracle", k)
         assert abs(m["excess_ce"]) < 1e-5 and abs(m["kl_mix"]) < 1e-5 and x["kl_mix"] == 0.0
@@ -164,13 +174,18 @@ def test_figure1_oracle_as_model(mix, ep, tmp_path):
     # the same numbers as training's own oracle metric on the full episodes
     assert res.row("mixture_oracle")["acc"] == pytest.approx(oracle_metrics(mix, ep)["test_acc"], abs=1e-12)
     h = res.headline()
-    assert h["eval/test_acc"] == m["acc"] and abs(h["eval/gap_to_mix"]) == 0.0
-    assert set(h) >= {"eval/test_acc", "eval/oracle_mix_test_acc", "eval/oracle_task_test_acc", "eval/kl_mix",
-                      "eval/excess_ce", "eval/gap_to_mix"}
+    assert h["eval/seen/test_acc"] == m["acc"] and abs(h["eval/seen/gap_to_mix"]) == 0.0
+    assert set(h) >= {"eval/seen/test_acc", "eval/seen/oracle_mix_test_acc", "eval/seen/oracle_task_test_acc",
+                      "eval/seen/kl_mix", "eval/seen/excess_ce", "eval/seen/gap_to_mix", "eval/seen/p_true_task",
+                      "baseline/seen/incontext_unigram/ce", "baseline/seen/incontext_hmm/acc_k0",
+                      "baseline/seen/mixture_oracle/ce_k0"}
+    assert not any(k.startswith("eval/") and k.count("/") == 1 for k in h)  # no old un-namespaced key
+    assert h["baseline/seen/mixture_oracle/ce_k0"] == res.row("mixture_oracle", 0)["ce"]
     json.dumps(res.to_dict(), allow_nan=False)
     paths = res.to_csv(tmp_path)
     with open(paths[0]) as f:
-        assert len(list(csv.DictReader(f))) == len(res.by_k)
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(res.by_k) and list(rows[0])[:2] == ["tasks", "k"] and rows[0]["predictor"] == "model"
     png, pdf = plot_figure1(res, tmp_path / "fig" / "figure1.png", title="run abc (12345678)")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and pdf.read_bytes()[:5] == b"%PDF-"
     assert not list((tmp_path / "fig").glob(".*tmp"))
@@ -178,16 +193,120 @@ def test_figure1_oracle_as_model(mix, ep, tmp_path):
 
 
 def _check_figure1_artists(res):
-    """Chance at 1/V in both accuracy panels' legends, the oracles' ceiling inside the y-range, the run in the title."""
+    """One row of panels per task set; chance at 1/V in both accuracy panels' legends (columns 0 and 2), the
+    oracles' ceiling inside their y-range, log V in the CE panel, every predictor drawn, the run in the title."""
     fig = build_figure1(res, title="run abc (12345678)")
     assert "run abc (12345678)" in fig._suptitle.get_text()
-    top = max(r["acc_hi"] for r in res.by_k + res.by_position if r["predictor"] != "model")
-    for ax in fig.axes[:2]:
-        chance = [ln for ln in ax.get_lines() if ln.get_label().startswith("chance")]
-        assert len(chance) == 1 and np.allclose(chance[0].get_ydata(), 1 / V)
-        assert any(t.get_text().startswith("chance") for t in ax.get_legend().get_texts())
-        lo, hi = ax.get_ylim()
-        assert lo <= 1 / V and hi >= top  # the mixture / task oracle ceiling is in view
+    assert len(fig.axes) == 3 * len(res.tasks)
+    for i, tasks in enumerate(res.tasks):
+        acc_k, ce_k, acc_pos = fig.axes[3 * i: 3 * i + 3]
+        assert acc_k.get_title().startswith(f"{tasks} tasks")
+        top = max(r["acc_hi"] for r in res.by_k + res.by_position if r["predictor"] != "model" and r["tasks"] == tasks)
+        for ax in (acc_k, acc_pos):
+            chance = [ln for ln in ax.get_lines() if ln.get_label().startswith("chance")]
+            assert len(chance) == 1 and np.allclose(chance[0].get_ydata(), 1 / V)
+            assert any(t.get_text().startswith("chance") for t in ax.get_legend().get_texts())
+            lo, hi = ax.get_ylim()
+            assert lo <= 1 / V and hi >= top  # the mixture / task oracle ceiling is in view
+        assert any(np.allclose(ln.get_ydata(), np.log(V)) for ln in ce_k.get_lines())
+        drawn = {ln.get_label() for ln in acc_k.get_lines()}
+        assert {"model", "task oracle", "in-context unigram", "in-context bigram", "in-context HMM (EM)"} <= drawn
+
+
+class TaskOracleModel(nn.Module):
+    """Logits = log of the TRUE task's filter on whatever (truncated) episode it is fed: looks each row up by its
+    tokens among the episodes it was given (the task oracle as a model: no retrieval gap by construction)."""
+
+    def __init__(self, sets):
+        super().__init__()
+        self.sets, self.vocab_size = sets, V + 1  # [(task mixture, episodes)]
+
+    def forward(self, idx, targets=None, loss_mask=None):
+        B, Tin = idx.shape
+        out = torch.zeros(B, Tin, V + 1, dtype=torch.float64)
+        for b, row in enumerate(idx.numpy()):
+            for tmix, full in self.sets:
+                k = (Tin + 1 - full.l_test) // (full.l_demo + 1)
+                e = truncate_demos(full, k)
+                hit = np.flatnonzero((e.tokens[:, :-1] == row).all(1))
+                if len(hit):
+                    p = task_oracle(tmix, e.subset(hit[:1]), dtype=torch.float64)[0, 1:]
+                    out[b, :, :V] = torch.nan_to_num(torch.log(p), nan=0.0)
+                    break
+            else:
+                raise AssertionError("row not found")
+        return out, None
+
+
+def test_unseen_tasks_and_the_retrieval_gap(mix, ep, tmp_path):
+    hc = HMMConfig(n_tasks=4, n_states=6, n_tokens=V, rank=3, gamma=0.7, rho=0.05, seed=1)
+    umix, uep = unseen_episodes(hc, DATA, 48)
+    other = make_mixture(hc, stream="other")
+    res = figure1(OracleModel(mix, ep), mix, ep, unseen=(umix, uep), other=other, batch_size=16)
+    assert res.tasks == ["seen", "unseen"]
+    for tasks in ("seen", "unseen"):
+        assert {r["predictor"] for r in res.by_k if r["tasks"] == tasks} == set(PREDICTORS)
+        assert {r["k"] for r in res.by_k if r["tasks"] == tasks and r["predictor"] == "other_mixture_oracle"} == \
+            set(range(DATA.n_demos + 1))  # every predictor has a k = 0 row
+    u_t, u_x = res.row("task_oracle", tasks="unseen"), res.row("mixture_oracle", tasks="unseen")
+    assert u_t["ce"] < u_x["ce"] and math.isnan(u_t["p_true_task"])  # unseen: only the task oracle is the ceiling
+    # the task oracle rows are the true filter of the unseen tasks
+    p = task_oracle(umix, uep, dtype=torch.float64)[:, uep.test_mask]
+    y = torch.as_tensor(uep.tokens[:, uep.test_mask].astype(np.int64))
+    assert u_t["ce"] == pytest.approx(-torch.log(p.gather(-1, y[..., None])).mean().item(), rel=1e-12)
+    # the mixture oracle as a model retrieves: close to the ceiling on seen tasks, far from it on unseen ones
+    g, c = res.retrieval, res.claims[0]
+    assert c.name == "retrieval_gap" and c.rule == "> 0" and c.verdict == decide(c.rule, c.ci_lo, c.ci_hi) == "supported"
+    assert g["value"] == pytest.approx(res.row("model", tasks="unseen")["excess_ce_task"]
+                                       - res.row("model")["excess_ce_task"], abs=1e-12)
+    h = res.headline()
+    assert h["eval/retrieval_gap"] == g["value"] and h["eval/retrieval_gap_lo"] < g["value"] < h["eval/retrieval_gap_hi"]
+    assert "eval/unseen/excess_ce_task" in h and "eval/unseen/p_true_task" not in h
+    assert {"baseline/unseen/other_mixture_oracle/ce", "baseline/unseen/incontext_bigram/acc"} <= set(h)
+    # the task oracle as a model has no gap at all
+    flat = figure1(TaskOracleModel([(mix, ep), (umix, uep)]), mix, ep, unseen=(umix, uep), learner=None, ks=[3],
+                   batch_size=48)
+    fg = flat.retrieval
+    assert abs(fg["value"]) < 1e-12 and -1e-12 < fg["lo"] <= fg["hi"] < 1e-12  # 0 up to rounding
+    assert flat.claims[0].verdict != "supported"
+    paths = res.to_csv(tmp_path)
+    with open(paths[1]) as f:
+        assert {r["tasks"] for r in csv.DictReader(f)} == {"seen", "unseen"}
+    _check_figure1_artists(res)
+    assert "retrieval gap" in build_figure1(res)._suptitle.get_text()
+
+
+def test_retrieval_gap_statistic():
+    rng = np.random.default_rng(0)
+    seen, unseen = rng.normal(0.1, 0.05, 200), rng.normal(0.4, 0.1, 300)
+    c, g = retrieval_gap(seen, unseen)
+    se = math.sqrt(unseen.var(ddof=1) / 300 + seen.var(ddof=1) / 200)
+    assert g["value"] == pytest.approx(unseen.mean() - seen.mean()) and g["hi"] - g["value"] == pytest.approx(1.96 * se)
+    assert c.verdict == "supported"
+    assert retrieval_gap(seen, seen + 1e-3 * rng.normal(size=200))[0].verdict == "inconclusive"
+
+
+def test_counting_rows_score_the_models_tokens(mix, ep):
+    """Each counting row is the mean over episodes of the mean -log p over the test tokens at positions >= 1 of the
+    episode truncated to its last k demos, with the context of that truncated episode."""
+    es = eval_set(mix, ep, learner=None)
+    res = figure1_tables(FixedModel(np.zeros(V + 1)), [es])
+    for k in range(DATA.n_demos + 1):
+        e = truncate_demos(ep, k)
+        scored = e.test_mask & (np.arange(e.seq_len) >= 1)
+        y = torch.as_tensor(e.tokens[:, scored].astype(np.int64))
+        for name, fn in (("incontext_unigram", incontext_unigram), ("incontext_bigram", incontext_bigram)):
+            p = fn(e)[:, scored]
+            ce = -torch.log(p.gather(-1, y[..., None]))[..., 0]
+            r = res.row(name, k)
+            assert r["ce"] == pytest.approx(ce.mean(1).mean().item(), rel=1e-13)
+            assert r["acc"] == pytest.approx((p.argmax(-1) == y).double().mean().item(), rel=1e-13)
+            assert r["n_tokens"] == DATA.l_test - (k == 0)
+    # score_by_k gives the model's rows without recomputing any reference
+    sc = score_by_k(FixedModel(np.zeros(V + 1)), es)
+    for k, v in sc.items():
+        assert v["ce"] == pytest.approx(res.row("model", k)["ce"]) and v["acc"] == res.row("model", k)["acc"]
+        assert v["excess_ce_task"] == pytest.approx(res.row("model", k)["excess_ce_task"])
 
 
 def test_memory_comparison(mix):

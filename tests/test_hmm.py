@@ -195,3 +195,37 @@ def test_mixing_rate_known_answers():
     # sticky chains forget at about rho per step (the prototype permutation has |eigenvalues| 1 - rho)
     h = make_hmm(HMMConfig(family="sticky", n_states=64, rank=8, rho=0.02, seed=0))
     assert 0.005 < h.mixing_rate() < 0.06 and h.dobrushin() > 0.95
+
+
+# ---------------------------------------------------------------- seed streams (SCIENCE.md 8)
+
+# sha256 (first 32 hex) of make_mixture's arrays, computed before seed streams existed (commit b4f5d8b): the
+# training stream must stay bit-identical, or old records stop being reproducible
+TRAINING_BITS = {"sticky": "ca65f3574293a2dcc98982720df62a3a", "dirichlet": "b2698662d485a81b7746ce041ee953cb"}
+
+
+def _bits(m) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for a in (m.initial, m.W, m.Q, m.emission, m.prior):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:32]
+
+
+@pytest.mark.parametrize("family", ["sticky", "dirichlet"])
+def test_training_stream_is_bit_identical_to_before_and_other_streams_differ(family):
+    cfg = HMMConfig(family=family, n_tasks=5, n_states=6, n_tokens=4, rank=3, seed=11)
+    train = make_mixture(cfg)
+    assert _bits(train) == _bits(make_mixture(cfg, stream="train")) == TRAINING_BITS[family]
+    unseen, other = make_mixture(cfg, stream="unseen"), make_mixture(cfg, stream="other")
+    assert _bits(unseen) == _bits(make_mixture(cfg, stream="unseen"))  # reproducible
+    assert len({_bits(train), _bits(unseen), _bits(other)}) == 3
+    assert len({train.config_hash, unseen.config_hash, other.config_hash}) == 3 and train.config_hash == config_hash(cfg)
+    # the same family: shapes, row sums, the emission structure (gamma E + (1 - gamma) U)
+    for m in (unseen, other):
+        assert m.W.shape == train.W.shape and m.emission.shape == train.emission.shape
+        np.testing.assert_allclose(m.transition(0).sum(1), 1.0)
+        assert np.allclose(np.sort(np.unique(m.emission.round(12))), np.sort(np.unique(train.emission.round(12))))
+    with pytest.raises(ValueError, match="stream"):
+        make_mixture(cfg, stream="")

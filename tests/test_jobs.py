@@ -44,7 +44,12 @@ def test_evaluate_and_analyze_write_png_and_pdf_under_the_run_folder(run):
     assert {p.name for p in ev.files} >= {"figure1.png", "figure1.pdf", "figure1.json", "figure1_by_k.csv"}
     assert all(p.parent == folder / "evaluation" and p.stat().st_size > 0 for p in ev.files)
     assert (folder / "evaluation" / "figure1.pdf").read_bytes()[:5] == b"%PDF-"
-    assert "eval/test_acc" in ev  # still the metrics dict
+    assert {"eval/seen/test_acc", "eval/unseen/test_acc", "eval/retrieval_gap", "baseline/unseen/incontext_hmm/ce",
+            "baseline/seen/mixture_oracle/ce_k0"} <= set(ev)  # still the metrics dict
+    assert [c.name for c in ev.claims] == ["retrieval_gap"]
+    logged = tracking.client(uri).get_run(rid).data
+    assert logged.tags["rule/retrieval_gap"] == "> 0" and logged.tags["verdict/retrieval_gap"].startswith(ev.claims[0].verdict)
+    assert logged.metrics["eval/retrieval_gap"] == ev["eval/retrieval_gap"] and "eval/test_acc" not in logged.metrics
     an = analyze_run(uri, rid, n_episodes=16, ks=(1, 2), n_perms=1, out=out, probe_tasks=4, min_per_task=4)
     names = {p.name for p in an.files}
     assert names >= {"figure2_shuffle.png", "figure2_shuffle.pdf", "figure3_probes.png", "figure3_probes.pdf"}

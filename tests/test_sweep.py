@@ -194,12 +194,12 @@ def test_prune_hook_reports_and_raises():
             return self.prune
 
     t = FakeTrial(False)
-    hook = make_prune_hook(t, "eval/excess_ce")
-    hook(5, {"eval/excess_ce": 0.3, "eval/loss": 1.0})
+    hook = make_prune_hook(t, "eval/seen/excess_ce")
+    hook(5, {"eval/seen/excess_ce": 0.3, "eval/loss": 1.0})
     hook(6, {"eval/loss": 1.0})  # objective absent: nothing reported
     assert t.reported == [(5, 0.3)]
     with pytest.raises(optuna.TrialPruned):
-        make_prune_hook(FakeTrial(True), "eval/excess_ce")(10, {"eval/excess_ce": 9.0})
+        make_prune_hook(FakeTrial(True), "eval/seen/excess_ce")(10, {"eval/seen/excess_ce": 9.0})
 
 
 # ---------------------------------------------------------------- studies
@@ -297,8 +297,8 @@ def test_divergence_fails_the_trial_and_the_sweep_continues(tmp_path):
     assert rows[3e-3]["state"] == "COMPLETE" and rows[3e-3]["value"] is not None
     by_trial = {r.data.tags.get("hmmscope.trial"): r for r in runs(uri)}
     ok = by_trial[str(rows[3e-3]["number"])]
-    assert ok.info.status == "FINISHED" and "eval/kl_mix" in ok.data.metrics  # Figure 1 metrics logged
-    assert ok.info.run_name == "lr0.003-s0" and ok.data.metrics["Objective/eval/excess_ce"] == rows[3e-3]["value"]
+    assert ok.info.status == "FINISHED" and "eval/seen/kl_mix" in ok.data.metrics  # Figure 1 metrics logged
+    assert ok.info.run_name == "lr0.003-s0" and ok.data.metrics["Objective/eval/seen/excess_ce"] == rows[3e-3]["value"]
     bad = by_trial[str(rows[1e6]["number"])]
     assert bad.info.run_name == "lr1e+06-s0"
     assert bad.info.status == "FAILED" and "DivergedError" in bad.data.tags["hmmscope.failure_reason"]
@@ -529,7 +529,7 @@ def test_sweep_runs_compare_side_by_side_over_http(tmp_path, mlflow_server):
         for r in trials[kind]:
             keys = sorted(m["key"] for m in r["data"]["metrics"])
             assert keys[0] == f"Objective/{spec.objective}", keys[:3]
-    assert all({"val/excess_ce", "eval/excess_ce"} <= {m["key"] for m in r["data"]["metrics"]} for r in trials["train"])
+    assert all({"val/excess_ce", "eval/seen/excess_ce"} <= {m["key"] for m in r["data"]["metrics"]} for r in trials["train"])
     # claims as a logged table
     for r in trials["theory"]:
         rid = r["info"]["run_id"]

@@ -36,7 +36,7 @@ def spec(sweep: str = "", fixed: str = "", path: str | Path = "ident.toml"):
 
 RUNTIME = [('heartbeat_interval = 5\ngrace_period = 20', ""), ("max_retry = 7", ""),
            ('storage = "sqlite:////elsewhere/optuna.db"', ""), ("", '"train.device" = "cuda"'),
-           ("", '"train.compile" = true'), ('objective = "eval/excess_ce"\ndirection = "minimize"', "")]
+           ("", '"train.compile" = true'), ('objective = "eval/seen/excess_ce"\ndirection = "minimize"', "")]
 
 
 @pytest.mark.parametrize("sweep,fixed", RUNTIME, ids=["heartbeat", "retries", "storage", "device", "compile",
@@ -45,7 +45,7 @@ def test_run_time_keys_leave_the_identity_alone(sweep, fixed):
     assert spec(sweep, fixed).hash == spec().hash
 
 
-RESULT = [("seeds = [0, 1]", ""), ('objective = "eval/test_acc"', ""), ('direction = "maximize"', ""),
+RESULT = [("seeds = [0, 1]", ""), ('objective = "eval/seen/test_acc"', ""), ('direction = "maximize"', ""),
           ("analyze = true", ""), ('experiment = "other"', ""), ("", '"train.lr" = 1e-3'),
           ("", '"train.precision" = "bf16"'), ('base = "paper"', "")]
 
@@ -132,13 +132,23 @@ def test_labels_of_keys_that_share_an_abbreviation_fall_back_to_something_distin
 
 def test_learning_curve_and_figure1_objectives_are_distinct_keys():
     assert {"val/loss", "val/acc", "val/test_loss", "val/test_acc", "val/excess_ce"} <= TRAIN_OBJECTIVES
-    assert {"eval/excess_ce", "eval/test_acc", "eval/kl_mix"} <= TRAIN_OBJECTIVES
+    assert {"eval/seen/excess_ce", "eval/seen/test_acc", "eval/seen/kl_mix", "eval/unseen/excess_ce_task",
+            "eval/retrieval_gap"} <= TRAIN_OBJECTIVES
+    assert not {"eval/excess_ce", "eval/test_acc", "eval/kl_mix"} & TRAIN_OBJECTIVES  # renamed: one key, one meaning
     assert "eval/loss" not in TRAIN_OBJECTIVES and "eval/acc" not in TRAIN_OBJECTIVES
 
 
 def test_pruning_reports_the_learning_curve_proxy_of_the_objective():
-    assert spec('pruner = "median"').prune_metric == "val/excess_ce" == PRUNE_PROXY["eval/excess_ce"]
+    assert spec('pruner = "median"').prune_metric == "val/excess_ce" == PRUNE_PROXY["eval/seen/excess_ce"]
     assert spec('pruner = "median"\nobjective = "val/loss"').prune_metric == "val/loss"
-    assert spec('objective = "eval/kl_mix"').prune_metric is None  # no pruner: fine
+    assert spec('objective = "eval/seen/kl_mix"').prune_metric is None  # no pruner: fine
     with pytest.raises(ConfigError, match=r"ident.toml: sweep.pruner: pruning needs an objective"):
-        spec('pruner = "median"\nobjective = "eval/kl_mix"')
+        spec('pruner = "median"\nobjective = "eval/seen/kl_mix"')
+
+
+def test_an_old_figure1_key_is_refused_with_its_new_name():
+    with pytest.raises(ConfigError, match=r"'eval/excess_ce' is not a metric .*renamed eval/seen/excess_ce"):
+        spec('objective = "eval/excess_ce"')
+    assert spec('objective = "baseline/unseen/incontext_hmm/ce_k0"').objective == "baseline/unseen/incontext_hmm/ce_k0"
+    with pytest.raises(ConfigError, match="is not a metric"):
+        spec('objective = "baseline/seen/model/ce"')

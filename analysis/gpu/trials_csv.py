@@ -16,8 +16,9 @@ from pathlib import Path
 from hmmscope import tracking
 from hmmscope.sweep import default_storage, study_status
 
-METRICS = ("eval/excess_ce", "eval/test_acc", "val/loss", "eval/loss", "eval/kl_mix", "oracle/test_loss", "oracle/test_acc",
-           "train/wall_time_s", "train/tokens_per_s")
+METRICS = ("eval/seen/excess_ce", "eval/seen/test_acc", "eval/unseen/excess_ce_task", "eval/retrieval_gap",
+           "eval/retrieval_gap_lo", "eval/retrieval_gap_hi", "val/loss", "eval/seen/kl_mix", "oracle/test_loss",
+           "oracle/test_acc", "train/wall_time_s", "train/tokens_per_s")
 
 
 def _label(params: dict) -> str:

@@ -69,7 +69,7 @@ def train_cmd(
     checks.output_dir(out, "--out")
     uri = checks.tracking_store(tracking_uri, must_exist=resume is not None)
     from .. import tracking
-    from ..jobs import evaluate_run
+    from ..jobs import evaluate_model
     from ..train import resolve_device, sigterm_interrupts, train
 
     dev = resolve_device(cfg.train.device)  # an unavailable device fails before any run is created
@@ -82,14 +82,17 @@ def train_cmd(
     with sigterm_interrupts(), setup:  # `kill` / `timeout`: the run ends KILLED, not RUNNING
         res = train(cfg, tracking_uri=uri, experiment=experiment, run_name=run_name, resume=resume,
                     progress=sys.stderr.isatty(), on_eval=lambda step, m: setup.stop())
-        metrics, files = dict(res.metrics), []
+        metrics, files, claims = dict(res.metrics), [], []
         if evaluate:
-            with Spinner("evaluating: Figure 1"):
-                ev = evaluate_run(uri, res.run_id, device=cfg.train.device, out=out)
+            with Spinner("evaluating: Figure 1"):  # the model in hand: no checkpoint read back
+                ev = evaluate_model(res.model, res.config, res.steps, tracking.existing_run(uri, res.run_id),
+                                    device=cfg.train.device, out=out)
             metrics.update(ev)
-            files = ev.files
+            files, claims = ev.files, ev.claims
     print_metrics(f"run {res.run_id}: {res.steps} steps in {res.wall_time:.0f} s "
                   f"({res.tokens_per_s:,.0f} tokens/s)", metrics)
+    if claims:
+        print_claims("retrieval gap (excess CE over the task oracle, unseen minus seen tasks)", claims)
     print_files(files)
     typer.echo(f"browse: {tracking.ui_command(uri)}")
 
@@ -118,6 +121,7 @@ def evaluate_cmd(
     with sigterm_interrupts():
         metrics = evaluate_run(uri, run_id, device=device or "auto", n_episodes=n_episodes, out=out)
     print_metrics(f"evaluation of run {run_id}", metrics)
+    print_claims("retrieval gap (excess CE over the task oracle, unseen minus seen tasks)", metrics.claims)
     print_files(metrics.files)
 
 
@@ -151,8 +155,8 @@ def analyze_cmd(
     checks.output_dir(out, "--out")
     is_file = Path(target).suffix == ".pt" or Path(target).exists()
     uri = checks.tracking_store(tracking_uri, must_exist=not is_file)
-    from ..jobs import analyze_run
     from ..checkpoints import checkpoint_config, read_checkpoint
+    from ..jobs import analyze_run
     from ..train import resolve_device, sigterm_interrupts
 
     cfg = checkpoint_config(read_checkpoint(target, mmap=True)) if is_file else checks.run_config(uri, target)
@@ -209,9 +213,14 @@ def run_cmd(
                        on_stage=lambda s: typer.echo(f"[hmmscope run] {s} ...", err=True))
     m = res.eval_metrics
     typer.echo("")
-    typer.echo(f"Figure 1 (test segment, {cfg.data.n_demos} demonstrations): model acc {m['eval/test_acc']:.3f}, "
-               f"mixture oracle {m['eval/oracle_mix_test_acc']:.3f}, task oracle {m['eval/oracle_task_test_acc']:.3f}; "
-               f"excess CE {m['eval/excess_ce']:.4f} nats, KL(mix||model) {m['eval/kl_mix']:.4f}")
+    typer.echo(f"Figure 1 (test segment, {cfg.data.n_demos} demonstrations, seen tasks): model acc "
+               f"{m['eval/seen/test_acc']:.3f}, mixture oracle {m['eval/seen/oracle_mix_test_acc']:.3f}, task oracle "
+               f"{m['eval/seen/oracle_task_test_acc']:.3f}; excess CE {m['eval/seen/excess_ce']:.4f} nats, "
+               f"KL(mix||model) {m['eval/seen/kl_mix']:.4f}")
+    typer.echo(f"unseen tasks: model acc {m['eval/unseen/test_acc']:.3f}, task oracle "
+               f"{m['eval/unseen/oracle_task_test_acc']:.3f}; in-context bigram "
+               f"{m['baseline/unseen/incontext_bigram/acc']:.3f}, in-context HMM {m['baseline/unseen/incontext_hmm/acc']:.3f}")
+    print_claims("retrieval gap (excess CE over the task oracle, unseen minus seen tasks)", m.claims)
     print_theory(res.theory, cfg.theory, detail=False)
     print_claims(f"layerwise analysis (run {res.analysis.run_id})", res.analysis.claims)
     sw = res.sweep

@@ -62,7 +62,7 @@ Statistical choices (each claim is a `stats.Claim` with a 95% CI and a verdict):
   side -> not supported, else inconclusive (the claimed side comes from the claim's name; per-run
   verdicts with extra conditions, e.g. "rises then falls" also needing a rise and a fall, are counted
   but the pooled verdict reads the value only).
-- Depth vs rank: cell means of eval/excess_ce by (n_layers, rank) and OLS
+- Depth vs rank: cell means of eval/seen/excess_ce (eval/excess_ce in older stores) by (n_layers, rank) and OLS
   `excess_ce ~ n_layers * log(rank)` (HC3 when finite), each coefficient with a 95% CI.
 - Power: a row whose design cannot answer says "underpowered" with the reason (fewer than 2
   replicates per cell; no finite CI; an inconclusive CI wider than the effect it tests, with the

@@ -24,8 +24,10 @@ from ..stats import decide, rule
 NAN = float("nan")
 Block = tuple  # ("h", level, text) | ("p", text) | ("table", headers, rows) | ("img", filename, alt)
 
-# better direction for "RoPE improves <metric>": +1 higher is better, -1 lower is better
-METRIC_DIRECTION = {"eval/test_acc": +1, "eval/excess_ce": -1, "eval/kl_mix": -1}
+# better direction for "RoPE improves <metric>": +1 higher is better, -1 lower is better (the un-namespaced eval/*
+# keys are those of runs recorded before seen and unseen tasks were evaluated apart: old stores keep them)
+METRIC_DIRECTION = {"eval/seen/test_acc": +1, "eval/seen/excess_ce": -1, "eval/seen/kl_mix": -1,
+                    "eval/test_acc": +1, "eval/excess_ce": -1, "eval/kl_mix": -1}
 # the side of 0 a layerwise claim's value lies on when the claim holds (names as logged: safe_key'd)
 # (the statistics of probes.py and shuffle.py; the runs' logged rules decide the pooled verdicts)
 _CLAIM_SIDE = [(r"upper layers change less", -1), (r"_beats_control$", +1), (r"_beats_baseline$", +1),

@@ -100,13 +100,15 @@ def _layerwise_section(df) -> tuple[Section | None, list[Claim]]:
 
 
 def _depth_rank_section(df) -> tuple[Section | None, list[Claim]]:
-    need = ["param:model.n_layers", "param:hmm.rank", "metric:eval/excess_ce"]
+    key = next((k for k in ("metric:eval/seen/excess_ce", "metric:eval/excess_ce") if k in df.columns),
+               "metric:eval/seen/excess_ce")  # eval/excess_ce: runs recorded before eval/seen/excess_ce
+    need = ["param:model.n_layers", "param:hmm.rank", key]
     if df.empty or not all(c in df.columns for c in need):
         return None, []
-    d = df[df["metric:eval/excess_ce"].notna()].copy()
+    d = df[df[key].notna()].copy()
     if d["param:model.n_layers"].nunique() < 2 or d["param:hmm.rank"].nunique() < 2:
         return None, []
-    d["y"] = d["metric:eval/excess_ce"].astype(float)
+    d["y"] = d[key].astype(float)
     d["n_layers"] = d["param:model.n_layers"].astype(float)
     d["log_rank"] = np.log(d["param:hmm.rank"].astype(float))
     rows = []
@@ -114,7 +116,7 @@ def _depth_rank_section(df) -> tuple[Section | None, list[Claim]]:
         rows.append([_f(nl), _f(rk), str(len(g)), _f(g["y"].mean()),
                      _f(g["y"].std(ddof=1) if len(g) > 1 else NAN)])
     reps = int(d.groupby(["param:model.n_layers", "param:hmm.rank"]).size().min())
-    sec = Section("Depth vs rank", [("p", "eval/excess_ce by (n_layers, rank): cell means over trials."),
+    sec = Section("Depth vs rank", [("p", f"{key[len('metric:'):]} by (n_layers, rank): cell means over trials."),
                                     ("table", ["n_layers", "rank", "runs", "mean excess CE", "sd"], rows)])
     claims = []
     if len(d) - 4 < 1:

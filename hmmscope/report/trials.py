@@ -16,8 +16,9 @@ from pathlib import Path
 from .common import NAN, Section, _f
 from .read import _Trials, analysis_run
 
-KEY_METRICS = ("eval/test_acc", "eval/excess_ce", "eval/kl_mix", "memory/model_tv", "memory/eps",
-               "theory/exponent/gamma/pooled")
+KEY_METRICS = ("eval/seen/test_acc", "eval/seen/excess_ce", "eval/seen/kl_mix", "eval/retrieval_gap",
+               "eval/test_acc", "eval/excess_ce", "eval/kl_mix", "memory/model_tv", "memory/eps",
+               "theory/exponent/gamma/pooled")  # eval/<name>: runs recorded before eval/seen/<name>
 
 
 def trial_rows(t: _Trials, is_theory) -> tuple[list[dict], list[str], list[str]]:
