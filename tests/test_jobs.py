@@ -130,7 +130,7 @@ def test_main_job_evaluates_and_analyzes_the_model_in_memory(run, tmp_path, monk
     assert reads == []
     monkeypatch.undo()
     ev = evaluate_run(uri, res.train_id, device="cpu")  # the checkpoint, reloaded: the same numbers
-    assert dict(ev) == dict(res.eval_metrics) and "eval/test_acc" in ev
+    assert dict(ev) == dict(res.eval_metrics) and "eval/seen/test_acc" in ev
     (an,) = tracking.search_runs(uri, "m", parent_id=res.train_id)
     assert an.info.run_id == res.analysis.run_id and an.info.status == "FINISHED"
     assert an.data.metrics["claim/task_beats_control/value"] == pytest.approx(
