@@ -134,7 +134,7 @@ def _pooled_kinds():
     rows = []
     for run in range(3):
         cl = probe_claims(range(5), _scores({"task": [0.1, 0.3, 0.6, 0.9, 0.95], "state": [0.2, 0.8, 0.9, 0.9, 0.9],
-                                             "kback1": [0.2, 0.6, 0.8, 0.9, 0.95], "kback2": [0.2, 0.7, 0.5, 0.4, 0.3]},
+                                             "kback1": [0.2, 0.5, 0.6, 0.7, 0.75], "kback2": [0.2, 0.97, 0.9, 0.8, 0.7]},
                                             seed=run), ks=(1, 2), n_boot=200, seed=run)[0]
         cl += layer_claims(1 - 0.05 * np.arange(4) + np.random.default_rng(run).normal(0, 0.01, (10, 4)))
         row = {"trial": run}
@@ -155,8 +155,8 @@ def test_every_claim_verdict_follows_from_its_row(kind):
         known = {c.name: c.verdict for c in claims}
         for c in claims:
             assert c.verdict in VERDICTS and c.rule and c.reason
-            assert c.verdict == decide(c.rule, c.ci_lo, c.ci_hi, known), c
+            assert c.verdict == decide(c.rule, c.ci_lo, c.ci_hi, known, df=c.df, degenerate=c.degenerate), c
     seen = {c.verdict for claims in groups for c in claims}
     want = {"probes": {"supported", "not supported", "inconclusive"}, "shuffle": {"supported", "not supported",
-            "inconclusive"}, "theory": set(VERDICTS), "report pooling": {"supported", "not supported"}}[kind]
+            "inconclusive"}, "theory": set(VERDICTS), "report pooling": {"supported", "not supported", "no power"}}[kind]
     assert want <= seen, seen  # the planted situations reach every verdict the kind can give

@@ -176,15 +176,15 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
     train_runs = [r for r in t.complete if not _is_theory(r)]
     header, head_sec = _header(sweep, t, len(train_runs), len(theory_runs))
     sections, claims, figs, notes = [head_sec], [], {}, list(t.notes)
-    settings = _theory_settings(theory_runs, t.children)
+    settings = _theory_settings(theory_runs, t.children, uri)
     if theory_runs and not settings:
         notes.append("theory trials found but no settings with logged rates")
     df = _training_frame(train_runs, t.children, t.analysis)
     steps = [("theory", lambda: _theory_section(settings, out_dir, figs) if settings else (None, [])),
              ("practice vs theory", lambda: (_practice_section(df, out_dir, figs), [])),
-             ("positional encoding", lambda: _posenc_section(df)),
-             ("layerwise claims", lambda: _layerwise_section(df)),
-             ("depth vs rank", lambda: _depth_rank_section(df))]
+             ("positional encoding", lambda: _posenc_section(df, out_dir, figs)),
+             ("layerwise claims", lambda: _layerwise_section(df, out_dir, figs)),
+             ("depth vs rank", lambda: _depth_rank_section(df, out_dir, figs))]
     for title, fn in steps:
         try:
             s, c = fn()
