@@ -419,7 +419,7 @@ def thin(tmp_path_factory):
 def test_not_estimable_factors_stay_in_the_table(thin):
     rep, md, trials = thin
     sec = md[md.index("## Positional encoding"):md.index("## Layerwise")]
-    rows = [line for line in sec.split("\n") if line.startswith("| eval/excess_ce |") and "(t, G - 1 df)" in line
+    rows = [line for line in sec.split("\n") if line.startswith("| eval/excess_ce | verdict: ")
             or line.startswith("| eval/excess_ce | second opinion")]
     assert len(rows) == 2 and all("model.n_layers (confounded with pos_enc" in r
                                   and "train.lr (a different value in every trial" in r for r in rows)
@@ -459,7 +459,7 @@ def test_underpowered_is_said_plainly_and_verdicts_follow_the_ci(thin):
     assert pooled.verdict == "inconclusive" and "underpowered: 1 replicate" in pooled.reason
     assert "95% CI width 0.24 > |effect| 0.02" in pooled.reason
     assert check_claims([x for x in rep.claims if x.rule]) == []
-    rows = [line for line in md.split("\n") if line.startswith("| eval/") and "(t, G - 1 df)" in line
+    rows = [line for line in md.split("\n") if line.startswith("| eval/") and "| verdict: " in line
             or line.startswith("| task_beats_control | 1 |")]
     assert len(rows) == 3 and all("underpowered" in r for r in rows)  # 2 metrics, the pooled claim
     # every p printed with its degrees of freedom: the posenc table has a df column beside p
@@ -476,3 +476,32 @@ def test_underpowered_note():
     assert underpowered(0.5, 0.1, 0.9, "supported", replicates=3) == ""  # wide but it answered the question
     assert "1 replicate per cell" in underpowered(0.5, 0.4, 0.6, "supported", replicates=1)
     assert "no finite 95% CI" in underpowered(float("nan"), float("nan"), float("nan"), "inconclusive")
+
+
+def _assert_embeds_every_figure(rep, html_path):
+    """report.html has one <img> per PNG figure the report wrote, each embedded as a data URI of that PNG."""
+    import base64
+    import re
+    from pathlib import Path
+
+    html = Path(html_path).read_text()
+    pngs = [Path(v) for k, v in rep.files.items() if str(v).endswith(".png")]
+    srcs = re.findall(r'<img src="([^"]+)"', html)
+    assert html.count("<img") == len(pngs) == len(srcs)
+    assert all(s.startswith("data:image/png;base64,") for s in srcs)
+    assert sorted(base64.b64decode(s.split(",", 1)[1]) for s in srcs) == sorted(p.read_bytes() for p in pngs)
+    return len(pngs)
+
+
+def test_every_report_embeds_every_figure(store, thin, tmp_path):
+    """Counts the <img> tags of report.html against the figures each report wrote: the training sweeps too (the
+    committed rope-vs-absolute report had none: no section wrote a figure)."""
+    uri, _, rep, tmp = store
+    assert _assert_embeds_every_figure(rep, tmp / "out" / "report.html") == 3  # theory, posenc, layerwise
+    assert {"theory", "posenc", "layerwise"} <= set(rep.files)
+    b = build_report(uri, "study-b", tmp_path / "b", log=False)
+    assert _assert_embeds_every_figure(b, tmp_path / "b" / "report.html") == 2  # practice, depth vs rank
+    t = thin[0]
+    assert _assert_embeds_every_figure(t, t.files["html"]) == 2  # posenc (gamma blocks), layerwise
+    empty = build_report(uri, "study-empty", tmp_path / "e", log=False)
+    assert _assert_embeds_every_figure(empty, tmp_path / "e" / "report.html") == 0

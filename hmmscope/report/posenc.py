@@ -176,11 +176,11 @@ def _posenc_section(df, out_dir: Path | None = None, figs: dict | None = None) -
             continue
         bl = ", ".join(f[6:] for f in blocks) or "none"
         v = _side_verdict(est.lo, est.hi, side, df=est.df, degenerate=est.degenerate)
-        word = ("RoPE better" if v == "supported" else "RoPE worse" if v == "not supported"
-                else "no power" if v == "no power" else "no detectable difference") if side else \
-            ("differs" if v == "supported" else "no detectable difference")
+        word = ("" if v == "no power" else "RoPE better" if v == "supported" else "RoPE worse" if v == "not supported"
+                else "no detectable difference") if side else \
+            ("" if v == "no power" else "differs" if v == "supported" else "no detectable difference")
         power = _power(est, v, n_seeds)
-        rows.append([label, f"{VERDICT_ROW}: {est.method}", _f(est.value), _ci(est.lo, est.hi), _p(est.p), _f(est.df),
+        rows.append([label, f"verdict: {est.method}", _f(est.value), _ci(est.lo, est.hi), _p(est.p), _f(est.df),
                      f"{est.n} {est.unit}", bl, ", ".join(left) or "none", power or est.degenerate or "ok",
                      v + (f" ({word})" if word else "")])
         for lab, b, lo, hi, p, dft in _second_opinions(dm, m, blocks, seed_col):
