@@ -48,10 +48,10 @@ def main(argv=None) -> int:
         for j in steps:
             d = {k: hist[k].get(j, math.nan) for k in hist}
             draw_rows.append({"gamma": r["gamma"], "rank": r["rank"], "draw": j, **d, "run_id": s["run_id"]})
-            points.append({**d, "gamma": r["gamma"], "draw": d["seed"], "group": group, "rank": r["rank"]})
+            points.append({**d, "gamma": r["gamma"], "draw": d["seed"], "group": group, "rank": r["rank"], "j": j})
         if not steps:  # one draw: the setting itself
             points.append({**{k: r[k] for k in ("rate", "rate_lo", "rate_hi", "gamma_eff", "mixing_rate")},
-                           "gamma": r["gamma"], "draw": s.get("hmm.seed", 0), "group": group, "rank": r["rank"]})
+                           "gamma": r["gamma"], "draw": s.get("hmm.seed", 0), "group": group, "rank": r["rank"], "j": 2})
     rows.sort(key=lambda r: (r["rank"], r["gamma"]))
     write_table(rows, out, "theorem1_rates")
     if draw_rows:
@@ -79,7 +79,8 @@ def main(argv=None) -> int:
                            yerr=[[r["rate"] - r["rate_lo"] for r in ok], [r["rate_hi"] - r["rate"] for r in ok]],
                            fmt="o", capsize=3, label=f"d = {d}")
         col = line[0].get_color()
-        dots = [(p["gamma"], p["rate"]) for p in points if p["rank"] == d and math.isfinite(p["rate"]) and p["rate"] > 0]
+        dots = [(p["gamma"] * math.exp(0.03 * (p["j"] - 2)), p["rate"]) for p in points  # draws spread in x
+                if p["rank"] == d and math.isfinite(p["rate"]) and p["rate"] > 0]
         if draw_rows and dots:
             ax.plot(*zip(*dots), ".", color=col, alpha=0.4, ms=4)
         f = next(x["_fit"] for x in fits if x["scope"] == f"d={d}")

@@ -83,7 +83,8 @@ def theory_figure(result, title: str | None = None):
             x, y = xs[idx], r[idx]
             ok = np.isfinite(x) & (x > 0) & np.isfinite(y) & (y > 0)
             for s in ss if any(len(s.draws) > 1 for s in ss) else ():
-                dx = [s.params["gamma"] if x_name == "gamma" else dr.gamma_eff["value"] for dr in s.draws]
+                dx = [s.params["gamma"] * math.exp(0.03 * (j - (len(s.draws) - 1) / 2)) if x_name == "gamma"
+                      else dr.gamma_eff["value"] for j, dr in enumerate(s.draws)]  # draws spread in x on the gamma axis
                 dy = [dr.rate_fit.rate for dr in s.draws]
                 good = [(a, b) for a, b in zip(dx, dy) if a and b and a > 0 and b > 0 and math.isfinite(b)]
                 if good:

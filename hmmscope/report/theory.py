@@ -128,7 +128,8 @@ def _plot_theory(settings, fits, path: Path) -> list[Path]:
     for j, (k, ss) in enumerate(sorted(groups.items())):
         ss, c = sorted(ss, key=lambda s: s["gamma"]), f"C{j % 10}"
         scope = f"S={k[0]} d={k[1]} rho={k[2]:g}"
-        dots = [(s["gamma"], d["rate"]) for s in ss for d in s["draws"] if math.isfinite(d["rate"]) and d["rate"] > 0]
+        dots = [(s["gamma"] * math.exp(0.03 * (j - (len(s["draws"]) - 1) / 2)), d["rate"]) for s in ss  # spread in x
+                for j, d in enumerate(s["draws"]) if math.isfinite(d["rate"]) and d["rate"] > 0]
         if dots:
             ax.plot(*zip(*dots), ".", ms=4, alpha=0.4, color=c)
         g, r = np.array([s["gamma"] for s in ss]), np.array([s["rate"] for s in ss])
