@@ -505,3 +505,36 @@ def test_every_report_embeds_every_figure(store, thin, tmp_path):
     assert _assert_embeds_every_figure(t, t.files["html"]) == 2  # posenc (gamma blocks), layerwise
     empty = build_report(uri, "study-empty", tmp_path / "e", log=False)
     assert _assert_embeds_every_figure(empty, tmp_path / "e" / "report.html") == 0
+
+
+def test_theory_draws_read_back_from_the_runs(tmp_path):
+    """A real theory run with 3 HMM draws per setting, logged as the sweep logs it (jobs.log_theory: per-draw
+    metric histories theory/draw/*), read back by the report: the same two-stage exponent as run_theory's own,
+    the draws as the unit (df 2), and the Monte Carlo / between-draw split in the table."""
+    import optuna
+
+    from hmmscope.config import TheoryConfig
+    from hmmscope.jobs import log_theory
+    from hmmscope.theory import run_theory
+
+    uri, storage = f"sqlite:///{tmp_path}/mlflow.db", f"sqlite:///{tmp_path}/optuna.db"
+    res = run_theory(TheoryConfig(gammas=(0.3, 0.45, 0.6), ranks=(2,), n_states=(6,), n_tokens=8,
+                                  lengths=(1, 2, 3, 4, 6), n_histories=200, burn_in=20, gamma_m=0, draws=3))
+    with _sweep_parent(uri, "th") as parent:
+        rid = log_theory(res, uri, EXP, [], parent=parent.run_id, tags={"hmmscope.kind": "sweep-theory",
+                                                                        **_trial_tags("th", 0)})
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="th", storage=storage)
+    study.set_user_attr("mlflow_parent_run_id", parent.run_id)
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=0.0,
+                                              user_attrs={"mlflow_run_id": rid}))
+    rep = build_report(uri, "th", tmp_path / "out", log=False)
+    own = next(f for f in res.exponent_fits if f.x_name == "gamma" and f.y_name == "rate")
+    c = _claim(rep, "theory: rate ~ gamma^k: k <= 4 [S=6 d=2 rho=0.02]")
+    assert own.n_draws == 3 and c.df == 2 and "t over 3 HMM draws" in c.statistic
+    assert c.value == pytest.approx(own.k, rel=1e-9) and (c.ci_lo, c.ci_hi) == pytest.approx(own.k_ci, rel=1e-9)
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| MC SE | between-draw sd | per-draw rates |" in md
+    s = res.settings[0]
+    assert f"| {s.rate_fit.rate:.4g} | [{s.rate_fit.rate_ci[0]:.4g}, {s.rate_fit.rate_ci[1]:.4g}] | 2 |" in md
+    _assert_embeds_every_figure(rep, tmp_path / "out" / "report.html")

@@ -336,6 +336,17 @@ def test_run_theory_end_to_end(tmp_path):
         assert steps[1]["theory/draw/seed"] == seeds[1]
     # the same chain at every gamma: draw j's transition does not depend on gamma
     assert res.settings[0].draws[1].dobrushin == res.settings[1].draws[1].dobrushin
+    # gamma_eff is computed once per draw and scaled (gamma(Q O) = gamma * gamma(Q E)): equal to a direct computation
+    from hmmscope.config import HMMConfig
+    from hmmscope.hmm import make_hmm
+    from hmmscope.observability import gamma_eff
+
+    for j in (0, 2):
+        h = make_hmm(HMMConfig(family="sticky", n_tasks=1, n_states=6, n_tokens=8, rank=2, gamma=0.9, alpha=0.5,
+                               rho=0.02, seed=seeds[j]))
+        dr = res.settings[1].draws[j]
+        assert dr.gamma_eff["value"] == pytest.approx(gamma_eff(h.Q, h.emission).value, abs=1e-9)
+        assert "scaled from gamma = 0.5" in dr.gamma_eff["method"]
     assert {f.x_name for f in res.exponent_fits} == {"gamma", "gamma_eff"}
     assert all(f.n_draws >= 2 or f.verdict == "inconclusive" for f in res.exponent_fits)
     assert check_claims(res.claims()) == [] and len(res.claims()) == len(res.verdicts) + 8
