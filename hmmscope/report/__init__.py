@@ -208,10 +208,12 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
         sections.append(Section("Results", [("p", "Complete trials carry none of the metrics this report reads.")]))
     if claims:
         sections.append(Section("Verdicts", [
-            ("p", "Each verdict is its rule applied to the 95% CI beside it (stats.decide); 'underpowered' in the "
-                  "reason says the design cannot answer, and why."),
-            ("table", ["claim", "statistic", "value", "95% CI", "rule", "verdict", "reason"],
-             [[c.name, c.statistic, _f(c.value), _ci(c.ci_lo, c.ci_hi), c.rule or "-", c.verdict, c.reason]
+            ("p", "Each verdict is its rule applied to the 95% CI beside it (stats.decide; df: the CI's degrees of "
+                  "freedom, '-' for a bootstrap interval); 'no power' says the CI cannot decide (zero width, no df, "
+                  "or a check that cannot fail) and the reason says why; 'underpowered' in the reason says the "
+                  "design cannot answer, and why."),
+            ("table", ["claim", "statistic", "value", "95% CI", "df", "rule", "verdict", "reason"],
+             [[c.name, c.statistic, _f(c.value), _ci(c.ci_lo, c.ci_hi), _f(c.df), c.rule or "-", c.verdict, c.reason]
               for c in claims])]))
     rows, varying, metrics = trial_rows(t, _is_theory)
     tsec = trials_section(t.objective, rows, varying, metrics)
