@@ -235,8 +235,9 @@ def _frame(per_run_claims):
 
 
 def test_pooled_concave_rise_is_not_supported():
-    """A concave curve that only rises: 'not supported' or 'inconclusive' in every run, so not 'supported' pooled.
-    Pooling now applies each run's rule to the statistic that decided it; it used to read only the sign of the
+    """A concave curve that only rises: never 'supported' in a run ('not supported', 'inconclusive', or 'no power'
+    when the statistic is 0 in every resample: the peak is the last layer, so there is no fall), nor pooled.
+    Pooling applies each run's rule to the statistic that decided it; it used to read only the sign of the
     value, and the quadratic term of a rising concave curve is negative too."""
     rng = np.random.default_rng(0)
     runs = []
