@@ -111,8 +111,9 @@ class TheoryConfig:
     n_tokens: int = 16
     alpha: float = 0.5
     lengths: tuple[int, ...] = (1, 2, 4, 6, 8, 12, 16, 24, 32)
-    n_histories: int = 2000
+    n_histories: int = 1000  # per HMM draw
     burn_in: int = 200
+    draws: int = 5  # independent HMM draws per setting: the unit of the rate CIs and exponent fits (theory.py)
     floor: float = 1e-10  # eps below this is numerical noise and left out of the fit
     gamma_m: int = 2  # m for the m-step observability (0 = skip)
     seed: int = 0
@@ -180,6 +181,7 @@ def validate(cfg: Config) -> Config:
     _check(len(th.lengths) >= 2 and all(x >= 1 for x in th.lengths),
            f"theory.lengths must be >= 1 (at least two), got {th.lengths}")
     _check(th.n_histories >= 2 and th.burn_in >= 0, "theory.n_histories must be >= 2 and theory.burn_in >= 0")
+    _check(1 <= th.draws <= 1000, f"theory.draws must lie in [1, 1000], got {th.draws}")
     _check(0 < th.floor < 1 and th.gamma_m >= 0, "theory.floor must be in (0, 1) and theory.gamma_m >= 0")
     return cfg
 

@@ -374,6 +374,8 @@ def log_theory(result, uri: str, experiment: str, out_files: list[Path], parent:
                         m.update({f"theory/{key}": o["value"], f"theory/{key}_lower": o["lower"],
                                   f"theory/{key}_upper": o["upper"], f"theory/{key}_exact": float(o["exact"])})
                 child.log_metrics(m)
+                for step, dm in s.draw_metrics():  # per HMM draw at step = draw index; the rate CI's MC/between split
+                    child.log_metrics(dm, step=step)
                 for L, e, se in zip(s.lengths, s.eps, s.stderr):
                     child.log_metrics({"theory/eps": e, "theory/eps_stderr": se}, step=int(L))
                 child.set_tags(claim_tags(s.verdicts))

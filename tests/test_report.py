@@ -17,6 +17,7 @@ from hmmscope.stats import Claim, check_claims
 EXP = "rep"
 GAMMAS = (0.2, 0.4, 0.6, 0.8)
 SEED_SHIFT = {0: 0.003, 1: -0.002, 2: 0.001}
+JITTER = {0.2: 1.01, 0.4: 0.99, 0.6: 1.005, 0.8: 0.996}
 
 
 class TrialPruned(Exception):
@@ -86,7 +87,7 @@ def store(tmp_path_factory):
                                                                         **_trial_tags("study-a", n)},
                                 params={"theory.n_histories": 100}) as th:
             for g in GAMMAS:
-                r = 0.3 * g ** 2
+                r = 0.3 * g ** 2 * JITTER[g]  # not exact: a noise-free fit has a zero-width CI (no power)
                 with tracking.start_run(uri, EXP, f"S4-d2-gamma{g}", parent=th, tags={"hmmscope.kind": "theory-setting"},
                                         params={"hmm.n_states": 4, "hmm.rank": 2, "hmm.gamma": g, "hmm.rho": 0.0}) as s:
                     s.log_metrics({"theory/rate": r, "theory/rate_lo": 0.9 * r, "theory/rate_hi": 1.1 * r,
@@ -96,7 +97,8 @@ def store(tmp_path_factory):
                 with tracking.start_run(uri, EXP, f"S4-d{d}-gamma0.8", parent=th,
                                         params={"hmm.n_states": 4, "hmm.rank": d, "hmm.gamma": 0.8, "hmm.rho": 0.0}) as s:
                     s.log_metrics({"theory/rate": 0.3 * 0.64, "theory/rate_lo": 0.17, "theory/rate_hi": 0.21,
-                                   "theory/log_intercept": math.log(2) + 0.5 * math.log(d / 2), "theory/gamma_eff": 0.8})
+                                   "theory/log_intercept": math.log(2) + 0.5 * math.log(d / 2) + 0.01 * (6 - d),
+                                   "theory/gamma_eff": 0.8})
         trials_a.append(["COMPLETE", th.run_id, None])
         n += 1
         # a failed trial and two pruned ones
@@ -182,29 +184,29 @@ def test_posenc_effect_recovers_planted_difference(store):
     c = _claim(rep, "RoPE improves eval/excess_ce")
     assert c.ci_lo <= -0.05 <= c.ci_hi and c.ci_hi < 0
     assert abs(c.value + 0.05) < 0.01
-    assert c.verdict == "supported" and "mixed model" in c.statistic
+    assert c.verdict == "supported" and "seeds as the unit" in c.statistic and c.df == 2  # 3 seeds: 2 df
     acc = _claim(rep, "RoPE improves eval/test_acc")  # acc = 0.6 - ce / 4: rope higher
     assert acc.verdict == "supported" and acc.value > 0
-    sh = _claim(rep, "RoPE improves claim upper layers change less _slope_")  # no planted effect
-    assert sh.ci_lo < 0 < sh.ci_hi and sh.verdict == "inconclusive"
+    sh = _claim(rep, "RoPE improves claim upper layers change less _slope_")  # no effect: rope = absolute exactly
+    assert sh.value == 0 and sh.verdict == "no power" and "does not vary" in sh.reason  # degenerate, not "supported"
 
 
 def test_theory_exponent_and_verdict(store):
     rep = store[2]
     c = _claim(rep, "theory: rate ~ gamma^k: k <= 4 [S=4 d=2 rho=0]")
-    assert c.value == pytest.approx(2.0, abs=1e-6)
-    assert c.ci_lo <= 2.0 + 1e-6 and c.ci_hi >= 2.0 - 1e-6 and c.ci_hi < 4
+    assert c.value == pytest.approx(2.0, abs=0.05) and c.df == 2  # one draw: OLS on 4 points, 2 df
+    assert c.ci_lo <= 2.0 <= c.ci_hi and c.ci_hi < 4
     assert c.verdict == "supported" and "exponent 4 rejected" in c.reason and c.rule == "<= 4"
     # gamma_eff = gamma here: the same regression, named as such and not a second claim
     assert not any("gamma_eff^k" in x.name for x in rep.claims)
     md = (store[3] / "out" / "report.md").read_text()
     assert "same regression" in md and "mixing m" in md
-    assert _claim(rep, "theory: rate ~ gamma^k: k <= 4 [pooled]").value == pytest.approx(2.0, abs=1e-6)
+    assert _claim(rep, "theory: rate ~ gamma^k: k <= 4 [pooled]").value == pytest.approx(2.0, abs=0.05)
     # the excess over the mixing floor (0.02), over the settings whose rate CI lies above it
     x = _claim(rep, "theory: rate - mixing floor ~ gamma^k: k <= 4 [S=4 d=2 rho=0]")
     assert x.value > 2.0 and "3 of 4" in x.reason
     r = _claim(rep, "theory: intercept slope in log d <= 1 [S=4 rho=0 gamma=0.8]")
-    assert r.value == pytest.approx(0.5, abs=1e-6) and r.verdict == "supported"
+    assert r.value == pytest.approx(0.5, abs=0.05) and r.verdict == "supported" and r.df == 1
     assert check_claims([c for c in rep.claims if c.name.startswith("theory: ")]) == []
 
 
@@ -233,8 +235,9 @@ def _frame(per_run_claims):
 
 
 def test_pooled_concave_rise_is_not_supported():
-    """A concave curve that only rises: 'not supported' or 'inconclusive' in every run, so not 'supported' pooled.
-    Pooling now applies each run's rule to the statistic that decided it; it used to read only the sign of the
+    """A concave curve that only rises: never 'supported' in a run ('not supported', 'inconclusive', or 'no power'
+    when the statistic is 0 in every resample: the peak is the last layer, so there is no fall), nor pooled.
+    Pooling applies each run's rule to the statistic that decided it; it used to read only the sign of the
     value, and the quadratic term of a rising concave curve is negative too."""
     rng = np.random.default_rng(0)
     runs = []
@@ -244,9 +247,10 @@ def test_pooled_concave_rise_is_not_supported():
                                      np.full(120, 16.0), 0.1)}
         runs.append([c for c in probe_claims(range(5), sc, ks=(1,), n_boot=200, seed=seed)[0]
                      if c.name == "kback1_rises_then_falls"])
-        assert runs[-1][0].verdict in ("not supported", "inconclusive")
+        assert runs[-1][0].verdict in ("not supported", "inconclusive", "no power")  # no power: 0 [0, 0]
     pooled = _layerwise_section(_frame(runs))[1]
-    assert [c.verdict for c in pooled] == ["not supported"] and check_claims(pooled) == []
+    # the runs' statistic is 0 in every run (peak at the last layer, so no fall): degenerate, never "supported"
+    assert [c.verdict for c in pooled] == ["no power"] and check_claims(pooled) == []
     # runs logged before decision rules (the quadratic term, q < 0 with CIs straddling 0): not judged
     old = [[Claim("kback1_rises_then_falls", "quadratic term", q, q - 0.02, q + 0.015, "inconclusive", "")]
            for q in (-0.012, -0.01, -0.011, -0.013)]
@@ -391,7 +395,7 @@ def thin(tmp_path_factory):
             params = {"hmm.gamma": gamma, "model.pos_enc": pe, "model.n_layers": 2 if pe == "rope" else 3,
                       "train.lr": 1e-3 * (i + 1), "train.seed": 0}
             with tracking.start_run(uri, EXP, f"t-{i}", parent=parent, params=params, tags=_trial_tags("thin", i)) as tr:
-                ce = 0.2 + 0.1 * gamma + 0.01 * (pe == "absolute") + 0.004 * (i % 3 == 1)
+                ce = 0.2 + 0.1 * gamma + 0.01 * (pe == "absolute") + 0.004 * (i == 1)
                 tr.log_metrics({"eval/excess_ce": ce, "eval/test_acc": 0.6 - ce / 4})
                 if i == 0:
                     with tracking.start_run(uri, EXP, "analysis", parent=tr, tags={"hmmscope.kind": "analysis"}) as an:
@@ -414,29 +418,53 @@ def thin(tmp_path_factory):
 
 
 def test_not_estimable_factors_stay_in_the_table(thin):
-    rep, md, _ = thin
+    rep, md, trials = thin
     sec = md[md.index("## Positional encoding"):md.index("## Layerwise")]
-    rows = [line for line in sec.split("\n") if line.startswith("| eval/excess_ce |")]
-    assert rows and all("model.n_layers (not estimable" in r and "train.lr (a different value in every trial" in r
-                        for r in rows)
-    assert all("| hmm.gamma |" in r for r in rows)  # the factor that did enter the model
+    rows = [line for line in sec.split("\n") if line.startswith("| eval/excess_ce | verdict: ")
+            or line.startswith("| eval/excess_ce | second opinion")]
+    assert len(rows) == 2 and all("model.n_layers (confounded with pos_enc" in r
+                                  and "train.lr (a different value in every trial" in r for r in rows)
+    assert all("| hmm.gamma |" in r for r in rows)  # the factor the pairs are formed within
     factors = sec[sec.index("### Blocking factors"):]
-    assert "| model.n_layers | 2 | left out: not estimable |" in factors
+    assert "| model.n_layers | 2 | left out: confounded with pos_enc (every level occurs with one encoding only) |" \
+        in factors
     assert "| train.lr | 6 | left out: a different value in every trial: not estimable |" in factors
-    assert "| hmm.gamma | 3 | in the model |" in factors
+    assert "| hmm.gamma | 3 | paired within (a block) |" in factors
+
+
+def test_blocking_factor_paired_not_dropped(thin):
+    """One seed, 3 gammas (the smoke design): gamma is not estimated beside pos_enc (the old model dropped it and
+    gave a CI wider than the metric's range); the paired within-gamma differences estimate the effect, with a CI
+    well inside the data's range, and each gamma's own difference is shown beside the pooled one."""
+    rep, md, trials = thin
+    c = _claim(rep, "RoPE improves eval/excess_ce")
+    ce = [v for _, v in trials]
+    d = np.array([-0.01, -0.006, -0.01])  # rope - absolute at gamma 0.5, 0.7, 0.9 as planted
+    from scipy import stats
+
+    half = stats.t.ppf(0.975, 2) * d.std(ddof=1) / math.sqrt(3)
+    assert c.value == pytest.approx(d.mean()) and (c.ci_lo, c.ci_hi) == pytest.approx((d.mean() - half, d.mean() + half))
+    assert c.df == 2 and c.ci_hi - c.ci_lo < (max(ce) - min(ce)) / 2 and c.verdict == "supported"
+    levels = md[md.index("### Per-level effects"):md.index("### Blocking factors")]
+    for g, v in zip((0.5, 0.7, 0.9), d):
+        assert f"| eval/excess_ce | hmm.gamma = {g} | {v:.4g} |" in levels
+    assert "| eval/excess_ce | pooled (the verdict row) |" in levels
 
 
 def test_underpowered_is_said_plainly_and_verdicts_follow_the_ci(thin):
     rep, md, trials = thin
     c = _claim(rep, "RoPE improves eval/excess_ce")
-    assert "underpowered: 1 replicate per cell" in c.reason
+    assert "underpowered: 1 seed per cell" in c.reason and "the effect's spread across blocks" in c.reason
     assert c.rule == "< 0" and check_claims([c]) == []  # the verdict is decide(rule, CI printed beside it)
     pooled = _claim(rep, "pooled: task_beats_control")
     assert pooled.verdict == "inconclusive" and "underpowered: 1 replicate" in pooled.reason
     assert "95% CI width 0.24 > |effect| 0.02" in pooled.reason
     assert check_claims([x for x in rep.claims if x.rule]) == []
-    rows = [line for line in md.split("\n") if line.startswith("| eval/") or line.startswith("| task_beats_control | 1 |")]
-    assert len(rows) == 3 and all("underpowered" in r for r in rows)  # 2 metrics (OLS only: 1 seed), the pooled claim
+    rows = [line for line in md.split("\n") if line.startswith("| eval/") and "| verdict: " in line
+            or line.startswith("| task_beats_control | 1 |")]
+    assert len(rows) == 3 and all("underpowered" in r for r in rows)  # 2 metrics, the pooled claim
+    # every p printed with its degrees of freedom: the posenc table has a df column beside p
+    assert "| p | df |" in md
     # the per-trial table names the objective the study recorded and its values
     assert "objective: eval/excess_ce" in md and f"| {trials[1][1]:.4g} |" in md
 
@@ -449,3 +477,65 @@ def test_underpowered_note():
     assert underpowered(0.5, 0.1, 0.9, "supported", replicates=3) == ""  # wide but it answered the question
     assert "1 replicate per cell" in underpowered(0.5, 0.4, 0.6, "supported", replicates=1)
     assert "no finite 95% CI" in underpowered(float("nan"), float("nan"), float("nan"), "inconclusive")
+
+
+def _assert_embeds_every_figure(rep, html_path):
+    """report.html has one <img> per PNG figure the report wrote, each embedded as a data URI of that PNG."""
+    import base64
+    import re
+    from pathlib import Path
+
+    html = Path(html_path).read_text()
+    pngs = [Path(v) for k, v in rep.files.items() if str(v).endswith(".png")]
+    srcs = re.findall(r'<img src="([^"]+)"', html)
+    assert html.count("<img") == len(pngs) == len(srcs)
+    assert all(s.startswith("data:image/png;base64,") for s in srcs)
+    assert sorted(base64.b64decode(s.split(",", 1)[1]) for s in srcs) == sorted(p.read_bytes() for p in pngs)
+    return len(pngs)
+
+
+def test_every_report_embeds_every_figure(store, thin, tmp_path):
+    """Counts the <img> tags of report.html against the figures each report wrote: the training sweeps too (the
+    committed rope-vs-absolute report had none: no section wrote a figure)."""
+    uri, _, rep, tmp = store
+    assert _assert_embeds_every_figure(rep, tmp / "out" / "report.html") == 3  # theory, posenc, layerwise
+    assert {"theory", "posenc", "layerwise"} <= set(rep.files)
+    b = build_report(uri, "study-b", tmp_path / "b", log=False)
+    assert _assert_embeds_every_figure(b, tmp_path / "b" / "report.html") == 2  # practice, depth vs rank
+    t = thin[0]
+    assert _assert_embeds_every_figure(t, t.files["html"]) == 2  # posenc (gamma blocks), layerwise
+    empty = build_report(uri, "study-empty", tmp_path / "e", log=False)
+    assert _assert_embeds_every_figure(empty, tmp_path / "e" / "report.html") == 0
+
+
+def test_theory_draws_read_back_from_the_runs(tmp_path):
+    """A real theory run with 3 HMM draws per setting, logged as the sweep logs it (jobs.log_theory: per-draw
+    metric histories theory/draw/*), read back by the report: the same two-stage exponent as run_theory's own,
+    the draws as the unit (df 2), and the Monte Carlo / between-draw split in the table."""
+    import optuna
+
+    from hmmscope.config import TheoryConfig
+    from hmmscope.jobs import log_theory
+    from hmmscope.theory import run_theory
+
+    uri, storage = f"sqlite:///{tmp_path}/mlflow.db", f"sqlite:///{tmp_path}/optuna.db"
+    res = run_theory(TheoryConfig(gammas=(0.3, 0.45, 0.6), ranks=(2,), n_states=(6,), n_tokens=8,
+                                  lengths=(1, 2, 3, 4, 6), n_histories=200, burn_in=20, gamma_m=0, draws=3))
+    with _sweep_parent(uri, "th") as parent:
+        rid = log_theory(res, uri, EXP, [], parent=parent.run_id, tags={"hmmscope.kind": "sweep-theory",
+                                                                        **_trial_tags("th", 0)})
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="th", storage=storage)
+    study.set_user_attr("mlflow_parent_run_id", parent.run_id)
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=0.0,
+                                              user_attrs={"mlflow_run_id": rid}))
+    rep = build_report(uri, "th", tmp_path / "out", log=False)
+    own = next(f for f in res.exponent_fits if f.x_name == "gamma" and f.y_name == "rate")
+    c = _claim(rep, "theory: rate ~ gamma^k: k <= 4 [S=6 d=2 rho=0.02]")
+    assert own.n_draws == 3 and c.df == 2 and "t over 3 HMM draws" in c.statistic
+    assert c.value == pytest.approx(own.k, rel=1e-9) and (c.ci_lo, c.ci_hi) == pytest.approx(own.k_ci, rel=1e-9)
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| MC SE | between-draw sd | per-draw rates |" in md
+    s = res.settings[0]
+    assert f"| {s.rate_fit.rate:.4g} | [{s.rate_fit.rate_ci[0]:.4g}, {s.rate_fit.rate_ci[1]:.4g}] | 2 |" in md
+    _assert_embeds_every_figure(rep, tmp_path / "out" / "report.html")

@@ -81,33 +81,127 @@ def test_rate_too_few_points():
 
 def test_exponent_recovers_k():
     g = np.array([0.2, 0.3, 0.5, 0.7, 0.9])
-    f = fit_exponent(g, 0.3 * g ** 1.5)
-    assert f.k == pytest.approx(1.5, abs=1e-9) and f.intercept == pytest.approx(math.log(0.3), abs=1e-9)
+    exact = fit_exponent(g, 0.3 * g ** 1.5)
+    assert exact.k == pytest.approx(1.5, abs=1e-9) and exact.intercept == pytest.approx(math.log(0.3), abs=1e-9)
+    # noise-free points: zero residual variance, a zero-width CI, so no verdict (degenerate statistic)
+    assert exact.verdict == "no power" and "zero residual variance" in exact.reason
+    assert exact.claim().verdict == "no power" and exact.claim().degenerate
+    jitter = np.exp(np.array([0.01, -0.01, 0.005, -0.004, 0.006]))
+    f = fit_exponent(g, 0.3 * g ** 1.5 * jitter)
+    assert f.k == pytest.approx(1.5, abs=0.05) and f.df == 3
     assert f.verdict == "supported" and f.consistent_with_4 is False and f.consistent_with(1.5)
-    assert "exponent 4 rejected; the bound holds and is loose by gamma^(2.50)" in f.reason
+    assert "exponent 4 rejected; the bound holds and is loose by gamma^(2.5" in f.reason
     assert "theory 4: supported" not in f.summary and f.claim().verdict == "supported"
     rng = np.random.default_rng(3)
     noisy = fit_exponent(g, 0.3 * g ** 4 * rng.lognormal(0, 0.05, g.size))
     assert noisy.k_ci[0] <= 4 <= noisy.k_ci[1] and noisy.verdict == "inconclusive" and noisy.consistent_with_4
-    steep = fit_exponent(g, g ** 6)
+    steep = fit_exponent(g, g ** 6 * jitter)
     assert steep.verdict == "not supported" and "faster" in steep.reason
-    # non-positive or NaN rates are dropped; weights from CIs keep the estimate on exact data
+    # non-positive or NaN rates are dropped; the rates' CIs give the Monte Carlo SE of k, not the estimate
     r = list(0.3 * g ** 2) + [0.0, float("nan")]
     gg = list(g) + [0.1, 0.4]
     assert fit_exponent(gg, r).n_used == 5 and fit_exponent(gg, r).k == pytest.approx(2, abs=1e-9)
     ci = [(x * 0.9, x * 1.1) for x in 0.3 * g ** 2]
-    assert fit_exponent(g, 0.3 * g ** 2, ci).k == pytest.approx(2, abs=1e-9)
+    w = fit_exponent(g, 0.3 * g ** 2, ci)
+    assert w.k == pytest.approx(2, abs=1e-9) and w.mc_se > 0
     few = fit_exponent([0.5, 0.9], [0.1, 0.4])
     assert math.isnan(few.k) and few.verdict == "inconclusive" and "too few" in few.reason
 
 
+def test_exponent_two_stage_over_draws_known_answer():
+    """Per-draw slopes planted exactly (each draw an exact power law with its own k_j): k = mean of the k_j with
+    the t interval on draws - 1 df computed by hand; the Monte Carlo SE from the rates' CIs beside it."""
+    from scipy import stats
+
+    g = np.array([0.3, 0.5, 0.7, 0.9])
+    ks = np.array([1.7, 1.9, 1.8, 2.1, 1.85])
+    gam, rates, draws, ci = [], [], [], []
+    for j, k in enumerate(ks):
+        r = (0.2 + 0.01 * j) * g ** k
+        gam += list(g)
+        rates += list(r)
+        draws += [j] * 4
+        ci += [(x * 0.98, x * 1.02) for x in r]
+    f = fit_exponent(gam, rates, ci, draws=draws)
+    half = stats.t.ppf(0.975, 4) * ks.std(ddof=1) / math.sqrt(5)
+    assert f.k == pytest.approx(ks.mean(), abs=1e-12) and f.df == 4 and f.n_draws == 5
+    assert f.k_ci == pytest.approx((ks.mean() - half, ks.mean() + half), abs=1e-12)
+    assert f.slopes == pytest.approx(tuple(ks), abs=1e-12)
+    # Monte Carlo SE of k: se(log r) = 0.04 r / (3.92 r) at every point, propagated through each draw's slope
+    xc = np.log(g) - np.log(g).mean()
+    mc = math.sqrt(np.sum((xc / (xc @ xc)) ** 2 * (0.04 / 3.92) ** 2) / 5)
+    assert f.mc_se == pytest.approx(mc, rel=1e-9)
+    assert f.between_sd == pytest.approx(math.sqrt(ks.var(ddof=1) - 5 * mc ** 2), rel=1e-9)
+    assert f.verdict == "supported" and "t over 5 HMM draws (4 df)" in f.method
+    assert f.claim().df == 4 and check_claims([f.claim()]) == []
+
+
+def test_vacuous_exponent_claim_has_no_power():
+    """A rate that ignores gamma (k ~ 0, e.g. forgetting by mixing alone): 'k <= 4' would pass for any such rate,
+    so the claim is 'no power' with the reason, not 'supported' ('loose by gamma^4.05' does not follow)."""
+    g = np.array([0.3, 0.5, 0.7, 0.9] * 3)
+    r = 0.05 * np.exp(np.random.default_rng(0).normal(0, 0.05, g.size))
+    f = fit_exponent(g, r, draws=np.repeat([0, 1, 2], 4))
+    assert f.k_ci[0] < 0 < f.k_ci[1] and f.vacuous and "reaches 0" in f.reason and "loose" not in f.reason
+    c = f.claim()
+    assert f.verdict == c.verdict == "no power" and c.rule == "no power" and check_claims([c]) == []
+    # a rate that grows with gamma keeps its verdict
+    assert fit_exponent(g, 0.3 * g ** 2 * r / 0.05, draws=np.repeat([0, 1, 2], 4)).verdict == "supported"
+
+
+def test_pooled_gamma_eff_is_the_gamma_regression_not_a_slope_of_zero():
+    """gamma_eff = c_d gamma with a multiple c_d that differs between ranks (as on the sticky family): pooled with a
+    common intercept, log gamma_eff mostly measures c_d and gave k ~ 0 ('supported' k <= 4, vacuous). With one
+    intercept per (S, d, rho) group the gamma_eff slope is the gamma slope, kept as the same regression."""
+    pts = []
+    rng = np.random.default_rng(1)
+    for d, c, a in ((2, 0.42, 0.3), (4, 0.36, 0.5), (8, 0.19, 0.9), (16, 3e-4, 1.2)):
+        for j in range(3):
+            for g in (0.3, 0.5, 0.7, 0.9):
+                r = a * g ** 1.8 * math.exp(rng.normal(0, 0.03))
+                pts.append({"gamma": g, "gamma_eff": c * g * (1 + 0.05 * j), "rate": r, "rate_lo": 0.95 * r,
+                            "rate_hi": 1.05 * r, "mixing_rate": 0.0, "draw": j, "group": f"d={d}"})
+    raw, eff, _ = exponent_fits(pts, "pooled")
+    assert raw.k == pytest.approx(1.8, abs=0.1) and raw.verdict == "supported"
+    assert eff.same_as == "gamma" and eff.k == pytest.approx(raw.k) and "within every (S, d, rho) group" in eff.reason
+    # the old pooled regression (one intercept for all groups): a slope near 0
+    old = fit_exponent([p["gamma_eff"] for p in pts if p["draw"] == 0], [p["rate"] for p in pts if p["draw"] == 0])
+    assert abs(old.k) < 0.3 and old.verdict == "no power" and old.vacuous
+
+
+def test_combine_draws_known_answer():
+    from scipy import stats
+
+    from hmmscope.theory import combine_draws
+
+    rates = [0.10, 0.12, 0.11, 0.13, 0.09]
+    fits = [_ok_fit(r, r - 0.004, r + 0.004) for r in rates]
+    fit, sp = combine_draws(fits)
+    half = stats.t.ppf(0.975, 4) * np.std(rates, ddof=1) / math.sqrt(5)
+    assert fit.rate == pytest.approx(0.11) and fit.rate_ci == pytest.approx((0.11 - half, 0.11 + half))
+    assert fit.df == 4 and "t over 5 HMM draws" in fit.ci_method
+    assert sp.mc_se == pytest.approx(0.008 / 3.92 / math.sqrt(5)) and sp.n_draws == 5
+    assert sp.between_sd == pytest.approx(math.sqrt(np.var(rates, ddof=1) - (0.008 / 3.92) ** 2))
+    one, sp1 = combine_draws(fits[:1])
+    assert one.rate_ci == fits[0].rate_ci and "one HMM draw" in one.ci_method and math.isnan(sp1.between_sd)
+    bad = fit_decay_rate(L, 3 * np.exp(-30.0 * L))
+    part, sp2 = combine_draws([bad, *fits[:3]])
+    assert sp2.n_draws == 3 and "1 of 4 draws had no rate" in part.ci_method
+
+
 def test_rank_fit_recovers_slope():
     d = np.array([2, 4, 8, 16])
-    f = fit_rank_intercept(d, -1.0 + 0.5 * np.log(d))
-    assert f.slope == pytest.approx(0.5, abs=1e-9) and f.intercept == pytest.approx(-1.0, abs=1e-9)
-    assert f.verdict == "supported" and f.consistent_with_1 is False
-    assert fit_rank_intercept(d, 2 * np.log(d)).verdict == "not supported"
+    jitter = np.array([0.01, -0.012, 0.008, -0.005])
+    f = fit_rank_intercept(d, -1.0 + 0.5 * np.log(d) + jitter)
+    assert f.slope == pytest.approx(0.5, abs=0.02) and f.intercept == pytest.approx(-1.0, abs=0.05)
+    assert f.verdict == "supported" and f.consistent_with_1 is False and f.df == 2
+    assert fit_rank_intercept(d, 2 * np.log(d) + jitter).verdict == "not supported"
+    assert fit_rank_intercept(d, -1.0 + 0.5 * np.log(d)).verdict == "no power"  # exact: zero-width CI
     assert fit_rank_intercept([2, 4], [0.1, 0.2]).verdict == "inconclusive"
+    # two-stage over draws: per-draw slopes 0.4, 0.5, 0.6 -> 0.5 with t on 2 df
+    two = fit_rank_intercept(np.tile(d, 3), np.concatenate([s * np.log(d) for s in (0.4, 0.5, 0.6)]),
+                             draws=np.repeat([0, 1, 2], 4))
+    assert two.slope == pytest.approx(0.5) and two.df == 2 and two.n_draws == 3 and two.verdict == "supported"
 
 
 # ---------------------------------------------------------------- per-setting checks
@@ -122,13 +216,16 @@ def _checks(*a, **kw):
 def test_bound_violated_and_satisfied():
     Ls = np.arange(1, 21)
     g, d = 0.9, 2  # g^4 = 0.656
-    slow = 1.0 * np.exp(-0.1 * Ls)  # far above 2 exp(-0.656 L) at large L
+    wobble = np.exp(0.01 * np.sin(Ls))  # so the rate fits have residuals (a noise-free fit has a zero-width CI)
+    slow = 1.0 * np.exp(-0.1 * Ls) * wobble  # far above 2 exp(-0.656 L) at large L
     va, vb = _checks(Ls, slow, np.full(Ls.size, 1e-4), fit_decay_rate(Ls, slow), g, d, 0.02)
     assert va.verdict == "not supported" and va.ci_lo > 0 and va.rule == "<= 0"
-    assert vb.verdict == "not supported" and vb.value == pytest.approx(0.1 - g ** 4) and vb.rule == ">= 0"
-    fast = 0.5 * np.exp(-1.0 * Ls)
-    va, vb = _checks(Ls, fast, np.zeros(Ls.size), fit_decay_rate(Ls, fast), g, d, 0.02)
+    assert vb.verdict == "not supported" and vb.value == pytest.approx(0.1 - g ** 4, abs=1e-3) and vb.rule == ">= 0"
+    fast = 0.5 * np.exp(-1.0 * Ls) * wobble
+    va, vb = _checks(Ls, fast, 0.01 * fast, fit_decay_rate(Ls, fast), g, d, 0.02)
     assert va.verdict == "supported" and va.ci_hi <= 0 and vb.verdict == "supported"
+    # a zero stderr gives the bound check a zero-width CI: no power, whatever the side
+    assert _checks(Ls, fast, np.zeros(Ls.size), fit_decay_rate(Ls, fast), g, d, 0.02)[0].verdict == "no power"
     # a point above the bound but within 2 stderr: the CI straddles 0 -> inconclusive, not supported
     e = 2 * np.exp(-g ** 4 * Ls) * 1.01
     va, _ = _checks(Ls, e, 0.02 * e, fit_decay_rate(Ls, e), g, d, 0.02)
@@ -211,32 +308,60 @@ _HAVE = all(importlib.util.find_spec(f"hmmscope.{m}") is not None for m in ("inf
 
 @pytest.mark.skipif(not _HAVE, reason="hmmscope.inference / hmmscope.observability not written yet")
 def test_run_theory_end_to_end(tmp_path):
-    from hmmscope.theory import plot_theory, run_theory
+    from hmmscope.theory import draw_seed, plot_theory, run_theory
 
     cfg = TheoryConfig(gammas=(0.5, 0.9), ranks=(2,), n_states=(6,), n_tokens=8, lengths=(1, 2, 3, 4, 6),
-                       n_histories=64, burn_in=20, gamma_m=2)
+                       n_histories=64, burn_in=20, gamma_m=2, draws=3)
     calls = []
     res = run_theory(cfg, progress=lambda i, n, label: calls.append((i, n)))
-    assert calls == [(1, 2), (2, 2)]
+    assert calls == [(1, 2), (2, 2)]  # one call per setting, whatever the draws
     assert len(res.settings) == 2 and [s.params["gamma"] for s in res.settings] == [0.5, 0.9]
+    seeds = [draw_seed(cfg.seed, j) for j in range(3)]
+    assert seeds[0] == cfg.seed and len(set(seeds)) == 3  # draw 0 is the old single draw; each draw its own stream
     for s in res.settings:
+        assert [dr.seed for dr in s.draws] == seeds and s.spread.n_total == 3
         assert s.gamma_O["exact"] and s.gamma_O["value"] == pytest.approx(s.params["gamma"], abs=1e-6)  # S <= V
         assert len(s.eps) == len(cfg.lengths) and len(s.stderr) == len(cfg.lengths)
         assert 0 <= s.dobrushin <= 1 and s.gamma_m is not None and s.mixing_rate > 0
         assert len(s.verdicts) == 4 and check_claims(s.verdicts) == []
-        assert not s.rate_fit.ok or "bootstrap over histories" in s.rate_fit.ci_method
+        assert all(not dr.rate_fit.ok or "bootstrap over histories" in dr.rate_fit.ci_method for dr in s.draws)
+        ok = [dr.rate_fit.rate for dr in s.draws if dr.rate_fit.ok]
+        if len(ok) >= 2:
+            assert "HMM draws" in s.rate_fit.ci_method and s.rate_fit.rate == pytest.approx(np.mean(ok))
+            assert s.rate_fit.df == len(ok) - 1
+        steps = {}
+        for step, m in s.draw_metrics():
+            steps.setdefault(step, {}).update(m)
+        assert set(steps) == {0, 1, 2} and "theory/rate_mc_se" in steps[0] and "theory/draw/rate" in steps[2]
+        assert steps[1]["theory/draw/seed"] == seeds[1]
+    # the same chain at every gamma: draw j's transition does not depend on gamma
+    assert res.settings[0].draws[1].dobrushin == res.settings[1].draws[1].dobrushin
+    # gamma_eff is computed once per draw and scaled (gamma(Q O) = gamma * gamma(Q E)): equal to a direct computation
+    from hmmscope.config import HMMConfig
+    from hmmscope.hmm import make_hmm
+    from hmmscope.observability import gamma_eff
+
+    for j in (0, 2):
+        h = make_hmm(HMMConfig(family="sticky", n_tasks=1, n_states=6, n_tokens=8, rank=2, gamma=0.9, alpha=0.5,
+                               rho=0.02, seed=seeds[j]))
+        dr = res.settings[1].draws[j]
+        assert dr.gamma_eff["value"] == pytest.approx(gamma_eff(h.Q, h.emission).value, abs=1e-9)
+        assert "scaled from gamma = 0.5" in dr.gamma_eff["method"]
     assert {f.x_name for f in res.exponent_fits} == {"gamma", "gamma_eff"}
-    assert all(f.verdict == "inconclusive" for f in res.exponent_fits)  # 2 gammas: no CI
+    assert all(f.n_draws >= 2 or f.verdict == "inconclusive" for f in res.exponent_fits)
     assert check_claims(res.claims()) == [] and len(res.claims()) == len(res.verdicts) + 8
     assert res.rank_fits == []
     d = res.to_dict()
     text = json.dumps(d, allow_nan=False)
-    assert "NaN" not in text and d["settings"][0]["params"]["n_states"] == 6
+    assert "NaN" not in text and d["settings"][0]["params"]["n_states"] == 6 and len(d["settings"][0]["draws"]) == 3
     rows = res.table()
-    assert len(rows) == 2 and all(isinstance(v, str) for v in rows[0].values())
+    assert len(rows) == 2 and all(isinstance(v, str) for v in rows[0].values()) and rows[0]["draws"] == "3"
     assert any("gamma" in line for line in res.summary_lines())
     png, pdf = plot_theory(res, tmp_path / "theory.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and pdf.read_bytes()[:5] == b"%PDF-"
+    # one draw reproduces the single-draw sweep (draw 0 = theory.seed): its rate CI is the bootstrap's
+    one = run_theory(TheoryConfig(**{**cfg.__dict__, "draws": 1, "gammas": (0.9,)}))
+    assert one.settings[0].draws[0].rate_fit == res.settings[1].draws[0].rate_fit
 
 
 def test_run_theory_rejects_rank_above_states():

@@ -36,39 +36,50 @@ absolute), layerwise.py (pooled layerwise claims, depth vs rank), trials.py (the
 trials.csv), render.py (Markdown, HTML), common.py (blocks, formatting, claim sides, power notes); this
 module builds the report from them.
 
-Statistical choices (each claim is a `stats.Claim` with a 95% CI and a verdict):
+Statistical choices (each claim is a `stats.Claim` with a 95% CI, its degrees of freedom and a verdict; every
+p is printed beside its df):
 
-- Theory: the per-setting rates and CIs are the ones logged; the exponent of rate on gamma and on
-  gamma_eff (`theory.fit_exponent`, unweighted OLS of log r on log x, as in `run_theory`) per
-  (S, d, rho) group and pooled; the rank slope of the intercept (`theory.fit_rank_intercept`) per
-  (S, rho, gamma) group with >= 3 ranks. Verdicts are theory's: k <= 4 supported if the CI upper < 4.
-- Positional encoding: effect = RoPE - absolute, trials restricted to those two levels, seeds
-  (train.seed, else data.seed) as replicates. OLS `metric ~ rope + C(other swept factors)` with HC3
-  errors (plain errors, stated, when HC3 is not finite: a leverage-1 point); when every cell
-  (pos_enc x other factors) has >= 2 seeds, also a mixed model with a random intercept per seed
-  (smf.mixedlm, REML); the mixed model is the headline when it converges, else OLS, with the reason.
-  Every candidate blocking factor is listed with its fate (in the model / left out: not estimable,
-  or a different value in every trial); none drops out silently.
-  Effect size: effect / residual sd (mixed model: sd of residual + seed intercept). Verdict for
-  "RoPE improves <metric>": the CI of the effect in the better direction (acc: up; CE, KL: down;
-  analysis claims: the direction that supports the claim) entirely above 0 -> supported ("RoPE
+- Theory: each setting's rate is the mean over its HMM draws (theory.draws) with a t interval on draws - 1
+  df, the Monte Carlo SE and between-draw sd beside it (read from theory/draw/* metric histories; runs with
+  one draw: the logged bootstrap CI, Monte Carlo only, said so). The exponent of rate on gamma and on
+  gamma_eff (`theory.sweep_fits`: two-stage, the per-draw slope with one intercept per (S, d, rho) group,
+  then a t over draws; one draw: OLS with group intercepts) per group and pooled; the rank slope of the
+  intercept per (S, rho, gamma) group with >= 3 ranks. gamma_eff a constant multiple of gamma within every
+  group and draw: the same regression, said so, not a second claim. A k whose CI reaches 0 makes "k <= 4"
+  vacuous: no power. Verdicts are theory's: k <= 4 supported if the CI upper < 4.
+- Few-cluster inference, the one method for effects across seeds (stats module docstring): seeds
+  (train.seed, else data.seed, when they vary) are the unit, with G - 1 df for G seeds.
+- Positional encoding: effect = RoPE - absolute, trials restricted to those two levels. The verdict row
+  (posenc.py): within-(seed, block) paired differences, blocks = levels of the other swept factors,
+  averaged per seed, t over seeds (stats.paired_effect); one seed: the blocks are the units. A factor
+  confounded with pos_enc, or one whose pairs would leave < 2 units, is left out and listed with its
+  fate; none drops out silently. Per-level effects (each level of each blocking factor) beside the
+  pooled one. OLS HC3 and (>= 2 seeds per cell) a random-intercept mixed model are shown as second
+  opinions and never make the verdict (with 3 seeds they covered a planted null ~73% of the time).
+  Verdict for "RoPE improves <metric>": the CI of the effect in the better direction (acc: up; CE, KL:
+  down; analysis claims: the direction that supports the claim) entirely above 0 -> supported ("RoPE
   better"), entirely below -> not supported ("RoPE worse"), else inconclusive ("no detectable
-  difference").
-- Layerwise claims pooled across analyzed runs: the headline estimate is the mean of the per-run
-  values with a t-based 95% CI across runs (runs = seeds/settings are the replicates; this keeps the
-  between-run variance, which an inverse-variance fixed-effect mean would ignore); the
-  inverse-variance weighted mean (SE = (ci_hi - ci_lo) / 3.92) is shown beside it. One run: its own
-  CI. Pooled verdict: the CI entirely on the claimed side of 0 -> supported, entirely on the other
-  side -> not supported, else inconclusive (the claimed side comes from the claim's name; per-run
-  verdicts with extra conditions, e.g. "rises then falls" also needing a rise and a fall, are counted
-  but the pooled verdict reads the value only).
-- Depth vs rank: cell means of eval/seen/excess_ce (eval/excess_ce in older stores) by (n_layers, rank) and OLS
-  `excess_ce ~ n_layers * log(rank)` (HC3 when finite), each coefficient with a 95% CI.
+  difference"); a degenerate effect (the same value for every seed) -> no power.
+- Layerwise claims pooled across analyzed runs: the headline estimate is the mean over seeds of each
+  seed's mean over its runs with a t-based 95% CI on G - 1 df (one seed: the runs are the units, the
+  between-run variance kept, which an inverse-variance fixed-effect mean would ignore); the
+  inverse-variance weighted mean (SE = (ci_hi - ci_lo) / 3.92) is shown beside it. One run: its own CI.
+  Pooled verdict: the runs' own rule (stats.decide) on the pooled CI; 12 identical values (a zero-width
+  CI) -> no power.
+- Depth vs rank: cell means of eval/seen/excess_ce (eval/excess_ce in older stores) by (n_layers, rank)
+  and `excess_ce ~ n_layers * log(rank)`: fitted per seed and averaged (t over seeds) when >= 2 seeds hold a
+  full design, the OLS over all trials
+  (HC3 when finite) beside it; else the OLS (trials as units), each coefficient with a 95% CI and df.
+- Degenerate statistics: a statistic with a zero-width CI, or whose units all take one value, has no CI:
+  stats.decide says "no power" and the reason says why (never "supported").
 - Power: a row whose design cannot answer says "underpowered" with the reason (fewer than 2
   replicates per cell; no finite CI; an inconclusive CI wider than the effect it tests, with the
   smallest effect the design could resolve): common.underpowered. It never changes a verdict, which is always
   stats.decide's rule applied to the CI printed beside it (claims without a rule are only the two-sided
-  "RoPE improves <claim of unknown side>" rows).
+  "RoPE improves <claim of unknown side>" rows, whose verdict is stats.decide's on either side).
+- Figures: each section that draws one (theory, practice vs theory, positional encoding, layerwise claims,
+  depth vs rank) writes PNG + PDF into out_dir; report.html embeds every PNG (a test counts the <img> tags
+  against the figures written).
 """
 
 from __future__ import annotations
@@ -176,15 +187,15 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
     train_runs = [r for r in t.complete if not _is_theory(r)]
     header, head_sec = _header(sweep, t, len(train_runs), len(theory_runs))
     sections, claims, figs, notes = [head_sec], [], {}, list(t.notes)
-    settings = _theory_settings(theory_runs, t.children)
+    settings = _theory_settings(theory_runs, t.children, uri)
     if theory_runs and not settings:
         notes.append("theory trials found but no settings with logged rates")
     df = _training_frame(train_runs, t.children, t.analysis)
     steps = [("theory", lambda: _theory_section(settings, out_dir, figs) if settings else (None, [])),
              ("practice vs theory", lambda: (_practice_section(df, out_dir, figs), [])),
-             ("positional encoding", lambda: _posenc_section(df)),
-             ("layerwise claims", lambda: _layerwise_section(df)),
-             ("depth vs rank", lambda: _depth_rank_section(df))]
+             ("positional encoding", lambda: _posenc_section(df, out_dir, figs)),
+             ("layerwise claims", lambda: _layerwise_section(df, out_dir, figs)),
+             ("depth vs rank", lambda: _depth_rank_section(df, out_dir, figs))]
     for title, fn in steps:
         try:
             s, c = fn()
@@ -198,10 +209,12 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
         sections.append(Section("Results", [("p", "Complete trials carry none of the metrics this report reads.")]))
     if claims:
         sections.append(Section("Verdicts", [
-            ("p", "Each verdict is its rule applied to the 95% CI beside it (stats.decide); 'underpowered' in the "
-                  "reason says the design cannot answer, and why."),
-            ("table", ["claim", "statistic", "value", "95% CI", "rule", "verdict", "reason"],
-             [[c.name, c.statistic, _f(c.value), _ci(c.ci_lo, c.ci_hi), c.rule or "-", c.verdict, c.reason]
+            ("p", "Each verdict is its rule applied to the 95% CI beside it (stats.decide; df: the CI's degrees of "
+                  "freedom, '-' for a bootstrap interval); 'no power' says the CI cannot decide (zero width, no df, "
+                  "or a check that cannot fail) and the reason says why; 'underpowered' in the reason says the "
+                  "design cannot answer, and why."),
+            ("table", ["claim", "statistic", "value", "95% CI", "df", "rule", "verdict", "reason"],
+             [[c.name, c.statistic, _f(c.value), _ci(c.ci_lo, c.ci_hi), _f(c.df), c.rule or "-", c.verdict, c.reason]
               for c in claims])]))
     rows, varying, metrics = trial_rows(t, _is_theory)
     tsec = trials_section(t.objective, rows, varying, metrics)

@@ -66,13 +66,14 @@ def _num(s: Any) -> Any:
     return int(x) if x.is_integer() and re.fullmatch(r"-?\d+", str(s).strip()) else x
 
 
-def _side_verdict(lo: float, hi: float, side: int) -> str:
+def _side_verdict(lo: float, hi: float, side: int, *, df: float | None = None, degenerate: str = "") -> str:
     """Claim: the quantity lies on `side` of 0 (+1 above, -1 below: stats.decide with '> 0' / '< 0');
-    side 0: two-sided 'differs from 0' (supported if the CI excludes 0, else inconclusive)."""
+    side 0: two-sided 'differs from 0' (supported if decide finds the CI on either side, no power if decide
+    says so, else inconclusive)."""
     if side == 0:
-        ok = math.isfinite(lo) and math.isfinite(hi)
-        return "supported" if ok and (lo > 0 or hi < 0) else "inconclusive"
-    return decide(rule(">" if side > 0 else "<", 0), lo, hi)
+        v = [decide(rule(op, 0), lo, hi, df=df, degenerate=degenerate) for op in (">", "<")]
+        return "no power" if "no power" in v else "supported" if "supported" in v else "inconclusive"
+    return decide(rule(">" if side > 0 else "<", 0), lo, hi, df=df, degenerate=degenerate)
 
 
 def claim_side(name: str, per_run: list[tuple[float, str]] | None = None) -> int:
@@ -85,12 +86,12 @@ def claim_side(name: str, per_run: list[tuple[float, str]] | None = None) -> int
 
 
 def underpowered(value: float, lo: float, hi: float, verdict: str, *, threshold: float = 0.0,
-                 replicates: int | None = None) -> str:
+                 replicates: int | None = None, unit: str = "replicate") -> str:
     """'' when the design answers; else 'underpowered: <why>' (module docstring). Never changes a verdict."""
     why = []
     if replicates is not None and replicates < 2:
-        why.append(f"{replicates} replicate{'s' if replicates != 1 else ''} per cell (< 2): "
-                   "nothing measures the noise within a cell")
+        why.append(f"{replicates} {unit}{'s' if replicates != 1 else ''} per cell (< 2): "
+                   f"nothing measures the noise between {unit}s")
     if not (math.isfinite(lo) and math.isfinite(hi)):
         why.append("no finite 95% CI")
     elif verdict == "inconclusive" and math.isfinite(value):

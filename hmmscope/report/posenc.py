@@ -1,23 +1,39 @@
-"""Positional encoding: the RoPE - absolute effect per metric and per layerwise claim (statistical choices:
-package docstring). Every candidate blocking factor appears in the tables with its fate: in the model, or
-left out with the reason (not estimable beside the others, or a different value in every trial), so a
-factor never drops out of the summary silently. Each row says how many replicates the thinnest cell has
-and whether the design is underpowered (common.underpowered)."""
+"""Positional encoding: the RoPE - absolute effect per metric and per layerwise claim, with seeds as the unit
+(statistical choices: package docstring; the method: stats.paired_effect).
+
+The verdict row of each metric is the few-cluster test: within every (seed, block) cell that holds both
+encodings, the difference rope - absolute; a seed's value is the mean over its blocks; the effect is the
+mean over seeds with a t interval on G - 1 df (one seed: the blocks are the units). Blocks are the levels
+of the other swept factors: a factor whose every level occurs with one encoding only is confounded with
+pos_enc and left out (the effect then includes its difference, and the table says so); the others are
+added while the design keeps >= 2 units; a factor with a different value in every trial is left out.
+Nothing is estimated for a blocking factor, so one gamma level or gamma levels that differ by seed cost
+no degree of freedom. Per-level effects (rope - absolute at each level of each blocking factor, same
+method) sit beside the pooled one for the eval metrics, and a figure shows both.
+
+Second opinions, never the verdict: OLS `metric ~ rope + C(blocks)` with HC3 errors (trials as units, df =
+residual df) and, when every cell has >= 2 seeds, a mixed model with a random intercept per seed (REML,
+z-based: df "asymptotic"). With 3 seeds both treat 12 trials as the information, and a seed-to-seed
+spread of the effect is then read as precision (tests/test_stats.py: coverage ~75% for a planted null).
+Every p is printed with its degrees of freedom."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import warnings
+from pathlib import Path
 
 import numpy as np
 
-from ..stats import Claim, claim, rule
-from .common import METRIC_DIRECTION, NAN, Section, _ci, _f, _p, _side_verdict, claim_side, underpowered
+from ..stats import Claim, Estimate, claim, paired_effect, rule
+from .common import METRIC_DIRECTION, Section, _ci, _f, _p, _side_verdict, claim_side, underpowered
+
+VERDICT_ROW = "paired within-block differences, seeds as the unit (t, G - 1 df)"
 
 
 def _other_factors(d, exclude: set[str]) -> tuple[list[str], dict[str, str]]:
-    """(swept factors to block on, {factor: why it cannot be}); seeds are replicates, not factors."""
+    """(swept factors that may block, {factor: why it cannot}); seeds are replicates, not factors."""
     out, unusable = [], {}
     for c in d.columns:
         if not c.startswith("param:") or c in exclude or c.endswith("seed") or c.split(".")[-1].endswith("seed"):
@@ -42,71 +58,80 @@ def _ols(formula: str, data):
     return res, "OLS, HC3"
 
 
-def _effect(d, metric: str, factors: list[str], seed_col: str | None):
-    """({"ols"|"mixed": (model label, effect, lo, hi, p, std effect)}, factors used, notes, replicates in the
-    thinnest (pos_enc x factors) cell) for rope - absolute on `metric`; a string saying why when not estimated."""
+def _blocks(d, cols):
+    return [tuple(str(v) for v in r) for r in d[cols].itertuples(index=False)] if cols else None
+
+
+def _estimate(d, y: str, blocks: list[str], seed_col: str | None) -> Estimate | str:
+    return paired_effect(d[y].astype(float).to_numpy(), (d["param:model.pos_enc"] == "rope").to_numpy(),
+                         d[seed_col].astype(str).to_numpy() if seed_col else None, _blocks(d, blocks))
+
+
+def _choose_blocks(d, y: str, factors: list[str], seed_col: str | None):
+    """(blocks, {factor: fate}): confounded factors out; others in while the paired design keeps >= 2 units."""
+    rope = d["param:model.pos_enc"] == "rope"
+    fate, blocks = {}, []
+    if rope.nunique() < 2:
+        return blocks, fate
+    for f in factors:
+        lv = d[f].astype(str)
+        if lv.nunique() < 2:  # one level among the trials with this metric: nothing to block on
+            continue
+        if all(rope[lv == v].nunique() == 1 for v in lv.unique()):
+            fate[f] = "left out: confounded with pos_enc (every level occurs with one encoding only)"
+            continue
+        got = _estimate(d, y, [*blocks, f], seed_col)
+        if isinstance(got, Estimate) and got.n >= 2 and "paired" in got.method:
+            blocks.append(f)
+            fate[f] = "paired within (a block)"
+        else:
+            fate[f] = "left out: no seed holds both encodings within its levels"
+    return blocks, fate
+
+
+def _second_opinions(data, y: str, blocks: list[str], seed_col: str | None) -> list[tuple]:
+    """[(label, effect, lo, hi, p, df text)]: OLS HC3 and (>= 2 seeds per cell) the mixed model."""
     import statsmodels.formula.api as smf
 
-    data = d[[metric, *factors] + ([seed_col] if seed_col else [])].copy()
-    data = data[data[metric].notna()]
-    data["y"] = data[metric].astype(float)
-    data["rope"] = (d.loc[data.index, "param:model.pos_enc"] == "rope").astype(float)
-    names = {f: f"f{i}" for i, f in enumerate(factors)}
+    data = data[[y, "param:model.pos_enc", *blocks] + ([seed_col] if seed_col else [])].copy()
+    data = data[data[y].notna()]
+    data["y"] = data[y].astype(float)
+    data["rope"] = (data["param:model.pos_enc"] == "rope").astype(float)
+    names = {f: f"f{i}" for i, f in enumerate(blocks)}
     for f, n in names.items():
         data[n] = data[f].astype(str)
-    used, note = [], []
-    for f in factors:  # add factors while the fit stays estimable
-        trial = [*used, names[f]]
-        X = _design(data, trial)
-        if np.linalg.matrix_rank(X) == X.shape[1] and len(data) - X.shape[1] >= 2:
-            used = trial
-        else:
-            note.append(f"{f[6:]} left out (not estimable)")
-    if data["rope"].nunique() < 2:
-        return "only one pos_enc level has this metric"
-    if len(data) - _design(data, used).shape[1] < 1:
-        return "too few trials for the model"
-    if np.ptp(data["y"].to_numpy()) == 0:
-        return "constant across trials"
-    cells = data.groupby(["rope", *used]).size() if used else data.groupby("rope").size()
-    reps = int(cells.min())
-    formula = "y ~ rope" + "".join(f" + C({n})" for n in used)
-    ols, label = _ols(formula, data)
-    b, (lo, hi) = float(ols.params["rope"]), (float(v) for v in np.asarray(ols.conf_int(0.05).loc["rope"]))
-    sd = math.sqrt(ols.mse_resid) if ols.df_resid > 0 else NAN
-    out = {"ols": (label, b, lo, hi, float(ols.pvalues["rope"]), b / sd if sd > 0 else NAN)}
+    formula = "y ~ rope" + "".join(f" + C({n})" for n in names.values())
+    out = []
+    try:
+        ols, label = _ols(formula, data)
+        if ols.df_resid >= 1:
+            lo, hi = (float(v) for v in np.asarray(ols.conf_int(0.05).loc["rope"]))
+            out.append((f"second opinion: {label} (trials as units)", float(ols.params["rope"]), lo, hi,
+                        float(ols.pvalues["rope"]), _f(float(ols.df_resid))))
+    except Exception:  # a singular design: no second opinion
+        pass
     if seed_col:
-        nseed = data.groupby(["rope", *used])[seed_col].nunique() if used else data.groupby("rope")[seed_col].nunique()
-        if cells.min() >= 2 and nseed.min() >= 2:
+        cols = ["rope", *names.values()]
+        if data.groupby(cols)[seed_col].nunique().min() >= 2:
             data["seed"] = data[seed_col].astype(str)
             try:
-                with warnings.catch_warnings(record=True) as w:
-                    warnings.simplefilter("always")
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
                     mm = smf.mixedlm(formula, data, groups=data["seed"]).fit(reml=True)
-                conv = [str(x.message) for x in w if "converge" in str(x.message).lower()]
-                if not mm.converged or conv or not math.isfinite(float(mm.bse_fe["rope"])):
-                    raise RuntimeError("did not converge" + (f" ({conv[0][:80]})" if conv else ""))
-                if float(mm.scale) <= 1e-6 * float(data["y"].var()):
-                    raise RuntimeError("singular fit: no residual variance within seeds")
-                mb = float(mm.fe_params["rope"])
-                mlo, mhi = (float(v) for v in np.asarray(mm.conf_int(0.05).loc["rope"]))
-                tot = math.sqrt(float(mm.scale) + float(np.asarray(mm.cov_re).ravel()[0]))
-                out["mixed"] = ("mixed model, random intercept per seed", mb, mlo, mhi, float(mm.pvalues["rope"]),
-                                mb / tot if tot > 0 else NAN)
-            except Exception as e:  # singular fits, non-convergence
-                note.append(f"mixed model failed ({type(e).__name__}: {str(e)[:100]}); headline is OLS")
-        else:
-            note.append("fewer than 2 seeds in some cell: OLS only")
-    return out, [f for f in factors if names[f] in used], note, reps
+                if mm.converged and math.isfinite(float(mm.bse_fe["rope"])):
+                    lo, hi = (float(v) for v in np.asarray(mm.conf_int(0.05).loc["rope"]))
+                    out.append(("second opinion: mixed model, random intercept per seed", float(mm.fe_params["rope"]),
+                                lo, hi, float(mm.pvalues["rope"]), "asymptotic (z)"))
+            except Exception:  # singular fits, non-convergence
+                pass
+    return out
 
 
-def _design(data, cols):
-    import patsy
-
-    return np.asarray(patsy.dmatrix("rope" + "".join(f" + C({c})" for c in cols), data))
+def _power(est: Estimate, verdict: str, n_seeds: int) -> str:
+    return underpowered(est.value, est.lo, est.hi, verdict, replicates=n_seeds, unit="seed")
 
 
-def _posenc_section(df) -> tuple[Section | None, list[Claim]]:
+def _posenc_section(df, out_dir: Path | None = None, figs: dict | None = None) -> tuple[Section | None, list[Claim]]:
     if df.empty or "param:model.pos_enc" not in df.columns or df["param:model.pos_enc"].nunique() < 2:
         return None, []
     levels = sorted(df["param:model.pos_enc"].astype(str).unique())
@@ -117,16 +142,19 @@ def _posenc_section(df) -> tuple[Section | None, list[Claim]]:
     d = df[df["param:model.pos_enc"].isin(["rope", "absolute"])]
     seed_col = next((c for c in ("param:train.seed", "param:data.seed") if c in d.columns and d[c].nunique() > 1),
                     None)
+    n_seeds = int(d[seed_col].nunique()) if seed_col else 1
     factors, unusable = _other_factors(d, {"param:model.pos_enc"})
     metrics = [m for m in METRIC_DIRECTION if f"metric:{m}" in d.columns]
     claim_cols = sorted(c for c in d.columns if c.startswith("metric:claim/") and c.endswith("/value"))
-    sec.blocks.append(("p", f"Effect = RoPE - absolute; {len(d)} trials; seeds as replicates "
-                            f"({seed_col[6:] if seed_col else 'no varying seed'}); candidate blocking factors: "
-                            f"{', '.join(f[6:] for f in [*factors, *unusable]) or 'none'} (each added while the "
-                            "model stays estimable; the table says which entered). Claim tested: "
-                            "'RoPE improves <metric>'. 'underpowered' marks a row whose design cannot answer: "
-                            "fewer than 2 replicates in some cell, or an inconclusive CI wider than the effect."))
-    rows, fate = [], {}
+    sec.blocks.append(("p", f"Effect = RoPE - absolute; {len(d)} trials, {n_seeds} seed{'s' if n_seeds > 1 else ''} "
+                            f"({seed_col[6:] if seed_col else 'no varying seed'}). Verdict: {VERDICT_ROW}: within each "
+                            "(seed, block) the difference of the two encodings, averaged over a seed's blocks, then a "
+                            "t interval over seeds (with G seeds an effect that varies by seed has G - 1 degrees of "
+                            "freedom, however many trials there are; one seed: the blocks are the units). Blocks: "
+                            f"{', '.join(f[6:] for f in factors) or 'none'} (the factor table says which entered). "
+                            "Second opinions (OLS HC3, mixed model) are shown with their df but never make the "
+                            "verdict. Claim tested: 'RoPE improves <metric>'."))
+    rows, fate, level_rows, plot = [], {}, [], []
     for m in [f"metric:{m}" for m in metrics] + claim_cols:
         name = m[len("metric:"):]
         if m in claim_cols:
@@ -135,44 +163,125 @@ def _posenc_section(df) -> tuple[Section | None, list[Claim]]:
             side, label = claim_side(cname, vals), f"claim {cname}"
         else:
             side, label = METRIC_DIRECTION[name], name
-        got = _effect(d, m, factors, seed_col)
         left = [f"{f[6:]} ({why})" for f, why in unusable.items()]
-        if isinstance(got, str):
-            rows.append([label, "not estimated", "-", "-", "-", "-", "-", ", ".join(left) or "-", "-", "-",
-                         f"not estimated: {got}"])
+        dm = d[d[m].notna()]
+        blocks, fm = _choose_blocks(dm, m, factors, seed_col) if not dm.empty else ([], {})
+        for f, why in fm.items():
+            fate.setdefault(f, set()).add(why)
+        left = [f"{f[6:]} ({why[len('left out: '):]})" for f, why in fm.items() if why.startswith("left")] + left
+        est = _estimate(dm, m, blocks, seed_col) if not dm.empty else "no trial has this metric"
+        if isinstance(est, str):
+            rows.append([label, "not estimated", "-", "-", "-", "-", "-", "-", ", ".join(left) or "-", "-",
+                         f"not estimated: {est}"])
             continue
-        fits, used, note, reps = got
-        left = [f"{f[6:]} (not estimable beside the others)" for f in factors if f not in used] + left
-        for f in factors:
-            fate.setdefault(f, set()).add("in the model" if f in used else "left out: not estimable")
-        head = fits.get("mixed", fits["ols"])
-        for key in ("ols", "mixed"):
-            if key not in fits:
-                continue
-            lab, b, lo, hi, p, es = fits[key]
-            v = _side_verdict(lo, hi, side)
-            word = ("RoPE better" if v == "supported" else "RoPE worse" if v == "not supported"
-                    else "no detectable difference") if side else ("differs" if v == "supported" else "no detectable difference")
-            power = underpowered(b, lo, hi, v, replicates=reps)
-            rows.append([label, lab, _f(b), _ci(lo, hi), _p(p), _f(es, 3), ", ".join(f[6:] for f in used) or "none",
-                         ", ".join(left) or "none", str(reps), power or "ok", v + (f" ({word})" if word else "")])
-        lab, b, lo, hi, p, es = head
+        bl = ", ".join(f[6:] for f in blocks) or "none"
+        v = _side_verdict(est.lo, est.hi, side, df=est.df, degenerate=est.degenerate)
+        word = ("" if v == "no power" else "RoPE better" if v == "supported" else "RoPE worse" if v == "not supported"
+                else "no detectable difference") if side else \
+            ("" if v == "no power" else "differs" if v == "supported" else "no detectable difference")
+        power = _power(est, v, n_seeds)
+        rows.append([label, f"verdict: {est.method}", _f(est.value), _ci(est.lo, est.hi), _p(est.p), _f(est.df),
+                     f"{est.n} {est.unit}", bl, ", ".join(left) or "none", power or est.degenerate or "ok",
+                     v + (f" ({word})" if word else "")])
+        for lab, b, lo, hi, p, dft in _second_opinions(dm, m, blocks, seed_col):
+            rows.append([label, lab, _f(b), _ci(lo, hi), _p(p), dft, "-", bl, ", ".join(left) or "none", "-",
+                         "- (second opinion)"])
         better = {1: "higher", -1: "lower", 0: "different"}[side]
-        why = [f"p = {_p(p)}, standardized effect {_f(es, 3)}", *note]
+        why = [f"{est.method}; p = {_p(est.p)} (df {_f(est.df)})"]
+        stat = f"rope - absolute ({VERDICT_ROW}); better = {better}"
         if side:  # the verdict is stats.decide's on the CI beside it
-            c = claim(f"RoPE improves {label}", f"rope - absolute ({lab}); better = {better}", b, lo, hi,
-                      rule(">" if side > 0 else "<", 0), "")
+            c = claim(f"RoPE improves {label}", stat, est.value, est.lo, est.hi, rule(">" if side > 0 else "<", 0), "",
+                      df=est.df, degenerate=est.degenerate)
         else:  # an analysis claim whose side is unknown: two-sided, no rule
-            c = Claim(f"RoPE improves {label}", f"rope - absolute ({lab}); better = {better}", b, lo, hi,
-                      _side_verdict(lo, hi, 0), "")
-        power = underpowered(b, lo, hi, c.verdict, replicates=reps)
-        claims.append(dataclasses.replace(c, reason="; ".join([*why, *([power] if power else [])])))
-    sec.blocks.append(("table", ["metric", "model", "effect (rope - abs)", "95% CI", "p", "effect / resid sd",
-                                 "blocking factors in the model", "left out (why)", "replicates (thinnest cell)",
-                                 "power", "verdict (RoPE improves)"], rows))
+            c = Claim(f"RoPE improves {label}", stat, est.value, est.lo, est.hi, v, "", "", est.df, est.degenerate)
+        power = _power(est, c.verdict, n_seeds)
+        claims.append(dataclasses.replace(c, reason="; ".join([*why, *([c.reason] if c.reason else []),
+                                                                 *([power] if power else [])])))
+        if m in claim_cols:
+            continue
+        plot.append((name, dm, blocks, est))
+        for f in blocks:  # per-level effects beside the pooled one
+            for lv in sorted(dm[f].astype(str).unique(), key=_sort_key):
+                sub = dm[dm[f].astype(str) == lv]
+                e = _estimate(sub, m, [b for b in blocks if b != f], seed_col)
+                if isinstance(e, str):
+                    level_rows.append([name, f"{f[6:]} = {lv}", "not estimated", "-", "-", "-", "-", e])
+                else:
+                    level_rows.append([name, f"{f[6:]} = {lv}", _f(e.value), _ci(e.lo, e.hi), _p(e.p), _f(e.df),
+                                       f"{e.n} {e.unit}", e.degenerate or e.method])
+        level_rows.append([name, "pooled (the verdict row)", _f(est.value), _ci(est.lo, est.hi), _p(est.p),
+                           _f(est.df), f"{est.n} {est.unit}", est.method])
+    sec.blocks.append(("table", ["metric", "model", "effect (rope - abs)", "95% CI", "p", "df", "units",
+                                 "blocks (paired within)", "left out (why)", "power", "verdict (RoPE improves)"], rows))
+    if level_rows:
+        sec.blocks += [("h", 3, "Per-level effects (RoPE - absolute at each level of each blocking factor)"),
+                       ("table", ["metric", "level", "effect", "95% CI", "p", "df", "units", "method"], level_rows)]
     frows = [[f[6:], str(d[f].astype(str).nunique()), " / ".join(sorted(fate.get(f, {"not reached"})))]
              for f in factors] + [[f[6:], str(d[f].astype(str).nunique()), f"left out: {why}"]
                                   for f, why in unusable.items()]
     if frows:
         sec.blocks += [("h", 3, "Blocking factors"), ("table", ["factor", "levels", "fate"], frows)]
+    if out_dir is not None and plot:
+        saved = _plot_posenc(plot, seed_col, Path(out_dir) / "posenc_effects.png")
+        if figs is not None:
+            figs["posenc"], figs["posenc_pdf"] = (str(p) for p in saved)
+        sec.blocks.append(("img", saved[0].name, "RoPE vs absolute: each metric per block (seeds as dots, means as "
+                                                 "lines), and the effect rope - absolute per level and pooled with "
+                                                 "its 95% CI"))
     return sec, claims
+
+
+def _sort_key(v: str):
+    try:
+        return (0, float(v), v)
+    except ValueError:
+        return (1, 0.0, v)
+
+
+def _plot_posenc(plot: list, seed_col: str | None, path: Path) -> list[Path]:
+    """Top row: each eval metric per block, rope and absolute, trials as dots and means joined by lines.
+    Bottom row: rope - absolute per block (the seeds' paired differences as dots, the mean with its 95% CI)
+    and pooled (the verdict's estimate and CI), zero dotted."""
+    from matplotlib.figure import Figure
+
+    from ..figures import save
+
+    fig = Figure(figsize=(4.2 * len(plot), 7), layout="constrained")
+    axes = fig.subplots(2, len(plot), squeeze=False)
+    for j, (name, dm, blocks, est) in enumerate(plot):
+        lab = [", ".join(f"{b[6:].split('.')[-1]}={v}" for b, v in zip(blocks, k)) or "all"
+               for k in (_blocks(dm, blocks) or [()] * len(dm))]
+        dm = dm.assign(_block=lab)
+        order = sorted(set(lab), key=lambda s: [_sort_key(x.split("=")[-1]) for x in s.split(", ")])
+        ax = axes[0][j]
+        for pe, c, dx in (("rope", "C0", -0.08), ("absolute", "C1", 0.08)):
+            sub = dm[dm["param:model.pos_enc"] == pe]
+            xs = [order.index(b) + dx for b in sub["_block"]]
+            ax.plot(xs, sub[f"metric:{name}"].astype(float), ".", color=c, alpha=0.6)
+            means = [sub[sub["_block"] == b][f"metric:{name}"].astype(float).mean() for b in order]
+            ax.plot(np.arange(len(order)) + dx, means, "o-", color=c, label=pe)
+        ax.set(xticks=range(len(order)), title=name, ylabel=name)
+        ax.set_xticklabels(order, fontsize=7)
+        ax.legend(fontsize=7)
+        ax = axes[1][j]
+        for i, b in enumerate(order):
+            sub = dm[dm["_block"] == b]
+            e = _estimate(sub, f"metric:{name}", [], seed_col)
+            if isinstance(e, str):
+                continue
+            ax.plot([i] * len(e.units), [u[1] for u in e.units], ".", color="gray", alpha=0.7)
+            if math.isfinite(e.lo):
+                ax.errorbar([i], [e.value], yerr=[[e.value - e.lo], [e.hi - e.value]], fmt="o", color="C2", capsize=3)
+            else:
+                ax.plot([i], [e.value], "o", color="C2")
+        k = len(order)
+        if math.isfinite(est.lo):
+            ax.errorbar([k], [est.value], yerr=[[est.value - est.lo], [est.hi - est.value]], fmt="D", color="k",
+                        capsize=3)
+        else:
+            ax.plot([k], [est.value], "D", color="k")
+        ax.axhline(0, color="gray", ls=":")
+        ax.set(xticks=range(k + 1), ylabel="rope - absolute", title=f"effect (95% CI, {est.unit} units)")
+        ax.set_xticklabels([*order, "pooled"], fontsize=7)
+    fig.suptitle("RoPE vs absolute: per block and pooled (seeds as the unit)")
+    return save(fig, path)

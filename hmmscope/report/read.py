@@ -174,7 +174,24 @@ def _training_frame(runs: list, children: dict, analysis: dict | None = None):
     return pd.DataFrame(rows)
 
 
-def _theory_settings(theory_runs: list, children: dict) -> list[dict]:
+_DRAW_KEYS = ("rate", "rate_lo", "rate_hi", "log_intercept", "gamma_eff", "mixing_rate", "seed", "fit_points")
+
+
+def _draws(uri: str | None, run_id: str) -> list[dict]:
+    """A setting run's HMM draws from the metric histories theory/draw/<key> (step = draw index)."""
+    if uri is None:
+        return []
+    cl = tracking.client(uri)
+    by: dict[int, dict] = defaultdict(dict)
+    for k in _DRAW_KEYS:
+        for m in cl.get_metric_history(run_id, f"theory/draw/{k}"):
+            by[int(m.step)][k] = float(m.value)
+    return [{"index": i, **{k: by[i].get(k, NAN) for k in _DRAW_KEYS}} for i in sorted(by)]
+
+
+def _theory_settings(theory_runs: list, children: dict, uri: str | None = None) -> list[dict]:
+    """One dict per theory-setting run: params, the setting's metrics and, when it logged more than one HMM
+    draw (theory/draws > 1), its draws (`_draws`; needs `uri`), else draws = []."""
     out = []
     for t in theory_runs:
         for s in children.get(t.info.run_id, []):
@@ -186,11 +203,13 @@ def _theory_settings(theory_runs: list, children: dict) -> list[dict]:
                 v = _num(p.get(k, d))
                 return float(v) if isinstance(v, (int, float)) else d
             out.append({"run_id": s.info.run_id, "n_states": int(g("hmm.n_states", 0)), "rank": int(g("hmm.rank", 0)),
-                        "rho": g("hmm.rho", 0.0), "gamma": g("hmm.gamma"),
+                        "rho": g("hmm.rho", 0.0), "gamma": g("hmm.gamma"), "seed": g("hmm.seed", 0.0),
                         "gamma_eff": float(m.get("theory/gamma_eff", NAN)), "rate": float(m.get("theory/rate", NAN)),
                         "rate_lo": float(m.get("theory/rate_lo", NAN)), "rate_hi": float(m.get("theory/rate_hi", NAN)),
                         "log_intercept": float(m.get("theory/log_intercept", NAN)),
-                        "mixing_rate": float(m.get("theory/mixing_rate", NAN))})
+                        "mixing_rate": float(m.get("theory/mixing_rate", NAN)),
+                        "n_draws": int(m.get("theory/draws", 1)), "rate_df": float(m.get("theory/rate_df", NAN)),
+                        "rate_mc_se": float(m.get("theory/rate_mc_se", NAN)),
+                        "rate_between_sd": float(m.get("theory/rate_between_sd", NAN)),
+                        "draws": _draws(uri, s.info.run_id) if m.get("theory/draws", 1) > 1 else []})
     return out
-
-

@@ -14,69 +14,105 @@ from ..stats import Claim
 from .common import NAN, Section, _ci, _f
 
 
+def _points(s: dict) -> list[dict]:
+    """The per-draw points of a setting (theory.Setting.points' layout); one point when it has no draws."""
+    base = {"n_states": s["n_states"], "rho": s["rho"], "gamma": s["gamma"], "rank": s["rank"],
+            "group": f"S={s['n_states']} d={s['rank']} rho={s['rho']:g}"}
+    if not s["draws"]:
+        return [{**base, "gamma_eff": s["gamma_eff"], "rate": s["rate"], "rate_lo": s["rate_lo"],
+                 "rate_hi": s["rate_hi"], "mixing_rate": s["mixing_rate"], "log_intercept": s["log_intercept"],
+                 "draw": _f(s["seed"])}]
+    return [{**base, **{k: d[k] for k in ("gamma_eff", "rate", "rate_lo", "rate_hi", "mixing_rate", "log_intercept")},
+             "draw": _f(d["seed"], 12) if math.isfinite(d["seed"]) else f"{_f(s['seed'])}:{d['index']}"}
+            for d in s["draws"]]
+
+
+def _draw_range(s: dict) -> str:
+    r = [d["rate"] for d in s["draws"] if math.isfinite(d["rate"])]
+    return f"{_f(min(r))} - {_f(max(r))}" if len(r) > 1 else "-"
+
+
 def _theory_section(settings: list, out_dir: Path, figs: dict) -> tuple[Section, list[Claim]]:
-    from ..theory import exponent_fits, fit_rank_intercept
+    from ..theory import sweep_fits
 
     sec, claims = Section("Theory: decay of eps(L) (Theorem 1)"), []
+    settings = sorted(settings, key=lambda s: (s["n_states"], s["rank"], s["rho"], s["gamma"]))
+    n_draws = sorted({s["n_draws"] for s in settings})
     rows = []
-    for s in sorted(settings, key=lambda s: (s["n_states"], s["rank"], s["rho"], s["gamma"])):
+    for s in settings:
         rows.append([_f(s["n_states"]), _f(s["rank"]), _f(s["rho"]), _f(s["gamma"]), _f(s["gamma_eff"]),
-                     _f(s["rate"]), _ci(s["rate_lo"], s["rate_hi"]), _f(s["mixing_rate"]),
+                     str(s["n_draws"]), _f(s["rate"]), _ci(s["rate_lo"], s["rate_hi"]), _f(s["rate_df"]),
+                     _f(s["rate_mc_se"], 2), _f(s["rate_between_sd"], 2), _draw_range(s), _f(s["mixing_rate"]),
                      _f(s["rate"] - s["mixing_rate"]), _f(s["log_intercept"])])
-    sec.blocks += [("p", "Decay rate r of log eps(L) = a - r L per setting, with its 95% CI (as logged), beside "
-                         "the chain's own mixing rate m = -log|lambda_2(T)| (theory/mixing_rate): with no "
-                         "information in the emissions eps(L) still decays like exp(-m L)."),
-                   ("table", ["S", "d", "rho", "gamma", "gamma_eff", "rate", "95% CI", "mixing m", "rate - m",
-                              "intercept a"], rows)]
-    groups: dict[tuple, list] = defaultdict(list)
-    for s in settings:
-        groups[(s["n_states"], s["rank"], s["rho"])].append(s)
-    scopes = [(f"S={k[0]} d={k[1]} rho={_f(k[2])}", v) for k, v in groups.items()]
-    if len(groups) > 1:
-        scopes.append(("pooled", settings))
-    fits, erows = [], []
-    for scope, ss in scopes:
-        for f in exponent_fits(ss, scope):
-            fits.append(f)
-            erows.append([scope, f.y_name, f.x_name, _f(f.k), _ci(*f.k_ci), str(f.n_used),
-                          "(same regression)" if f.same_as else f.verdict, f.reason])
-            if f.same_as is None:
-                c = f.claim()
-                claims.append(dataclasses.replace(c, name=f"theory: {c.name}"))
+    multi = n_draws != [1]
+    sec.blocks += [("p", "Decay rate r of log eps(L) = a - r L per setting, beside the chain's own mixing rate "
+                         "m = -log|lambda_2(T)| (theory/mixing_rate): with no information in the emissions eps(L) "
+                         "still decays like exp(-m L). "
+                    + ("Each setting is measured on several independent HMM draws (theory.draws): the rate is the "
+                       "mean over draws and its 95% CI a t interval on draws - 1 df (df), so it covers the family's "
+                       "draw-to-draw spread. Beside it, the Monte Carlo part (MC SE: the SE the mean would have if "
+                       "every draw were the same HMM, from the per-draw bootstrap CIs over histories) and the "
+                       "between-draw sd (Monte Carlo variance removed)." if multi else
+                       "One HMM draw per setting (runs logged before theory.draws, or theory.draws = 1): the 95% CI "
+                       "is the bootstrap over histories of that one HMM, Monte Carlo error only, not the family's "
+                       "spread.")),
+                   ("table", ["S", "d", "rho", "gamma", "gamma_eff", "draws", "rate", "95% CI", "df", "MC SE",
+                              "between-draw sd", "per-draw rates", "mixing m", "rate - m", "intercept a"], rows)]
+    pts = [p for s in settings for p in _points(s)]
+    exps, ranks = sweep_fits(pts)
+    erows = []
+    for f in exps:
+        erows.append([f.scope, f.y_name, f.x_name, _f(f.k), _ci(*f.k_ci), _f(f.df), _f(f.mc_se, 2),
+                      _f(f.between_sd, 2), str(f.n_draws), str(f.n_used),
+                      "(same regression)" if f.same_as else f.verdict, f.reason])
+        if f.same_as is None:
+            c = f.claim()
+            claims.append(dataclasses.replace(c, name=f"theory: {c.name}"))
     sec.blocks += [("h", 3, "Exponent of the rate on gamma (the bound allows k <= 4)"),
-                   ("p", "OLS of log y on log x. y = rate, and y = rate - mixing floor over the settings whose "
-                         "rate CI lies above the floor (a gamma^4 law plus a floor looks like a small k). A CI "
-                         "below 4 means exponent 4 is rejected and the bound holds, loose by gamma^(4 - k)."),
-                   ("table", ["scope", "y", "x", "k", "95% CI", "n", "verdict (k <= 4)", "reason"], erows)]
-    by: dict[tuple, list] = defaultdict(list)
-    for s in settings:
-        by[(s["n_states"], s["rho"], s["gamma"])].append(s)
+                   ("p", "log y = a_group + k log x, one intercept per (S, d, rho) group. "
+                    + ("Two-stage with the HMM draw as the unit: draw j is the same chain at every gamma of a group "
+                       "(only the emissions' mixing changes), so each draw gives a slope; k is their mean with a t "
+                       "interval on draws - 1 df. MC SE: the part of k's SE that is Monte Carlo error of the rates; "
+                       "between-draw sd: the slopes' spread over draws beyond it. " if multi else
+                       "One draw per setting: OLS across gammas, t on n - groups - 1 df; the CI is the points' "
+                       "scatter about the line, not the family's spread. ")
+                    + "y = rate, and y = rate - mixing floor over the points whose rate CI lies above the floor (a "
+                      "gamma^4 law plus a floor looks like a small k). A CI below 4 means exponent 4 is rejected "
+                      "and the bound holds, loose by gamma^(4 - k). A CI that reaches 0 means the rate is not "
+                      "shown to grow with x: 'k <= 4' cannot fail then, and the claim reads 'no power'."),
+                   ("table", ["scope", "y", "x", "k", "95% CI", "df", "MC SE", "between-draw sd", "draws", "points",
+                              "verdict (k <= 4)", "reason"], erows)]
+    same = [f for f in exps if f.same_as]
+    if same:
+        sec.blocks.append(("p", "gamma_eff is a constant multiple of gamma here: " + "; ".join(
+            f"[{f.scope}] {f.reason}" for f in same) + ". (For the emission family O = gamma E + (1 - gamma) U, "
+            "gamma_eff = gamma(Q O) = gamma * gamma(Q E) exactly.)"))
     rrows = []
-    for k, ss in by.items():
-        if len({s["rank"] for s in ss}) < 3:
-            continue
-        f = fit_rank_intercept([s["rank"] for s in ss], [s["log_intercept"] for s in ss],
-                               scope=f"S={k[0]} rho={_f(k[1])} gamma={_f(k[2])}")
-        rrows.append([f.scope, _f(f.slope), _ci(*f.slope_ci), str(f.n_used), f.verdict, f.reason])
+    for f in ranks:
+        rrows.append([f.scope, _f(f.slope), _ci(*f.slope_ci), _f(f.df), str(f.n_used), f.method, f.verdict, f.reason])
         c = f.claim()
         claims.append(dataclasses.replace(c, name=f"theory: {c.name}"))
     sec.blocks.append(("h", 3, "Rank dependence of the intercept (bound: slope <= 1 in log d)"))
-    sec.blocks.append(("table", ["scope", "slope", "95% CI", "n", "verdict (slope <= 1)", "reason"], rrows) if rrows
+    sec.blocks.append(("table", ["scope", "slope", "95% CI", "df", "points", "method", "verdict (slope <= 1)",
+                                 "reason"], rrows) if rrows
                       else ("p", "Fewer than 3 ranks per (S, rho, gamma): no rank fit."))
-    for f in fits:
-        if f.x_name == "gamma" and (f.scope == "pooled" or len(scopes) == 1):
+    groups = {p["group"] for p in pts}
+    for f in exps:
+        if f.x_name == "gamma" and (f.scope == "pooled" or len(groups) == 1):
             sec.blocks.append(("p", f"The bound's exponent on {f.y_name} ({f.scope}): k = {_f(f.k, 3)} "
-                                    f"{_ci(*f.k_ci)}; {f.reason} (claim k <= 4: {f.verdict})."))
-    saved = _plot_theory(settings, fits, out_dir / "theory_rate_vs_gamma.png")
+                                    f"{_ci(*f.k_ci)}, df = {_f(f.df)}; {f.reason} (claim k <= 4: {f.verdict})."))
+    saved = _plot_theory(settings, exps, out_dir / "theory_rate_vs_gamma.png")
     if saved:
         figs["theory"], figs["theory_pdf"] = (str(p) for p in saved)
-        sec.blocks.append(("img", saved[0].name, "decay rate vs gamma (log-log) with the exponent fit"))
+        sec.blocks.append(("img", saved[0].name, "decay rate vs gamma (log-log): each HMM draw a small dot, the "
+                                                 "mean over draws with its 95% CI, the exponent fit per group"))
     return sec, claims
 
 
 def _plot_theory(settings, fits, path: Path) -> list[Path]:
-    """Rate vs gamma (log-log) per (S, d, rho) group, each group's exponent fit in its points' colour, the
-    pooled fit in black; written as PNG + PDF ([] when no setting has a positive rate)."""
+    """Rate vs gamma (log-log) per (S, d, rho) group: each draw's rate a small faint dot, the setting's mean
+    with its 95% CI, each group's exponent fit in its points' colour, the pooled fit in black; written as
+    PNG + PDF ([] when no setting has a positive rate)."""
     from matplotlib.figure import Figure
 
     from ..figures import save
@@ -91,7 +127,11 @@ def _plot_theory(settings, fits, path: Path) -> list[Path]:
         groups[(s["n_states"], s["rank"], s["rho"])].append(s)
     for j, (k, ss) in enumerate(sorted(groups.items())):
         ss, c = sorted(ss, key=lambda s: s["gamma"]), f"C{j % 10}"
-        scope = f"S={k[0]} d={k[1]} rho={_f(k[2])}"
+        scope = f"S={k[0]} d={k[1]} rho={k[2]:g}"
+        dots = [(s["gamma"] * math.exp(0.03 * (j - (len(s["draws"]) - 1) / 2)), d["rate"]) for s in ss  # spread in x
+                for j, d in enumerate(s["draws"]) if math.isfinite(d["rate"]) and d["rate"] > 0]
+        if dots:
+            ax.plot(*zip(*dots), ".", ms=4, alpha=0.4, color=c)
         g, r = np.array([s["gamma"] for s in ss]), np.array([s["rate"] for s in ss])
         lo = np.array([s["rate_lo"] if math.isfinite(s["rate_lo"]) and s["rate_lo"] > 0 else s["rate"] for s in ss])
         hi = np.array([s["rate_hi"] if math.isfinite(s["rate_hi"]) else s["rate"] for s in ss])
@@ -104,6 +144,8 @@ def _plot_theory(settings, fits, path: Path) -> list[Path]:
     for f in fits:
         if f.x_name == "gamma" and f.y_name == "rate" and math.isfinite(f.k) and f.scope == "pooled" and len(groups) > 1:
             ax.plot(gg, np.exp(f.intercept) * gg ** f.k, "k--", label=f"pooled fit k={f.k:.2f} {_ci(*f.k_ci)}")
+    if any(s["draws"] for s in good):
+        ax.plot([], [], ".", color="gray", alpha=0.4, label="one HMM draw")
     ax.set(xscale="log", yscale="log", xlabel="gamma", ylabel="decay rate r (95% CI)", title="rate vs gamma")
     ax.legend(fontsize=7)
     return save(fig, path)
