@@ -246,7 +246,9 @@ def test_verdicts_on_constructed_curves():
     v, summary = _verdicts(acc, (1, 2, 3))
     for k in (1, 2, 3):
         assert v[f"kback{k}_rises_then_falls"].verdict == "supported" and v[f"kback{k}_rises_then_falls"].value > 0.1
-    assert v["kback_peak_moves_up"].verdict == "supported" and v["kback_peak_moves_up"].value == pytest.approx(1.0)
+    # noise-free peaks 1, 2, 3: the slope is 1 in every resample, a zero-width CI, so no power (stats.decide)
+    c = v["kback_peak_moves_up"]
+    assert c.verdict == "no power" and c.value == pytest.approx(1.0) and "zero-width" in c.reason
     assert v["kback_acc_falls_with_k"].verdict == "supported" and v["kback_acc_falls_with_k"].value < 0
     assert v["state_before_task"].verdict == "supported" and v["state_before_task"].value > 0.2
     assert v["state_before_task_reach90"].value == 2 and v["state_before_task_reach50"].value == 2  # task 3, state 1
@@ -279,7 +281,8 @@ def test_concave_rise_is_never_rises_then_falls():
         for k in (1, 2):
             c = v[f"kback{k}_rises_then_falls"]
             assert c.value <= 0 and c.ci_hi <= 0.01 and c.verdict != "supported"
-        assert v["kback1_rises_then_falls"].verdict == "not supported"  # peak at the last layer in every resample
+        # peak at the last layer in every resample: the fall, and the statistic, is 0 in each: no power, not "supported"
+        assert v["kback1_rises_then_falls"].verdict == "no power" and "zero-width" in v["kback1_rises_then_falls"].reason
 
 
 def test_non_monotone_peaks_do_not_move_up():
@@ -289,9 +292,13 @@ def test_non_monotone_peaks_do_not_move_up():
     v, _ = _verdicts(acc, (1, 2, 3, 4, 5), P=32)
     c = v["kback_peak_moves_up"]
     assert c.value == pytest.approx(0.2) and c.ci_lo < 0 < c.ci_hi and c.verdict == "inconclusive"
-    # a monotone sequence with the same sharp curves is supported
+    # a monotone sequence with the same sharp curves: slope 1 in every resample, a zero-width CI: no power
     acc = {f"kback{k}": [0.9 - 0.1 * k if l == k - 1 else 0.2 for l in range(5)] for k in range(1, 6)}
-    assert _verdicts(acc, (1, 2, 3, 4, 5), P=32)[0]["kback_peak_moves_up"].verdict == "supported"
+    assert _verdicts(acc, (1, 2, 3, 4, 5), P=32)[0]["kback_peak_moves_up"].verdict == "no power"
+    # peaks (0, 1, 3, 3, 4) rise with k off a line: the t interval on K - 2 df has width; supported
+    acc = {f"kback{k}": [0.9 - 0.1 * k if l == p else 0.2 for l in range(5)] for k, p in zip(range(1, 6), (0, 1, 3, 3, 4))}
+    c = _verdicts(acc, (1, 2, 3, 4, 5), P=32)[0]["kback_peak_moves_up"]
+    assert c.ci_hi > c.ci_lo and c.verdict == "supported", c
 
 
 def test_falls_with_k_needs_every_step():
@@ -371,12 +378,13 @@ def test_task_probe_at_8192_tasks():
 
     def fn(tok, layer, idx):  # the residual carries the task (a random code per task) plus noise
         x = torch.as_tensor(code[ep.task_ids[idx]])[:, None].expand(len(idx), tok.shape[1], 16)
-        return x + 0.3 * torch.randn(x.shape, generator=torch.Generator().manual_seed(int(idx[0])))
+        return x + NOISE * torch.randn(x.shape, generator=torch.Generator().manual_seed(int(idx[0])))
 
+    NOISE = 1.0  # enough that some test positions are missed: a perfect probe's CI is zero-width (no power)
     r = run_probes(fn, mix, ep, ks=(1,), n_layers=1, positions_per_episode=2, n_boot=200, belief=False)
     task = next(x for x in r.table if x["target"] == "task")
     assert sorted(r.meta["tasks_probed"]) == tasks.tolist() and r.meta["episodes_per_task"]["min"] >= 30
-    assert task["n_classes"] == 32 and task["acc"] > 0.95 and task["chance"] < 0.1
+    assert task["n_classes"] == 32 and task["acc"] > 0.8 and task["chance"] < 0.1
     assert {c.name: c for c in r.claims}["task_beats_control"].verdict == "supported"
 
 

@@ -272,7 +272,7 @@ def test_each_run_kind_logs_its_own_config_sections():
     train = tracking.config_params(Config(), tracking.TRAIN_SECTIONS)
     theory = tracking.config_params(Config(), tracking.THEORY_SECTIONS)
     assert {k.split(".")[0] for k in train} == {"hmm", "data", "model", "train"}
-    assert len(theory) == 13 and all(k.startswith("theory.") for k in theory)
+    assert len(theory) == 14 and "theory.draws" in theory and all(k.startswith("theory.") for k in theory)
 
 
 def test_objective_key_sorts_before_every_metric_key_we_log():
