@@ -222,8 +222,9 @@ def source_name(argv: list[str] | None = None) -> str:
         words.append(a)
     pkg = Path(__file__).resolve().parent
     with contextlib.suppress(OSError):
-        if prog.suffix == ".py" and prog.resolve().parent == pkg:
-            return " ".join([f"{pkg.name}.{prog.stem}", *words])
+        if prog.suffix == ".py" and pkg in prog.resolve().parents:  # a module, or a package's __main__
+            module = ".".join(prog.resolve().relative_to(pkg.parent).with_suffix("").parts)
+            return " ".join([module.removesuffix(".__main__"), *words])
     if prog.name == "hmmscope":
         return " ".join([prog.name, *words])
     return "python" if not prog.name or prog.name.startswith("-") else prog.name

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from hmmscope import tracking
 from hmmscope.cli import app
 from hmmscope.config import ConfigError
-from hmmscope.studies import delete_study, export_rows, list_studies, study_runs
 from hmmscope.sweep import create_study, run_worker
+from hmmscope.sweep.studies import delete_study, export_rows, list_studies, study_runs
 from hmmscope.sweep_spec import load_spec
 
 runner = CliRunner()

@@ -1,0 +1,183 @@
+"""Housekeeping of sweep studies: list a storage's studies, export a study's trials, delete a study with its runs.
+
+Owns `sweep list / export / delete`. Reads studies through study.py and storage.py (never changes a trial's
+state); MLflow only through tracking.py; never torch, the jobs or the worker.
+
+Conventions. A study is an Optuna study in a storage (storage.py: SQLite, PostgreSQL or a journal file). An
+hmmscope sweep records its MLflow parent run (study user attr "mlflow_parent_run_id", see study.py) and each
+trial its runs (user attrs "mlflow_run_id", "mlflow_analysis_run_id"); runs below a run carry MLflow's tag
+`mlflow.parentRunId`. The runs of a study are its parent run, the runs its trials name, and every run below
+those (a trial's analysis run, a theory run's settings), found in the experiments those runs live in.
+
+Deleting. `delete_study` finds every run first, then deletes the runs (MLflow's delete: the runs leave every
+search and the UI; `mlflow gc` purges them for good), then the Optuna study. Runs go first, so a delete cut
+short leaves the study, and running it again finds and deletes what is left. Nothing here asks: the CLI asks
+before it calls `delete_study`, and a refusal calls nothing.
+
+Export. One row per trial, in trial order: number, state, value, start and end (ISO 8601, as Optuna records
+them), one column per param ("param.<key>": a WAITING trial shows its enqueued values), one per user attr
+("attr.<key>", JSON for anything that is not a number or a string), and the MLflow run id. Only tracking.py
+talks to MLflow.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError
+from .storage import open_storage, quiet_optuna
+from .study import ATTR_PARENT, load_study
+
+RUN_ATTRS = ("mlflow_run_id", "mlflow_analysis_run_id")
+STATES = ("COMPLETE", "FAIL", "PRUNED", "RUNNING", "WAITING")
+
+
+def _study(name: str, storage_url: str):
+    return load_study(name, storage_url)
+
+
+def _trial_params(t) -> dict[str, Any]:
+    return dict(t.params) or dict(t.system_attrs.get("fixed_params", {}))  # WAITING: the enqueued point
+
+
+def list_studies(storage_url: str) -> list[dict[str, Any]]:
+    """One row per study in the storage: name, kind, experiment, trial count and counts per state, parent run."""
+    import optuna
+
+    quiet_optuna()
+    storage = open_storage(storage_url, create=False)
+    rows = []
+    for s in sorted(optuna.get_all_study_summaries(storage, include_best_trial=False), key=lambda s: s.study_name):
+        states = Counter(t.state.name for t in storage.get_all_trials(s._study_id, deepcopy=False))
+        kind = experiment = None
+        text = s.user_attrs.get("spec_text")
+        if text:
+            import tomllib
+
+            try:
+                sw = tomllib.loads(text).get("sweep", {})
+                kind, experiment = sw.get("kind", "train"), sw.get("experiment", "hmmscope-sweeps")
+            except tomllib.TOMLDecodeError:
+                pass
+        rows.append({"study": s.study_name, "kind": kind, "trials": s.n_trials,
+                     **{st.lower(): states.get(st, 0) for st in STATES},
+                     "experiment": experiment, "parent_run": s.user_attrs.get(ATTR_PARENT)})
+    return rows
+
+
+def _cell(v: Any) -> Any:
+    if v is None or isinstance(v, (int, float, str)) and not isinstance(v, bool):
+        return "" if v is None else v
+    return json.dumps(v)
+
+
+def export_rows(name: str, storage_url: str) -> list[dict[str, Any]]:
+    """One row per trial (see the module docstring); every row has the same columns."""
+    trials = _study(name, storage_url).get_trials(deepcopy=False)
+    pkeys = sorted({k for t in trials for k in _trial_params(t)} - {"seed"})
+    akeys = sorted({k for t in trials for k in t.user_attrs} - {"mlflow_run_id", "seed"})
+    rows = []
+    for t in trials:
+        params = _trial_params(t)
+        seed = t.user_attrs.get("seed", params.get("seed"))  # the replicate seed (a param in older studies)
+        row = {"number": t.number, "state": t.state.name, "value": _cell(t.value), "seed": _cell(seed),
+               "datetime_start": t.datetime_start.isoformat() if t.datetime_start else "",
+               "datetime_complete": t.datetime_complete.isoformat() if t.datetime_complete else ""}
+        row.update({f"param.{k}": _cell(params.get(k)) for k in pkeys})
+        row.update({f"attr.{k}": _cell(t.user_attrs.get(k)) for k in akeys})
+        row["mlflow_run_id"] = t.user_attrs.get("mlflow_run_id") or ""
+        rows.append(row)
+    return rows
+
+
+def csv_text(rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    if rows:
+        w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+    return buf.getvalue()
+
+
+def write_csv(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """Write the rows to `path` atomically (a temporary file beside it, then a rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(csv_text(rows))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+@dataclass(frozen=True)
+class StudyRuns:
+    """What deleting a study removes: the study (its trial count) and its MLflow runs."""
+
+    study: str
+    n_trials: int
+    n_running: int  # trials a worker is running now (or was, if it died)
+    parent_run: str | None
+    run_ids: tuple[str, ...]  # parent first, then the rest (trials and the runs below them)
+    experiments: tuple[str, ...]
+
+
+def study_runs(name: str, storage_url: str, uri: str) -> StudyRuns:
+    """Find (without changing anything) the study's MLflow runs; ConfigError if its parent run is not in `uri`."""
+    from .. import tracking
+
+    study = _study(name, storage_url)
+    trials = study.get_trials(deepcopy=False)
+    parent = study.user_attrs.get(ATTR_PARENT)
+    roots = [parent] if parent else []
+    roots += [t.user_attrs[k] for t in trials for k in RUN_ATTRS if t.user_attrs.get(k)]
+    found: dict[str, Any] = {}
+    for rid in dict.fromkeys(roots):
+        run = tracking.get_run(uri, rid)
+        if run is None:
+            if rid == parent:
+                raise ConfigError(f"study {name!r}: its MLflow parent run {rid} is not in {uri}; pass the "
+                                  "--tracking-uri the sweep used")
+            continue
+        if run.info.lifecycle_stage == "active":
+            found[rid] = run
+    exps = sorted({r.info.experiment_id for r in found.values()})
+    children: dict[str, list[str]] = {}
+    if exps:
+        for r in tracking.search_runs(uri, experiment_ids=exps):
+            p = r.data.tags.get("mlflow.parentRunId")
+            if p:
+                children.setdefault(p, []).append(r.info.run_id)
+    order, todo = [], list(found)
+    while todo:
+        rid = todo.pop(0)
+        if rid in order:
+            continue
+        order.append(rid)
+        todo += children.get(rid, [])
+    names = [tracking.client(uri).get_experiment(e).name for e in exps]
+    running = sum(t.state.name == "RUNNING" for t in trials)
+    return StudyRuns(name, len(trials), running, parent, tuple(order), tuple(names))
+
+
+def delete_study(found: StudyRuns, storage_url: str, uri: str) -> None:
+    """Delete the runs `study_runs` found, then the Optuna study (see the module docstring for the order)."""
+    import optuna
+
+    from .. import tracking
+
+    for rid in found.run_ids:
+        tracking.delete_run(uri, rid)
+    optuna.delete_study(study_name=found.study, storage=open_storage(storage_url, create=False))
