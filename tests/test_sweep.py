@@ -635,6 +635,30 @@ def test_worker_runs_name_the_worker_entry_point():
     assert tracking.source_name([main, "worker", "--study", "s"]) == "hmmscope.sweep worker"
 
 
+def test_sweep_modules_import_one_way():
+    """The sweep package's modules import each other as their docstrings say (no cycle), and the trial protocol
+    and the storages import neither MLflow nor torch, not even lazily."""
+    import ast
+
+    import hmmscope.sweep
+
+    may = {"storage": set(), "protocol": {"storage"}, "study": {"protocol", "storage"}, "trial": set(),
+           "status": {"study"}, "studies": {"storage", "study"}, "worker": {"protocol", "status", "storage", "study", "trial"}}
+    root = Path(hmmscope.sweep.__file__).parent
+    for name, allowed in may.items():
+        tree = ast.parse((root / f"{name}.py").read_text())
+        siblings = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1}
+        assert siblings == allowed, (name, siblings)
+        outside = {n.module or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 2
+                   for a in n.names} | {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                                        for a in n.names} | {(n.module or "").split(".")[0] for n in ast.walk(tree)
+                                                             if isinstance(n, ast.ImportFrom) and n.level == 0}
+        if name in ("protocol", "storage"):
+            assert not outside & {"torch", "mlflow", "jobs", "train", "trial", "worker"}, (name, outside)
+        if name == "protocol":
+            assert "tracking" not in outside
+
+
 def test_sweep_run_exits_nonzero_when_a_worker_crashes(tmp_path):
     """A worker that dies with a traceback (here: the stored spec is unreadable) makes `sweep run` fail loudly."""
     import optuna
