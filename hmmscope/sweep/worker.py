@@ -264,6 +264,10 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(p.pid, signal.SIGKILL)
                     p.wait()
+            # a worker SIGKILLed above, or one whose own end-of-run write failed (sqlite locked under load),
+            # left its run RUNNING: its process is gone now, so it is an orphan, marked KILLED here
+            with contextlib.suppress(Exception):
+                collect_orphans(uri, spec.experiment, log)
             raise
         finally:
             if old_term is not None:
