@@ -9,8 +9,9 @@ a database through a read-only open, a server through one short health check.
   digit, so a name never becomes a path outside the output root (`report ../x` is refused).
 - Seeds: integers in [0, 2**32 - 1], numpy's legacy range (np.random.seed and torch.manual_seed).
 - Stores: the MLflow tracking URI (sqlite:///FILE, http(s)://HOST:PORT, or a SQLAlchemy database URL)
-  and the Optuna storage (a SQLAlchemy database URL). Commands that only read (evaluate, report,
-  sweep status/worker) need the store to exist; commands that write need it creatable.
+  and the Optuna storage (a SQLAlchemy database URL, or a journal file: sweep/storage.py). Commands that
+  only read (evaluate, report, sweep status/worker) need the store to exist; commands that write need it
+  creatable.
 - Memory: `config.memory_estimate` gives the peak bytes by term; a job whose total exceeds what this
   process can get (MemAvailable, the cgroup limit, RLIMIT_AS; the GPU's memory for device terms) is
   refused unless --force, with the dominant term named.
@@ -246,9 +247,40 @@ def default_storage_url() -> str:
     return f"sqlite:///{(Path('mlruns') / 'optuna.db').resolve()}"
 
 
+def _journal_file(p: Path, *, must_exist: bool, write: bool) -> None:
+    what = "Optuna journal"
+    if os.path.lexists(p):
+        if p.is_dir():
+            raise ConfigError(f"{what} {p} is a folder, not a file")
+        try:
+            with open(p, "rb") as f:
+                head = f.read(16)
+        except OSError as e:
+            raise ConfigError(f"{what} {p}: cannot read it ({e.strerror or e})") from None
+        if head.startswith(b"SQLite format 3"):
+            raise ConfigError(f"{what} {p} is an SQLite database: give sqlite:///{p}")
+        if head and not head.startswith(b"{"):
+            raise ConfigError(f"{what} {p} is not an Optuna journal (JSON lines)")
+        if write:  # appends, and lock files beside it
+            if not os.access(p, os.W_OK):
+                raise ConfigError(f"{what} {p} is not writable")
+            _creatable(p.with_name(p.name + ".lock"), what)
+    elif must_exist:
+        raise ConfigError(f"no {what} at {p} (nothing was recorded there yet)")
+    else:
+        output_file(p, what)
+
+
 def optuna_storage(url: str | None, *, must_exist: bool = False, write: bool = True) -> str:
-    """The Optuna storage URL (default: ./mlruns/optuna.db), checked; a study to be read needs must_exist."""
+    """The Optuna storage URL (default: ./mlruns/optuna.db), checked; a study to be read needs must_exist.
+    A journal file comes back as journal:///ABSOLUTE/PATH (sweep/storage.py)."""
+    from .sweep.storage import journal_path
+
     url = url or default_storage_url()
+    journal = journal_path(url)
+    if journal is not None:
+        _journal_file(journal, must_exist=must_exist, write=write)
+        return f"journal://{journal}"
     db = _sqlite_path(url, "Optuna storage")
     if db is not None:
         _sqlite_file(db, "Optuna storage", "studies", must_exist=must_exist, write=write)

@@ -354,8 +354,12 @@ def mixture_oracle(mix: Mixture, ep, *, chunk_tasks: int | None = None, posterio
     if chunk_tasks is not None and chunk_tasks < 1:
         raise ValueError(f"chunk_tasks must be positive, got {chunk_tasks}")
     if torch.device(device).type == "cpu" and _numba() is not None:
-        return _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos, posterior_at,
-                                   chunk_tasks=max(chunk_tasks or 1024, 1024), dtype=dtype)
+        threads = torch.get_num_threads()
+        try:
+            return _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos, posterior_at,
+                                       chunk_tasks=max(chunk_tasks or 1024, 1024), dtype=dtype)
+        finally:  # numba's OpenMP layer resets the process's OpenMP thread count, which is torch's too
+            torch.set_num_threads(threads)
     if chunk_tasks is None:
         chunk_tasks = (cuda_chunk(mix.n_tasks, N, V, mix.rank, dtype, device) if torch.device(device).type == "cuda"
                        else 256)

@@ -2,7 +2,7 @@
 
 Library modules compute; this module wires their results into MLflow runs through
 `tracking` (the only module that talks to MLflow) and files under an output folder.
-Dependencies run one way: the sweep layer (sweep.py, report.py) calls these jobs; this module
+Dependencies run one way: the sweep layer (sweep/, report/) calls these jobs; this module
 imports neither, and the main job reaches the sweep through the function the CLI hands it.
 """
 

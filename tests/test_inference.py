@@ -375,6 +375,24 @@ def _kernel_and_torch(mix, ep, **kw):
 
 
 @pytest.mark.skipif(inference._numba() is None, reason="numba not installed: the torch path is the only one")
+def test_mixture_kernel_keeps_torchs_thread_count():
+    """numba's OpenMP layer resets the process's OpenMP thread count (torch's too): training after the oracle
+    ran on every core, whatever HMMSCOPE_THREADS said, and a resumed run was not bitwise the uninterrupted one."""
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("one core: numba's thread count cannot differ from torch's")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        mix = make_mixture(HMMConfig(n_tasks=3, n_states=6, n_tokens=4, rank=2))
+        mixture_oracle(mix, sample_episodes(mix, DataConfig(n_demos=2, l_demo=5, l_test=6), 2), dtype=F64)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(inference._numba() is None, reason="numba not installed: the torch path is the only one")
 def test_mixture_kernel_matches_torch_path_with_skipping():
     """The compiled CPU kernel against the torch path (the one CUDA runs). gamma = 0.95 and long demos
     make the posterior collapse, so the kernel's bounded skipping and chain stopping do fire."""

@@ -1,4 +1,4 @@
-"""hmmscope.report against a temporary sqlite MLflow store with planted effects (the sweep layout of sweep.py),
+"""hmmscope.report against a temporary sqlite MLflow store with planted effects (the sweep layout of hmmscope.sweep),
 and beside it the Optuna studies that record which trial is complete and which MLflow run it kept."""
 
 import json
@@ -114,7 +114,7 @@ def store(tmp_path_factory):
         n += 1
         with pytest.raises(TrialPruned), tracking.start_run(uri, EXP, f"trial-{n}", parent=parent,
                                                             tags=_trial_tags("study-a", n)) as pr2:
-            raise TrialPruned("step 10")  # sweep.py marks pruning by the failure reason only
+            raise TrialPruned("step 10")  # hmmscope.sweep marks pruning by the failure reason only
         trials_a.append(["PRUNED", pr2.run_id, None])
         n += 1
         # a worker finished this run, then died before telling the study: its trial went stale (FAIL) and was

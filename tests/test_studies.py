@@ -1,4 +1,4 @@
-"""hmmscope.studies and `hmmscope sweep list / export / delete`: real Optuna storages and a real sqlite MLflow
+"""hmmscope.sweep.studies and `hmmscope sweep list / export / delete`: real Optuna storages and a real sqlite MLflow
 store, filled by tiny theory sweeps run in this process (no worker processes)."""
 
 import csv
@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from hmmscope import tracking
 from hmmscope.cli import app
 from hmmscope.config import ConfigError
-from hmmscope.studies import delete_study, export_rows, list_studies, study_runs
 from hmmscope.sweep import create_study, run_worker
+from hmmscope.sweep.studies import delete_study, export_rows, list_studies, study_runs
 from hmmscope.sweep_spec import load_spec
 
 runner = CliRunner()

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from pg_server import postgres_server
 
 from hmmscope import tracking
 from hmmscope.config import ConfigError
@@ -328,59 +326,6 @@ def test_default_storage_is_under_mlruns(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- PostgreSQL
 
 
-def _pg_bin() -> Path | None:
-    for cand in [shutil.which("initdb"), *sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), reverse=True)]:
-        if cand and Path(cand).exists():
-            return Path(cand).resolve().parent
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def postgres_server():
-    """A throwaway PostgreSQL server on 127.0.0.1 (trust auth), run as the postgres user when we are root."""
-    bindir = _pg_bin()
-    if bindir is None:
-        pytest.skip("PostgreSQL binaries (initdb, pg_ctl) not found; apt-get install postgresql")
-    as_root = os.geteuid() == 0
-    if as_root:
-        import pwd
-
-        try:
-            pw = pwd.getpwnam("postgres")
-        except KeyError:
-            pytest.skip("running as root and there is no 'postgres' system user to run the server")
-    tmp = Path(tempfile.mkdtemp(prefix="hmmscope-pg-"))
-    data, sock = tmp / "data", tmp / "sock"
-    data.mkdir()
-    sock.mkdir()
-    if as_root:
-        os.chmod(tmp, 0o755)
-        for d in (data, sock):
-            os.chown(d, pw.pw_uid, pw.pw_gid)
-    pre = ["runuser", "-u", "postgres", "--"] if as_root else []
-    port = _free_port()
-
-    def sh(*args, **kw):
-        return subprocess.run([*pre, *map(str, args)], check=True, capture_output=True, text=True, **kw)
-
-    try:
-        sh(bindir / "initdb", "-D", data, "-A", "trust", "-U", "postgres", "--no-sync")
-        sh(bindir / "pg_ctl", "-D", data, "-w", "-t", "60", "-l", data / "log.txt", "-o",
-           f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
-        sh(bindir / "createdb", "-h", "127.0.0.1", "-p", port, "-U", "postgres", "sweeps")
-        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/sweeps"
-    finally:
-        with contextlib.suppress(Exception):
-            sh(bindir / "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop")
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def test_sweep_on_postgresql(tmp_path):
     with postgres_server() as url:
         spec = theory_spec(tmp_path, name="pg")
@@ -571,7 +516,7 @@ def _claim_race(url: str, name: str, n_trials: int = 30, n_claimers: int = 6) ->
 
     import optuna
 
-    from hmmscope.sweep import _claim
+    from hmmscope.sweep import TrialStore
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name=name, storage=url)
@@ -582,8 +527,9 @@ def _claim_race(url: str, name: str, n_trials: int = 30, n_claimers: int = 6) ->
     def claimer(i: int) -> None:
         s = optuna.load_study(study_name=name, storage=optuna.storages.RDBStorage(
             url, engine_kwargs={"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {}))
+        store = TrialStore.of(s, url)
         barrier.wait()
-        while (tid := _claim(s)) is not None:
+        while (tid := store.claim()) is not None:
             got[i].append(tid)
 
     threads = [threading.Thread(target=claimer, args=(i,)) for i in range(n_claimers)]
@@ -614,17 +560,18 @@ def test_finish_has_one_winner(tmp_path):
     import optuna
     from optuna.trial import TrialState
 
-    from hmmscope.sweep import _claim, _finish
+    from hmmscope.sweep import TrialStore
 
     url = f"sqlite:///{tmp_path}/fin.db"
     study = optuna.create_study(study_name="fin", storage=url)
     study.enqueue_trial({"x": 1})
-    tid = _claim(study)
-    assert _finish(study, tid, TrialState.FAIL, attrs={"fail_reason": "stale"})
-    assert not _finish(study, tid, TrialState.COMPLETE, 0.5)  # too late: no value, state unchanged
+    store = TrialStore.of(study, url)
+    tid = store.claim()
+    assert store.finish(tid, TrialState.FAIL, attrs={"fail_reason": "stale"})
+    assert not store.finish(tid, TrialState.COMPLETE, 0.5)  # too late: no value, state unchanged
     (t,) = study.get_trials()
     assert t.state == TrialState.FAIL and t.value is None and t.user_attrs["fail_reason"] == "stale"
-    assert _claim(study) is None
+    assert store.claim() is None
 
 
 # ---------------------------------------------------------------- GPUs (issue 12): checked through the environment
@@ -666,7 +613,7 @@ def test_sweep_worker_joins_with_one_gpu(tmp_path, monkeypatch):
 
 
 def test_jobs_do_not_import_the_sweep_layer():
-    """One-way dependency: sweep.py and report.py call the jobs; jobs.py imports neither (not even lazily)."""
+    """One-way dependency: the sweep package and report.py call the jobs; jobs.py imports neither (not even lazily)."""
     import ast
 
     import hmmscope.jobs
@@ -676,6 +623,40 @@ def test_jobs_do_not_import_the_sweep_layer():
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module is None
                  for a in n.names}
     assert not imported & {"sweep", "report", "cli"}, imported
+
+
+def test_worker_runs_name_the_worker_entry_point():
+    """`python -m hmmscope.sweep worker` runs hmmscope/sweep/__main__.py: its runs' mlflow.source.name stays
+    "hmmscope.sweep worker", as when the sweep was one module."""
+    import hmmscope.sweep
+
+    main = str(Path(hmmscope.sweep.__file__).parent / "__main__.py")
+    assert worker_command("s", "sqlite:///x.db", "u")[1:3] == ["-m", "hmmscope.sweep"]
+    assert tracking.source_name([main, "worker", "--study", "s"]) == "hmmscope.sweep worker"
+
+
+def test_sweep_modules_import_one_way():
+    """The sweep package's modules import each other as their docstrings say (no cycle), and the trial protocol
+    and the storages import neither MLflow nor torch, not even lazily."""
+    import ast
+
+    import hmmscope.sweep
+
+    may = {"storage": set(), "protocol": {"storage"}, "study": {"protocol", "storage"}, "trial": set(),
+           "status": {"study"}, "studies": {"storage", "study"}, "worker": {"protocol", "status", "storage", "study", "trial"}}
+    root = Path(hmmscope.sweep.__file__).parent
+    for name, allowed in may.items():
+        tree = ast.parse((root / f"{name}.py").read_text())
+        siblings = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1}
+        assert siblings == allowed, (name, siblings)
+        outside = {n.module or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 2
+                   for a in n.names} | {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                                        for a in n.names} | {(n.module or "").split(".")[0] for n in ast.walk(tree)
+                                                             if isinstance(n, ast.ImportFrom) and n.level == 0}
+        if name in ("protocol", "storage"):
+            assert not outside & {"torch", "mlflow", "jobs", "train", "trial", "worker"}, (name, outside)
+        if name == "protocol":
+            assert "tracking" not in outside
 
 
 def test_sweep_run_exits_nonzero_when_a_worker_crashes(tmp_path):
@@ -691,3 +672,126 @@ def test_sweep_run_exits_nonzero_when_a_worker_crashes(tmp_path):
     optuna.load_study(study_name="crash", storage=storage).set_user_attr("spec_text", "[sweep\n")  # breaks workers only
     r = CliRunner().invoke(app, ["sweep", "run", str(tmp_path / "crash.toml"), "--storage", storage, "--tracking-uri", uri])
     assert r.exit_code == 1 and "1 worker(s) crashed (exit codes [1])" in r.output, r.output
+
+
+# ---------------------------------------------------------------- journal storage (issue 21.8)
+
+
+def _kill_when(proc: subprocess.Popen, cond, what: str) -> None:
+    """SIGKILL `proc` as soon as `cond()` holds (polled every 10 ms)."""
+    try:
+        deadline = time.time() + 300  # generous: loaded CI machines
+        while True:
+            with contextlib.suppress(Exception):  # the stores may be busy or not created yet
+                if cond():
+                    break
+            assert proc.poll() is None and time.time() < deadline, f"the worker never got to {what}"
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sweep_on_a_journal_file_with_a_killed_worker(tmp_path, monkeypatch):
+    """A grid sweep on a journal file (journal storage, no database): a worker process is SIGKILLed mid-trial,
+    then `run_sweep` with 2 workers finishes every cell exactly once, the killed trial retried; `sweep status /
+    list / export / delete` and `report` read the journal through the CLI with the bare path."""
+    from typer.testing import CliRunner
+
+    from hmmscope.cli import app
+
+    spec = theory_spec(tmp_path, name="jr")
+    path = tmp_path / "shared" / "optuna.log"
+    storage, uri = f"journal://{path}", f"sqlite:///{tmp_path}/mlflow.db"
+    create_study(spec, storage, uri)
+    proc = subprocess.Popen(worker_command("jr", storage, uri), env=worker_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    beat: list[dict] = []
+
+    def running():  # a claimed trial that names its worker: the worker is past its claim and mid-trial
+        beat[:] = [r for r in study_status("jr", storage) if r["state"] == "RUNNING" and r["worker"]]
+        return beat
+
+    _kill_when(proc, running, "a trial")
+    s = run_sweep(spec, workers=2, storage=str(path), uri=uri, log=lambda m: None)
+    assert (s.complete, s.failed, s.n_trials, s.retried, s.worker_returncodes) == (4, 0, 4, 1, [0, 0])
+    assert s.storage == storage
+    rows = study_status("jr", storage)
+    done = sorted((r["params"]["theory.gammas"], r["params"]["theory.ranks"]) for r in rows if r["state"] == "COMPLETE")
+    assert done == [(0.5, 2), (0.5, 4), (0.8, 2), (0.8, 4)] and len(rows) == 5
+    (failed,) = [r for r in rows if r["state"] == "FAIL"]
+    assert failed["number"] == beat[0]["number"] and failed["reason"].startswith("stale")
+    (retry,) = [r for r in rows if r["retried_from"] is not None]
+    assert retry["retried_from"] == failed["number"] and retry["params"] == failed["params"]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["optuna.log"]  # no lock left behind
+
+    runner = CliRunner()
+    monkeypatch.chdir(path.parent)
+    for args, want in ((["sweep", "status", "jr"], "COMPLETE"), (["sweep", "list"], "jr"),
+                       (["sweep", "export", "jr"], "param.theory.gammas")):
+        r = runner.invoke(app, [*args, "--storage", "optuna.log"] + (["--tracking-uri", uri] if args[1] == "status" else []))
+        assert r.exit_code == 0 and want in r.output, r.output
+    r = runner.invoke(app, ["report", "jr", "--storage", "optuna.log", "--tracking-uri", uri, "--out", str(tmp_path / "rep")])
+    assert r.exit_code == 0, r.output
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "| trials complete / failed / pruned / running | 4 / 0 / 0 / 0 |" in md
+    r = runner.invoke(app, ["sweep", "status", "nope", "--storage", "missing.log"])
+    assert r.exit_code == 2 and "missing.log" in r.output and not (path.parent / "missing.log").exists()
+    r = runner.invoke(app, ["sweep", "delete", "jr", "--yes", "--storage", "optuna.log", "--tracking-uri", uri])
+    assert r.exit_code == 0, r.output
+    with pytest.raises(ConfigError, match="no sweep study 'jr'"):
+        study_status("jr", storage)
+
+
+# ---------------------------------------------------------------- a pre-empted trial resumes (issue 21.8)
+
+
+def test_preempted_trial_resumes_from_its_checkpoint(tmp_path):
+    """A worker is SIGKILLed after its trial's first checkpoints; the retry resumes the same MLflow run from the
+    last checkpoint (not from step 0) and ends with exactly the objective and weights of an uninterrupted trial."""
+    import optuna
+
+    from hmmscope.train import read_checkpoint
+
+    fixed = TRAIN_FIXED.replace('"train.steps" = 10', '"train.steps" = 120').replace(
+        '"train.eval_every" = 5', '"train.eval_every" = 60').replace('"train.ckpt_every" = 10', '"train.ckpt_every" = 4')
+    specs = {name: load_spec(write(tmp_path, f'[sweep]\nname = "{name}"\nexperiment = "sw"\nheartbeat_interval = 1\n'
+                                             f'grace_period = 2\n{fixed}\n[space]\n"hmm.gamma" = {{grid = [0.7]}}\n',
+                                   f"{name}.toml")) for name in ("pre", "ref")}
+    storage, uri = stores(tmp_path)
+    create_study(specs["pre"], storage, uri)
+    proc = subprocess.Popen(worker_command("pre", storage, uri), env=worker_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt: list[Path] = []
+
+    def checkpointed():  # the trial's training run has written a checkpoint
+        ckpt[:] = list(tmp_path.glob("artifacts/*/artifacts/checkpoints/last.pt"))
+        return ckpt
+
+    _kill_when(proc, checkpointed, "a checkpoint")
+    killed_at = read_checkpoint(ckpt[0])["step"]
+    assert 0 < killed_at < 120
+    run_id = ckpt[0].parents[2].name
+    assert run_worker("pre", storage, uri, log=lambda m: None) == 1
+    failed, retry = sorted(study_status("pre", storage), key=lambda r: r["number"])
+    assert failed["state"] == "FAIL" and failed["reason"].startswith("stale") and failed["mlflow_run_id"] is None
+    assert retry["state"] == "COMPLETE" and retry["retried_from"] == failed["number"]
+    assert retry["mlflow_run_id"] == run_id  # the same MLflow run, continued in place
+    run = tracking.get_run(uri, run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["hmmscope.resumed_from_step"] == str(killed_at)
+    assert run.data.tags["hmmscope.trial"] == str(retry["number"])
+    assert [r.info.run_id for r in runs(uri) if r.data.tags.get("hmmscope.study") == "pre" and "hmmscope.trial" in r.data.tags] \
+        == [run_id]
+
+    create_study(specs["ref"], storage, uri)  # the same trial, never interrupted
+    assert run_worker("ref", storage, uri, log=lambda m: None) == 1
+    (ref,) = study_status("ref", storage)
+    assert ref["value"] == retry["value"]
+    resumed, fresh = (read_checkpoint(tmp_path / "artifacts" / r / "artifacts" / "checkpoints" / "last.pt")
+                      for r in (run_id, ref["mlflow_run_id"]))
+    assert resumed["step"] == fresh["step"] == 120
+    assert all(torch.equal(resumed["model"][k], fresh["model"][k]) for k in fresh["model"])
+    assert optuna.load_study(study_name="pre", storage=storage).trials[1].user_attrs["mlflow_run_id"] == run_id

@@ -183,8 +183,8 @@ def sweep_status_cmd(
 def sweep_list_cmd(storage: StorageOpt = None) -> None:
     """The studies in the storage, with their trial counts per state."""
     url = checks.optuna_storage(storage, must_exist=True, write=False)
-    from ..studies import list_studies
     from ..sweep import _safe_url
+    from ..sweep.studies import list_studies
 
     rows = list_studies(url)
     print_table(f"studies in {_safe_url(url)}", rows)
@@ -203,7 +203,7 @@ def sweep_export_cmd(
     checks.safe_name(study, "study")
     url = checks.optuna_storage(storage, must_exist=True, write=False)
     out = None if path is None else checks.output_file(path, "output", suffix=".csv")
-    from ..studies import csv_text, export_rows, write_csv
+    from ..sweep.studies import csv_text, export_rows, write_csv
 
     rows = export_rows(study, url)
     if out is None:
@@ -225,8 +225,8 @@ def sweep_delete_cmd(
     checks.safe_name(study, "study")
     url = checks.optuna_storage(storage, must_exist=True)
     uri = checks.tracking_store(tracking_uri, must_exist=True)
-    from ..studies import delete_study, study_runs
     from ..sweep import _safe_url
+    from ..sweep.studies import delete_study, study_runs
 
     found = study_runs(study, url, uri)
     what = (f"study {study!r} ({found.n_trials} trials) in {_safe_url(url)} and {len(found.run_ids)} MLflow run(s)"

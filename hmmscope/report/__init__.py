@@ -16,7 +16,7 @@ order: `storage` if given; else the first of these that holds the study: `optuna
 tracking database (the project's default layout, `mlruns/optuna.db`, which moves with the project), the
 storage URL the parent run recorded (tag hmmscope.storage; unusable when its password was masked),
 and `./mlruns/optuna.db`. Nothing is created while looking. The study's user attr
-mlflow_parent_run_id names its parent run (one per study, see sweep.py). No study -> ValueError
+mlflow_parent_run_id names its parent run (one per study, see sweep/study.py). No study -> ValueError
 naming where it looked.
 
 A sweep is one parent run with one child per trial. A training trial is the training run itself

@@ -1,8 +1,11 @@
 """Housekeeping of sweep studies: list a storage's studies, export a study's trials, delete a study with its runs.
 
-Conventions. A study is an Optuna study in an RDB storage (sqlite or any SQLAlchemy URL). An hmmscope sweep
-records its MLflow parent run (study user attr "mlflow_parent_run_id", see sweep.py) and each trial its runs
-(user attrs "mlflow_run_id", "mlflow_analysis_run_id"); runs below a run carry MLflow's tag
+Owns `sweep list / export / delete`. Reads studies through study.py and storage.py (never changes a trial's
+state); MLflow only through tracking/; never torch, the jobs or the worker.
+
+Conventions. A study is an Optuna study in a storage (storage.py: SQLite, PostgreSQL or a journal file). An
+hmmscope sweep records its MLflow parent run (study user attr "mlflow_parent_run_id", see study.py) and each
+trial its runs (user attrs "mlflow_run_id", "mlflow_analysis_run_id"); runs below a run carry MLflow's tag
 `mlflow.parentRunId`. The runs of a study are its parent run, the runs its trials name, and every run below
 those (a trial's analysis run, a theory run's settings), found in the experiments those runs live in.
 
@@ -11,9 +14,10 @@ search and the UI; `mlflow gc` purges them for good), then the Optuna study. Run
 short leaves the study, and running it again finds and deletes what is left. Nothing here asks: the CLI asks
 before it calls `delete_study`, and a refusal calls nothing.
 
-Export. One row per trial, in trial order: number, state, value, start and end (UTC, ISO 8601), one column
-per param ("param.<key>": a WAITING trial shows its enqueued values), one per user attr ("attr.<key>", JSON
-for anything that is not a number or a string), and the MLflow run id. Only tracking/ talks to MLflow.
+Export. One row per trial, in trial order: number, state, value, start and end (ISO 8601, as Optuna records
+them), one column per param ("param.<key>": a WAITING trial shows its enqueued values), one per user attr
+("attr.<key>", JSON for anything that is not a number or a string), and the MLflow run id. Only tracking/
+talks to MLflow.
 """
 
 from __future__ import annotations
@@ -28,16 +32,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigError
+from ..config import ConfigError
+from .storage import open_storage, quiet_optuna
+from .study import ATTR_PARENT, load_study
 
 RUN_ATTRS = ("mlflow_run_id", "mlflow_analysis_run_id")
 STATES = ("COMPLETE", "FAIL", "PRUNED", "RUNNING", "WAITING")
 
 
 def _study(name: str, storage_url: str):
-    from .sweep import _load
-
-    return _load(name, storage_url)
+    return load_study(name, storage_url)
 
 
 def _trial_params(t) -> dict[str, Any]:
@@ -48,10 +52,8 @@ def list_studies(storage_url: str) -> list[dict[str, Any]]:
     """One row per study in the storage: name, kind, experiment, trial count and counts per state, parent run."""
     import optuna
 
-    from .sweep import ATTR_PARENT, _quiet_optuna, _storage
-
-    _quiet_optuna()
-    storage = _storage(storage_url)
+    quiet_optuna()
+    storage = open_storage(storage_url, create=False)
     rows = []
     for s in sorted(optuna.get_all_study_summaries(storage, include_best_trial=False), key=lambda s: s.study_name):
         states = Counter(t.state.name for t in storage.get_all_trials(s._study_id, deepcopy=False))
@@ -134,8 +136,7 @@ class StudyRuns:
 
 def study_runs(name: str, storage_url: str, uri: str) -> StudyRuns:
     """Find (without changing anything) the study's MLflow runs; ConfigError if its parent run is not in `uri`."""
-    from . import tracking
-    from .sweep import ATTR_PARENT
+    from .. import tracking
 
     study = _study(name, storage_url)
     trials = study.get_trials(deepcopy=False)
@@ -175,9 +176,8 @@ def delete_study(found: StudyRuns, storage_url: str, uri: str) -> None:
     """Delete the runs `study_runs` found, then the Optuna study (see the module docstring for the order)."""
     import optuna
 
-    from . import tracking
-    from .sweep import _storage
+    from .. import tracking
 
     for rid in found.run_ids:
         tracking.delete_run(uri, rid)
-    optuna.delete_study(study_name=found.study, storage=_storage(storage_url))
+    optuna.delete_study(study_name=found.study, storage=open_storage(storage_url, create=False))

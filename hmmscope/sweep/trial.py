@@ -1,0 +1,167 @@
+"""One trial of a sweep: its config from the trial's params and seed, its MLflow run(s), its objective.
+
+Owns what a claimed trial does (`run_trial`): training + evaluation (+ analysis), or one theory setting,
+as a child run of the sweep's parent run, and the resume of a retried trial from its predecessor's
+checkpoint. The only sweep module that calls `trial.suggest_*`. Imports the jobs, train and tracking
+(lazily); never the protocol, the study or the worker modules (the worker hands it a claimed trial).
+
+- Runs: each trial's training run (or theory run) is a child of the parent run, named after what varies
+  (`SweepSpec.trial_name`, e.g. "rope-g0.5-s0"), tagged hmmscope.trial (the trial number) /
+  hmmscope.study / hmmscope.sweep_parent / hmmscope.seed, with its kind's params (training: hmm/data/
+  model/train; theory: theory), a one-line mlflow.note.content, and the objective also as the metric
+  `Objective/<objective>` (first in the MLflow UI's metric lists). The trial links back: user attrs
+  mlflow_run_id, mlflow_experiment_id and mlflow_run_url (`tracking.run_url`); with analyze, also
+  mlflow_analysis_run_id/... for the analysis run.
+- Pruning: the trial reports the prune metric at each evaluation (`make_prune_hook`); a pruned training
+  run ends FAILED with hmmscope.failure_reason "TrialPruned: ...".
+- Resume (a pre-empted trial). A retry (system attr "retry_history") of a training trial looks for the
+  MLflow run of the trial it retries (the last of retry_history): that trial's user attr mlflow_run_id,
+  else the child of the parent run tagged with the study and that trial's number (a worker killed
+  mid-training never linked its run). If that run did not finish (KILLED, FAILED or still RUNNING as an
+  orphan) and has a checkpoint, the retry calls `train(..., resume=<that run>)`: the same MLflow run
+  continues in place from its last checkpoint (status RUNNING again, then FINISHED; tag
+  hmmscope.resumed_from_step; its hmmscope.trial tag becomes the retry's number) and the retry links to
+  it before training, so a second pre-emption resumes it again. On CPU the result is bitwise that of an
+  uninterrupted trial (train's resume guarantee). A run that finished (its worker died while evaluating)
+  is not resumed: the retry starts a new run, as does a run with no checkpoint; the report reads only the
+  run of each COMPLETE trial. Theory trials always start afresh (they keep no checkpoint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..sweep_spec import Param, SweepSpec
+
+
+def _suggest(trial, p: Param) -> Any:
+    if p.grid is not None:
+        return trial.suggest_categorical(p.key, list(p.grid))
+    if p.is_int:
+        return trial.suggest_int(p.key, int(p.low), int(p.high), step=int(p.step or 1), log=p.log)
+    return trial.suggest_float(p.key, float(p.low), float(p.high), step=p.step, log=p.log)
+
+
+def make_prune_hook(trial, objective: str) -> Callable[[int, dict[str, float]], None]:
+    """train(on_eval=...) hook: report the objective at each evaluation; raise TrialPruned when told to."""
+    import optuna
+
+    def on_eval(step: int, metrics: dict[str, float]) -> None:
+        v = metrics.get(objective)
+        if v is None or not math.isfinite(v):
+            return
+        trial.report(float(v), step)
+        if trial.should_prune():
+            raise optuna.TrialPruned(f"{objective}={v:.4g} at step {step} is worse than the median")
+
+    return on_eval
+
+
+def _theory_metrics(result) -> dict[str, float]:
+    (s,) = result.settings
+    f = s.rate_fit
+    m = {"theory/dobrushin": s.dobrushin, "theory/rate": f.rate, "theory/rate_lo": f.rate_ci[0],
+         "theory/rate_hi": f.rate_ci[1], "theory/log_intercept": f.intercept}
+    for key, o in (("gamma_O", s.gamma_O), ("gamma_eff", s.gamma_eff), ("gamma_m", s.gamma_m)):
+        if o is not None:
+            m.update({f"theory/{key}": o["value"], f"theory/{key}_lower": o["lower"], f"theory/{key}_upper": o["upper"]})
+    return {k: float(v) for k, v in m.items() if v is not None}
+
+
+def trial_seed(trial, spec: SweepSpec) -> int:
+    """The trial's replicate seed: its user attr "seed" (older studies: the Optuna param "seed")."""
+    fixed = trial.study._storage.get_trial(trial._trial_id).system_attrs.get("fixed_params", {})
+    if "seed" in fixed or "seed" not in trial.user_attrs:  # a study created when the seed was a param
+        return trial.suggest_categorical("seed", list(spec.seeds))
+    return int(trial.user_attrs["seed"])
+
+
+def trial_note(spec: SweepSpec, number: int, params: dict[str, Any], seed: int) -> str:
+    """A trial run's one-line description."""
+    what = ", ".join(f"{k}={v}" for k, v in params.items())
+    return (f"Sweep {spec.name!r} trial {number} ({spec.kind}): {what + ', ' if what else ''}seed {seed}; "
+            f"objective {spec.objective} ({spec.direction})")
+
+
+def _link(trial, uri: str, run_id: str, prefix: str = "mlflow") -> None:
+    """User attrs that take a trial to its MLflow run: <prefix>_run_id, _experiment_id, _run_url."""
+    from .. import tracking
+
+    trial.set_user_attr(f"{prefix}_run_id", run_id)
+    with contextlib.suppress(Exception):
+        eid = tracking.client(uri).get_run(run_id).info.experiment_id
+        trial.set_user_attr(f"{prefix}_experiment_id", eid)
+        trial.set_user_attr(f"{prefix}_run_url", tracking.run_url(uri, eid, run_id))
+
+
+def resumable_run(trial, spec: SweepSpec, uri: str, parent: str) -> str | None:
+    """The unfinished training run, with a checkpoint, of the trial this one retries (module docstring)."""
+    from .. import tracking
+    from ..train import CKPT_DIR, CKPT_NAME
+
+    history = trial.study._storage.get_trial(trial._trial_id).system_attrs.get("retry_history")
+    if spec.kind != "train" or not history:
+        return None
+    before = trial.study.trials[history[-1]]
+    rid = before.user_attrs.get("mlflow_run_id")
+    if rid is None:
+        found = tracking.search_runs(uri, spec.experiment, parent_id=parent, filter_string=(
+            f"tags.`hmmscope.study` = '{spec.name}' and tags.`hmmscope.trial` = '{before.number}'"))
+        rid = found[0].info.run_id if found else None  # newest first
+    run = tracking.get_run(uri, rid) if rid else None
+    if run is None or run.info.status == "FINISHED" or run.info.lifecycle_stage != "active":
+        return None
+    try:
+        tracking.existing_run(uri, rid).require(f"{CKPT_DIR}/{CKPT_NAME}")
+    except (FileNotFoundError, ValueError):
+        return None
+    return rid
+
+
+def run_trial(trial, spec: SweepSpec, uri: str, parent: str) -> float:
+    """One trial: config -> train + evaluate (+ analyze), or one theory setting; returns the objective."""
+    from .. import jobs, tracking
+
+    params = {p.key: _suggest(trial, p) for p in spec.space}
+    seed = trial_seed(trial, spec)
+    cfg = spec.trial_config({**params, "seed": seed})
+    name = spec.trial_name(params, seed)
+    note = trial_note(spec, trial.number, params, seed)
+    tags = {"hmmscope.trial": trial.number, "hmmscope.study": spec.name, "hmmscope.kind": f"sweep-{spec.kind}",
+            "hmmscope.sweep_parent": parent, "hmmscope.seed": seed}
+    if spec.kind == "theory":
+        with tempfile.TemporaryDirectory() as tmp:
+            result, run_id = jobs.theory_job(cfg.theory, Path(tmp), uri=uri, experiment=spec.experiment,
+                                             parent=parent, run_name=name, tags=tags, note=note)
+        _link(trial, uri, run_id)
+        metrics = _theory_metrics(result)
+        run = tracking.existing_run(uri, run_id)
+        run.log_metrics(metrics)  # the setting's numbers on the trial run itself, for side-by-side comparison
+    else:
+        from ..train import train
+
+        resume = resumable_run(trial, spec, uri, parent)
+        if resume is not None:  # the run continues in place: it belongs to this trial from now on
+            tracking.existing_run(uri, resume).set_tags({"hmmscope.trial": trial.number})
+            _link(trial, uri, resume)
+        hook = make_prune_hook(trial, spec.prune_metric) if spec.pruner != "none" else None
+        res = train(cfg, tracking_uri=uri, experiment=spec.experiment, run_name=name, parent=parent,
+                    progress=False, on_eval=hook, tags=tags, note=note, resume=resume)
+        _link(trial, uri, res.run_id)
+        run = tracking.existing_run(uri, res.run_id)
+        metrics = {**res.metrics, **jobs.evaluate_run(uri, res.run_id, device=cfg.train.device)}
+        if spec.analyze:
+            an = jobs.analyze_run(uri, res.run_id, device=cfg.train.device, experiment=spec.experiment)
+            metrics.update(an.metrics)
+            _link(trial, uri, an.run_id, prefix="mlflow_analysis")
+    if spec.objective not in metrics:
+        raise KeyError(f"objective {spec.objective!r} is not among the trial's metrics "
+                       f"({', '.join(sorted(metrics)[:20])}, ...)")
+    value = float(metrics[spec.objective])
+    run.log_metrics({tracking.objective_key(spec.objective): value})
+    return value

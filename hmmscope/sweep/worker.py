@@ -1,0 +1,317 @@
+"""Workers and scheduling: the loop that runs a study's trials, the local worker processes, their GPUs.
+
+Owns `run_worker` (claim, run, finish, until the study is exhausted), `run_sweep` (create or resume the
+study, start local workers, wait, summarize), the worker command line (`python -m hmmscope.sweep worker`)
+and GPU pinning. Every change of a trial's state goes through protocol.TrialStore; what a trial does is
+trial.py's. Imports the other sweep modules and tracking (lazily); never the jobs or train directly.
+
+- Heartbeats: a worker beats for its trial from a thread (`TrialStore.heartbeat`) every heartbeat_interval.
+  A worker killed mid-trial leaves its trial RUNNING; once its heartbeat is older than grace_period the
+  next worker poll fails it (one winner, user attr fail_reason "stale: ...") and enqueues a retry (at
+  most max_retry per trial). Workers keep polling while trials are RUNNING, so a sweep finishes only when
+  every slot has a finished trial. A trial whose worker finished its MLflow run but died before recording
+  the result is retried the same way; its finished run is never counted, because the report reads one
+  run per COMPLETE trial (user attr mlflow_run_id). A retried training trial resumes from its
+  predecessor's checkpoint (trial.py).
+- Interrupts: Ctrl-C or SIGTERM to `run_sweep` sends SIGTERM to its workers (by pid; SIGKILL after 10 s);
+  a worker so stopped marks its trial FAIL (user attr fail_reason="interrupted"), enqueues a retry and
+  exits; its MLflow run ends KILLED, as does the parent. Running the sweep again resumes it. A worker
+  killed with SIGKILL cannot clean up: its trial is retried after grace_period (above) and its run is
+  marked KILLED as an orphan (status.py) until a retry resumes it.
+- Results: a pruned trial is PRUNED with its last reported value (as `Study.tell` records it) and user
+  attr pruned_reason; a diverged (or otherwise failing) trial is FAIL with user attr fail_reason, and the
+  sweep continues; a non-finite objective is a FAIL. `Study.tell` is not used: it writes the state outside
+  the protocol (its sampler hook is a no-op for the random and TPE samplers used here).
+- The parent run is RUNNING while `run_sweep` waits for its workers and ends FINISHED when it returns
+  (KILLED on Ctrl-C); bare `run_worker` calls never touch its status.
+- GPUs: when the trials train on device "cuda" or "auto", `run_sweep` gives worker i the GPU
+  visible[i % len(visible)] through CUDA_VISIBLE_DEVICES (visible: the CUDA_VISIBLE_DEVICES list if set,
+  else torch's device count); `sweep worker --gpu I` pins a joining worker to visible GPU I. The worker's
+  host, pid and GPU are recorded on each trial it runs (user attr "worker").
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..config import ConfigError
+from ..sweep_spec import SweepSpec
+from .protocol import TrialStore
+from .status import best_trial, collect_orphans, counts
+from .storage import default_storage, safe_url, storage_url
+from .study import ATTR_PARENT, create_study, load_study, spec_of_study
+from .trial import run_trial
+
+
+def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int | None = None,
+               log: Callable[[str], None] | None = None) -> int:
+    """Pull WAITING trials of the study and run them until none are left (or max_trials); returns trials run."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from .. import tracking
+
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    uri = tracking.resolve_uri(uri)
+    url = storage_url(storage_url_)
+    spec = spec_of_study(study_name, url)
+    study = load_study(study_name, url, spec)
+    store = TrialStore.of(study, url, spec.grace_period)
+    parent = study.user_attrs[ATTR_PARENT]
+    worker = {"host": socket.gethostname(), "pid": os.getpid(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    done = 0
+    while max_trials is None or done < max_trials:
+        store.fail_stale(spec.max_retry, log)  # retries trials of dead workers (after grace_period)
+        tid = store.claim()
+        if tid is None:
+            if store.running():
+                time.sleep(min(2.0, spec.heartbeat_interval))
+                continue
+            break
+        state, value, err, attrs = None, None, None, {}
+        with store.heartbeat(tid, spec.heartbeat_interval):
+            with contextlib.suppress(Exception):
+                store.storage.set_trial_user_attr(tid, "worker", worker)
+            trial = optuna.Trial(study, tid)
+            try:
+                value = run_trial(trial, spec, uri, parent)
+                state = TrialState.COMPLETE
+            except optuna.TrialPruned as e:
+                state, err, attrs = TrialState.PRUNED, e, {"pruned_reason": str(e)}
+            except Exception as e:  # DivergedError and friends: FAIL this trial, carry on
+                state, err, attrs = TrialState.FAIL, e, {"fail_reason": f"{type(e).__name__}: {e}"[:2000]}
+            except KeyboardInterrupt:  # Ctrl-C / SIGTERM: give the slot back (a WAITING copy, same params)
+                main_thread = threading.current_thread() is threading.main_thread()
+                old = signal.signal(signal.SIGTERM, signal.SIG_IGN) if main_thread else None  # no second cut
+                try:
+                    if store.finish(tid, TrialState.FAIL, attrs={"fail_reason": "interrupted"}):
+                        store.retry(tid, spec.max_retry)
+                finally:
+                    if main_thread:
+                        signal.signal(signal.SIGTERM, old)
+                raise
+        if state == TrialState.COMPLETE and not math.isfinite(value):
+            state, err = TrialState.FAIL, ValueError(f"objective {spec.objective} is {value}")
+            attrs = {"fail_reason": str(err)}
+        if state == TrialState.PRUNED:  # as Study.tell does: a pruned trial's value is its last reported one
+            steps = store.storage.get_trial(tid).intermediate_values
+            value = steps[max(steps)] if steps else None
+        if not store.finish(tid, state, value if state in (TrialState.COMPLETE, TrialState.PRUNED) else None, attrs):
+            log(f"trial {trial.number} was finished by another process (failed as stale?) before this worker "
+                f"could record it as {state.name}; this result is dropped")
+        elif state == TrialState.COMPLETE:
+            log(f"trial {trial.number} complete: {spec.objective}={value:.6g} params={trial.params}")
+        else:
+            log(f"trial {trial.number} {state.name.lower()}: {type(err).__name__}: {err}")
+        done += 1
+    collect_orphans(uri, spec.experiment, log)
+    return done
+
+
+@dataclass
+class SweepSummary:
+    study_name: str
+    storage: str
+    parent_run_id: str
+    n_trials: int  # slots (grid points x seeds, or n_trials)
+    complete: int
+    failed: int
+    pruned: int
+    retried: int  # trials lost with their worker and run again
+    already_complete: bool
+    worker_returncodes: list[int] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.complete + self.failed + self.pruned >= self.n_trials
+
+    @property
+    def crashed_workers(self) -> list[int]:
+        """Exit codes of workers that crashed: an error exit (a traceback) or a crash signal (e.g. SIGSEGV)."""
+        return [rc for rc in self.worker_returncodes if rc > 0 or (rc < 0 and -rc not in _STOP_SIGNALS)]
+
+    @property
+    def killed_workers(self) -> list[int]:
+        """Exit codes (-signal) of workers stopped from outside (SIGKILL, SIGTERM, SIGINT: OOM killer, a user);
+        their trials are retried, so the sweep can still finish."""
+        return [rc for rc in self.worker_returncodes if rc < 0 and -rc in _STOP_SIGNALS]
+
+
+_STOP_SIGNALS = {int(getattr(signal, n)) for n in ("SIGKILL", "SIGTERM", "SIGINT") if hasattr(signal, n)}
+
+
+def worker_command(study_name: str, storage_url_: str, uri: str, max_trials: int | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "hmmscope.sweep", "worker", "--study", study_name, "--storage",
+           storage_url(storage_url_), "--uri", uri]
+    return cmd + (["--max-trials", str(max_trials)] if max_trials else [])
+
+
+def worker_env(gpu: str | None = None) -> dict[str, str]:
+    """A worker's environment: one torch thread; CUDA_VISIBLE_DEVICES=gpu when given."""
+    env = {**os.environ, "HMMSCOPE_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    return env
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids this process may hand out: the CUDA_VISIBLE_DEVICES list if set, else 0..count-1 (torch)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [g.strip() for g in env.split(",") if g.strip()]
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:
+        return []
+
+
+def pin_gpu(index: int) -> str:
+    """Restrict this process to visible GPU `index` (sets CUDA_VISIBLE_DEVICES; before CUDA starts)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        ids = [g.strip() for g in env.split(",") if g.strip()]
+        if not 0 <= index < len(ids):
+            raise ConfigError(f"--gpu {index}: CUDA_VISIBLE_DEVICES={env!r} makes {len(ids)} GPU(s) visible")
+        gpu = ids[index]
+    else:
+        if index < 0:
+            raise ConfigError(f"--gpu must be >= 0, got {index}")
+        gpu = str(index)
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    return gpu
+
+
+def uses_gpu(spec: SweepSpec) -> bool:
+    """Do the spec's trials train on device cuda (or auto, which picks a GPU when there is one)?"""
+    if spec.kind != "train":
+        return False
+    points = spec.grid_points() if spec.sampler == "grid" else [{}]
+    return any(spec.trial_config(pt).train.device in ("cuda", "auto") for pt in points)
+
+
+def worker_gpus(spec: SweepSpec, workers: int, gpus: Sequence[str] | None = None) -> list[str | None]:
+    """The GPU of each local worker: round-robin over `gpus` (default: visible_gpus()) when the trials use
+    cuda; None (environment untouched) otherwise or when no GPU is visible."""
+    if gpus is None:
+        gpus = visible_gpus() if uses_gpu(spec) else []
+    gpus = list(gpus)
+    return [gpus[i % len(gpus)] if gpus else None for i in range(workers)]
+
+
+def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, uri: str | None = None,
+              progress: Callable[[dict[str, int], int], None] | None = None,
+              log: Callable[[str], None] = print, gpus: Sequence[str] | None = None) -> SweepSummary:
+    """Create/resume the study, run `workers` local worker processes until the sweep is exhausted.
+
+    gpus: GPU ids to hand out round-robin (default: see `worker_gpus`).
+    """
+    from .. import tracking
+
+    if workers < 1:
+        raise ConfigError(f"workers must be >= 1, got {workers}")
+    uri = tracking.resolve_uri(uri)
+    storage = storage_url(storage or spec.storage or default_storage())
+    study, parent, created = create_study(spec, storage, uri)
+    collect_orphans(uri, spec.experiment, log)
+    c = counts(study)
+    if not created and c["waiting"] == 0 and c["running"] == 0:
+        log(f"sweep {spec.name!r} is complete ({c['complete']} complete, {c['failed']} failed, "
+            f"{c['pruned']} pruned); nothing to do")
+        return SweepSummary(spec.name, storage, parent, spec.n_trials, c["complete"], c["failed"], c["pruned"],
+                            c["retried"], True)
+    assigned = worker_gpus(spec, workers, gpus)
+    log(f"sweep {spec.name!r}: {spec.n_trials} trials, {workers} workers, storage {safe_url(storage)}, "
+        f"MLflow parent run {parent}" + (f", GPUs {assigned}" if any(g is not None for g in assigned) else ""))
+    procs: list[subprocess.Popen] = []
+
+    def on_term(signum, frame):  # a scheduler's SIGTERM ends the sweep like Ctrl-C
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old_term = signal.signal(signal.SIGTERM, on_term) if threading.current_thread() is threading.main_thread() else None
+    with tracking.start_run(uri, spec.experiment, f"sweep-{spec.name}", resume=parent) as prun:
+        try:
+            for gpu in assigned:
+                # own session: a terminal's Ctrl-C reaches only us, and we stop the workers cleanly
+                procs.append(subprocess.Popen(worker_command(spec.name, storage, uri), env=worker_env(gpu),
+                                              start_new_session=True))
+            while any(p.poll() is None for p in procs):
+                time.sleep(1.0)
+                if progress is not None:
+                    progress(counts(study), spec.n_trials)
+        except BaseException:
+            for p in procs:
+                if p.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(p.pid, signal.SIGTERM)
+            for p in procs:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(p.pid, signal.SIGKILL)
+                    p.wait()
+            # a worker SIGKILLed above, or one whose own end-of-run write failed (sqlite locked under load),
+            # left its run RUNNING: its process is gone now, so it is an orphan, marked KILLED here
+            with contextlib.suppress(Exception):
+                collect_orphans(uri, spec.experiment, log)
+            raise
+        finally:
+            if old_term is not None:
+                signal.signal(signal.SIGTERM, old_term)
+        collect_orphans(uri, spec.experiment, log)  # e.g. the runs of workers that were SIGKILLed
+        c = counts(study)
+        prun.log_metrics({f"sweep/{k}": v for k, v in c.items()})
+        best = best_trial(study)
+        if best is not None:
+            prun.log_metrics({"sweep/best_value": best.value, "sweep/best_trial": best.number})
+            prun.set_tags({"hmmscope.best_params": json.dumps(best.params),
+                           "hmmscope.best_run": best.user_attrs.get("mlflow_run_id", "")})
+    return SweepSummary(spec.name, storage, parent, spec.n_trials, c["complete"], c["failed"], c["pruned"],
+                        c["retried"], False, [p.returncode for p in procs])
+
+
+# ---------------------------------------------------------------- worker entry point (python -m hmmscope.sweep)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hmmscope.sweep")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("worker", help="run trials of an existing study until it is exhausted")
+    w.add_argument("--study", required=True)
+    w.add_argument("--storage", required=True)
+    w.add_argument("--uri", required=True)
+    w.add_argument("--max-trials", type=int, default=None)
+    w.add_argument("--gpu", type=int, default=None, help="join with this one visible GPU")
+    a = ap.parse_args(argv)
+    if a.gpu is not None:
+        pin_gpu(a.gpu)
+
+    def on_term(signum, frame):  # run_sweep stops its workers with SIGTERM: hand the trial back, then exit
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+    if os.environ.get("HMMSCOPE_THREADS"):
+        import torch
+
+        torch.set_num_threads(int(os.environ["HMMSCOPE_THREADS"]))
+    try:
+        n = run_worker(a.study, a.storage, a.uri, max_trials=a.max_trials)
+    except KeyboardInterrupt:
+        print(f"worker {os.getpid()}: interrupted; its trial was put back", file=sys.stderr, flush=True)
+        return 130
+    print(f"worker {os.getpid()}: ran {n} trials", file=sys.stderr, flush=True)
+    return 0
