@@ -209,8 +209,12 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
         status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
         with contextlib.suppress(Exception):
             run.set_tags({"hmmscope.failure_reason": f"{type(e).__name__}: {e}"})
-        with contextlib.suppress(Exception):
-            c.set_terminated(run.run_id, status)
+        for attempt in range(5):  # a busy sqlite store ("database is locked") must not leave the run RUNNING
+            try:
+                c.set_terminated(run.run_id, status)
+                break
+            except Exception:
+                time.sleep(0.2 * 2 ** attempt)
         raise
     else:
         c.set_terminated(run.run_id, "FINISHED")
