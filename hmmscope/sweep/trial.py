@@ -102,7 +102,7 @@ def _link(trial, uri: str, run_id: str, prefix: str = "mlflow") -> None:
 def resumable_run(trial, spec: SweepSpec, uri: str, parent: str) -> str | None:
     """The unfinished training run, with a checkpoint, of the trial this one retries (module docstring)."""
     from .. import tracking
-    from ..train import CKPT_DIR, CKPT_NAME
+    from ..checkpoints import CKPT_DIR, CKPT_NAME
 
     history = trial.study._storage.get_trial(trial._trial_id).system_attrs.get("retry_history")
     if spec.kind != "train" or not history:
@@ -154,9 +154,11 @@ def run_trial(trial, spec: SweepSpec, uri: str, parent: str) -> float:
                     progress=False, on_eval=hook, tags=tags, note=note, resume=resume)
         _link(trial, uri, res.run_id)
         run = tracking.existing_run(uri, res.run_id)
-        metrics = {**res.metrics, **jobs.evaluate_run(uri, res.run_id, device=cfg.train.device)}
+        # the model in hand: no checkpoint read back
+        metrics = {**res.metrics, **jobs.evaluate_model(res.model, res.config, res.steps, run, device=cfg.train.device)}
         if spec.analyze:
-            an = jobs.analyze_run(uri, res.run_id, device=cfg.train.device, experiment=spec.experiment)
+            an = jobs.analyze_model(res.model, res.config, res.steps, run, uri=uri, device=cfg.train.device,
+                                    experiment=spec.experiment)
             metrics.update(an.metrics)
             _link(trial, uri, an.run_id, prefix="mlflow_analysis")
     if spec.objective not in metrics:
