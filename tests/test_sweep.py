@@ -452,7 +452,7 @@ def test_sweep_runs_compare_side_by_side_over_http(tmp_path, mlflow_server):
     # each kind its own params, the same names across runs of that kind
     (theory_keys,) = {frozenset(params[r["info"]["run_id"]]) for r in trials["theory"]}
     (train_keys,) = {frozenset(params[r["info"]["run_id"]]) for r in trials["train"]}
-    assert len(theory_keys) == 13 and all(k.startswith("theory.") for k in theory_keys)
+    assert len(theory_keys) == 14 and "theory.draws" in theory_keys and all(k.startswith("theory.") for k in theory_keys)
     assert "model.pos_enc" in train_keys and all(k.split(".")[0] in ("hmm", "data", "model", "train") for k in train_keys)
     # MLflow's standard tags on every run (sweep parents, trials, theory settings)
     commit = tracking.git_commit()
