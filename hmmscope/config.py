@@ -35,6 +35,7 @@ FAMILIES = ("dirichlet", "sticky")
 TEST_STARTS = ("initial", "midstream")
 POS_ENCODINGS = ("rope", "absolute", "none", "sinusoidal")
 PRECISIONS = ("auto", "bf16", "fp32")
+SCHEDULES = ("cosine", "constant", "wsd")
 
 
 @dataclass(frozen=True)
@@ -87,12 +88,15 @@ class TrainConfig:
     lr: float = 3e-3
     min_lr: float = 3e-4
     warmup: int = 100
+    schedule: str = "cosine"  # cosine (warmup, cosine to min_lr) | constant (warmup, then lr) | wsd (warmup, stable, decay)
+    decay_frac: float = 0.1  # wsd: the last decay_frac of train.steps decays linearly from lr to min_lr
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0
     eval_every: int = 250
     ckpt_every: int = 500
+    emergence_episodes: int = 64  # seen and unseen episodes each for the emergence curves at every evaluation; 0 = off
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     compile: bool = False  # torch.compile the model (inductor) on any device
     precision: str = "auto"  # auto (bf16 on CUDA, fp32 elsewhere) | bf16 (autocast) | fp32 (no autocast, no TF32)
@@ -170,6 +174,9 @@ def validate(cfg: Config) -> Config:
     _check(t.weight_decay >= 0, f"train.weight_decay must be >= 0, got {t.weight_decay}")
     _check(0 <= t.beta1 < 1 and 0 <= t.beta2 < 1, f"train.beta1 and train.beta2 must be in [0, 1), got {t.beta1}, {t.beta2}")
     _check(t.eval_every >= 1 and t.ckpt_every >= 1, "train.eval_every and train.ckpt_every must be >= 1")
+    _check(t.schedule in SCHEDULES, f"train.schedule must be one of {SCHEDULES}, got {t.schedule!r}")
+    _check(0.0 < t.decay_frac <= 1.0, f"train.decay_frac must be in (0, 1], got {t.decay_frac}")
+    _check(t.emergence_episodes >= 0, f"train.emergence_episodes must be >= 0, got {t.emergence_episodes}")
     _check(t.precision in PRECISIONS, f"train.precision must be one of {PRECISIONS}, got {t.precision!r}")
     _check(th.family in FAMILIES, f"theory.family must be one of {FAMILIES}, got {th.family!r}")
     _check(len(th.gammas) > 0 and all(0.0 < g <= 1.0 for g in th.gammas), f"theory.gammas must lie in (0, 1], got {th.gammas}")
@@ -343,6 +350,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train.warmup": 200, "train.eval_every": 512, "train.ckpt_every": 1024,
     },
 }
+# The second reading of the paper's budget (SCIENCE.md 8): "64 epochs" over the 131,072 episodes, 262,144 steps of
+# batch 32 (64 passes, 1024 episodes per task); "paper" is the literal one (4096 steps, one pass, 16 per task).
+PRESETS["paper-epochs"] = {**PRESETS["paper"], "train.steps": 262144, "train.eval_every": 4096,
+                           "train.ckpt_every": 4096}
 
 
 def preset(name: str) -> Config:
