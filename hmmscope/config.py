@@ -36,6 +36,7 @@ TEST_STARTS = ("initial", "midstream")
 POS_ENCODINGS = ("rope", "absolute", "none", "sinusoidal")
 PRECISIONS = ("auto", "bf16", "fp32")
 SCHEDULES = ("cosine", "constant", "wsd")
+COMPILE = ("auto", "true", "false")
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ class TrainConfig:
     ckpt_every: int = 500
     emergence_episodes: int = 64  # seen and unseen episodes each for the emergence curves at every evaluation; 0 = off
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    compile: bool = False  # torch.compile the model (inductor) on any device
+    compile: str = "auto"  # auto (on for CUDA, off elsewhere) | true | false: torch.compile the training step (inductor)
     precision: str = "auto"  # auto (bf16 on CUDA, fp32 elsewhere) | bf16 (autocast) | fp32 (no autocast, no TF32)
     seed: int = 0
 
@@ -174,6 +175,7 @@ def validate(cfg: Config) -> Config:
     _check(t.weight_decay >= 0, f"train.weight_decay must be >= 0, got {t.weight_decay}")
     _check(0 <= t.beta1 < 1 and 0 <= t.beta2 < 1, f"train.beta1 and train.beta2 must be in [0, 1), got {t.beta1}, {t.beta2}")
     _check(t.eval_every >= 1 and t.ckpt_every >= 1, "train.eval_every and train.ckpt_every must be >= 1")
+    _check(t.compile in COMPILE, f"train.compile must be one of {COMPILE}, got {t.compile!r}")
     _check(t.schedule in SCHEDULES, f"train.schedule must be one of {SCHEDULES}, got {t.schedule!r}")
     _check(0.0 < t.decay_frac <= 1.0, f"train.decay_frac must be in (0, 1], got {t.decay_frac}")
     _check(t.emergence_episodes >= 0, f"train.emergence_episodes must be >= 0, got {t.emergence_episodes}")
@@ -259,6 +261,8 @@ def override(cfg: Config, updates: Mapping[str, Any]) -> Config:
         types = typing.get_type_hints(type(sec_obj))
         if name not in types:
             raise ConfigError(f"unknown config key {key!r} (known in {sec}: {', '.join(types)})")
+        if key == "train.compile" and isinstance(value, bool):  # true / false (TOML, older checkpoints' configs)
+            value = "true" if value else "false"
         sections.setdefault(sec, {})[name] = _coerce(key, value, types[name])
     new = dataclasses.replace(cfg, **{s: dataclasses.replace(getattr(cfg, s), **kv) for s, kv in sections.items()})
     return validate(new)

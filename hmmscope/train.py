@@ -18,15 +18,16 @@ that talks to MLflow):
 - Params: the training sections of the config (hmm, data, model, train: `tracking.config_params`;
   never theory.*); tags: dataset hashes, hmm config hash, device, n_params, and a one-line
   `mlflow.note.content` (tracking adds the code version and MLflow's standard tags). Metrics by
-  step: train/{loss,lr,grad_norm,tokens_per_s} every `log_every` steps; val/{loss,acc,test_loss,
+  step: train/{loss,lr,grad_norm,tokens_per_s,epoch} every `log_every` steps; val/{loss,acc,test_loss,
   test_acc,excess_ce} (the learning curve on the eval episodes: cross-entropy over the full
   vocabulary, pooled over tokens; excess_ce = val/test_loss - oracle/test_loss) at step 0, every
   eval_every steps and at the end; oracle/{loss,acc,test_loss,test_acc} (mixture oracle on the
   eval episodes, scored on the same targets) once at step 0; emergence/* (the in-context curves on seen and
   unseen tasks with the references as constants, emergence.py) at every evaluation, and their figure
   figures/emergence.{png,pdf} at the end (the curves' history travels in the checkpoint, so a resumed run
-  draws its whole history); train/eval_s and train/eval_fraction (evaluation's share of this call's wall
-  time) at the end. The eval/* keys belong to Figure 1
+  draws its whole history); train/eval_s (this call's evaluations, val/* and emergence/*, plus the
+  emergence references' precompute) and train/eval_fraction (eval_s / this call's wall time) at the end.
+  The eval/* keys belong to Figure 1
   (evaluate.Figure1Result.headline, logged by jobs.evaluate_run at the final step): one key, one
   measurement.
 - Checkpoints: every ckpt_every steps and at the end, the artifact checkpoints/last.pt
@@ -51,9 +52,11 @@ that talks to MLflow):
 - Precision (train.precision): "auto" is bf16 autocast on CUDA and float32 elsewhere; "bf16"
   autocasts on any device (the CPU twin of the CUDA path); "fp32" runs without autocast and, on
   CUDA, without TF32. bf16 on CUDA also enables TF32 for the matmuls autocast leaves in float32.
-  train.compile torch.compiles the training step's forward (inductor) on any device; evaluation runs
-  eager (a few batches per eval: a second compiled graph would cost more than it saves). AdamW is
-  fused on CPU and CUDA.
+  train.compile ("auto": on for CUDA, off elsewhere; "true" / "false" on any device; `resolve_compile`
+  says why, the tag hmmscope.compiled what was done) torch.compiles the training step's forward
+  (inductor); evaluation runs eager (a few batches per eval: a second compiled graph would cost more than
+  it saves). AdamW is fused on CPU and CUDA; attention is SDPA with is_causal=True (flash / efficient
+  kernels on CUDA) unless a band mask is set.
   Defaults on CPU: float32, eager, bitwise reproducible. HMMSCOPE_THREADS sets torch's CPU threads.
 """
 
@@ -184,6 +187,20 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     if precision == "auto":
         return "bf16" if device.type == "cuda" else "fp32"
     return precision
+
+
+def resolve_compile(spec: str | bool, device: torch.device) -> bool:
+    """train.compile on `device`: 'auto' -> on for CUDA only; 'true' / 'false' (or a bool) as given.
+
+    Why auto is CUDA-only: compiling costs a fixed time per process (tens of seconds for the paper's model),
+    paid back only when the steps of one call save more than that: (eager step - compiled step) x steps >
+    compile time. On CUDA the paper-scale step is launch- and memory-bound where inductor fuses kernels; on the
+    CPU the tiny models' runs are short and the fused SDPA / AdamW kernels leave little to fuse. `hmmscope
+    bench train --compile` measures the compile time and both step times and prints the break-even step
+    count; the CUDA figure has not been measured yet (no GPU in the session that wrote this)."""
+    if isinstance(spec, bool):
+        return spec
+    return device.type == "cuda" if spec == "auto" else spec == "true"
 
 
 def _autocast(device: torch.device, precision: str = "auto"):
@@ -344,7 +361,9 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
     tokens = torch.as_tensor(ep_train.tokens.astype(np.int64), device=device)  # (N, T)
     loss_mask = torch.as_tensor(ep_train.target_mask[:-1], device=device).expand(t.batch_size, -1)
     oracle = {f"oracle/{k}": v for k, v in oracle_metrics(mix, ep_eval, device).items()}
+    t_em = time.perf_counter()
     emergence = prepare_emergence(cfg, mix, ep_eval, device=device)  # references once per run (and per resume)
+    em_setup_s = time.perf_counter() - t_em
 
     torch.manual_seed(t.seed)
     np.random.seed(t.seed)
@@ -360,14 +379,15 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
             raise ValueError(f"run {resume}: its checkpoint's optimizer state does not fit the model ({e})") from None
         start, best = int(ck["step"]), _val_keys(ck["metrics"].get("best", {}))
         _set_rng_state(ck["rng"])
-    fwd = torch.compile(model) if t.compile else model  # the training step only; evaluation and state dicts: `model`
+    compiled = resolve_compile(t.compile, device)
+    fwd = torch.compile(model) if compiled else model  # the training step only; evaluation and state dicts: `model`
     n_params = model.num_params()
     tok_per_step = t.batch_size * (ep_train.seq_len - 1)
 
     run_tags = {"hmmscope.dataset_hash": ep_train.meta.get("dataset_hash", ""),
             "hmmscope.eval_dataset_hash": ep_eval.meta.get("dataset_hash", ""),
             "hmmscope.hmm_hash": config_hash(cfg.hmm), "hmmscope.device": str(device), "hmmscope.precision": precision,
-            "hmmscope.n_params": n_params,
+            "hmmscope.compiled": str(compiled).lower(), "hmmscope.n_params": n_params,
             # the budget as passes over data.n_train and episodes per training task (SCIENCE.md 8's two readings)
             "hmmscope.epochs": f"{epochs_done(t.steps, len(ep_train), t.batch_size):g}",
             "hmmscope.episodes_per_task": f"{t.steps * t.batch_size / cfg.hmm.n_tasks:g}"}
@@ -380,7 +400,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                                      if resume else {})})
         last: dict[str, float] = {}
         curves: list[dict[str, float]] = list(ck["metrics"].get("emergence", [])) if ck is not None else []
-        eval_s = 0.0
+        eval_s = em_setup_s  # evaluation's cost includes the emergence references' precompute
 
         def evaluate(step: int) -> None:
             nonlocal eval_s

@@ -110,7 +110,8 @@ def test_run_logs_params_metrics_checkpoint(uri, finished):
     assert r.data.params == want and not any(k.startswith("theory.") for k in r.data.params)
     tags = r.data.tags
     assert tags["hmmscope.device"] == "cpu" and int(tags["hmmscope.n_params"]) > 0
-    assert tags["hmmscope.precision"] == "fp32" and r.data.params["train.compile"] == "false"  # CPU defaults
+    assert tags["hmmscope.precision"] == "fp32" and r.data.params["train.compile"] == "auto"  # CPU defaults
+    assert tags["hmmscope.compiled"] == "false"  # auto: eager on the CPU
     assert tags["hmmscope.dataset_hash"] and tags["hmmscope.hmm_hash"] and "hmmscope.code_version" in tags
     c = tracking.client(uri)
     steps = lambda k: [m.step for m in c.get_metric_history(finished.run_id, k)]  # noqa: E731
@@ -305,6 +306,22 @@ def test_bad_device_raises():
 
 
 # ---------------------------------------------------------------- the CUDA path's choices, on the CPU
+
+
+def test_compile_knob():
+    from hmmscope.config import from_flat
+    from hmmscope.train import resolve_compile
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert Config().train.compile == "auto"
+    assert not resolve_compile("auto", cpu) and resolve_compile("auto", cuda)
+    assert resolve_compile("true", cpu) and not resolve_compile("false", cuda)
+    # booleans (TOML true / false, an older checkpoint's saved config) and the CLI's strings
+    assert small(**{"train.compile": True}).train.compile == "true"
+    assert small(**{"train.compile": "false"}).train.compile == "false"
+    assert from_flat({**flatten(small()), "train.compile": False}).train.compile == "false"
+    with pytest.raises(ConfigError, match=r"train.compile must be one of \('auto', 'true', 'false'\), got 'yes'"):
+        small(**{"train.compile": "yes"})
 
 
 def test_precision_knob():
