@@ -203,6 +203,16 @@ def resolve_compile(spec: str | bool, device: torch.device) -> bool:
     return device.type == "cuda" if spec == "auto" else spec == "true"
 
 
+def _indices(idx: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A step's batch rows on `device`. On CUDA through pinned memory with non_blocking=True: a copy from pageable
+    memory would wait for the GPU to drain its queue (a host sync every step); torch's pinned-memory allocator keeps
+    the host block alive until the copy is done. Elsewhere a plain tensor (the CPU twin)."""
+    t = torch.from_numpy(idx)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def _autocast(device: torch.device, precision: str = "auto"):
     if resolve_precision(precision, device) == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
@@ -461,7 +471,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                 lr = lr_at(step, t)
                 for g in opt.param_groups:
                     g["lr"] = lr
-                idx = torch.as_tensor(batch_indices(step, len(ep_train), t.batch_size, t.seed), device=device)
+                idx = _indices(batch_indices(step, len(ep_train), t.batch_size, t.seed), device)
                 batch = tokens[idx]
                 with _autocast(device, precision):
                     _, loss = fwd(batch[:, :-1], batch[:, 1:], loss_mask)
