@@ -465,6 +465,12 @@ def memory_estimate(cfg: Config, job: str = "train", *, n_episodes: int | None =
         out["training tokens (int64)"] = (8 * d.n_train * T, "device")
         out["mixture oracle"] = (_oracle_bytes(h, d, d.n_eval), "device")
         out.update({k: (v, "device") for k, v in _train_bytes(cfg, cfg.train.batch_size, T - 1).items()})
+        n_em = min(cfg.train.emergence_episodes, d.n_eval)
+        if n_em > 0:  # emergence.prepare: data.n_eval unseen tasks and episodes, the oracles on n_em episodes per
+            # set, and what stays: 2 sets x (n_demos + 1) k of two oracles' predictions and 4 references' 4 metrics
+            kept = 2 * (d.n_demos + 1) * n_em * d.l_test * 8 * (2 * h.n_tokens + 16)
+            out["emergence references"] = (_mixture_bytes(dataclasses.replace(h, n_tasks=d.n_eval)) + _episodes_bytes(
+                h, d, d.n_eval) + _oracle_bytes(h, d, n_em, predictors=2) + kept, "host")
     elif job in ("evaluate", "analyze"):
         n = n_episodes or d.n_eval
         out["episodes"] = (_episodes_bytes(h, d, n), "host")
