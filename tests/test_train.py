@@ -197,13 +197,13 @@ def test_load_model_round_trip(uri, finished, tmp_path):
 @pytest.mark.parametrize("schedule", ["constant", "wsd"])
 def test_resume_is_bitwise_for_every_schedule(uri, schedule):
     """Resuming mid-run equals the uninterrupted run on the CPU, for the constant and wsd schedules (the
-    cosine one: test_resume_matches_uninterrupted_run). Two epochs (24 steps of 8 over 96 episodes) with the
-    kill inside the second, so the epoch boundary and the wsd decay are both crossed after the resume."""
-    cfg = small(**{"train.schedule": schedule, "train.decay_frac": 0.25, "train.steps": 24, "train.eval_every": 10,
-                   "train.ckpt_every": 10, "train.emergence_episodes": 8})
+    cosine one: test_resume_matches_uninterrupted_run). 16 steps of 8 over 96 episodes (an epoch is 12 steps)
+    with the kill after step 8, so the epoch boundary and the wsd decay (steps 12-16) both come after the resume."""
+    cfg = small(**{"train.schedule": schedule, "train.decay_frac": 0.25, "train.steps": 16, "train.eval_every": 8,
+                   "train.ckpt_every": 8, "train.emergence_episodes": 8})
     full = train(cfg, tracking_uri=uri, experiment=f"s-{schedule}", progress=False, log_every=1)
     with pytest.raises(KeyboardInterrupt):
-        train(cfg, tracking_uri=uri, experiment=f"s-{schedule}", progress=False, log_every=1, _stop_after=10)
+        train(cfg, tracking_uri=uri, experiment=f"s-{schedule}", progress=False, log_every=1, _stop_after=8)
     killed = _latest_run(uri, f"s-{schedule}")
     res = train(cfg, tracking_uri=uri, experiment=f"s-{schedule}", resume=killed.info.run_id, progress=False,
                 log_every=1)
