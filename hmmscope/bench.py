@@ -290,8 +290,9 @@ def cpu_bf16_native() -> bool:
     return "BF16" in cap or "AMX" in cap
 
 
-def _step_time(loss_fn, model, opt, steps: int, device, autocast) -> float:
-    """Seconds per training step as train.py runs it (forward, backward, clip_grad_norm_, AdamW), best of two."""
+def _step_time(loss_fn, model, opt, steps: int, device, autocast, repeats: int = 2) -> float:
+    """Seconds per training step as train.py runs it (forward, backward, clip_grad_norm_, AdamW), best of
+    `repeats` after a warm-up; repeats=0: the first call itself, no warm-up (e.g. one that compiles)."""
     import torch
 
     def run():
@@ -305,7 +306,11 @@ def _step_time(loss_fn, model, opt, steps: int, device, autocast) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    return _best_time(run, 2) / steps
+    if repeats == 0:
+        t0 = time.perf_counter()
+        run()
+        return (time.perf_counter() - t0) / steps
+    return _best_time(run, repeats) / steps
 
 
 def _sync_time(fn, device, repeats: int = 3) -> float:
@@ -381,7 +386,9 @@ def bench_train(cfg, device: str = "auto", batch_size: int = 32, seq_len: int = 
     (d_model, d_mlp) on the CPU (which trains in fp32), bf16 on CUDA (which trains under bf16 autocast);
     the other precision is measured and printed too (bf16 on a CPU only where it has native bf16), and
     a GPU's datasheet figure beside it, labelled. The peer is transformers' RoFormerForCausalLM at the
-    same shape with the same AdamW step. compile: time torch.compile(model) instead of the eager model.
+    same shape with the same AdamW step. compile: time torch.compile(model) instead of the eager model, and
+    also report eager_step_s, compiled_step_s, compile_s (the first compiled step minus a compiled step) and
+    break_even_steps = compile_s / (eager - compiled step): the steps one call must run for compiling to pay.
     """
     import contextlib
 
@@ -403,7 +410,15 @@ def bench_train(cfg, device: str = "auto", batch_size: int = 32, seq_len: int = 
     ours = Transformer(m, vocab).to(dev)
     opt = ours.configure_optimizers(0.1, 1e-4, (0.9, 0.95))
     fwd = torch.compile(ours) if compile else ours
+    pays: dict[str, float] = {}
+    if compile:  # does compiling pay? its one-off cost against the time it saves per step (train.resolve_compile)
+        t_eager = _step_time(lambda: ours(x, y)[1], ours, opt, steps, dev, autocast)
+        t_first = _step_time(lambda: fwd(x, y)[1], ours, opt, 1, dev, autocast, repeats=0)  # compiles
     t_ours = _step_time(lambda: fwd(x, y)[1], ours, opt, steps, dev, autocast)
+    if compile:
+        compile_s = max(t_first - t_ours, 0.0)
+        pays = {"eager_step_s": t_eager, "compiled_step_s": t_ours, "compile_s": compile_s,
+                "break_even_steps": compile_s / (t_eager - t_ours) if t_eager > t_ours else float("inf")}
     tokens = batch_size * seq_len
     rows, calls = batch_size * seq_len, max(4, 6 * m.n_layers)
     rates = {"fp32": gemm_rate(rows, m.d_model, m.d_mlp, torch.float32, dev, calls=calls)}
@@ -420,7 +435,7 @@ def bench_train(cfg, device: str = "auto", batch_size: int = 32, seq_len: int = 
         "measured_rates": rates, "mfu_denominator": denom, "mfu": flops / rates[denom],
         "mfu_all": {k: flops / r for k, r in rates.items()},
         "datasheet_bf16": sheet, "datasheet_what": sheet_what,
-        "cpu_bf16_native": None if cuda else cpu_bf16_native()}
+        "cpu_bf16_native": None if cuda else cpu_bf16_native(), **pays}
     if profile:
         out["profile"] = _profile(cfg, m, ours, opt, x, y, dev, autocast, t_ours, rates[denom])
     if peer:

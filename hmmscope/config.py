@@ -35,6 +35,8 @@ FAMILIES = ("dirichlet", "sticky")
 TEST_STARTS = ("initial", "midstream")
 POS_ENCODINGS = ("rope", "absolute", "none", "sinusoidal")
 PRECISIONS = ("auto", "bf16", "fp32")
+SCHEDULES = ("cosine", "constant", "wsd")
+COMPILE = ("auto", "true", "false")
 
 
 @dataclass(frozen=True)
@@ -87,14 +89,17 @@ class TrainConfig:
     lr: float = 3e-3
     min_lr: float = 3e-4
     warmup: int = 100
+    schedule: str = "cosine"  # cosine (warmup, cosine to min_lr) | constant (warmup, then lr) | wsd (warmup, stable, decay)
+    decay_frac: float = 0.1  # wsd: the last decay_frac of train.steps decays linearly from lr to min_lr
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0
     eval_every: int = 250
     ckpt_every: int = 500
+    emergence_episodes: int = 64  # seen and unseen episodes each for the emergence curves at every evaluation; 0 = off
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    compile: bool = False  # torch.compile the model (inductor) on any device
+    compile: str = "auto"  # auto (on for CUDA, off elsewhere) | true | false: torch.compile the training step (inductor)
     precision: str = "auto"  # auto (bf16 on CUDA, fp32 elsewhere) | bf16 (autocast) | fp32 (no autocast, no TF32)
     seed: int = 0
 
@@ -170,6 +175,10 @@ def validate(cfg: Config) -> Config:
     _check(t.weight_decay >= 0, f"train.weight_decay must be >= 0, got {t.weight_decay}")
     _check(0 <= t.beta1 < 1 and 0 <= t.beta2 < 1, f"train.beta1 and train.beta2 must be in [0, 1), got {t.beta1}, {t.beta2}")
     _check(t.eval_every >= 1 and t.ckpt_every >= 1, "train.eval_every and train.ckpt_every must be >= 1")
+    _check(t.compile in COMPILE, f"train.compile must be one of {COMPILE}, got {t.compile!r}")
+    _check(t.schedule in SCHEDULES, f"train.schedule must be one of {SCHEDULES}, got {t.schedule!r}")
+    _check(0.0 < t.decay_frac <= 1.0, f"train.decay_frac must be in (0, 1], got {t.decay_frac}")
+    _check(t.emergence_episodes >= 0, f"train.emergence_episodes must be >= 0, got {t.emergence_episodes}")
     _check(t.precision in PRECISIONS, f"train.precision must be one of {PRECISIONS}, got {t.precision!r}")
     _check(th.family in FAMILIES, f"theory.family must be one of {FAMILIES}, got {th.family!r}")
     _check(len(th.gammas) > 0 and all(0.0 < g <= 1.0 for g in th.gammas), f"theory.gammas must lie in (0, 1], got {th.gammas}")
@@ -252,6 +261,8 @@ def override(cfg: Config, updates: Mapping[str, Any]) -> Config:
         types = typing.get_type_hints(type(sec_obj))
         if name not in types:
             raise ConfigError(f"unknown config key {key!r} (known in {sec}: {', '.join(types)})")
+        if key == "train.compile" and isinstance(value, bool):  # true / false (TOML, older checkpoints' configs)
+            value = "true" if value else "false"
         sections.setdefault(sec, {})[name] = _coerce(key, value, types[name])
     new = dataclasses.replace(cfg, **{s: dataclasses.replace(getattr(cfg, s), **kv) for s, kv in sections.items()})
     return validate(new)
@@ -343,6 +354,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train.warmup": 200, "train.eval_every": 512, "train.ckpt_every": 1024,
     },
 }
+# The second reading of the paper's budget (SCIENCE.md 8): "64 epochs" over the 131,072 episodes, 262,144 steps of
+# batch 32 (64 passes, 1024 episodes per task); "paper" is the literal one (4096 steps, one pass, 16 per task).
+PRESETS["paper-epochs"] = {**PRESETS["paper"], "train.steps": 262144, "train.eval_every": 4096,
+                           "train.ckpt_every": 4096}
 
 
 def preset(name: str) -> Config:
@@ -450,6 +465,12 @@ def memory_estimate(cfg: Config, job: str = "train", *, n_episodes: int | None =
         out["training tokens (int64)"] = (8 * d.n_train * T, "device")
         out["mixture oracle"] = (_oracle_bytes(h, d, d.n_eval), "device")
         out.update({k: (v, "device") for k, v in _train_bytes(cfg, cfg.train.batch_size, T - 1).items()})
+        n_em = min(cfg.train.emergence_episodes, d.n_eval)
+        if n_em > 0:  # emergence.prepare: data.n_eval unseen tasks and episodes, the oracles on n_em episodes per
+            # set, and what stays: 2 sets x (n_demos + 1) k of two oracles' predictions and 4 references' 4 metrics
+            kept = 2 * (d.n_demos + 1) * n_em * d.l_test * 8 * (2 * h.n_tokens + 16)
+            out["emergence references"] = (_mixture_bytes(dataclasses.replace(h, n_tasks=d.n_eval)) + _episodes_bytes(
+                h, d, d.n_eval) + _oracle_bytes(h, d, n_em, predictors=2) + kept, "host")
     elif job in ("evaluate", "analyze"):
         n = n_episodes or d.n_eval
         out["episodes"] = (_episodes_bytes(h, d, n), "host")

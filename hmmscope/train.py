@@ -8,16 +8,26 @@ that talks to MLflow):
   `target_mask` (next token is an observation; the delimiter is never a target).
 - Batches: step s takes items s*B .. s*B+B-1 of an endless stream whose epoch e is the
   permutation `default_rng([seed, e])` of the training set, so the batches depend on
-  (train.seed, step) only and a resumed run sees what an uninterrupted one would.
-- Schedule `lr_at`: linear warmup, then cosine decay to min_lr at train.steps.
+  (train.seed, step) only and a resumed run sees what an uninterrupted one would. Several epochs over a
+  fixed data.n_train are train.steps > n_train / batch_size; train/epoch logs the passes done
+  (`epochs_done`), and the tags hmmscope.epochs / hmmscope.episodes_per_task say which budget a run used
+  (presets "paper": 1 pass, 16 episodes per task; "paper-epochs": 64 passes; SCIENCE.md 8).
+- Schedule `lr_at` (train.schedule): linear warmup, then cosine decay to min_lr at train.steps (cosine),
+  lr throughout (constant), or lr until the last train.decay_frac of the steps and a linear decay to
+  min_lr (wsd: warmup-stable-decay; a resumed run with more train.steps moves the decay, not the past).
 - Params: the training sections of the config (hmm, data, model, train: `tracking.config_params`;
   never theory.*); tags: dataset hashes, hmm config hash, device, n_params, and a one-line
   `mlflow.note.content` (tracking adds the code version and MLflow's standard tags). Metrics by
-  step: train/{loss,lr,grad_norm,tokens_per_s} every `log_every` steps; val/{loss,acc,test_loss,
+  step: train/{loss,lr,grad_norm,tokens_per_s,epoch} every `log_every` steps; val/{loss,acc,test_loss,
   test_acc,excess_ce} (the learning curve on the eval episodes: cross-entropy over the full
   vocabulary, pooled over tokens; excess_ce = val/test_loss - oracle/test_loss) at step 0, every
   eval_every steps and at the end; oracle/{loss,acc,test_loss,test_acc} (mixture oracle on the
-  eval episodes, scored on the same targets) once at step 0. The eval/* keys belong to Figure 1
+  eval episodes, scored on the same targets) once at step 0; emergence/* (the in-context curves on seen and
+  unseen tasks with the references as constants, emergence.py) at every evaluation, and their figure
+  figures/emergence.{png,pdf} at the end (the curves' history travels in the checkpoint, so a resumed run
+  draws its whole history); train/eval_s (this call's evaluations, val/* and emergence/*, plus the
+  emergence references' precompute) and train/eval_fraction (eval_s / this call's wall time) at the end.
+  The eval/* keys belong to Figure 1
   (evaluate.Figure1Result.headline, logged by jobs.evaluate_run at the final step): one key, one
   measurement.
 - Checkpoints: every ckpt_every steps and at the end, the artifact checkpoints/last.pt
@@ -30,8 +40,11 @@ that talks to MLflow):
   resolves on the device of each call: a CUDA run resumed on the CPU continues in float32.
   Checkpoints are device-neutral on load (checkpoints.read_checkpoint maps every tensor to the CPU),
   and resuming moves the model and optimizer state to the run's device.
-- Divergence: a non-finite loss or gradient norm raises DivergedError (its run_id says which run);
-  the run ends FAILED with the reason in the tag hmmscope.failure_reason.
+- Divergence: a non-finite loss or gradient norm raises DivergedError naming the first such step (its
+  run_id says which run); the run ends FAILED with the reason in the tag hmmscope.failure_reason. The loss
+  and gradient norm stay on the device during the steps (no host sync per step) and are read back and
+  checked at the logging, evaluation and checkpoint cadences, before anything is logged or saved, so a
+  checkpoint never holds a diverged model.
 - Signals: while `train` runs in the main thread, SIGTERM (kill, timeout, a scheduler) raises
   KeyboardInterrupt, so the run ends KILLED with its reason instead of staying RUNNING.
 - The result (`TrainResult`) carries the trained model (on the run's device, in eval mode) and the run's
@@ -39,9 +52,11 @@ that talks to MLflow):
 - Precision (train.precision): "auto" is bf16 autocast on CUDA and float32 elsewhere; "bf16"
   autocasts on any device (the CPU twin of the CUDA path); "fp32" runs without autocast and, on
   CUDA, without TF32. bf16 on CUDA also enables TF32 for the matmuls autocast leaves in float32.
-  train.compile torch.compiles the training step's forward (inductor) on any device; evaluation runs
-  eager (a few batches per eval: a second compiled graph would cost more than it saves). AdamW is
-  fused on CPU and CUDA.
+  train.compile ("auto": on for CUDA, off elsewhere; "true" / "false" on any device; `resolve_compile`
+  says why, the tag hmmscope.compiled what was done) torch.compiles the training step's forward
+  (inductor); evaluation runs eager (a few batches per eval: a second compiled graph would cost more than
+  it saves). AdamW is fused on CPU and CUDA; attention is SDPA with is_causal=True (flash / efficient
+  kernels on CUDA) unless a band mask is set.
   Defaults on CPU: float32, eager, bitwise reproducible. HMMSCOPE_THREADS sets torch's CPU threads.
 """
 
@@ -69,6 +84,7 @@ from . import tracking
 from .checkpoints import _set_rng_state, checkpoint_config, load_checkpoint, save_checkpoint
 from .checkpoints import read_checkpoint as read_checkpoint  # re-exported: cli.py imports it from here
 from .config import Config, TrainConfig, config_hash, flatten
+from .emergence import prepare as prepare_emergence
 from .episodes import Episodes, sample_episodes
 from .hmm import make_mixture
 from .model import Transformer
@@ -101,13 +117,28 @@ class TrainResult:
 
 
 def lr_at(step: int, t: TrainConfig) -> float:
-    """Learning rate of optimizer step `step` (0-based): lr*(step+1)/warmup, then cosine to min_lr at t.steps."""
+    """Learning rate of optimizer step `step` (0-based) under t.schedule: linear warmup lr*(step+1)/warmup, then
+    cosine: cosine decay to min_lr at t.steps; constant: lr; wsd (warmup-stable-decay): lr until the last
+    decay_frac of t.steps (at least one step, never inside the warmup), then linear to min_lr at t.steps.
+    Past t.steps: min_lr (cosine, wsd) or lr (constant)."""
     if step < t.warmup:
         return t.lr * (step + 1) / t.warmup
+    if t.schedule == "constant":
+        return t.lr
     if step >= t.steps:
         return t.min_lr
+    if t.schedule == "wsd":
+        start = max(t.warmup, t.steps - max(1, round(t.decay_frac * t.steps)))
+        if step < start:
+            return t.lr
+        return t.lr + (step - start) / max(1, t.steps - start) * (t.min_lr - t.lr)
     frac = (step - t.warmup) / max(1, t.steps - t.warmup)
     return t.min_lr + 0.5 * (1.0 + math.cos(math.pi * frac)) * (t.lr - t.min_lr)
+
+
+def epochs_done(steps: int, n: int, batch_size: int) -> float:
+    """Passes over the n training episodes after `steps` optimizer steps of batch_size (batch_indices' stream)."""
+    return steps * batch_size / n
 
 
 @functools.lru_cache(maxsize=4)
@@ -116,7 +147,11 @@ def _epoch_perm(seed: int, epoch: int, n: int) -> np.ndarray:
 
 
 def batch_indices(step: int, n: int, batch_size: int, seed: int) -> np.ndarray:
-    """Training-set rows of step `step`: a slice of the stream perm(epoch 0) ++ perm(epoch 1) ++ ..."""
+    """Training-set rows of step `step`: a slice of the stream perm(epoch 0) ++ perm(epoch 1) ++ ...
+
+    Epoch e is the permutation default_rng([seed, e]) of the n rows: every row once per epoch, a batch may
+    straddle two epochs; training for several epochs over a fixed data.n_train is just train.steps >
+    n / batch_size (`epochs_done`)."""
     pos = step * batch_size + np.arange(batch_size)
     epoch, within = pos // n, pos % n
     out = np.empty(batch_size, np.int64)
@@ -152,6 +187,30 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     if precision == "auto":
         return "bf16" if device.type == "cuda" else "fp32"
     return precision
+
+
+def resolve_compile(spec: str | bool, device: torch.device) -> bool:
+    """train.compile on `device`: 'auto' -> on for CUDA only; 'true' / 'false' (or a bool) as given.
+
+    Why auto is CUDA-only: compiling costs a fixed time per process (tens of seconds for the paper's model),
+    paid back only when the steps of one call save more than that: (eager step - compiled step) x steps >
+    compile time. On CUDA the paper-scale step is launch- and memory-bound where inductor fuses kernels; on the
+    CPU the tiny models' runs are short and the fused SDPA / AdamW kernels leave little to fuse. `hmmscope
+    bench train --compile` measures the compile time and both step times and prints the break-even step
+    count; the CUDA figure has not been measured yet (no GPU in the session that wrote this)."""
+    if isinstance(spec, bool):
+        return spec
+    return device.type == "cuda" if spec == "auto" else spec == "true"
+
+
+def _indices(idx: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A step's batch rows on `device`. On CUDA through pinned memory with non_blocking=True: a copy from pageable
+    memory would wait for the GPU to drain its queue (a host sync every step); torch's pinned-memory allocator keeps
+    the host block alive until the copy is done. Elsewhere a plain tensor (the CPU twin)."""
+    t = torch.from_numpy(idx)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def _autocast(device: torch.device, precision: str = "auto"):
@@ -312,6 +371,9 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
     tokens = torch.as_tensor(ep_train.tokens.astype(np.int64), device=device)  # (N, T)
     loss_mask = torch.as_tensor(ep_train.target_mask[:-1], device=device).expand(t.batch_size, -1)
     oracle = {f"oracle/{k}": v for k, v in oracle_metrics(mix, ep_eval, device).items()}
+    t_em = time.perf_counter()
+    emergence = prepare_emergence(cfg, mix, ep_eval, device=device)  # references once per run (and per resume)
+    em_setup_s = time.perf_counter() - t_em
 
     torch.manual_seed(t.seed)
     np.random.seed(t.seed)
@@ -327,14 +389,18 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
             raise ValueError(f"run {resume}: its checkpoint's optimizer state does not fit the model ({e})") from None
         start, best = int(ck["step"]), _val_keys(ck["metrics"].get("best", {}))
         _set_rng_state(ck["rng"])
-    fwd = torch.compile(model) if t.compile else model  # the training step only; evaluation and state dicts: `model`
+    compiled = resolve_compile(t.compile, device)
+    fwd = torch.compile(model) if compiled else model  # the training step only; evaluation and state dicts: `model`
     n_params = model.num_params()
     tok_per_step = t.batch_size * (ep_train.seq_len - 1)
 
     run_tags = {"hmmscope.dataset_hash": ep_train.meta.get("dataset_hash", ""),
             "hmmscope.eval_dataset_hash": ep_eval.meta.get("dataset_hash", ""),
             "hmmscope.hmm_hash": config_hash(cfg.hmm), "hmmscope.device": str(device), "hmmscope.precision": precision,
-            "hmmscope.n_params": n_params}
+            "hmmscope.compiled": str(compiled).lower(), "hmmscope.n_params": n_params,
+            # the budget as passes over data.n_train and episodes per training task (SCIENCE.md 8's two readings)
+            "hmmscope.epochs": f"{epochs_done(t.steps, len(ep_train), t.batch_size):g}",
+            "hmmscope.episodes_per_task": f"{t.steps * t.batch_size / cfg.hmm.n_tasks:g}"}
     name = run_name or f"train-{config_hash(cfg.hmm, cfg.data, cfg.model, cfg.train)[:8]}"
     params = None if resume else tracking.config_params(cfg, tracking.TRAIN_SECTIONS)
     with sigterm_interrupts(), tracking.start_run(tracking_uri, experiment, name, parent=parent, resume=resume,
@@ -343,8 +409,12 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
         run.set_tags({**run_tags, **({"hmmscope.resumed_from_step": start, "hmmscope.target_steps": t.steps}
                                      if resume else {})})
         last: dict[str, float] = {}
+        curves: list[dict[str, float]] = list(ck["metrics"].get("emergence", [])) if ck is not None else []
+        eval_s = em_setup_s  # evaluation's cost includes the emergence references' precompute
 
         def evaluate(step: int) -> None:
+            nonlocal eval_s
+            t0 = time.perf_counter()
             ev = {f"val/{k}": v for k, v in evaluate_loss(model, ep_eval, device, precision=precision).items()}
             if "oracle/test_loss" in oracle:
                 ev["val/excess_ce"] = ev["val/test_loss"] - oracle["oracle/test_loss"]
@@ -355,21 +425,45 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
             if ev["val/loss"] < best.get("val/loss", math.inf):
                 best.clear()
                 best.update(ev, step=step)
-            run.log_metrics(ev, step=step)
+            em = {}
+            if emergence is not None:  # the curves: logged, kept for the figure, not among the final metrics
+                em = {**emergence.metrics(model, device=device), **emergence.references}
+                curves[:] = [c for c in curves if c["step"] < step] + [{"step": step, **em}]
+            eval_s += time.perf_counter() - t0
+            run.log_metrics({**ev, **em}, step=step)
             if on_eval is not None:
                 on_eval(step, dict(ev))
 
         def checkpoint(step: int) -> None:
             save_checkpoint(run, model=model, optimizer=opt, step=step, cfg=cfg, vocab_size=ep_train.vocab_size,
-                            metrics={"last": dict(last), "best": dict(best)},
+                            metrics={"last": dict(last), "best": dict(best), "emergence": list(curves)},
                             dataset_hash=ep_train.meta.get("dataset_hash", ""))
 
         if start == 0:
             run.log_metrics(oracle, step=0)
             evaluate(0)
         model.train()
+        # the step's loss and gradient norm stay on the device (no host sync per step); `flush` reads them back
+        # and checks them at the logging, evaluation and checkpoint cadences, before anything is logged or saved
+        pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         losses: list[float] = []
         train_s = int_s = 0.0
+
+        def flush() -> float:
+            """Check the pending steps' loss and gradient norm; DivergedError at the first non-finite one.
+            Returns the last gradient norm."""
+            if not pending:
+                return float("nan")
+            vals = torch.stack([torch.stack([lv, gn]) for _, lv, gn in pending]).tolist()
+            for (step_no, _, _), (lv, gn) in zip(pending, vals):
+                if not math.isfinite(lv):
+                    raise DivergedError(f"non-finite loss ({lv}) at step {step_no}", run.run_id)
+                if not math.isfinite(gn):
+                    raise DivergedError(f"non-finite gradient norm ({gn}) at step {step_no}", run.run_id)
+            pending.clear()
+            losses.extend(v[0] for v in vals)
+            return vals[-1][1]
+
         with _progress(progress) as bar:
             task = bar.add_task("train", total=t.steps, completed=start, loss=float("nan"), tps=0.0)
             for step in range(start, t.steps):
@@ -377,42 +471,58 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                 lr = lr_at(step, t)
                 for g in opt.param_groups:
                     g["lr"] = lr
-                idx = torch.as_tensor(batch_indices(step, len(ep_train), t.batch_size, t.seed), device=device)
+                idx = _indices(batch_indices(step, len(ep_train), t.batch_size, t.seed), device)
                 batch = tokens[idx]
                 with _autocast(device, precision):
                     _, loss = fwd(batch[:, :-1], batch[:, 1:], loss_mask)
-                lv = loss.item()
-                if not math.isfinite(lv):
-                    raise DivergedError(f"non-finite loss ({lv}) at step {step + 1}", run.run_id)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
-                gn = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip).item()
-                if not math.isfinite(gn):
-                    raise DivergedError(f"non-finite gradient norm ({gn}) at step {step + 1}", run.run_id)
+                gn = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
                 opt.step()
+                done = step + 1
+                pending.append((done, loss.detach(), gn.detach()))
+                log_now = done % log_every == 0 or done == t.steps
+                eval_now = done % t.eval_every == 0 or done == t.steps
+                ckpt_now = done % t.ckpt_every == 0 or done == t.steps
+                stop_now = _stop_after is not None and done >= _stop_after
+                if log_now or eval_now or ckpt_now or stop_now:
+                    last_gn = flush()
                 dt = time.perf_counter() - t0
                 train_s, int_s = train_s + dt, int_s + dt
-                losses.append(lv)
-                done = step + 1
                 bar.update(task, completed=done)
-                if done % log_every == 0 or done == t.steps:
+                if log_now:
                     tps = len(losses) * tok_per_step / int_s
                     run.log_metrics({"train/loss": sum(losses) / len(losses), "train/lr": lr,
-                                     "train/grad_norm": gn, "train/tokens_per_s": tps}, step=done)
+                                     "train/grad_norm": last_gn, "train/tokens_per_s": tps,
+                                     "train/epoch": epochs_done(done, len(ep_train), t.batch_size)}, step=done)
                     bar.update(task, completed=done, loss=sum(losses) / len(losses), tps=tps)
                     losses.clear()
                     int_s = 0.0
-                if done % t.eval_every == 0 or done == t.steps:
+                if eval_now:
                     evaluate(done)
-                if done % t.ckpt_every == 0 or done == t.steps:
+                if ckpt_now:
                     checkpoint(done)
-                if _stop_after is not None and done >= _stop_after:
+                if stop_now:  # the one place a step decides to end the loop early
                     raise KeyboardInterrupt(f"stopped after step {done} (_stop_after)")
         if start >= t.steps:  # resumed a finished run: nothing to train, refresh the final metrics
             evaluate(start)
         final = {**oracle, **last}
-        run.log_metrics({"train/wall_time_s": time.perf_counter() - t_start}, step=max(start, t.steps))
+        wall = time.perf_counter() - t_start
+        run.log_metrics({"train/wall_time_s": wall, "train/eval_s": eval_s,
+                         "train/eval_fraction": eval_s / wall if wall > 0 else 0.0}, step=max(start, t.steps))
+        if curves:
+            _log_emergence_figure(run, curves, f"{name}: emergence of in-context learning")
     trained = max(0, t.steps - start)
     return TrainResult(run.run_id, final, max(start, t.steps), time.perf_counter() - t_start, n_params,
                        trained * tok_per_step / train_s if train_s else 0.0,
-                       {"best": dict(best), "train_s": train_s}, model.eval(), cfg)
+                       {"best": dict(best), "train_s": train_s, "eval_s": eval_s, "emergence": curves},
+                       model.eval(), cfg)
+
+
+def _log_emergence_figure(run, curves: list[dict], title: str) -> None:
+    """The emergence curves (emergence.plot_emergence, PNG + PDF) as artifacts figures/emergence.*."""
+    from .emergence import plot_emergence
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for f in plot_emergence(curves, os.path.join(tmp, "emergence.png"), title):
+            run.log_artifact(f, "figures")

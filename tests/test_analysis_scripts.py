@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import csv
 import importlib
+import json
 import math
 import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -62,6 +64,9 @@ WINDOWED = TRAIN.replace('name = "tiny-train"', 'name = "tiny-window"').replace(
     "seeds = [0, 1]", "seeds = [0]").replace(
     '"model.max_len" = 64', '"model.max_len" = 64\n"model.window" = 3')
 
+DIVERSITY = TRAIN.replace('name = "tiny-train"', 'name = "tiny-diversity"').replace("analyze = true", "").replace(
+    '"hmm.n_tasks" = 4\n', '').replace('"model.n_layers" = {grid = [1, 2]}', '"hmm.n_tasks" = {grid = [2, 8]}')
+
 THEORY = """
 [sweep]
 name = "tiny-theory"
@@ -92,6 +97,17 @@ def store(tmp_path_factory):
         (tmp / f"{name}.toml").write_text(text)
         s = run_sweep(load_spec(tmp / f"{name}.toml"), workers=2, storage=storage, uri=uri, log=lambda m: None)
         assert s.complete == s.n_trials and s.failed == 0
+    return tmp, storage, uri
+
+
+@pytest.fixture(scope="module")
+def diversity(tmp_path_factory):
+    """A sweep over hmm.n_tasks (2 and 8 tasks, 2 seeds) in a store of its own."""
+    tmp = tmp_path_factory.mktemp("diversity")
+    storage, uri = f"sqlite:///{tmp}/optuna.db", f"sqlite:///{tmp}/mlflow.db"
+    (tmp / "diversity.toml").write_text(DIVERSITY)
+    s = run_sweep(load_spec(tmp / "diversity.toml"), workers=2, storage=storage, uri=uri, log=lambda m: None)
+    assert s.complete == s.n_trials == 4 and s.failed == 0
     return tmp, storage, uri
 
 
@@ -171,10 +187,80 @@ def test_theorem1(store, capsys):
     assert math.isfinite(k) and lo <= k <= hi and f"k = {k:.2f}" in text
 
 
+def test_task_diversity_crossing_known_answers():
+    td = script("task_diversity")
+    ns = np.array([4, 16, 64, 256.0])
+    assert td.crossing(ns, np.array([0.5, 0.3, 0.1, 0.0]), 0.2) == pytest.approx(5.0)  # half-way from 16 (2**4) to 64 (2**6)
+    assert td.crossing(ns, np.array([0.1, 0.0, 0.0, 0.0]), 0.2) == -math.inf  # below from the start
+    assert td.crossing(ns, np.array([0.5, 0.4, 0.3, 0.3]), 0.2) == math.inf  # never below
+    boot = td.bootstrap_crossing([[0.5, 0.5], [0.3, 0.3], [0.1, 0.1], [0.0, 0.0]], ns, 0.2, n_boot=50)
+    assert np.all(boot == 5.0)  # no seed noise: every resample crosses at the same point
+
+
+def _point(n: int, gap: float, seen: float = 0.1) -> tuple[int, dict]:
+    task = 2.0
+    return n, {"eval/retrieval_gap": gap, "eval/seen/excess_ce_task": seen, "eval/unseen/excess_ce_task": seen + gap,
+               **{f"eval/{t}/oracle_task_test_ce": task for t in ("seen", "unseen")},
+               "eval/seen/oracle_mix_test_ce": task + 0.01, "eval/unseen/oracle_mix_test_ce": task + 0.3,
+               **{f"baseline/{t}/incontext_{b}/ce": task + 0.2 for t in ("seen", "unseen") for b in ("unigram", "bigram")},
+               "emergence/seen/icl_gain": 0.05}
+
+
+def test_task_diversity_summary_known_answers(tmp_path, capsys):
+    """The script's statistics on given per-trial metrics: 3 seeds per n_tasks, the gap falls through 0.05 half-way
+    between 64 and 256 tasks in every seed, so n* = 128 with a zero-width bootstrap CI (no power: nothing varies);
+    with seed noise the CI is finite and the verdict is stats.decide's; a gap that never falls is underpowered."""
+    td = script("task_diversity")
+    gaps = {4: 0.5, 16: 0.3, 64: 0.07, 256: 0.03, 1024: 0.0}
+    pts = [_point(n, g) for n, g in gaps.items() for _ in range(3)]
+    b = td.summarize(pts, 0.05, tmp_path / "a", "synthetic")
+    assert b["n_star"] == pytest.approx(128.0) and b["power"] == "ok"
+    r = rows(tmp_path / "a" / "task_diversity.csv")
+    assert [int(x["n_tasks"]) for x in r] == list(gaps) and {x["n_seeds"] for x in r} == {"3"}
+    assert float(r[0]["unseen/mixture_oracle"]) == pytest.approx(0.3)  # references: CE - task-oracle CE
+    assert float(r[0]["seen/incontext_bigram"]) == pytest.approx(0.2) and float(r[0]["seen/icl_gain"]) == pytest.approx(0.05)
+    claims = json.loads((tmp_path / "a" / "task_diversity_claims.json").read_text())
+    assert claims[1]["verdict"] == "no power"  # identical seeds: a zero-width interval
+    rng = np.random.default_rng(0)
+    noisy = [_point(n, g + rng.normal(0, 0.01)) for n, g in gaps.items() for _ in range(3)]
+    b = td.summarize(noisy, 0.05, tmp_path / "b", "synthetic")
+    assert 64 < b["n_star"] < 256 and b["n_star_lo"] < b["n_star"] < b["n_star_hi"]
+    claims = json.loads((tmp_path / "b" / "task_diversity_claims.json").read_text())
+    assert claims[0]["verdict"] == "supported" and claims[1]["verdict"] == "supported"  # log2 n* < 13
+    flat = [_point(n, 0.4 + rng.normal(0, 0.01)) for n in gaps for _ in range(3)]
+    b = td.summarize(flat, 0.05, tmp_path / "c", "synthetic")
+    assert b["power"].startswith("underpowered") and b["n_star"] == math.inf
+    claims = json.loads((tmp_path / "c" / "task_diversity_claims.json").read_text())
+    assert claims[1]["verdict"] == "inconclusive"  # no CI: stats.decide says inconclusive
+    assert "regime boundary: n* = inf" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_task_diversity(diversity, capsys):
+    out, text = run(diversity, "task_diversity", "tiny-diversity", capsys)
+    r = rows(out / "task_diversity.csv")
+    assert [x["n_tasks"] for x in r] == ["2", "8"] and {x["n_seeds"] for x in r} == {"2"}
+    for x in r:
+        gap = float(x["unseen/model"]) - float(x["seen/model"])
+        assert float(x["retrieval_gap"]) == pytest.approx(gap, rel=1e-6, abs=1e-9)  # the gap is unseen - seen
+        assert float(x["retrieval_gap_lo"]) <= float(x["retrieval_gap"]) <= float(x["retrieval_gap_hi"])
+        assert {"seen/incontext_bigram", "unseen/incontext_unigram", "seen/mixture_oracle", "seen/icl_gain"} <= set(x)
+    claims = json.loads((out / "task_diversity_claims.json").read_text())
+    assert [c["name"] for c in claims[:2]] == ["retrieval_at_fewest_tasks", "regime_boundary_below_8192"]
+    from hmmscope.stats import decide
+    for c in claims[:2]:  # every verdict is stats.decide's
+        num = [math.nan if c[k] is None else c[k] for k in ("ci_lo", "ci_hi", "df")]  # JSON null = NaN
+        assert c["verdict"] == decide(c["rule"], num[0], num[1], df=num[2], degenerate=c["degenerate"])
+    b = rows(out / "task_diversity_boundary.csv")[0]
+    assert b["power"] == "ok" or b["power"].startswith("underpowered")
+    assert "claim regime_boundary_below_8192" in text and "regime boundary: n* =" in text
+
+
 def test_bad_input_exits_2_in_one_line(store, capsys):
     tmp, storage, uri = store
     for name, sweep in (("figure1", "no-such-sweep"), ("theorem1", "tiny-train"), ("figure1", "tiny-theory"),
-                        ("figure2", "tiny-window"), ("practice_vs_theory", "tiny-train")):
+                        ("figure2", "tiny-window"), ("practice_vs_theory", "tiny-train"),
+                        ("task_diversity", "tiny-train")):
         with pytest.raises(SystemExit) as e:
             script(name).main(["--sweep", sweep, "--storage", storage, "--tracking-uri", uri,
                                "--out", str(tmp / "bad")])

@@ -45,6 +45,20 @@ def test_bench_train_against_hf_roformer():
     assert p["optimizer_s"] > 0 and p["data_s"] > 0
 
 
+@pytest.mark.slow
+def test_bench_train_compile_reports_break_even():
+    """--compile: eager and compiled step times, the compile time, and the steps it takes to pay (inductor on the CPU)."""
+    cfg = preset("tiny")
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, n_layers=1, d_model=32, n_heads=2, d_mlp=64))
+    r = bench_train(cfg, "cpu", batch_size=2, seq_len=16, steps=1, peer=False, compile=True)
+    assert r["compiled"] and _positive(r, ["eager_step_s", "compiled_step_s", "compile_s", "break_even_steps"])
+    assert r["compile_s"] > r["compiled_step_s"]  # compiling costs more than a step
+    if r["eager_step_s"] > r["compiled_step_s"]:
+        assert r["break_even_steps"] == pytest.approx(r["compile_s"] / (r["eager_step_s"] - r["compiled_step_s"]))
+    else:
+        assert r["break_even_steps"] == float("inf")
+
+
 def test_bench_oracle_cli_rejects_bad_counts():
     from typer.testing import CliRunner
 

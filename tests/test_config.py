@@ -168,6 +168,8 @@ def test_memory_estimate_terms_follow_the_config():
     more = memory_estimate(override(Config(), {"data.n_train": 4 * Config().data.n_train}), "train")
     assert more["training tokens (int64)"][0] == 4 * base["training tokens (int64)"][0]
     assert more["activations"] == base["activations"]
+    assert "emergence references" in base and "emergence references" not in memory_estimate(
+        override(Config(), {"train.emergence_episodes": 0}), "train")
     wide = memory_estimate(override(Config(), {"train.batch_size": 64}), "train")
     assert wide["activations"][0] == 2 * base["activations"][0]
     gen = memory_estimate(Config(), "generate", n_episodes=10**9)

@@ -21,6 +21,7 @@ from hmmscope.hmm import make_mixture
 from hmmscope.train import (
     DivergedError,
     batch_indices,
+    epochs_done,
     evaluate_loss,
     lr_at,
     resolve_device,
@@ -64,11 +65,41 @@ def test_lr_schedule():
     assert lr_at(0, TrainConfig(warmup=0, lr=2.0)) == pytest.approx(2.0)
 
 
+def test_lr_schedules_constant_and_wsd():
+    base = dict(steps=110, warmup=10, lr=1.0, min_lr=0.1)
+    c = TrainConfig(**base, schedule="constant")
+    assert lr_at(4, c) == pytest.approx(0.5)  # the same warmup
+    assert [lr_at(s, c) for s in (10, 60, 109, 110, 500)] == [1.0] * 5
+    w = TrainConfig(**base, schedule="wsd", decay_frac=0.2)  # decay over the last 22 steps: 88 .. 110
+    assert lr_at(4, w) == pytest.approx(0.5) and lr_at(10, w) == 1.0 and lr_at(87, w) == 1.0
+    assert lr_at(88, w) == pytest.approx(1.0) and lr_at(99, w) == pytest.approx(1.0 - 0.9 * 11 / 22)
+    assert lr_at(109, w) == pytest.approx(1.0 - 0.9 * 21 / 22) and lr_at(110, w) == pytest.approx(0.1)
+    assert all(lr_at(s, w) >= lr_at(s + 1, w) for s in range(10, 120))
+    # the decay never starts inside the warmup, and lasts at least one step
+    assert lr_at(10, TrainConfig(**{**base, "warmup": 100}, schedule="wsd", decay_frac=0.5)) == 1.0 * 11 / 100
+    assert lr_at(100, TrainConfig(**{**base, "warmup": 100}, schedule="wsd", decay_frac=0.5)) == 1.0
+    assert lr_at(109, TrainConfig(**base, schedule="wsd", decay_frac=0.001)) == 1.0
+    with pytest.raises(ConfigError, match="train.schedule must be one of"):
+        small(**{"train.schedule": "linear"})
+    with pytest.raises(ConfigError, match=r"train.decay_frac must be in \(0, 1\]"):
+        small(**{"train.decay_frac": 0.0})
+
+
 def test_batch_order_depends_on_seed_and_step_only():
     a = [batch_indices(s, 20, 8, 3) for s in range(5)]  # 40 items = two epochs of 20
     assert np.array_equal(np.sort(np.concatenate(a[:2] + [a[2][:4]])), np.arange(20))
     assert np.array_equal(a[3], batch_indices(3, 20, 8, 3))
     assert not np.array_equal(a[0], batch_indices(0, 20, 8, 4))
+    assert epochs_done(5, 20, 8) == 2.0 and epochs_done(262144, 131072, 32) == 64.0
+
+
+def test_paper_budget_readings():
+    from hmmscope.config import preset
+
+    lit, ep = preset("paper"), preset("paper-epochs")
+    assert epochs_done(lit.train.steps, lit.data.n_train, lit.train.batch_size) == 1.0
+    assert epochs_done(ep.train.steps, ep.data.n_train, ep.train.batch_size) == 64.0
+    assert flatten(lit) == {**flatten(ep), "train.steps": 4096, "train.eval_every": 512, "train.ckpt_every": 1024}
 
 
 def test_run_logs_params_metrics_checkpoint(uri, finished):
@@ -79,7 +110,8 @@ def test_run_logs_params_metrics_checkpoint(uri, finished):
     assert r.data.params == want and not any(k.startswith("theory.") for k in r.data.params)
     tags = r.data.tags
     assert tags["hmmscope.device"] == "cpu" and int(tags["hmmscope.n_params"]) > 0
-    assert tags["hmmscope.precision"] == "fp32" and r.data.params["train.compile"] == "false"  # CPU defaults
+    assert tags["hmmscope.precision"] == "fp32" and r.data.params["train.compile"] == "auto"  # CPU defaults
+    assert tags["hmmscope.compiled"] == "false"  # auto: eager on the CPU
     assert tags["hmmscope.dataset_hash"] and tags["hmmscope.hmm_hash"] and "hmmscope.code_version" in tags
     c = tracking.client(uri)
     steps = lambda k: [m.step for m in c.get_metric_history(finished.run_id, k)]  # noqa: E731
@@ -96,6 +128,60 @@ def test_run_logs_params_metrics_checkpoint(uri, finished):
     assert m["val/loss"] < first  # it learns something in 12 steps
 
 
+def test_epochs_and_emergence_curves(uri, finished):
+    """train/epoch, the budget tags, the emergence histories (model per k, gain, references as constants), the
+    figure, and the curves at the last step equal to Figure 1 on the same episodes."""
+    from hmmscope.emergence import subset
+    from hmmscope.episodes import unseen_episodes
+    from hmmscope.evaluate import eval_set, figure1_tables
+
+    c = tracking.client(uri)
+    hist = lambda k: [(m.step, m.value) for m in c.get_metric_history(finished.run_id, k)]  # noqa: E731
+    assert hist("train/epoch") == [(3, 0.25), (6, 0.5), (9, 0.75), (12, 1.0)]  # 96 episodes, batch 8
+    tags = tracking.Run(uri, finished.run_id).get().data.tags
+    assert tags["hmmscope.epochs"] == "1" and tags["hmmscope.episodes_per_task"] == "24"
+    for tasks in ("seen", "unseen"):
+        for k in (0, 1, 2):
+            assert [s for s, _ in hist(f"emergence/{tasks}/ce/k{k}")] == [0, 6, 12]
+            assert [s for s, _ in hist(f"emergence/{tasks}/acc/k{k}")] == [0, 6, 12]
+        ce = {k: hist(f"emergence/{tasks}/ce/k{k}")[-1][1] for k in (0, 2)}
+        assert hist(f"emergence/{tasks}/icl_gain")[-1][1] == pytest.approx(ce[0] - ce[2], abs=1e-12)
+        for ref in ("task_oracle", "mixture_oracle", "incontext_unigram", "incontext_bigram"):
+            vals = hist(f"emergence/{tasks}/ref/{ref}/icl_gain")
+            assert [s for s, _ in vals] == [0, 6, 12] and len({v for _, v in vals}) == 1  # a constant
+        seen_first = hist(f"emergence/{tasks}/ce/k2")[0][1]
+        assert seen_first > ce[2]  # the model's curve moves
+    # the last point is Figure 1 on the first train.emergence_episodes episodes (here all 32 of data.n_eval)
+    cfg = finished.config
+    mix = make_mixture(cfg.hmm)
+    n = cfg.train.emergence_episodes
+    assert n == 64 and cfg.data.n_eval == 32  # the default asks for 64; a run has only data.n_eval
+    ep = subset(sample_episodes(mix, cfg.data, cfg.data.n_eval, "eval"), n)
+    umix, uep = unseen_episodes(cfg.hmm, cfg.data, cfg.data.n_eval)
+    sets = [eval_set(mix, ep, learner=None), eval_set(mix, subset(uep, n), tasks="unseen", task_mix=umix, learner=None)]
+    fig1 = figure1_tables(finished.model, sets)
+    for tasks in ("seen", "unseen"):
+        for k in (0, 1, 2):
+            assert hist(f"emergence/{tasks}/ce/k{k}")[-1][1] == pytest.approx(fig1.row("model", k, tasks)["ce"], rel=1e-9)
+            assert hist(f"emergence/{tasks}/acc/k{k}")[-1][1] == pytest.approx(fig1.row("model", k, tasks)["acc"])
+            for ref in ("task_oracle", "incontext_bigram"):
+                assert hist(f"emergence/{tasks}/ref/{ref}/ce/k{k}")[-1][1] == pytest.approx(
+                    fig1.row(ref, k, tasks)["ce"], rel=1e-9)
+    arts = {a.path for a in c.list_artifacts(finished.run_id, "figures")}
+    assert arts == {"figures/emergence.png", "figures/emergence.pdf"}
+    m = tracking.Run(uri, finished.run_id).get().data.metrics
+    assert 0 < m["train/eval_fraction"] < 1 and m["train/eval_s"] > 0
+    assert not any(k.startswith("emergence/") for k in finished.metrics)  # curves are histories, not final metrics
+    assert [h["step"] for h in finished.extra["emergence"]] == [0, 6, 12]
+
+
+def test_emergence_off():
+    from hmmscope.emergence import prepare
+
+    cfg = small(**{"train.emergence_episodes": 0})
+    assert prepare(cfg, make_mixture(cfg.hmm), sample_episodes(make_mixture(cfg.hmm), cfg.data, 4, "eval")) is None
+
+
 def test_load_model_round_trip(uri, finished, tmp_path):
     ck = load_checkpoint(uri, finished.run_id, tmp_path)
     assert ck["step"] == 12 and set(ck["rng"]) >= {"torch", "numpy", "python"}
@@ -106,6 +192,71 @@ def test_load_model_round_trip(uri, finished, tmp_path):
     model2, _ = load_model(uri, finished.run_id)
     x = torch.as_tensor(ep.tokens[:4].astype(np.int64))
     assert torch.equal(model(x)[0], model2(x)[0])
+
+
+@pytest.mark.parametrize("schedule", ["constant", "wsd"])
+def test_resume_is_bitwise_for_every_schedule(uri, schedule):
+    """Resuming mid-run equals the uninterrupted run on the CPU, for the constant and wsd schedules (the
+    cosine one: test_resume_matches_uninterrupted_run). 16 steps of 8 over 96 episodes (an epoch is 12 steps)
+    with the kill after step 8, so the epoch boundary and the wsd decay (steps 12-16) both come after the resume."""
+    cfg = small(**{"train.schedule": schedule, "train.decay_frac": 0.25, "train.steps": 16, "train.eval_every": 8,
+                   "train.ckpt_every": 8, "train.emergence_episodes": 8})
+    full = train(cfg, tracking_uri=uri, experiment=f"s-{schedule}", progress=False, log_every=1)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tracking_uri=uri, experiment=f"s-{schedule}", progress=False, log_every=1, _stop_after=8)
+    killed = _latest_run(uri, f"s-{schedule}")
+    res = train(cfg, tracking_uri=uri, experiment=f"s-{schedule}", resume=killed.info.run_id, progress=False,
+                log_every=1)
+    c = tracking.client(uri)
+    for key in ("train/loss", "train/lr", "emergence/unseen/ce/k2"):
+        a = [(m.step, m.value) for m in c.get_metric_history(full.run_id, key)]
+        b = sorted((m.step, m.value) for m in c.get_metric_history(res.run_id, key))
+        assert a == b, key
+    a, b = full.model.state_dict(), res.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert res.extra["emergence"] == full.extra["emergence"]  # the figure's history survives the resume
+
+
+def _reference_losses(cfg: Config, steps: int) -> list[float]:
+    """The training loop as it was before the loop kept losses on the device (loss.item() every step, eager,
+    float32): the per-step losses a CPU run must reproduce bit for bit."""
+    import random
+
+    from hmmscope.model import Transformer
+    mix = make_mixture(cfg.hmm)
+    ep = sample_episodes(mix, cfg.data, cfg.data.n_train, "train")
+    t = cfg.train
+    tokens = torch.as_tensor(ep.tokens.astype(np.int64))
+    mask = torch.as_tensor(ep.target_mask[:-1]).expand(t.batch_size, -1)
+    torch.manual_seed(t.seed)
+    np.random.seed(t.seed)
+    random.seed(t.seed)
+    model = Transformer(cfg.model, ep.vocab_size)
+    opt = model.configure_optimizers(t.weight_decay, t.lr, (t.beta1, t.beta2))
+    model.train()
+    out = []
+    for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, t)
+        batch = tokens[torch.as_tensor(batch_indices(step, len(ep), t.batch_size, t.seed))]
+        _, loss = model(batch[:, :-1], batch[:, 1:], mask)
+        out.append(loss.item())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip).item()
+        opt.step()
+    return out
+
+
+def test_cpu_loop_losses_bitwise_as_before(uri):
+    """The default model, optimizer and schedule (fewer steps and episodes): train/loss logged every step equals
+    the old per-step-sync loop's losses exactly."""
+    cfg = override(Config(), {"train.device": "cpu", "train.steps": 4, "train.warmup": 2, "data.n_train": 64,
+                              "data.n_eval": 8, "train.emergence_episodes": 4})
+    res = train(cfg, tracking_uri=uri, experiment="bitwise", progress=False, log_every=1)
+    got = [m.value for m in sorted(tracking.client(uri).get_metric_history(res.run_id, "train/loss"),
+                                   key=lambda m: m.step)]
+    assert got == _reference_losses(cfg, 4)
 
 
 def test_resume_matches_uninterrupted_run(uri, finished):
@@ -155,6 +306,22 @@ def test_bad_device_raises():
 
 
 # ---------------------------------------------------------------- the CUDA path's choices, on the CPU
+
+
+def test_compile_knob():
+    from hmmscope.config import from_flat
+    from hmmscope.train import resolve_compile
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert Config().train.compile == "auto"
+    assert not resolve_compile("auto", cpu) and resolve_compile("auto", cuda)
+    assert resolve_compile("true", cpu) and not resolve_compile("false", cuda)
+    # booleans (TOML true / false, an older checkpoint's saved config) and the CLI's strings
+    assert small(**{"train.compile": True}).train.compile == "true"
+    assert small(**{"train.compile": "false"}).train.compile == "false"
+    assert from_flat({**flatten(small()), "train.compile": False}).train.compile == "false"
+    with pytest.raises(ConfigError, match=r"train.compile must be one of \('auto', 'true', 'false'\), got 'yes'"):
+        small(**{"train.compile": "yes"})
 
 
 def test_precision_knob():

@@ -167,7 +167,7 @@ def bench_train_cmd(
     steps: Annotated[int, typer.Option(min=1, help="Timed steps per repeat.")] = 5,
     peer: Annotated[bool, typer.Option(help="Also time HF transformers' RoFormerForCausalLM.")] = True,
     profile: Annotated[bool, typer.Option(help="One number per source of loss vs the measured GEMM rate.")] = False,
-    compile_: Annotated[bool, typer.Option("--compile", help="Time torch.compile(model) (compile time excluded).")]
+    compile_: Annotated[bool, typer.Option("--compile", help="Time torch.compile(model), its compile time and break-even steps.")]
     = False,
     threads: ThreadsOpt = None,
     force: ForceOpt = False,
@@ -205,6 +205,9 @@ def bench_train_cmd(
         for k in ("attention", "optimizer", "other"):
             typer.echo(f"    lost to {k:<9} {p[k + '_s']:.4f} ({100 * p[k + '_s'] / p['step_s']:.0f}% of the step)")
         typer.echo(f"    data (outside the step) {p['data_s']:.4f} ({100 * p['data_s'] / p['step_s']:.0f}% of the step)")
+    if "compile_s" in r:
+        typer.echo(f"  compile: {r['compile_s']:.1f} s once; step {r['eager_step_s']:.4f} s eager vs "
+                   f"{r['compiled_step_s']:.4f} s compiled: pays after {r['break_even_steps']:,.0f} steps per call")
     if "ratio" in r:
         typer.echo(f"peer HF RoFormerForCausalLM: {r['hf_roformer_tokens_per_s']:,.0f} tokens/s; "
                    f"ratio {r['ratio']:.2f}x")

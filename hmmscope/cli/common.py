@@ -27,6 +27,7 @@ from ..config import Config, ConfigError, load_toml, override, preset
 class Preset(StrEnum):
     tiny = "tiny"
     paper = "paper"
+    paper_epochs = "paper-epochs"
 
 
 class Family(StrEnum):
