@@ -449,4 +449,5 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
     trained = max(0, done - start)
     return TrainResult(run.run_id, final, done, time.perf_counter() - t_start, n_params,
                        trained * tok_per_step / train_s if train_s else 0.0,
-                       {"best": dict(best), "train_s": train_s}, model.eval(), cfg, stopped)
+                       {"best": dict(best), "train_s": train_s, **({"deadline": deadline.estimate} if deadline else {})},
+                       model.eval(), cfg, stopped)

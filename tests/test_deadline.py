@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from hmmscope import tracking
 from hmmscope.checkpoints import load_model
 from hmmscope.config import Config, override
-from hmmscope.deadline import Deadline, due, state_bytes
+from hmmscope.deadline import Deadline, due, process_age_s, state_bytes
 from hmmscope.train import train
 
 torch.set_num_threads(1)
@@ -42,6 +42,15 @@ def test_due_and_state_bytes():
     assert due(0, 4, 8) == 0 and due(4, 8, 8) == 1 and due(7, 24, 8) == 3 and due(3, 9, 0) == 0
     sd = {"a": torch.zeros(3, 4), "b": {"c": [torch.zeros(5, dtype=torch.float64), 1]}}
     assert state_bytes(sd) == 3 * 4 * 4 + 5 * 8
+
+
+def test_process_age():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", "import time; time.sleep(0.6); from hmmscope.deadline import "
+                          "process_age_s; print(process_age_s())"], capture_output=True, text=True, check=True)
+    assert 0.55 <= float(out.stdout) < 30
+    assert 0 <= process_age_s()
 
 
 def test_must_stop_arithmetic_on_a_fake_clock():

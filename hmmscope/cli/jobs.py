@@ -61,12 +61,14 @@ def train_cmd(
     force: ForceOpt = False,
     print_config: PrintConfigOpt = False,
     deadline: Annotated[float | None, typer.Option(
-        min=0, help="Seconds from now by which training stops at a step boundary, with its checkpoint written "
+        min=0, help="Seconds from the command's start by which training stops at a step boundary, with its checkpoint written "
                     "(the run ends FINISHED, tagged hmmscope.stopped=deadline; continue it with --resume; Figure 1 "
                     "waits for the last segment).")] = None,
 ) -> None:
     """Train a transformer on HMM-mixture episodes (one MLflow run; checkpoints as artifacts)."""
-    t_cmd = time.monotonic()
+    from ..deadline import process_age_s  # the standard library only
+
+    t_cmd = time.monotonic() - process_age_s()  # the deadline counts from the process's start (imports included)
     cfg = build_config(preset_, config, set_, {"train.device": device})
     if print_config:
         return echo_config(cfg, ("hmm", "data", "model", "train"))
@@ -109,7 +111,10 @@ def train_cmd(
         again += [a for kv in set_ or [] for a in ("--set", kv)]
         again += ["--device", device] if device is not None else []
         again += ["--tracking-uri", uri, "--experiment", experiment, "--resume", res.run_id]
-        typer.echo(f"stopped by the deadline at step {res.steps} of {res.config.train.steps} (checkpoint saved; "
+        est = res.extra.get("deadline", {})
+        typer.echo(f"stopped by the deadline at step {res.steps} of {res.config.train.steps} ({est.get('left_s', 0):.1f} s "
+                   f"were left, {est.get('need_s', 0):.1f} s needed: {est.get('step_s', 0):.3f} s per step, checkpoint "
+                   f"{est.get('ckpt_s', 0):.1f} s, evaluation {est.get('eval_s', 0):.1f} s; checkpoint saved; "
                    f"run {res.run_id} FINISHED, tag hmmscope.stopped=deadline); continue with:\n  "
                    f"{shlex.join(again)} [--deadline SECONDS]")
     typer.echo(f"browse: {tracking.ui_command(uri)}")
