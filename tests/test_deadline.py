@@ -144,3 +144,21 @@ def test_cli_deadline_stops_prints_how_to_continue_and_resumes(store, tmp_path, 
     assert again[again.index("--tracking-uri") + 1] == store[0]
     (run,) = tracking.client(store[0]).search_runs([tracking.experiment_id(store[0], "cli")])
     assert run.info.status == "FINISHED" and run.data.tags["hmmscope.stopped"] == "done"
+
+
+def test_chain_state_reads_a_stopped_then_finished_run(store, monkeypatch):
+    """analysis/gpu/chain.py state: what session.sh chain decides on (train on / Figures / start over)."""
+    import importlib.util
+    from pathlib import Path
+
+    uri, _ = store
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    spec = importlib.util.spec_from_file_location(
+        "chain", Path(__file__).resolve().parents[1] / "analysis" / "gpu" / "chain.py")
+    chain = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(chain)
+    assert chain.state("no-such-experiment") == "none"
+    part = train(small(), tracking_uri=uri, experiment="chain", progress=False, log_every=4, deadline=StopAt(8))
+    assert chain.state("chain") == f"{part.run_id} 8 24 deadline"
+    train(small(), tracking_uri=uri, experiment="chain", progress=False, log_every=4, resume=part.run_id)
+    assert chain.state("chain") == f"{part.run_id} 24 24 done"
