@@ -171,7 +171,9 @@ chain() {  # one call of a long run chained over calls (README.md, "The chained 
   # NAME (paper-long), STEPS (12288), DEADLINE (s after the call began when all is packed: 570), PACK_S (25),
   # SCHEDULE (cosine, if the config has train.schedule), EVAL_EVERY (STEPS/24), COMPILE (false),
   # EVAL_EPISODES (512), FIG1_S (120: Figure 1 starts only with this much left), ANALYZE_EPISODES (256),
-  # ANALYZE_KS (1,2,3), PROBE_TASKS (32), MIN_PER_TASK (30), PROBE_JOBS (nproc), ANALYZE_MIN_S (150).
+  # ANALYZE_KS (1,2,3), PROBE_TASKS (32), MIN_PER_TASK (15), PROBE_JOBS (nproc + 1: the 17 layers of the paper model
+  # at once), ANALYZE_MIN_S (150). The probe set 32 x 15 = 480 episodes: predicted 67 s of probes on the device,
+  # against 132 s at the default 32 x 30 (probe-cost-predict.txt).
   CHAIN_T0=$SECONDS
   local name=${NAME:-paper-long} new=${NEW:?set NEW=1 for the first call of a chain, NEW=0 for the next ones}
   local steps=${STEPS:-12288} dl=${DEADLINE:-570} pack_s=${PACK_S:-25} dev=cuda preset=paper rec exp st left
@@ -237,8 +239,8 @@ chain() {  # one call of a long run chained over calls (README.md, "The chained 
     left=$(( dl - (SECONDS - CHAIN_T0) - pack_s ))
     if [ "$left" -ge "${ANALYZE_MIN_S:-150}" ]; then
       timeout "$left" hmmscope analyze "$run" --device "$dev" --n-episodes "${ANALYZE_EPISODES:-256}" \
-        --ks "${ANALYZE_KS:-1,2,3}" --probe-tasks "${PROBE_TASKS:-32}" --min-per-task "${MIN_PER_TASK:-30}" \
-        --probe-jobs "${PROBE_JOBS:-$(nproc)}" --experiment "$exp" --out "$figs" >"$rec/analyze.log" 2>&1 \
+        --ks "${ANALYZE_KS:-1,2,3}" --probe-tasks "${PROBE_TASKS:-32}" --min-per-task "${MIN_PER_TASK:-15}" \
+        --probe-jobs "${PROBE_JOBS:-$(( $(nproc) + 1 ))}" --experiment "$exp" --out "$figs" >"$rec/analyze.log" 2>&1 \
         && touch "mlruns/chain-$name.layers"
       echo "analyze: rc=$? at $((SECONDS - CHAIN_T0)) s; last phase: $(grep '^analyze: ' "$rec/analyze.log" | tail -n 1)"
       chain_pack "$rec" "$name" "$run"
