@@ -40,6 +40,9 @@ that talks to MLflow):
   resolves on the device of each call: a CUDA run resumed on the CPU continues in float32.
   Checkpoints are device-neutral on load (checkpoints.read_checkpoint maps every tensor to the CPU),
   and resuming moves the model and optimizer state to the run's device.
+- Deadline (`train(..., deadline=)`, `hmmscope train --deadline S`): stop at a logging boundary in time to write
+  the checkpoint and return before a wall-clock instant (`hmmscope.deadline`); the run ends FINISHED, tagged
+  hmmscope.stopped = "deadline", and a resume continues it bitwise (on CPU).
 - Divergence: a non-finite loss or gradient norm raises DivergedError naming the first such step (its
   run_id says which run); the run ends FAILED with the reason in the tag hmmscope.failure_reason. The loss
   and gradient norm stay on the device during the steps (no host sync per step) and are read back and
@@ -84,6 +87,7 @@ from . import tracking
 from .checkpoints import _set_rng_state, checkpoint_config, load_checkpoint, save_checkpoint
 from .checkpoints import read_checkpoint as read_checkpoint  # re-exported: cli.py imports it from here
 from .config import Config, TrainConfig, config_hash, flatten
+from .deadline import Deadline, due, state_bytes
 from .emergence import prepare as prepare_emergence
 from .episodes import Episodes, sample_episodes
 from .hmm import make_mixture
@@ -111,6 +115,7 @@ class TrainResult:
     extra: dict[str, Any] = field(default_factory=dict)
     model: Transformer | None = field(default=None, repr=False)  # the trained model, eval mode, weights = last checkpoint
     config: Config | None = None  # the run's config (a resumed run's: the checkpoint's, runtime keys as passed)
+    stopped: str | None = None  # "deadline": stopped before train.steps by `deadline` (resume it to go on)
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -337,7 +342,8 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
           eval_fn: Callable[[torch.nn.Module, int], Mapping[str, float] | None] | None = None,
           log_every: int | None = None, _stop_after: int | None = None,
           on_eval: Callable[[int, dict[str, float]], None] | None = None,
-          tags: Mapping[str, Any] | None = None, note: str | None = None) -> TrainResult:
+          tags: Mapping[str, Any] | None = None, note: str | None = None,
+          deadline: Deadline | None = None) -> TrainResult:
     """Train a Transformer on cfg's episodes in one MLflow run (new, or `resume`d); see the module docstring.
 
     eval_fn(model, step) -> {name: value} is called at every evaluation and its metrics logged at that step.
@@ -347,6 +353,11 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
     tags: extra tags of a new run (e.g. a sweep trial's); note: its one-line description (default:
     `describe(cfg)`).
     _stop_after: test hook; raise KeyboardInterrupt after this step (the run ends KILLED), like a kill.
+    deadline: stop at a train/* logging boundary in time to return by `deadline.at` (`hmmscope.deadline`): the
+    checkpoint is written, the run ends FINISHED with the tags hmmscope.stopped = "deadline" and
+    hmmscope.stopped_at_step, and the result's `stopped` is "deadline"; no final evaluation is made (the
+    step's own, if due, is). Resuming it goes on bitwise (on CPU); reaching train.steps then sets
+    hmmscope.stopped = "done".
     """
     t_start = time.perf_counter()
     device = resolve_device(cfg.train.device)
@@ -413,6 +424,10 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
         eval_s = em_setup_s  # evaluation's cost includes the emergence references' precompute
 
         def evaluate(step: int) -> None:
+            with deadline.timed("eval") if deadline is not None else nullcontext():
+                _evaluate(step)
+
+        def _evaluate(step: int) -> None:
             nonlocal eval_s
             t0 = time.perf_counter()
             ev = {f"val/{k}": v for k, v in evaluate_loss(model, ep_eval, device, precision=precision).items()}
@@ -435,6 +450,10 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                 on_eval(step, dict(ev))
 
         def checkpoint(step: int) -> None:
+            with deadline.timed("ckpt") if deadline is not None else nullcontext():
+                _checkpoint(step)
+
+        def _checkpoint(step: int) -> None:
             save_checkpoint(run, model=model, optimizer=opt, step=step, cfg=cfg, vocab_size=ep_train.vocab_size,
                             metrics={"last": dict(last), "best": dict(best), "emergence": list(curves)},
                             dataset_hash=ep_train.meta.get("dataset_hash", ""))
@@ -464,6 +483,10 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
             losses.extend(v[0] for v in vals)
             return vals[-1][1]
 
+        done, stopped = start, None
+        if deadline is not None:
+            deadline.eval_steps = math.ceil(len(ep_eval) / 64)
+            deadline.start(start)
         with _progress(progress) as bar:
             task = bar.add_task("train", total=t.steps, completed=start, loss=float("nan"), tps=0.0)
             for step in range(start, t.steps):
@@ -504,19 +527,31 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                     checkpoint(done)
                 if stop_now:  # the one place a step decides to end the loop early
                     raise KeyboardInterrupt(f"stopped after step {done} (_stop_after)")
+                if deadline is not None and done < t.steps and done % log_every == 0 and deadline.must_stop(
+                        done, next_steps=min(log_every, t.steps - done), evals=due(done, done + log_every, t.eval_every),
+                        ckpts=due(done, done + log_every, t.ckpt_every), ckpt_bytes=state_bytes(model.state_dict(),
+                                                                                                 opt.state_dict())):
+                    if done % t.ckpt_every:
+                        checkpoint(done)
+                    stopped = "deadline"
+                    break
         if start >= t.steps:  # resumed a finished run: nothing to train, refresh the final metrics
             evaluate(start)
+        done = max(done, start)
+        if stopped or (resume and run.get().data.tags.get("hmmscope.stopped")):
+            run.set_tags({"hmmscope.stopped": stopped or "done", "hmmscope.stopped_at_step": done})
         final = {**oracle, **last}
         wall = time.perf_counter() - t_start
         run.log_metrics({"train/wall_time_s": wall, "train/eval_s": eval_s,
-                         "train/eval_fraction": eval_s / wall if wall > 0 else 0.0}, step=max(start, t.steps))
+                         "train/eval_fraction": eval_s / wall if wall > 0 else 0.0}, step=done)
         if curves:
             _log_emergence_figure(run, curves, f"{name}: emergence of in-context learning")
-    trained = max(0, t.steps - start)
-    return TrainResult(run.run_id, final, max(start, t.steps), time.perf_counter() - t_start, n_params,
+    trained = max(0, done - start)
+    return TrainResult(run.run_id, final, done, time.perf_counter() - t_start, n_params,
                        trained * tok_per_step / train_s if train_s else 0.0,
-                       {"best": dict(best), "train_s": train_s, "eval_s": eval_s, "emergence": curves},
-                       model.eval(), cfg)
+                       {"best": dict(best), "train_s": train_s, "eval_s": eval_s, "emergence": curves,
+                        **({"deadline": deadline.estimate} if deadline else {})},
+                       model.eval(), cfg, stopped)
 
 
 def _log_emergence_figure(run, curves: list[dict], title: str) -> None:

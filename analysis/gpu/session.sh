@@ -3,6 +3,9 @@
 #
 #   bash analysis/gpu/session.sh check         # env facts, bench train --preset paper, -m gpu, default suite
 #   STEPS=N bash analysis/gpu/session.sh paper  # the paper-gpu sweep (RoPE + absolute), report, trials.csv
+#   NEW=1 bash analysis/gpu/session.sh chain    # one long run chained over calls (issue 19): the first call;
+#   NEW=0 bash analysis/gpu/session.sh chain    # each later call, back to back while the machine is warm: trains
+#                                               # on until the deadline, then Figure 1 and the layerwise analysis
 #
 # Every step's output goes to $OUT (at most 8 files come back: see README.md), each step under its own
 # timeout so a slow one cannot take the rest of the call with it. DRY=1 runs the same steps here, on the CPU
@@ -13,11 +16,15 @@ PY=${PY:-python3}
 DRY=${DRY:-0}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if [ "$DRY" = 1 ]; then PY=$PWD/.venv/bin/python; export PATH="$PWD/.venv/bin:$PATH"; fi
+if [ "$DRY" = 1 ]; then PY=$PWD/.venv/bin/python; export PATH="$PWD/.venv/bin:$PATH" HMMSCOPE_THREADS=${HMMSCOPE_THREADS:-1}; fi
 
 setup() {  # a venv of our own that sees the image's packages (a .pth), the carried wheels, and hmmscope (editable)
   local t0=$SECONDS v=/tmp/venv purelib
   if [ "$DRY" = 1 ]; then mkdir -p mlruns; return 0; fi
+  if [ -x "$v/bin/hmmscope" ] && "$v/bin/hmmscope" --version >/dev/null 2>&1; then  # a warm machine: done before
+    PY=$v/bin/python; export PATH="$v/bin:$PATH"; mkdir -p mlruns
+    echo "setup: reused $v ($((SECONDS - t0)) s)"; return 0
+  fi
   "$PY" -m venv "$v" || return 1  # the image's python is itself a venv: --system-site-packages would miss its torch
   purelib=$("$v/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   "$PY" -c 'import site; print("\n".join(site.getsitepackages()))' >"$purelib/image-site.pth"
@@ -149,9 +156,111 @@ print(' '.join(r['mlflow_run_id'] for r in study_status('$name', default_storage
   ls -la "$OUT"
 }
 
+chain_pack() {  # the chain's record so far into $OUT: every phase calls it as it ends (a later cut-off loses nothing)
+  local rec=$1 name=$2 run=$3
+  [ -n "$run" ] && "$PY" analysis/gpu/chain.py record "$run" "$rec" >"$rec/record.log" 2>&1
+  cp mlruns/chain-"$name".* "$rec/" 2>/dev/null
+  tar czf "$OUT/$name.tar.gz" -C "$(dirname "$rec")" "$(basename "$rec")"
+  [ -f mlruns/mlflow.db ] && tar czf "$OUT/store.tar.gz" -C mlruns mlflow.db  # the database alone: no checkpoints
+  cp "$rec/curves.csv" "$rec/run.json" "$rec/env.txt" "$OUT/" 2>/dev/null
+  echo "pack: $(du -sh "$OUT/$name.tar.gz" | cut -f1) at $((SECONDS - CHAIN_T0)) s"
+}
+
+chain() {  # one call of a long run chained over calls (README.md, "The chained long run"); knobs in the environment
+  # NEW=1 (the first call: starts the run) | 0 (a later call: continues the run found in mlruns/, fails if none);
+  # NAME (paper-long), STEPS (12288), DEADLINE (s after the call began when all is packed: 570), PACK_S (25),
+  # SCHEDULE (cosine, if the config has train.schedule), EVAL_EVERY (STEPS/24), COMPILE (false),
+  # EVAL_EPISODES (512), FIG1_S (120: Figure 1 starts only with this much left), ANALYZE_EPISODES (256),
+  # ANALYZE_KS (1,2,3), PROBE_TASKS (32), MIN_PER_TASK (15), PROBE_JOBS (nproc + 1: the 17 layers of the paper model
+  # at once), ANALYZE_MIN_S (150). The probe set 32 x 15 = 480 episodes: predicted 67 s of probes on the device,
+  # against 132 s at the default 32 x 30 (probe-cost-predict.txt).
+  CHAIN_T0=$SECONDS
+  local name=${NAME:-paper-long} new=${NEW:?set NEW=1 for the first call of a chain, NEW=0 for the next ones}
+  local steps=${STEPS:-12288} dl=${DEADLINE:-570} pack_s=${PACK_S:-25} dev=cuda preset=paper rec exp st left
+  local run="" done=0 target=0 state=none args_file rc
+  [ "$DRY" = 1 ] && dev=cpu preset=tiny steps=${STEPS:-240}
+  exp=hmmscope-$name rec=/tmp/$name-rec args_file=mlruns/chain-$name.args
+  rm -rf "$rec" && mkdir -p "$rec"
+  env_facts >"$rec/env.txt"
+  st=$("$PY" analysis/gpu/chain.py state "$exp" 2>"$rec/state.log") || { echo "chain: state failed: $(tail -n 1 "$rec/state.log")"; return 1; }
+  read -r run done target state <<<"$st"
+  [ "$run" = none ] && run="" state=none
+  echo "chain $name: found [${run:-no run}] ${done}/${target} ${state} at $((SECONDS - CHAIN_T0)) s"
+  if [ "$new" = 1 ] && [ -n "$run" ]; then
+    echo "chain: NEW=1 but run $run of $exp is here ($done/$target steps, $state): NEW=0 continues it"; return 2
+  fi
+  if [ "$new" != 1 ] && [ -z "$run" ]; then
+    echo "chain: NEW=0 but no run of $exp in mlruns/: this is a fresh machine (the last one went cold, or this is"
+    echo "  the first call), and the checkpoint went with it. The record packed by the earlier calls is what is left;"
+    echo "  NEW=1 starts the run over (plan STEPS for the time that remains: README.md)."
+    chain_pack "$rec" "$name" ""; return 3
+  fi
+  if [ -z "$run" ]; then  # the run's options, fixed once: every later call resumes with exactly these
+    local sets=(--set "train.steps=$steps" --set "train.eval_every=${EVAL_EVERY:-$(( steps / 24 > 0 ? steps / 24 : 1 ))}"
+                --set "train.ckpt_every=$steps" --set "train.compile=${COMPILE:-false}")
+    if "$PY" -c "import sys; from hmmscope.config import TrainConfig; sys.exit('schedule' not in TrainConfig.__dataclass_fields__)"; then
+      sets+=(--set "train.schedule=${SCHEDULE:-cosine}")
+    fi
+    [ "$DRY" = 1 ] && sets+=(--set model.n_layers=2 --set model.d_model=32 --set model.d_mlp=64 --set model.max_len=64
+                             --set data.n_train=256 --set data.n_eval=64 --set data.n_demos=2 --set data.l_demo=8
+                             --set data.l_test=8 --set train.batch_size=8 --set train.warmup=2)
+    printf '%s\n' --preset "$preset" "${sets[@]}" --device "$dev" --run-name "$name" --experiment "$exp" >"$args_file"
+  fi
+  local targs=(); mapfile -t targs <"$args_file"
+  # 1. training until the deadline (what is left of DEADLINE, less the pack), or to train.steps
+  if [ "$state" != done ]; then
+    left=$(( dl - (SECONDS - CHAIN_T0) - pack_s ))
+    if [ "$left" -lt "${TRAIN_MIN_S:-20}" ]; then echo "train: only $left s left: the next call (NEW=0)"; return 0; fi
+    local resume=(); [ -n "$run" ] && resume=(--resume "$run")
+    echo "train: ${resume[*]:-new run}, deadline ${left} s"
+    timeout $(( left + 15 )) hmmscope train "${targs[@]}" "${resume[@]}" --no-evaluate --deadline "$left" \
+      >>"$rec/train.log" 2>&1
+    rc=$?
+    echo "train: rc=$rc at $((SECONDS - CHAIN_T0)) s; $(grep -E '^run |stopped by|error' "$rec/train.log" | tail -n 2 | tr '\n' ' ')"
+    read -r run done target state <<<"$("$PY" analysis/gpu/chain.py state "$exp")"
+    echo "chain $name: run $run ${done}/${target} ${state}"
+    chain_pack "$rec" "$name" "$run"
+  fi
+  # 2. Figure 1 (seen / unseen tasks, oracles, counting baselines) on the last checkpoint, once the run is done
+  local figs=$rec/figures
+  if [ "$state" = done ] && [ ! -f "mlruns/chain-$name.fig1" ]; then
+    left=$(( dl - (SECONDS - CHAIN_T0) - pack_s ))
+    if [ "$left" -ge "${FIG1_S:-120}" ]; then
+      timeout "$left" hmmscope evaluate "$run" --device "$dev" --n-episodes "${EVAL_EPISODES:-512}" --out "$figs" \
+        >"$rec/evaluate.log" 2>&1 && touch "mlruns/chain-$name.fig1"
+      echo "evaluate: rc=$? at $((SECONDS - CHAIN_T0)) s"
+      chain_pack "$rec" "$name" "$run"
+    else
+      echo "evaluate: $left s left, FIG1_S=${FIG1_S:-120} needed: the next call (NEW=0) does it"
+    fi
+  fi
+  # 3. Figures 2-3: shuffle test, task / state / k-back probes, belief probes (the fits in PROBE_JOBS processes)
+  if [ "$state" = done ] && [ -f "mlruns/chain-$name.fig1" ] && [ ! -f "mlruns/chain-$name.layers" ]; then
+    left=$(( dl - (SECONDS - CHAIN_T0) - pack_s ))
+    if [ "$left" -ge "${ANALYZE_MIN_S:-150}" ]; then
+      timeout "$left" hmmscope analyze "$run" --device "$dev" --n-episodes "${ANALYZE_EPISODES:-256}" \
+        --ks "${ANALYZE_KS:-1,2,3}" --probe-tasks "${PROBE_TASKS:-32}" --min-per-task "${MIN_PER_TASK:-15}" \
+        --probe-jobs "${PROBE_JOBS:-$(( $(nproc) + 1 ))}" --experiment "$exp" --out "$figs" >"$rec/analyze.log" 2>&1 \
+        && touch "mlruns/chain-$name.layers"
+      echo "analyze: rc=$? at $((SECONDS - CHAIN_T0)) s; last phase: $(grep '^analyze: ' "$rec/analyze.log" | tail -n 1)"
+      chain_pack "$rec" "$name" "$run"
+    else
+      echo "analyze: $left s left, ANALYZE_MIN_S=${ANALYZE_MIN_S:-150} needed: the next call (NEW=0) does it"
+    fi
+  fi
+  if [ -f "mlruns/chain-$name.layers" ]; then
+    echo "chain: done ($done steps, Figure 1 and the layerwise analysis packed) at $((SECONDS - CHAIN_T0)) s"
+  else
+    echo "chain: next call: the same command with NEW=0 ($done/$target steps, $state) at $((SECONDS - CHAIN_T0)) s"
+  fi
+  ls -la "$OUT"
+}
+
 case "${1:-}" in
   check) setup && check ;;
   paper) setup && paper ;;
+  chain) setup && chain ;;
+  verify) setup && "$PY" analysis/gpu/chain.py verify "$("$PY" analysis/gpu/chain.py state "hmmscope-${NAME:-paper-long}" | cut -d' ' -f1)" ;;
   setup) setup ;;
-  *) echo "usage: [DRY=1] bash analysis/gpu/session.sh check | STEPS=N bash analysis/gpu/session.sh paper" >&2; exit 2 ;;
+  *) echo "usage: [DRY=1] bash analysis/gpu/session.sh check | STEPS=N ... paper | NEW=1|0 ... chain | ... verify" >&2; exit 2 ;;
 esac

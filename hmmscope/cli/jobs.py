@@ -11,7 +11,9 @@ inside the command bodies.
 
 from __future__ import annotations
 
+import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -58,8 +60,15 @@ def train_cmd(
     experiment: ExpOpt = "hmmscope",
     force: ForceOpt = False,
     print_config: PrintConfigOpt = False,
+    deadline: Annotated[float | None, typer.Option(
+        min=0, help="Seconds from the command's start by which training stops at a step boundary, with its checkpoint written "
+                    "(the run ends FINISHED, tagged hmmscope.stopped=deadline; continue it with --resume; Figure 1 "
+                    "waits for the last segment).")] = None,
 ) -> None:
     """Train a transformer on HMM-mixture episodes (one MLflow run; checkpoints as artifacts)."""
+    from ..deadline import process_age_s  # the standard library only
+
+    t_cmd = time.monotonic() - process_age_s()  # the deadline counts from the process's start (imports included)
     cfg = build_config(preset_, config, set_, {"train.device": device})
     if print_config:
         return echo_config(cfg, ("hmm", "data", "model", "train"))
@@ -69,6 +78,7 @@ def train_cmd(
     checks.output_dir(out, "--out")
     uri = checks.tracking_store(tracking_uri, must_exist=resume is not None)
     from .. import tracking
+    from ..deadline import Deadline
     from ..jobs import evaluate_model
     from ..train import resolve_device, sigterm_interrupts, train
 
@@ -81,9 +91,10 @@ def train_cmd(
     setup = Spinner("setting up: data, oracles, model" if resume is None else None)
     with sigterm_interrupts(), setup:  # `kill` / `timeout`: the run ends KILLED, not RUNNING
         res = train(cfg, tracking_uri=uri, experiment=experiment, run_name=run_name, resume=resume,
-                    progress=sys.stderr.isatty(), on_eval=lambda step, m: setup.stop())
+                    progress=sys.stderr.isatty(), on_eval=lambda step, m: setup.stop(),
+                    deadline=None if deadline is None else Deadline(at=t_cmd + deadline))
         metrics, files, claims = dict(res.metrics), [], []
-        if evaluate:
+        if evaluate and res.stopped is None:
             with Spinner("evaluating: Figure 1"):  # the model in hand: no checkpoint read back
                 ev = evaluate_model(res.model, res.config, res.steps, tracking.existing_run(uri, res.run_id),
                                     device=cfg.train.device, out=out)
@@ -94,6 +105,18 @@ def train_cmd(
     if claims:
         print_claims("retrieval gap (excess CE over the task oracle, unseen minus seen tasks)", claims)
     print_files(files)
+    if res.stopped is not None:
+        again = ["hmmscope", "train", "--preset", str(preset_.value)]
+        again += ["--config", str(config)] if config is not None else []
+        again += [a for kv in set_ or [] for a in ("--set", kv)]
+        again += ["--device", device] if device is not None else []
+        again += ["--tracking-uri", uri, "--experiment", experiment, "--resume", res.run_id]
+        est = res.extra.get("deadline", {})
+        typer.echo(f"stopped by the deadline at step {res.steps} of {res.config.train.steps} ({est.get('left_s', 0):.1f} s "
+                   f"were left, {est.get('need_s', 0):.1f} s needed: {est.get('step_s', 0):.3f} s per step, checkpoint "
+                   f"{est.get('ckpt_s', 0):.1f} s, evaluation {est.get('eval_s', 0):.1f} s; checkpoint saved; "
+                   f"run {res.run_id} FINISHED, tag hmmscope.stopped=deadline); continue with:\n  "
+                   f"{shlex.join(again)} [--deadline SECONDS]")
     typer.echo(f"browse: {tracking.ui_command(uri)}")
 
 
