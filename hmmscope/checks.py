@@ -231,6 +231,10 @@ def tracking_store(uri: str | None, *, must_exist: bool = False, write: bool = T
     db = _sqlite_path(uri, "tracking URI")
     scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
     if db is not None:
+        bad = sorted(set("'\"\\\n\r\0") & set(str(db.resolve())))
+        if bad:  # MLflow writes the artifact folder into an SQL string literal when it creates the store
+            raise ConfigError(f"MLflow store {db}: its path holds {' '.join(map(repr, bad))}, which MLflow cannot "
+                              "store; move the project to a folder without quotes or backslashes")
         _sqlite_file(db, what, "experiments", must_exist=must_exist, write=write)
     elif scheme in ("http", "https"):
         _health(uri)

@@ -123,16 +123,22 @@ def stop_groups(procs: Sequence[subprocess.Popen], grace: float = STOP_GRACE_S) 
 
 def mlflow_ui(uri: str, port: int) -> Server:
     """The MLflow UI on the tracking store `uri` (which must exist: `tracking.ensure_store`), on 127.0.0.1:port,
-    with one uvicorn worker and no per-request lines."""
-    import shlex
+    with one uvicorn worker and no per-request lines.
+
+    The argv is a list built from typed values, never a string split by a shell's rules: every value is
+    joined to its option with `=` (`--backend-store-uri=URI`), so a URI or path with spaces, quotes or a
+    leading `--` stays one value of its option and can never become an option of its own."""
     import shutil
 
     from . import tracking
 
-    argv = shlex.split(tracking.ui_command(uri, port))
-    argv[0] = shutil.which("mlflow") or str(Path(sys.executable).parent / "mlflow")
-    argv += ["--registry-store-uri", uri, "--workers", "1",
-             "--uvicorn-opts", "--log-level warning --no-access-log"]  # no per-request lines
+    exe = shutil.which("mlflow") or str(Path(sys.executable).parent / "mlflow")
+    argv = [exe, "ui", f"--backend-store-uri={uri}", f"--registry-store-uri={uri}"]
+    root = tracking.artifact_root(uri)
+    if root:
+        argv.append(f"--default-artifact-root={root}")
+    argv += ["--host=127.0.0.1", f"--port={int(port)}", "--workers=1",
+             "--uvicorn-opts=--log-level warning --no-access-log"]  # a constant: no per-request lines
     return Server("MLflow UI", tuple(argv), f"http://127.0.0.1:{port}", "/health", needs_200=True)
 
 
@@ -148,7 +154,7 @@ def optuna_dashboard(storage: str | None, port: int) -> Server:
         from .sweep import default_storage
 
         storage = default_storage()
-    return Server("optuna-dashboard", (exe, storage, "--host", "127.0.0.1", "--port", str(port)),
+    return Server("optuna-dashboard", (exe, "--host=127.0.0.1", f"--port={int(port)}", "--", storage),
                   f"http://127.0.0.1:{port}", "/", needs_200=False)
 
 

@@ -153,9 +153,11 @@ _STOP_SIGNALS = {int(getattr(signal, n)) for n in ("SIGKILL", "SIGTERM", "SIGINT
 
 
 def worker_command(study_name: str, storage_url_: str, uri: str, max_trials: int | None = None) -> list[str]:
-    cmd = [sys.executable, "-m", "hmmscope.sweep", "worker", "--study", study_name, "--storage",
-           storage_url(storage_url_), "--uri", uri]
-    return cmd + (["--max-trials", str(max_trials)] if max_trials else [])
+    """A worker's argv: a list of typed values, each joined to its option with '=' (a value that starts with
+    '-' or holds spaces stays that option's value); never a string for a shell."""
+    cmd = [sys.executable, "-m", "hmmscope.sweep", "worker", f"--study={study_name}",
+           f"--storage={storage_url(storage_url_)}", f"--uri={uri}"]
+    return cmd + ([f"--max-trials={int(max_trials)}"] if max_trials else [])
 
 
 def worker_env(gpu: str | None = None) -> dict[str, str]:
