@@ -61,8 +61,19 @@ def _creatable(p: Path, what: str) -> None:
             return
 
 
-def output_dir(path: str | Path, what: str) -> Path:
-    """A folder that will be created or written into: an existing writable folder, or a creatable path."""
+def _links(p: Path, explicit: bool) -> None:
+    """The user named `p` (explicit): writes may go through links on its way (safe_output.trust); otherwise a
+    link on the way out of the project, or a link or special file at `p`, is refused now, before any work."""
+    from . import safe_output
+
+    if explicit:
+        safe_output.trust(p)
+    safe_output.check_dest(p)
+
+
+def output_dir(path: str | Path, what: str, *, explicit: bool = False) -> Path:
+    """A folder that will be created or written into: an existing writable folder, or a creatable path.
+    Not under a link that leaves the project, unless `explicit` (the user named it: see safe_output)."""
     p = Path(path)
     if os.path.lexists(p):
         if not p.is_dir():
@@ -71,17 +82,25 @@ def output_dir(path: str | Path, what: str) -> Path:
             raise ConfigError(f"{what} {p} is not writable")
     else:
         _creatable(p, what)
+    if explicit:
+        from . import safe_output
+
+        safe_output.trust(p)
+    _links(p / ".probe", False)  # its folders, itself among them
     return p
 
 
-def output_file(path: str | Path, what: str, suffix: str | None = None) -> Path:
-    """A file that will be written (by a rename in its folder): not a folder, in a writable or creatable folder."""
+def output_file(path: str | Path, what: str, suffix: str | None = None, *, explicit: bool = True) -> Path:
+    """A file that will be written (by a rename in its folder): not a folder, in a writable or creatable folder;
+    not a special file (/dev/full is never replaced). A path the user named (`explicit`, the default: output
+    files are always named) may be a symlink, which the rename replaces (its target is left alone)."""
     p = Path(path)
     if suffix is not None and p.suffix != suffix:
         raise ConfigError(f"{what} must end in {suffix}, got {p}")
     if os.path.lexists(p) and p.is_dir():
         raise ConfigError(f"{what} {p} is a folder, not a file")
     _creatable(p, what)  # its folder (existing or not) takes a new file: the write goes to a temp file, renamed
+    _links(p, explicit)
     return p
 
 

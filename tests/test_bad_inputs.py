@@ -107,13 +107,17 @@ def project(tmp_path_factory):
             run.log_artifact(Path(tmp) / "last.pt", "checkpoints")
     storage = f"sqlite:///{root}/mlruns/optuna.db"
     create_study(parse_spec(spec_text("known"), root / "known.toml"), storage, uri)
+    os.mkfifo(root / "pipe.csv")
+    outside = tmp_path_factory.mktemp("outside")
+    (root / "out").mkdir()
+    (root / "out" / "known").symlink_to(outside, target_is_directory=True)  # planted: report would write there
     if os.geteuid() == 0:  # root writes through permission bits: a procfs folder refuses new entries to everyone
         ro = Path("/proc/1")
     else:
         ro = root / "readonly"
         ro.mkdir()
         ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
-    return {"root": root, "uri": uri, "storage": storage, "misfit_run": run.run_id, "readonly": ro,
+    return {"outside": outside, "root": root, "uri": uri, "storage": storage, "misfit_run": run.run_id, "readonly": ro,
             "port": _free_port()}
 
 
@@ -176,6 +180,9 @@ CASES = [
     P(["train", "--config", "tiny.toml", "--device", "cuda:99"], "cuda:99", id="unavailable device"),
     P(["sweep", "run", "spec.toml", "--workers", "0"], "--workers", id="option value (Click)"),
     P(["train", "--no-such-option"], "no-such-option", id="unknown option (Click)"),
+    P(["report", "known", "--storage", "{storage}"], "symlink", id="output folder: a link out of the project"),
+    P(["sweep", "export", "known", "pipe.csv", "--storage", "{storage}"], "special file",
+      id="output: a special file (a FIFO)"),
 ]
 
 
@@ -201,6 +208,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(project, monkeypatch
     assert not new and not changed, (new, changed)
     assert after == before
     assert not escape.exists()
+    assert list(project["outside"].iterdir()) == []
 
 
 def test_theory_objectives_are_what_a_theory_trial_returns():

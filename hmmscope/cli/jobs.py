@@ -66,7 +66,7 @@ def train_cmd(
     if run_name is not None:
         checks.safe_name(run_name, "--run-name")
     checks.experiment_name(experiment)
-    checks.output_dir(out, "--out")
+    checks.output_dir(out, "--out", explicit=out != Path("out"))
     uri = checks.tracking_store(tracking_uri, must_exist=resume is not None)
     from .. import tracking
     from ..jobs import evaluate_model
@@ -109,7 +109,7 @@ def evaluate_cmd(
     """Figure 1: accuracy vs demonstrations and test position beside the oracles; KL and excess CE."""
     if n_episodes is not None and n_episodes < 1:
         raise ConfigError(f"--n-episodes must be >= 1, got {n_episodes}")
-    checks.output_dir(out, "--out")
+    checks.output_dir(out, "--out", explicit=out != Path("out"))
     uri = checks.tracking_store(tracking_uri, must_exist=True)
     from ..jobs import evaluate_run
     from ..train import resolve_device, sigterm_interrupts
@@ -152,7 +152,7 @@ def analyze_cmd(
     jobs = parse_jobs(probe_jobs, "--probe-jobs")
     checks.seed(seed, "--seed")
     checks.experiment_name(experiment)
-    checks.output_dir(out, "--out")
+    checks.output_dir(out, "--out", explicit=out != Path("out"))
     is_file = Path(target).suffix == ".pt" or Path(target).exists()
     uri = checks.tracking_store(tracking_uri, must_exist=not is_file)
     from ..checkpoints import checkpoint_config, read_checkpoint
@@ -190,7 +190,7 @@ def run_cmd(
     cfg = build_config(preset_, config, set_, {"train.device": device})
     if print_config:
         return echo_config(cfg)
-    checks.output_dir(out, "--out")
+    checks.output_dir(out, "--out", explicit=out != Path("out"))
     checks.experiment_name(experiment)
     uri = checks.tracking_store(tracking_uri)
     checks.optuna_storage(None)  # the main job's sweep uses the default storage
