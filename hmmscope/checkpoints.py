@@ -89,6 +89,8 @@ def read_checkpoint(path: str | Path, mmap: bool = False) -> dict:
     """A checkpoint file (as saved by train) loaded on the CPU (memory-mapped if `mmap`); ValueError if it is not one."""
     if Path(path).is_dir():
         raise ValueError(f"checkpoint {path} is a folder, not a file")
+    if Path(path).exists() and not Path(path).is_file():  # a FIFO would block, a device never ends
+        raise ValueError(f"checkpoint {path} is a special file (FIFO, device or socket), not a regular file")
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FileNotFoundError:

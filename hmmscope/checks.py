@@ -41,6 +41,31 @@ def safe_name(value: str, what: str) -> str:
     return check_name(value, what)
 
 
+WORKERS_PER_CORE = 4  # `sweep run --workers` beyond this many per usable core needs --force
+
+
+def cores() -> int:
+    """CPU cores this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def workers(n: int, what: str = "--workers", *, force: bool = False) -> int:
+    """Worker processes: at most WORKERS_PER_CORE x the usable cores unless `force` (each is a process with
+    its own interpreter and torch; thousands exhaust the pid limit before any work)."""
+    cap = WORKERS_PER_CORE * cores()
+    if n > cap and not force:
+        raise ConfigError(f"{what} {n}: this machine has {cores()} usable core(s), at most {cap} worker "
+                          "processes make sense; pass --force to start more")
+    return n
+
+
+def probe_jobs(n: int, what: str = "--probe-jobs") -> int:
+    """Probe fitting processes: at most the usable cores (more only time-slice the same cores)."""
+    if n > cores():
+        raise ConfigError(f"{what} {n}: at most the {cores()} usable core(s) of this machine")
+    return n
+
+
 def seed(value: int, what: str) -> int:
     if not 0 <= value <= SEED_MAX:
         raise ConfigError(f"{what} must be in [0, {SEED_MAX}] (numpy's seed range), got {value}")
@@ -105,12 +130,17 @@ def output_file(path: str | Path, what: str, suffix: str | None = None, *, expli
 
 
 def input_file(path: str | Path, what: str) -> Path:
-    """A file that will be read: exists, is a regular file, is readable."""
+    """A file that will be read: exists, is a regular file (a FIFO, device or socket is refused before it is
+    opened: a FIFO would block, /dev/zero never ends), is readable."""
+    import stat
+
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"{what} not found: {p}")
     if p.is_dir():
         raise ConfigError(f"{what} {p} is a folder, not a file")
+    if not stat.S_ISREG(p.stat().st_mode):
+        raise ConfigError(f"{what} {p} is a special file (FIFO, device or socket), not a regular file")
     if not os.access(p, os.R_OK):
         raise ConfigError(f"{what} {p} is not readable")
     return p

@@ -218,6 +218,8 @@ def save_episodes(ep: Episodes, path: str | Path, config: dict | None = None) ->
 
 def load_episodes(path: str | Path) -> Episodes:
     """Read a file written by save_episodes (the sidecar's config is in meta['config'] when present)."""
+    if Path(path).exists() and not Path(path).is_file():  # a FIFO would block, a device never ends
+        raise ValueError(f"episodes file {path} is not a regular file (a folder, FIFO, device or socket)")
     with np.load(path, allow_pickle=False) as z:
         side = json.loads(z["sidecar"].tobytes().decode())
         if side.get("format") != _FORMAT:

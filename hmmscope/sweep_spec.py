@@ -396,6 +396,8 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
         n = get("n_trials", int, 0)
         if n < 1:
             raise _err(path, "sweep.n_trials", f"must be an int >= 1 for sampler={sampler!r}, got {n!r}")
+        if n > MAX_GRID:  # each trial is a row in the study and a run: the grid's bound holds here too
+            raise _err(path, "sweep.n_trials", f"must be at most {MAX_GRID}, got {n}")
     spec = SweepSpec(name=name, path=path, text=text, hash=identity_hash(name, spec_kw, n, base),
                      base=base, n_trials=n, **spec_kw)
     if sampler == "grid":  # every combination must be a valid config (e.g. rank <= n_states)

@@ -108,6 +108,10 @@ def project(tmp_path_factory):
     storage = f"sqlite:///{root}/mlruns/optuna.db"
     create_study(parse_spec(spec_text("known"), root / "known.toml"), storage, uri)
     os.mkfifo(root / "pipe.csv")
+    os.mkfifo(root / "fifo.toml")
+    os.mkfifo(root / "fifo.pt")
+    (root / "big.toml").write_text("# padding\n" * 200_000)  # 2 MB of comments: valid TOML, too large
+    (root / "deep.toml").write_text("x = " + "[" * 3000 + "]" * 3000 + "\n")
     outside = tmp_path_factory.mktemp("outside")
     (root / "out").mkdir()
     (root / "out" / "known").symlink_to(outside, target_is_directory=True)  # planted: report would write there
@@ -180,6 +184,17 @@ CASES = [
     P(["train", "--config", "tiny.toml", "--device", "cuda:99"], "cuda:99", id="unavailable device"),
     P(["sweep", "run", "spec.toml", "--workers", "0"], "--workers", id="option value (Click)"),
     P(["train", "--no-such-option"], "no-such-option", id="unknown option (Click)"),
+    P(["train", "--config", "fifo.toml"], "special file", id="config: a FIFO (would block)"),
+    P(["train", "--config", "/dev/zero"], "special file", id="config: a device (would never end)"),
+    P(["sweep", "run", "fifo.toml"], "special file", id="spec: a FIFO"),
+    P(["analyze", "fifo.pt"], "special file", id="checkpoint: a FIFO"),
+    P(["train", "--config", "big.toml"], "larger than", id="config: too large to be one"),
+    P(["train", "--config", "deep.toml"], "nested deeper", id="config: nested 3000 deep"),
+    P(["train", "--config", "tiny.toml", "--set", "model.window=100000000000000000000"], "at most",
+      id="int: larger than any int setting"),
+    P(["train", "--config", "tiny.toml", "--set", "model.window=65"], "max_len", id="int: window beyond max_len"),
+    P(["sweep", "run", "spec.toml", "--workers", "100000"], "--force", id="workers: far more than cores"),
+    P(["analyze", "misfit.pt", "--probe-jobs", "4096"], "core", id="probe jobs: more than cores"),
     P(["report", "known", "--storage", "{storage}"], "symlink", id="output folder: a link out of the project"),
     P(["sweep", "export", "known", "pipe.csv", "--storage", "{storage}"], "special file",
       id="output: a special file (a FIFO)"),

@@ -149,7 +149,7 @@ def analyze_cmd(
     k_list = parse_csv(ks, "--ks") or []
     if not all(isinstance(k, int) and not isinstance(k, bool) for k in k_list):
         raise ConfigError(f"--ks: expected comma-separated integers, got {ks!r}")
-    jobs = parse_jobs(probe_jobs, "--probe-jobs")
+    jobs = checks.probe_jobs(parse_jobs(probe_jobs, "--probe-jobs"))
     checks.seed(seed, "--seed")
     checks.experiment_name(experiment)
     checks.output_dir(out, "--out", explicit=out != Path("out"))

@@ -115,6 +115,7 @@ def sweep_run_cmd(
                            ("hmm", "data", "model", "train"))
     storage = checks.optuna_storage(storage or s.storage or None)
     uri = checks.tracking_store(tracking_uri)
+    checks.workers(workers, force=force)
     checks.sweep_memory(s, workers=workers, force=force)
     from .. import tracking
     from ..sweep import run_sweep
