@@ -47,6 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..config import ConfigError
+from ..servers import die_with_parent
 from ..sweep_spec import SweepSpec
 from .protocol import TrialStore
 from .status import best_trial, collect_orphans, counts
@@ -235,6 +236,7 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
             f"{c['pruned']} pruned); nothing to do")
         return SweepSummary(spec.name, storage, parent, spec.n_trials, c["complete"], c["failed"], c["pruned"],
                             c["retried"], True)
+    workers = min(workers, spec.n_trials)  # as the memory check counts: no more processes than trials
     assigned = worker_gpus(spec, workers, gpus)
     log(f"sweep {spec.name!r}: {spec.n_trials} trials, {workers} workers, storage {safe_url(storage)}, "
         f"MLflow parent run {parent}" + (f", GPUs {assigned}" if any(g is not None for g in assigned) else ""))
@@ -247,9 +249,11 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
     with tracking.start_run(uri, spec.experiment, f"sweep-{spec.name}", resume=parent) as prun:
         try:
             for gpu in assigned:
-                # own session: a terminal's Ctrl-C reaches only us, and we stop the workers cleanly
+                # own session: a terminal's Ctrl-C reaches only us, and we stop the workers cleanly; SIGTERM
+                # when we die, even by SIGKILL (PR_SET_PDEATHSIG): a worker hands its trial back and exits, so
+                # a resume never runs beside stale workers
                 procs.append(subprocess.Popen(worker_command(spec.name, storage, uri), env=worker_env(gpu),
-                                              start_new_session=True))
+                                              start_new_session=True, preexec_fn=die_with_parent()))
             while any(p.poll() is None for p in procs):
                 time.sleep(1.0)
                 if progress is not None:
