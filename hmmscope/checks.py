@@ -111,7 +111,9 @@ def output_dir(path: str | Path, what: str, *, explicit: bool = False) -> Path:
         from . import safe_output
 
         safe_output.trust(p)
-    _links(p / ".probe", False)  # its folders, itself among them
+    from .safe_output import PROBE
+
+    _links(p / PROBE, False)  # its folders, itself among them
     return p
 
 
@@ -171,11 +173,20 @@ def _sqlite_tables(db: Path, what: str) -> set[str] | None:
     except sqlite3.Error:
         return None
     try:
-        return {r[0] for r in con.execute("select name from sqlite_master where type = 'table'")}
+        tables = {r[0] for r in con.execute("select name from sqlite_master where type = 'table'")}
     except sqlite3.Error:
+        con.close()
         return None
+    try:  # every page read once: a malformed page or a truncated file is found here, not mid-run
+        bad = [r[0] for r in con.execute("pragma quick_check(3)") if r[0] != "ok"]
+    except sqlite3.Error as e:
+        bad = [str(e)]
     finally:
         con.close()
+    if bad:
+        raise ConfigError(f"{what} {db} is corrupt ({bad[0].splitlines()[0][:120]}); restore it from a backup "
+                          "or move it away")
+    return tables
 
 
 def _sqlite_file(db: Path, what: str, table: str, *, must_exist: bool, write: bool) -> None:
@@ -271,6 +282,27 @@ def _health(uri: str) -> None:
                       "--tracking-uri")
 
 
+def _mlflow_api(uri: str) -> None:
+    """One short call of MLflow's REST API: a server that answers /health but is not MLflow fails here."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    url = f"{uri.rstrip('/')}/api/2.0/mlflow/experiments/search?max_results=1"
+    try:
+        with urllib.request.urlopen(url, timeout=HEALTH_TIMEOUT_S) as r:
+            body = json.loads(r.read(1 << 20) or b"{}")
+        if isinstance(body, dict) and set(body) <= {"experiments", "next_page_token"}:
+            return
+        why = "its experiments API answers something else"
+    except urllib.error.HTTPError as e:
+        why = f"HTTP {e.code} from its experiments API"
+    except (OSError, ValueError) as e:
+        why = str(getattr(e, "reason", None) or e) or type(e).__name__
+    raise ConfigError(f"{hide_password(uri)} answers /health but is not an MLflow tracking server ({why}); "
+                      "give an MLflow server's --tracking-uri")
+
+
 def tracking_store(uri: str | None, *, must_exist: bool = False, write: bool = True) -> str:
     """The resolved MLflow tracking URI (option, else MLFLOW_TRACKING_URI, else ./mlruns), checked."""
     from . import tracking
@@ -287,6 +319,7 @@ def tracking_store(uri: str | None, *, must_exist: bool = False, write: bool = T
         _sqlite_file(db, what, "experiments", must_exist=must_exist, write=write)
     elif scheme in ("http", "https"):
         _health(uri)
+        _mlflow_api(uri)
     elif scheme in ("", "file"):
         raise ConfigError(f"tracking URI {uri!r}: a plain folder is not an MLflow store here; use "
                           "sqlite:///path/mlflow.db or http://HOST:PORT")

@@ -32,6 +32,7 @@ from typing import IO, Any
 
 from .config import ConfigError
 
+PROBE = ".probe"  # a name inside a folder, to check the folder as a file's destination would be (never created)
 _TRUSTED: set[str] = set()  # absolute paths the user named explicitly (files or folders)
 
 
@@ -71,7 +72,8 @@ def check_dest(path: str | Path, root: str | Path | None = None) -> Path:
         if str(anc) in _TRUSTED:
             continue
         if os.path.islink(anc) and real_root not in [Path(os.path.realpath(anc)), *Path(os.path.realpath(anc)).parents]:
-            raise OutputError(f"refusing to write {p}: {anc} is a symlink to {os.path.realpath(anc)}, outside "
+            shown = p.parent if p.name == PROBE else p
+            raise OutputError(f"refusing to write {shown}: {anc} is a symlink to {os.path.realpath(anc)}, outside "
                               f"{r}; remove the link or name the path yourself")
     try:
         st = os.lstat(p)
@@ -95,7 +97,7 @@ def make_dir(path: str | Path, root: str | Path | None = None) -> Path:
     """Create folder `path` (and its parents) unless it exists; every existing part checked as `check_dest`
     checks a destination's folders, and `path` itself must be a folder (a link to one inside the root is)."""
     p = Path(os.path.abspath(path))
-    check_dest(p / ".probe", root)  # its folders, `p` among them
+    check_dest(p / PROBE, root)  # its folders, `p` among them
     try:
         p.mkdir(parents=True, exist_ok=True)
     except FileExistsError:

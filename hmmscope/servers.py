@@ -29,6 +29,7 @@ from pathlib import Path
 
 from .config import ConfigError
 
+START_DEADLINE_S = 180.0  # a server that neither answers nor exits within this long is a failure (stopped)
 STOP_GRACE_S = 15.0  # SIGTERM, then SIGKILL what is left of a group after this long
 LOG_TAIL_LINES = 15  # the lines of the servers' log a Failure carries
 
@@ -166,7 +167,7 @@ def server_env() -> dict[str, str]:
 
 def supervise(servers: Sequence[Server], env: dict[str, str], *,
               starting: AbstractContextManager | None = None, ready: Callable[[], None] | None = None,
-              log_prefix: str = "hmmscope-ui-") -> Failure | None:
+              log_prefix: str = "hmmscope-ui-", deadline_s: float = START_DEADLINE_S) -> Failure | None:
     """Start the servers, wait until each answers, call `ready()`, then keep them until one exits or this
     process is stopped (Ctrl-C, SIGTERM, SIGHUP); stop them all (`stop_groups`) and return.
 
@@ -192,10 +193,14 @@ def supervise(servers: Sequence[Server], env: dict[str, str], *,
                 procs.append(subprocess.Popen(list(s.argv), env=env, stdin=subprocess.DEVNULL, stdout=log,
                                               stderr=log, start_new_session=True, preexec_fn=die_with_parent()))
         with starting if starting is not None else contextlib.nullcontext():
+            give_up = time.monotonic() + deadline_s
             for s, p in zip(servers, procs, strict=True):
                 while not answers(s.url + s.path, ok_only=s.needs_200):
                     if p.poll() is not None:
                         failed = f"{s.name} exited with code {p.returncode} before it answered"
+                        break
+                    if time.monotonic() > give_up:  # a store it cannot open may keep it waiting forever
+                        failed = f"{s.name} did not answer {s.url}{s.path} within {deadline_s:.0f} s"
                         break
                     time.sleep(0.25)
                 if failed:

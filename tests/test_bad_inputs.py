@@ -81,6 +81,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _foreign_server(folder: Path) -> str:
+    """A web server that answers /health with 200 and is not MLflow (a static file server; a daemon thread)."""
+    import functools
+    import http.server
+    import threading
+
+    (folder / "health").write_text("OK")
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(folder))
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{srv.server_address[1]}"
+
+
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     """The prepared project (built once): see the module docstring. Returns {name: value} for the cases."""
@@ -107,6 +124,14 @@ def project(tmp_path_factory):
             run.log_artifact(Path(tmp) / "last.pt", "checkpoints")
     storage = f"sqlite:///{root}/mlruns/optuna.db"
     create_study(parse_spec(spec_text("known"), root / "known.toml"), storage, uri)
+    bad = root / "corrupt" / "studies.db"  # a malformed page under an intact header and schema
+    bad.parent.mkdir()
+    with sqlite3.connect(bad) as c:
+        c.execute("create table studies (x text)")
+        c.executemany("insert into studies values (?)", [("x" * 500,)] * 200)
+    raw = bytearray(bad.read_bytes())
+    raw[4096 * 3: 4096 * 3 + 200] = b"\xff" * 200
+    bad.write_bytes(bytes(raw))
     os.mkfifo(root / "pipe.csv")
     os.mkfifo(root / "fifo.toml")
     os.mkfifo(root / "fifo.pt")
@@ -121,7 +146,9 @@ def project(tmp_path_factory):
         ro = root / "readonly"
         ro.mkdir()
         ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
-    return {"outside": outside, "root": root, "uri": uri, "storage": storage, "misfit_run": run.run_id, "readonly": ro,
+    foreign = _foreign_server(tmp_path_factory.mktemp("foreign"))
+    return {"foreign": foreign, "outside": outside,
+            "root": root, "uri": uri, "storage": storage, "misfit_run": run.run_id, "readonly": ro,
             "port": _free_port()}
 
 
@@ -195,6 +222,12 @@ CASES = [
     P(["train", "--config", "tiny.toml", "--set", "model.window=65"], "max_len", id="int: window beyond max_len"),
     P(["sweep", "run", "spec.toml", "--workers", "100000"], "--force", id="workers: far more than cores"),
     P(["analyze", "misfit.pt", "--probe-jobs", "4096"], "core", id="probe jobs: more than cores"),
+    P(["train", "--config", "tiny.toml", "--tracking-uri", "{foreign}"], "not an MLflow",
+      id="tracking uri: a server that answers /health but is not MLflow"),
+    P(["sweep", "status", "known", "--storage", "sqlite:///{root}/corrupt/studies.db"], "corrupt",
+      id="storage: malformed page"),
+    P(["report", "other", "--storage", "sqlite:///{root}/corrupt/studies.db"], "corrupt",
+      id="report: malformed storage, no out folder"),
     P(["report", "known", "--storage", "{storage}"], "symlink", id="output folder: a link out of the project"),
     P(["sweep", "export", "known", "pipe.csv", "--storage", "{storage}"], "special file",
       id="output: a special file (a FIFO)"),

@@ -351,3 +351,17 @@ def test_a_store_path_with_quotes_is_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match="quotes") as e:
         checks.tracking_store(f"sqlite:///{tmp_path}/it's/mlflow.db")
     assert "\n" not in str(e.value) and not (tmp_path / "it's").exists()
+
+
+@linux
+def test_supervise_gives_up_on_a_server_that_never_answers(tmp_path):
+    """Before: `hmmscope ui` polled /health forever when its server neither answered nor exited."""
+    port = _free_port()
+    t0 = time.monotonic()
+    got = servers.supervise([servers.Server("mute", (sys.executable, "-c", "import time; time.sleep(300)"),
+                                            f"http://127.0.0.1:{port}", "/health", True)],
+                            {**os.environ, "TMPDIR": str(tmp_path)}, deadline_s=1.5)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # supervise leaves them ignored for its caller
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+    assert got is not None and got.message == f"mute did not answer http://127.0.0.1:{port}/health within 2 s"
+    assert time.monotonic() - t0 < 30
