@@ -479,16 +479,27 @@ def experiment_name(name: str) -> str:
     return name
 
 
-def run_config(uri: str, run_id: str):
-    """The Config a training run logged as params (None if it logged none that rebuild a valid one).
-
-    ValueError "unknown MLflow run id" when the run does not exist; reads only.
-    """
+def live_run(uri: str, run_id: str, what: str = "MLflow run"):
+    """The run `run_id`, if it exists and is not deleted (a deleted run is never evaluated, analyzed or resumed:
+    its artifacts would be overwritten and MLflow refuses to log to it half-way); else ConfigError."""
     from . import tracking
 
     run = tracking.get_run(uri, run_id)
     if run is None:
         raise ConfigError(f"unknown MLflow run id {run_id!r} in {uri}")
+    if run.info.lifecycle_stage == "deleted":
+        raise ConfigError(f"{what} {run_id} is deleted (restore it in the MLflow UI, or `mlflow runs restore "
+                          f"--run-id {run_id}`, first)")
+    return run
+
+
+def run_config(uri: str, run_id: str):
+    """The Config a training run logged as params (None if it logged none that rebuild a valid one).
+
+    ValueError "unknown MLflow run id" when the run does not exist; reads only.
+    """
+
+    run = live_run(uri, run_id)
     known = flatten(Config()).keys()
     params = {k: v for k, v in run.data.params.items() if k in known}
     if not params:

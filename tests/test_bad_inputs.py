@@ -122,6 +122,13 @@ def project(tmp_path_factory):
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "last.pt").write_bytes((root / "misfit.pt").read_bytes())
             run.log_artifact(Path(tmp) / "last.pt", "checkpoints")
+    with tracking.start_run(uri, "hmmscope", "deleted") as gone:
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "last.pt").write_bytes((root / "misfit.pt").read_bytes())
+            gone.log_artifact(Path(tmp) / "last.pt", "checkpoints")
+    from mlflow import MlflowClient
+
+    MlflowClient(uri).delete_run(gone.run_id)
     storage = f"sqlite:///{root}/mlruns/optuna.db"
     create_study(parse_spec(spec_text("known"), root / "known.toml"), storage, uri)
     bad = root / "corrupt" / "studies.db"  # a malformed page under an intact header and schema
@@ -147,7 +154,7 @@ def project(tmp_path_factory):
         ro.mkdir()
         ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
     foreign = _foreign_server(tmp_path_factory.mktemp("foreign"))
-    return {"foreign": foreign, "outside": outside,
+    return {"deleted_run": gone.run_id, "foreign": foreign, "outside": outside,
             "root": root, "uri": uri, "storage": storage, "misfit_run": run.run_id, "readonly": ro,
             "port": _free_port()}
 
@@ -228,6 +235,9 @@ CASES = [
       id="storage: malformed page"),
     P(["report", "other", "--storage", "sqlite:///{root}/corrupt/studies.db"], "corrupt",
       id="report: malformed storage, no out folder"),
+    P(["evaluate", "{deleted_run}"], "deleted", id="deleted run: evaluate"),
+    P(["analyze", "{deleted_run}"], "deleted", id="deleted run: analyze"),
+    P(["train", "--config", "tiny.toml", "--resume", "{deleted_run}"], "deleted", id="deleted run: resume"),
     P(["report", "known", "--storage", "{storage}"], "symlink", id="output folder: a link out of the project"),
     P(["sweep", "export", "known", "pipe.csv", "--storage", "{storage}"], "special file",
       id="output: a special file (a FIFO)"),
