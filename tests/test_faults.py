@@ -411,7 +411,7 @@ def test_sigkilled_sweep_run_workers_hand_their_trials_back(tmp_path):
         deadline = time.time() + 300
         while True:
             with contextlib.suppress(Exception):
-                if sum(r["state"] == "RUNNING" for r in study_status("pdk", storage)) == 2:
+                if sum(r["state"] == "RUNNING" for r in study_status("pdk", storage)) == 1:  # one worker
                     break
             assert proc.poll() is None and time.time() < deadline, "the sweep never started its trials"
             time.sleep(0.2)
@@ -426,5 +426,5 @@ def test_sigkilled_sweep_run_workers_hand_their_trials_back(tmp_path):
         for k in _gone(kids, timeout=0):
             os.kill(k, signal.SIGKILL)
     rows = study_status("pdk", storage)
-    assert sum(r["state"] == "FAIL" and r["reason"] == "interrupted" for r in rows) == 2
-    assert sum(r["state"] == "WAITING" for r in rows) == 2
+    assert sum(r["state"] == "FAIL" and r["reason"] == "interrupted" for r in rows) == 1
+    assert sum(r["state"] == "WAITING" for r in rows) == 2  # the retry, and the seed no worker reached
