@@ -98,7 +98,7 @@ def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int 
                 old = signal.signal(signal.SIGTERM, signal.SIG_IGN) if main_thread else None  # no second cut
                 try:
                     if store.finish(tid, TrialState.FAIL, attrs={"fail_reason": "interrupted"}):
-                        store.retry(tid, spec.max_retry)
+                        store.retry(tid, spec.max_retry, interrupted=True)  # not a crash: no budget used
                 finally:
                     if main_thread:
                         signal.signal(signal.SIGTERM, old)
@@ -215,12 +215,30 @@ def worker_gpus(spec: SweepSpec, workers: int, gpus: Sequence[str] | None = None
     return [gpus[i % len(gpus)] if gpus else None for i in range(workers)]
 
 
+def requeue_failed(study, storage: str, grace_period: float | None = None) -> list[int]:
+    """Enqueue a WAITING copy of every FAIL trial not retried yet (the last of its chain); their numbers."""
+    from optuna.trial import TrialState
+
+    store = TrialStore.of(study, storage, grace_period)
+    trials = study.get_trials(deepcopy=False)
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    out = []
+    for t in trials:
+        if t.state == TrialState.FAIL and t.number not in retried:
+            new = store.retry(t._trial_id, None, reset=True)
+            if new is not None:
+                out.append(new)
+    return out
+
+
 def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, uri: str | None = None,
               progress: Callable[[dict[str, int], int], None] | None = None,
-              log: Callable[[str], None] = print, gpus: Sequence[str] | None = None) -> SweepSummary:
+              log: Callable[[str], None] = print, gpus: Sequence[str] | None = None,
+              retry_failed: bool = False) -> SweepSummary:
     """Create/resume the study, run `workers` local worker processes until the sweep is exhausted.
 
-    gpus: GPU ids to hand out round-robin (default: see `worker_gpus`).
+    gpus: GPU ids to hand out round-robin (default: see `worker_gpus`). retry_failed: first re-queue every
+    FAILED trial that was not retried (its retry budget starts again), so a sweep with failed cells can finish.
     """
     from .. import tracking
 
@@ -230,6 +248,10 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
     storage = storage_url(storage or spec.storage or default_storage())
     study, parent, created = create_study(spec, storage, uri)
     collect_orphans(uri, spec.experiment, log)
+    if retry_failed:
+        requeued = requeue_failed(study, storage, spec.grace_period)
+        log(f"sweep {spec.name!r}: re-queued {len(requeued)} failed trial(s)" +
+            (f" as {', '.join(map(str, requeued))}" if requeued else ""))
     c = counts(study)
     if not created and c["waiting"] == 0 and c["running"] == 0:
         log(f"sweep {spec.name!r} is complete ({c['complete']} complete, {c['failed']} failed, "
