@@ -479,10 +479,12 @@ def experiment_name(name: str) -> str:
     return name
 
 
-def live_run(uri: str, run_id: str, what: str = "MLflow run"):
+def live_run(uri: str, run_id: str, what: str = "MLflow run", *, resume: bool = False):
     """The run `run_id`, if it exists and is not deleted (a deleted run is never evaluated, analyzed or resumed:
-    its artifacts would be overwritten and MLflow refuses to log to it half-way); else ConfigError."""
+    its artifacts would be overwritten and MLflow refuses to log to it half-way); else ConfigError.
+    `resume`: also refuse a run whose owner still holds it (one writer per run: tracking.liveness)."""
     from . import tracking
+    from .tracking.liveness import live_owner
 
     run = tracking.get_run(uri, run_id)
     if run is None:
@@ -490,6 +492,10 @@ def live_run(uri: str, run_id: str, what: str = "MLflow run"):
     if run.info.lifecycle_stage == "deleted":
         raise ConfigError(f"{what} {run_id} is deleted (restore it in the MLflow UI, or `mlflow runs restore "
                           f"--run-id {run_id}`, first)")
+    owner = live_owner(run) if resume else None
+    if owner is not None:
+        raise ConfigError(f"{what} {run_id} is still running in {owner}: one writer per run; wait for it, stop it, "
+                          "or run `hmmscope runs gc` once it is gone")
     return run
 
 

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from hmmscope import tracking
 from hmmscope.cli import app
 from hmmscope.sweep import ensure_storage, study_status
+from hmmscope.tracking.liveness import lease_of
 
 EXE = Path(sys.executable).parent / "hmmscope"
 runner = CliRunner()
@@ -187,7 +188,7 @@ def test_interrupts_and_killed_workers_count_the_grid_once(tmp_path, template, m
     storage, uri = _stores(proj)
 
     def training():  # a worker whose trial's MLflow run is open (RUNNING, tagged with the worker's pid)
-        open_pids = {x.data.tags.get("hmmscope.pid") for x in _trial_runs(uri) if x.info.status == "RUNNING"}
+        open_pids = {(lease_of(x) or {}).get("pid") for x in _trial_runs(uri) if x.info.status == "RUNNING"}
         return next((r for r in study_status("faults", storage) if r["state"] == "RUNNING" and not r["mlflow_run_id"]
                      and str(r["worker"]["pid"]) in open_pids), None)
 
@@ -218,7 +219,7 @@ def test_interrupts_and_killed_workers_count_the_grid_once(tmp_path, template, m
 
     runs = tracking.search_runs(uri, "faults")
     assert [x.info.run_name for x in runs if x.info.status == "RUNNING"] == []
-    (orphan,) = [x for x in _trial_runs(uri) if x.data.tags.get("hmmscope.pid") == str(a["worker"]["pid"])
+    (orphan,) = [x for x in _trial_runs(uri) if (lease_of(x) or {}).get("pid") == str(a["worker"]["pid"])
                  and x.info.status != "FINISHED"]
     assert orphan.info.status == "KILLED"
     assert orphan.data.tags["hmmscope.failure_reason"].startswith(f"orphaned: its process {a['worker']['pid']} ")

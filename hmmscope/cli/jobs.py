@@ -74,7 +74,7 @@ def train_cmd(
 
     dev = resolve_device(cfg.train.device)  # an unavailable device fails before any run is created
     if resume is not None:
-        checks.live_run(uri, resume)
+        checks.live_run(uri, resume, resume=True)
         tracking.existing_run(uri, resume)
     checks.memory(memory_estimate(cfg, "train"), device=str(dev), force=force)
     # a spinner over the silent setup (data, oracles, model, the run), stopped by the step-0 evaluation, which
