@@ -45,21 +45,20 @@ def test_lease_is_one_hidden_tag_with_a_namespace_safe_identity(tmp_path):
 
 
 def test_gc_from_another_pid_namespace_judges_by_the_lease_not_the_pid(tmp_path):
-    """Before: gc in a container on the same host marked live runs KILLED, their pids missing there."""
+    """Before: gc in a container on the same host marked live runs KILLED, their pids missing there.
+    One gc, from a fresh PID namespace: our live run (fresh lease) is left alone, as is a run whose owner in
+    another namespace beat just now; one whose lease expired 400 s ago (5 x 30 s grace) is ended."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     tracking.ensure_store(uri)
     c = tracking.client(uri)
-    with tracking.start_run(uri, "exp", "live"):
-        assert _gc_in_new_pid_namespace(uri) == []  # alive in our namespace, lease fresh: left alone
-        (live,) = tracking.search_runs(uri, "exp")
-        assert live.info.status == "RUNNING"
-    # an owner in another namespace whose lease expired 400 s ago (5 x 30 s grace): provably gone
-    lease = {**json.loads(live.data.tags[LEASE_TAG]), "beat": time.time() - 400, "interval": 30,
-             "pidns": "pid:[1]", "pid": "1"}
-    eid = tracking.experiment_id(uri, "exp")
-    old = c.create_run(eid, run_name="expired", tags={LEASE_TAG: json.dumps(lease)}).info.run_id
-    fresh = c.create_run(eid, run_name="fresh", tags={LEASE_TAG: json.dumps({**lease, "beat": time.time()})})
-    assert _gc_in_new_pid_namespace(uri) == ["expired"]
+    with tracking.start_run(uri, "exp", "live") as run:
+        lease = {**json.loads(run.get().data.tags[LEASE_TAG]), "interval": 30, "pidns": "pid:[1]", "pid": "1"}
+        eid = tracking.experiment_id(uri, "exp")
+        old = c.create_run(eid, run_name="expired",
+                           tags={LEASE_TAG: json.dumps({**lease, "beat": time.time() - 400})}).info.run_id
+        fresh = c.create_run(eid, run_name="fresh", tags={LEASE_TAG: json.dumps({**lease, "beat": time.time()})})
+        assert _gc_in_new_pid_namespace(uri) == ["expired"]
+        assert c.get_run(run.run_id).info.status == "RUNNING"
     assert c.get_run(old).info.status == "KILLED"
     assert c.get_run(old).data.tags["hmmscope.failure_reason"].startswith("orphaned: no heartbeat for 4")
     assert c.get_run(fresh.info.run_id).info.status == "RUNNING"
