@@ -152,7 +152,7 @@ def optuna_dashboard(storage: str | None, port: int) -> Server:
     if not Path(exe).exists():
         raise ConfigError("optuna-dashboard is not installed: pip install optuna-dashboard")
     if not storage:
-        from .sweep import default_storage
+        from .sweep.storage import default_storage
 
         storage = default_storage()
     return Server("optuna-dashboard", (exe, "--host=127.0.0.1", f"--port={int(port)}", "--", storage),

@@ -598,7 +598,8 @@ def run_case(case: Case, proj: Path, subs: dict[str, str], i: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", type=Path, help="write every case's outcome here")
-    ap.add_argument("--only", default="", help="run only cases whose class or name contains this (or any of a comma-separated list)")
+    ap.add_argument("--only", default="", help="run only cases whose class or name contains this (or any of a "
+                    "comma-separated list)")
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="hmmscope-audit-"))
     try:
