@@ -95,7 +95,8 @@ def check_dest(path: str | Path, root: str | Path | None = None) -> Path:
 
 def make_dir(path: str | Path, root: str | Path | None = None) -> Path:
     """Create folder `path` (and its parents) unless it exists; every existing part checked as `check_dest`
-    checks a destination's folders, and `path` itself must be a folder (a link to one inside the root is)."""
+    checks a destination's folders, and `path` itself must be a folder (a link to one inside the root is).
+    Returns `path` as given."""
     p = Path(os.path.abspath(path))
     check_dest(p / PROBE, root)  # its folders, `p` among them
     try:
@@ -104,7 +105,7 @@ def make_dir(path: str | Path, root: str | Path | None = None) -> Path:
         raise OutputError(f"cannot create folder {p}: a file is in the way") from None
     except OSError as e:
         raise OutputError(f"cannot create folder {p}: {_why(e)}") from None
-    return p
+    return Path(path)  # as the caller named it (relative paths stay relative in what it prints)
 
 
 def _fsync_dir(d: Path) -> None:
