@@ -31,6 +31,7 @@ import torch
 from . import tracking
 from .config import Config, flatten, from_flat
 from .model import Transformer
+from .safe_output import write_with
 
 CKPT_DIR, CKPT_NAME = "checkpoints", "last.pt"
 
@@ -64,7 +65,7 @@ def save_checkpoint(run: tracking.Run, *, model: torch.nn.Module, optimizer: tor
              "metrics": dict(metrics), "dataset_hash": dataset_hash}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / CKPT_NAME
-        torch.save(state, path)
+        write_with(path, lambda p: torch.save(state, p), root=tmp)  # fsynced, checked: a full disk is an error
         run.log_artifact(path, CKPT_DIR)
 
 
@@ -88,6 +89,8 @@ def read_checkpoint(path: str | Path, mmap: bool = False) -> dict:
     """A checkpoint file (as saved by train) loaded on the CPU (memory-mapped if `mmap`); ValueError if it is not one."""
     if Path(path).is_dir():
         raise ValueError(f"checkpoint {path} is a folder, not a file")
+    if Path(path).exists() and not Path(path).is_file():  # a FIFO would block, a device never ends
+        raise ValueError(f"checkpoint {path} is a special file (FIFO, device or socket), not a regular file")
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FileNotFoundError:

@@ -41,6 +41,31 @@ def safe_name(value: str, what: str) -> str:
     return check_name(value, what)
 
 
+WORKERS_PER_CORE = 4  # `sweep run --workers` beyond this many per usable core needs --force
+
+
+def cores() -> int:
+    """CPU cores this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def workers(n: int, what: str = "--workers", *, force: bool = False) -> int:
+    """Worker processes: at most WORKERS_PER_CORE x the usable cores unless `force` (each is a process with
+    its own interpreter and torch; thousands exhaust the pid limit before any work)."""
+    cap = WORKERS_PER_CORE * cores()
+    if n > cap and not force:
+        raise ConfigError(f"{what} {n}: this machine has {cores()} usable core(s), at most {cap} worker "
+                          "processes make sense; pass --force to start more")
+    return n
+
+
+def probe_jobs(n: int, what: str = "--probe-jobs") -> int:
+    """Probe fitting processes: at most the usable cores (more only time-slice the same cores)."""
+    if n > cores():
+        raise ConfigError(f"{what} {n}: at most the {cores()} usable core(s) of this machine")
+    return n
+
+
 def seed(value: int, what: str) -> int:
     if not 0 <= value <= SEED_MAX:
         raise ConfigError(f"{what} must be in [0, {SEED_MAX}] (numpy's seed range), got {value}")
@@ -61,8 +86,19 @@ def _creatable(p: Path, what: str) -> None:
             return
 
 
-def output_dir(path: str | Path, what: str) -> Path:
-    """A folder that will be created or written into: an existing writable folder, or a creatable path."""
+def _links(p: Path, explicit: bool) -> None:
+    """The user named `p` (explicit): writes may go through links on its way (safe_output.trust); otherwise a
+    link on the way out of the project, or a link or special file at `p`, is refused now, before any work."""
+    from . import safe_output
+
+    if explicit:
+        safe_output.trust(p)
+    safe_output.check_dest(p)
+
+
+def output_dir(path: str | Path, what: str, *, explicit: bool = False) -> Path:
+    """A folder that will be created or written into: an existing writable folder, or a creatable path.
+    Not under a link that leaves the project, unless `explicit` (the user named it: see safe_output)."""
     p = Path(path)
     if os.path.lexists(p):
         if not p.is_dir():
@@ -71,27 +107,42 @@ def output_dir(path: str | Path, what: str) -> Path:
             raise ConfigError(f"{what} {p} is not writable")
     else:
         _creatable(p, what)
+    if explicit:
+        from . import safe_output
+
+        safe_output.trust(p)
+    from .safe_output import PROBE
+
+    _links(p / PROBE, False)  # its folders, itself among them
     return p
 
 
-def output_file(path: str | Path, what: str, suffix: str | None = None) -> Path:
-    """A file that will be written (by a rename in its folder): not a folder, in a writable or creatable folder."""
+def output_file(path: str | Path, what: str, suffix: str | None = None, *, explicit: bool = True) -> Path:
+    """A file that will be written (by a rename in its folder): not a folder, in a writable or creatable folder;
+    not a special file (/dev/full is never replaced). A path the user named (`explicit`, the default: output
+    files are always named) may be a symlink, which the rename replaces (its target is left alone)."""
     p = Path(path)
     if suffix is not None and p.suffix != suffix:
         raise ConfigError(f"{what} must end in {suffix}, got {p}")
     if os.path.lexists(p) and p.is_dir():
         raise ConfigError(f"{what} {p} is a folder, not a file")
     _creatable(p, what)  # its folder (existing or not) takes a new file: the write goes to a temp file, renamed
+    _links(p, explicit)
     return p
 
 
 def input_file(path: str | Path, what: str) -> Path:
-    """A file that will be read: exists, is a regular file, is readable."""
+    """A file that will be read: exists, is a regular file (a FIFO, device or socket is refused before it is
+    opened: a FIFO would block, /dev/zero never ends), is readable."""
+    import stat
+
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"{what} not found: {p}")
     if p.is_dir():
         raise ConfigError(f"{what} {p} is a folder, not a file")
+    if not stat.S_ISREG(p.stat().st_mode):
+        raise ConfigError(f"{what} {p} is a special file (FIFO, device or socket), not a regular file")
     if not os.access(p, os.R_OK):
         raise ConfigError(f"{what} {p} is not readable")
     return p
@@ -122,11 +173,20 @@ def _sqlite_tables(db: Path, what: str) -> set[str] | None:
     except sqlite3.Error:
         return None
     try:
-        return {r[0] for r in con.execute("select name from sqlite_master where type = 'table'")}
+        tables = {r[0] for r in con.execute("select name from sqlite_master where type = 'table'")}
     except sqlite3.Error:
+        con.close()
         return None
+    try:  # every page read once: a malformed page or a truncated file is found here, not mid-run
+        bad = [r[0] for r in con.execute("pragma quick_check(3)") if r[0] != "ok"]
+    except sqlite3.Error as e:
+        bad = [str(e)]
     finally:
         con.close()
+    if bad:
+        raise ConfigError(f"{what} {db} is corrupt ({bad[0].splitlines()[0][:120]}); restore it from a backup "
+                          "or move it away")
+    return tables
 
 
 def _sqlite_file(db: Path, what: str, table: str, *, must_exist: bool, write: bool) -> None:
@@ -222,6 +282,27 @@ def _health(uri: str) -> None:
                       "--tracking-uri")
 
 
+def _mlflow_api(uri: str) -> None:
+    """One short call of MLflow's REST API: a server that answers /health but is not MLflow fails here."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    url = f"{uri.rstrip('/')}/api/2.0/mlflow/experiments/search?max_results=1"
+    try:
+        with urllib.request.urlopen(url, timeout=HEALTH_TIMEOUT_S) as r:
+            body = json.loads(r.read(1 << 20) or b"{}")
+        if isinstance(body, dict) and set(body) <= {"experiments", "next_page_token"}:
+            return
+        why = "its experiments API answers something else"
+    except urllib.error.HTTPError as e:
+        why = f"HTTP {e.code} from its experiments API"
+    except (OSError, ValueError) as e:
+        why = str(getattr(e, "reason", None) or e) or type(e).__name__
+    raise ConfigError(f"{hide_password(uri)} answers /health but is not an MLflow tracking server ({why}); "
+                      "give an MLflow server's --tracking-uri")
+
+
 def tracking_store(uri: str | None, *, must_exist: bool = False, write: bool = True) -> str:
     """The resolved MLflow tracking URI (option, else MLFLOW_TRACKING_URI, else ./mlruns), checked."""
     from . import tracking
@@ -231,9 +312,14 @@ def tracking_store(uri: str | None, *, must_exist: bool = False, write: bool = T
     db = _sqlite_path(uri, "tracking URI")
     scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
     if db is not None:
+        bad = sorted(set("'\"\\\n\r\0") & set(str(db.resolve())))
+        if bad:  # MLflow writes the artifact folder into an SQL string literal when it creates the store
+            raise ConfigError(f"MLflow store {db}: its path holds {' '.join(map(repr, bad))}, which MLflow cannot "
+                              "store; move the project to a folder without quotes or backslashes")
         _sqlite_file(db, what, "experiments", must_exist=must_exist, write=write)
     elif scheme in ("http", "https"):
         _health(uri)
+        _mlflow_api(uri)
     elif scheme in ("", "file"):
         raise ConfigError(f"tracking URI {uri!r}: a plain folder is not an MLflow store here; use "
                           "sqlite:///path/mlflow.db or http://HOST:PORT")
@@ -393,16 +479,33 @@ def experiment_name(name: str) -> str:
     return name
 
 
+def live_run(uri: str, run_id: str, what: str = "MLflow run", *, resume: bool = False):
+    """The run `run_id`, if it exists and is not deleted (a deleted run is never evaluated, analyzed or resumed:
+    its artifacts would be overwritten and MLflow refuses to log to it half-way); else ConfigError.
+    `resume`: also refuse a run whose owner still holds it (one writer per run: tracking.liveness)."""
+    from . import tracking
+    from .tracking.liveness import live_owner
+
+    run = tracking.get_run(uri, run_id)
+    if run is None:
+        raise ConfigError(f"unknown MLflow run id {run_id!r} in {uri}")
+    if run.info.lifecycle_stage == "deleted":
+        raise ConfigError(f"{what} {run_id} is deleted (restore it in the MLflow UI, or `mlflow runs restore "
+                          f"--run-id {run_id}`, first)")
+    owner = live_owner(run) if resume else None
+    if owner is not None:
+        raise ConfigError(f"{what} {run_id} is still running in {owner}: one writer per run; wait for it, stop it, "
+                          "or run `hmmscope runs gc` once it is gone")
+    return run
+
+
 def run_config(uri: str, run_id: str):
     """The Config a training run logged as params (None if it logged none that rebuild a valid one).
 
     ValueError "unknown MLflow run id" when the run does not exist; reads only.
     """
-    from . import tracking
 
-    run = tracking.get_run(uri, run_id)
-    if run is None:
-        raise ConfigError(f"unknown MLflow run id {run_id!r} in {uri}")
+    run = live_run(uri, run_id)
     known = flatten(Config()).keys()
     params = {k: v for k, v in run.data.params.items() if k in known}
     if not params:

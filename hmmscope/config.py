@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import re
 import tomllib
 import typing
@@ -30,6 +31,9 @@ class ConfigError(ValueError):
 
 
 SEED_MAX = 2**32 - 1
+INT_MAX = 2**53  # every integer setting is bounded before arithmetic sees it (exact as a float; no OverflowError)
+MAX_TEXT_BYTES = 1 << 20  # a config file or sweep spec is read up to this size
+MAX_TOML_DEPTH = 16  # tables and arrays nested deeper are refused (a config has 2 levels, a spec 4)
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 FAMILIES = ("dirichlet", "sticky")
 TEST_STARTS = ("initial", "midstream")
@@ -168,6 +172,7 @@ def validate(cfg: Config) -> Config:
     _check(0.0 <= m.dropout < 1.0, f"model.dropout must be in [0, 1), got {m.dropout}")
     _check(m.pos_enc in POS_ENCODINGS, f"model.pos_enc must be one of {POS_ENCODINGS}, got {m.pos_enc!r}")
     _check(m.window >= 0, f"model.window must be >= 1 (or 0 for full attention), got {m.window}")
+    _check(m.window <= m.max_len, f"model.window must be <= model.max_len={m.max_len}, got {m.window}")
     _check(m.max_len >= seq_len(d), f"model.max_len={m.max_len} is shorter than an episode ({seq_len(d)} tokens)")
     _check(t.steps >= 1 and t.batch_size >= 1, "train.steps and train.batch_size must be >= 1")
     _check(t.lr > 0 and 0 <= t.min_lr <= t.lr, "train.lr must be > 0 and 0 <= train.min_lr <= train.lr")
@@ -232,6 +237,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             return value
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) > INT_MAX and not key.endswith(".seed"):  # seeds: validate names their own range
+                raise ConfigError(f"{key}: must be at most {INT_MAX} in size, got {value}")
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -302,10 +309,26 @@ def load_toml(path: str | Path, base: Config | None = None) -> Config:
 
 
 def read_text(path: str | Path, what: str) -> str:
-    """The UTF-8 text of a file; ConfigError (one line) if it is missing, a folder, unreadable or binary."""
+    """The UTF-8 text of a file; ConfigError (one line) if it is missing, a folder, unreadable or binary, a
+    special file (a FIFO, device or socket: refused before it is opened, so a FIFO never blocks), or larger than
+    MAX_TEXT_BYTES (`--config /dev/zero` never reads on)."""
+    import stat as stat_
+
     path = Path(path)
     try:
-        return path.read_text(encoding="utf-8")
+        st = os.stat(path)
+        if stat_.S_ISDIR(st.st_mode):
+            raise IsADirectoryError
+        if not stat_.S_ISREG(st.st_mode):
+            raise ConfigError(f"{what} {path} is a special file (FIFO, device or socket), not a regular file")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO swapped in meanwhile: no block
+        with os.fdopen(fd, "rb") as f:
+            if not stat_.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ConfigError(f"{what} {path} is a special file (FIFO, device or socket), not a regular file")
+            data = f.read(MAX_TEXT_BYTES + 1)
+        if len(data) > MAX_TEXT_BYTES:
+            raise ConfigError(f"{what} {path} is larger than {MAX_TEXT_BYTES >> 20} MiB: not a config or spec")
+        return data.decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{what} not found: {path}") from None
     except IsADirectoryError:
@@ -316,11 +339,30 @@ def read_text(path: str | Path, what: str) -> str:
         raise ConfigError(f"{what} {path}: cannot read it ({e.strerror or e})") from None
 
 
+def _depth(v: Any) -> int:
+    """Nesting depth of parsed TOML (tables and arrays), without recursion."""
+    best, todo = 0, [(v, 0)]
+    while todo:
+        x, d = todo.pop()
+        best = max(best, d)
+        if isinstance(x, dict):
+            todo.extend((y, d + 1) for y in x.values())
+        elif isinstance(x, list):
+            todo.extend((y, d + 1) for y in x)
+    return best
+
+
 def parse_toml(text: str, path: str | Path) -> dict[str, Any]:
+    """TOML text parsed; ConfigError (one line) if invalid or nested deeper than MAX_TOML_DEPTH levels."""
     try:
-        return tomllib.loads(text)
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested deeper than {MAX_TOML_DEPTH} levels") from None
+    if _depth(data) > MAX_TOML_DEPTH:
+        raise ConfigError(f"{path}: nested deeper than {MAX_TOML_DEPTH} levels")
+    return data
 
 
 def from_flat(flat: Mapping[str, Any]) -> Config:

@@ -17,12 +17,9 @@ delimiter is never a target; every observation except position 0 is.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -209,26 +206,20 @@ _ARRAYS = ("tokens", "states", "task_ids", "segment", "position")
 def save_episodes(ep: Episodes, path: str | Path, config: dict | None = None) -> Path:
     """Write ep to a compressed .npz (arrays + a JSON sidecar) atomically: temp file, then os.replace."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     side = {"format": _FORMAT, "n_tokens": ep.n_tokens, "n_demos": ep.n_demos, "l_demo": ep.l_demo,
             "l_test": ep.l_test, "meta": ep.meta, "config": config}
     blob = np.frombuffer(json.dumps(side, sort_keys=True).encode(), np.uint8)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez_compressed(f, sidecar=blob, **{a: getattr(ep, a) for a in _ARRAYS})
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    from .safe_output import atomic_open
+
+    with atomic_open(path, "wb") as f:
+        np.savez_compressed(f, sidecar=blob, **{a: getattr(ep, a) for a in _ARRAYS})
     return path
 
 
 def load_episodes(path: str | Path) -> Episodes:
     """Read a file written by save_episodes (the sidecar's config is in meta['config'] when present)."""
+    if Path(path).exists() and not Path(path).is_file():  # a FIFO would block, a device never ends
+        raise ValueError(f"episodes file {path} is not a regular file (a folder, FIFO, device or socket)")
     with np.load(path, allow_pickle=False) as z:
         side = json.loads(z["sidecar"].tobytes().decode())
         if side.get("format") != _FORMAT:

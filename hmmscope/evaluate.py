@@ -342,11 +342,12 @@ class Figure1Result:
 
     def to_csv(self, directory) -> list[Path]:
         """Write figure1_by_k.csv and figure1_by_position.csv into directory; returns the paths."""
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
+        from .safe_output import atomic_open, make_dir
+
+        d = make_dir(directory)
         paths = []
         for name, rows in (("figure1_by_k.csv", self.by_k), ("figure1_by_position.csv", self.by_position)):
-            with open(d / name, "w", newline="") as f:
+            with atomic_open(d / name, "w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=list(rows[0]))
                 w.writeheader()
                 w.writerows({k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}

@@ -8,9 +8,6 @@ workers).
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 from pathlib import Path
 
 DPI = 120
@@ -18,18 +15,13 @@ DPI = 120
 
 def save(fig, path, dpi: int = DPI) -> list[Path]:
     """Write fig as <path>.png and <path>.pdf (atomically); returns [png, pdf]."""
+    from .safe_output import atomic_path
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     out = []
     for fmt in ("png", "pdf"):
         dst = path.with_suffix(f".{fmt}")
-        fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
+        with atomic_path(dst) as tmp:
             fig.savefig(tmp, dpi=dpi, format=fmt)
-            os.replace(tmp, dst)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
         out.append(dst)
     return out

@@ -64,8 +64,9 @@ def _folder(path: Path | None) -> Iterator[Path]:
         with tempfile.TemporaryDirectory() as tmp:
             yield Path(tmp)
     else:
-        path.mkdir(parents=True, exist_ok=True)
-        yield path
+        from .safe_output import make_dir
+
+        yield make_dir(path)
 
 # ---------------------------------------------------------------- evaluation
 
@@ -392,14 +393,10 @@ def log_theory(result, uri: str, experiment: str, out_files: list[Path], parent:
 
 
 def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
-    """write(tmp_path) then rename: a failure leaves no half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
-    try:
-        write(tmp)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """write(tmp_path) then rename: a failure leaves no half-written file (hmmscope.safe_output)."""
+    from .safe_output import write_with
+
+    write_with(path, write)
 
 
 def theory_job(th, out: Path, *, uri: str | None, experiment: str, parent: str | None = None,

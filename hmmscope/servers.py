@@ -29,6 +29,7 @@ from pathlib import Path
 
 from .config import ConfigError
 
+START_DEADLINE_S = 180.0  # a server that neither answers nor exits within this long is a failure (stopped)
 STOP_GRACE_S = 15.0  # SIGTERM, then SIGKILL what is left of a group after this long
 LOG_TAIL_LINES = 15  # the lines of the servers' log a Failure carries
 
@@ -123,16 +124,22 @@ def stop_groups(procs: Sequence[subprocess.Popen], grace: float = STOP_GRACE_S) 
 
 def mlflow_ui(uri: str, port: int) -> Server:
     """The MLflow UI on the tracking store `uri` (which must exist: `tracking.ensure_store`), on 127.0.0.1:port,
-    with one uvicorn worker and no per-request lines."""
-    import shlex
+    with one uvicorn worker and no per-request lines.
+
+    The argv is a list built from typed values, never a string split by a shell's rules: every value is
+    joined to its option with `=` (`--backend-store-uri=URI`), so a URI or path with spaces, quotes or a
+    leading `--` stays one value of its option and can never become an option of its own."""
     import shutil
 
     from . import tracking
 
-    argv = shlex.split(tracking.ui_command(uri, port))
-    argv[0] = shutil.which("mlflow") or str(Path(sys.executable).parent / "mlflow")
-    argv += ["--registry-store-uri", uri, "--workers", "1",
-             "--uvicorn-opts", "--log-level warning --no-access-log"]  # no per-request lines
+    exe = shutil.which("mlflow") or str(Path(sys.executable).parent / "mlflow")
+    argv = [exe, "ui", f"--backend-store-uri={uri}", f"--registry-store-uri={uri}"]
+    root = tracking.artifact_root(uri)
+    if root:
+        argv.append(f"--default-artifact-root={root}")
+    argv += ["--host=127.0.0.1", f"--port={int(port)}", "--workers=1",
+             "--uvicorn-opts=--log-level warning --no-access-log"]  # a constant: no per-request lines
     return Server("MLflow UI", tuple(argv), f"http://127.0.0.1:{port}", "/health", needs_200=True)
 
 
@@ -145,10 +152,10 @@ def optuna_dashboard(storage: str | None, port: int) -> Server:
     if not Path(exe).exists():
         raise ConfigError("optuna-dashboard is not installed: pip install optuna-dashboard")
     if not storage:
-        from .sweep import default_storage
+        from .sweep.storage import default_storage
 
         storage = default_storage()
-    return Server("optuna-dashboard", (exe, storage, "--host", "127.0.0.1", "--port", str(port)),
+    return Server("optuna-dashboard", (exe, "--host=127.0.0.1", f"--port={int(port)}", "--", storage),
                   f"http://127.0.0.1:{port}", "/", needs_200=False)
 
 
@@ -160,7 +167,7 @@ def server_env() -> dict[str, str]:
 
 def supervise(servers: Sequence[Server], env: dict[str, str], *,
               starting: AbstractContextManager | None = None, ready: Callable[[], None] | None = None,
-              log_prefix: str = "hmmscope-ui-") -> Failure | None:
+              log_prefix: str = "hmmscope-ui-", deadline_s: float = START_DEADLINE_S) -> Failure | None:
     """Start the servers, wait until each answers, call `ready()`, then keep them until one exits or this
     process is stopped (Ctrl-C, SIGTERM, SIGHUP); stop them all (`stop_groups`) and return.
 
@@ -186,10 +193,14 @@ def supervise(servers: Sequence[Server], env: dict[str, str], *,
                 procs.append(subprocess.Popen(list(s.argv), env=env, stdin=subprocess.DEVNULL, stdout=log,
                                               stderr=log, start_new_session=True, preexec_fn=die_with_parent()))
         with starting if starting is not None else contextlib.nullcontext():
+            give_up = time.monotonic() + deadline_s
             for s, p in zip(servers, procs, strict=True):
                 while not answers(s.url + s.path, ok_only=s.needs_200):
                     if p.poll() is not None:
                         failed = f"{s.name} exited with code {p.returncode} before it answered"
+                        break
+                    if time.monotonic() > give_up:  # a store it cannot open may keep it waiting forever
+                        failed = f"{s.name} did not answer {s.url}{s.path} within {deadline_s:.0f} s"
                         break
                     time.sleep(0.25)
                 if failed:

@@ -39,11 +39,8 @@ supported; else inconclusive. One layer, or fewer than 2 episodes -> NaN, inconc
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import math
-import os
-import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -163,15 +160,16 @@ class ShuffleResult:
 
     def to_csv(self, directory) -> list[Path]:
         """by_layer.csv, by_head.csv, claims.csv, per_episode.csv in `directory` (atomic writes)."""
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
+        from .safe_output import atomic_open, make_dir
+
+        d = make_dir(directory)
         E, L = self.per_episode.shape
         pe = [{"episode": e, "layer": l, "change": float(self.per_episode[e, l])} for e in range(E) for l in range(L)]
         tables = {"by_layer": self.by_layer, "by_head": self.by_head,
                   "claims": [asdict(c) for c in self.claims], "per_episode": pe}
         paths = []
         for name, rows in tables.items():
-            with _atomic(d / f"{name}.csv") as tmp, open(tmp, "w", newline="") as f:
+            with atomic_open(d / f"{name}.csv", "w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
                 w.writeheader()
                 w.writerows(rows)
@@ -219,18 +217,6 @@ class ShuffleResult:
         from .figures import save
 
         return save(self.figure(title), path)
-
-
-@contextlib.contextmanager
-def _atomic(path: Path):
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
 
 
 @torch.no_grad()

@@ -240,6 +240,28 @@ def seed_keys(kind: str, seed: int) -> dict[str, int]:
     return {"theory.seed": seed} if kind == "theory" else {"train.seed": seed, "data.seed": seed}
 
 
+RANGE_PROBES = 33  # values of a random/TPE range checked up front (both ends and evenly spaced interior points)
+
+
+def _range_probe(lo, hi, log: bool, step) -> list:
+    """Values a range can suggest, to validate before any trial: every value of a small discrete range, else
+    RANGE_PROBES evenly spaced (geometrically under log) from low to high, ints where both bounds are ints."""
+    ints = isinstance(lo, int) and isinstance(hi, int) and (step is None or isinstance(step, int))
+    if step is not None:
+        n = int((hi - lo) // step) + 1
+        idx = range(n) if n <= 4 * RANGE_PROBES else sorted({round(i * (n - 1) / (RANGE_PROBES - 1))
+                                                            for i in range(RANGE_PROBES)})
+        return [lo + i * step for i in idx]
+    if log:
+        vals = [lo * (hi / lo) ** (i / (RANGE_PROBES - 1)) for i in range(RANGE_PROBES)]
+    else:
+        vals = [lo + (hi - lo) * i / (RANGE_PROBES - 1) for i in range(RANGE_PROBES)]
+    if ints:
+        return sorted({lo, hi, *(min(hi, max(lo, round(v))) for v in vals)}) if hi - lo > 4 * RANGE_PROBES \
+            else list(range(lo, hi + 1))
+    return [lo, *vals[1:-1], hi]
+
+
 def _err(path: str, key: str, msg: str) -> ConfigError:
     return ConfigError(f"{path}: {key}: {msg}")
 
@@ -294,13 +316,16 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
             or len(set(seeds)) != len(seeds):
         raise _err(path, "sweep.seeds", f"must be a non-empty list of distinct ints in [0, {SEED_MAX}], got {seeds!r}")
     ints = {}
-    for k, default, lo in (("heartbeat_interval", 60, 1), ("grace_period", None, 1), ("max_retry", 2, 0),
-                           ("sampler_seed", 0, 0), ("prune_startup", 2, 0)):
+    for k, default, lo, hi in (("heartbeat_interval", 60, 1, 3600), ("grace_period", None, 1, 7 * 86400),
+                               ("max_retry", 2, 0, 100), ("sampler_seed", 0, 0, SEED_MAX),
+                               ("prune_startup", 2, 0, MAX_GRID)):
         v = sw.get(k, default)
         if v is None:
             continue
         if not isinstance(v, int) or isinstance(v, bool) or v < lo:
             raise _err(path, f"sweep.{k}", f"must be an int >= {lo}, got {v!r}")
+        if v > hi:  # seconds, counts: beyond these a sweep never notices a dead worker, or never stops retrying
+            raise _err(path, f"sweep.{k}", f"must be at most {hi}, got {v!r}")
         if k == "sampler_seed" and v > SEED_MAX:
             raise _err(path, f"sweep.{k}", f"must be in [0, {SEED_MAX}], got {v!r}")
         ints[k] = v
@@ -374,17 +399,30 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
             if step is not None and (not _num(step) or step <= 0 or log):
                 raise _err(path, f"{where}.step", "must be a number > 0 (and not with log=true)")
             p = Param(key, low=lo, high=hi, log=log, step=step)
-            probe = [lo, hi]
-        for v in probe:  # unknown keys and type/range errors of each value
+            probe = _range_probe(lo, hi, log, step)
+        seen: dict[str, Any] = {}
+        for v in probe:  # unknown keys and type/range errors of each value; interior values of a range too
             try:
-                override(base_fixed, {key: v})
+                got = flatten(override(base_fixed, {key: v}))[key]
             except ConfigError as e:
-                raise _err(path, where, str(e)) from None
+                inside = "" if v in (probe[0], probe[-1]) or cat else f"the value {v!r} inside the range: "
+                raise _err(path, where, inside + str(e)) from None
+            if cat and repr(got) in seen:  # 1 and 1.0 for a float key: one cell run twice under one name
+                raise _err(path, where, f"{cat[0]} values {seen[repr(got)]!r} and {v!r} are the same value "
+                                        f"({got!r}) for {key}")
+            seen[repr(got)] = v
         params.append(p)
     params_t = tuple(params)
+    experiment = get("experiment", str, "hmmscope-sweeps") or "hmmscope-sweeps"
+    from .checks import experiment_name
+
+    try:
+        experiment_name(experiment)  # the rule of --experiment
+    except ConfigError as e:
+        raise _err(path, "sweep.experiment", str(e).replace("--experiment ", "", 1)) from None
     spec_kw = dict(kind=kind, objective=objective, direction=direction, sampler=sampler, pruner=pruner,
                    seeds=tuple(seeds), storage=get("storage", str, ""), analyze=get("analyze", bool, False),
-                   experiment=get("experiment", str, "hmmscope-sweeps") or "hmmscope-sweeps",
+                   experiment=experiment,
                    fixed=dict(fixed), space=params_t, **ints)
     if sampler == "grid":
         if "n_trials" in sw:
@@ -396,6 +434,8 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
         n = get("n_trials", int, 0)
         if n < 1:
             raise _err(path, "sweep.n_trials", f"must be an int >= 1 for sampler={sampler!r}, got {n!r}")
+        if n > MAX_GRID:  # each trial is a row in the study and a run: the grid's bound holds here too
+            raise _err(path, "sweep.n_trials", f"must be at most {MAX_GRID}, got {n}")
     spec = SweepSpec(name=name, path=path, text=text, hash=identity_hash(name, spec_kw, n, base),
                      base=base, n_trials=n, **spec_kw)
     if sampler == "grid":  # every combination must be a valid config (e.g. rank <= n_states)

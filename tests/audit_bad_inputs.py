@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,6 +131,8 @@ class Case:
     outside: list[str] = field(default_factory=list)  # paths outside the project that must not appear
     timeout: float = 90.0
     kind: str = "plain"  # plain | sigterm
+    setup: Callable[[Path], None] | None = None  # special files, links, mounts: made before the snapshot
+    teardown: Callable[[Path], None] | None = None
 
 
 # ---------------------------------------------------------------- the prepared project
@@ -179,6 +182,17 @@ def prepare(root: Path) -> dict[str, str]:
     bad_ckpt_run = run.run_id
     with tracking.start_run(uri, "hmmscope", "bare") as bare:
         pass
+    with tracking.start_run(uri, "hmmscope", "deleted") as gone:
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copy(proj / "good.pt", Path(tmp) / "last.pt")
+            gone.log_artifact(Path(tmp) / "last.pt", "checkpoints")
+    tracking.client(uri).delete_run(gone.run_id)
+    import json as json_
+
+    from hmmscope.tracking.liveness import LEASE_TAG, _identity
+    c = tracking.client(uri)  # a run held by this (audit) process: alive for every case, its lease fresh
+    held = c.create_run(tracking.experiment_id(uri, "hmmscope"), run_name="held", tags={LEASE_TAG: json_.dumps(
+        {**_identity(), "beat": time.time() + 86400, "interval": 30})}).info.run_id
     storage = f"sqlite:///{proj}/mlruns/optuna.db"
     sp = parse_spec(spec(name="known"), proj / "known.toml")
     (proj / "known.toml").write_text(sp.text)
@@ -188,7 +202,17 @@ def prepare(root: Path) -> dict[str, str]:
         create_study(sp, storage, uri)
     finally:
         os.chdir(cwd)
-    return {"RUN": res.run_id, "BADCKPT_RUN": bad_ckpt_run, "BARE_RUN": bare.run_id, "STORAGE": storage,
+    bad = proj / "corrupt" / "studies.db"  # a malformed page under an intact header and schema
+    bad.parent.mkdir()
+    with sqlite3.connect(bad) as con:
+        con.execute("create table studies (x text)")
+        con.execute("create table experiments (x text)")
+        con.executemany("insert into studies values (?)", [("x" * 500,)] * 200)
+    raw = bytearray(bad.read_bytes())
+    raw[4096 * 3: 4096 * 3 + 200] = b"\xff" * 200
+    bad.write_bytes(bytes(raw))
+    return {"DELETED_RUN": gone.run_id, "HELD_RUN": held, "CORRUPT": str(bad),
+            "RUN": res.run_id, "BADCKPT_RUN": bad_ckpt_run, "BARE_RUN": bare.run_id, "STORAGE": storage,
             "URI": uri, "PROJ": str(proj)}
 
 
@@ -371,6 +395,70 @@ def cases() -> list[Case]:
     add("device", "evaluate --device cuda", ["evaluate", "{RUN}", "--device", "cuda"])
     add("device", "analyze --device bogus", ["analyze", "{RUN}", "--device", "bogus"])
     add("device", "bench train --device cuda", ["bench", "train", *T, "--device", "cuda", "--no-peer"])
+    # 17. issue 22: argv, links, special files, sizes, stores, deleted and live runs, specs, full disks
+    def fifo(name):
+        return lambda proj: os.mkfifo(proj / name)
+
+    def unlink(*names):
+        return lambda proj: [(proj / n).unlink(missing_ok=True) for n in names]
+
+    outside = tempfile.mkdtemp(prefix="hmmscope-audit-outside-")
+
+    def link_out(proj):
+        (proj / "out").mkdir(exist_ok=True)
+        (proj / "out" / "known").symlink_to(outside, target_is_directory=True)
+
+    def tmpfs(proj):
+        (proj / "tiny").mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(proj / "tiny")], check=True)
+
+    def untmpfs(proj):
+        subprocess.run(["umount", str(proj / "tiny")], check=False)
+        (proj / "tiny").rmdir()
+
+    add("argv", "ui on a store path with a quote", ["ui", "--tracking-uri", "sqlite:///{PROJ}/it's/m.db"])
+    add("argv", "ui on a store path with ' --flag' and a quote",
+        ["ui", "--tracking-uri", "sqlite:///{PROJ}/a' --disable-security-middleware/m.db"])
+    add("link", "report into out/<sweep> linked outside", ["report", "known"], setup=link_out,
+        teardown=unlink("out/known"), outside=[])
+    add("link", "sweep export onto a FIFO", ["sweep", "export", "known", "p.csv"], setup=fifo("p.csv"),
+        teardown=unlink("p.csv"))
+    add("special file", "--config FIFO", ["train", "--config", "f.toml"], setup=fifo("f.toml"),
+        teardown=unlink("f.toml"))
+    add("special file", "--config /dev/zero", ["train", "--config", "/dev/zero"])
+    add("special file", "--config /dev/stdin", ["train", "--config", "/dev/stdin"])
+    add("special file", "spec FIFO", ["sweep", "run", "f.toml"], setup=fifo("f.toml"), teardown=unlink("f.toml"))
+    add("special file", "checkpoint FIFO", ["analyze", "f.pt"], setup=fifo("f.pt"), teardown=unlink("f.pt"))
+    add("special file", "generate onto a FIFO", ["generate", "f.npz", *T], setup=fifo("f.npz"), teardown=unlink("f.npz"))
+    add("size", "--set model.window=1e20 (int)", ["train", *T, "--set", "model.window=100000000000000000000"])
+    add("size", "--set model.window beyond max_len", ["train", *T, "--set", "model.window=65"])
+    add("size", "--set train.steps=2**70", ["train", *T, "--set", "train.steps=1180591620717411303424"])
+    add("size", "sweep run --workers 100000", ["sweep", "run", "known.toml", "--workers", "100000"])
+    add("size", "analyze --probe-jobs 4096", ["analyze", "{RUN}", "--probe-jobs", "4096"])
+    add("size", "config nested 3000 deep", ["train", "--config", "d.toml"], files={"d.toml": "x = " + "[" * 3000 + "]" * 3000})
+    add("size", "config 2 MB", ["train", "--config", "b.toml"], files={"b.toml": "# pad\n" * 350_000})
+    add("size", "spec n_trials 1e8", ["sweep", "run", "s.toml"],
+        files={"s.toml": spec(name="s30", extra='sampler = "random"\nn_trials = 100000000').replace(
+            '"hmm.gamma" = {grid = [0.5]}', '"hmm.gamma" = {low = 0.3, high = 0.9}')})
+    add("store", "optuna storage with a malformed page", ["sweep", "status", "known", "--storage", "sqlite:///{CORRUPT}"])
+    add("store", "report on a malformed storage", ["report", "other", "--storage", "sqlite:///{CORRUPT}"])
+    add("store", "tracking store with a malformed page", ["train", *T, "--tracking-uri", "sqlite:///{CORRUPT}"])
+    add("deleted run", "evaluate a deleted run", ["evaluate", "{DELETED_RUN}"])
+    add("deleted run", "analyze a deleted run", ["analyze", "{DELETED_RUN}"])
+    add("deleted run", "resume a deleted run", ["train", *T, "--resume", "{DELETED_RUN}"])
+    add("live run", "resume a run its owner still holds", ["train", *T, "--resume", "{HELD_RUN}"])
+    add("spec", "random range with invalid interior values", ["sweep", "run", "s.toml"],
+        files={"s.toml": spec(name="s31", extra='sampler = "random"\nn_trials = 4').replace(
+            '"hmm.gamma" = {grid = [0.5]}', '"model.n_heads" = {low = 1, high = 8}')})
+    add("spec", "grid 1 and 1.0", ["sweep", "run", "s.toml"],
+        files={"s.toml": spec(name="s32").replace('{grid = [0.5]}', '{grid = [1, 1.0]}')})
+    add("spec", "experiment with a tab", ["sweep", "run", "s.toml"],
+        files={"s.toml": spec(name="s33").replace('experiment = ', 'experiment = "a\\tb"\n# ', 1)})
+    add("spec", "heartbeat_interval int64", ["sweep", "run", "s.toml"],
+        files={"s.toml": spec(name="s34", extra="heartbeat_interval = 9223372036854775807")})
+    if os.geteuid() == 0:
+        add("full disk", "generate onto a 16 KiB tmpfs", ["generate", "tiny/x.npz", *T, "--set", "data.n_train=20000"],
+            setup=tmpfs, teardown=untmpfs)
     # 16. signals: a timed-out training must not leave a RUNNING run
     add("signal", "train SIGTERM", ["train", "--config", "long.toml"], kind="sigterm",
         files={"long.toml": TINY_TOML.replace("steps = 4", "steps = 1000000")})
@@ -430,6 +518,8 @@ def _limit():
 def run_case(case: Case, proj: Path, subs: dict[str, str], i: int) -> dict:
     for name, text in case.files.items():
         (proj / name).write_text(text)
+    if case.setup is not None:
+        case.setup(proj)
     cwd = proj
     if case.fresh:
         cwd = proj / f"fresh-{i}"
@@ -496,6 +586,8 @@ def run_case(case: Case, proj: Path, subs: dict[str, str], i: int) -> dict:
                 p.unlink()
     for name in case.files:
         (proj / name).unlink(missing_ok=True)
+    if case.teardown is not None:
+        case.teardown(proj)
     if case.fresh:
         shutil.rmtree(cwd, ignore_errors=True)
     return {"class": case.klass, "case": case.name, "args": args, "outcome": klass, "exit": proc.returncode,
@@ -506,14 +598,16 @@ def run_case(case: Case, proj: Path, subs: dict[str, str], i: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", type=Path, help="write every case's outcome here")
-    ap.add_argument("--only", default="", help="run only cases whose class or name contains this")
+    ap.add_argument("--only", default="", help="run only cases whose class or name contains this (or any of a "
+                    "comma-separated list)")
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="hmmscope-audit-"))
     try:
         t0 = time.time()
         subs = prepare(root)
         proj = Path(subs["PROJ"])
-        todo = [c for c in cases() if a.only in c.klass or a.only in c.name]
+        only = a.only.split(",")  # any of these (comma-separated)
+        todo = [c for c in cases() if any(o in c.klass or o in c.name for o in only)]
         print(f"prepared {proj} in {time.time() - t0:.0f} s; {len(todo)} cases", flush=True)
         results = []
         for i, c in enumerate(todo):

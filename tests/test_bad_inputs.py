@@ -81,6 +81,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _foreign_server(folder: Path) -> str:
+    """A web server that answers /health with 200 and is not MLflow (a static file server; a daemon thread)."""
+    import functools
+    import http.server
+    import threading
+
+    (folder / "health").write_text("OK")
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(folder))
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{srv.server_address[1]}"
+
+
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     """The prepared project (built once): see the module docstring. Returns {name: value} for the cases."""
@@ -105,15 +122,40 @@ def project(tmp_path_factory):
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "last.pt").write_bytes((root / "misfit.pt").read_bytes())
             run.log_artifact(Path(tmp) / "last.pt", "checkpoints")
+    with tracking.start_run(uri, "hmmscope", "deleted") as gone:
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "last.pt").write_bytes((root / "misfit.pt").read_bytes())
+            gone.log_artifact(Path(tmp) / "last.pt", "checkpoints")
+    from mlflow import MlflowClient
+
+    MlflowClient(uri).delete_run(gone.run_id)
     storage = f"sqlite:///{root}/mlruns/optuna.db"
     create_study(parse_spec(spec_text("known"), root / "known.toml"), storage, uri)
+    bad = root / "corrupt" / "studies.db"  # a malformed page under an intact header and schema
+    bad.parent.mkdir()
+    with sqlite3.connect(bad) as c:
+        c.execute("create table studies (x text)")
+        c.executemany("insert into studies values (?)", [("x" * 500,)] * 200)
+    raw = bytearray(bad.read_bytes())
+    raw[4096 * 3: 4096 * 3 + 200] = b"\xff" * 200
+    bad.write_bytes(bytes(raw))
+    os.mkfifo(root / "pipe.csv")
+    os.mkfifo(root / "fifo.toml")
+    os.mkfifo(root / "fifo.pt")
+    (root / "big.toml").write_text("# padding\n" * 200_000)  # 2 MB of comments: valid TOML, too large
+    (root / "deep.toml").write_text("x = " + "[" * 3000 + "]" * 3000 + "\n")
+    outside = tmp_path_factory.mktemp("outside")
+    (root / "out").mkdir()
+    (root / "out" / "known").symlink_to(outside, target_is_directory=True)  # planted: report would write there
     if os.geteuid() == 0:  # root writes through permission bits: a procfs folder refuses new entries to everyone
         ro = Path("/proc/1")
     else:
         ro = root / "readonly"
         ro.mkdir()
         ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
-    return {"root": root, "uri": uri, "storage": storage, "misfit_run": run.run_id, "readonly": ro,
+    foreign = _foreign_server(tmp_path_factory.mktemp("foreign"))
+    return {"deleted_run": gone.run_id, "foreign": foreign, "outside": outside,
+            "root": root, "uri": uri, "storage": storage, "misfit_run": run.run_id, "readonly": ro,
             "port": _free_port()}
 
 
@@ -176,6 +218,29 @@ CASES = [
     P(["train", "--config", "tiny.toml", "--device", "cuda:99"], "cuda:99", id="unavailable device"),
     P(["sweep", "run", "spec.toml", "--workers", "0"], "--workers", id="option value (Click)"),
     P(["train", "--no-such-option"], "no-such-option", id="unknown option (Click)"),
+    P(["train", "--config", "fifo.toml"], "special file", id="config: a FIFO (would block)"),
+    P(["train", "--config", "/dev/zero"], "special file", id="config: a device (would never end)"),
+    P(["sweep", "run", "fifo.toml"], "special file", id="spec: a FIFO"),
+    P(["analyze", "fifo.pt"], "special file", id="checkpoint: a FIFO"),
+    P(["train", "--config", "big.toml"], "larger than", id="config: too large to be one"),
+    P(["train", "--config", "deep.toml"], "nested deeper", id="config: nested 3000 deep"),
+    P(["train", "--config", "tiny.toml", "--set", "model.window=100000000000000000000"], "at most",
+      id="int: larger than any int setting"),
+    P(["train", "--config", "tiny.toml", "--set", "model.window=65"], "max_len", id="int: window beyond max_len"),
+    P(["sweep", "run", "spec.toml", "--workers", "100000"], "--force", id="workers: far more than cores"),
+    P(["analyze", "misfit.pt", "--probe-jobs", "4096"], "core", id="probe jobs: more than cores"),
+    P(["train", "--config", "tiny.toml", "--tracking-uri", "{foreign}"], "not an MLflow",
+      id="tracking uri: a server that answers /health but is not MLflow"),
+    P(["sweep", "status", "known", "--storage", "sqlite:///{root}/corrupt/studies.db"], "corrupt",
+      id="storage: malformed page"),
+    P(["report", "other", "--storage", "sqlite:///{root}/corrupt/studies.db"], "corrupt",
+      id="report: malformed storage, no out folder"),
+    P(["evaluate", "{deleted_run}"], "deleted", id="deleted run: evaluate"),
+    P(["analyze", "{deleted_run}"], "deleted", id="deleted run: analyze"),
+    P(["train", "--config", "tiny.toml", "--resume", "{deleted_run}"], "deleted", id="deleted run: resume"),
+    P(["report", "known", "--storage", "{storage}"], "symlink", id="output folder: a link out of the project"),
+    P(["sweep", "export", "known", "pipe.csv", "--storage", "{storage}"], "special file",
+      id="output: a special file (a FIFO)"),
 ]
 
 
@@ -201,6 +266,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(project, monkeypatch
     assert not new and not changed, (new, changed)
     assert after == before
     assert not escape.exists()
+    assert list(project["outside"].iterdir()) == []
 
 
 def test_theory_objectives_are_what_a_theory_trial_returns():

@@ -199,3 +199,19 @@ def test_sweep_memory_counts_workers_and_the_largest_point(monkeypatch):
     with pytest.raises(ConfigError, match=r"\(2 worker\(s\) at once\)"):
         checks.sweep_memory(small, workers=2)
     checks.sweep_memory(small, workers=2, force=True)
+
+
+def test_a_corrupt_sqlite_store_is_named_in_one_line(tmp_path):
+    """A malformed page (intact header and schema) is found before work starts."""
+    import sqlite3
+
+    db = tmp_path / "mlflow.db"
+    with sqlite3.connect(db) as c:
+        c.execute("create table experiments (x text)")
+        c.executemany("insert into experiments values (?)", [("x" * 500,)] * 200)
+    raw = bytearray(db.read_bytes())
+    raw[4096 * 3: 4096 * 3 + 200] = b"\xff" * 200  # a page in the middle of the table
+    db.write_bytes(bytes(raw))
+    with pytest.raises(ConfigError, match="is corrupt") as e:
+        checks.tracking_store(f"sqlite:///{db}")
+    assert str(db) in str(e.value) and "\n" not in str(e.value)

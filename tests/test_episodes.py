@@ -277,7 +277,7 @@ def test_save_is_atomic(mix3, tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(np, "savez_compressed", boom)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ValueError, match="disk full"):
         save_episodes(sample_episodes(mix3, DATA, 6), tmp_path / "d.npz")
     assert os.listdir(tmp_path) == ["d.npz"] and (tmp_path / "d.npz").read_bytes() == before
 

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from hmmscope import tracking
 from hmmscope.cli import app
 from hmmscope.sweep import ensure_storage, study_status
+from hmmscope.tracking.liveness import lease_of
 
 EXE = Path(sys.executable).parent / "hmmscope"
 runner = CliRunner()
@@ -187,7 +188,7 @@ def test_interrupts_and_killed_workers_count_the_grid_once(tmp_path, template, m
     storage, uri = _stores(proj)
 
     def training():  # a worker whose trial's MLflow run is open (RUNNING, tagged with the worker's pid)
-        open_pids = {x.data.tags.get("hmmscope.pid") for x in _trial_runs(uri) if x.info.status == "RUNNING"}
+        open_pids = {(lease_of(x) or {}).get("pid") for x in _trial_runs(uri) if x.info.status == "RUNNING"}
         return next((r for r in study_status("faults", storage) if r["state"] == "RUNNING" and not r["mlflow_run_id"]
                      and str(r["worker"]["pid"]) in open_pids), None)
 
@@ -218,7 +219,7 @@ def test_interrupts_and_killed_workers_count_the_grid_once(tmp_path, template, m
 
     runs = tracking.search_runs(uri, "faults")
     assert [x.info.run_name for x in runs if x.info.status == "RUNNING"] == []
-    (orphan,) = [x for x in _trial_runs(uri) if x.data.tags.get("hmmscope.pid") == str(a["worker"]["pid"])
+    (orphan,) = [x for x in _trial_runs(uri) if (lease_of(x) or {}).get("pid") == str(a["worker"]["pid"])
                  and x.info.status != "FINISHED"]
     assert orphan.info.status == "KILLED"
     assert orphan.data.tags["hmmscope.failure_reason"].startswith(f"orphaned: its process {a['worker']['pid']} ")
@@ -342,3 +343,111 @@ def test_read_only_store_serves_read_only_commands(tmp_path, template, monkeypat
     assert r.returncode == 0 and out.count("rc=0") == 2 and "Traceback" not in out, out
     assert out.count("COMPLETE") == 2 and "0 orphan run(s) found" in out
     assert _files(mlruns) == before  # nothing written, no lock file
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d.name))
+    return out
+
+
+def _gone(pids, timeout=30.0) -> list[int]:
+    """The pids still running (not zombies) after waiting up to `timeout` s for them to go."""
+    deadline = time.time() + timeout
+    while True:
+        left = []
+        for p in pids:
+            with contextlib.suppress(OSError, IndexError):
+                if Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    left.append(p)
+        if not left or time.time() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_sigkilled_sweep_takes_its_workers_with_it(tmp_path):
+    """Fast version: run_sweep's worker processes (here `sleep`, standing in for the worker command) die when
+    `sweep run` is SIGKILLed (before: they ran on, detached in their own sessions, beside any resume)."""
+    (tmp_path / "s.toml").write_text(TRAIN_SPEC.format(name="pdeath", steps=2) + '"hmm.gamma" = {grid = [0.5]}\n')
+    storage, uri = f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/mlflow.db"
+    code = ("import hmmscope.sweep.worker as w\nfrom hmmscope.sweep_spec import load_spec\n"
+            "w.worker_command = lambda *a, **k: ['sleep', '300']\n"
+            f"w.run_sweep(load_spec({str(tmp_path / 's.toml')!r}), workers=2, storage={storage!r}, uri={uri!r})\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    kids: list[int] = []
+    try:
+        deadline = time.time() + 120
+        while len(kids) < 2:
+            kids = [k for k in _children_of(proc.pid) if b"sleep" in Path(f"/proc/{k}/cmdline").read_bytes()]
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.time() < deadline, "run_sweep started no workers"
+            time.sleep(0.1)
+        proc.kill()
+        proc.wait()
+        assert _gone(kids) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for k in _gone(kids, timeout=0):
+            os.kill(k, signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_sigkilled_sweep_run_workers_hand_their_trials_back(tmp_path):
+    """Slow version, the real CLI: `hmmscope sweep run` SIGKILLed mid-trial; its worker gets SIGTERM, puts its
+    trial back (FAIL 'interrupted' + a WAITING retry) and exits; no worker is left running."""
+    (tmp_path / "s.toml").write_text(TRAIN_SPEC.format(name="pdk", steps=5000) + '"hmm.gamma" = {grid = [0.5]}\n')
+    storage, uri = f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/mlflow.db"
+    proc = subprocess.Popen([str(EXE), "sweep", "run", str(tmp_path / "s.toml"), "--storage", storage,
+                             "--tracking-uri", uri], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kids: list[int] = []
+    try:
+        deadline = time.time() + 300
+        while True:
+            with contextlib.suppress(Exception):
+                if sum(r["state"] == "RUNNING" for r in study_status("pdk", storage)) == 1:  # one worker
+                    break
+            assert proc.poll() is None and time.time() < deadline, "the sweep never started its trials"
+            time.sleep(0.2)
+        kids = _children_of(proc.pid)
+        proc.kill()
+        proc.wait()
+        assert _gone(kids, timeout=120) == []  # it hands its trial back first (seconds; more on a loaded machine)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for k in _gone(kids, timeout=0):
+            os.kill(k, signal.SIGKILL)
+    rows = study_status("pdk", storage)
+    assert sum(r["state"] == "FAIL" and r["reason"] == "interrupted" for r in rows) == 1
+    assert sum(r["state"] == "WAITING" for r in rows) == len(rows) - 1  # its retry, and the trials not reached
+
+
+def test_a_sweep_with_failed_cells_says_so_and_exits_non_zero(tmp_path, template, monkeypatch):
+    """Before: 'already complete: nothing to do ... 0 complete, 1 failed' with exit 0. The FAILED trials are
+    made through the trial protocol (no training), then `sweep run` is asked to finish the sweep."""
+    from optuna.trial import TrialState
+
+    from hmmscope.sweep import TrialStore, create_study
+    from hmmscope.sweep_spec import load_spec
+
+    proj = _project(tmp_path, template, "failed", TRAIN_SPEC.format(name="failed", steps=2).replace(
+        'seeds = [0, 1]', 'seeds = [0]').replace('["rope", "absolute"]', '["rope"]'))
+    storage, uri = _stores(proj)
+    study, _, _ = create_study(load_spec(proj / "s.toml"), storage, uri)
+    store = TrialStore.of(study, storage, 3)
+    tid = store.claim()
+    assert store.finish(tid, TrialState.FAIL, attrs={"fail_reason": "RuntimeError: boom"})
+    monkeypatch.chdir(proj)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    r = runner.invoke(app, ["sweep", "run", "s.toml"])
+    assert r.exit_code == 1, r.output
+    assert "1 trial(s) of sweep failed ended FAILED" in r.stderr and "--retry-failed" in r.stderr

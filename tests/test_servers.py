@@ -264,20 +264,104 @@ def test_supervise_reports_a_server_that_dies_after_it_answered(tmp_path):
 
 
 def test_server_command_lines(tmp_path):
-    """The MLflow UI's argv: `tracking.ui_command` split, the executable resolved, one quiet uvicorn worker;
-    optuna-dashboard's: the executable, the storage, 127.0.0.1 and the port."""
+    """The MLflow UI's argv: a list of typed values, each joined to its option with '=', the executable
+    resolved, one quiet uvicorn worker; optuna-dashboard's: the executable, 127.0.0.1, the port, then the
+    storage after `--` (a storage starting with '-' stays the positional argument)."""
     uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
     ui = servers.mlflow_ui(uri, 5001)
     root = tracking.artifact_root(uri)
     assert Path(ui.argv[0]).name == "mlflow" and ui.argv[1:] == (
-        "ui", "--backend-store-uri", uri, *(("--default-artifact-root", root) if root else ()), "--host", "127.0.0.1",
-        "--port", "5001", "--registry-store-uri", uri, "--workers", "1",
-        "--uvicorn-opts", "--log-level warning --no-access-log")
+        "ui", f"--backend-store-uri={uri}", f"--registry-store-uri={uri}",
+        *((f"--default-artifact-root={root}",) if root else ()), "--host=127.0.0.1", "--port=5001", "--workers=1",
+        "--uvicorn-opts=--log-level warning --no-access-log")
     assert (ui.name, ui.url, ui.path, ui.needs_200) == ("MLflow UI", "http://127.0.0.1:5001", "/health", True)
     storage = f"sqlite:///{tmp_path}/optuna.db"
     dash = servers.optuna_dashboard(storage, 8081)
     assert Path(dash.argv[0]).name == "optuna-dashboard"
-    assert dash.argv[1:] == (storage, "--host", "127.0.0.1", "--port", "8081")
+    assert dash.argv[1:] == ("--host=127.0.0.1", "--port=8081", "--", storage)
     assert (dash.url, dash.path, dash.needs_200) == ("http://127.0.0.1:8081", "/", False)
     env = servers.server_env()
     assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false" and env["PATH"] == os.environ["PATH"]
+
+
+WEIRD = "a b;$(touch pwned)&|<>*`x` --disable-security-middleware"
+
+
+def test_mlflow_ui_argv_keeps_each_value_whole(tmp_path):
+    """Known answer: the URI with spaces and ` --flag` is one element, joined to its option with '='."""
+    uri = f"sqlite:///{tmp_path}/{WEIRD}/mlflow.db --disable-security-middleware --static-prefix /x"
+    s = servers.mlflow_ui(uri, 5123)
+    assert s.argv[1:4] == ("ui", f"--backend-store-uri={uri}", f"--registry-store-uri={uri}")
+    assert "--disable-security-middleware" not in s.argv and "--static-prefix" not in s.argv
+    assert "--port=5123" in s.argv and "--host=127.0.0.1" in s.argv
+    d = servers.Server("x", ("a",), "u", "/", False)  # a Server holds a tuple: never a string to split
+    assert isinstance(d.argv, tuple)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/cmdline")
+def test_ui_child_argv_from_a_weird_folder_and_an_injected_uri(tmp_path):
+    """Before: shlex.split of one string put `--disable-security-middleware` into mlflow's argv, and a folder
+    with a space split the store path in two."""
+    folder = tmp_path / WEIRD
+    folder.mkdir()
+    uri = f"sqlite:///{folder}/ml flow.db --disable-security-middleware --static-prefix /x"
+    exe = Path(sys.executable).parent / "hmmscope"
+    env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([str(exe), "ui", "--port", str(_free_port()), "--tracking-uri", uri], cwd=folder,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    kids: list[int] = []
+    try:
+        deadline = time.time() + 120
+        argv = None
+        while argv is None:
+            assert proc.poll() is None, f"hmmscope ui exited {proc.returncode}: {proc.stderr.read().decode()}"
+            assert time.time() < deadline, "no MLflow child within 120 s"
+            for k in _children(proc.pid):
+                kids.append(k)
+                with open(f"/proc/{k}/cmdline", "rb") as f:
+                    parts = [a.decode() for a in f.read().split(b"\0")[:-1]]
+                if "ui" in parts:
+                    argv = parts
+            time.sleep(0.05)
+        i = argv.index("ui")
+        assert argv[i + 1:i + 3] == [f"--backend-store-uri={uri}", f"--registry-store-uri={uri}"]
+        assert "--disable-security-middleware" not in argv and "--static-prefix" not in argv
+        assert not (folder / "pwned").exists() and not (tmp_path / "pwned").exists()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        for k in kids:  # they die with their parent; make sure, by pid
+            try:
+                os.killpg(k, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def test_a_store_path_with_quotes_is_refused_in_one_line(tmp_path):
+    """MLflow puts the artifact folder into an SQL string literal when it creates a store: a quote in the path
+    broke `hmmscope ui` with a traceback (exit 1). Now one line, before anything is created."""
+    from hmmscope import checks
+    from hmmscope.config import ConfigError
+
+    with pytest.raises(ConfigError, match="quotes") as e:
+        checks.tracking_store(f"sqlite:///{tmp_path}/it's/mlflow.db")
+    assert "\n" not in str(e.value) and not (tmp_path / "it's").exists()
+
+
+@linux
+def test_supervise_gives_up_on_a_server_that_never_answers(tmp_path):
+    """Before: `hmmscope ui` polled /health forever when its server neither answered nor exited."""
+    port = _free_port()
+    t0 = time.monotonic()
+    got = servers.supervise([servers.Server("mute", (sys.executable, "-c", "import time; time.sleep(300)"),
+                                            f"http://127.0.0.1:{port}", "/health", True)],
+                            {**os.environ, "TMPDIR": str(tmp_path)}, deadline_s=1.5)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # supervise leaves them ignored for its caller
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+    assert got is not None and got.message == f"mute did not answer http://127.0.0.1:{port}/health within 2 s"
+    assert time.monotonic() - t0 < 30

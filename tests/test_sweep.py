@@ -635,6 +635,18 @@ def test_worker_runs_name_the_worker_entry_point():
     assert tracking.source_name([main, "worker", "--study", "s"]) == "hmmscope.sweep worker"
 
 
+def test_worker_argv_keeps_each_value_whole():
+    """Each value is joined to its option with '=': a URI that starts with '--' or holds spaces stays one value
+    (argparse would take `--uri --x` for a missing value)."""
+    from hmmscope.sweep.worker import main
+
+    cmd = worker_command("s", "sqlite:///a b/x.db", "--uri=sqlite:///c d.db --max-trials 9", max_trials=2)
+    assert cmd[3:] == ["worker", "--study=s", "--storage=sqlite:///a b/x.db",
+                       "--uri=--uri=sqlite:///c d.db --max-trials 9", "--max-trials=2"]
+    with pytest.raises(SystemExit):  # the parser takes it whole: --help exits, proving no option was eaten
+        main([*cmd[3:], "--help"])
+
+
 def test_sweep_modules_import_one_way():
     """The sweep package's modules import each other as their docstrings say (no cycle), and the trial protocol
     and the storages import neither MLflow nor torch, not even lazily."""

@@ -213,3 +213,31 @@ def test_storage_urls(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="no journal storage"):
         open_storage(f"journal://{tmp_path}/missing.log", create=False)
     assert not (tmp_path / "missing.log").exists()
+
+
+def _fail_once(store, interrupted: bool, max_retry: int):
+    """Claim the WAITING trial, fail it (a crash or an interrupt), retry it; the retry's number or None."""
+    from optuna.trial import TrialState
+
+    tid = store.claim()
+    assert tid is not None
+    assert store.finish(tid, TrialState.FAIL, attrs={"fail_reason": "interrupted" if interrupted else "boom"})
+    return store.retry(tid, max_retry, interrupted=interrupted)
+
+
+def test_interrupts_do_not_use_the_crash_budget_and_failed_trials_can_be_requeued(tmp_path):
+    """Before: a one-trial sweep interrupted three times ended FAILED (max_retry used up by signals), and
+    nothing could run it again. Now: interrupts are free, crashes count, --retry-failed re-queues."""
+    from hmmscope.sweep.worker import requeue_failed
+
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    study = _new_study(url, "budget", n=1)
+    store = TrialStore.of(study, url, 1)
+    for _ in range(5):  # five pre-emptions with max_retry = 2: still retried each time
+        assert _fail_once(store, True, 2) is not None
+    assert _fail_once(store, False, 2) is not None  # crash 1
+    assert _fail_once(store, True, 2) is not None  # an interrupt between crashes: free
+    assert _fail_once(store, False, 2) is not None  # crash 2
+    assert _fail_once(store, False, 2) is None  # crash 3 > max_retry: the cell ends FAILED
+    assert requeue_failed(study, url) != [] and requeue_failed(study, url) == []  # once per failed cell
+    assert _fail_once(store, False, 2) is not None  # its budget starts again

@@ -152,3 +152,36 @@ def test_an_old_figure1_key_is_refused_with_its_new_name():
     assert spec('objective = "baseline/unseen/incontext_hmm/ce_k0"').objective == "baseline/unseen/incontext_hmm/ce_k0"
     with pytest.raises(ConfigError, match="is not a metric"):
         spec('objective = "baseline/seen/model/ce"')
+
+
+# ---------------------------------------------------------------- refused up front (issue 22)
+
+
+def _space(space: str, sweep: str = "") -> str:
+    exp = "" if "experiment" in sweep else 'experiment = "sw"\n'
+    return f'[sweep]\nname = "up"\n{exp}{sweep}\n[fixed]\n"train.steps" = 10\n[space]\n{space}\n'
+
+
+@pytest.mark.parametrize("text, needle", [
+    (_space('"model.n_heads" = {low = 1, high = 8}', 'sampler = "random"\nn_trials = 4'), "inside the range"),
+    (_space('"hmm.gamma" = {grid = [1, 1.0]}'), "are the same value"),
+    (_space('"hmm.gamma" = {grid = [0.5]}', 'experiment = "a\\tb"'), "sweep.experiment"),
+    (_space('"hmm.gamma" = {grid = [0.5]}', f'experiment = "{"x" * 300}"'), "sweep.experiment"),
+    (_space('"hmm.gamma" = {grid = [0.5]}', "heartbeat_interval = 9223372036854775807"), "at most"),
+    (_space('"hmm.gamma" = {grid = [0.5]}', "max_retry = 1000000"), "at most"),
+    (_space('"hmm.gamma" = {low = 0.1, high = 0.9}', 'sampler = "random"\nn_trials = 100000000'), "at most"),
+], ids=["interior-of-range", "grid-1-and-1.0", "experiment-tab", "experiment-300", "heartbeat-int64",
+        "max-retry", "n-trials-1e8"])
+def test_specs_that_could_never_succeed_are_refused_up_front(text, needle):
+    """Before: 3 of 4 random trials failed at runtime (n_heads 3, 5, 6, 7 do not divide d_model); 1 and 1.0
+    ran as two cells of one name; an experiment name --experiment refuses was accepted; int64 intervals
+    were accepted; n_trials = 1e8 ran into MemoryError after building half a study."""
+    with pytest.raises(ConfigError, match=needle) as e:
+        parse_spec(text, "up.toml")
+    assert "\n" not in str(e.value)
+
+
+def test_a_range_whose_every_value_is_valid_is_accepted():
+    s = parse_spec(_space('"model.n_heads" = {low = 2, high = 4, step = 2}\n"train.lr" = {low = 1e-3, high = 1e-2, '
+                          'log = true}', 'sampler = "tpe"\nn_trials = 4'), "up.toml")
+    assert [p.key for p in s.space] == ["model.n_heads", "train.lr"]

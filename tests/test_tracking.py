@@ -174,13 +174,15 @@ def test_heartbeat_and_liveness_tags(tmp_path, monkeypatch):
 
     monkeypatch.setenv("HMMSCOPE_RUN_HEARTBEAT_S", "0.3")
     uri = f"sqlite:///{tmp_path}/db.sqlite"
+    from hmmscope.tracking.liveness import lease_of
+
     with tracking.start_run(uri, "exp", "beating") as run:
-        first = float(run.get().data.tags["hmmscope.heartbeat"])
+        first = lease_of(run.get())["beat"]
         time.sleep(2.5)
-        t = run.get().data.tags
-    assert float(t["hmmscope.heartbeat"]) > first
-    assert t["hmmscope.pid"] == str(os.getpid()) and t["hmmscope.host"] == socket.gethostname()
-    assert t["hmmscope.heartbeat_interval"] == "0.3"
+        t = lease_of(run.get())
+    assert t["beat"] > first  # the lease (one tag, mlflow.hmmscope.lease) is renewed
+    assert t["pid"] == str(os.getpid()) and t["host"] == socket.gethostname()
+    assert t["interval"] == 0.3
 
 
 def test_gc_marks_orphans_killed_and_leaves_live_runs(tmp_path):

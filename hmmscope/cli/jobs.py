@@ -75,7 +75,7 @@ def train_cmd(
     if run_name is not None:
         checks.safe_name(run_name, "--run-name")
     checks.experiment_name(experiment)
-    checks.output_dir(out, "--out")
+    checks.output_dir(out, "--out", explicit=out != Path("out"))
     uri = checks.tracking_store(tracking_uri, must_exist=resume is not None)
     from .. import tracking
     from ..deadline import Deadline
@@ -84,6 +84,7 @@ def train_cmd(
 
     dev = resolve_device(cfg.train.device)  # an unavailable device fails before any run is created
     if resume is not None:
+        checks.live_run(uri, resume, resume=True)
         tracking.existing_run(uri, resume)
     checks.memory(memory_estimate(cfg, "train"), device=str(dev), force=force)
     # a spinner over the silent setup (data, oracles, model, the run), stopped by the step-0 evaluation, which
@@ -132,7 +133,7 @@ def evaluate_cmd(
     """Figure 1: accuracy vs demonstrations and test position beside the oracles; KL and excess CE."""
     if n_episodes is not None and n_episodes < 1:
         raise ConfigError(f"--n-episodes must be >= 1, got {n_episodes}")
-    checks.output_dir(out, "--out")
+    checks.output_dir(out, "--out", explicit=out != Path("out"))
     uri = checks.tracking_store(tracking_uri, must_exist=True)
     from ..jobs import evaluate_run
     from ..train import resolve_device, sigterm_interrupts
@@ -172,10 +173,10 @@ def analyze_cmd(
     k_list = parse_csv(ks, "--ks") or []
     if not all(isinstance(k, int) and not isinstance(k, bool) for k in k_list):
         raise ConfigError(f"--ks: expected comma-separated integers, got {ks!r}")
-    jobs = parse_jobs(probe_jobs, "--probe-jobs")
+    jobs = checks.probe_jobs(parse_jobs(probe_jobs, "--probe-jobs"))
     checks.seed(seed, "--seed")
     checks.experiment_name(experiment)
-    checks.output_dir(out, "--out")
+    checks.output_dir(out, "--out", explicit=out != Path("out"))
     is_file = Path(target).suffix == ".pt" or Path(target).exists()
     uri = checks.tracking_store(tracking_uri, must_exist=not is_file)
     from ..checkpoints import checkpoint_config, read_checkpoint
@@ -213,7 +214,7 @@ def run_cmd(
     cfg = build_config(preset_, config, set_, {"train.device": device})
     if print_config:
         return echo_config(cfg)
-    checks.output_dir(out, "--out")
+    checks.output_dir(out, "--out", explicit=out != Path("out"))
     checks.experiment_name(experiment)
     uri = checks.tracking_store(tracking_uri)
     checks.optuna_storage(None)  # the main job's sweep uses the default storage

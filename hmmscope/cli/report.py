@@ -28,7 +28,7 @@ def report_cmd(
 ) -> None:
     """Statistical report of a sweep (Markdown + HTML, figures), also logged to the sweep's parent run."""
     checks.safe_name(sweep, "sweep")
-    out = checks.output_dir(out or Path("out") / sweep, "--out")
+    out = checks.output_dir(out or Path("out") / sweep, "--out", explicit=out is not None)
     uri = checks.tracking_store(tracking_uri, must_exist=True)
     from ..report import build_report
 

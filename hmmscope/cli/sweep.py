@@ -101,6 +101,8 @@ def sweep_run_cmd(
     storage: SpecStorageOpt = None,
     tracking_uri: UriOpt = None,
     force: ForceOpt = False,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="First re-queue the trials that ended "
+                                               "FAILED (their retry budget starts again).")] = False,
     print_config: Annotated[bool, typer.Option("--print-config", help="Print the config every trial starts from "
                                                "(base and \\[fixed]) as TOML and exit.")] = False,
 ) -> None:
@@ -115,12 +117,14 @@ def sweep_run_cmd(
                            ("hmm", "data", "model", "train"))
     storage = checks.optuna_storage(storage or s.storage or None)
     uri = checks.tracking_store(tracking_uri)
+    checks.workers(workers, force=force)
     checks.sweep_memory(s, workers=workers, force=force)
     from .. import tracking
     from ..sweep import run_sweep
 
     with SweepProgress(s.name, s.n_trials) as bar:
-        res = run_sweep(s, workers=workers, storage=storage, uri=uri, log=bar.log, progress=bar)
+        res = run_sweep(s, workers=workers, storage=storage, uri=uri, log=bar.log, progress=bar,
+                        retry_failed=retry_failed)
         bar({"complete": res.complete, "pruned": res.pruned, "failed": res.failed, "running": 0}, res.n_trials)
     if res.already_complete:
         typer.echo(f"sweep {res.study_name} is already complete: nothing to do")
@@ -133,7 +137,10 @@ def sweep_run_cmd(
     if res.crashed_workers:
         typer.echo(f"error: {len(res.crashed_workers)} worker(s) crashed (exit codes {res.crashed_workers}); "
                    "see their output above", err=True)
-    if not res.finished or res.crashed_workers:
+    if res.failed:  # cells with no result: the sweep is not done, whatever its workers did
+        typer.echo(f"error: {res.failed} trial(s) of sweep {res.study_name} ended FAILED; see `hmmscope sweep status "
+                   f"{res.study_name}`, then `hmmscope sweep run SPEC --retry-failed` to run them again", err=True)
+    if not res.finished or res.crashed_workers or res.failed:
         raise typer.Exit(1)
 
 

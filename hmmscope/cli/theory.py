@@ -97,7 +97,7 @@ def theory(
     th = cfg.theory
     from ..jobs import new_folder
 
-    out = checks.output_dir(out or new_folder(Path("out"), "theory"), "--out")
+    out = checks.output_dir(out or new_folder(Path("out"), "theory"), "--out", explicit=out is not None)
     if json_path is not None:
         checks.output_file(json_path, "--json", suffix=".json")
     checks.experiment_name(experiment)

@@ -7,7 +7,6 @@ the fits.
 from __future__ import annotations
 
 import csv
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,20 +28,20 @@ class ProbeResult:
                           "claims": self.claims, "meta": self.meta})
 
     def to_csv(self, directory) -> list[Path]:
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
+        from ..safe_output import atomic_open, make_dir
+
+        d = make_dir(directory)
         out = []
         for name, rows in (("probes", self.table), ("belief_probes", self.belief_table),
                            ("probe_summary", self.summary), ("probe_claims", jsonable(self.claims))):
-            path, tmp = d / f"{name}.csv", d / f".{name}.csv.tmp"
+            path = d / f"{name}.csv"
             keys = list(dict.fromkeys(k for r in rows for k in r))
             if not keys:
                 continue
-            with open(tmp, "w", newline="") as f:
+            with atomic_open(path, "w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=keys)
                 w.writeheader()
                 w.writerows(rows)
-            os.replace(tmp, path)
             out.append(path)
         return out
 

@@ -165,9 +165,9 @@ def _header(sweep: str, t: _Trials, n_train: int, n_theory: int) -> tuple[dict, 
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    from ..safe_output import write_text
+
+    write_text(path, text)
 
 
 def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, storage: str | None = None) -> Report:
@@ -181,7 +181,9 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
     uri = tracking.resolve_uri(uri)
     out_dir = Path(out_dir)
     parent, study, _ = _find_parent(uri, sweep, storage)
-    out_dir.mkdir(parents=True, exist_ok=True)  # after the sweep is found: an unknown sweep writes nothing
+    from ..safe_output import make_dir
+
+    make_dir(out_dir)  # after the sweep is found: an unknown sweep writes nothing
     t = _read_trials(uri, parent, study)
     theory_runs = [r for r in t.complete if _is_theory(r)]
     train_runs = [r for r in t.complete if not _is_theory(r)]

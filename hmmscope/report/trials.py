@@ -10,7 +10,6 @@ holds every metric of each run (a training run's analysis claims as claim/<name>
 from __future__ import annotations
 
 import csv
-import os
 from pathlib import Path
 
 from .common import NAN, Section, _f
@@ -45,8 +44,9 @@ def write_csv(path: Path, objective: str, rows: list[dict], varying: list[str], 
     """trials.csv: trial, run_id, run_name, kind, <objective>, the varying params, every metric (atomic write)."""
     obj_col = f"objective ({objective})"
     fields = ["trial", "run_id", "run_name", "kind", obj_col, *varying, *metrics]
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="") as f:
+    from ..safe_output import atomic_open
+
+    with atomic_open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         for row in rows:
@@ -54,7 +54,6 @@ def write_csv(path: Path, objective: str, rows: list[dict], varying: list[str], 
                         "kind": row["kind"], obj_col: row["objective"],
                         **{k: row["params"].get(k, "") for k in varying},
                         **{k: row["metrics"].get(k, "") for k in metrics}})
-    os.replace(tmp, path)
     return path
 
 

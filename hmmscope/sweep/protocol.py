@@ -144,18 +144,25 @@ class TrialStore:
 
     # ------------------------------------------------------------ retries (only the winner of a FAIL calls this)
 
-    def retry(self, trial_id: int, max_retry: int | None) -> int | None:
+    def retry(self, trial_id: int, max_retry: int | None, *, interrupted: bool = False,
+              reset: bool = False) -> int | None:
         """Enqueue a WAITING copy of the failed trial `trial_id` (module docstring); its number, or None when
-        the chain has used its retries."""
+        the chain has used its retries.
+
+        Only crashes use the budget: the system attr "crashes" counts the chain's crash failures (a chain
+        from before it existed: its length). An `interrupted` trial (a signal, a pre-emption) is retried
+        without using it; `reset` (the user's `--retry-failed`) starts the budget again."""
         import optuna
         from optuna.trial import TrialState
 
         t = self.storage.get_trial(trial_id)
         history = [*t.system_attrs.get("retry_history", []), t.number]
-        if max_retry is not None and len(history) > max_retry:
+        crashes = 0 if reset else t.system_attrs.get("crashes", len(history) - 1) + (0 if interrupted else 1)
+        if max_retry is not None and crashes > max_retry:
             return None
         system = {**{k: v for k, v in t.system_attrs.items() if k != HEARTBEAT},
-                  "failed_trial": t.system_attrs.get("failed_trial", t.number), "retry_history": history}
+                  "failed_trial": t.system_attrs.get("failed_trial", t.number), "retry_history": history,
+                  "crashes": crashes}
         copy = optuna.trial.create_trial(
             state=TrialState.WAITING, params=t.params, distributions=t.distributions,
             user_attrs={k: v for k, v in t.user_attrs.items() if k not in NOT_INHERITED}, system_attrs=system)

@@ -25,8 +25,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,15 +108,9 @@ def csv_text(rows: list[dict[str, Any]]) -> str:
 def write_csv(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """Write the rows to `path` atomically (a temporary file beside it, then a rename)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(csv_text(rows))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from ..safe_output import write_text
+
+    write_text(path, csv_text(rows))
     return path
 
 

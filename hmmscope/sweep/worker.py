@@ -47,6 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..config import ConfigError
+from ..servers import die_with_parent
 from ..sweep_spec import SweepSpec
 from .protocol import TrialStore
 from .status import best_trial, collect_orphans, counts
@@ -97,7 +98,7 @@ def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int 
                 old = signal.signal(signal.SIGTERM, signal.SIG_IGN) if main_thread else None  # no second cut
                 try:
                     if store.finish(tid, TrialState.FAIL, attrs={"fail_reason": "interrupted"}):
-                        store.retry(tid, spec.max_retry)
+                        store.retry(tid, spec.max_retry, interrupted=True)  # not a crash: no budget used
                 finally:
                     if main_thread:
                         signal.signal(signal.SIGTERM, old)
@@ -153,9 +154,11 @@ _STOP_SIGNALS = {int(getattr(signal, n)) for n in ("SIGKILL", "SIGTERM", "SIGINT
 
 
 def worker_command(study_name: str, storage_url_: str, uri: str, max_trials: int | None = None) -> list[str]:
-    cmd = [sys.executable, "-m", "hmmscope.sweep", "worker", "--study", study_name, "--storage",
-           storage_url(storage_url_), "--uri", uri]
-    return cmd + (["--max-trials", str(max_trials)] if max_trials else [])
+    """A worker's argv: a list of typed values, each joined to its option with '=' (a value that starts with
+    '-' or holds spaces stays that option's value); never a string for a shell."""
+    cmd = [sys.executable, "-m", "hmmscope.sweep", "worker", f"--study={study_name}",
+           f"--storage={storage_url(storage_url_)}", f"--uri={uri}"]
+    return cmd + ([f"--max-trials={int(max_trials)}"] if max_trials else [])
 
 
 def worker_env(gpu: str | None = None) -> dict[str, str]:
@@ -212,12 +215,30 @@ def worker_gpus(spec: SweepSpec, workers: int, gpus: Sequence[str] | None = None
     return [gpus[i % len(gpus)] if gpus else None for i in range(workers)]
 
 
+def requeue_failed(study, storage: str, grace_period: float | None = None) -> list[int]:
+    """Enqueue a WAITING copy of every FAIL trial not retried yet (the last of its chain); their numbers."""
+    from optuna.trial import TrialState
+
+    store = TrialStore.of(study, storage, grace_period)
+    trials = study.get_trials(deepcopy=False)
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    out = []
+    for t in trials:
+        if t.state == TrialState.FAIL and t.number not in retried:
+            new = store.retry(t._trial_id, None, reset=True)
+            if new is not None:
+                out.append(new)
+    return out
+
+
 def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, uri: str | None = None,
               progress: Callable[[dict[str, int], int], None] | None = None,
-              log: Callable[[str], None] = print, gpus: Sequence[str] | None = None) -> SweepSummary:
+              log: Callable[[str], None] = print, gpus: Sequence[str] | None = None,
+              retry_failed: bool = False) -> SweepSummary:
     """Create/resume the study, run `workers` local worker processes until the sweep is exhausted.
 
-    gpus: GPU ids to hand out round-robin (default: see `worker_gpus`).
+    gpus: GPU ids to hand out round-robin (default: see `worker_gpus`). retry_failed: first re-queue every
+    FAILED trial that was not retried (its retry budget starts again), so a sweep with failed cells can finish.
     """
     from .. import tracking
 
@@ -227,12 +248,17 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
     storage = storage_url(storage or spec.storage or default_storage())
     study, parent, created = create_study(spec, storage, uri)
     collect_orphans(uri, spec.experiment, log)
+    if retry_failed:
+        requeued = requeue_failed(study, storage, spec.grace_period)
+        log(f"sweep {spec.name!r}: re-queued {len(requeued)} failed trial(s)" +
+            (f" as {', '.join(map(str, requeued))}" if requeued else ""))
     c = counts(study)
     if not created and c["waiting"] == 0 and c["running"] == 0:
         log(f"sweep {spec.name!r} is complete ({c['complete']} complete, {c['failed']} failed, "
             f"{c['pruned']} pruned); nothing to do")
         return SweepSummary(spec.name, storage, parent, spec.n_trials, c["complete"], c["failed"], c["pruned"],
                             c["retried"], True)
+    workers = min(workers, spec.n_trials)  # as the memory check counts: no more processes than trials
     assigned = worker_gpus(spec, workers, gpus)
     log(f"sweep {spec.name!r}: {spec.n_trials} trials, {workers} workers, storage {safe_url(storage)}, "
         f"MLflow parent run {parent}" + (f", GPUs {assigned}" if any(g is not None for g in assigned) else ""))
@@ -245,9 +271,11 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
     with tracking.start_run(uri, spec.experiment, f"sweep-{spec.name}", resume=parent) as prun:
         try:
             for gpu in assigned:
-                # own session: a terminal's Ctrl-C reaches only us, and we stop the workers cleanly
+                # own session: a terminal's Ctrl-C reaches only us, and we stop the workers cleanly; SIGTERM
+                # when we die, even by SIGKILL (PR_SET_PDEATHSIG): a worker hands its trial back and exits, so
+                # a resume never runs beside stale workers
                 procs.append(subprocess.Popen(worker_command(spec.name, storage, uri), env=worker_env(gpu),
-                                              start_new_session=True))
+                                              start_new_session=True, preexec_fn=die_with_parent()))
             while any(p.poll() is None for p in procs):
                 time.sleep(1.0)
                 if progress is not None:

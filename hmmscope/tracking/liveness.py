@@ -1,14 +1,21 @@
-"""Liveness of runs: where a run runs, its heartbeat, and finding (and ending) orphan runs.
+"""Liveness of runs: a run's owner (a lease), and finding (and ending) orphan runs.
 
-Orphan runs. Every run records where it runs (tags `hmmscope.host`, `hmmscope.pid`,
-`hmmscope.pid_start`, the process start time where the OS tells it) and beats: a thread
-updates the tag `hmmscope.heartbeat` (unix seconds) every `hmmscope.heartbeat_interval`
-seconds (env HMMSCOPE_RUN_HEARTBEAT_S, default 30) while the run is open. A RUNNING run
-is stale (`stale_reason`) when its host is this host and its process is gone (or the pid
-now belongs to another process), or, on another host, when its last heartbeat is older
-than HEARTBEAT_GRACE heartbeat intervals. `gc_runs` marks stale runs KILLED with the tag
-`hmmscope.failure_reason = "orphaned: <why>"` and the last heartbeat as end time; runs
-without these tags (older stores) are never judged.
+The lease. Every open run has one owner, recorded in ONE tag, `mlflow.hmmscope.lease` (LEASE_TAG): JSON with
+the owner's host, pid, process start time (`pid_start`, to tell a reused pid), the kernel's boot id and the
+owner's PID namespace (`/proc/self/ns/pid`), and the lease itself: `beat` (unix seconds, renewed by a thread
+every `interval` seconds, env HMMSCOPE_RUN_HEARTBEAT_S, default 30). The tag's name starts with `mlflow.`,
+the prefix MLflow's UI keeps out of its tag tables, so the compare page never shows pid or heartbeat as a
+difference between runs (they differ between any two runs); one tag, not five.
+
+Orphans. A RUNNING run is stale (`stale_reason`) only when its owner is provably gone:
+- this host, this boot and this PID namespace (so its pid means the same process here): the process is gone,
+  or the pid now belongs to another process;
+- anywhere else (another host, a container's PID namespace on this host, a reboot): its lease expired, i.e.
+  no beat for HEARTBEAT_GRACE intervals. A pid missing from this namespace proves nothing.
+`gc_runs` marks stale runs KILLED with the tag `hmmscope.failure_reason = "orphaned: <why>"` and the last beat
+as end time; a run that finishes afterwards clears that reason (`clear_orphaned`). `live_owner` says who
+holds a run that is not stale (a `--resume` of such a run is refused: one writer per run). Runs with the older
+per-field tags (`hmmscope.host`, `hmmscope.pid`, ...) are read the same way; runs with neither are never judged.
 
 Part of `tracking`, the one package that talks to MLflow. Imports mlflow only inside functions; imports the
 store and search modules, and must not import runs (which imports this) or anything of hmmscope outside
@@ -34,7 +41,8 @@ if TYPE_CHECKING:
     from .runs import Run
 
 HEARTBEAT_ENV = "HMMSCOPE_RUN_HEARTBEAT_S"
-HEARTBEAT_GRACE = 5  # heartbeat intervals without a beat before a run on another host counts as stale
+HEARTBEAT_GRACE = 5  # heartbeat intervals without a beat before a lease expires
+LEASE_TAG = "mlflow.hmmscope.lease"
 
 
 def heartbeat_interval() -> float:
@@ -75,10 +83,45 @@ def _alive(pid: int, start: str | None) -> bool:
     return True
 
 
-def _liveness_tags(interval: float) -> dict[str, str]:
+def _read(path: str) -> str:
+    try:
+        return (os.readlink(path) if path.startswith("/proc/self/ns") else Path(path).read_text()).strip()
+    except OSError:
+        return ""
+
+
+def _identity() -> dict[str, str]:
+    """This process as a lease names it: host, pid, start time, boot id, PID namespace."""
     pid = os.getpid()
-    return {"hmmscope.host": socket.gethostname(), "hmmscope.pid": str(pid), "hmmscope.pid_start": _proc_start(pid) or "",
-            "hmmscope.heartbeat": f"{time.time():.0f}", "hmmscope.heartbeat_interval": f"{interval:g}"}
+    return {"host": socket.gethostname(), "pid": str(pid), "pid_start": _proc_start(pid) or "",
+            "boot": _read("/proc/sys/kernel/random/boot_id"), "pidns": _read("/proc/self/ns/pid")}
+
+
+def _lease(interval: float, who: dict[str, str] | None = None) -> str:
+    import json
+
+    return json.dumps({**(who or _identity()), "beat": round(time.time()), "interval": interval})
+
+
+def _liveness_tags(interval: float) -> dict[str, str]:
+    return {LEASE_TAG: _lease(interval)}
+
+
+def lease_of(run) -> dict[str, Any] | None:
+    """The run's lease (as MLflow returns the run): the lease tag, else the older per-field tags; None if neither."""
+    import json
+
+    t = run.data.tags
+    with contextlib.suppress(KeyError, ValueError, TypeError):
+        d = json.loads(t[LEASE_TAG])
+        return {**d, "beat": float(d["beat"]), "interval": float(d["interval"])}
+    if "hmmscope.pid" not in t and "hmmscope.heartbeat" not in t:
+        return None
+    d: dict[str, Any] = {"host": t.get("hmmscope.host", ""), "pid": t.get("hmmscope.pid", ""),
+                         "pid_start": t.get("hmmscope.pid_start", ""), "boot": None, "pidns": None}
+    with contextlib.suppress(KeyError, ValueError):
+        d["beat"], d["interval"] = float(t["hmmscope.heartbeat"]), float(t["hmmscope.heartbeat_interval"])
+    return d
 
 
 @contextlib.contextmanager
@@ -86,11 +129,13 @@ def _beating(run: Run, interval: float) -> Iterator[None]:
     """Update the run's heartbeat tag every `interval` seconds until the block ends."""
     stop = threading.Event()
 
+    who = _identity()
+
     def beat() -> None:
         c = client(run.uri)
         while not stop.wait(interval):
             with contextlib.suppress(Exception):
-                c.set_tag(run.run_id, "hmmscope.heartbeat", f"{time.time():.0f}")
+                c.set_tag(run.run_id, LEASE_TAG, _lease(interval, who))
 
     th = threading.Thread(target=beat, daemon=True, name=f"mlflow-heartbeat-{run.run_id[:8]}")
     th.start()
@@ -101,24 +146,51 @@ def _beating(run: Run, interval: float) -> Iterator[None]:
         th.join()
 
 
+def _same_namespace(lease: dict[str, Any], host: str | None) -> bool:
+    """Does the lease's pid name a process of this host, boot and PID namespace (so `_alive` can judge it)?"""
+    me = _identity()
+    if lease.get("host") != (host or me["host"]):
+        return False
+    if lease.get("boot") is None and lease.get("pidns") is None:  # older tags: host only, as before
+        return True
+    return bool(me["boot"]) and lease.get("boot") == me["boot"] and bool(me["pidns"]) and lease.get("pidns") == me["pidns"]
+
+
 def stale_reason(run, *, now: float | None = None, host: str | None = None) -> str | None:
     """Why the RUNNING run `run` (as MLflow returns it) is an orphan, or None if it is not (or cannot be told)."""
     if run.info.status != "RUNNING":
         return None
-    t = run.data.tags
-    pid, where = t.get("hmmscope.pid", ""), t.get("hmmscope.host", "")
-    if pid.isdigit() and where == (host or socket.gethostname()):
-        if not _alive(int(pid), t.get("hmmscope.pid_start") or None):
+    lease = lease_of(run)
+    if lease is None:
+        return None
+    pid, where = str(lease.get("pid", "")), lease.get("host") or "?"
+    if pid.isdigit() and _same_namespace(lease, host):
+        if not _alive(int(pid), lease.get("pid_start") or None):
             return f"its process {pid} on {where} is gone"
         return None
-    try:
-        last, every = float(t["hmmscope.heartbeat"]), float(t["hmmscope.heartbeat_interval"])
-    except (KeyError, ValueError):
+    if "beat" not in lease:
         return None
-    age = (time.time() if now is None else now) - last
-    if age > HEARTBEAT_GRACE * every:
-        return f"no heartbeat for {age:.0f} s (one every {every:g} s expected; process {pid or '?'} on {where or '?'})"
+    age = (time.time() if now is None else now) - lease["beat"]
+    if age > HEARTBEAT_GRACE * lease["interval"]:
+        return (f"no heartbeat for {age:.0f} s, its lease expired (one every {lease['interval']:g} s expected; "
+                f"process {pid or '?'} on {where})")
     return None
+
+
+def live_owner(run, *, now: float | None = None) -> str | None:
+    """Who holds the RUNNING run `run`, if its owner is not provably gone: 'process P on H (...)'; else None."""
+    if run.info.status != "RUNNING" or lease_of(run) is None or stale_reason(run, now=now) is not None:
+        return None
+    lease = lease_of(run)
+    age = (time.time() if now is None else now) - lease.get("beat", time.time())
+    return f"process {lease.get('pid') or '?'} on {lease.get('host') or '?'} (last heartbeat {max(0, age):.0f} s ago)"
+
+
+def clear_orphaned(c, run_id: str) -> None:
+    """A run that finishes after `gc_runs` marked it: drop the orphan reason (it was not an orphan)."""
+    with contextlib.suppress(Exception):
+        if c.get_run(run_id).data.tags.get("hmmscope.failure_reason", "").startswith("orphaned:"):
+            c.delete_tag(run_id, "hmmscope.failure_reason")
 
 
 def gc_runs(uri: str, *, experiments: list[str] | None = None, dry_run: bool = False,
@@ -149,8 +221,8 @@ def gc_runs(uri: str, *, experiments: list[str] | None = None, dry_run: bool = F
             if c.get_run(r.info.run_id).info.status != "RUNNING":  # ended meanwhile
                 continue
             end = None
-            with contextlib.suppress(KeyError, ValueError):
-                end = int(float(r.data.tags["hmmscope.heartbeat"]) * 1000)
+            with contextlib.suppress(KeyError, ValueError, TypeError):
+                end = int(float(lease_of(r)["beat"]) * 1000)
             c.set_tag(r.info.run_id, "hmmscope.failure_reason", f"orphaned: {why}")
             c.set_terminated(r.info.run_id, "KILLED", end_time=end)
     return found

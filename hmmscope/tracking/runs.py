@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .liveness import _beating, _liveness_tags, heartbeat_interval
+from .liveness import _beating, _liveness_tags, clear_orphaned, heartbeat_interval
 from .store import ARTIFACTS, _sqlite_path, _uri_path, client, ensure_store, experiment_id
 from .tags import _param_value, claims_table, note_line, safe_key, standard_tags
 
@@ -217,6 +217,7 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
                 time.sleep(0.2 * 2 ** attempt)
         raise
     else:
+        clear_orphaned(c, run.run_id)  # marked an orphan while it ran (an expired lease): it was not one
         c.set_terminated(run.run_id, "FINISHED")
 
 

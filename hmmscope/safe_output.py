@@ -1,0 +1,221 @@
+"""Safe file output: every file hmmscope writes (reports, figures, CSV/JSON, evaluation tables, exports, datasets,
+checkpoints' local temp files) goes through here.
+
+Owns how a file is written:
+- The data goes to a temp file with an unpredictable name in the destination folder, created with
+  O_CREAT | O_EXCL | O_NOFOLLOW (a planted file or link at a guessed name is never opened), mode 0600 then the
+  usual 0666 & ~umask; then it is flushed, fsynced and closed with every error checked (a short write, ENOSPC,
+  EIO on fsync or close); then `os.replace`d onto its final name and the folder fsynced. A failure leaves no
+  temp file and the final name untouched (its old content, or nothing).
+- Where it may go: the destination must not be a symlink, nor a special file (FIFO, device, socket: /dev/full is
+  never replaced), and no folder on the way from the output root to it may be a symlink that points outside
+  that root (`out/<sweep>` planted as a link to another folder). The output root is `root` when given, else the
+  current folder when the destination lies under it, else the destination's own folder (a path the user named
+  outside the project is the user's choice). A path the user named explicitly (`trust(path)`, called by the CLI
+  for `--out`, an export's file) is written even through links: the user chose it.
+
+Every failure is an `OutputError` (a ConfigError: the CLI prints one line and exits 2) naming the path and why.
+
+Must not import torch, mlflow, optuna or anything of hmmscope but `config` (for ConfigError).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import stat
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from .config import ConfigError
+
+PROBE = ".probe"  # a name inside a folder, to check the folder as a file's destination would be (never created)
+_TRUSTED: set[str] = set()  # absolute paths the user named explicitly (files or folders)
+
+
+class OutputError(ConfigError):
+    """A file could not be written safely (one line: the path and why)."""
+
+
+def trust(path: str | Path) -> None:
+    """The user named `path` explicitly: it (and the links on its way) may be written through."""
+    _TRUSTED.add(os.path.abspath(path))
+
+
+def untrust_all() -> None:
+    """Forget every trusted path (tests; a long-lived process between commands)."""
+    _TRUSTED.clear()
+
+
+def _why(e: OSError) -> str:
+    return e.strerror or str(e) or type(e).__name__
+
+
+def _root_for(path: Path, root: str | Path | None) -> Path:
+    if root is not None:
+        return Path(os.path.abspath(root))
+    cwd = Path(os.getcwd())
+    return cwd if path == cwd or cwd in path.parents else path.parent
+
+
+def check_dest(path: str | Path, root: str | Path | None = None) -> Path:
+    """The absolute destination `path`, if a file may be written there (module docstring); else OutputError."""
+    p = Path(os.path.abspath(path))
+    trusted = str(p) in _TRUSTED
+    r = _root_for(p, root)
+    real_root = Path(os.path.realpath(r))
+    chain = [] if trusted else [a for a in reversed(p.parents) if a == r or r in a.parents]
+    for anc in chain:
+        if str(anc) in _TRUSTED:
+            continue
+        if os.path.islink(anc) and real_root not in [Path(os.path.realpath(anc)), *Path(os.path.realpath(anc)).parents]:
+            shown = p.parent if p.name == PROBE else p
+            raise OutputError(f"refusing to write {shown}: {anc} is a symlink to {os.path.realpath(anc)}, outside "
+                              f"{r}; remove the link or name the path yourself")
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return p
+    except OSError as e:
+        raise OutputError(f"cannot write {p}: {_why(e)}") from None
+    if stat.S_ISLNK(st.st_mode) and not trusted:  # a named link is replaced by the rename, its target kept
+        raise OutputError(f"refusing to write {p}: it is a symlink (to {os.path.realpath(p)}); remove it or name "
+                          "the path yourself")
+    if stat.S_ISLNK(st.st_mode):
+        return p
+    if stat.S_ISDIR(st.st_mode):
+        raise OutputError(f"cannot write {p}: it is a folder")
+    if not stat.S_ISREG(st.st_mode):
+        raise OutputError(f"refusing to write {p}: it is a special file (FIFO, device or socket), not a regular file")
+    return p
+
+
+def make_dir(path: str | Path, root: str | Path | None = None) -> Path:
+    """Create folder `path` (and its parents) unless it exists; every existing part checked as `check_dest`
+    checks a destination's folders, and `path` itself must be a folder (a link to one inside the root is).
+    Returns `path` as given."""
+    p = Path(os.path.abspath(path))
+    check_dest(p / PROBE, root)  # its folders, `p` among them
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise OutputError(f"cannot create folder {p}: a file is in the way") from None
+    except OSError as e:
+        raise OutputError(f"cannot create folder {p}: {_why(e)}") from None
+    return Path(path)  # as the caller named it (relative paths stay relative in what it prints)
+
+
+def _fsync_dir(d: Path) -> None:
+    with contextlib.suppress(OSError):  # some filesystems cannot fsync a folder; the rename itself is done
+        fd = os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _new_temp(dst: Path) -> tuple[int, Path]:
+    """An exclusive, never-followed temp file beside `dst`, with an unpredictable name."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = dst.with_name(f".{dst.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            fd = os.open(tmp, flags, 0o600)
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise OutputError(f"cannot write {dst}: {_why(e)}") from None
+        umask = os.umask(0)
+        os.umask(umask)
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, 0o666 & ~umask)
+        return fd, tmp
+    raise OutputError(f"cannot write {dst}: no free temp name in its folder")
+
+
+def _commit(tmp: Path, dst: Path, root: str | Path | None) -> None:
+    """fsync the temp file (opened again without following links), check it is ours, rename it onto `dst`."""
+    fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "the temp file was replaced", str(tmp))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    check_dest(dst, root)  # again, just before the rename: a link planted meanwhile is refused
+    os.replace(tmp, dst)
+    _fsync_dir(dst.parent)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path, root: str | Path | None = None) -> Iterator[Path]:
+    """Yield a fresh temp path beside `path` for a writer that wants a path (savefig, torch.save, np.savez);
+    on a clean exit it is fsynced and renamed onto `path`. Any failure: OutputError, no temp file left."""
+    dst = check_dest(path, root)
+    make_dir(dst.parent, root)
+    fd, tmp = _new_temp(dst)
+    os.close(fd)
+    try:
+        yield tmp
+        _commit(tmp, dst, root)
+    except OSError as e:
+        raise OutputError(f"cannot write {dst}: {_why(e)}") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | Path, mode: str = "w", root: str | Path | None = None, **kw: Any) -> Iterator[IO]:
+    """Yield a file object on a fresh temp file beside `path` ("w" text or "wb"); on a clean exit it is flushed,
+    fsynced, closed (each checked) and renamed onto `path`. Any failure: OutputError, no temp file left."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_open writes a new file: mode 'w' or 'wb', not {mode!r}")
+    dst = check_dest(path, root)
+    make_dir(dst.parent, root)
+    fd, tmp = _new_temp(dst)
+    try:
+        f = os.fdopen(fd, mode, **kw)
+    except Exception:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    try:
+        try:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        finally:
+            f.close()  # raises a deferred write error (ENOSPC on the last buffer) here, not silently
+        _commit(tmp, dst, root)
+    except OSError as e:
+        raise OutputError(f"cannot write {dst}: {_why(e)}") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def write_bytes(path: str | Path, data: bytes, root: str | Path | None = None) -> Path:
+    """Write `data` to `path` safely; every byte checked written (a short write is retried, none is an error)."""
+    with atomic_open(path, "wb", root) as f:
+        view = memoryview(data)
+        while view:
+            n = os.write(f.fileno(), view)
+            if not n:
+                raise OSError(errno.EIO, "short write", str(path))
+            view = view[n:]
+    return Path(os.path.abspath(path))
+
+
+def write_text(path: str | Path, text: str, root: str | Path | None = None) -> Path:
+    return write_bytes(path, text.encode(), root)
+
+
+def write_with(path: str | Path, write: Callable[[Path], Any], root: str | Path | None = None) -> Path:
+    """`write(tmp_path)` then rename (a library that writes by path): see `atomic_path`."""
+    with atomic_path(path, root) as tmp:
+        write(tmp)
+    return Path(os.path.abspath(path))
