@@ -306,7 +306,35 @@ def test_claims_are_a_logged_table_mlflow_can_load(tmp_path, monkeypatch):
         tracking.Run(uri, run.run_id).log_table({"a": [1], "b": []}, "t.json")
 
 
-def test_run_url_never_carries_a_password():
+def test_run_url_never_carries_a_password_and_opens_the_training_view():
+    ml = "?workflowType=machine_learning"  # MLflow 3 opens an experiment in its GenAI view without it
     assert tracking.run_url("https://u:secret@mlflow.example/x/", "3", "abc") == \
-        "https://mlflow.example/x/#/experiments/3/runs/abc"
-    assert tracking.run_url("sqlite:////a/mlflow.db", "1", "r") == "http://127.0.0.1:5000/#/experiments/1/runs/r"
+        f"https://mlflow.example/x/#/experiments/3/runs/abc{ml}"
+    assert tracking.run_url("sqlite:////a/mlflow.db", "1", "r") is None  # no UI port is known: no made-up URL
+    assert tracking.run_url("sqlite:////a/mlflow.db", "1", "r", port=5123) == \
+        f"http://127.0.0.1:5123/#/experiments/1/runs/r{ml}"
+    assert tracking.experiment_url("http://h:1", "4", "tags.`hmmscope.study` = 'a b'") == \
+        f"http://h:1/#/experiments/4/runs{ml}&searchFilter=tags.%60hmmscope.study%60%20%3D%20%27a%20b%27"
+
+
+def test_browse_line_is_one_hmmscope_ui_command_or_the_servers_url(tmp_path, monkeypatch):
+    """Commands end with ONE line: `hmmscope ui --run ID` (plus --tracking-uri for a store other than the
+    default) on a local store, never a raw `mlflow ui --backend-store-uri ...` nor a guessed port."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking.browse_line(tracking.default_tracking_uri(), run_id="abc") == "browse: hmmscope ui --run abc"
+    other = f"sqlite:///{tmp_path}/x y/mlflow.db"
+    assert tracking.browse_line(other, sweep="smoke") == \
+        f"browse: hmmscope ui --sweep smoke --tracking-uri 'sqlite:///{tmp_path}/x y/mlflow.db'"
+    with tracking.start_run(other, "exp", "r") as run:
+        pass
+    eid = run.get().info.experiment_id
+    assert tracking.target_url(other, "http://127.0.0.1:9", run_id=run.run_id) == \
+        f"http://127.0.0.1:9/#/experiments/{eid}/runs/{run.run_id}?workflowType=machine_learning"
+    assert tracking.target_url(other, "http://127.0.0.1:9", experiment="exp") == \
+        f"http://127.0.0.1:9/#/experiments/{eid}/runs?workflowType=machine_learning"
+    for bad in ({"run_id": "nope"}, {"sweep": "nope"}, {"experiment": "nope"}):
+        with pytest.raises(ValueError, match="no (run|sweep|experiment) 'nope'"):
+            tracking.target_url(other, "http://127.0.0.1:9", **bad)
+    # experiments hmmscope creates are of the training kind: the UI opens them on their runs, not GenAI
+    assert tracking.client(other).get_experiment(eid).tags["mlflow.experimentKind"] == "custom_model_development"

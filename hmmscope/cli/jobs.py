@@ -94,7 +94,7 @@ def train_cmd(
     if claims:
         print_claims("retrieval gap (excess CE over the task oracle, unseen minus seen tasks)", claims)
     print_files(files)
-    typer.echo(f"browse: {tracking.ui_command(uri)}")
+    typer.echo(tracking.browse_line(uri, run_id=res.run_id))
 
 
 @user_errors
@@ -229,4 +229,4 @@ def run_cmd(
     typer.echo(f"MLflow: parent run {res.parent_id} (train {res.train_id}, theory {res.theory_id}) in experiment "
                f"{experiment!r}; sweep parent run {sw.parent_run_id}")
     typer.echo(f"files (figures, tables, report): {res.folder}")
-    typer.echo(f"browse: {tracking.ui_command(uri)}")
+    typer.echo(tracking.browse_line(uri, run_id=res.parent_id))

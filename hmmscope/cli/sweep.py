@@ -126,7 +126,7 @@ def sweep_run_cmd(
         typer.echo(f"sweep {res.study_name} is already complete: nothing to do")
     typer.echo(f"sweep {res.study_name}: {res.complete} complete, {res.failed} failed, {res.pruned} pruned of "
                f"{res.n_trials} ({res.retried} retried); MLflow parent run {res.parent_run_id}")
-    typer.echo(f"report: hmmscope report {res.study_name}    browse: {tracking.ui_command(uri)}")
+    typer.echo(f"report: hmmscope report {res.study_name}    {tracking.browse_line(uri, sweep=res.study_name)}")
     if res.killed_workers:
         typer.echo(f"warning: {len(res.killed_workers)} worker(s) were killed (exit codes {res.killed_workers}: "
                    "minus the signal); their trials were retried", err=True)
