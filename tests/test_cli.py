@@ -4,6 +4,7 @@ import json
 import re
 from pathlib import Path
 
+import browser
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -202,9 +203,22 @@ def test_analyze_end_to_end_and_bad_input(store):
 SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
 
 
-def test_smoke_sweep_two_workers_then_report(store):
-    r = runner.invoke(app, ["sweep", "run", str(SWEEPS / "smoke.toml"), "--workers", "2"])
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """The smoke sweep run once with 2 workers in a fresh folder: (folder, the CLI's result)."""
+    d = tmp_path_factory.mktemp("smoke")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(d)
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        yield d, runner.invoke(app, ["sweep", "run", str(SWEEPS / "smoke.toml"), "--workers", "2"])
+
+
+def test_smoke_sweep_two_workers_then_report(smoke, monkeypatch):
+    store, r = smoke
+    monkeypatch.chdir(store)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[-1] == "report: hmmscope report smoke    browse: hmmscope ui --sweep smoke"
     assert "smoke: 4 complete, 0 failed, 0 pruned of 4" in r.output
     # progress (stderr is no terminal here: plain lines when the counts change), ending with every trial finished
     assert "sweep smoke: 4/4 finished: 4 done, 0 failed, 0 running; ETA 0:00:00" in r.stderr
@@ -223,6 +237,27 @@ def test_smoke_sweep_two_workers_then_report(store):
     assert "| trials complete / failed / pruned / running | 4 / 0 / 0 / 0 |" in md
     assert "Positional encoding" in md and (store / "out" / "smoke" / "report.html").exists()
     assert (store / "out" / "smoke" / "trials.csv").exists() and "trials: out/smoke/trials.csv" in r.output
+
+
+@pytest.mark.skipif(browser.chromium() is None, reason=browser.NO_CHROMIUM)
+def test_the_printed_ui_command_opens_the_sweeps_runs_table_in_a_real_browser(smoke):
+    """The line the sweep printed (`hmmscope ui --sweep smoke`), run for real: the URL it prints, loaded in
+    headless chromium, renders the runs table with the sweep's trials by name (not MLflow 3's GenAI overview,
+    where no run is listed), sorted by the objective. Screenshot: out/test-artifacts/ui-sweep-smoke.png."""
+    store, r = smoke
+    assert r.exit_code == 0, r.output
+    cmd = r.stdout.splitlines()[-1].split("browse: ", 1)[1].split()
+    assert cmd[:2] == ["hmmscope", "ui"]
+    uri = f"sqlite:///{store}/mlruns/mlflow.db"
+    names = sorted(x.info.run_name for x in _runs(uri) if x.data.tags.get("hmmscope.kind") == "sweep-train")
+    assert names == ["absolute-g0.5-s0", "absolute-g0.9-s0", "rope-g0.5-s0", "rope-g0.9-s0"]
+    with browser.serve_ui(store, *cmd[2:]) as url:
+        assert "workflowType=machine_learning" in url
+        text = browser.render(url, browser.ARTIFACTS, "ui-sweep-smoke")
+    assert "Run Name" in text and "4 matching runs" in text, text[:2000]
+    assert all(n in text for n in names), text[:2000]
+    assert "Sort: Objective/eval/seen/excess_ce" in text, text[:2000]
+    assert "sweep-smoke" not in text.split("Run Name", 1)[1]  # the trials, flat; not the parent folding them
 
 
 def test_bad_sweep_spec_exits_2_without_study_or_run(store):

@@ -11,7 +11,7 @@ The rooms (each module's docstring has the details):
 - `search`: runs read back (`search_runs`, `get_run`) and pointed at (`run_url`, `experiment_url`, `target_url`,
   `browse_line`: the one `hmmscope ui` line commands print; `ui_command`: the server's own command line).
 
-Dependencies run store <- tags, search <- liveness <- runs, none back. No module of this package imports
+Dependencies run store <- tags <- search <- liveness <- runs, none back. No module of this package imports
 mlflow at import time (only inside functions), and none imports anything of hmmscope outside it except
 `config` (inside `tags.config_params`); every other module reaches MLflow only through this package.
 """

@@ -1,7 +1,7 @@
 """Reading runs back (searches across pages, one run by id) and pointing at them (MLflow UI URLs, `mlflow ui`).
 
 Part of `tracking`, the one package that talks to MLflow. Imports mlflow only inside functions; imports the
-store module only, and must not import anything of hmmscope outside tracking.
+store and tags modules only, and must not import anything of hmmscope outside tracking.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import re
 import shlex
 
 from .store import artifact_root, client
+from .tags import objective_key
 
 UI_PORT = 5000  # `hmmscope ui`'s port when it is free and none is given (else any free one)
 ML_VIEW = "workflowType=machine_learning"  # MLflow 3's experiment pages open the GenAI view without it
@@ -24,12 +25,16 @@ def ui_base(uri: str, port: int | None = None) -> str | None:
     return f"http://127.0.0.1:{port}" if port else None
 
 
-def experiment_url(base: str, experiment_id: str, search_filter: str | None = None) -> str:
+def experiment_url(base: str, experiment_id: str, search_filter: str | None = None,
+                   order_by: str | None = None, ascending: bool = True) -> str:
     """The runs table of an experiment (the 'Model training' view, not the GenAI overview), optionally
-    narrowed by an MLflow search filter (e.g. one sweep's runs in a shared experiment)."""
+    narrowed by an MLflow search filter (e.g. one sweep's trials) and sorted by a metric (`order_by`, a
+    metric key: the UI shows that column)."""
     from urllib.parse import quote
 
     extra = f"&searchFilter={quote(search_filter, safe='')}" if search_filter else ""
+    if order_by:
+        extra += f"&orderByKey={quote(f'metrics.`{order_by}`', safe='')}&orderByAsc={str(ascending).lower()}"
     return f"{base}/#/experiments/{experiment_id}/runs?{ML_VIEW}{extra}"
 
 
@@ -76,9 +81,9 @@ def sweep_parent(uri: str, sweep: str):
 
 def target_url(uri: str, base: str, *, run_id: str | None = None, sweep: str | None = None,
                experiment: str | None = None) -> str:
-    """The URL of what a person asked to see: a run's page, a sweep's runs (its experiment's runs table,
-    narrowed to the sweep), an experiment's runs table; the UI's front page if nothing is named.
-    ValueError (one line) if the run, sweep or experiment is not in the store."""
+    """The URL of what a person asked to see: a run's page, a sweep's trials (its experiment's runs table
+    narrowed to the parent's children, sorted by the objective), an experiment's runs table; the UI's front
+    page if nothing is named. ValueError (one line) if the run, sweep or experiment is not in the store."""
     c = client(uri)
     if run_id:
         r = get_run(uri, run_id)
@@ -89,7 +94,10 @@ def target_url(uri: str, base: str, *, run_id: str | None = None, sweep: str | N
         p = sweep_parent(uri, sweep)
         if p is None:
             raise ValueError(f"no sweep {sweep!r} in {uri} (no run tagged hmmscope.study = {sweep!r})")
-        return experiment_url(base, p.info.experiment_id, f"tags.`hmmscope.study` = '{sweep}'")
+        objective, direction = p.data.params.get("sweep.objective"), p.data.params.get("sweep.direction")
+        # the sweep's trials (the parent's direct children: listed flat, not folded under the parent), best first
+        return experiment_url(base, p.info.experiment_id, f"tags.mlflow.parentRunId = '{p.info.run_id}'",
+                              order_by=objective and objective_key(objective), ascending=direction != "maximize")
     if experiment:
         exp = c.get_experiment_by_name(experiment)
         if exp is None:
