@@ -98,8 +98,8 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
     Seen tasks: n_episodes (default data.n_eval) held-out episodes of the training tasks; unseen tasks: as many
     episodes of fresh tasks (episodes.unseen_episodes); references include the mixture of n_tasks other tasks
     (make_mixture(stream="other")), the counting baselines and the EM learner (evaluate.py). The retrieval gap
-    is logged as eval/retrieval_gap(_lo, _hi) and as a claim (tags verdict/retrieval_gap, rule/retrieval_gap;
-    the table claims.json). With `out`, the same files are also kept in out/<run name>-<id8>/evaluation/
+    is logged as eval/retrieval_gap(_lo, _hi) and as a claim (in the run's table claims.json, with the headline
+    counts claims/<verdict>). With `out`, the same files are also kept in out/<run name>-<id8>/evaluation/
     (`run_folder`) and their paths returned in `.files`; without, they live in a temporary folder only."""
     import torch
 
@@ -133,7 +133,6 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
         for f in files:
             run.log_artifact(f, "evaluation")
     run.log_metrics(metrics, step=step)
-    run.set_tags(claim_tags(res.claims))
     run.log_claims(res.claims)
     result = EvalMetrics(metrics)
     result.files = files if out is not None else []
@@ -187,18 +186,7 @@ def _analysis_metrics(shuffle, probes) -> dict[str, float]:
         for key in ("best_acc", "baseline_acc"):
             if key in r:
                 m[f"probe/{r['target']}/{key}"] = r[key]
-    for c in [*shuffle.claims, *probes.claims]:
-        m.update({f"claim/{c.name}/value": c.value, f"claim/{c.name}/ci_lo": c.ci_lo, f"claim/{c.name}/ci_hi": c.ci_hi})
     return {k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-
-def claim_tags(claims) -> dict[str, str]:
-    """verdict/<name> = "<verdict>: <reason>" and rule/<name> = the decision rule (report.py pools with it).
-
-    The keys are the claim names made MLflow-safe (tracking.safe_key): for reading, each run with claims
-    also has them as a table, claims.json (`tracking.Run.log_claims`)."""
-    return {**{f"verdict/{c.name}": f"{c.verdict}: {c.reason}" for c in claims},
-            **{f"rule/{c.name}": c.rule for c in claims if c.rule}}
 
 
 def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None, *, uri: str, target: str | None = None,
@@ -216,8 +204,8 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
     episodes (episodes.probe_episodes): min(probe_tasks, n_tasks) seeded tasks, max(min_per_task,
     ceil(n_episodes / tasks)) episodes each, so every probed task has training episodes at any n_tasks.
     The results go to a child run "analysis" of the training run (a standalone run in `experiment`
-    for a checkpoint file): metrics, claims as the table claims.json and as tags (verdict/<name>,
-    rule/<name>), tables, JSON and figures (PNG + PDF) as artifacts. With `out`, the same files are kept in
+    for a checkpoint file): metrics, claims as the one table claims.json (with the headline
+    counts claims/<verdict>), tables, JSON and figures (PNG + PDF) as artifacts. With `out`, the same files are kept in
     out/<training run name>-<id8>/analysis/ (a checkpoint file: out/<file stem>-<analysis id8>/analysis/).
     Bad input (k out of range, too few episodes, bad probe_jobs) raises ValueError before any run is created.
     probe_jobs: worker processes for the probes' layer fits (probes.run_probes n_jobs; the same numbers at any
@@ -287,7 +275,6 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
     with tracking.start_run(uri, experiment, "analysis", parent=parent, params=params,
                             tags={"hmmscope.kind": "analysis"}, note=note) as run:
         run.log_metrics({**metrics, **{f"analysis/{k}": v for k, v in seconds.items()}}, step=step)
-        run.set_tags(claim_tags(claims))
         run.log_claims(claims)
         rid = parent or run.run_id
         title = _run_title(parent_name, rid)
@@ -300,7 +287,9 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
             say(f"tables and figures written ({len(files)} files)")
             for f in files:
                 run.log_artifact(f, "analysis")
-        result = AnalysisResult(run.run_id, claims, metrics, seconds, files if out is not None else [])
+        # the claims' numbers ride along for sweep objectives (claim/<name>/value...), logged only in claims.json
+        result = AnalysisResult(run.run_id, claims, {**metrics, **tracking.claim_keys(claims)}, seconds,
+                                files if out is not None else [])
     say(f"logged to MLflow (analysis run {result.run_id})")
     return result
 
@@ -361,7 +350,7 @@ def log_theory(result, uri: str, experiment: str, out_files: list[Path], parent:
                       "hmm.rank": p["rank"], "hmm.gamma": p["gamma"], "hmm.alpha": cfg["alpha"], "hmm.rho": p["rho"],
                       "hmm.seed": cfg["seed"], "theory.n_histories": cfg["n_histories"],
                       "theory.burn_in": cfg["burn_in"], "theory.floor": cfg["floor"], "theory.gamma_m": cfg["gamma_m"]}
-            name = f"S{p['n_states']}-d{p['rank']}-rho{p['rho']:g}-gamma{p['gamma']:g}"
+            name = f"g{p['gamma']:g}-d{p['rank']}-rho{p['rho']:g}-S{p['n_states']}"  # what varies most first
             with tracking.start_run(uri, experiment, name, parent=run, params=params,
                                     tags={"hmmscope.kind": "theory-setting"},
                                     note=f"Theory setting {name}: eps(L) at L = {', '.join(map(str, s.lengths))}; "
@@ -378,12 +367,11 @@ def log_theory(result, uri: str, experiment: str, out_files: list[Path], parent:
                     child.log_metrics(dm, step=step)
                 for L, e, se in zip(s.lengths, s.eps, s.stderr):
                     child.log_metrics({"theory/eps": e, "theory/eps_stderr": se}, step=int(L))
-                child.set_tags(claim_tags(s.verdicts))
                 child.log_claims(s.verdicts)
         for fit in result.exponent_fits:
-            key = f"theory/exponent{'' if fit.y_name == 'rate' else '_excess'}/{fit.x_name}/{fit.scope}"
+            scope = re.sub(r"\s+", "-", fit.scope.replace("=", ""))  # "S=128 rho=0.02" -> "S128-rho0.02"
+            key = f"theory/exponent{'' if fit.y_name == 'rate' else '_excess'}/{fit.x_name}/{scope}"
             run.log_metrics({key: fit.k, f"{key}_lo": fit.k_ci[0], f"{key}_hi": fit.k_ci[1]})
-        run.set_tags(claim_tags(result.verdicts))
         run.log_claims(result.verdicts)
         run.log_dict("\n".join(result.summary_lines()) + "\n", "theory_summary.txt")
         for f in out_files:
@@ -500,7 +488,7 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
         on_stage("theory sweep (Theorem 1)")
         th, theory_id = theory_job(cfg.theory, out / "theory", uri=uri, experiment=experiment, parent=parent.run_id)
         on_stage("training")
-        tr = train(cfg, tracking_uri=uri, experiment=experiment, run_name="train", parent=parent.run_id,
+        tr = train(cfg, tracking_uri=uri, experiment=experiment, run_name=tracking.train_run_name(cfg), parent=parent.run_id,
                    progress=progress)
         on_stage("evaluating (Figure 1)")
         train_run = tracking.existing_run(uri, tr.run_id)  # the model in hand: no checkpoint read back

@@ -16,10 +16,11 @@ that talks to MLflow):
   step: train/{loss,lr,grad_norm,tokens_per_s} every `log_every` steps; val/{loss,acc,test_loss,
   test_acc,excess_ce} (the learning curve on the eval episodes: cross-entropy over the full
   vocabulary, pooled over tokens; excess_ce = val/test_loss - oracle/test_loss) at step 0, every
-  eval_every steps and at the end; oracle/{loss,acc,test_loss,test_acc} (mixture oracle on the
-  eval episodes, scored on the same targets) once at step 0. The eval/* keys belong to Figure 1
-  (evaluate.Figure1Result.headline, logged by jobs.evaluate_run at the final step): one key, one
-  measurement.
+  eval_every steps and at the end; oracle/{loss,acc} (mixture oracle on the eval episodes, scored on
+  the same targets) once at step 0 (its test-segment numbers are Figure 1's eval/seen/oracle_mix_test_*,
+  logged once there; val/* is the learning curve, whose last point Figure 1 repeats as eval/seen/*).
+  The eval/* keys belong to Figure 1 (evaluate.Figure1Result.headline, logged by jobs.evaluate_run at
+  the final step): one key, one measurement.
 - Checkpoints: every ckpt_every steps and at the end, the artifact checkpoints/last.pt
   (overwritten; `checkpoints.save_checkpoint`: model/optimizer state dicts, step, flat config, RNG
   states, metrics). Reading, checking and loading them is `checkpoints`' job.
@@ -335,7 +336,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
             "hmmscope.eval_dataset_hash": ep_eval.meta.get("dataset_hash", ""),
             "hmmscope.hmm_hash": config_hash(cfg.hmm), "hmmscope.device": str(device), "hmmscope.precision": precision,
             "hmmscope.n_params": n_params}
-    name = run_name or f"train-{config_hash(cfg.hmm, cfg.data, cfg.model, cfg.train)[:8]}"
+    name = run_name or tracking.train_run_name(cfg)
     params = None if resume else tracking.config_params(cfg, tracking.TRAIN_SECTIONS)
     with sigterm_interrupts(), tracking.start_run(tracking_uri, experiment, name, parent=parent, resume=resume,
                                                   params=params, tags=None if resume else {**run_tags, **(tags or {})},
@@ -365,7 +366,8 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                             dataset_hash=ep_train.meta.get("dataset_hash", ""))
 
         if start == 0:
-            run.log_metrics(oracle, step=0)
+            # oracle/test_* is Figure 1's eval/seen/oracle_mix_test_* (same episodes, same targets): one key each
+            run.log_metrics({k: v for k, v in oracle.items() if not k.startswith("oracle/test_")}, step=0)
             evaluate(0)
         model.train()
         losses: list[float] = []

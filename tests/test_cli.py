@@ -163,7 +163,13 @@ def test_analyze_end_to_end_and_bad_input(store):
     an = runs["analysis"]
     assert an.data.tags["mlflow.parentRunId"] == rid and an.info.status == "FINISHED"
     assert {"shuffle/layer0/norm_change", "probe/kback1/layer0/acc", "probe/task/layer1/acc"} <= set(an.data.metrics)
-    assert any(k.startswith("verdict/") for k in an.data.tags)
+    # claims: ONE table (claims.json) plus headline counts, not a metric triple and two tags per claim
+    assert not any(k.startswith(("claim/", "verdict/", "rule/")) for k in (*an.data.metrics, *an.data.tags))
+    nums, verdicts, _ = tracking.read_claims(uri, an)
+    assert verdicts and an.data.metrics["claims/n"] == len(verdicts)
+    assert sum(an.data.metrics[f"claims/{v.replace(' ', '_')}"] for v in set(verdicts.values())) == len(verdicts)
+    assert an.data.tags["hmmscope.claims"].startswith(f"{len(verdicts)} claims: ")
+    assert all(f"claim/{n}/value" in nums for n in verdicts if verdicts[n] != "no power")
     assert "upper layers change less" in r.output
     assert "figure2_shuffle.png" in r.output and "figure3_probes.pdf" in r.output
     assert len(list((store / "out").glob(f"*-{rid[:8]}/analysis/figure*.p*"))) == 4

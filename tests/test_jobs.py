@@ -48,7 +48,9 @@ def test_evaluate_and_analyze_write_png_and_pdf_under_the_run_folder(run):
             "baseline/seen/mixture_oracle/ce_k0"} <= set(ev)  # still the metrics dict
     assert [c.name for c in ev.claims] == ["retrieval_gap"]
     logged = tracking.client(uri).get_run(rid).data
-    assert logged.tags["rule/retrieval_gap"] == "> 0" and logged.tags["verdict/retrieval_gap"].startswith(ev.claims[0].verdict)
+    nums, verdicts, rules = tracking.read_claims(uri, tracking.client(uri).get_run(rid))  # its claims.json
+    assert rules == {"retrieval_gap": "> 0"} and verdicts == {"retrieval_gap": ev.claims[0].verdict}
+    assert nums["claim/retrieval_gap/value"] == ev.claims[0].value and logged.metrics["claims/n"] == 1
     assert logged.metrics["eval/retrieval_gap"] == ev["eval/retrieval_gap"] and "eval/test_acc" not in logged.metrics
     an = analyze_run(uri, rid, n_episodes=16, ks=(1, 2), n_perms=1, out=out, probe_tasks=4, min_per_task=4)
     names = {p.name for p in an.files}

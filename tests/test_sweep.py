@@ -482,9 +482,8 @@ def test_sweep_runs_compare_side_by_side_over_http(tmp_path, mlflow_server):
         with urllib.request.urlopen(f"{mlflow_server}/get-artifact?path=claims.json&run_uuid={rid}", timeout=10) as f:
             table = json.load(f)
         assert table["columns"] == list(tracking.CLAIM_COLUMNS) and table["data"]
-        verdicts = {k[len("verdict/"):]: v for k, v in tags[rid].items() if k.startswith("verdict/")}
-        assert {tracking.safe_key(row[0]): row[5]
-                for row in table["data"]} == {k: v.split(":")[0] for k, v in verdicts.items()}
+        assert not any(k.startswith(("verdict/", "rule/")) for k in tags[rid])  # the table, not a tag per claim
+        assert tags[rid]["hmmscope.claims"].startswith(f"{len(table['data'])} claims: ")
     # Optuna: the objective's name, the seed outside the hyperparameters, each trial linked to its run
     for spec in (th, tr):
         study = optuna.load_study(study_name=spec.name, storage=storage)

@@ -1,4 +1,5 @@
 import json
+import math
 import os
 import subprocess
 import sys
@@ -304,6 +305,22 @@ def test_claims_are_a_logged_table_mlflow_can_load(tmp_path, monkeypatch):
     assert tracking.claims_table(claims[1:])["value"] == [None]  # NaN is no number in JSON
     with pytest.raises(ValueError, match="different lengths"):
         tracking.Run(uri, run.run_id).log_table({"a": [1], "b": []}, "t.json")
+    # headline numbers instead of a metric triple and two tags per claim; read back with the old flat keys
+    assert r.data.metrics["claims/n"] == 1 and r.data.metrics["claims/supported"] == 1
+    assert r.data.metrics["claims/no_power"] == 0 and r.data.tags["hmmscope.claims"] == "1 claims: 1 supported"
+    assert not any(k.startswith(("claim/", "verdict/", "rule/")) for k in (*r.data.metrics, *r.data.tags))
+    key = tracking.safe_key("eps(L) <= d exp(-g^4 L)")
+    assert tracking.read_claims(uri, r) == ({f"claim/{key}/value": 0.5, f"claim/{key}/ci_lo": 0.25,
+                                             f"claim/{key}/ci_hi": 0.75}, {key: "supported"}, {key: "< 1"})
+    keys = tracking.claim_keys(claims)  # in memory, for sweep objectives: the same keys
+    assert {k: v for k, v in keys.items() if "k back" not in k} == {
+        f"claim/{key}/value": 0.5, f"claim/{key}/ci_lo": 0.25, f"claim/{key}/ci_hi": 0.75}
+    assert math.isnan(keys["claim/k back/value"])
+    with tracking.start_run(uri, "exp", "old") as old:  # a run recorded before the table: its metrics and tags
+        old.log_metrics({"claim/a/value": 1.0, "claim/a/ci_lo": 0.5, "claim/a/ci_hi": 2.0})
+        old.set_tags({"verdict/a": "supported: CI above 0", "rule/a": "> 0"})
+    assert tracking.read_claims(uri, old.get()) == ({"claim/a/value": 1.0, "claim/a/ci_lo": 0.5, "claim/a/ci_hi": 2.0},
+                                                    {"a": "supported"}, {"a": "> 0"})
 
 
 def test_run_url_never_carries_a_password_and_opens_the_training_view():

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from .claims import claim_headline
 from .liveness import _beating, _liveness_tags, heartbeat_interval
 from .store import ARTIFACTS, _sqlite_path, _uri_path, client, ensure_store, experiment_id
 from .tags import _param_value, claims_table, note_line, safe_key, standard_tags
@@ -57,7 +58,8 @@ class Run:
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         from mlflow.entities import RunTag
 
-        self._client.log_batch(self.run_id, tags=[RunTag(safe_key(k), str(v)[:5000]) for k, v in tags.items()])
+        self._client.log_batch(self.run_id, tags=[RunTag(safe_key(k), (_param_value(v) if isinstance(v, float) else
+                                                                        str(v))[:5000]) for k, v in tags.items()])
 
     def artifact_uri(self) -> str:
         """Where this run's artifacts are: the recorded URI, resolved against a sqlite store's own folder.
@@ -117,10 +119,14 @@ class Run:
             self.set_tags({"mlflow.loggedArtifacts": json.dumps([*logged, entry])})
 
     def log_claims(self, claims: Iterable[Any], name: str = "claims.json") -> None:
-        """The claims as a logged table (`claims_table` columns); nothing for no claims."""
+        """The claims as ONE logged table (`claims_table` columns) and their headline numbers (`claims`
+        module: claims/n, claims/<verdict>, the tag hmmscope.claims); nothing for no claims."""
         claims = list(claims)
         if claims:
             self.log_table(claims_table(claims), name)
+            metrics, tags = claim_headline(claims)
+            self.log_metrics(metrics)
+            self.set_tags(tags)
 
     def get(self):
         """The run as MLflow returns it (info, data.params, data.metrics, data.tags)."""
