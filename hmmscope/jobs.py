@@ -273,7 +273,7 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
     note = (f"Layerwise analysis of {'run ' + target if parent else target}: shuffle test on {len(ep)} episodes, "
             f"probes at k = {', '.join(map(str, ks))} on {len(pep)} episodes; {len(claims)} claims ({tally})")
     with tracking.start_run(uri, experiment, "analysis", parent=parent, params=params,
-                            tags={"hmmscope.kind": "analysis"}, note=note) as run:
+                            tags={"hmmscope.kind": "analysis"}, note=note, config=cfg, system_metrics=True) as run:
         run.log_metrics({**metrics, **{f"analysis/{k}": v for k, v in seconds.items()}}, step=step)
         run.log_claims(claims)
         rid = parent or run.run_id
@@ -343,7 +343,7 @@ def log_theory(result, uri: str, experiment: str, out_files: list[Path], parent:
     with tracking.start_run(uri, experiment, run_name, parent=parent,
                             params={f"theory.{k}": v for k, v in cfg.items()},
                             tags={"hmmscope.kind": "theory", **(tags or {})},
-                            note=note or theory_note(cfg)) as run:
+                            note=note or theory_note(cfg), config={"theory": cfg}, system_metrics=True) as run:
         for s in result.settings:
             p, f = s.params, s.rate_fit
             params = {"hmm.family": p["family"], "hmm.n_states": p["n_states"], "hmm.n_tokens": cfg["n_tokens"],
@@ -482,7 +482,7 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
     sweep_spec = parse_spec(MAIN_SWEEP, "hmmscope.jobs.MAIN_SWEEP")
     note = (f"Main job: Theorem 1 theory sweep, training + Figure 1, layerwise analysis, and the training sweep "
             f"{sweep_spec.name!r} with its report")
-    with tracking.start_run(uri, experiment, "main", params=flatten(cfg), tags={"hmmscope.kind": "main"},
+    with tracking.start_run(uri, experiment, "main", params=flatten(cfg), tags={"hmmscope.kind": "main"}, config=cfg,
                             note=note) as parent:
         out = run_folder(out, "main", parent.run_id)  # this job's folder: nothing else writes there
         on_stage("theory sweep (Theorem 1)")

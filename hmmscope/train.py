@@ -340,9 +340,15 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
     params = None if resume else tracking.config_params(cfg, tracking.TRAIN_SECTIONS)
     with sigterm_interrupts(), tracking.start_run(tracking_uri, experiment, name, parent=parent, resume=resume,
                                                   params=params, tags=None if resume else {**run_tags, **(tags or {})},
-                                                  note=None if resume else (note or describe(cfg))) as run:
+                                                  note=None if resume else (note or describe(cfg)),
+                                                  config=cfg, system_metrics=True) as run:
         run.set_tags({**run_tags, **({"hmmscope.resumed_from_step": start, "hmmscope.target_steps": t.steps}
                                      if resume else {})})
+        if not resume:  # the episodes as MLflow dataset inputs: content hash as digest, the generator as source
+            for split, e in (("train", ep_train), ("eval", ep_eval)):
+                run.log_dataset(f"episodes-{split}", e.meta.get("dataset_hash", ""), split,
+                                f"hmmscope sample_episodes: hmm {config_hash(cfg.hmm)[:8]}, split {split!r}",
+                                {"episodes": len(e), "seq_len": e.seq_len, "vocab_size": e.vocab_size})
         last: dict[str, float] = {}
 
         def evaluate(step: int) -> None:

@@ -245,6 +245,43 @@ def test_smoke_sweep_two_workers_then_report(smoke, monkeypatch):
     assert (store / "out" / "smoke" / "trials.csv").exists() and "trials: out/smoke/trials.csv" in r.output
 
 
+def test_results_outside_the_ui_runs_list_show_compare_and_sweep_trials(smoke, monkeypatch):
+    """`runs list/show/compare` print plain tables (no box characters); `api.sweep_trials` is the sweep as a
+    DataFrame: one row per trial with its params, objective, run id and metrics; unknown names: exit 2."""
+    from hmmscope import api
+
+    store, r = smoke
+    assert r.exit_code == 0, r.output
+    monkeypatch.chdir(store)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    df = api.sweep_trials("smoke")
+    assert list(df["number"]) == [0, 1, 2, 3] and set(df["state"]) == {"COMPLETE"}
+    assert sorted(zip(df["model.pos_enc"], df["hmm.gamma"], strict=True)) == [
+        ("absolute", 0.5), ("absolute", 0.9), ("rope", 0.5), ("rope", 0.9)]
+    assert (df["objective"] == df["metric:eval/seen/excess_ce"]).all()  # the objective is that metric
+    assert list(df["run_name"]) == [f"{p}-g{g:g}-s0" for p, g in zip(df["model.pos_enc"], df["hmm.gamma"], strict=True)]
+    runs = api.runs("hmmscope-sweeps")
+    assert set(df["run_id"]) <= set(runs["run_id"]) and len(runs) == 5  # the 4 trials and their parent
+    out = runner.invoke(app, ["runs", "list", "--experiment", "hmmscope-sweeps"])
+    assert out.exit_code == 0 and out.stdout.splitlines()[0].split()[:3] == ["run_id", "run_name", "experiment"]
+    assert all(n in out.stdout for n in df["run_name"]) and "5 of 5 run(s)" in out.stdout
+    assert not set("│┃━─┏") & set(out.stdout)  # plain: no box drawing
+    a, b = df["run_id"][0], df["run_id"][1]
+    out = runner.invoke(app, ["runs", "show", a])
+    assert out.exit_code == 0 and f"run_name    {df['run_name'][0]}" in out.stdout
+    assert "eval/seen/excess_ce" in out.stdout and "\nparams:" in out.stdout
+    out = runner.invoke(app, ["runs", "compare", a, b])
+    rows = {ln.split()[0]: ln.split()[1:] for ln in out.stdout.splitlines()[2:-1]}
+    assert out.exit_code == 0 and "param:train.seed" not in rows  # equal: not shown
+    assert rows["param:hmm.gamma"] == [str(x) for x in df["hmm.gamma"][:2]] or \
+        rows["param:model.pos_enc"] == list(df["model.pos_enc"][:2])
+    for args in (["runs", "show", "nope"], ["runs", "compare", a], ["runs", "list", "--experiment", "nope"]):
+        out = runner.invoke(app, args)
+        assert out.exit_code == 2 and out.output.startswith("error: ") and out.output.count("\n") == 1, out.output
+    with pytest.raises(ValueError, match="no sweep study 'nope'"):
+        api.sweep_trials("nope")
+
+
 @pytest.mark.skipif(browser.chromium() is None, reason=browser.NO_CHROMIUM)
 def test_the_printed_ui_command_opens_the_sweeps_runs_table_in_a_real_browser(smoke):
     """The line the sweep printed (`hmmscope ui --sweep smoke`), run for real: the URL it prints, loaded in

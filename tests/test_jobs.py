@@ -135,5 +135,5 @@ def test_main_job_evaluates_and_analyzes_the_model_in_memory(run, tmp_path, monk
     assert dict(ev) == dict(res.eval_metrics) and "eval/seen/test_acc" in ev
     (an,) = tracking.search_runs(uri, "m", parent_id=res.train_id)
     assert an.info.run_id == res.analysis.run_id and an.info.status == "FINISHED"
-    assert an.data.metrics["claim/task_beats_control/value"] == pytest.approx(
+    assert tracking.read_claims(uri, an)[0]["claim/task_beats_control/value"] == pytest.approx(  # its claims.json
         next(c.value for c in res.analysis.claims if c.name == "task_beats_control"))

@@ -3,7 +3,9 @@ import math
 import os
 import subprocess
 import sys
+import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -355,3 +357,28 @@ def test_browse_line_is_one_hmmscope_ui_command_or_the_servers_url(tmp_path, mon
             tracking.target_url(other, "http://127.0.0.1:9", **bad)
     # experiments hmmscope creates are of the training kind: the UI opens them on their runs, not GenAI
     assert tracking.client(other).get_experiment(eid).tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_config_toml_datasets_and_system_metrics(tmp_path, monkeypatch):
+    """MLflow's own features on a run: the resolved config as config.toml (read back by load_toml to the same
+    Config), dataset inputs with their content hash as digest, system metrics sampled while the run is open."""
+    from hmmscope.config import Config, load_toml, override
+
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.5")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = override(Config(), {"hmm.gamma": 0.3, "model.pos_enc": "absolute"})
+    with tracking.start_run(uri, "exp", "r", config=cfg, system_metrics=True) as run:
+        run.log_dataset("episodes-train", "a" * 64, "train", "generator x", {"episodes": 3})
+        deadline = time.time() + 30
+        while not any(k.startswith("system/") for k in run.get().data.metrics):
+            assert time.time() < deadline, "no system metric within 30 s"
+            time.sleep(0.2)
+    r = run.get()
+    assert "system/cpu_utilization_percentage" in r.data.metrics and "system/system_memory_usage_megabytes" in r.data.metrics
+    path = tmp_path / "config.toml"
+    path.write_text(Path(run.require("config.toml")).read_text())
+    assert load_toml(path) == cfg
+    (inp,) = r.inputs.dataset_inputs
+    assert (inp.dataset.name, inp.dataset.digest) == ("episodes-train", "a" * 36)
+    assert {t.key: t.value for t in inp.tags} == {"mlflow.data.context": "train"}
+    assert json.loads(inp.dataset.profile) == {"episodes": 3}
