@@ -205,7 +205,7 @@ def run_cmd(
         checks.memory(memory_estimate(cfg, job), device=str(dev), force=force, what=f"the {job} stage")
 
     def sweep_and_report(spec, report_dir):  # the jobs layer reaches the sweep layer only through this
-        sw = run_sweep(spec, workers=workers, uri=uri, log=lambda m: None)
+        sw = run_sweep(spec, workers=workers, uri=uri, log=lambda m: typer.echo(m, err=True))  # workers' lines too
         return sw, build_report(uri, sw.parent_run_id, report_dir, storage=sw.storage)
 
     with sigterm_interrupts():

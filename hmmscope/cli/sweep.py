@@ -72,7 +72,7 @@ class SweepProgress:
 
     def log(self, msg: str) -> None:
         if self.bar is not None:
-            self.bar.console.print(msg, markup=False, highlight=False)  # above the bar
+            self.bar.console.print(msg, markup=False, highlight=False, soft_wrap=True)  # above the bar, unwrapped
         else:
             self.echo(msg)
 
@@ -82,7 +82,7 @@ class SweepProgress:
 
             self.bar = Progress(TextColumn(f"sweep {self.name}"), BarColumn(), MofNCompleteColumn(),
                                 TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
-                                console=console(stderr=True), transient=True)
+                                console=console(stderr=True), transient=False)  # the final n/n bar stays
             self.task = self.bar.add_task(self.name, total=self.n, detail="starting")
             self.bar.__enter__()
         return self
