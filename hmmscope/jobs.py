@@ -171,11 +171,14 @@ class AnalysisResult:
 
 
 def _analysis_metrics(shuffle, probes) -> dict[str, float]:
+    """The shuffle test's and the probes' numbers as metrics (`probes` None: the shuffle test's only)."""
     m: dict[str, float] = {}
     for r in shuffle.by_layer:
         for key, col in (("norm_change", "mean"), ("norm_change_lo", "ci_lo"), ("norm_change_hi", "ci_hi")):
             if r[col] is not None:
                 m[f"shuffle/layer{r['layer']}/{key}"] = r[col]
+    if probes is None:
+        return {k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     for r in probes.table:
         for key in ("acc", "acc_lo", "acc_hi", "control_acc", "chance"):
             m[f"probe/{r['target']}/layer{r['layer']}/{key}"] = r[key]
@@ -246,34 +249,40 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
         raise ValueError(f"probe_jobs must be an integer >= 1, got {probe_jobs!r}")
     say(f"{origin} (step {step}, {cfg.model.n_layers} layers x d_model {cfg.model.d_model})")
     dev = resolve_device(device)
-    mix = make_mixture(cfg.hmm)
-    ep = sample_episodes(mix, cfg.data, n_episodes or cfg.data.n_eval, "eval")
-    say(f"mixture ({mix.n_tasks} tasks) and {len(ep)} eval episodes drawn")
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        sh = shuffle_test(model, ep, n_perms=n_perms, seed=seed, device=str(dev))
-    t1 = time.perf_counter()
-    say(f"shuffle test done ({n_perms} permutations, {t1 - t0:.0f} s)")
-    n_pt = min(probe_tasks, mix.n_tasks)
-    pep = probe_episodes(mix, cfg.data, n_pt, max(min_per_task, -(-len(ep) // n_pt)))
-    say(f"probe episodes drawn ({n_pt} tasks, {len(pep)} episodes)")
-    pr = run_probes(model, mix, pep, ks=tuple(ks), seed=seed, device=str(dev), max_tasks=n_pt, n_jobs=probe_jobs,
-                    progress=lambda m: say(f"probes: {m}"))
-    t2 = time.perf_counter()
-    tm = pr.meta["timings"]
-    say(f"probes done ({t2 - t1:.0f} s: residuals {tm['residuals_s']:.0f} s, fits {tm['fits_s']:.0f} s summed over "
-        f"layers in {pr.meta['n_jobs']} process{'es' if pr.meta['n_jobs'] > 1 else ''})")
-    claims = [*sh.claims, *pr.claims]
-    metrics = _analysis_metrics(sh, pr)
-    seconds = {"shuffle_s": t1 - t0, "probes_s": t2 - t1}
-    params = {"analysis.target": target, "analysis.n_episodes": len(ep), "analysis.ks": list(ks),
-              "analysis.n_perms": n_perms, "analysis.seed": seed, "analysis.probe_tasks": n_pt,
-              "analysis.probe_episodes": len(pep)}
-    tally = ", ".join(f"{sum(c.verdict == v for c in claims)} {v}" for v in sorted({c.verdict for c in claims}))
-    note = (f"Layerwise analysis of {'run ' + target if parent else target}: shuffle test on {len(ep)} episodes, "
-            f"probes at k = {', '.join(map(str, ks))} on {len(pep)} episodes; {len(claims)} claims ({tally})")
+    params = {"analysis.target": target, "analysis.ks": list(ks), "analysis.n_perms": n_perms, "analysis.seed": seed}
+    note = f"Layerwise analysis of {'run ' + target if parent else target} (running)"
+    # the run opens when the work starts: its duration is the work's, its metrics arrive phase by phase, and a
+    # crash leaves it FAILED with what was logged so far
     with tracking.start_run(uri, experiment, "analysis", parent=parent, params=params,
                             tags={"hmmscope.kind": "analysis"}, note=note, config=cfg, system_metrics=True) as run:
+        say(f"analysis run {run.run_id} started")
+        mix = make_mixture(cfg.hmm)
+        ep = sample_episodes(mix, cfg.data, n_episodes or cfg.data.n_eval, "eval")
+        run.log_params({"analysis.n_episodes": len(ep)})
+        say(f"mixture ({mix.n_tasks} tasks) and {len(ep)} eval episodes drawn")
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            sh = shuffle_test(model, ep, n_perms=n_perms, seed=seed, device=str(dev))
+        t1 = time.perf_counter()
+        run.log_metrics({**_analysis_metrics(sh, None), "analysis/shuffle_s": t1 - t0}, step=step)
+        say(f"shuffle test done ({n_perms} permutations, {t1 - t0:.0f} s)")
+        n_pt = min(probe_tasks, mix.n_tasks)
+        pep = probe_episodes(mix, cfg.data, n_pt, max(min_per_task, -(-len(ep) // n_pt)))
+        run.log_params({"analysis.probe_tasks": n_pt, "analysis.probe_episodes": len(pep)})
+        say(f"probe episodes drawn ({n_pt} tasks, {len(pep)} episodes)")
+        pr = run_probes(model, mix, pep, ks=tuple(ks), seed=seed, device=str(dev), max_tasks=n_pt, n_jobs=probe_jobs,
+                        progress=lambda m: say(f"probes: {m}"))
+        t2 = time.perf_counter()
+        tm = pr.meta["timings"]
+        say(f"probes done ({t2 - t1:.0f} s: residuals {tm['residuals_s']:.0f} s, fits {tm['fits_s']:.0f} s summed over "
+            f"layers in {pr.meta['n_jobs']} process{'es' if pr.meta['n_jobs'] > 1 else ''})")
+        claims = [*sh.claims, *pr.claims]
+        metrics = _analysis_metrics(sh, pr)
+        seconds = {"shuffle_s": t1 - t0, "probes_s": t2 - t1}
+        tally = ", ".join(f"{sum(c.verdict == v for c in claims)} {v}" for v in sorted({c.verdict for c in claims}))
+        run.set_tags({"mlflow.note.content": tracking.note_line(
+            f"Layerwise analysis of {'run ' + target if parent else target}: shuffle test on {len(ep)} episodes, "
+            f"probes at k = {', '.join(map(str, ks))} on {len(pep)} episodes; {len(claims)} claims ({tally})")})
         run.log_metrics({**metrics, **{f"analysis/{k}": v for k, v in seconds.items()}}, step=step)
         run.log_claims(claims)
         rid = parent or run.run_id
