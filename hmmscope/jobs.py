@@ -345,14 +345,21 @@ def theory_note(cfg: dict) -> str:
 
 
 def log_theory(result, uri: str, experiment: str, out_files: list[Path], parent: str | None = None, *,
-               run_name: str = "theory", tags: dict[str, Any] | None = None, note: str | None = None) -> str:
+               run_name: str = "theory", tags: dict[str, Any] | None = None, note: str | None = None,
+               run: tracking.Run | None = None) -> str:
     """One parent run for the sweep (params: the theory.* keys only), a child run per setting; returns the
-    parent's run id. Claims go to each run as tags and as the table claims.json."""
+    parent's run id. Claims go to each run as the table claims.json. `run`: the parent, already open (theory_job
+    opens it when the work starts); else it is created here."""
     cfg = result.config
-    with tracking.start_run(uri, experiment, run_name, parent=parent,
-                            params={f"theory.{k}": v for k, v in cfg.items()},
-                            tags={"hmmscope.kind": "theory", **(tags or {})},
-                            note=note or theory_note(cfg), config={"theory": cfg}, system_metrics=True) as run:
+    params = {f"theory.{k}": v for k, v in cfg.items()}
+    if run is not None:
+        run.log_params(params)
+        run.log_dict(tracking.config_toml({"theory": cfg}), "config.toml")
+        run.set_tags({"mlflow.note.content": tracking.note_line(note or theory_note(cfg))})
+    opened = contextlib.nullcontext(run) if run is not None else tracking.start_run(
+        uri, experiment, run_name, parent=parent, params=params, tags={"hmmscope.kind": "theory", **(tags or {})},
+        note=note or theory_note(cfg), config={"theory": cfg}, system_metrics=True)
+    with opened as run:
         for s in result.settings:
             p, f = s.params, s.rate_fit
             params = {"hmm.family": p["family"], "hmm.n_states": p["n_states"], "hmm.n_tokens": cfg["n_tokens"],
@@ -407,13 +414,21 @@ def theory_job(th, out: Path, *, uri: str | None, experiment: str, parent: str |
     one-line `note`; see log_theory). Returns (result, run_id)."""
     from .theory import plot_theory, run_theory
 
-    result = run_theory(th, progress=progress)
-    res_json = out / "theory.json"
-    figs = plot_theory(result, out / "theory.png")
-    atomic_write(res_json, lambda p: p.write_text(json.dumps(result.to_dict(), indent=2)))
-    run_id = log_theory(result, uri, experiment, [*figs, res_json], parent=parent, run_name=run_name, tags=tags,
-                        note=note) if uri else None
-    return result, run_id
+    def work():
+        result = run_theory(th, progress=progress)
+        res_json = out / "theory.json"
+        figs = plot_theory(result, out / "theory.png")
+        atomic_write(res_json, lambda p: p.write_text(json.dumps(result.to_dict(), indent=2)))
+        return result, [*figs, res_json]
+
+    if not uri:
+        return work()[0], None
+    # the parent run opens when the work starts (its duration is the work's; a crash leaves it FAILED)
+    with tracking.start_run(uri, experiment, run_name, parent=parent, tags={"hmmscope.kind": "theory", **(tags or {})},
+                            note="Theory (Theorem 1): running", system_metrics=True) as run:
+        result, files = work()
+        log_theory(result, uri, experiment, files, run=run, note=note)
+    return result, run.run_id
 
 
 # ---------------------------------------------------------------- the main job

@@ -177,7 +177,8 @@ def test_analyze_end_to_end_and_bad_input(store):
     lines = r.stderr.splitlines()
     assert all(re.fullmatch(r"analyze: .+, \d+ s", x) for x in lines), r.stderr
     assert [x.split(" (")[0].rsplit(", ", 1)[0] for x in lines] == [
-        "analyze: checkpoint loaded", "analyze: mixture", "analyze: shuffle test done", "analyze: probe episodes drawn",
+        "analyze: checkpoint loaded", f"analyze: analysis run {an.info.run_id} started", "analyze: mixture",
+        "analyze: shuffle test done", "analyze: probe episodes drawn",
         "analyze: probes: belief targets: 120 episodes x 8 positions x 16 states", "analyze: probes: layer 1/2 done",
         "analyze: probes: layer 2/2 done", "analyze: probes: statistics done", "analyze: probes done",
         "analyze: tables and figures written", "analyze: logged to MLflow"], r.stderr
@@ -301,6 +302,16 @@ def test_the_printed_ui_command_opens_the_sweeps_runs_table_in_a_real_browser(sm
     assert all(n in text for n in names), text[:2000]
     assert "Sort: Objective/eval/seen/excess_ce" in text, text[:2000]
     assert "sweep-smoke" not in text.split("Run Name", 1)[1]  # the trials, flat; not the parent folding them
+
+
+def test_bundled_specs_run_by_name(store):
+    """`hmmscope sweep run smoke` finds sweeps/smoke.toml (the project's own when the working folder has none);
+    an unknown name is one error line naming it."""
+    r = runner.invoke(app, ["sweep", "run", "smoke", "--print-config"])
+    assert r.exit_code == 0, r.output
+    assert r.output == runner.invoke(app, ["sweep", "run", str(SWEEPS / "smoke.toml"), "--print-config"]).output
+    r = runner.invoke(app, ["sweep", "run", "no-such-spec"])
+    assert r.exit_code == 2 and "no-such-spec" in r.output and r.output.count("\n") == 1, r.output
 
 
 def test_bad_sweep_spec_exits_2_without_study_or_run(store):

@@ -93,10 +93,23 @@ class SweepProgress:
             bar.__exit__(*exc)
 
 
+def bundled_spec(spec: Path) -> Path:
+    """A spec named without a path or suffix (`smoke`): sweeps/<name>.toml in the working folder, else in the
+    project's own sweeps/ folder (beside the hmmscope package: a source checkout or an editable install).
+    Anything else, or a name found in neither, is returned as given (load_spec reports it)."""
+    if spec.exists() or spec.suffix or len(spec.parts) != 1:
+        return spec
+    for folder in (Path("sweeps"), Path(__file__).resolve().parents[2] / "sweeps"):
+        if (folder / f"{spec.name}.toml").is_file():
+            return folder / f"{spec.name}.toml"
+    return spec
+
+
 @app.command("run")
 @user_errors
 def sweep_run_cmd(
-    spec: Annotated[Path, typer.Argument(help="Sweep spec (TOML), e.g. sweeps/smoke.toml.")],
+    spec: Annotated[Path, typer.Argument(help="Sweep spec (TOML), e.g. sweeps/smoke.toml, or a bundled spec by "
+                                         "name, e.g. smoke (sweeps/<name>.toml here, else the project's own).")],
     workers: Annotated[int, typer.Option(min=1, help="Local worker processes (one torch thread each).")] = 1,
     storage: SpecStorageOpt = None,
     tracking_uri: UriOpt = None,
@@ -107,7 +120,7 @@ def sweep_run_cmd(
     """Create or resume the study and run it to the end with local workers."""
     from ..sweep_spec import load_spec
 
-    s = load_spec(spec)
+    s = load_spec(bundled_spec(spec))
     if print_config:
         swept = ", ".join([p.key for p in s.space] + ["seed"])
         typer.echo(f"# sweep {s.name} ({s.kind}): the config before each trial's values of {swept}")

@@ -19,7 +19,7 @@ mlflow at import time (only inside functions), and none imports anything of hmms
 
 from .claims import CLAIMS_FILE, claim_headline, claim_keys, read_claims
 from .liveness import HEARTBEAT_ENV, HEARTBEAT_GRACE, gc_runs, heartbeat_interval, stale_reason
-from .runs import ArtifactNotFound, Run, delete_run, existing_run, experiment_name, start_run
+from .runs import ArtifactNotFound, Run, config_toml, delete_run, existing_run, experiment_name, start_run
 from .search import (
     ML_VIEW,
     UI_PORT,
@@ -67,7 +67,7 @@ from .tags import (
 __all__ = [
     "ARTIFACTS", "ArtifactNotFound", "CLAIMS_FILE", "CLAIM_COLUMNS", "DB_NAME", "HEARTBEAT_ENV", "HEARTBEAT_GRACE",
     "ML_VIEW", "PARAM_MAX", "ROOT_TAG", "Run", "STORE_DIR", "THEORY_SECTIONS", "TRAIN_SECTIONS", "UI_PORT",
-    "_param_value", "artifact_root", "browse_line", "claim_headline", "claim_keys", "claims_table", "client",
+    "_param_value", "artifact_root", "browse_line", "claim_headline", "claim_keys", "claims_table", "client", "config_toml",
     "config_params", "default_tracking_uri", "delete_run", "ensure_store", "existing_run", "experiment_id",
     "experiment_name", "experiment_url", "gc_runs", "get_run", "git_commit", "heartbeat_interval", "note_line",
     "objective_key", "read_claims", "relocate", "resolve_uri", "run_url", "safe_key", "search_runs", "source_name",
