@@ -10,7 +10,8 @@ Before, each claim was three metrics (`claim/<name>/value|ci_lo|ci_hi`) and two 
 `read_claims` gives back {`claim/<safe name>/value|ci_lo|ci_hi`: float}, {safe name: verdict}, {safe name: rule}
 from the table, or from the old metrics and tags for runs recorded before (the same keys either way).
 
-Part of `tracking`, the one package that talks to MLflow. Imports runs, tags and store; never anything of
+Part of `tracking`, the one package that talks to MLflow. Imports tags (at import) and runs (inside
+`read_claims`; runs never imports this module: `claim_headline` lives in tags); never anything of
 hmmscope outside tracking; mlflow only through them.
 """
 
@@ -20,22 +21,9 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from .tags import safe_key
+from .tags import VERDICTS, claim_headline, safe_key  # noqa: F401  (claim_headline: written with the table)
 
 CLAIMS_FILE = "claims.json"
-VERDICTS = ("supported", "not supported", "inconclusive", "no power")
-
-
-def claim_headline(claims: Iterable[Any]) -> tuple[dict[str, float], dict[str, str]]:
-    """(metrics, tags) that summarize the claims: how many, how many of each verdict; {} for no claims."""
-    claims = list(claims)
-    if not claims:
-        return {}, {}
-    counts = {v: sum(c.verdict == v for c in claims) for v in VERDICTS}
-    counts.update({c.verdict: sum(x.verdict == c.verdict for x in claims) for c in claims})
-    metrics = {"claims/n": float(len(claims)), **{f"claims/{v.replace(' ', '_')}": float(n) for v, n in counts.items()}}
-    line = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
-    return metrics, {"hmmscope.claims": f"{len(claims)} claims: {line}"}
 
 
 def claim_keys(claims: Iterable[Any]) -> dict[str, float]:

@@ -21,10 +21,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .claims import claim_headline
 from .liveness import _beating, _liveness_tags, heartbeat_interval
 from .store import ARTIFACTS, _sqlite_path, _uri_path, client, ensure_store, experiment_id
-from .tags import _param_value, claims_table, note_line, safe_key, standard_tags
+from .tags import _param_value, claim_headline, claims_table, note_line, safe_key, standard_tags
 
 
 class ArtifactNotFound(FileNotFoundError):

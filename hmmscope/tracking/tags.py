@@ -160,3 +160,18 @@ def _param_value(v: Any) -> str:
     v = _display(v)
     s = json.dumps(v) if isinstance(v, (list, tuple, dict, bool)) or v is None else str(v)
     return s[:PARAM_MAX]
+
+
+VERDICTS = ("supported", "not supported", "inconclusive", "no power")
+
+
+def claim_headline(claims: Iterable[Any]) -> tuple[dict[str, float], dict[str, str]]:
+    """(metrics, tags) that summarize the claims: how many, how many of each verdict; {} for no claims."""
+    claims = list(claims)
+    if not claims:
+        return {}, {}
+    counts = {v: sum(c.verdict == v for c in claims) for v in VERDICTS}
+    counts.update({c.verdict: sum(x.verdict == c.verdict for x in claims) for c in claims})
+    metrics = {"claims/n": float(len(claims)), **{f"claims/{v.replace(' ', '_')}": float(n) for v, n in counts.items()}}
+    line = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+    return metrics, {"hmmscope.claims": f"{len(claims)} claims: {line}"}
