@@ -99,8 +99,8 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
     Seen tasks: n_episodes (default data.n_eval) held-out episodes of the training tasks; unseen tasks: as many
     episodes of fresh tasks (episodes.unseen_episodes); references include the mixture of n_tasks other tasks
     (make_mixture(stream="other")), the counting baselines and the EM learner (evaluate.py). The retrieval gap
-    is logged as eval/retrieval_gap(_lo, _hi) and as a claim (tags verdict/retrieval_gap, rule/retrieval_gap;
-    the table claims.json). With `out`, the same files are also kept in out/<run name>-<id8>/evaluation/
+    is logged as eval/retrieval_gap(_lo, _hi) and as a claim (in the run's table claims.json, with the headline
+    counts claims/<verdict>). With `out`, the same files are also kept in out/<run name>-<id8>/evaluation/
     (`run_folder`) and their paths returned in `.files`; without, they live in a temporary folder only."""
     import torch
 
@@ -134,7 +134,6 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
         for f in files:
             run.log_artifact(f, "evaluation")
     run.log_metrics(metrics, step=step)
-    run.set_tags(claim_tags(res.claims))
     run.log_claims(res.claims)
     result = EvalMetrics(metrics)
     result.files = files if out is not None else []
@@ -173,11 +172,14 @@ class AnalysisResult:
 
 
 def _analysis_metrics(shuffle, probes) -> dict[str, float]:
+    """The shuffle test's and the probes' numbers as metrics (`probes` None: the shuffle test's only)."""
     m: dict[str, float] = {}
     for r in shuffle.by_layer:
         for key, col in (("norm_change", "mean"), ("norm_change_lo", "ci_lo"), ("norm_change_hi", "ci_hi")):
             if r[col] is not None:
                 m[f"shuffle/layer{r['layer']}/{key}"] = r[col]
+    if probes is None:
+        return {k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     for r in probes.table:
         for key in ("acc", "acc_lo", "acc_hi", "control_acc", "chance"):
             m[f"probe/{r['target']}/layer{r['layer']}/{key}"] = r[key]
@@ -188,18 +190,7 @@ def _analysis_metrics(shuffle, probes) -> dict[str, float]:
         for key in ("best_acc", "baseline_acc"):
             if key in r:
                 m[f"probe/{r['target']}/{key}"] = r[key]
-    for c in [*shuffle.claims, *probes.claims]:
-        m.update({f"claim/{c.name}/value": c.value, f"claim/{c.name}/ci_lo": c.ci_lo, f"claim/{c.name}/ci_hi": c.ci_hi})
     return {k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-
-def claim_tags(claims) -> dict[str, str]:
-    """verdict/<name> = "<verdict>: <reason>" and rule/<name> = the decision rule (report.py pools with it).
-
-    The keys are the claim names made MLflow-safe (tracking.safe_key): for reading, each run with claims
-    also has them as a table, claims.json (`tracking.Run.log_claims`)."""
-    return {**{f"verdict/{c.name}": f"{c.verdict}: {c.reason}" for c in claims},
-            **{f"rule/{c.name}": c.rule for c in claims if c.rule}}
 
 
 def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None, *, uri: str, target: str | None = None,
@@ -217,8 +208,8 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
     episodes (episodes.probe_episodes): min(probe_tasks, n_tasks) seeded tasks, max(min_per_task,
     ceil(n_episodes / tasks)) episodes each, so every probed task has training episodes at any n_tasks.
     The results go to a child run "analysis" of the training run (a standalone run in `experiment`
-    for a checkpoint file): metrics, claims as the table claims.json and as tags (verdict/<name>,
-    rule/<name>), tables, JSON and figures (PNG + PDF) as artifacts. With `out`, the same files are kept in
+    for a checkpoint file): metrics, claims as the one table claims.json (with the headline
+    counts claims/<verdict>), tables, JSON and figures (PNG + PDF) as artifacts. With `out`, the same files are kept in
     out/<training run name>-<id8>/analysis/ (a checkpoint file: out/<file stem>-<analysis id8>/analysis/).
     Bad input (k out of range, too few episodes, bad probe_jobs) raises ValueError before any run is created.
     probe_jobs: worker processes for the probes' layer fits (probes.run_probes n_jobs; the same numbers at any
@@ -259,36 +250,41 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
         raise ValueError(f"probe_jobs must be an integer >= 1, got {probe_jobs!r}")
     say(f"{origin} (step {step}, {cfg.model.n_layers} layers x d_model {cfg.model.d_model})")
     dev = resolve_device(device)
-    mix = make_mixture(cfg.hmm)
-    ep = sample_episodes(mix, cfg.data, n_episodes or cfg.data.n_eval, "eval")
-    say(f"mixture ({mix.n_tasks} tasks) and {len(ep)} eval episodes drawn")
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        sh = shuffle_test(model, ep, n_perms=n_perms, seed=seed, device=str(dev))
-    t1 = time.perf_counter()
-    say(f"shuffle test done ({n_perms} permutations, {t1 - t0:.0f} s)")
-    n_pt = min(probe_tasks, mix.n_tasks)
-    pep = probe_episodes(mix, cfg.data, n_pt, max(min_per_task, -(-len(ep) // n_pt)))
-    say(f"probe episodes drawn ({n_pt} tasks, {len(pep)} episodes)")
-    pr = run_probes(model, mix, pep, ks=tuple(ks), seed=seed, device=str(dev), max_tasks=n_pt, n_jobs=probe_jobs,
-                    progress=lambda m: say(f"probes: {m}"))
-    t2 = time.perf_counter()
-    tm = pr.meta["timings"]
-    say(f"probes done ({t2 - t1:.0f} s: residuals {tm['residuals_s']:.0f} s, fits {tm['fits_s']:.0f} s summed over "
-        f"layers in {pr.meta['n_jobs']} process{'es' if pr.meta['n_jobs'] > 1 else ''})")
-    claims = [*sh.claims, *pr.claims]
-    metrics = _analysis_metrics(sh, pr)
-    seconds = {"shuffle_s": t1 - t0, "probes_s": t2 - t1}
-    params = {"analysis.target": target, "analysis.n_episodes": len(ep), "analysis.ks": list(ks),
-              "analysis.n_perms": n_perms, "analysis.seed": seed, "analysis.probe_tasks": n_pt,
-              "analysis.probe_episodes": len(pep)}
-    tally = ", ".join(f"{sum(c.verdict == v for c in claims)} {v}" for v in sorted({c.verdict for c in claims}))
-    note = (f"Layerwise analysis of {'run ' + target if parent else target}: shuffle test on {len(ep)} episodes, "
-            f"probes at k = {', '.join(map(str, ks))} on {len(pep)} episodes; {len(claims)} claims ({tally})")
+    params = {"analysis.target": target, "analysis.ks": list(ks), "analysis.n_perms": n_perms, "analysis.seed": seed}
+    note = f"Layerwise analysis of {'run ' + target if parent else target} (running)"
+    # the run opens when the work starts: its duration is the work's, its metrics arrive phase by phase, and a
+    # crash leaves it FAILED with what was logged so far
     with tracking.start_run(uri, experiment, "analysis", parent=parent, params=params,
-                            tags={"hmmscope.kind": "analysis"}, note=note) as run:
+                            tags={"hmmscope.kind": "analysis"}, note=note, config=cfg, system_metrics=True) as run:
+        say(f"analysis run {run.run_id} started")
+        mix = make_mixture(cfg.hmm)
+        ep = sample_episodes(mix, cfg.data, n_episodes or cfg.data.n_eval, "eval")
+        run.log_params({"analysis.n_episodes": len(ep)})
+        say(f"mixture ({mix.n_tasks} tasks) and {len(ep)} eval episodes drawn")
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            sh = shuffle_test(model, ep, n_perms=n_perms, seed=seed, device=str(dev))
+        t1 = time.perf_counter()
+        run.log_metrics({**_analysis_metrics(sh, None), "analysis/shuffle_s": t1 - t0}, step=step)
+        say(f"shuffle test done ({n_perms} permutations, {t1 - t0:.0f} s)")
+        n_pt = min(probe_tasks, mix.n_tasks)
+        pep = probe_episodes(mix, cfg.data, n_pt, max(min_per_task, -(-len(ep) // n_pt)))
+        run.log_params({"analysis.probe_tasks": n_pt, "analysis.probe_episodes": len(pep)})
+        say(f"probe episodes drawn ({n_pt} tasks, {len(pep)} episodes)")
+        pr = run_probes(model, mix, pep, ks=tuple(ks), seed=seed, device=str(dev), max_tasks=n_pt, n_jobs=probe_jobs,
+                        progress=lambda m: say(f"probes: {m}"))
+        t2 = time.perf_counter()
+        tm = pr.meta["timings"]
+        say(f"probes done ({t2 - t1:.0f} s: residuals {tm['residuals_s']:.0f} s, fits {tm['fits_s']:.0f} s summed over "
+            f"layers in {pr.meta['n_jobs']} process{'es' if pr.meta['n_jobs'] > 1 else ''})")
+        claims = [*sh.claims, *pr.claims]
+        metrics = _analysis_metrics(sh, pr)
+        seconds = {"shuffle_s": t1 - t0, "probes_s": t2 - t1}
+        tally = ", ".join(f"{sum(c.verdict == v for c in claims)} {v}" for v in sorted({c.verdict for c in claims}))
+        run.set_tags({"mlflow.note.content": tracking.note_line(
+            f"Layerwise analysis of {'run ' + target if parent else target}: shuffle test on {len(ep)} episodes, "
+            f"probes at k = {', '.join(map(str, ks))} on {len(pep)} episodes; {len(claims)} claims ({tally})")})
         run.log_metrics({**metrics, **{f"analysis/{k}": v for k, v in seconds.items()}}, step=step)
-        run.set_tags(claim_tags(claims))
         run.log_claims(claims)
         rid = parent or run.run_id
         title = _run_title(parent_name, rid)
@@ -301,7 +297,9 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
             say(f"tables and figures written ({len(files)} files)")
             for f in files:
                 run.log_artifact(f, "analysis")
-        result = AnalysisResult(run.run_id, claims, metrics, seconds, files if out is not None else [])
+        # the claims' numbers ride along for sweep objectives (claim/<name>/value...), logged only in claims.json
+        result = AnalysisResult(run.run_id, claims, {**metrics, **tracking.claim_keys(claims)}, seconds,
+                                files if out is not None else [])
     say(f"logged to MLflow (analysis run {result.run_id})")
     return result
 
@@ -348,21 +346,28 @@ def theory_note(cfg: dict) -> str:
 
 
 def log_theory(result, uri: str, experiment: str, out_files: list[Path], parent: str | None = None, *,
-               run_name: str = "theory", tags: dict[str, Any] | None = None, note: str | None = None) -> str:
+               run_name: str = "theory", tags: dict[str, Any] | None = None, note: str | None = None,
+               run: tracking.Run | None = None) -> str:
     """One parent run for the sweep (params: the theory.* keys only), a child run per setting; returns the
-    parent's run id. Claims go to each run as tags and as the table claims.json."""
+    parent's run id. Claims go to each run as the table claims.json. `run`: the parent, already open (theory_job
+    opens it when the work starts); else it is created here."""
     cfg = result.config
-    with tracking.start_run(uri, experiment, run_name, parent=parent,
-                            params={f"theory.{k}": v for k, v in cfg.items()},
-                            tags={"hmmscope.kind": "theory", **(tags or {})},
-                            note=note or theory_note(cfg)) as run:
+    params = {f"theory.{k}": v for k, v in cfg.items()}
+    if run is not None:
+        run.log_params(params)
+        run.log_dict(tracking.config_toml({"theory": cfg}), "config.toml")
+        run.set_tags({"mlflow.note.content": tracking.note_line(note or theory_note(cfg))})
+    opened = contextlib.nullcontext(run) if run is not None else tracking.start_run(
+        uri, experiment, run_name, parent=parent, params=params, tags={"hmmscope.kind": "theory", **(tags or {})},
+        note=note or theory_note(cfg), config={"theory": cfg}, system_metrics=True)
+    with opened as run:
         for s in result.settings:
             p, f = s.params, s.rate_fit
             params = {"hmm.family": p["family"], "hmm.n_states": p["n_states"], "hmm.n_tokens": cfg["n_tokens"],
                       "hmm.rank": p["rank"], "hmm.gamma": p["gamma"], "hmm.alpha": cfg["alpha"], "hmm.rho": p["rho"],
                       "hmm.seed": cfg["seed"], "theory.n_histories": cfg["n_histories"],
                       "theory.burn_in": cfg["burn_in"], "theory.floor": cfg["floor"], "theory.gamma_m": cfg["gamma_m"]}
-            name = f"S{p['n_states']}-d{p['rank']}-rho{p['rho']:g}-gamma{p['gamma']:g}"
+            name = f"g{p['gamma']:g}-d{p['rank']}-rho{p['rho']:g}-S{p['n_states']}"  # what varies most first
             with tracking.start_run(uri, experiment, name, parent=run, params=params,
                                     tags={"hmmscope.kind": "theory-setting"},
                                     note=f"Theory setting {name}: eps(L) at L = {', '.join(map(str, s.lengths))}; "
@@ -379,12 +384,11 @@ def log_theory(result, uri: str, experiment: str, out_files: list[Path], parent:
                     child.log_metrics(dm, step=step)
                 for L, e, se in zip(s.lengths, s.eps, s.stderr):
                     child.log_metrics({"theory/eps": e, "theory/eps_stderr": se}, step=int(L))
-                child.set_tags(claim_tags(s.verdicts))
                 child.log_claims(s.verdicts)
         for fit in result.exponent_fits:
-            key = f"theory/exponent{'' if fit.y_name == 'rate' else '_excess'}/{fit.x_name}/{fit.scope}"
+            scope = re.sub(r"\s+", "-", fit.scope.replace("=", ""))  # "S=128 rho=0.02" -> "S128-rho0.02"
+            key = f"theory/exponent{'' if fit.y_name == 'rate' else '_excess'}/{fit.x_name}/{scope}"
             run.log_metrics({key: fit.k, f"{key}_lo": fit.k_ci[0], f"{key}_hi": fit.k_ci[1]})
-        run.set_tags(claim_tags(result.verdicts))
         run.log_claims(result.verdicts)
         run.log_dict("\n".join(result.summary_lines()) + "\n", "theory_summary.txt")
         for f in out_files:
@@ -407,13 +411,21 @@ def theory_job(th, out: Path, *, uri: str | None, experiment: str, parent: str |
     one-line `note`; see log_theory). Returns (result, run_id)."""
     from .theory import plot_theory, run_theory
 
-    result = run_theory(th, progress=progress)
-    res_json = out / "theory.json"
-    figs = plot_theory(result, out / "theory.png")
-    atomic_write(res_json, lambda p: p.write_text(json.dumps(result.to_dict(), indent=2)))
-    run_id = log_theory(result, uri, experiment, [*figs, res_json], parent=parent, run_name=run_name, tags=tags,
-                        note=note) if uri else None
-    return result, run_id
+    def work():
+        result = run_theory(th, progress=progress)
+        res_json = out / "theory.json"
+        figs = plot_theory(result, out / "theory.png")
+        atomic_write(res_json, lambda p: p.write_text(json.dumps(result.to_dict(), indent=2)))
+        return result, [*figs, res_json]
+
+    if not uri:
+        return work()[0], None
+    # the parent run opens when the work starts (its duration is the work's; a crash leaves it FAILED)
+    with tracking.start_run(uri, experiment, run_name, parent=parent, tags={"hmmscope.kind": "theory", **(tags or {})},
+                            note="Theory (Theorem 1): running", system_metrics=True) as run:
+        result, files = work()
+        log_theory(result, uri, experiment, files, run=run, note=note)
+    return result, run.run_id
 
 
 # ---------------------------------------------------------------- the main job
@@ -491,13 +503,13 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
     sweep_spec = parse_spec(MAIN_SWEEP, "hmmscope.jobs.MAIN_SWEEP")
     note = (f"Main job: Theorem 1 theory sweep, training + Figure 1, layerwise analysis, and the training sweep "
             f"{sweep_spec.name!r} with its report")
-    with tracking.start_run(uri, experiment, "main", params=flatten(cfg), tags={"hmmscope.kind": "main"},
+    with tracking.start_run(uri, experiment, "main", params=flatten(cfg), tags={"hmmscope.kind": "main"}, config=cfg,
                             note=note) as parent:
         out = run_folder(out, "main", parent.run_id)  # this job's folder: nothing else writes there
         on_stage("theory sweep (Theorem 1)")
         th, theory_id = theory_job(cfg.theory, out / "theory", uri=uri, experiment=experiment, parent=parent.run_id)
         on_stage("training")
-        tr = train(cfg, tracking_uri=uri, experiment=experiment, run_name="train", parent=parent.run_id,
+        tr = train(cfg, tracking_uri=uri, experiment=experiment, run_name=tracking.train_run_name(cfg), parent=parent.run_id,
                    progress=progress)
         on_stage("evaluating (Figure 1)")
         train_run = tracking.existing_run(uri, tr.run_id)  # the model in hand: no checkpoint read back

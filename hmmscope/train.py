@@ -21,13 +21,14 @@ that talks to MLflow):
   step: train/{loss,lr,grad_norm,tokens_per_s,epoch} every `log_every` steps; val/{loss,acc,test_loss,
   test_acc,excess_ce} (the learning curve on the eval episodes: cross-entropy over the full
   vocabulary, pooled over tokens; excess_ce = val/test_loss - oracle/test_loss) at step 0, every
-  eval_every steps and at the end; oracle/{loss,acc,test_loss,test_acc} (mixture oracle on the
-  eval episodes, scored on the same targets) once at step 0; emergence/* (the in-context curves on seen and
-  unseen tasks with the references as constants, emergence.py) at every evaluation, and their figure
-  figures/emergence.{png,pdf} at the end (the curves' history travels in the checkpoint, so a resumed run
-  draws its whole history); train/eval_s (this call's evaluations, val/* and emergence/*, plus the
-  emergence references' precompute) and train/eval_fraction (eval_s / this call's wall time) at the end.
-  The eval/* keys belong to Figure 1
+  eval_every steps and at the end; oracle/{loss,acc} (mixture oracle on the eval episodes, scored on
+  the same targets) once at step 0 (its test-segment numbers are Figure 1's eval/seen/oracle_mix_test_*,
+  logged once there; val/* is the learning curve, whose last point Figure 1 repeats as eval/seen/*);
+  emergence/* (the in-context curves on seen and unseen tasks with the references as constants,
+  emergence.py) at every evaluation, and their figure figures/emergence.{png,pdf} at the end (the curves'
+  history travels in the checkpoint, so a resumed run draws its whole history); train/eval_s (this call's
+  evaluations, val/* and emergence/*, plus the emergence references' precompute) and train/eval_fraction
+  (eval_s / this call's wall time) at the end. The eval/* keys belong to Figure 1
   (evaluate.Figure1Result.headline, logged by jobs.evaluate_run at the final step): one key, one
   measurement.
 - Checkpoints: every ckpt_every steps and at the end, the artifact checkpoints/last.pt
@@ -412,13 +413,19 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
             # the budget as passes over data.n_train and episodes per training task (SCIENCE.md 8's two readings)
             "hmmscope.epochs": f"{epochs_done(t.steps, len(ep_train), t.batch_size):g}",
             "hmmscope.episodes_per_task": f"{t.steps * t.batch_size / cfg.hmm.n_tasks:g}"}
-    name = run_name or f"train-{config_hash(cfg.hmm, cfg.data, cfg.model, cfg.train)[:8]}"
+    name = run_name or tracking.train_run_name(cfg)
     params = None if resume else tracking.config_params(cfg, tracking.TRAIN_SECTIONS)
     with sigterm_interrupts(), tracking.start_run(tracking_uri, experiment, name, parent=parent, resume=resume,
                                                   params=params, tags=None if resume else {**run_tags, **(tags or {})},
-                                                  note=None if resume else (note or describe(cfg))) as run:
+                                                  note=None if resume else (note or describe(cfg)),
+                                                  config=cfg, system_metrics=True) as run:
         run.set_tags({**run_tags, **({"hmmscope.resumed_from_step": start, "hmmscope.target_steps": t.steps}
                                      if resume else {})})
+        if not resume:  # the episodes as MLflow dataset inputs: content hash as digest, the generator as source
+            for split, e in (("train", ep_train), ("eval", ep_eval)):
+                run.log_dataset(f"episodes-{split}", e.meta.get("dataset_hash", ""), split,
+                                f"hmmscope sample_episodes: hmm {config_hash(cfg.hmm)[:8]}, split {split!r}",
+                                {"episodes": len(e), "seq_len": e.seq_len, "vocab_size": e.vocab_size})
         last: dict[str, float] = {}
         curves: list[dict[str, float]] = list(ck["metrics"].get("emergence", [])) if ck is not None else []
         eval_s = em_setup_s  # evaluation's cost includes the emergence references' precompute
@@ -459,7 +466,8 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                             dataset_hash=ep_train.meta.get("dataset_hash", ""))
 
         if start == 0:
-            run.log_metrics(oracle, step=0)
+            # oracle/test_* is Figure 1's eval/seen/oracle_mix_test_* (same episodes, same targets): one key each
+            run.log_metrics({k: v for k, v in oracle.items() if not k.startswith("oracle/test_")}, step=0)
             evaluate(0)
         model.train()
         # the step's loss and gradient norm stay on the device (no host sync per step); `flush` reads them back

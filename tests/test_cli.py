@@ -4,6 +4,7 @@ import json
 import re
 from pathlib import Path
 
+import browser
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -162,7 +163,13 @@ def test_analyze_end_to_end_and_bad_input(store):
     an = runs["analysis"]
     assert an.data.tags["mlflow.parentRunId"] == rid and an.info.status == "FINISHED"
     assert {"shuffle/layer0/norm_change", "probe/kback1/layer0/acc", "probe/task/layer1/acc"} <= set(an.data.metrics)
-    assert any(k.startswith("verdict/") for k in an.data.tags)
+    # claims: ONE table (claims.json) plus headline counts, not a metric triple and two tags per claim
+    assert not any(k.startswith(("claim/", "verdict/", "rule/")) for k in (*an.data.metrics, *an.data.tags))
+    nums, verdicts, _ = tracking.read_claims(uri, an)
+    assert verdicts and an.data.metrics["claims/n"] == len(verdicts)
+    assert sum(an.data.metrics[f"claims/{v.replace(' ', '_')}"] for v in set(verdicts.values())) == len(verdicts)
+    assert an.data.tags["hmmscope.claims"].startswith(f"{len(verdicts)} claims: ")
+    assert nums and {k.split("/")[1] for k in nums} <= set(verdicts)  # numbers of claims the table names
     assert "upper layers change less" in r.output
     assert "figure2_shuffle.png" in r.output and "figure3_probes.pdf" in r.output
     assert len(list((store / "out").glob(f"*-{rid[:8]}/analysis/figure*.p*"))) == 4
@@ -170,7 +177,8 @@ def test_analyze_end_to_end_and_bad_input(store):
     lines = r.stderr.splitlines()
     assert all(re.fullmatch(r"analyze: .+, \d+ s", x) for x in lines), r.stderr
     assert [x.split(" (")[0].rsplit(", ", 1)[0] for x in lines] == [
-        "analyze: checkpoint loaded", "analyze: mixture", "analyze: shuffle test done", "analyze: probe episodes drawn",
+        "analyze: checkpoint loaded", f"analyze: analysis run {an.info.run_id} started", "analyze: mixture",
+        "analyze: shuffle test done", "analyze: probe episodes drawn",
         "analyze: probes: belief targets: 120 episodes x 8 positions x 16 states", "analyze: probes: layer 1/2 done",
         "analyze: probes: layer 2/2 done", "analyze: probes: statistics done", "analyze: probes done",
         "analyze: tables and figures written", "analyze: logged to MLflow"], r.stderr
@@ -202,9 +210,22 @@ def test_analyze_end_to_end_and_bad_input(store):
 SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
 
 
-def test_smoke_sweep_two_workers_then_report(store):
-    r = runner.invoke(app, ["sweep", "run", str(SWEEPS / "smoke.toml"), "--workers", "2"])
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """The smoke sweep run once with 2 workers in a fresh folder: (folder, the CLI's result)."""
+    d = tmp_path_factory.mktemp("smoke")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(d)
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        yield d, runner.invoke(app, ["sweep", "run", str(SWEEPS / "smoke.toml"), "--workers", "2"])
+
+
+def test_smoke_sweep_two_workers_then_report(smoke, monkeypatch):
+    store, r = smoke
+    monkeypatch.chdir(store)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[-1] == "report: hmmscope report smoke    browse: hmmscope ui --sweep smoke"
     assert "smoke: 4 complete, 0 failed, 0 pruned of 4" in r.output
     # progress (stderr is no terminal here: plain lines when the counts change), ending with every trial finished
     assert "sweep smoke: 4/4 finished: 4 done, 0 failed, 0 running; ETA 0:00:00" in r.stderr
@@ -223,6 +244,74 @@ def test_smoke_sweep_two_workers_then_report(store):
     assert "| trials complete / failed / pruned / running | 4 / 0 / 0 / 0 |" in md
     assert "Positional encoding" in md and (store / "out" / "smoke" / "report.html").exists()
     assert (store / "out" / "smoke" / "trials.csv").exists() and "trials: out/smoke/trials.csv" in r.output
+
+
+def test_results_outside_the_ui_runs_list_show_compare_and_sweep_trials(smoke, monkeypatch):
+    """`runs list/show/compare` print plain tables (no box characters); `api.sweep_trials` is the sweep as a
+    DataFrame: one row per trial with its params, objective, run id and metrics; unknown names: exit 2."""
+    from hmmscope import api
+
+    store, r = smoke
+    assert r.exit_code == 0, r.output
+    monkeypatch.chdir(store)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    df = api.sweep_trials("smoke")
+    assert list(df["number"]) == [0, 1, 2, 3] and set(df["state"]) == {"COMPLETE"}
+    assert sorted(zip(df["model.pos_enc"], df["hmm.gamma"], strict=True)) == [
+        ("absolute", 0.5), ("absolute", 0.9), ("rope", 0.5), ("rope", 0.9)]
+    assert (df["objective"] == df["metric:eval/seen/excess_ce"]).all()  # the objective is that metric
+    assert list(df["run_name"]) == [f"{p}-g{g:g}-s0" for p, g in zip(df["model.pos_enc"], df["hmm.gamma"], strict=True)]
+    runs = api.runs("hmmscope-sweeps")
+    assert set(df["run_id"]) <= set(runs["run_id"]) and len(runs) == 5  # the 4 trials and their parent
+    out = runner.invoke(app, ["runs", "list", "--experiment", "hmmscope-sweeps"])
+    assert out.exit_code == 0 and out.stdout.splitlines()[0].split()[:3] == ["run_id", "run_name", "experiment"]
+    assert all(n in out.stdout for n in df["run_name"]) and "5 of 5 run(s)" in out.stdout
+    assert not set("│┃━─┏") & set(out.stdout)  # plain: no box drawing
+    a, b = df["run_id"][0], df["run_id"][1]
+    out = runner.invoke(app, ["runs", "show", a])
+    assert out.exit_code == 0 and f"run_name    {df['run_name'][0]}" in out.stdout
+    assert "eval/seen/excess_ce" in out.stdout and "\nparams:" in out.stdout
+    out = runner.invoke(app, ["runs", "compare", a, b])
+    rows = {ln.split()[0]: ln.split()[1:] for ln in out.stdout.splitlines()[2:-1]}
+    assert out.exit_code == 0 and "param:train.seed" not in rows  # equal: not shown
+    assert rows["param:hmm.gamma"] == [str(x) for x in df["hmm.gamma"][:2]] or \
+        rows["param:model.pos_enc"] == list(df["model.pos_enc"][:2])
+    for args in (["runs", "show", "nope"], ["runs", "compare", a], ["runs", "list", "--experiment", "nope"]):
+        out = runner.invoke(app, args)
+        assert out.exit_code == 2 and out.output.startswith("error: ") and out.output.count("\n") == 1, out.output
+    with pytest.raises(ValueError, match="no sweep study 'nope'"):
+        api.sweep_trials("nope")
+
+
+@pytest.mark.skipif(browser.chromium() is None, reason=browser.NO_CHROMIUM)
+def test_the_printed_ui_command_opens_the_sweeps_runs_table_in_a_real_browser(smoke):
+    """The line the sweep printed (`hmmscope ui --sweep smoke`), run for real: the URL it prints, loaded in
+    headless chromium, renders the runs table with the sweep's trials by name (not MLflow 3's GenAI overview,
+    where no run is listed), sorted by the objective. Screenshot: out/test-artifacts/ui-sweep-smoke.png."""
+    store, r = smoke
+    assert r.exit_code == 0, r.output
+    cmd = r.stdout.splitlines()[-1].split("browse: ", 1)[1].split()
+    assert cmd[:2] == ["hmmscope", "ui"]
+    uri = f"sqlite:///{store}/mlruns/mlflow.db"
+    names = sorted(x.info.run_name for x in _runs(uri) if x.data.tags.get("hmmscope.kind") == "sweep-train")
+    assert names == ["absolute-g0.5-s0", "absolute-g0.9-s0", "rope-g0.5-s0", "rope-g0.9-s0"]
+    with browser.serve_ui(store, *cmd[2:]) as url:
+        assert "workflowType=machine_learning" in url
+        text = browser.render(url, browser.ARTIFACTS, "ui-sweep-smoke")
+    assert "Run Name" in text and "4 matching runs" in text, text[:2000]
+    assert all(n in text for n in names), text[:2000]
+    assert "Sort: Objective/eval/seen/excess_ce" in text, text[:2000]
+    assert "sweep-smoke" not in text.split("Run Name", 1)[1]  # the trials, flat; not the parent folding them
+
+
+def test_bundled_specs_run_by_name(store):
+    """`hmmscope sweep run smoke` finds sweeps/smoke.toml (the project's own when the working folder has none);
+    an unknown name is one error line naming it."""
+    r = runner.invoke(app, ["sweep", "run", "smoke", "--print-config"])
+    assert r.exit_code == 0, r.output
+    assert r.output == runner.invoke(app, ["sweep", "run", str(SWEEPS / "smoke.toml"), "--print-config"]).output
+    r = runner.invoke(app, ["sweep", "run", "no-such-spec"])
+    assert r.exit_code == 2 and "no-such-spec" in r.output and r.output.count("\n") == 1, r.output
 
 
 def test_bad_sweep_spec_exits_2_without_study_or_run(store):
@@ -249,7 +338,11 @@ def test_main_job_end_to_end_small(store):
     runs = _runs(tracking.default_tracking_uri())
     (main,) = [x for x in runs if x.info.run_name == "main"]
     kids = {x.info.run_name for x in runs if x.data.tags.get("mlflow.parentRunId") == main.info.run_id}
-    assert {"train", "theory"} <= kids and main.info.status == "FINISHED"
+    assert "theory" in kids and main.info.status == "FINISHED"
+    assert "train-rope-L1-g0.5-s0" in kids or any(k.startswith("train-") for k in kids), kids  # says what it is
+    # ONE line that opens the results: hmmscope ui on the main run, never a raw `mlflow ui --backend-store-uri`
+    assert r.stdout.splitlines()[-1] == f"browse: hmmscope ui --run {main.info.run_id}"
+    assert "mlflow ui" not in r.output and r.output.count("hmmscope ui") == 1
     assert main.data.tags["hmmscope.analysis_run"] and main.data.tags["hmmscope.sweep_run"]
     folder = store / "out" / f"main-{main.info.run_id[:8]}"  # everything the main job wrote, in its own folder
     assert (folder / "smoke" / "report.html").exists() and (folder / "theory" / "theory.png").exists()

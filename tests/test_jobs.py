@@ -48,7 +48,9 @@ def test_evaluate_and_analyze_write_png_and_pdf_under_the_run_folder(run):
             "baseline/seen/mixture_oracle/ce_k0"} <= set(ev)  # still the metrics dict
     assert [c.name for c in ev.claims] == ["retrieval_gap"]
     logged = tracking.client(uri).get_run(rid).data
-    assert logged.tags["rule/retrieval_gap"] == "> 0" and logged.tags["verdict/retrieval_gap"].startswith(ev.claims[0].verdict)
+    nums, verdicts, rules = tracking.read_claims(uri, tracking.client(uri).get_run(rid))  # its claims.json
+    assert rules == {"retrieval_gap": "> 0"} and verdicts == {"retrieval_gap": ev.claims[0].verdict}
+    assert nums["claim/retrieval_gap/value"] == ev.claims[0].value and logged.metrics["claims/n"] == 1
     assert logged.metrics["eval/retrieval_gap"] == ev["eval/retrieval_gap"] and "eval/test_acc" not in logged.metrics
     an = analyze_run(uri, rid, n_episodes=16, ks=(1, 2), n_perms=1, out=out, probe_tasks=4, min_per_task=4)
     names = {p.name for p in an.files}
@@ -133,5 +135,32 @@ def test_main_job_evaluates_and_analyzes_the_model_in_memory(run, tmp_path, monk
     assert dict(ev) == dict(res.eval_metrics) and "eval/seen/test_acc" in ev
     (an,) = tracking.search_runs(uri, "m", parent_id=res.train_id)
     assert an.info.run_id == res.analysis.run_id and an.info.status == "FINISHED"
-    assert an.data.metrics["claim/task_beats_control/value"] == pytest.approx(
+    assert tracking.read_claims(uri, an)[0]["claim/task_beats_control/value"] == pytest.approx(  # its claims.json
         next(c.value for c in res.analysis.claims if c.name == "task_beats_control"))
+
+
+def test_analysis_run_lives_as_long_as_its_work_and_a_crash_leaves_it_failed(run, monkeypatch):
+    """The analysis run opens when the work starts: its MLflow duration is the work's own (it used to open
+    after the work: 1.9 s against 39.7 s); a crash in the probes leaves it FAILED with the shuffle test's
+    metrics, logged as soon as that phase ended."""
+    import time
+
+    from hmmscope import probes
+
+    uri, rid, tmp, _ = run
+    t0 = time.time()
+    an = analyze_run(uri, rid, n_episodes=16, ks=(1,), n_perms=1, probe_tasks=4, min_per_task=4)
+    wall = time.time() - t0
+    info = tracking.client(uri).get_run(an.run_id).info
+    duration = (info.end_time - info.start_time) / 1000
+    assert 0.6 * wall <= duration <= wall + 0.5, (duration, wall)
+
+    def boom(*a, **k):
+        raise RuntimeError("probe fit crashed")
+
+    monkeypatch.setattr(probes, "run_probes", boom)
+    with pytest.raises(RuntimeError, match="probe fit crashed"):
+        analyze_run(uri, rid, n_episodes=16, ks=(1,), n_perms=1, probe_tasks=4, min_per_task=4)
+    (failed,) = [r for r in tracking.search_runs(uri, "j", parent_id=rid) if r.info.status == "FAILED"]
+    assert "shuffle/layer0/norm_change" in failed.data.metrics and "analysis/shuffle_s" in failed.data.metrics
+    assert failed.data.tags["hmmscope.failure_reason"] == "RuntimeError: probe fit crashed"

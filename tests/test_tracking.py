@@ -1,8 +1,11 @@
 import json
+import math
 import os
 import subprocess
 import sys
+import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -306,9 +309,78 @@ def test_claims_are_a_logged_table_mlflow_can_load(tmp_path, monkeypatch):
     assert tracking.claims_table(claims[1:])["value"] == [None]  # NaN is no number in JSON
     with pytest.raises(ValueError, match="different lengths"):
         tracking.Run(uri, run.run_id).log_table({"a": [1], "b": []}, "t.json")
+    # headline numbers instead of a metric triple and two tags per claim; read back with the old flat keys
+    assert r.data.metrics["claims/n"] == 1 and r.data.metrics["claims/supported"] == 1
+    assert r.data.metrics["claims/no_power"] == 0 and r.data.tags["hmmscope.claims"] == "1 claims: 1 supported"
+    assert not any(k.startswith(("claim/", "verdict/", "rule/")) for k in (*r.data.metrics, *r.data.tags))
+    key = tracking.safe_key("eps(L) <= d exp(-g^4 L)")
+    assert tracking.read_claims(uri, r) == ({f"claim/{key}/value": 0.5, f"claim/{key}/ci_lo": 0.25,
+                                             f"claim/{key}/ci_hi": 0.75}, {key: "supported"}, {key: "< 1"})
+    keys = tracking.claim_keys(claims)  # in memory, for sweep objectives: the same keys
+    assert {k: v for k, v in keys.items() if "k back" not in k} == {
+        f"claim/{key}/value": 0.5, f"claim/{key}/ci_lo": 0.25, f"claim/{key}/ci_hi": 0.75}
+    assert math.isnan(keys["claim/k back/value"])
+    with tracking.start_run(uri, "exp", "old") as old:  # a run recorded before the table: its metrics and tags
+        old.log_metrics({"claim/a/value": 1.0, "claim/a/ci_lo": 0.5, "claim/a/ci_hi": 2.0})
+        old.set_tags({"verdict/a": "supported: CI above 0", "rule/a": "> 0"})
+    assert tracking.read_claims(uri, old.get()) == ({"claim/a/value": 1.0, "claim/a/ci_lo": 0.5, "claim/a/ci_hi": 2.0},
+                                                    {"a": "supported"}, {"a": "> 0"})
 
 
-def test_run_url_never_carries_a_password():
+def test_run_url_never_carries_a_password_and_opens_the_training_view():
+    ml = "?workflowType=machine_learning"  # MLflow 3 opens an experiment in its GenAI view without it
     assert tracking.run_url("https://u:secret@mlflow.example/x/", "3", "abc") == \
-        "https://mlflow.example/x/#/experiments/3/runs/abc"
-    assert tracking.run_url("sqlite:////a/mlflow.db", "1", "r") == "http://127.0.0.1:5000/#/experiments/1/runs/r"
+        f"https://mlflow.example/x/#/experiments/3/runs/abc{ml}"
+    assert tracking.run_url("sqlite:////a/mlflow.db", "1", "r") is None  # no UI port is known: no made-up URL
+    assert tracking.run_url("sqlite:////a/mlflow.db", "1", "r", port=5123) == \
+        f"http://127.0.0.1:5123/#/experiments/1/runs/r{ml}"
+    assert tracking.experiment_url("http://h:1", "4", "tags.`hmmscope.study` = 'a b'") == \
+        f"http://h:1/#/experiments/4/runs{ml}&searchFilter=tags.%60hmmscope.study%60%20%3D%20%27a%20b%27"
+
+
+def test_browse_line_is_one_hmmscope_ui_command_or_the_servers_url(tmp_path, monkeypatch):
+    """Commands end with ONE line: `hmmscope ui --run ID` (plus --tracking-uri for a store other than the
+    default) on a local store, never a raw `mlflow ui --backend-store-uri ...` nor a guessed port."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking.browse_line(tracking.default_tracking_uri(), run_id="abc") == "browse: hmmscope ui --run abc"
+    other = f"sqlite:///{tmp_path}/x y/mlflow.db"
+    assert tracking.browse_line(other, sweep="smoke") == \
+        f"browse: hmmscope ui --sweep smoke --tracking-uri 'sqlite:///{tmp_path}/x y/mlflow.db'"
+    with tracking.start_run(other, "exp", "r") as run:
+        pass
+    eid = run.get().info.experiment_id
+    assert tracking.target_url(other, "http://127.0.0.1:9", run_id=run.run_id) == \
+        f"http://127.0.0.1:9/#/experiments/{eid}/runs/{run.run_id}?workflowType=machine_learning"
+    assert tracking.target_url(other, "http://127.0.0.1:9", experiment="exp") == \
+        f"http://127.0.0.1:9/#/experiments/{eid}/runs?workflowType=machine_learning"
+    for bad in ({"run_id": "nope"}, {"sweep": "nope"}, {"experiment": "nope"}):
+        with pytest.raises(ValueError, match="no (run|sweep|experiment) 'nope'"):
+            tracking.target_url(other, "http://127.0.0.1:9", **bad)
+    # experiments hmmscope creates are of the training kind: the UI opens them on their runs, not GenAI
+    assert tracking.client(other).get_experiment(eid).tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_config_toml_datasets_and_system_metrics(tmp_path, monkeypatch):
+    """MLflow's own features on a run: the resolved config as config.toml (read back by load_toml to the same
+    Config), dataset inputs with their content hash as digest, system metrics sampled while the run is open."""
+    from hmmscope.config import Config, load_toml, override
+
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.5")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = override(Config(), {"hmm.gamma": 0.3, "model.pos_enc": "absolute"})
+    with tracking.start_run(uri, "exp", "r", config=cfg, system_metrics=True) as run:
+        run.log_dataset("episodes-train", "a" * 64, "train", "generator x", {"episodes": 3})
+        deadline = time.time() + 30
+        while not any(k.startswith("system/") for k in run.get().data.metrics):
+            assert time.time() < deadline, "no system metric within 30 s"
+            time.sleep(0.2)
+    r = run.get()
+    assert "system/cpu_utilization_percentage" in r.data.metrics and "system/system_memory_usage_megabytes" in r.data.metrics
+    path = tmp_path / "config.toml"
+    path.write_text(Path(run.require("config.toml")).read_text())
+    assert load_toml(path) == cfg
+    (inp,) = r.inputs.dataset_inputs
+    assert (inp.dataset.name, inp.dataset.digest) == ("episodes-train", "a" * 36)
+    assert {t.key: t.value for t in inp.tags} == {"mlflow.data.context": "train"}
+    assert json.loads(inp.dataset.profile) == {"episodes": 3}

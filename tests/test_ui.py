@@ -73,17 +73,18 @@ def test_ui_serves_the_store_quietly_and_no_process_outlives_it(tmp_path, stop):
     """`hmmscope ui` prints one line, its URL, once the server answers; nothing else (no MLflow table
     creation, no Starlette warnings, no per-request lines); one uvicorn worker; and every process it started
     is gone after Ctrl-C, SIGTERM, or its own death by SIGKILL (the servers die with their parent)."""
-    run_id = None
+    run_id = eid = None
     if stop == signal.SIGINT:  # a store written in another folder, then moved here (mv old/mlruns mlruns)
         with tracking.start_run(f"sqlite:///{tmp_path}/old/mlruns/mlflow.db", "exp", "r") as run:
             run.log_dict({"x": 1}, "d/x.json")
-        run_id = run.run_id
+        run_id, eid = run.run_id, run.get().info.experiment_id
         (tmp_path / "old" / "mlruns").rename(tmp_path / "mlruns")
     port = _free_port()
     exe = Path(sys.executable).parent / "hmmscope"
     env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, "TMPDIR": str(tmp_path)}
     out, err = (tmp_path / "out.txt").open("w+"), (tmp_path / "err.txt").open("w+")
-    proc = subprocess.Popen([str(exe), "ui", "--port", str(port)], cwd=tmp_path, env=env,
+    target = ["--run", run_id] if run_id else ["--create"]  # a folder with no store: only with --create
+    proc = subprocess.Popen([str(exe), "ui", "--port", str(port), *target], cwd=tmp_path, env=env,
                             stdout=out, stderr=err, start_new_session=True)
     started, printed_before_health = {}, None
     try:
@@ -116,7 +117,8 @@ def test_ui_serves_the_store_quietly_and_no_process_outlives_it(tmp_path, stop):
         assert not _answers(f"http://127.0.0.1:{port}/health")
         assert len(started) == 2, started  # mlflow, and uvicorn with one worker (its default is 4)
         assert not printed_before_health  # the URL came once the server answered
-        assert (tmp_path / "out.txt").read_text() == f"MLflow UI: {base}  (Ctrl-C to stop)\n"
+        shown = f"{base}/#/experiments/{eid}/runs/{run_id}?workflowType=machine_learning" if run_id else base
+        assert (tmp_path / "out.txt").read_text() == f"MLflow UI: {shown}  (Ctrl-C to stop)\n"
         assert (tmp_path / "err.txt").read_text() == ""
         logs = list(tmp_path.glob("hmmscope-ui-*.log"))  # the servers' log: removed on a clean stop
         assert len(logs) == (1 if stop == signal.SIGKILL else 0)
@@ -139,5 +141,27 @@ def test_ui_refuses_a_port_in_use(tmp_path, monkeypatch):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
-        r = CliRunner().invoke(app, ["ui", "--port", str(s.getsockname()[1])])
+        r = CliRunner().invoke(app, ["ui", "--create", "--port", str(s.getsockname()[1])])
     assert r.exit_code == 2 and "the port is in use" in r.output and not (tmp_path / "mlruns").exists()
+
+
+def test_ui_refuses_a_folder_with_no_store_unless_create(tmp_path, monkeypatch):
+    """No store here: exit 2 with one line that says how to get one, and nothing created; an unknown run,
+    sweep or experiment is refused before any server starts."""
+    from typer.testing import CliRunner
+
+    from hmmscope.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    r = CliRunner().invoke(app, ["ui"])
+    assert r.exit_code == 2, r.output
+    assert r.output.count("\n") == 1 and r.output.startswith("error: no MLflow store at ") and "--create" in r.output
+    assert not (tmp_path / "mlruns").exists()
+    with tracking.start_run(tracking.default_tracking_uri(), "exp", "r"):
+        pass
+    for args, what in [(["--run", "nope"], "no run 'nope'"), (["--sweep", "nope"], "no sweep 'nope'"),
+                       (["--experiment", "nope"], "no experiment 'nope'"),
+                       (["--run", "a", "--sweep", "b"], "at most one of")]:
+        r = CliRunner().invoke(app, ["ui", "--port", str(_free_port()), *args])
+        assert r.exit_code == 2 and r.output.count("\n") == 1 and what in r.output, r.output

@@ -118,7 +118,7 @@ def train_cmd(
                    f"{est.get('ckpt_s', 0):.1f} s, evaluation {est.get('eval_s', 0):.1f} s; checkpoint saved; "
                    f"run {res.run_id} FINISHED, tag hmmscope.stopped=deadline); continue with:\n  "
                    f"{shlex.join(again)} [--deadline SECONDS]")
-    typer.echo(f"browse: {tracking.ui_command(uri)}")
+    typer.echo(tracking.browse_line(uri, run_id=res.run_id))
 
 
 @user_errors
@@ -229,7 +229,7 @@ def run_cmd(
         checks.memory(memory_estimate(cfg, job), device=str(dev), force=force, what=f"the {job} stage")
 
     def sweep_and_report(spec, report_dir):  # the jobs layer reaches the sweep layer only through this
-        sw = run_sweep(spec, workers=workers, uri=uri, log=lambda m: None)
+        sw = run_sweep(spec, workers=workers, uri=uri, log=lambda m: typer.echo(m, err=True))  # workers' lines too
         return sw, build_report(uri, sw.parent_run_id, report_dir, storage=sw.storage)
 
     with sigterm_interrupts():
@@ -253,4 +253,4 @@ def run_cmd(
     typer.echo(f"MLflow: parent run {res.parent_id} (train {res.train_id}, theory {res.theory_id}) in experiment "
                f"{experiment!r}; sweep parent run {sw.parent_run_id}")
     typer.echo(f"files (figures, tables, report): {res.folder}")
-    typer.echo(f"browse: {tracking.ui_command(uri)}")
+    typer.echo(tracking.browse_line(uri, run_id=res.parent_id))

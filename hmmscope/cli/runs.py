@@ -1,20 +1,97 @@
-"""`hmmscope runs gc`: housekeeping of MLflow runs (orphan RUNNING runs marked KILLED, with the reason).
+"""`hmmscope runs list / show / compare / gc`: MLflow runs as plain tables in the terminal, and housekeeping.
 
-Owns: the `runs` command group (`app`) and its output. Finding and marking orphans is `tracking.gc_runs`.
+Owns: the `runs` command group (`app`) and its output: plain text tables (columns aligned by spaces, no box
+characters: greppable, pasteable). The tables come from `hmmscope.api` (`runs`, `run`, `compare`: the same
+DataFrames a notebook gets); finding and marking orphans is `tracking.gc_runs`.
 
-Must not import, at module level, anything beyond typer, the standard library and `cli.common`: mlflow and
-`hmmscope.tracking` are imported inside the command body.
+Must not import, at module level, anything beyond typer, the standard library and `cli.common`: mlflow,
+pandas, `hmmscope.api` and `hmmscope.tracking` are imported inside the command bodies.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from .common import UriOpt, fail, print_table, user_errors
 
-app = typer.Typer(no_args_is_help=True, help="Housekeeping of MLflow runs.")
+app = typer.Typer(no_args_is_help=True, help="MLflow runs as plain tables (list, show, compare); housekeeping (gc).")
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return "" if v != v else f"{v:.6g}"
+    if hasattr(v, "strftime"):
+        return "" if str(v) == "NaT" else v.strftime("%Y-%m-%d %H:%M:%S")
+    return "" if v is None else str(v)
+
+
+def plain_table(columns: list[str], rows: list[list[Any]]) -> str:
+    """Columns aligned by two spaces, a header and a rule of dashes; cells as text (floats to 6 digits)."""
+    cells = [[_cell(v) for v in r] for r in rows]
+    width = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    line = lambda r: "  ".join(v.ljust(w) for v, w in zip(r, width, strict=True)).rstrip()  # noqa: E731
+    return "\n".join([line(columns), line(["-" * w for w in width]), *(line(r) for r in cells)])
+
+
+def _api(fn, *args, **kw):
+    try:
+        return fn(*args, **kw)
+    except ValueError as e:
+        fail(str(e).splitlines()[0] if str(e) else "bad input")
+
+
+@app.command("list")
+@user_errors
+def runs_list_cmd(
+    experiment: Annotated[str | None, typer.Option(help="Only this experiment (by name).")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="Newest runs shown, at most.")] = 50,
+    tracking_uri: UriOpt = None,
+) -> None:
+    """The runs, newest first: id, name, experiment, status, kind, start, duration, parent."""
+    from .. import api
+
+    df = _api(api.runs, experiment, tracking_uri=tracking_uri)
+    shown = df.head(limit)
+    typer.echo(plain_table(list(df.columns), shown.values.tolist()))
+    typer.echo(f"{len(shown)} of {len(df)} run(s)")
+
+
+@app.command("show")
+@user_errors
+def runs_show_cmd(
+    run_id: Annotated[str, typer.Argument(help="MLflow run id.")],
+    tracking_uri: UriOpt = None,
+) -> None:
+    """One run: what it is, its params, its metrics (last values), its tags and its claims."""
+    from .. import api
+
+    r = _api(api.run, run_id, tracking_uri=tracking_uri)
+    typer.echo(plain_table(["field", "value"], [[k, v] for k, v in r["info"].items()]))
+    for title, d in (("params", r["params"]), ("metrics", r["metrics"]), ("tags", r["tags"])):
+        if d:
+            typer.echo(f"\n{title}:")
+            typer.echo(plain_table(["key", "value"], [[k, d[k]] for k in sorted(d)]))
+    if len(r["claims"]):
+        typer.echo("\nclaims:")
+        typer.echo(plain_table(list(r["claims"].columns), r["claims"].values.tolist()))
+
+
+@app.command("compare")
+@user_errors
+def runs_compare_cmd(
+    run_ids: Annotated[list[str], typer.Argument(help="Two or more MLflow run ids.")],
+    all_: Annotated[bool, typer.Option("--all", help="Every param and metric, not only those that differ.")] = False,
+    tracking_uri: UriOpt = None,
+) -> None:
+    """Runs side by side: one row per param and metric (those that differ, unless --all), one column per run."""
+    from .. import api
+
+    df = _api(api.compare, run_ids, tracking_uri=tracking_uri, differing_only=not all_)
+    typer.echo(plain_table(["key", *df.columns], [[k, *row] for k, row in zip(df.index, df.values.tolist(),
+                                                                              strict=True)]))
+    typer.echo(f"{len(df)} {'row(s)' if all_ else 'row(s) that differ'}")
 
 
 @app.command("gc")

@@ -72,7 +72,7 @@ class SweepProgress:
 
     def log(self, msg: str) -> None:
         if self.bar is not None:
-            self.bar.console.print(msg, markup=False, highlight=False)  # above the bar
+            self.bar.console.print(msg, markup=False, highlight=False, soft_wrap=True)  # above the bar, unwrapped
         else:
             self.echo(msg)
 
@@ -82,7 +82,7 @@ class SweepProgress:
 
             self.bar = Progress(TextColumn(f"sweep {self.name}"), BarColumn(), MofNCompleteColumn(),
                                 TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
-                                console=console(stderr=True), transient=True)
+                                console=console(stderr=True), transient=False)  # the final n/n bar stays
             self.task = self.bar.add_task(self.name, total=self.n, detail="starting")
             self.bar.__enter__()
         return self
@@ -93,10 +93,23 @@ class SweepProgress:
             bar.__exit__(*exc)
 
 
+def bundled_spec(spec: Path) -> Path:
+    """A spec named without a path or suffix (`smoke`): sweeps/<name>.toml in the working folder, else in the
+    project's own sweeps/ folder (beside the hmmscope package: a source checkout or an editable install).
+    Anything else, or a name found in neither, is returned as given (load_spec reports it)."""
+    if spec.exists() or spec.suffix or len(spec.parts) != 1:
+        return spec
+    for folder in (Path("sweeps"), Path(__file__).resolve().parents[2] / "sweeps"):
+        if (folder / f"{spec.name}.toml").is_file():
+            return folder / f"{spec.name}.toml"
+    return spec
+
+
 @app.command("run")
 @user_errors
 def sweep_run_cmd(
-    spec: Annotated[Path, typer.Argument(help="Sweep spec (TOML), e.g. sweeps/smoke.toml.")],
+    spec: Annotated[Path, typer.Argument(help="Sweep spec (TOML), e.g. sweeps/smoke.toml, or a bundled spec by "
+                                         "name, e.g. smoke (sweeps/<name>.toml here, else the project's own).")],
     workers: Annotated[int, typer.Option(min=1, help="Local worker processes (one torch thread each).")] = 1,
     storage: SpecStorageOpt = None,
     tracking_uri: UriOpt = None,
@@ -109,7 +122,7 @@ def sweep_run_cmd(
     """Create or resume the study and run it to the end with local workers."""
     from ..sweep_spec import load_spec
 
-    s = load_spec(spec)
+    s = load_spec(bundled_spec(spec))
     if print_config:
         swept = ", ".join([p.key for p in s.space] + ["seed"])
         typer.echo(f"# sweep {s.name} ({s.kind}): the config before each trial's values of {swept}")
@@ -130,7 +143,7 @@ def sweep_run_cmd(
         typer.echo(f"sweep {res.study_name} is already complete: nothing to do")
     typer.echo(f"sweep {res.study_name}: {res.complete} complete, {res.failed} failed, {res.pruned} pruned of "
                f"{res.n_trials} ({res.retried} retried); MLflow parent run {res.parent_run_id}")
-    typer.echo(f"report: hmmscope report {res.study_name}    browse: {tracking.ui_command(uri)}")
+    typer.echo(f"report: hmmscope report {res.study_name}    {tracking.browse_line(uri, sweep=res.study_name)}")
     if res.killed_workers:
         typer.echo(f"warning: {len(res.killed_workers)} worker(s) were killed (exit codes {res.killed_workers}: "
                    "minus the signal); their trials were retried", err=True)

@@ -117,7 +117,7 @@ def theory(
     print_theory(result, th)
     typer.echo(f"figures: {out / 'theory.png'}, {out / 'theory.pdf'}  result: {out / 'theory.json'}")
     if run_id is not None:
-        typer.echo(f"MLflow run {run_id} in experiment {experiment!r}; browse: {tracking.ui_command(uri)}")
+        typer.echo(f"MLflow run {run_id} in experiment {experiment!r}; {tracking.browse_line(uri, run_id=run_id)}")
 
 
 def print_theory(result, th, detail: bool = True) -> None:

@@ -1,8 +1,10 @@
 """`hmmscope ui`: the MLflow UI (and optuna-dashboard) on 127.0.0.1 for as long as the command runs.
 
-Owns: the command's options and checks (the stores, free and distinct ports) and what it prints (the URLs once
-the servers answer; a failed server's message and the end of its log). Starting, watching and stopping the
-servers (process groups, PR_SET_PDEATHSIG, signals, the log file) is `hmmscope.servers`.
+Owns: the command's options and checks (the stores, free and distinct ports, the run / sweep / experiment to
+show) and what it prints (the URL of what was asked for, on the port the server really listens on, once the
+servers answer; a failed server's message and the end of its log). A folder with no store is refused unless
+`--create`. Starting, watching and stopping the servers (process groups, PR_SET_PDEATHSIG, signals, the log
+file) is `hmmscope.servers`.
 
 Must not import, at module level, anything beyond typer, the standard library, `hmmscope.checks`,
 `hmmscope.config` and `cli.common`: `hmmscope.servers`, `tracking` and `sweep` are imported inside the body.
@@ -19,9 +21,29 @@ from ..config import ConfigError
 from .common import Spinner, StorageOpt, UriOpt, user_errors
 
 
+def _free_port(preferred: int) -> int:
+    """`preferred` if it is free on 127.0.0.1, else one the system hands out."""
+    import socket
+
+    from .. import servers as srv
+
+    if srv.port_free(preferred):
+        return preferred
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @user_errors
 def ui_cmd(
-    port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the MLflow UI.")] = 5000,
+    port: Annotated[int | None, typer.Option(min=1, max=65535, help="Port of the MLflow UI (default: 5000 if "
+                                             "free, else any free port).")] = None,
+    run: Annotated[str | None, typer.Option("--run", help="Print the URL of this run's page.")] = None,
+    sweep: Annotated[str | None, typer.Option("--sweep", help="Print the URL of this sweep's runs table.")] = None,
+    experiment: Annotated[str | None, typer.Option(
+        "--experiment", help="Print the URL of this experiment's runs table.")] = None,
+    create: Annotated[bool, typer.Option("--create", help="Serve an empty new store where there is none "
+                                         "(without it, a folder with no store is refused).")] = False,
     optuna: Annotated[bool, typer.Option("--optuna-dashboard", help="Also start optuna-dashboard.")] = False,
     storage: StorageOpt = None,
     dashboard_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of optuna-dashboard.")] = 8080,
@@ -29,14 +51,23 @@ def ui_cmd(
 ) -> None:
     """Start the MLflow UI on 127.0.0.1 on this project's store (and optuna-dashboard on the studies).
 
-    The URLs are printed once the servers answer; the servers' own output goes to a log file (shown if one
-    fails). The servers stop with this command: Ctrl-C, SIGTERM, SIGHUP, or its death (Linux).
+    The URL printed opens the runs table (MLflow's 'Model training' view) of the run, sweep or experiment
+    named, once the server answers; the servers' own output goes to a log file (shown if one fails). The
+    servers stop with this command: Ctrl-C, SIGTERM, SIGHUP, or its death (Linux).
     """
     from .. import servers as srv
 
-    uri = checks.tracking_store(tracking_uri)
+    if sum(x is not None for x in (run, sweep, experiment)) > 1:
+        raise ConfigError("give at most one of --run, --sweep, --experiment")
+    try:
+        uri = checks.tracking_store(tracking_uri, must_exist=not create)
+    except ConfigError as e:
+        raise ConfigError(f"{e}; run a command that records there first, or give --create to serve an empty "
+                          "new store") if not create and "nothing was recorded" in str(e) else e from None
     if optuna:
         storage = checks.optuna_storage(storage)
+    explicit = port is not None
+    port = port if explicit else _free_port(5000)
     for p_, what in [(port, "--port")] + ([(dashboard_port, "--dashboard-port")] if optuna else []):
         if not srv.port_free(p_):
             raise ConfigError(f"{what} {p_}: the port is in use on 127.0.0.1")
@@ -45,13 +76,20 @@ def ui_cmd(
     from .. import tracking
 
     tracking.ensure_store(uri)
+    base = f"http://127.0.0.1:{port}"
+    try:  # before any server starts: an unknown run, sweep or experiment is a one-line error
+        url = tracking.target_url(uri, base, run_id=run, sweep=sweep, experiment=experiment)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     servers = [srv.mlflow_ui(uri, port)]
     if optuna:
         servers.append(srv.optuna_dashboard(storage, dashboard_port))
+    shown = [url] + [s.url for s in servers[1:]]
     failed = srv.supervise(
         servers, srv.server_env(),
         starting=Spinner("starting the MLflow UI" + (" and optuna-dashboard" if optuna else "")),
-        ready=lambda: typer.echo("  ".join(f"{s.name}: {s.url}" for s in servers) + "  (Ctrl-C to stop)"))
+        ready=lambda: typer.echo("  ".join(f"{s.name}: {u}" for s, u in zip(servers, shown, strict=True))
+                                 + "  (Ctrl-C to stop)"))
     if failed is not None:
         typer.echo(f"error: {failed.message}; its log ({failed.log_path}) ends:", err=True)
         for line in failed.tail:

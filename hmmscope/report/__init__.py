@@ -21,8 +21,9 @@ naming where it looked.
 
 A sweep is one parent run with one child per trial. A training trial is the training run itself
 (params = flattened config, metrics eval/*, memory/*), possibly with a grandchild "analysis"
-(claim/<name>/value|ci_lo|ci_hi, tags verdict/<name>); a theory trial is a theory parent run whose
-children are the settings (theory/rate, rate_lo, rate_hi, log_intercept, gamma_eff).
+(claims read from its claims.json table as claim/<name>/value|ci_lo|ci_hi and verdicts; older runs: from
+metrics and tags); a theory trial is a theory parent run whose children are the settings (theory/rate,
+rate_lo, rate_hi, log_intercept, gamma_eff).
 
 The report is built once as a list of blocks (heading, paragraph, table, image) per section, then
 rendered to Markdown (GitHub pipe tables) and HTML (escaped text, <table>, figures embedded as base64
@@ -192,7 +193,7 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
     settings = _theory_settings(theory_runs, t.children, uri)
     if theory_runs and not settings:
         notes.append("theory trials found but no settings with logged rates")
-    df = _training_frame(train_runs, t.children, t.analysis)
+    df = _training_frame(train_runs, t.children, t.analysis, uri)
     steps = [("theory", lambda: _theory_section(settings, out_dir, figs) if settings else (None, [])),
              ("practice vs theory", lambda: (_practice_section(df, out_dir, figs), [])),
              ("positional encoding", lambda: _posenc_section(df, out_dir, figs)),
@@ -218,7 +219,7 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
             ("table", ["claim", "statistic", "value", "95% CI", "df", "rule", "verdict", "reason"],
              [[c.name, c.statistic, _f(c.value), _ci(c.ci_lo, c.ci_hi), _f(c.df), c.rule or "-", c.verdict, c.reason]
               for c in claims])]))
-    rows, varying, metrics = trial_rows(t, _is_theory)
+    rows, varying, metrics = trial_rows(t, _is_theory, uri)
     tsec = trials_section(t.objective, rows, varying, metrics)
     if tsec is not None:
         sections.append(tsec)

@@ -150,8 +150,9 @@ def analysis_run(r, children: dict, analysis: dict | None = None):
     return ana[0] if ana else None  # newest first (search order)
 
 
-def _training_frame(runs: list, children: dict, analysis: dict | None = None):
-    """One row per training trial: numeric-ified params, metrics, analysis claims (claim/<name>/*).
+def _training_frame(runs: list, children: dict, analysis: dict | None = None, uri: str | None = None):
+    """One row per training trial: numeric-ified params, metrics, analysis claims (claim/<name>/*, read from
+    the analysis run's claims.json by `tracking.read_claims`; `uri` is the store, needed for that table).
 
     The analysis read is the one the trial recorded (`analysis`: run id -> analysis run id), else the
     newest FINISHED analysis child.
@@ -166,10 +167,10 @@ def _training_frame(runs: list, children: dict, analysis: dict | None = None):
         a = analysis_run(r, children, analysis)
         if a is not None:
             row["analysis_id"] = a.info.run_id
-            row.update({f"metric:{k}": v for k, v in a.data.metrics.items() if k.startswith("claim/")})
-            row.update({f"verdict:{k[len('verdict/'):]}": v.split(":", 1)[0].strip()
-                        for k, v in a.data.tags.items() if k.startswith("verdict/")})
-            row.update({f"rule:{k[len('rule/'):]}": v for k, v in a.data.tags.items() if k.startswith("rule/")})
+            nums, verdicts, rules = tracking.read_claims(uri, a)  # its claims.json (older runs: metrics, tags)
+            row.update({f"metric:{k}": v for k, v in nums.items()})
+            row.update({f"verdict:{k}": v for k, v in verdicts.items()})
+            row.update({f"rule:{k}": v for k, v in rules.items()})
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from .. import tracking
 from .common import NAN, Section, _f
 from .read import _Trials, analysis_run
 
@@ -20,7 +21,7 @@ KEY_METRICS = ("eval/seen/test_acc", "eval/seen/excess_ce", "eval/seen/kl_mix", 
                "theory/exponent/gamma/pooled")  # eval/<name>: runs recorded before eval/seen/<name>
 
 
-def trial_rows(t: _Trials, is_theory) -> tuple[list[dict], list[str], list[str]]:
+def trial_rows(t: _Trials, is_theory, uri: str | None = None) -> tuple[list[dict], list[str], list[str]]:
     """(rows, varying param names, metric names) over the COMPLETE trials' runs, by trial number."""
     rows = []
     for r in sorted(t.complete, key=lambda r: t.trial_of.get(r.info.run_id, -1)):
@@ -30,7 +31,7 @@ def trial_rows(t: _Trials, is_theory) -> tuple[list[dict], list[str], list[str]]
                "params": dict(r.data.params), "metrics": dict(r.data.metrics)}
         a = analysis_run(r, t.children, t.analysis) if row["kind"] == "train" else None
         if a is not None:
-            row["metrics"].update({k: v for k, v in a.data.metrics.items() if k.startswith("claim/")})
+            row["metrics"].update(tracking.read_claims(uri, a)[0])
         if row["kind"] == "theory":  # the theory trial's pooled exponent sits on its parent run
             row["metrics"].update({k: v for k, v in r.data.metrics.items() if k.startswith("theory/exponent")})
         rows.append(row)

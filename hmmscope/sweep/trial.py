@@ -10,7 +10,8 @@ checkpoint. The only sweep module that calls `trial.suggest_*`. Imports the jobs
   hmmscope.study / hmmscope.sweep_parent / hmmscope.seed, with its kind's params (training: hmm/data/
   model/train; theory: theory), a one-line mlflow.note.content, and the objective also as the metric
   `Objective/<objective>` (first in the MLflow UI's metric lists). The trial links back: user attrs
-  mlflow_run_id, mlflow_experiment_id and mlflow_run_url (`tracking.run_url`); with analyze, also
+  mlflow_run_id, mlflow_experiment_id and mlflow_run_url (`tracking.run_url` on a server store; on a local
+  store, where no UI port is known, the `hmmscope ui --run ID` command that prints it); with analyze, also
   mlflow_analysis_run_id/... for the analysis run.
 - Pruning: the trial reports the prune metric at each evaluation (`make_prune_hook`); a pruned training
   run ends FAILED with hmmscope.failure_reason "TrialPruned: ...".
@@ -96,7 +97,8 @@ def _link(trial, uri: str, run_id: str, prefix: str = "mlflow") -> None:
     with contextlib.suppress(Exception):
         eid = tracking.client(uri).get_run(run_id).info.experiment_id
         trial.set_user_attr(f"{prefix}_experiment_id", eid)
-        trial.set_user_attr(f"{prefix}_run_url", tracking.run_url(uri, eid, run_id))
+        url = tracking.run_url(uri, eid, run_id)  # a server store's own URL; a local store has no UI port yet
+        trial.set_user_attr(f"{prefix}_run_url", url or tracking.browse_line(uri, run_id=run_id).split(": ", 1)[1])
 
 
 def resumable_run(trial, spec: SweepSpec, uri: str, parent: str) -> str | None:

@@ -268,18 +268,26 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
         raise KeyboardInterrupt(f"signal {signum}")
 
     old_term = signal.signal(signal.SIGTERM, on_term) if threading.current_thread() is threading.main_thread() else None
+    readers: list[threading.Thread] = []
     with tracking.start_run(uri, spec.experiment, f"sweep-{spec.name}", resume=parent) as prun:
         try:
             for gpu in assigned:
                 # own session: a terminal's Ctrl-C reaches only us, and we stop the workers cleanly; SIGTERM
                 # when we die, even by SIGKILL (PR_SET_PDEATHSIG): a worker hands its trial back and exits, so
-                # a resume never runs beside stale workers
+                # a resume never runs beside stale workers. Its output comes through `log` line by line (above
+                # the caller's progress bar, never onto it)
                 procs.append(subprocess.Popen(worker_command(spec.name, storage, uri), env=worker_env(gpu),
-                                              start_new_session=True, preexec_fn=die_with_parent()))
+                                              start_new_session=True, preexec_fn=die_with_parent(),
+                                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                              stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1))
+                readers.append(threading.Thread(target=_forward, args=(procs[-1].stdout, log), daemon=True))
+                readers[-1].start()
             while any(p.poll() is None for p in procs):
                 time.sleep(1.0)
                 if progress is not None:
                     progress(counts(study), spec.n_trials)
+            for r in readers:  # every line a worker wrote is out before the summary
+                r.join(timeout=10)
         except BaseException:
             for p in procs:
                 if p.poll() is None:
@@ -310,6 +318,15 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
                            "hmmscope.best_run": best.user_attrs.get("mlflow_run_id", "")})
     return SweepSummary(spec.name, storage, parent, spec.n_trials, c["complete"], c["failed"], c["pruned"],
                         c["retried"], False, [p.returncode for p in procs])
+
+
+def _forward(stream, log: Callable[[str], object]) -> None:
+    """A worker's output, line by line, through `log` (the caller prints it above its bar)."""
+    with contextlib.suppress(Exception):
+        for line in iter(stream.readline, ""):
+            log(line.rstrip("\n"))
+    with contextlib.suppress(Exception):
+        stream.close()
 
 
 # ---------------------------------------------------------------- worker entry point (python -m hmmscope.sweep)

@@ -8,16 +8,31 @@ The rooms (each module's docstring has the details):
 - `runs`: `start_run` (nested runs, resuming, FINISHED / FAILED / KILLED with the reason) and `Run`, the
   handle every write goes through (params, metrics, tags, artifacts, tables, claims, downloads).
 - `liveness`: host, pid and heartbeat of an open run; orphan runs found (`stale_reason`) and ended (`gc_runs`).
-- `search`: runs read back (`search_runs`, `get_run`) and pointed at (`run_url`, `ui_command`).
+- `claims`: a run's claims as one table plus headline numbers, and read back (`read_claims`).
+- `search`: runs read back (`search_runs`, `get_run`) and pointed at (`run_url`, `experiment_url`, `target_url`,
+  `browse_line`: the one `hmmscope ui` line commands print; `ui_command`: the server's own command line).
 
-Dependencies run store <- tags, search <- liveness <- runs, none back. No module of this package imports
+Dependencies run store <- tags <- search <- liveness <- runs, none back. No module of this package imports
 mlflow at import time (only inside functions), and none imports anything of hmmscope outside it except
 `config` (inside `tags.config_params`); every other module reaches MLflow only through this package.
 """
 
+from .claims import CLAIMS_FILE, claim_headline, claim_keys, read_claims
 from .liveness import HEARTBEAT_ENV, HEARTBEAT_GRACE, gc_runs, heartbeat_interval, stale_reason
-from .runs import ArtifactNotFound, Run, delete_run, existing_run, experiment_name, start_run
-from .search import UI_PORT, get_run, run_url, search_runs, ui_command
+from .runs import ArtifactNotFound, Run, config_toml, delete_run, existing_run, experiment_name, start_run
+from .search import (
+    ML_VIEW,
+    UI_PORT,
+    browse_line,
+    experiment_url,
+    get_run,
+    run_url,
+    search_runs,
+    sweep_parent,
+    target_url,
+    ui_base,
+    ui_command,
+)
 from .store import (
     ARTIFACTS,
     DB_NAME,
@@ -46,13 +61,16 @@ from .tags import (
     safe_key,
     source_name,
     standard_tags,
+    train_run_name,
 )
 
 __all__ = [
-    "ARTIFACTS", "ArtifactNotFound", "CLAIM_COLUMNS", "DB_NAME", "HEARTBEAT_ENV", "HEARTBEAT_GRACE", "PARAM_MAX",
-    "ROOT_TAG", "Run", "STORE_DIR", "THEORY_SECTIONS", "TRAIN_SECTIONS", "UI_PORT", "_param_value", "artifact_root",
-    "claims_table", "client", "config_params", "default_tracking_uri", "delete_run", "ensure_store",
-    "existing_run", "experiment_id", "experiment_name", "gc_runs", "get_run", "git_commit", "heartbeat_interval",
-    "note_line", "objective_key", "relocate", "resolve_uri", "run_url", "safe_key", "search_runs", "source_name",
-    "stale_reason", "standard_tags", "start_run", "ui_command", "writable",
+    "ARTIFACTS", "ArtifactNotFound", "CLAIMS_FILE", "CLAIM_COLUMNS", "DB_NAME", "HEARTBEAT_ENV", "HEARTBEAT_GRACE",
+    "ML_VIEW", "PARAM_MAX", "ROOT_TAG", "Run", "STORE_DIR", "THEORY_SECTIONS", "TRAIN_SECTIONS", "UI_PORT",
+    "_param_value", "artifact_root", "browse_line", "claim_headline", "claim_keys", "claims_table", "client", "config_toml",
+    "config_params", "default_tracking_uri", "delete_run", "ensure_store", "existing_run", "experiment_id",
+    "experiment_name", "experiment_url", "gc_runs", "get_run", "git_commit", "heartbeat_interval", "note_line",
+    "objective_key", "read_claims", "relocate", "resolve_uri", "run_url", "safe_key", "search_runs", "source_name",
+    "stale_reason", "standard_tags", "start_run", "sweep_parent", "target_url", "train_run_name", "ui_base",
+    "ui_command", "writable",
 ]

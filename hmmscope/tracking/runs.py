@@ -23,7 +23,7 @@ from typing import Any
 
 from .liveness import _beating, _liveness_tags, clear_orphaned, heartbeat_interval
 from .store import ARTIFACTS, _sqlite_path, _uri_path, client, ensure_store, experiment_id
-from .tags import _param_value, claims_table, note_line, safe_key, standard_tags
+from .tags import _param_value, claim_headline, claims_table, note_line, safe_key, standard_tags
 
 
 class ArtifactNotFound(FileNotFoundError):
@@ -57,7 +57,8 @@ class Run:
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         from mlflow.entities import RunTag
 
-        self._client.log_batch(self.run_id, tags=[RunTag(safe_key(k), str(v)[:5000]) for k, v in tags.items()])
+        self._client.log_batch(self.run_id, tags=[RunTag(safe_key(k), (_param_value(v) if isinstance(v, float) else
+                                                                        str(v))[:5000]) for k, v in tags.items()])
 
     def artifact_uri(self) -> str:
         """Where this run's artifacts are: the recorded URI, resolved against a sqlite store's own folder.
@@ -117,10 +118,24 @@ class Run:
             self.set_tags({"mlflow.loggedArtifacts": json.dumps([*logged, entry])})
 
     def log_claims(self, claims: Iterable[Any], name: str = "claims.json") -> None:
-        """The claims as a logged table (`claims_table` columns); nothing for no claims."""
+        """The claims as ONE logged table (`claims_table` columns) and their headline numbers (`claims`
+        module: claims/n, claims/<verdict>, the tag hmmscope.claims); nothing for no claims."""
         claims = list(claims)
         if claims:
             self.log_table(claims_table(claims), name)
+            metrics, tags = claim_headline(claims)
+            self.log_metrics(metrics)
+            self.set_tags(tags)
+
+    def log_dataset(self, name: str, digest: str, context: str, source: str, profile: Mapping[str, Any]) -> None:
+        """A dataset input of this run (MLflow's `log_input`: the run page's Datasets, the runs table's Dataset
+        column): its name, content hash as the digest, what it was used for (`context`: train, eval, ...), where
+        it comes from (`source`: e.g. the config that generates it) and a small profile (counts, shapes)."""
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        ds = Dataset(name=name, digest=digest[:36], source_type="code", source=json.dumps({"generator": source}),
+                     profile=json.dumps(dict(profile), default=str))
+        self._client.log_inputs(self.run_id, [DatasetInput(ds, [InputTag("mlflow.data.context", context)])])
 
     def get(self):
         """The run as MLflow returns it (info, data.params, data.metrics, data.tags)."""
@@ -175,7 +190,8 @@ def experiment_name(uri: str, run_id: str) -> str:
 @contextlib.contextmanager
 def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None = None,
               params: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None,
-              resume: str | None = None, note: str | None = None) -> Iterator[Run]:
+              resume: str | None = None, note: str | None = None, config: Any = None,
+              system_metrics: bool = False) -> Iterator[Run]:
     """Open a run (nested under `parent` if given), or reopen run `resume` (its status goes back to RUNNING).
 
     A new run gets MLflow's standard tags (`standard_tags`; `note` is its one-line description, and `tags`
@@ -183,6 +199,10 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
 
     The run ends FINISHED, or FAILED/KILLED with the reason in the tag `hmmscope.failure_reason`.
     While it is open it carries this process's host and pid and a heartbeat (module docstring).
+    `config` (a Config, or any of its sections): logged at once as the artifact `config.toml` (`config_toml`),
+    which `--config` reads back. `system_metrics`: MLflow's system metrics (system/cpu_utilization_percentage,
+    system/system_memory_usage_megabytes, ...; GPU ones where pynvml finds a GPU) sampled every
+    MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL seconds (default 10) while the run is open (`_system_monitor`).
     """
     ensure_store(uri)
     c = client(uri)
@@ -200,10 +220,13 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
         r = c.create_run(experiment_id(uri, experiment), run_name=name,
                          tags={safe_key(k): str(v)[:5000] for k, v in all_tags.items()})
         run = Run(uri, r.info.run_id)
+    monitor = _system_monitor(uri, run.run_id, resume is not None) if system_metrics else None
     try:
         with _beating(run, interval):
             if params:
                 run.log_params(params)
+            if config is not None:
+                run.log_dict(config_toml(config), "config.toml")
             yield run
     except BaseException as e:
         status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
@@ -219,6 +242,45 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
     else:
         clear_orphaned(c, run.run_id)  # marked an orphan while it ran (an expired lease): it was not one
         c.set_terminated(run.run_id, "FINISHED")
+    finally:
+        if monitor is not None:
+            with contextlib.suppress(Exception):
+                monitor.finish()
+
+
+def _system_monitor(uri: str, run_id: str, resumed: bool):
+    """MLflow's SystemMetricsMonitor on this run (started), or None where it cannot run (no psutil)."""
+    import logging
+
+    try:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+    except ImportError:
+        return None
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # no "Started monitoring" lines
+    try:
+        m = SystemMetricsMonitor(run_id, resume_logging=resumed, tracking_uri=uri)
+        m.start()
+    except Exception:
+        return None
+    return m
+
+
+def config_toml(cfg: Any) -> str:
+    """A Config (or one section of it; or a mapping of section -> values) as TOML tables, as `--config` reads."""
+    import dataclasses
+
+    def toml(v: Any) -> str:
+        return json.dumps(v)  # numbers, strings, booleans and lists of them: JSON is TOML here
+
+    d = dict(cfg) if isinstance(cfg, Mapping) else dataclasses.asdict(cfg)
+    if all(isinstance(v, dict) for v in d.values()):
+        sections = d
+    else:
+        sections = {type(cfg).__name__.removesuffix("Config").lower(): d}
+    out = []
+    for sec, values in sections.items():
+        out += [f"[{sec}]", *(f"{k} = {toml(v)}" for k, v in values.items() if v is not None), ""]
+    return "\n".join(out)
 
 
 def delete_run(uri: str, run_id: str) -> None:

@@ -147,7 +147,8 @@ def experiment_id(uri: str, name: str) -> str:
         return exp.experiment_id
     try:
         root = artifact_root(uri)
-        return c.create_experiment(name, artifact_location=root, tags={ROOT_TAG: ARTIFACTS} if root else None)
+        tags = {"mlflow.experimentKind": "custom_model_development", **({ROOT_TAG: ARTIFACTS} if root else {})}
+        return c.create_experiment(name, artifact_location=root, tags=tags)  # the kind: a training UI, not GenAI
     except Exception:  # another process created it first
         exp = c.get_experiment_by_name(name)
         if exp is None:

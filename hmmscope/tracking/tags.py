@@ -7,8 +7,8 @@ Runs that compare side by side. Every new run carries MLflow's standard tags: `m
 as params only the config sections of its kind (`config_params`: a training run hmm/data/model/train,
 a theory run theory). Claims go into a logged table `claims.json` (`Run.log_claims`: MLflow's
 `log_table` format, listed in the tag `mlflow.loggedArtifacts`), one row per claim with its value,
-CI, rule, verdict and reason (`claims_table`), beside the `verdict/<name>` / `rule/<name>` tags report.py
-reads. The MLflow UI lists a run's metrics in key order (JavaScript's default sort, i.e. code-unit order:
+CI, rule, verdict and reason (`claims_table`; headline counts and reading back: the `claims` module).
+The MLflow UI lists a run's metrics in key order (JavaScript's default sort, i.e. code-unit order:
 upper case before lower case), so a sweep trial's objective is also logged as
 `Objective/<objective key>` (`objective_key`), which sorts before every lower-case metric key.
 
@@ -108,6 +108,12 @@ def config_params(cfg: Any, sections: Iterable[str]) -> dict[str, Any]:
     return {k: v for k, v in flatten(cfg).items() if k.split(".", 1)[0] in keep}
 
 
+def train_run_name(cfg: Any) -> str:
+    """A training run's default name, saying what it is: train-<pos_enc>-L<layers>-g<gamma>-s<seed>,
+    e.g. train-rope-L4-g0.8-s0."""
+    return f"train-{cfg.model.pos_enc}-L{cfg.model.n_layers}-g{cfg.hmm.gamma:g}-s{cfg.train.seed}"
+
+
 def objective_key(objective: str) -> str:
     """The metric key that carries a sweep objective's value; it sorts first in the MLflow UI."""
     return safe_key(f"Objective/{objective}")
@@ -139,6 +145,33 @@ def safe_key(key: str) -> str:
     return re.sub(r"[^A-Za-z0-9_\-. :/]", "_", key)[:250]
 
 
+def _display(v: Any) -> Any:
+    """Floats rounded to 6 significant digits for display (0.30000000000000004 -> 0.3), in lists too."""
+    if isinstance(v, float) and math.isfinite(v):
+        return float(f"{v:.6g}")
+    if isinstance(v, (list, tuple)):
+        return [_display(x) for x in v]
+    return v
+
+
 def _param_value(v: Any) -> str:
+    """A param or tag value as MLflow shows it (text): JSON for lists, dicts, booleans and None; floats rounded
+    for display (`_display`; metrics keep full precision)."""
+    v = _display(v)
     s = json.dumps(v) if isinstance(v, (list, tuple, dict, bool)) or v is None else str(v)
     return s[:PARAM_MAX]
+
+
+VERDICTS = ("supported", "not supported", "inconclusive", "no power")
+
+
+def claim_headline(claims: Iterable[Any]) -> tuple[dict[str, float], dict[str, str]]:
+    """(metrics, tags) that summarize the claims: how many, how many of each verdict; {} for no claims."""
+    claims = list(claims)
+    if not claims:
+        return {}, {}
+    counts = {v: sum(c.verdict == v for c in claims) for v in VERDICTS}
+    counts.update({c.verdict: sum(x.verdict == c.verdict for x in claims) for c in claims})
+    metrics = {"claims/n": float(len(claims)), **{f"claims/{v.replace(' ', '_')}": float(n) for v, n in counts.items()}}
+    line = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+    return metrics, {"hmmscope.claims": f"{len(claims)} claims: {line}"}

@@ -1,0 +1,142 @@
+"""Results outside the MLflow UI: a small public API that returns runs and sweeps as pandas DataFrames.
+
+    from hmmscope import api
+    df = api.sweep_trials("smoke")                      # one row per trial of the sweep
+    df.groupby(["model.pos_enc", "hmm.gamma"])["objective"].mean()
+    api.runs("hmmscope-sweeps")                         # one row per run (newest first)
+    api.run(run_id)["metrics"]; api.compare([a, b])     # one run; runs side by side
+
+Every function takes `tracking_uri` (default: --tracking-uri's, i.e. MLFLOW_TRACKING_URI or ./mlruns/mlflow.db)
+and, for sweeps, `storage` (default: ./mlruns/optuna.db); they only read (nothing is created) and raise
+ValueError (one line) for a store, run or sweep that is not there. The `hmmscope runs list/show/compare`
+commands print these same tables.
+
+Owns: the columns of those tables. Imports pandas, `tracking` and `sweep` inside the functions (importing
+this module loads none of them, nor torch); must not import the CLI or the jobs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+RUN_COLUMNS = ("run_id", "run_name", "experiment", "status", "kind", "start_time", "duration_s", "parent_id")
+
+
+def _uri(tracking_uri: str | None) -> str:
+    from . import tracking
+
+    uri = tracking.resolve_uri(tracking_uri)
+    db = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
+    if db is not None:
+        from pathlib import Path
+
+        if not Path(db).is_file():
+            raise ValueError(f"no MLflow store at {db}")
+    return uri
+
+
+def _run_row(r, experiments: dict[str, str]) -> dict[str, Any]:
+    import pandas as pd
+
+    i = r.info
+    end = i.end_time or None
+    return {"run_id": i.run_id, "run_name": i.run_name or "", "experiment": experiments.get(i.experiment_id, ""),
+            "status": i.status, "kind": r.data.tags.get("hmmscope.kind", ""),
+            "start_time": pd.to_datetime(i.start_time, unit="ms", utc=True) if i.start_time else pd.NaT,
+            "duration_s": (end - i.start_time) / 1000 if end and i.start_time else math.nan,
+            "parent_id": r.data.tags.get("mlflow.parentRunId", "")}
+
+
+def runs(experiment: str | None = None, *, tracking_uri: str | None = None, limit: int | None = None):
+    """One row per active run (RUN_COLUMNS), newest first; `experiment` (a name) narrows it; `limit` rows at most."""
+    import pandas as pd
+
+    from . import tracking
+
+    uri = _uri(tracking_uri)
+    c = tracking.client(uri)
+    if experiment is not None and c.get_experiment_by_name(experiment) is None:
+        raise ValueError(f"no experiment {experiment!r} in {uri}")
+    experiments = {e.experiment_id: e.name for e in c.search_experiments()}
+    found = tracking.search_runs(uri, experiment)
+    rows = [_run_row(r, experiments) for r in found[:limit]]
+    return pd.DataFrame(rows, columns=list(RUN_COLUMNS))
+
+
+def run(run_id: str, *, tracking_uri: str | None = None) -> dict[str, Any]:
+    """One run: {"info": its RUN_COLUMNS row, "params", "metrics" (last values), "tags" (without MLflow's own
+    mlflow.* bookkeeping but the note), "claims": DataFrame (its claims.json; empty if none)}."""
+    import pandas as pd
+
+    from . import tracking
+
+    uri = _uri(tracking_uri)
+    r = tracking.get_run(uri, run_id)
+    if r is None:
+        raise ValueError(f"no run {run_id!r} in {uri}")
+    exp = tracking.client(uri).get_experiment(r.info.experiment_id)
+    nums, verdicts, rules = tracking.read_claims(uri, r)
+    claims = pd.DataFrame([{"claim": n, "value": nums.get(f"claim/{n}/value", math.nan),
+                            "ci_lo": nums.get(f"claim/{n}/ci_lo", math.nan),
+                            "ci_hi": nums.get(f"claim/{n}/ci_hi", math.nan), "rule": rules.get(n, ""),
+                            "verdict": v} for n, v in verdicts.items()],
+                          columns=["claim", "value", "ci_lo", "ci_hi", "rule", "verdict"])
+    tags = {k: v for k, v in r.data.tags.items() if not k.startswith("mlflow.") or k == "mlflow.note.content"}
+    return {"info": _run_row(r, {exp.experiment_id: exp.name}), "params": dict(r.data.params),
+            "metrics": dict(r.data.metrics), "tags": tags, "claims": claims}
+
+
+def compare(run_ids: list[str], *, tracking_uri: str | None = None, differing_only: bool = True):
+    """Runs side by side: one row per param (`param:<key>`) and metric (`metric:<key>`), one column per run
+    (named `<run name> (<id[:8]>)`); with `differing_only`, only the rows whose values differ between them."""
+    import pandas as pd
+
+    if len(run_ids) < 2:
+        raise ValueError("compare needs at least two run ids")
+    got = [run(i, tracking_uri=tracking_uri) for i in run_ids]
+    cols = [f"{g['info']['run_name']} ({g['info']['run_id'][:8]})" for g in got]
+    keys = sorted({f"param:{k}" for g in got for k in g["params"]}) + \
+        sorted({f"metric:{k}" for g in got for k in g["metrics"]})
+    data = {c: [g["params" if k.startswith("param:") else "metrics"].get(k.split(":", 1)[1]) for k in keys]
+            for c, g in zip(cols, got, strict=True)}
+    df = pd.DataFrame(data, index=pd.Index(keys, name="key"))
+    if differing_only:
+        df = df[df.map(lambda v: "\0" if v is None else str(v)).nunique(axis=1) > 1]  # missing counts as a value
+    return df
+
+
+def sweep_trials(name: str, *, storage: str | None = None, tracking_uri: str | None = None):
+    """One row per trial of the sweep `name`: number, state, seed, each swept param (by its config key), the
+    objective (`objective`, the value Optuna recorded), run_id and run_name of its MLflow run, then the last
+    value of every metric of that run (`metric:<key>`) and of its analysis run's claims (`metric:claim/...`)."""
+    import pandas as pd
+
+    from . import tracking
+    from .config import ConfigError
+    from .sweep import default_storage, load_study
+
+    uri = _uri(tracking_uri)
+    try:
+        study = load_study(name, storage or default_storage())
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+    c = tracking.client(uri)
+    rows = []
+    for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+        params = dict(t.params) or dict(t.system_attrs.get("fixed_params", {}))
+        rid = t.user_attrs.get("mlflow_run_id", "")
+        row: dict[str, Any] = {"number": t.number, "state": t.state.name,
+                               "seed": t.user_attrs.get("seed", params.pop("seed", None)), **params,
+                               "objective": t.value if t.value is not None else math.nan,
+                               "run_id": rid, "run_name": ""}
+        r = tracking.get_run(uri, rid) if rid else None
+        if r is not None:
+            row["run_name"] = r.info.run_name or ""
+            row.update({f"metric:{k}": v for k, v in sorted(r.data.metrics.items())})
+            aid = t.user_attrs.get("mlflow_analysis_run_id")
+            a = c.get_run(aid) if aid else None
+            if a is not None:
+                row.update({f"metric:{k}": v for k, v in tracking.read_claims(uri, a)[0].items()})
+        rows.append(row)
+    return pd.DataFrame(rows)
