@@ -155,13 +155,13 @@ def summarize(points: list[tuple[int, dict]], threshold: float, out, name: str) 
     style = {"model": ("-", "o", 2.0), "mixture_oracle": ("--", None, 1.0), "incontext_unigram": ((0, (6, 2, 1, 2)),
              None, 1.0), "incontext_bigram": ("-.", None, 1.0)}
     for tasks, col in zip(TASKS, ("C0", "C1")):
-        for name, (ls, mk, lw) in style.items():
-            q = f"{tasks}/{name}"
+        for pred, (ls, mk, lw) in style.items():
+            q = f"{tasks}/{pred}"
             if not any(q in r for r in rows):
                 continue
             y = [r.get(q, math.nan) for r in rows]
-            ax.plot(ns, y, ls=ls, marker=mk, color=col, lw=lw, label=f"{tasks}: {name.replace('_', ' ')}")
-            if name == "model":
+            ax.plot(ns, y, ls=ls, marker=mk, color=col, lw=lw, label=f"{tasks}: {pred.replace('_', ' ')}")
+            if pred == "model":
                 ax.fill_between(ns, [r.get(q + "_lo", math.nan) for r in rows],
                                 [r.get(q + "_hi", math.nan) for r in rows], color=col, alpha=0.2)
     ax.axhline(0, color="gray", lw=0.8, label="task oracle (ceiling)")
