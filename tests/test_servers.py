@@ -307,7 +307,7 @@ def test_ui_child_argv_from_a_weird_folder_and_an_injected_uri(tmp_path):
     uri = f"sqlite:///{folder}/ml flow.db --disable-security-middleware --static-prefix /x"
     exe = Path(sys.executable).parent / "hmmscope"
     env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, "TMPDIR": str(tmp_path)}
-    proc = subprocess.Popen([str(exe), "ui", "--port", str(_free_port()), "--tracking-uri", uri], cwd=folder,
+    proc = subprocess.Popen([str(exe), "ui", "--create", "--port", str(_free_port()), "--tracking-uri", uri], cwd=folder,
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     kids: list[int] = []
     try:
