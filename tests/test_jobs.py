@@ -143,17 +143,20 @@ def test_analysis_run_lives_as_long_as_its_work_and_a_crash_leaves_it_failed(run
     """The analysis run opens when the work starts: its MLflow duration is the work's own (it used to open
     after the work: 1.9 s against 39.7 s); a crash in the probes leaves it FAILED with the shuffle test's
     metrics, logged as soon as that phase ended."""
-    import time
-
     from hmmscope import probes
 
     uri, rid, tmp, _ = run
-    t0 = time.time()
     an = analyze_run(uri, rid, n_episodes=16, ks=(1,), n_perms=1, probe_tasks=4, min_per_task=4)
-    wall = time.time() - t0
-    info = tracking.client(uri).get_run(an.run_id).info
-    duration = (info.end_time - info.start_time) / 1000
-    assert 0.6 * wall <= duration <= wall + 0.5, (duration, wall)
+    c = tracking.client(uri)
+    got = c.get_run(an.run_id)
+    info, m = got.info, got.data.metrics
+    # no wall-clock ratio (a loaded machine makes any ratio flaky): the run's interval must hold the phases the
+    # work timed itself, and the shuffle phase's metric, logged the moment that phase ended, lies inside it
+    phases_ms = 1000 * (m["analysis/shuffle_s"] + m["analysis/probes_s"])
+    assert info.end_time - info.start_time >= phases_ms - 2, (info.end_time - info.start_time, phases_ms)
+    (first,) = [h for h in c.get_metric_history(an.run_id, "analysis/shuffle_s")][:1]
+    assert info.start_time <= first.timestamp <= info.end_time
+    assert first.timestamp - info.start_time >= 1000 * m["analysis/shuffle_s"] - 2  # opened before the shuffle began
 
     def boom(*a, **k):
         raise RuntimeError("probe fit crashed")
