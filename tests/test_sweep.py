@@ -225,6 +225,19 @@ def test_grid_sweep_two_workers_end_to_end(tmp_path):
     assert {r.data.tags["hmmscope.trial"] for r in children} == {str(r["number"]) for r in rows}
     assert all(r.data.tags["hmmscope.study"] == "th" and "theory/rate" in r.data.metrics for r in children)
     assert {r.data.params["theory.seed"] for r in children} == {"0", "1"}
+    # the parent run's comparison (test_sweep_compare.py): one line (no pos_enc), a pivot row per swept level, means
+    # over seeds (each seed: the mean of its trials at that level) with t CIs, as computed here from the trials
+    from test_sweep_compare import assert_logged, pivot_of, t_ci
+
+    assert_logged(uri, s.parent_run_id)
+    _, pivot = pivot_of(uri, s.parent_run_id)
+    assert [(r["factor"], r["level"]) for r in pivot] == [("theory.gammas", "0.5"), ("theory.gammas", "0.8"),
+                                                         ("theory.ranks", "2"), ("theory.ranks", "4"), ("all", "all")]
+    val = {(r["params"]["theory.gammas"], r["params"]["theory.ranks"], r["seed"]): r["value"] for r in rows}
+    for r, (gs, ks) in zip(pivot, [([0.5], [2, 4]), ([0.8], [2, 4]), ([0.5, 0.8], [2]), ([0.5, 0.8], [4]),
+                                   ([0.5, 0.8], [2, 4])]):
+        want = t_ci([sum(val[g, k, sd] for g in gs for k in ks) / (len(gs) * len(ks)) for sd in (0, 1)])
+        assert (r["all trials mean"], r["all trials ci_lo"], r["all trials ci_hi"]) == pytest.approx(want, rel=1e-9)
     # the replicate seed is no hyperparameter: optuna-dashboard's importances rank the swept keys only
     import optuna
 
@@ -658,7 +671,8 @@ def test_sweep_modules_import_one_way():
     import hmmscope.sweep
 
     may = {"storage": set(), "protocol": {"storage"}, "study": {"protocol", "storage"}, "trial": set(),
-           "status": {"study"}, "studies": {"storage", "study"}, "worker": {"protocol", "status", "storage", "study", "trial"}}
+           "status": {"study"}, "studies": {"storage", "study"}, "compare": set(),
+           "worker": {"compare", "protocol", "status", "storage", "study", "trial"}}
     root = Path(hmmscope.sweep.__file__).parent
     for name, allowed in may.items():
         tree = ast.parse((root / f"{name}.py").read_text())

@@ -127,6 +127,17 @@ def _second_opinions(data, y: str, blocks: list[str], seed_col: str | None) -> l
     return out
 
 
+def per_level_effects(dm, m: str, blocks: list[str], seed_col: str | None) -> list[tuple[str, str, Estimate | str]]:
+    """[(factor, level, rope - absolute there)] for each level of each blocking factor, the other blocks paired
+    within (`_estimate`): the report's per-level rows, and the sweep parent run's pivot table (sweep/compare.py)."""
+    out = []
+    for f in blocks:
+        for lv in sorted(dm[f].astype(str).unique(), key=_sort_key):
+            sub = dm[dm[f].astype(str) == lv]
+            out.append((f, lv, _estimate(sub, m, [b for b in blocks if b != f], seed_col)))
+    return out
+
+
 def _power(est: Estimate, verdict: str, n_seeds: int) -> str:
     return underpowered(est.value, est.lo, est.hi, verdict, replicates=n_seeds, unit="seed")
 
@@ -200,15 +211,12 @@ def _posenc_section(df, out_dir: Path | None = None, figs: dict | None = None) -
         if m in claim_cols:
             continue
         plot.append((name, dm, blocks, est))
-        for f in blocks:  # per-level effects beside the pooled one
-            for lv in sorted(dm[f].astype(str).unique(), key=_sort_key):
-                sub = dm[dm[f].astype(str) == lv]
-                e = _estimate(sub, m, [b for b in blocks if b != f], seed_col)
-                if isinstance(e, str):
-                    level_rows.append([name, f"{f[6:]} = {lv}", "not estimated", "-", "-", "-", "-", e])
-                else:
-                    level_rows.append([name, f"{f[6:]} = {lv}", _f(e.value), _ci(e.lo, e.hi), _p(e.p), _f(e.df),
-                                       f"{e.n} {e.unit}", e.degenerate or e.method])
+        for f, lv, e in per_level_effects(dm, m, blocks, seed_col):  # per-level effects beside the pooled one
+            if isinstance(e, str):
+                level_rows.append([name, f"{f[6:]} = {lv}", "not estimated", "-", "-", "-", "-", e])
+            else:
+                level_rows.append([name, f"{f[6:]} = {lv}", _f(e.value), _ci(e.lo, e.hi), _p(e.p), _f(e.df),
+                                   f"{e.n} {e.unit}", e.degenerate or e.method])
         level_rows.append([name, "pooled (the verdict row)", _f(est.value), _ci(est.lo, est.hi), _p(est.p),
                            _f(est.df), f"{est.n} {est.unit}", est.method])
     sec.blocks.append(("table", ["metric", "model", "effect (rope - abs)", "95% CI", "p", "df", "units",

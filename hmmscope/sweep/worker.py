@@ -256,6 +256,7 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
     if not created and c["waiting"] == 0 and c["running"] == 0:
         log(f"sweep {spec.name!r} is complete ({c['complete']} complete, {c['failed']} failed, "
             f"{c['pruned']} pruned); nothing to do")
+        _log_comparison(tracking.existing_run(uri, parent), spec, study, log)  # refreshed (e.g. by newer code)
         return SweepSummary(spec.name, storage, parent, spec.n_trials, c["complete"], c["failed"], c["pruned"],
                             c["retried"], True)
     workers = min(workers, spec.n_trials)  # as the memory check counts: no more processes than trials
@@ -316,8 +317,20 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
             prun.log_metrics({"sweep/best_value": best.value, "sweep/best_trial": best.number})
             prun.set_tags({"hmmscope.best_params": json.dumps(best.params),
                            "hmmscope.best_run": best.user_attrs.get("mlflow_run_id", "")})
+        _log_comparison(prun, spec, study, log)
     return SweepSummary(spec.name, storage, parent, spec.n_trials, c["complete"], c["failed"], c["pruned"],
                         c["retried"], False, [p.returncode for p in procs])
+
+
+def _log_comparison(run, spec: SweepSpec, study, log: Callable[[str], object]) -> None:
+    """The parent run's comparison figure and pivot table (compare.py); a failure is one line, never the sweep's."""
+    from .compare import FOLDER, log_comparison
+
+    try:
+        if log_comparison(run, spec, study) is not None:
+            log(f"sweep {spec.name!r}: comparison figure and pivot table logged to the parent run ({FOLDER}/)")
+    except Exception as e:  # e.g. a read-only store: the sweep's results stand without the figure
+        log(f"sweep {spec.name!r}: comparison not logged: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
 
 
 def _forward(stream, log: Callable[[str], object]) -> None:

@@ -1,0 +1,250 @@
+"""The sweep's question at a glance, on its MLflow parent run: the objective against each swept parameter (a
+figure) and a pivot table, logged when `run_sweep` ends (and again when a finished sweep is run again).
+
+Owns the parent run's `comparison/` artifacts: `objective.png` (+ .pdf), `pivot.png` and `pivot.json` (an MLflow
+table, `tracking.Run.log_table`: MlflowClient.log_table's format, listed in the tag mlflow.loggedArtifacts).
+
+What they show. The trials are the study's COMPLETE trials with a finite value (the objective Optuna recorded).
+- Lines: one per positional encoding when model.pos_enc is swept beside other keys (rope first, then
+  absolute), else one line. Seeds are the unit: at each level of a parameter a seed's value is the mean of
+  its trials there (the other swept keys averaged over), drawn as a dot; the line joins the means over
+  seeds, with a 95% t interval on G - 1 df (`stats.t_mean`, as the report's layerwise pooling does). One
+  seed: no interval. A parameter with a continuous range (tpe/random) is drawn as its trials, no means.
+- Pivot rows: each level of each swept grid parameter but pos_enc (e.g. `hmm.gamma = 0.5`), then `all`;
+  columns: each line's mean with its CI and seed count, and, when rope and absolute are both swept, their
+  difference rope - absolute with its 95% CI exactly as the report computes it (`report.posenc`: blocks
+  chosen by `_choose_blocks`, the per-level effects by `per_level_effects`, the `all` row the report's
+  pooled verdict estimate: within-(seed, block) paired differences, t over seeds). A factor the report
+  cannot pair within (e.g. confounded with pos_enc) gets its means and the reason instead of a difference.
+
+Imports no sibling module of `sweep` (the worker imports this one, lazily); reuses `report.posenc`,
+`report.common`, `stats` and `figures` inside the functions; talks to MLflow only through the `tracking.Run`
+it is handed.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+FOLDER = "comparison"
+FIGURE, PIVOT_FIGURE, PIVOT_TABLE = "objective", "pivot", "pivot.json"
+POS_ENC = "model.pos_enc"
+OBJ = "metric:objective"
+
+
+def _seed_col(spec) -> str:
+    return "param:theory.seed" if spec.kind == "theory" else "param:train.seed"
+
+
+def trial_frame(spec, study):
+    """One row per COMPLETE trial with a finite value: trial number, `param:<key>` per swept key, the seed
+    (`_seed_col`) and the objective (`metric:objective`)."""
+    import pandas as pd
+    from optuna.trial import TrialState
+
+    seed_col, rows = _seed_col(spec), []
+    for t in sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: t.number):
+        if t.value is None or not math.isfinite(t.value):
+            continue
+        params = dict(t.params) or dict(t.system_attrs.get("fixed_params", {}))
+        seed = t.user_attrs.get("seed", params.pop("seed", None))
+        rows.append({"trial": t.number, **{f"param:{p.key}": params.get(p.key) for p in spec.space},
+                     seed_col: seed, OBJ: float(t.value)})
+    return pd.DataFrame(rows)
+
+
+def _sort_key(v: Any):
+    from ..report.posenc import _sort_key
+
+    return _sort_key(str(v))
+
+
+def level_mean(d, seed_col: str):
+    """The objective's mean over seeds (each seed: the mean of its trials in `d`) with a 95% t interval."""
+    from ..stats import t_mean
+
+    seeds = d[seed_col].astype(str)
+    labs = sorted(seeds.unique(), key=_sort_key)
+    return t_mean([float(d[OBJ][seeds == s].mean()) for s in labs], labs, unit="seed")
+
+
+def _lines(spec, df) -> tuple[str | None, list[str]]:
+    """(the line factor's column or None, its levels in order: rope, absolute, then the others)."""
+    col = f"param:{POS_ENC}"
+    others = [p for p in spec.space if p.key != POS_ENC]
+    if col not in df.columns or df[col].astype(str).nunique() < 2 or not others:
+        return None, ["all trials"]
+    have = sorted(df[col].astype(str).unique())
+    return col, [*(x for x in ("rope", "absolute") if x in have), *(x for x in have if x not in ("rope", "absolute"))]
+
+
+def _num(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def pivot(spec, df) -> dict[str, list]:
+    """The pivot table's columns (module docstring): factor, level, per line `<line> mean | ci_lo | ci_hi | seeds`,
+    and with rope and absolute `rope - absolute`, `diff ci_lo`, `diff ci_hi`, `diff df`, `diff units`, `diff note`."""
+    from ..report.posenc import _choose_blocks, _estimate, per_level_effects
+
+    seed_col = _seed_col(spec)
+    line_col, lines = _lines(spec, df)
+    diff = line_col is not None and {"rope", "absolute"} <= set(lines)
+    factors = [f"param:{p.key}" for p in spec.space if p.grid is not None and p.key != POS_ENC
+               and df[f"param:{p.key}"].astype(str).nunique() >= 2]
+    effects: dict[tuple[str, str], Any] = {}
+    pooled: Any = None
+    notes: dict[str, str] = {}
+    if diff:
+        d = df[df[line_col].astype(str).isin(["rope", "absolute"])]
+        blocks, fate = _choose_blocks(d, OBJ, factors, seed_col)
+        effects = {(f, lv): e for f, lv, e in per_level_effects(d, OBJ, blocks, seed_col)}
+        pooled = _estimate(d, OBJ, blocks, seed_col)
+        notes = {f: why for f, why in fate.items() if f not in blocks}
+    cols: dict[str, list] = {"factor": [], "level": []}
+    for ln in lines:
+        for k in ("mean", "ci_lo", "ci_hi", "seeds"):
+            cols[f"{ln} {k}"] = []
+    if diff:
+        for k in ("rope - absolute", "diff ci_lo", "diff ci_hi", "diff df", "diff units", "diff note"):
+            cols[k] = []
+    rows = [(f, lv, df[df[f].astype(str) == lv]) for f in factors
+            for lv in sorted(df[f].astype(str).unique(), key=_sort_key)] + [("all", "all", df)]
+    for f, lv, sub in rows:
+        cols["factor"].append(f[len("param:"):] if f != "all" else "all")
+        cols["level"].append(lv)
+        for ln in lines:
+            part = sub if line_col is None else sub[sub[line_col].astype(str) == ln]
+            e = level_mean(part, seed_col) if len(part) else None
+            cols[f"{ln} mean"].append(_num(e.value) if e else None)
+            cols[f"{ln} ci_lo"].append(_num(e.lo) if e else None)
+            cols[f"{ln} ci_hi"].append(_num(e.hi) if e else None)
+            cols[f"{ln} seeds"].append(e.n if e else 0)
+        if diff:
+            e = pooled if f == "all" else effects.get((f, lv), notes.get(f, "not a blocking factor"))
+            ok = not isinstance(e, str)
+            cols["rope - absolute"].append(_num(e.value) if ok else None)
+            cols["diff ci_lo"].append(_num(e.lo) if ok else None)
+            cols["diff ci_hi"].append(_num(e.hi) if ok else None)
+            cols["diff df"].append(_num(e.df) if ok else None)
+            cols["diff units"].append(f"{e.n} {e.unit}" if ok else "")
+            cols["diff note"].append((e.degenerate or e.method) if ok else e)
+    return cols
+
+
+def _x(values: list[Any]) -> tuple[list[float], list[str], bool]:
+    """(x positions, tick labels, log scale?) of a parameter's levels: numbers on their own axis (log when they
+    span more than a factor of 50 and are all > 0), anything else as categories."""
+    nums = [_num(v) for v in values]
+    if all(n is not None for n in nums):
+        log = min(nums) > 0 and max(nums) / min(nums) > 50
+        return [float(n) for n in nums], [f"{n:g}" for n in nums], log
+    return [float(i) for i in range(len(values))], [str(v) for v in values], False
+
+
+def figure(spec, df, path: Path) -> list[Path]:
+    """The objective against each swept parameter (module docstring); PNG + PDF at `path`."""
+    from matplotlib.figure import Figure
+
+    from ..figures import save
+
+    seed_col = _seed_col(spec)
+    line_col, lines = _lines(spec, df)
+    xs = [p for p in spec.space if line_col is None or p.key != POS_ENC] or list(spec.space)
+    fig = Figure(figsize=(max(4.5, 4.2 * len(xs)), 3.8), layout="constrained")
+    axes = fig.subplots(1, max(len(xs), 1), squeeze=False)[0]
+    for ax, p in zip(axes, xs):
+        col = f"param:{p.key}"
+        for i, ln in enumerate(lines):
+            d = df if line_col is None else df[df[line_col].astype(str) == ln]
+            color = f"C{i}"
+            if p.grid is None:  # a continuous range: the trials themselves
+                ax.plot([float(v) for v in d[col]], d[OBJ], ".", color=color, alpha=0.7, label=ln)
+                continue
+            levels = sorted(d[col].astype(str).unique(), key=_sort_key)
+            pos, ticks, log = _x(levels)
+            off = (i - (len(lines) - 1) / 2) * 0.02  # lines side by side: a small shift each
+            width = (max(pos) - min(pos)) if len(pos) > 1 else 1.0
+            px = [x * 10 ** off if log else x + off * width for x in pos]
+            means, los, his = [], [], []
+            for x, lv in zip(px, levels):
+                e = level_mean(d[d[col].astype(str) == lv], seed_col)
+                ax.plot([x] * len(e.units), [u[1] for u in e.units], ".", color=color, alpha=0.45)
+                means.append(e.value)
+                los.append(e.value - e.lo if math.isfinite(e.lo) else 0.0)
+                his.append(e.hi - e.value if math.isfinite(e.hi) else 0.0)
+            ax.errorbar(px, means, yerr=[los, his], fmt="o-", color=color, capsize=3, label=ln)
+            if log:
+                ax.set_xscale("log")
+            ax.set_xticks(pos)
+            ax.set_xticklabels(ticks, fontsize=8)
+        ax.set(xlabel=p.key, ylabel=spec.objective)
+        ax.grid(alpha=0.3)
+        if len(lines) > 1 or p.grid is None:
+            ax.legend(fontsize=8, title=POS_ENC if line_col else None, title_fontsize=8)
+    n_seeds = int(df[seed_col].astype(str).nunique()) if len(df) else 0
+    fig.suptitle(f"sweep {spec.name}: {spec.objective} ({spec.direction}), {len(df)} trials\n{n_seeds} seed"
+                 f"{'s' if n_seeds != 1 else ''} as dots; mean with 95% CI (t over seeds)", fontsize=9)
+    return save(fig, path)
+
+
+def pivot_figure(spec, cols: dict[str, list], path: Path) -> list[Path]:
+    """The pivot table drawn as a table (values with their 95% CIs); PNG + PDF at `path`."""
+    from matplotlib.figure import Figure
+
+    from ..figures import save
+    from ..report.common import _ci, _f
+
+    def cell(m, lo, hi, extra=""):
+        if m is None:
+            return "-"
+        ci = _ci(lo if lo is not None else math.nan, hi if hi is not None else math.nan)
+        return f"{_f(m)} {ci if lo is not None else '(no CI)'}{extra}"
+
+    lines = [c[:-len(" mean")] for c in cols if c.endswith(" mean")]
+    head = ["factor = level", *(f"{ln}: mean [95% CI]" for ln in lines)]
+    diff = "rope - absolute" in cols
+    if diff:
+        head.append("rope - absolute [95% CI]")
+    body = []
+    for i in range(len(cols["factor"])):
+        row = [f"{cols['factor'][i]} = {cols['level'][i]}" if cols["factor"][i] != "all" else "all (pooled)"]
+        row += [cell(cols[f"{ln} mean"][i], cols[f"{ln} ci_lo"][i], cols[f"{ln} ci_hi"][i],
+                     f", {cols[f'{ln} seeds'][i]} seed{'s' if cols[f'{ln} seeds'][i] != 1 else ''}") for ln in lines]
+        if diff:
+            df_ = cols["diff df"][i]
+            row.append(cell(cols["rope - absolute"][i], cols["diff ci_lo"][i], cols["diff ci_hi"][i],
+                            f", df {_f(df_)}" if df_ is not None else "") if cols["rope - absolute"][i] is not None
+                       else str(cols["diff note"][i])[:60])
+        body.append(row)
+    chars = sum(max(len(r[j]) for r in [head, *body]) for j in range(len(head)))
+    fig = Figure(figsize=(1.0 + 0.062 * chars, 0.9 + 0.3 * len(body)), layout="constrained")
+    ax = fig.subplots()
+    ax.axis("off")
+    t = ax.table(cellText=body, colLabels=head, loc="center", cellLoc="left")
+    t.auto_set_font_size(False)
+    t.set_fontsize(8)
+    t.auto_set_column_width(list(range(len(head))))
+    ax.set_title(f"sweep {spec.name}: {spec.objective}, seeds as the unit", fontsize=9)
+    return save(fig, path)
+
+
+def log_comparison(run, spec, study) -> dict[str, list] | None:
+    """Write the figure, the pivot image and the pivot table into `run` (the parent run, a `tracking.Run`) under
+    comparison/; returns the pivot's columns, or None when the study has no complete trial yet (nothing logged)."""
+    df = trial_frame(spec, study)
+    if df.empty:
+        return None
+    cols = pivot(spec, df)
+    with tempfile.TemporaryDirectory() as tmp:
+        for p in [*figure(spec, df, Path(tmp) / FIGURE), *pivot_figure(spec, cols, Path(tmp) / PIVOT_FIGURE)]:
+            run.log_artifact(p, FOLDER)
+    run.log_table(cols, f"{FOLDER}/{PIVOT_TABLE}")
+    return cols
