@@ -30,6 +30,13 @@ Spec format (TOML, validated strictly by `load_spec` before any study or run exi
     "model.n_layers" = {choices = [2, 4]}                  # categorical (a grid under sampler="grid")
     "x.y" = {low = 1, high = 8, step = 1}
 
+Command-line overrides. `hmmscope sweep run SPEC --set key=value` (`with_sets`) fixes a config key for every
+trial after [fixed], through `config.override` (unknown keys and wrong types refused); a key the spec sweeps
+in [space] is refused. The values join the spec's text as a [set] table (a spec file may hold one too: it is
+applied after [fixed]), so the study stores them and its workers use them, and they are part of the identity
+below: a study created without them is not resumed with them (one line: rename the sweep), except the run-time
+keys (train.device, train.compile), which move a sweep without renaming it.
+
 Identity. A study remembers its spec; running a spec under an existing study's name needs the same
 identity (`SweepSpec.hash`, sha256 of the canonical parsed spec): the keys that change what a trial
 computes or how trials are chosen and scored. Run-time keys do not count: storage, heartbeat_interval,
@@ -86,7 +93,7 @@ from .config import (
 SWEEP_KEYS = {"name", "base", "config", "kind", "objective", "direction", "sampler", "pruner", "n_trials",
               "seeds", "storage", "analyze", "experiment", "heartbeat_interval", "grace_period", "max_retry",
               "sampler_seed", "prune_startup"}
-TABLES = {"sweep", "fixed", "space"}
+TABLES = {"sweep", "fixed", "space", "set"}
 KINDS, SAMPLERS, PRUNERS, DIRECTIONS = ("train", "theory"), ("grid", "tpe", "random"), ("none", "median"), \
     ("minimize", "maximize")
 DIST_KEYS = {"grid", "choices", "low", "high", "log", "step"}
@@ -360,6 +367,16 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
                 raise _err(path, f"{table}.{k}", "kind='theory' sweeps only theory.* keys")
 
     check_keys("fixed", fixed)
+    sets = data.get("set", {})  # command-line overrides (`with_sets`), after [fixed]
+    check_keys("set", sets)
+    for k, v in sets.items():
+        if k in space:
+            raise _err(path, f"set.{k}", "is swept in [space]; --set fixes keys the spec does not sweep")
+        try:
+            override(base, {k: v})
+        except ConfigError as e:
+            raise _err(path, f"set.{k}", str(e)) from None
+    fixed = {**fixed, **sets}
     try:
         base_fixed = override(base, fixed)
     except ConfigError as e:
@@ -516,6 +533,40 @@ def _bad_key(base: Config, upd: Mapping[str, Any]) -> bool:
         return False
     except ConfigError:
         return True
+
+
+def with_sets(spec: SweepSpec, sets: Mapping[str, Any]) -> SweepSpec:
+    """`spec` with the command line's `--set key=value` overrides (module docstring): each checked by
+    `config.override` on the spec's base and [fixed] (ConfigError naming it), a swept key refused; appended to
+    the spec's text as a [set] table and parsed again, so they are in its identity hash and its stored text."""
+    if not sets:
+        return spec
+    if "set" in parse_toml(spec.text, spec.path):
+        raise ConfigError(f"{spec.path}: set: the spec has a [set] table already; edit it instead of --set")
+    swept, base_fixed, typed = {p.key for p in spec.space}, override(spec.base, spec.fixed), {}
+    for k, v in sets.items():
+        if k in swept:
+            raise ConfigError(f"--set {k}: the spec sweeps {k} in [space]; --set fixes keys it does not sweep")
+        if spec.kind == "theory" and not k.startswith("theory."):
+            raise ConfigError(f"--set {k}: kind='theory' sweeps only theory.* keys")
+        try:
+            typed[k] = flatten(override(base_fixed, {k: v}))[k]
+        except ConfigError as e:
+            raise ConfigError(f"--set {k}={v}: {e}") from None
+    block = ["", "# hmmscope sweep run --set (applied after [fixed])", "[set]",
+             *(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in typed.items())]
+    return parse_spec(spec.text.rstrip("\n") + "\n" + "\n".join(block) + "\n", spec.path, base=spec.base)
+
+
+def _toml_value(v: Any) -> str:
+    """A config value (number, string, boolean, list of them) as TOML."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return json.dumps(v)
 
 
 def load_spec(path: str | Path) -> SweepSpec:

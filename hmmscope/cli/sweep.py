@@ -18,7 +18,7 @@ from typing import Annotated
 import typer
 
 from .. import checks
-from .common import ForceOpt, StorageOpt, UriOpt, console, echo_config, print_table, user_errors
+from .common import ForceOpt, StorageOpt, UriOpt, console, echo_config, parse_sets, print_table, user_errors
 
 app = typer.Typer(no_args_is_help=True, help="Optuna sweeps: every trial an MLflow run under one parent run.")
 
@@ -118,11 +118,16 @@ def sweep_run_cmd(
                                                "FAILED (their retry budget starts again).")] = False,
     print_config: Annotated[bool, typer.Option("--print-config", help="Print the config every trial starts from "
                                                "(base and \\[fixed]) as TOML and exit.")] = False,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Fix a config key for every trial, after the spec's "
+                                                   "\\[fixed] (repeatable): --set train.steps=50. A swept key is "
+                                                   "refused. Part of the sweep's identity: a study created without "
+                                                   "it is not resumed with it (rename the sweep), except the run-time "
+                                                   "keys train.device and train.compile.")] = None,
 ) -> None:
     """Create or resume the study and run it to the end with local workers."""
-    from ..sweep_spec import load_spec
+    from ..sweep_spec import load_spec, with_sets
 
-    s = load_spec(bundled_spec(spec))
+    s = with_sets(load_spec(bundled_spec(spec)), parse_sets(set_))
     if print_config:
         swept = ", ".join([p.key for p in s.space] + ["seed"])
         typer.echo(f"# sweep {s.name} ({s.kind}): the config before each trial's values of {swept}")
