@@ -344,7 +344,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
           log_every: int | None = None, _stop_after: int | None = None,
           on_eval: Callable[[int, dict[str, float]], None] | None = None,
           tags: Mapping[str, Any] | None = None, note: str | None = None,
-          deadline: Deadline | None = None) -> TrainResult:
+          deadline: Deadline | None = None, on_start: Callable[[str], None] | None = None) -> TrainResult:
     """Train a Transformer on cfg's episodes in one MLflow run (new, or `resume`d); see the module docstring.
 
     eval_fn(model, step) -> {name: value} is called at every evaluation and its metrics logged at that step.
@@ -359,6 +359,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
     hmmscope.stopped_at_step, and the result's `stopped` is "deadline"; no final evaluation is made (the
     step's own, if due, is). Resuming it goes on bitwise (on CPU); reaching train.steps then sets
     hmmscope.stopped = "done".
+    on_start(run_id) is called as soon as the run is open, before the first step (the CLI prints where it is).
     """
     t_start = time.perf_counter()
     device = resolve_device(cfg.train.device)
@@ -421,6 +422,8 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                                                   config=cfg, system_metrics=True) as run:
         run.set_tags({**run_tags, **({"hmmscope.resumed_from_step": start, "hmmscope.target_steps": t.steps}
                                      if resume else {})})
+        if on_start is not None:
+            on_start(run.run_id)
         if not resume:  # the episodes as MLflow dataset inputs: content hash as digest, the generator as source
             for split, e in (("train", ep_train), ("eval", ep_eval)):
                 run.log_dataset(f"episodes-{split}", e.meta.get("dataset_hash", ""), split,

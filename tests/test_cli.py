@@ -114,6 +114,37 @@ TINY_TRAIN = ["--set", "hmm.n_tasks=4", "--set", "model.n_layers=1", "--set", "m
               "--set", "data.l_demo=8", "--set", "data.l_test=8", "--device", "cpu"]
 
 
+def test_train_prints_its_run_at_once(store):
+    """A real `hmmscope train` prints its run id and where to browse it as its first line, while the run is still
+    RUNNING (before training ends: here 100000 steps, stopped by SIGTERM once the line is read)."""
+    import os
+    import select
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    exe = Path(sys.executable).parent / "hmmscope"
+    env = {**os.environ, "HMMSCOPE_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen([str(exe), "train", *TINY_TRAIN, "--set", "train.steps=100000", "--set",
+                          "train.ckpt_every=100000", "--set", "train.eval_every=100000", "--no-evaluate"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        deadline, first = time.monotonic() + 300, ""
+        while not first and time.monotonic() < deadline and p.poll() is None:
+            if select.select([p.stdout], [], [], 1.0)[0]:
+                first = p.stdout.readline().strip()
+        uri = tracking.default_tracking_uri()
+        (run,) = _runs(uri)
+        assert run.info.status == "RUNNING", (first, run.info.status)  # printed before the end of training
+        assert first == f"run {run.info.run_id} started; browse: hmmscope ui --run {run.info.run_id}"
+    finally:
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGTERM)
+        p.communicate(timeout=60)
+    assert _runs(tracking.default_tracking_uri())[0].info.status == "KILLED"
+
+
 def test_train_then_evaluate(store):
     r = runner.invoke(app, ["train", *TINY_TRAIN])
     assert r.exit_code == 0, r.output

@@ -93,7 +93,9 @@ def train_cmd(
     with sigterm_interrupts(), setup:  # `kill` / `timeout`: the run ends KILLED, not RUNNING
         res = train(cfg, tracking_uri=uri, experiment=experiment, run_name=run_name, resume=resume,
                     progress=sys.stderr.isatty(), on_eval=lambda step, m: setup.stop(),
-                    deadline=None if deadline is None else Deadline(at=t_cmd + deadline))
+                    deadline=None if deadline is None else Deadline(at=t_cmd + deadline),
+                    on_start=lambda rid: typer.echo(f"run {rid} {'resumed' if resume else 'started'}; "
+                                                    f"{tracking.browse_line(uri, run_id=rid)}"))
         metrics, files, claims = dict(res.metrics), [], []
         if evaluate and res.stopped is None:
             with Spinner("evaluating: Figure 1"):  # the model in hand: no checkpoint read back
