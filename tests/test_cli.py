@@ -151,6 +151,8 @@ def test_train_then_evaluate(store):
     uri = tracking.default_tracking_uri()
     (run,) = _runs(uri)
     assert run.info.status == "FINISHED"
+    (out,) = tracking.client(uri).get_run(run.info.run_id).outputs.model_outputs  # the trained model, logged
+    assert out.step == 6 and tracking.client(uri).get_logged_model(out.model_id).params["model.d_model"] == "32"
     assert {"eval/seen/test_acc", "eval/seen/oracle_mix_test_acc", "eval/seen/excess_ce", "eval/seen/kl_mix",
             "eval/unseen/excess_ce_task", "eval/retrieval_gap", "baseline/seen/incontext_bigram/ce"} <= set(run.data.metrics)
     assert run.data.params["model.d_model"] == "32"

@@ -384,3 +384,33 @@ def test_config_toml_datasets_and_system_metrics(tmp_path, monkeypatch):
     assert (inp.dataset.name, inp.dataset.digest) == ("episodes-train", "a" * 36)
     assert {t.key: t.value for t in inp.tags} == {"mlflow.data.context": "train"}
     assert json.loads(inp.dataset.profile) == {"episodes": 3}
+
+
+def test_model_is_a_logged_model_of_the_runs_experiment(tmp_path):
+    """Run.log_model: an MLflow LoggedModel in the run's own experiment (not the default one), linked to the run as
+    its output at the given step, READY, with the params given, and loadable back to the same function."""
+    import mlflow.pytorch
+    import torch
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
+    from hmmscope.config import preset
+    from hmmscope.model import Transformer
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = preset("tiny")
+    torch.manual_seed(0)
+    model = Transformer(cfg.model, 8).eval()
+    with tracking.start_run(uri, "models", "r") as run:
+        mid = run.log_model(model, params={"model.pos_enc": "rope", "model.d_model": 128}, step=7)
+    c = tracking.client(uri)
+    lm = c.get_logged_model(mid)
+    assert lm.experiment_id == c.get_experiment_by_name("models").experiment_id != "0"
+    assert str(lm.status) in ("READY", "LoggedModelStatus.READY") and lm.source_run_id == run.run_id
+    assert lm.params == {"model.pos_enc": "rope", "model.d_model": "128"}
+    assert lm.artifact_location.startswith((tmp_path / "artifacts").as_uri())  # the store's own artifact folder
+    (out,) = c.get_run(run.run_id).outputs.model_outputs
+    assert (out.model_id, out.step) == (mid, 7)
+    with _use_tracking_uri(uri):
+        back = mlflow.pytorch.load_model(f"models:/{mid}")
+    x = torch.randint(0, 8, (2, 16))
+    assert torch.equal(model(x)[0], back(x)[0])

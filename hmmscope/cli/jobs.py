@@ -103,6 +103,12 @@ def train_cmd(
                                     device=cfg.train.device, out=out)
             metrics.update(ev)
             files, claims = ev.files, ev.claims
+        if res.stopped is None:  # the trained model as an MLflow logged model (the checkpoint stays the resume point)
+            from ..config import flatten
+
+            tracking.existing_run(uri, res.run_id).log_model(
+                res.model, params={k: v for k, v in flatten(res.config).items() if k.startswith("model.")},
+                step=res.steps)
     print_metrics(f"run {res.run_id}: {res.steps} steps in {res.wall_time:.0f} s "
                   f"({res.tokens_per_s:,.0f} tokens/s)", metrics)
     if claims:

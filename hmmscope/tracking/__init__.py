@@ -6,7 +6,8 @@ The rooms (each module's docstring has the details):
 - `tags`: what a run carries besides metrics: MLflow's standard tags (user, entry point, git commit, note),
   the config params of its kind, MLflow-safe keys, the objective key, the claims table.
 - `runs`: `start_run` (nested runs, resuming, FINISHED / FAILED / KILLED with the reason) and `Run`, the
-  handle every write goes through (params, metrics, tags, artifacts, tables, claims, downloads).
+  handle every write goes through (params, metrics, tags, artifacts, tables, claims, downloads, the model as an
+  MLflow logged model: `Run.log_model`).
 - `liveness`: host, pid and heartbeat of an open run; orphan runs found (`stale_reason`) and ended (`gc_runs`).
 - `claims`: a run's claims as one table plus headline numbers, and read back (`read_claims`).
 - `search`: runs read back (`search_runs`, `get_run`) and pointed at (`run_url`, `experiment_url`, `target_url`,

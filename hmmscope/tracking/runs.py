@@ -137,6 +137,45 @@ class Run:
                      profile=json.dumps(dict(profile), default=str))
         self._client.log_inputs(self.run_id, [DatasetInput(ds, [InputTag("mlflow.data.context", context)])])
 
+    def log_model(self, model: Any, name: str = "model", *, params: Mapping[str, Any] | None = None,
+                  step: int = 0) -> str:
+        """`model` (a torch module) as an MLflow logged model of this run's experiment, linked to this run as its
+        output at `step` (MLflow 3's LoggedModel: the run page's Logged models, the experiment's Models tab;
+        load it with `mlflow.pytorch.load_model("models:/<id>")` where hmmscope is installed); returns its id.
+
+        The LoggedModel is created here, in the run's own experiment (MLflow's log_model alone would put it in
+        the active, i.e. default, experiment), with `params` (e.g. the model.* config) on it. Serialized as a
+        pickled module (serialization_format "pickle": MLflow 3.17's default "pt2" traces the graph and needs a
+        TensorSpec signature, which token ids do not give); pip requirements are stated (this torch and numpy),
+        not inferred (inference loads the model in a subprocess: seconds). A pickled module runs code when loaded:
+        load only models of stores you trust (MLflow's own warning, silenced here). A failure marks the model
+        FAILED and raises. The run's state-dict checkpoints stay what training resumes from.
+        """
+        import logging
+
+        import mlflow.pytorch
+        import numpy
+        import torch
+        from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
+        exp = self.get().info.experiment_id
+        lm = self._client.create_logged_model(exp, name=name, source_run_id=self.run_id, model_type="pytorch",
+                                              params={safe_key(k): _param_value(v) for k, v in (params or {}).items()})
+        reqs = [f"torch=={torch.__version__.split('+')[0]}", f"numpy=={numpy.__version__}"]
+        quiet = logging.getLogger("mlflow.pytorch")  # its warning about pickle: said in this docstring instead
+        level, quiet.level = quiet.level, logging.ERROR
+        try:
+            with _use_tracking_uri(self.uri):
+                mlflow.pytorch.log_model(model, name=name, model_id=lm.model_id, run_id=self.run_id, step=step,
+                                         pip_requirements=reqs, serialization_format="pickle")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._client.finalize_logged_model(lm.model_id, "FAILED")
+            raise
+        finally:
+            quiet.setLevel(level)
+        return lm.model_id
+
     def get(self):
         """The run as MLflow returns it (info, data.params, data.metrics, data.tags)."""
         return self._client.get_run(self.run_id)
