@@ -248,6 +248,7 @@ def test_grid_sweep_two_workers_end_to_end(tmp_path):
     msgs: list[str] = []
     s2 = run_sweep(spec, workers=2, storage=storage, uri=uri, log=msgs.append)
     assert s2.already_complete and s2.complete == 8 and "complete" in msgs[0]
+    assert any("comparison figure and pivot table logged" in m for m in msgs)  # refreshed on the re-run
     assert len(study_status("th", storage)) == 8 and len(runs(uri)) == len(all_runs)
     # the same name with a different spec is refused
     other = theory_spec(tmp_path, ranks="[2]")

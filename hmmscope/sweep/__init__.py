@@ -13,8 +13,9 @@ and what it must not import):
   worker` (`__main__`).
 - `status`: trial counts, `sweep status`, orphan MLflow runs.
 - `studies`: `sweep list / export / delete`.
+- `compare`: the parent run's comparison figure and pivot table (comparison/), logged when `run_sweep` ends.
 
-Imports run one way: storage <- protocol <- study <- status <- worker, and trial <- worker. The jobs layer
+Imports run one way: storage <- protocol <- study <- status <- worker, and trial <- worker, compare <- worker. The jobs layer
 never imports this package (it is handed the sweep by the CLI).
 """
 
