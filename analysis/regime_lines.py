@@ -15,7 +15,8 @@ Claims (stats.claim, so stats.decide makes every verdict), all with the project'
 - ``retrieval_gap[pooled]``: the mean over seeds of each seed's mean over all cells of the record, t interval on
   G - 1 df over the seeds (the cells of one seed share its data seed; the seed is the unit, as in the report's
   pooled layerwise claims).
-Writes regime_cells.csv (one row per cell), regime_runs.csv (one row per trial) and regime_claims.json.
+Writes regime_cells.csv (one row per cell), regime_runs.csv (one row per trial), regime_claims.json and regime.md
+(the per-cell table and the pooled line).
 
 The package never imports this folder.
 """
@@ -83,10 +84,30 @@ def main(argv=None) -> int:
                         why + f"; seed means {', '.join(f'{s}: {v:.4f}' for s, v in zip(seeds, seed_means))}",
                         df=g - 1))
     (out / "regime_claims.json").write_text(json.dumps(jsonable([c.__dict__ for c in claims]), indent=2))
+    (out / "regime.md").write_text(_markdown(sw, rows, claims))
     for c in claims:
         print(f"claim {c.name}: {c.value:.4g} [{c.ci_lo:.4g}, {c.ci_hi:.4g}] rule '{c.rule}' -> {c.verdict}")
     print(f"claims: {out / 'regime_claims.json'}")
     return 0
+
+
+def _markdown(sw, rows: list[dict], claims: list) -> str:
+    """The per-cell table and the pooled line, as markdown (regime.md)."""
+    def ci(r, q):
+        return f"{r[q]:.3f} [{r[q + '_lo']:.3f}, {r[q + '_hi']:.3f}]"
+
+    head = [k.split(".")[-1] for k in sw.varied]
+    lines = ["| " + " | ".join([*head, "seeds", "retrieval gap [95% t CI]", "verdict (> 0)", "seen: model - task oracle",
+                                "unseen: model - task oracle", "unseen: add-one bigram - task oracle"]) + " |",
+             "|" + "---|" * (len(head) + 6)]
+    for r in rows:
+        lines.append("| " + " | ".join([*(str(r[k]) for k in sw.varied), str(r["n_seeds"]), ci(r, "retrieval_gap"),
+                                        r["verdict"], ci(r, "seen_excess_ce_task"), ci(r, "unseen_excess_ce_task"),
+                                        ci(r, "unseen_bigram_excess_ce_task")]) + " |")
+    p = claims[-1]
+    lines += ["", f"Pooled ({p.statistic}): **{p.value:.3f} [{p.ci_lo:.3f}, {p.ci_hi:.3f}]**, rule {p.rule}: "
+                  f"**{p.verdict}** ({p.reason.split('; ')[-1]})."]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
