@@ -61,7 +61,13 @@ def main(argv=None) -> int:
     why = ("positive: closer to the task oracle on the training tasks than on fresh tasks of the same family "
            "(retrieval of memorized tasks); near 0: no retrieval")
     rows, claims = [], []
-    for c in sorted(by_cell):
+    def num(x: str):
+        try:
+            return (0, float(x), x)
+        except ValueError:
+            return (1, 0.0, x)
+
+    for c in sorted(by_cell, key=lambda c: tuple(num(x) for x in c)):  # numbers in numeric order
         rs = by_cell[c]
         row = {**dict(zip(sw.varied, c))}
         for q in ("retrieval_gap", "seen_excess_ce_task", "unseen_excess_ce_task", "unseen_bigram_excess_ce_task"):
