@@ -61,15 +61,17 @@ def main(argv=None) -> int:
         print(f"error: sweep {args.sweep!r} has no analysis runs (run `hmmscope analyze RUN_ID` on its trials)",
               file=sys.stderr)
         return 2
+    ccols = [c for c in df.columns if c.startswith("metric:claim/") and c.endswith("/value")]
+    done = df[ccols].notna().any(axis=1)  # an analysis run still running (or failed early) has no claims yet
+    subs = {n: df[(df["param:hmm.n_tasks"] == n) & df["analysis_id"].notna() & done].reset_index(drop=True)
+            for n in cells}
+    missing = [n for n, sub in subs.items() if sub.empty]
+    if missing:  # checked before anything is written
+        print(f"error: no analyzed trial with hmm.n_tasks = {', '.join(map(str, missing))}", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     sections, rows = [], []
-    for n in cells:
-        ccols = [c for c in df.columns if c.startswith("metric:claim/") and c.endswith("/value")]
-        done = df[ccols].notna().any(axis=1)  # an analysis run still running (or failed early) has no claims yet
-        sub = df[(df["param:hmm.n_tasks"] == n) & df["analysis_id"].notna() & done].reset_index(drop=True)
-        if sub.empty:
-            print(f"error: no analyzed trial with hmm.n_tasks = {n}", file=sys.stderr)
-            return 2
+    for n, sub in subs.items():
         gap = sub["metric:eval/retrieval_gap"].astype(float)
         figs: dict = {}
         sec, claims = _layerwise_section(sub, None, figs)
