@@ -21,7 +21,7 @@ def main(argv=None) -> int:
     sw = load_sweep(args)
     out = out_dir(args)
     acc: dict = defaultdict(list)  # (cell, target, layer) -> per-seed acc
-    chance: dict = defaultdict(list)
+    chance: dict = defaultdict(list)  # (cell, target) -> chance levels (the task's depends on the cell's n_tasks)
     for t in sw.trials:
         a = t.analysis or {}
         for k, v in a.items():
@@ -30,7 +30,7 @@ def main(argv=None) -> int:
                 acc[sw.cell(t), m.group(1), int(m.group(2))].append(v)
                 ch = a.get(f"probe/{m.group(1)}/layer{m.group(2)}/chance")
                 if ch is not None:
-                    chance[m.group(1)].append(ch)
+                    chance[sw.cell(t), m.group(1)].append(ch)
     if not acc:
         fail(f"sweep {sw.name!r} has no analysis runs (run it with analyze = true)")
     rows = []
@@ -55,8 +55,8 @@ def main(argv=None) -> int:
                 st = [mean_ci(acc[c, t, l]) for l in layers]
                 line, = ax.plot(layers, [s[0] for s in st], marker="o", ms=3, label=t)
                 ax.fill_between(layers, [s[1] for s in st], [s[2] for s in st], color=line.get_color(), alpha=0.15)
-                if chance.get(t):
-                    ax.axhline(sum(chance[t]) / len(chance[t]), color=line.get_color(), lw=0.7, ls=":")
+                if chance.get((c, t)):
+                    ax.axhline(sum(chance[c, t]) / len(chance[c, t]), color=line.get_color(), lw=0.7, ls=":")
             ax.plot([], [], color="gray", ls=":", lw=0.7, label="chance (same colour)")
             ax.set(xlabel="layer (0 = embedding)", ylabel="probe accuracy", ylim=(0, 1),
                    title=f"{title} [{label(sw, c)}]")

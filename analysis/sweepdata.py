@@ -6,7 +6,8 @@ The package never imports this folder. A script reads a sweep as
     for t in sw.trials: t.params, t.metrics, t.run_id, t.analysis (the analysis child run or None)
 
 Each COMPLETE trial of the study links its MLflow run (user attr mlflow_run_id) and, for sweeps with
-`analyze = true`, its analysis run (mlflow_analysis_run_id); a theory trial's settings are the
+`analyze = true`, its analysis run (mlflow_analysis_run_id; else the newest FINISHED analysis child of the run,
+from a later `hmmscope analyze RUN_ID`); a theory trial's settings are the
 child runs tagged hmmscope.kind = theory-setting. Statistics across replicate seeds use the t
 interval on the seed means (the unit of replication is the seed: one model per seed).
 """
@@ -118,7 +119,7 @@ def load_sweep(args) -> Sweep:
             continue
         run = client.get_run(t.user_attrs["mlflow_run_id"])
         tr = Trial(t.number, run.info.run_id, dict(run.data.params), dict(run.data.metrics))
-        aid = t.user_attrs.get("mlflow_analysis_run_id")
+        aid = t.user_attrs.get("mlflow_analysis_run_id") or _analysis_child(client, run)
         if aid:
             tr.analysis, tr.analysis_run_id = dict(client.get_run(aid).data.metrics), aid
         if spec.kind == "theory":
@@ -128,6 +129,15 @@ def load_sweep(args) -> Sweep:
         fail(f"sweep {args.sweep!r} has no COMPLETE trial yet")
     return Sweep(args.sweep, uri, storage, spec.kind, spec.objective, varied,
                  sorted(trials, key=lambda t: t.number), dict(counts))
+
+
+def _analysis_child(client, run) -> str | None:
+    """The newest FINISHED analysis child of a training run (`hmmscope analyze RUN_ID` after the sweep, for a
+    sweep run without `analyze = true`), else None."""
+    kids = client.search_runs([run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{run.info.run_id}'",
+                              order_by=["attributes.start_time DESC"])
+    return next((k.info.run_id for k in kids if k.info.status == "FINISHED"
+                 and (k.data.tags.get("hmmscope.kind") == "analysis" or k.info.run_name == "analysis")), None)
 
 
 def _theory_settings(client, run) -> list[dict]:
