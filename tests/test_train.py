@@ -488,3 +488,46 @@ def test_sigterm_interrupts_restores_the_old_handler():
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)  # the handler raises long before this ends
     assert signal.getsignal(signal.SIGTERM) is old
+
+
+def test_a_full_disk_at_a_checkpoint_keeps_the_last_complete_one(uri, finished):
+    """Fast twin of test_faults' full-disk test: the run's checkpoint folder is a tmpfs holding exactly its first
+    checkpoint; the second (larger: its metrics grew) hits ENOSPC. The run ends FAILED, the error and the tag
+    name the path, no temp file is left, and the first checkpoint is whole. Before the fix MLflow's in-place
+    copy truncated it and left half of the second under its name."""
+    from hmmscope.checkpoints import CKPT_DIR, CKPT_NAME, save_checkpoint
+    from hmmscope.config import ConfigError
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    model, cfg = finished.model, finished.config
+    opt = model.configure_optimizers(0.0, 1e-3, (0.9, 0.95))
+    with pytest.raises(ConfigError, match="No space left on device") as e, \
+            tracking.start_run(uri, "t", "full-disk") as run:
+        folder = Path(tracking.Run(uri, run.run_id).artifact_uri().removeprefix("file://")) / CKPT_DIR
+        folder.mkdir(parents=True)
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(folder)], capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        try:
+            def save(step: int, metrics: dict) -> None:
+                save_checkpoint(run, model=model, optimizer=opt, step=step, cfg=cfg, vocab_size=cfg.hmm.n_tokens + 1,
+                                metrics=metrics, dataset_hash="h")
+
+            save(1, {"last": {}})
+            used = (folder / CKPT_NAME).stat().st_size
+            subprocess.run(["mount", "-o", f"remount,size={-(-used // 4096) * 4096}", str(folder)], check=True)
+            save(2, {"last": {f"k{i}": float(i) for i in range(2000)}})
+        finally:
+            left = sorted(p.name for p in folder.iterdir())
+            try:
+                ck = read_checkpoint(folder / CKPT_NAME)
+            except ValueError:  # half a file
+                ck = None
+            subprocess.run(["umount", "-l", str(folder)], check=False)
+    msg = str(e.value)
+    assert str(folder / CKPT_NAME) in msg and "\n" not in msg
+    assert left == [CKPT_NAME] and ck is not None and ck["step"] == 1
+    r = tracking.get_run(uri, run.run_id)
+    assert r.info.status == "FAILED" and str(folder / CKPT_NAME) in r.data.tags["hmmscope.failure_reason"]
