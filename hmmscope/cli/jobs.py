@@ -20,7 +20,7 @@ from typing import Annotated
 import typer
 
 from .. import checks
-from ..config import ConfigError, memory_estimate
+from ..config import ConfigError, memory_estimate, train_flops
 from .common import (
     ConfigOpt,
     DeviceOpt,
@@ -87,6 +87,7 @@ def train_cmd(
         checks.live_run(uri, resume, resume=True)
         tracking.existing_run(uri, resume)
     checks.memory(memory_estimate(cfg, "train"), device=str(dev), force=force)
+    checks.duration(train_flops(cfg), device=str(dev), force=force, what=f"training {cfg.train.steps:,} steps")
     # a spinner over the silent setup (data, oracles, model, the run), stopped by the step-0 evaluation, which
     # comes just before training's own bar; a resumed run has no such evaluation, and no spinner
     setup = Spinner("setting up: data, oracles, model" if resume is None else None)
@@ -186,7 +187,10 @@ def analyze_cmd(
     cfg = checkpoint_config(read_checkpoint(target, mmap=True)) if is_file else checks.run_config(uri, target)
     dev = resolve_device(device or "auto")
     if cfg is not None:
-        checks.memory(memory_estimate(cfg, "analyze", n_episodes=n_episodes), device=str(dev), force=force)
+        n_pt = min(probe_tasks, cfg.hmm.n_tasks)  # jobs.analyze_run's probe episodes
+        n_probe = n_pt * max(min_per_task, -(-(n_episodes or cfg.data.n_eval) // n_pt))
+        checks.memory(memory_estimate(cfg, "analyze", n_episodes=n_episodes, probe_episodes=n_probe), device=str(dev),
+                      force=force)
     with sigterm_interrupts():
         res = analyze_run(uri, target, device=device or "auto", n_episodes=n_episodes, ks=tuple(k_list),
                           n_perms=n_perms, seed=seed, experiment=experiment, out=out,
@@ -227,6 +231,7 @@ def run_cmd(
     dev = resolve_device(cfg.train.device)
     for job in ("theory", "train", "analyze"):  # the stages run one after another
         checks.memory(memory_estimate(cfg, job), device=str(dev), force=force, what=f"the {job} stage")
+    checks.duration(train_flops(cfg), device=str(dev), force=force, what=f"the train stage's {cfg.train.steps:,} steps")
 
     def sweep_and_report(spec, report_dir):  # the jobs layer reaches the sweep layer only through this
         sw = run_sweep(spec, workers=workers, uri=uri, log=lambda m: typer.echo(m, err=True))  # workers' lines too
