@@ -531,3 +531,34 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_last_complete_one(uri, finished):
     assert left == [CKPT_NAME] and ck is not None and ck["step"] == 1
     r = tracking.get_run(uri, run.run_id)
     assert r.info.status == "FAILED" and str(folder / CKPT_NAME) in r.data.tags["hmmscope.failure_reason"]
+
+
+def test_a_full_disk_in_the_cli_evaluation_leaves_the_run_failed(uri, tmp_path, monkeypatch):
+    """`train --out` onto a full disk: training ends, Figure 1's files do not fit. One error line naming the file,
+    exit 2, no file under the output folder, and the run FAILED with the reason (it stayed FINISHED without its
+    evaluation before)."""
+    from typer.testing import CliRunner
+
+    from hmmscope.cli import app
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(tiny)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    monkeypatch.chdir(tmp_path)
+    sets = [a for k, v in {**SMALL, "train.steps": 2, "data.n_eval": 16, "train.emergence_episodes": 0}.items()
+            if k != "train.device" for a in ("--set", f"{k}={v}")]
+    try:
+        r = CliRunner().invoke(app, ["train", *sets, "--device", "cpu", "--out", str(tiny), "--tracking-uri", uri,
+                                     "--experiment", "full-out"])
+        files = [p for p in tiny.rglob("*") if p.is_file()]
+    finally:
+        subprocess.run(["umount", "-l", str(tiny)], check=False)
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and "No space left on device" in lines[0], r.output
+    assert str(tiny) in lines[0] and files == []
+    (run,) = tracking.search_runs(uri, "full-out")
+    assert run.info.status == "FAILED" and "No space left on device" in run.data.tags["hmmscope.failure_reason"]

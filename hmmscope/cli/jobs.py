@@ -97,9 +97,10 @@ def train_cmd(
                     deadline=None if deadline is None else Deadline(at=t_cmd + deadline))
         metrics, files, claims = dict(res.metrics), [], []
         if evaluate and res.stopped is None:
-            with Spinner("evaluating: Figure 1"):  # the model in hand: no checkpoint read back
-                ev = evaluate_model(res.model, res.config, res.steps, tracking.existing_run(uri, res.run_id),
-                                    device=cfg.train.device, out=out)
+            # the model in hand: no checkpoint read back. The run is reopened for it, so a failed evaluation (a full
+            # disk) leaves it FAILED with the reason, not FINISHED without its Figure 1; `--resume` evaluates again
+            with Spinner("evaluating: Figure 1"), tracking.start_run(uri, experiment, "", resume=res.run_id) as run:
+                ev = evaluate_model(res.model, res.config, res.steps, run, device=cfg.train.device, out=out)
             metrics.update(ev)
             files, claims = ev.files, ev.claims
     print_metrics(f"run {res.run_id}: {res.steps} steps in {res.wall_time:.0f} s "
