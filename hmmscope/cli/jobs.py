@@ -190,8 +190,8 @@ def analyze_cmd(
     if cfg is not None:
         n_pt = min(probe_tasks, cfg.hmm.n_tasks)  # jobs.analyze_run's probe episodes
         n_probe = n_pt * max(min_per_task, -(-(n_episodes or cfg.data.n_eval) // n_pt))
-        checks.memory(memory_estimate(cfg, "analyze", n_episodes=n_episodes, probe_episodes=n_probe), device=str(dev),
-                      force=force)
+        checks.memory(memory_estimate(cfg, "analyze", n_episodes=n_episodes, probe_episodes=n_probe, n_perms=n_perms),
+                      device=str(dev), force=force)
     with sigterm_interrupts():
         res = analyze_run(uri, target, device=device or "auto", n_episodes=n_episodes, ks=tuple(k_list),
                           n_perms=n_perms, seed=seed, experiment=experiment, out=out,
