@@ -272,6 +272,7 @@ def cases() -> list[Case]:
     add("size vs memory", "bench oracle --n-tasks 1e8", ["bench", "oracle", "--n-tasks", "100000000"])
     add("size vs memory", "bench oracle --n-episodes 1e9", ["bench", "oracle", "--n-tasks", "4", "--n-episodes",
                                                             "1000000000"])
+    add("size vs time", "bench train --steps 10**15", ["bench", "train", *T, "--steps", "1000000000000000", "--no-peer"])
     add("size vs time", "train --set train.steps=10**15", ["train", *T, "--set", "train.steps=1000000000000000"])
     add("size vs time", "run --set train.steps=10**15", ["run", *T, "--set", "train.steps=1000000000000000",
                                                          "--out", "runout"])

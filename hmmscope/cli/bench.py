@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from .. import checks
-from ..config import memory_estimate, override, preset
+from ..config import memory_estimate, model_params, override, preset
 from .common import ConfigOpt, DeviceOpt, ForceOpt, Preset, PrintConfigOpt, SetOpt, build_config, echo_config, user_errors
 
 app = typer.Typer(no_args_is_help=True, help="Speed benchmarks against named peers, as ratios.")
@@ -188,6 +188,8 @@ def bench_train_cmd(
     dev = resolve_device(cfg.train.device)
     need = memory_estimate(cfg, "bench-train", batch_size=batch_size, seq=seq_len)
     checks.memory(need, device=str(dev), force=force, times=2 if peer else 1)
+    checks.duration(6.0 * model_params(cfg.model, cfg.hmm.n_tokens + 1) * batch_size * seq_len * steps, device=str(dev),
+                    force=force, what=f"bench train's {steps:,} timed steps")  # the floor of config.train_flops
     _bench_threads(threads)
     r = bench_train(cfg, cfg.train.device, batch_size=batch_size, seq_len=seq_len, steps=steps, peer=peer,
                     profile=profile, compile=compile_)
