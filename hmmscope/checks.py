@@ -15,6 +15,9 @@ a database through a read-only open, a server through one short health check.
 - Memory: `config.memory_estimate` gives the peak bytes by term; a job whose total exceeds what this
   process can get (MemAvailable, the cgroup limit, RLIMIT_AS; the GPU's memory for device terms) is
   refused unless --force, with the dominant term named.
+- Time: a job whose floor on the work (`config.train_flops`) at the best rate this machine could reach (every
+  core at PEAK_FLOPS_PER_CORE, or a GPU at PEAK_FLOPS_GPU) takes longer than MAX_JOB_S is refused unless
+  --force, with the floor in the message (`train.steps = 10**15` no longer trains forever).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ from pathlib import Path
 
 from .config import RUNTIME_BYTES, SEED_MAX, Config, ConfigError, check_name, flatten, from_flat, memory_estimate
 
+PEAK_FLOPS_PER_CORE = 2e11  # float32 FLOP/s no CPU core exceeds (AVX-512: 2 FMA units x 16 lanes x 2 x 3+ GHz ~ 1.9e11)
+PEAK_FLOPS_GPU = 4e15  # FLOP/s no single GPU reaches on this model's matmuls (H100/H200 dense bf16: ~1e15)
+MAX_JOB_S = 365 * 86400.0  # a job whose floor is over a year is refused unless --force
 HEALTH_TIMEOUT_S = 3.0  # one short health check of an MLflow server
 CONNECT_TIMEOUT_S = 5  # one connection attempt to a database server
 GIB = 1 << 30
@@ -456,6 +462,26 @@ def memory(need: Mapping[str, tuple[int, str]], *, device: str = "cpu", force: b
         return
     dev = device_memory(device) if any(w == "device" for _, w in need.values()) and device != "cpu" else None
     fits(need, host=host_memory(), device=dev, times=times, what=what)
+
+
+def _span(s: float) -> str:
+    for unit, n in (("years", 365 * 86400), ("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if s >= n:
+            return f"{s / n:,.3g} {unit}" if s / n < 1e6 else f"{s / n:.1e} {unit}"
+    return f"{s:.3g} s"
+
+
+def duration(flops: float, *, device: str = "cpu", force: bool = False, what: str = "this job") -> float:
+    """The floor in seconds of `flops` of work on `device` (every core, or the GPU, at its best possible rate);
+    ConfigError naming it when it exceeds MAX_JOB_S, unless `force`."""
+    gpu = not device.startswith("cpu")
+    rate = PEAK_FLOPS_GPU if gpu else PEAK_FLOPS_PER_CORE * cores()
+    floor = flops / rate
+    if floor > MAX_JOB_S and not force:
+        raise ConfigError(f"{what} would take at least {_span(floor)} on this machine ({flops:.2g} FLOP at no more "
+                          f"than {rate:.2g} FLOP/s, {'one GPU' if gpu else f'{cores()} CPU cores'}); make it smaller, or "
+                          f"pass --force to try anyway")
+    return floor
 
 
 def tokens_memory(n_seqs: int, length: int, bench: str) -> dict[str, tuple[int, str]]:

@@ -430,6 +430,14 @@ def model_params(m: ModelConfig, vocab_size: int) -> int:
     return n + (m.max_len * D if m.pos_enc == "absolute" else 0)
 
 
+def train_flops(cfg: Config, steps: int | None = None) -> float:
+    """A floor on the floating-point work of training: 6 per parameter per token (forward and backward through
+    every weight, the tied embedding's logits included) x batch_size x (episode tokens - 1) x steps (default
+    train.steps). Attention, the optimizer and evaluations are not counted: the true work is larger."""
+    tokens = cfg.train.batch_size * (seq_len(cfg.data) - 1)
+    return 6.0 * model_params(cfg.model, cfg.hmm.n_tokens + 1) * tokens * (cfg.train.steps if steps is None else steps)
+
+
 def _mixture_bytes(h: HMMConfig) -> int:
     """The larger of make_mixture's peak (float64 factors W, Q and three live (n, S, V) emission
     temporaries) and what stays: the float64 parameters, episodes' float32 inverse-CDF tables (rows
@@ -479,14 +487,16 @@ def _theory_bytes(th: TheoryConfig) -> dict[str, int]:
 
 
 def memory_estimate(cfg: Config, job: str = "train", *, n_episodes: int | None = None,
-                    batch_size: int | None = None, seq: int | None = None) -> dict[str, tuple[int, str]]:
+                    batch_size: int | None = None, seq: int | None = None,
+                    probe_episodes: int = 0, n_perms: int = 0) -> dict[str, tuple[int, str]]:
     """Peak memory of `job` from the config alone: {term: (bytes, "host" | "device")}.
 
     "device" terms live on the training device (host memory too when it is the CPU). Jobs:
     generate (n_episodes episodes), train (training set, held-out set, mixture oracle, model with AdamW,
-    activations of one batch), evaluate and analyze (n_episodes held-out episodes, default data.n_eval),
-    theory, bench-train (batch_size x seq tokens). The numbers are upper-leaning estimates of what the
-    code keeps alive at its peak, read off the code (see each helper's docstring); against the peak RSS of
+    activations of one batch), evaluate and analyze (n_episodes held-out episodes, default data.n_eval; analyze's
+    probe_episodes and the shuffle test's n_perms too), theory, bench-train (batch_size x seq tokens),
+    bench-oracle (the mixture oracle on n_episodes). The numbers are upper-leaning estimates of what the code keeps
+    alive at its peak, read off the code (see each helper's docstring); against the peak RSS of
     real CPU runs (tests/measure_memory.py) they came out 1.1-1.3x high, which is what refusing an
     impossible job needs.
     """
@@ -502,6 +512,9 @@ def memory_estimate(cfg: Config, job: str = "train", *, n_episodes: int | None =
     T = seq_len(d)
     if job == "generate":
         out["episodes"] = (_episodes_bytes(h, d, n_episodes or d.n_train), "host")
+    elif job == "bench-oracle":
+        out["episodes"] = (_episodes_bytes(h, d, n_episodes or d.n_eval), "host")
+        out["mixture oracle"] = (_oracle_bytes(h, d, n_episodes or d.n_eval), "host")
     elif job == "train":
         out["episodes"] = (_episodes_bytes(h, d, d.n_train + d.n_eval), "host")
         out["training tokens (int64)"] = (8 * d.n_train * T, "device")
@@ -531,6 +544,14 @@ def memory_estimate(cfg: Config, job: str = "train", *, n_episodes: int | None =
         else:  # probes: layer chunks within a 1 GiB budget, task beliefs and the shuffle test's batches
             out["residual streams"] = (min(GIB, 4 * n * 32 * cfg.model.d_model * (cfg.model.n_layers + 1)), "host")
             out["beliefs and targets"] = (n * 32 * (4 * h.n_states + 64), "host")
+            if n_perms:  # shuffle.shuffle_test: the (n_perms, n, k) int64 orders drawn at once, then one episode's
+                # 1 + n_perms rows at a time at least (their tokens, one layer's scores, the residual stream)
+                T, m = seq_len(d), cfg.model
+                out["shuffle permutations"] = (8 * n_perms * n * d.n_demos + (1 + n_perms) * (
+                    (T - 1) ** 2 * m.n_heads * 4 + 8 * T + 4 * T * m.d_model), "host")
+            if probe_episodes:  # episodes.probe_episodes: probe_tasks x per_task episodes and their beliefs
+                out["probe episodes"] = (_episodes_bytes(h, d, probe_episodes)
+                                         + probe_episodes * 32 * (4 * h.n_states + 64), "host")
     else:
         raise ValueError(f"unknown job {job!r}")
     return out

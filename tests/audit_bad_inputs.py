@@ -267,6 +267,17 @@ def cases() -> list[Case]:
     add("size vs memory", "bench filter --length 1e9", ["bench", "filter", "--length", "1000000000"])
     add("size vs memory", "evaluate --n-episodes 1e9", ["evaluate", "{RUN}", "--n-episodes", "1000000000"])
     add("size vs memory", "analyze --n-episodes 1e9", ["analyze", "{RUN}", "--n-episodes", "1000000000"])
+    add("size vs memory", "analyze --min-per-task 1e8", ["analyze", "{RUN}", "--min-per-task", "100000000"])
+    add("size vs memory", "analyze --n-perms 1e9", ["analyze", "{RUN}", "--n-perms", "1000000000"])
+    add("size vs memory", "bench oracle --n-tasks 1e8", ["bench", "oracle", "--n-tasks", "100000000"])
+    add("size vs memory", "bench oracle --n-episodes 1e9", ["bench", "oracle", "--n-tasks", "4", "--n-episodes",
+                                                            "1000000000"])
+    add("size vs time", "bench train --steps 10**15", ["bench", "train", *T, "--steps", "1000000000000000", "--no-peer"])
+    add("size vs time", "train --set train.steps=10**15", ["train", *T, "--set", "train.steps=1000000000000000"])
+    add("size vs time", "run --set train.steps=10**15", ["run", *T, "--set", "train.steps=1000000000000000",
+                                                         "--out", "runout"])
+    add("size vs time", "train --resume RUN --set train.steps=10**15", ["train", *T, "--resume", "{RUN}", "--set",
+                                                                        "train.steps=1000000000000000"])
     add("size vs memory", "run huge d_mlp", ["run", *T, "--set", "model.d_mlp=100000000", "--out", "runout"])
     add("size vs memory", "spec fixed n_tasks 1e9", ["sweep", "run", "s.toml"],
         files={"s.toml": spec(name="s3", fixed='"data.n_train" = 100000000000')})

@@ -117,6 +117,7 @@ def project(tmp_path_factory):
     ck = {"model": model.state_dict(), "optimizer": {}, "step": 0, "vocab_size": cfg.hmm.n_tokens + 1,
           "config": {**flatten(cfg), "model.d_model": 64}, "metrics": {}, "rng": {}}
     torch.save(ck, root / "misfit.pt")  # weights of a d_model=32 model, config says 64
+    torch.save({**ck, "config": flatten(cfg)}, root / "good.pt")  # a checkpoint that fits its model
     uri = f"sqlite:///{root}/mlruns/mlflow.db"
     with tracking.start_run(uri, "hmmscope", "misfit") as run:
         with tempfile.TemporaryDirectory() as tmp:
@@ -238,6 +239,15 @@ CASES = [
     P(["evaluate", "{deleted_run}"], "deleted", id="deleted run: evaluate"),
     P(["analyze", "{deleted_run}"], "deleted", id="deleted run: analyze"),
     P(["train", "--config", "tiny.toml", "--resume", "{deleted_run}"], "deleted", id="deleted run: resume"),
+    P(["train", "--config", "tiny.toml", "--set", "train.steps=1000000000000000"], "years on this machine",
+      id="budget: train.steps far beyond this machine"),
+    P(["run", "--config", "tiny.toml", "--set", "train.steps=1000000000000000"], "years on this machine",
+      id="budget: the main job's train.steps"),
+    P(["analyze", "good.pt", "--min-per-task", "100000000"], "probe episodes", id="budget: probe episodes"),
+    P(["analyze", "good.pt", "--n-perms", "1000000000"], "shuffle permutations", id="budget: shuffle permutations"),
+    P(["bench", "oracle", "--n-tasks", "512,100000000"], "n_tasks 100000000", id="budget: oracle tasks"),
+    P(["bench", "train", "--config", "tiny.toml", "--steps", "1000000000000000"], "years on this machine",
+      id="budget: bench train steps"),
     P(["report", "known", "--storage", "{storage}"], "symlink", id="output folder: a link out of the project"),
     P(["sweep", "export", "known", "pipe.csv", "--storage", "{storage}"], "special file",
       id="output: a special file (a FIFO)"),

@@ -451,3 +451,126 @@ def test_a_sweep_with_failed_cells_says_so_and_exits_non_zero(tmp_path, template
     r = runner.invoke(app, ["sweep", "run", "s.toml"])
     assert r.exit_code == 1, r.output
     assert "1 trial(s) of sweep failed ended FAILED" in r.stderr and "--retry-failed" in r.stderr
+
+
+# ---------------------------------------------------------------- a full disk mid-run
+
+DISK = {"hmm.n_tasks": 4, "hmm.n_states": 8, "hmm.n_tokens": 4, "hmm.rank": 2, "data.n_demos": 2, "data.l_demo": 8,
+        "data.l_test": 8, "data.n_train": 48, "data.n_eval": 16, "model.n_layers": 1, "model.n_heads": 2,
+        "model.d_model": 16, "model.d_mlp": 32, "model.max_len": 64, "train.steps": 24, "train.batch_size": 8,
+        "train.warmup": 2, "train.eval_every": 2, "train.ckpt_every": 8, "train.emergence_episodes": 8,
+        "train.device": "cpu"}
+PAGE = 4096  # tmpfs counts whole pages
+
+
+def _pages(root: Path) -> int:
+    return sum(-(-p.stat().st_size // PAGE) for p in root.rglob("*") if p.is_file())
+
+
+def _complete(p: Path) -> bool:
+    """Is `p` a whole file of its kind (a checkpoint loads, TOML/JSON parse, PNG/PDF end with their trailers)?"""
+    import json
+    import tomllib
+
+    from hmmscope.checkpoints import read_checkpoint
+
+    data = p.read_bytes()
+    try:
+        if p.suffix == ".pt":
+            read_checkpoint(p)
+        elif p.suffix == ".toml":
+            tomllib.loads(data.decode())
+        elif p.suffix == ".json":
+            json.loads(data)
+        elif p.suffix == ".png":
+            return data.endswith(b"IEND\xaeB`\x82")
+        elif p.suffix == ".pdf":
+            return data.rstrip().endswith(b"%%EOF")
+        elif p.suffix == ".csv":
+            return data.endswith(b"\n")
+    except Exception:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _tmpfs(path: Path, pages: int):
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={pages * PAGE}", "tmpfs", str(path)], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.mark.slow  # ~25 s of CPU in three trainings (two real processes); the fast twin is in test_checkpoints.py
+def test_a_full_disk_mid_training_fails_the_run_keeps_the_last_checkpoint_and_resumes_bitwise(tmp_path, template):
+    """The artifact store is a tmpfs with room for the run's config.toml and its step-8 checkpoint, no more (the
+    checkpoints grow: they carry the emergence curves). The step-16 checkpoint hits ENOSPC: the run ends FAILED
+    with the path and the reason in its tag, the command prints one error line and exits non-zero, no file is
+    half-written (the step-8 checkpoint is whole), and once the disk has room `train --resume` continues from step
+    8 to the weights of an uninterrupted run, bitwise. Before the fix, MLflow's in-place copy truncated the
+    step-8 checkpoint and left half of the step-16 one under its name: nothing to resume from."""
+    import io
+
+    from hmmscope.checkpoints import load_model, read_checkpoint
+    from hmmscope.config import Config, override
+    from hmmscope.train import train
+
+    torch = pytest.importorskip("torch")
+    torch.set_num_threads(1)
+    cfg = override(Config(), DISK)
+    ref_uri = f"sqlite:///{_project(tmp_path, template, 'ref')}/mlruns/mlflow.db"
+    full = train(cfg, tracking_uri=ref_uri, experiment="ref", progress=False)  # the uninterrupted run
+    arts = tmp_path / "ref" / "mlruns" / "artifacts" / full.run_id / "artifacts"
+
+    def pages_at(step: int) -> int:  # the checkpoint at `step` holds the emergence curves up to it (fixed-size rest)
+        ck = read_checkpoint(arts / "checkpoints" / "last.pt")
+        ck["metrics"]["emergence"] = [c for c in ck["metrics"]["emergence"] if c["step"] <= step]
+        buf = io.BytesIO()
+        torch.save(ck, buf)
+        return -(-buf.getbuffer().nbytes // PAGE)
+
+    assert pages_at(16) > pages_at(8)  # the checkpoints grow: a write in place does not fit either
+    room = -(-(arts / "config.toml").stat().st_size // PAGE) + pages_at(8)
+
+    proj = _project(tmp_path, template, "proj")
+    conf = proj / "c.toml"
+    sections: dict[str, list[str]] = {}
+    for k, v in DISK.items():
+        sec, key = k.split(".")
+        sections.setdefault(sec, []).append(f"{key} = {v!r}".replace("'", '"'))
+    conf.write_text("".join(f"[{s}]\n" + "\n".join(lines) + "\n" for s, lines in sections.items()))
+    store = proj / "mlruns" / "artifacts"
+    with _tmpfs(store, room):
+        r = subprocess.run([str(EXE), "train", "--config", str(conf), "--no-evaluate", "--experiment", "disk"],
+                           cwd=proj, env=_env(), capture_output=True, text=True, timeout=300)
+        assert r.returncode != 0, r.stdout + r.stderr
+        errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+        assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
+        assert "No space left on device" in errors[0] and "checkpoints/last.pt" in errors[0], errors
+        uri = f"sqlite:///{proj}/mlruns/mlflow.db"
+        (run,) = tracking.search_runs(uri, "disk")
+        reason = run.data.tags.get("hmmscope.failure_reason", "")
+        assert run.info.status == "FAILED" and "No space left on device" in reason, (run.info.status, reason)
+        assert f"{run.info.run_id}/artifacts/checkpoints/last.pt" in reason
+        left = [p for p in store.rglob("*") if p.is_file()]
+        assert sorted(p.name for p in left) == ["config.toml", "last.pt"], left  # no temp file, no other file
+        assert all(_complete(p) for p in left), [p for p in left if not _complete(p)]
+        assert read_checkpoint(store / run.info.run_id / "artifacts" / "checkpoints" / "last.pt")["step"] == 8
+
+        subprocess.run(["mount", "-o", "remount,size=64m", str(store)], check=True)  # the disk has room again
+        r = subprocess.run([str(EXE), "train", "--config", str(conf), "--resume", run.info.run_id, "--no-evaluate"],
+                           cwd=proj, env=_env(),
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert tracking.get_run(uri, run.info.run_id).info.status == "FINISHED"
+        assert all(_complete(p) for p in store.rglob("*") if p.is_file())
+        a, _ = load_model(ref_uri, full.run_id)
+        b, _ = load_model(uri, run.info.run_id)
+        assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))

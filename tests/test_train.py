@@ -488,3 +488,77 @@ def test_sigterm_interrupts_restores_the_old_handler():
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)  # the handler raises long before this ends
     assert signal.getsignal(signal.SIGTERM) is old
+
+
+def test_a_full_disk_at_a_checkpoint_keeps_the_last_complete_one(uri, finished):
+    """Fast twin of test_faults' full-disk test: the run's checkpoint folder is a tmpfs holding exactly its first
+    checkpoint; the second (larger: its metrics grew) hits ENOSPC. The run ends FAILED, the error and the tag
+    name the path, no temp file is left, and the first checkpoint is whole. Before the fix MLflow's in-place
+    copy truncated it and left half of the second under its name."""
+    from hmmscope.checkpoints import CKPT_DIR, CKPT_NAME, save_checkpoint
+    from hmmscope.config import ConfigError
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    model, cfg = finished.model, finished.config
+    opt = model.configure_optimizers(0.0, 1e-3, (0.9, 0.95))
+    with pytest.raises(ConfigError, match="No space left on device") as e, \
+            tracking.start_run(uri, "t", "full-disk") as run:
+        folder = Path(tracking.Run(uri, run.run_id).artifact_uri().removeprefix("file://")) / CKPT_DIR
+        folder.mkdir(parents=True)
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(folder)], capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        try:
+            def save(step: int, metrics: dict) -> None:
+                save_checkpoint(run, model=model, optimizer=opt, step=step, cfg=cfg, vocab_size=cfg.hmm.n_tokens + 1,
+                                metrics=metrics, dataset_hash="h")
+
+            save(1, {"last": {}})
+            used = (folder / CKPT_NAME).stat().st_size
+            subprocess.run(["mount", "-o", f"remount,size={-(-used // 4096) * 4096}", str(folder)], check=True)
+            save(2, {"last": {f"k{i}": float(i) for i in range(2000)}})
+        finally:
+            left = sorted(p.name for p in folder.iterdir())
+            try:
+                ck = read_checkpoint(folder / CKPT_NAME)
+            except ValueError:  # half a file
+                ck = None
+            subprocess.run(["umount", "-l", str(folder)], check=False)
+    msg = str(e.value)
+    assert str(folder / CKPT_NAME) in msg and "\n" not in msg
+    assert left == [CKPT_NAME] and ck is not None and ck["step"] == 1
+    r = tracking.get_run(uri, run.run_id)
+    assert r.info.status == "FAILED" and str(folder / CKPT_NAME) in r.data.tags["hmmscope.failure_reason"]
+
+
+def test_a_full_disk_in_the_cli_evaluation_leaves_the_run_failed(uri, tmp_path, monkeypatch):
+    """`train --out` onto a full disk: training ends, Figure 1's files do not fit. One error line naming the file,
+    exit 2, no file under the output folder, and the run FAILED with the reason (it stayed FINISHED without its
+    evaluation before)."""
+    from typer.testing import CliRunner
+
+    from hmmscope.cli import app
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(tiny)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    monkeypatch.chdir(tmp_path)
+    sets = [a for k, v in {**SMALL, "train.steps": 2, "data.n_eval": 16, "train.emergence_episodes": 0}.items()
+            if k != "train.device" for a in ("--set", f"{k}={v}")]
+    try:
+        r = CliRunner().invoke(app, ["train", *sets, "--device", "cpu", "--out", str(tiny), "--tracking-uri", uri,
+                                     "--experiment", "full-out"])
+        files = [p for p in tiny.rglob("*") if p.is_file()]
+    finally:
+        subprocess.run(["umount", "-l", str(tiny)], check=False)
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and "No space left on device" in lines[0], r.output
+    assert str(tiny) in lines[0] and files == []
+    (run,) = tracking.search_runs(uri, "full-out")
+    assert run.info.status == "FAILED" and "No space left on device" in run.data.tags["hmmscope.failure_reason"]

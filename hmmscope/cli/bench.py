@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from .. import checks
-from ..config import memory_estimate, preset
+from ..config import memory_estimate, model_params, override, preset
 from .common import ConfigOpt, DeviceOpt, ForceOpt, Preset, PrintConfigOpt, SetOpt, build_config, echo_config, user_errors
 
 app = typer.Typer(no_args_is_help=True, help="Speed benchmarks against named peers, as ratios.")
@@ -108,6 +108,7 @@ def bench_oracle_cmd(
     device: Annotated[str, typer.Option(help="cpu (the numba kernel) or cuda / cuda:N (the torch path).")] = "cpu",
     chunk_tasks: Annotated[str, typer.Option(help="On CUDA: comma-separated tasks per chunk to time, "
                                                   "'auto' for the oracle's own choice.")] = "auto",
+    force: ForceOpt = False,
 ) -> None:
     """Mixture-oracle cost vs n_tasks at the paper's shape (128 states, 16 tokens, rank 8, 358 tokens)."""
     from ..bench import bench_oracle
@@ -133,6 +134,10 @@ def bench_oracle_cmd(
         raise ValueError(f"--n-tasks must be comma-separated integers, got {n_tasks!r}") from None
     if not counts or min(counts) < 1:
         raise ValueError(f"--n-tasks must be positive, got {n_tasks!r}")
+    paper = preset("paper")
+    for n in sorted(set(counts)):  # the task counts run one after another: each must fit
+        checks.memory(memory_estimate(override(paper, {"hmm.n_tasks": n}), "bench-oracle", n_episodes=n_episodes),
+                      device=str(dev), force=force, what=f"the mixture oracle at n_tasks {n}")
     _bench_threads(threads)
     r = bench_oracle(tuple(counts), n_episodes=n_episodes, dtype=dtype, device=str(dev), chunks=tuple(chunks))
     if dev.type == "cuda":
@@ -183,6 +188,8 @@ def bench_train_cmd(
     dev = resolve_device(cfg.train.device)
     need = memory_estimate(cfg, "bench-train", batch_size=batch_size, seq=seq_len)
     checks.memory(need, device=str(dev), force=force, times=2 if peer else 1)
+    checks.duration(6.0 * model_params(cfg.model, cfg.hmm.n_tokens + 1) * batch_size * seq_len * steps, device=str(dev),
+                    force=force, what=f"bench train's {steps:,} timed steps")  # the floor of config.train_flops
     _bench_threads(threads)
     r = bench_train(cfg, cfg.train.device, batch_size=batch_size, seq_len=seq_len, steps=steps, peer=peer,
                     profile=profile, compile=compile_)

@@ -20,7 +20,7 @@ from typing import Annotated
 import typer
 
 from .. import checks
-from ..config import ConfigError, memory_estimate
+from ..config import ConfigError, memory_estimate, train_flops
 from .common import (
     ConfigOpt,
     DeviceOpt,
@@ -87,6 +87,7 @@ def train_cmd(
         checks.live_run(uri, resume, resume=True)
         tracking.existing_run(uri, resume)
     checks.memory(memory_estimate(cfg, "train"), device=str(dev), force=force)
+    checks.duration(train_flops(cfg), device=str(dev), force=force, what=f"training {cfg.train.steps:,} steps")
     # a spinner over the silent setup (data, oracles, model, the run), stopped by the step-0 evaluation, which
     # comes just before training's own bar; a resumed run has no such evaluation, and no spinner
     setup = Spinner("setting up: data, oracles, model" if resume is None else None)
@@ -98,9 +99,10 @@ def train_cmd(
                                                     f"{tracking.browse_line(uri, run_id=rid)}"))
         metrics, files, claims = dict(res.metrics), [], []
         if evaluate and res.stopped is None:
-            with Spinner("evaluating: Figure 1"):  # the model in hand: no checkpoint read back
-                ev = evaluate_model(res.model, res.config, res.steps, tracking.existing_run(uri, res.run_id),
-                                    device=cfg.train.device, out=out)
+            # the model in hand: no checkpoint read back. The run is reopened for it, so a failed evaluation (a full
+            # disk) leaves it FAILED with the reason, not FINISHED without its Figure 1; `--resume` evaluates again
+            with Spinner("evaluating: Figure 1"), tracking.start_run(uri, experiment, "", resume=res.run_id) as run:
+                ev = evaluate_model(res.model, res.config, res.steps, run, device=cfg.train.device, out=out)
             metrics.update(ev)
             files, claims = ev.files, ev.claims
         if res.stopped is None:  # the trained model as an MLflow logged model (the checkpoint stays the resume point)
@@ -194,7 +196,10 @@ def analyze_cmd(
     cfg = checkpoint_config(read_checkpoint(target, mmap=True)) if is_file else checks.run_config(uri, target)
     dev = resolve_device(device or "auto")
     if cfg is not None:
-        checks.memory(memory_estimate(cfg, "analyze", n_episodes=n_episodes), device=str(dev), force=force)
+        n_pt = min(probe_tasks, cfg.hmm.n_tasks)  # jobs.analyze_run's probe episodes
+        n_probe = n_pt * max(min_per_task, -(-(n_episodes or cfg.data.n_eval) // n_pt))
+        checks.memory(memory_estimate(cfg, "analyze", n_episodes=n_episodes, probe_episodes=n_probe, n_perms=n_perms),
+                      device=str(dev), force=force)
     with sigterm_interrupts():
         res = analyze_run(uri, target, device=device or "auto", n_episodes=n_episodes, ks=tuple(k_list),
                           n_perms=n_perms, seed=seed, experiment=experiment, out=out,
@@ -235,6 +240,7 @@ def run_cmd(
     dev = resolve_device(cfg.train.device)
     for job in ("theory", "train", "analyze"):  # the stages run one after another
         checks.memory(memory_estimate(cfg, job), device=str(dev), force=force, what=f"the {job} stage")
+    checks.duration(train_flops(cfg), device=str(dev), force=force, what=f"the train stage's {cfg.train.steps:,} steps")
 
     def sweep_and_report(spec, report_dir):  # the jobs layer reaches the sweep layer only through this
         sw = run_sweep(spec, workers=workers, uri=uri, log=lambda m: typer.echo(m, err=True))  # workers' lines too

@@ -7,7 +7,8 @@ run's artifact URI against the store's own folder (`store`: a moved or copied st
 artifacts); a missing artifact's error names the path that was looked for.
 
 Part of `tracking`, the one package that talks to MLflow. Imports mlflow only inside functions; imports the
-store, tags and liveness modules, and must not import search or anything of hmmscope outside tracking.
+store, tags and liveness modules (and `safe_output` for local artifacts), and must not import search or anything
+else of hmmscope outside tracking.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import shutil
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -85,9 +87,13 @@ class Run:
         if local is None:
             self._client.log_artifact(self.run_id, str(path), artifact_path)
             return
-        from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+        # a local store: copied beside its final name, fsynced, renamed (safe_output; MLflow's own copy writes in
+        # place): a full disk leaves the artifact's previous version (a complete checkpoint), never half a file
+        from ..safe_output import write_with
 
-        LocalArtifactRepository(loc).log_artifact(str(path), artifact_path)
+        name = Path(path).name
+        write_with(local / artifact_path / name if artifact_path else local / name,
+                   lambda tmp: shutil.copyfile(path, tmp), root=local)
 
     def log_dict(self, obj: Any, name: str) -> None:
         """Write `obj` as JSON (or text for .txt/.md/.csv names) to the artifact `name`."""
