@@ -512,8 +512,10 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
         tr = train(cfg, tracking_uri=uri, experiment=experiment, run_name=tracking.train_run_name(cfg), parent=parent.run_id,
                    progress=progress)
         on_stage("evaluating (Figure 1)")
-        train_run = tracking.existing_run(uri, tr.run_id)  # the model in hand: no checkpoint read back
-        ev = evaluate_model(tr.model, tr.config, tr.steps, train_run, device=cfg.train.device, out=out)
+        # the model in hand: no checkpoint read back. The training run is reopened for its evaluation, so a failed
+        # one (a full disk) leaves it FAILED with the reason, not FINISHED without its Figure 1 (as `train` does)
+        with tracking.start_run(uri, experiment, "", resume=tr.run_id) as train_run:
+            ev = evaluate_model(tr.model, tr.config, tr.steps, train_run, device=cfg.train.device, out=out)
         parent.log_metrics(ev)
         on_stage("layerwise analysis (Figures 2, 3a, 3b)")
         an = analyze_model(tr.model, tr.config, tr.steps, train_run, uri=uri, device=cfg.train.device, out=out)

@@ -139,6 +139,33 @@ def test_main_job_evaluates_and_analyzes_the_model_in_memory(run, tmp_path, monk
         next(c.value for c in res.analysis.claims if c.name == "task_beats_control"))
 
 
+def test_a_failed_evaluation_in_the_main_job_leaves_its_training_run_failed(run, tmp_path, monkeypatch):
+    """A full disk while the main job writes Figure 1 (the fault injected where the evaluation's files are written):
+    the training run ends FAILED with the reason, as under `train` (it stayed FINISHED without its evaluation)."""
+    import errno
+
+    from hmmscope import jobs
+
+    uri = run[0]
+    cfg = override(Config(), {**SMALL, "theory.gammas": (0.5,), "theory.ranks": (2,), "theory.n_states": (4,),
+                              "theory.n_tokens": 4, "theory.lengths": (1, 2), "theory.n_histories": 10,
+                              "theory.burn_in": 5, "theory.gamma_m": 0, "theory.draws": 1})
+    real = jobs.evaluate_model
+
+    def full_disk(*a, **k):
+        real(*a, **k)
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out" / "figure1_by_k.csv"))
+
+    monkeypatch.setattr(jobs, "evaluate_model", full_disk)
+    with pytest.raises(OSError, match="No space left on device"):
+        main_job(cfg, uri, "full", tmp_path / "out", sweep=lambda spec, d: (SimpleNamespace(parent_run_id=""), None),
+                 progress=False)
+    runs = {r.info.run_name: r for r in tracking.search_runs(uri, "full")}
+    (tr,) = [r for name, r in runs.items() if name.startswith("train-")]
+    assert tr.info.status == "FAILED" and "No space left on device" in tr.data.tags["hmmscope.failure_reason"]
+    assert runs["main"].info.status == "FAILED"
+
+
 def test_analysis_run_lives_as_long_as_its_work_and_a_crash_leaves_it_failed(run, monkeypatch):
     """The analysis run opens when the work starts: its MLflow duration is the work's own (it used to open
     after the work: 1.9 s against 39.7 s); a crash in the probes leaves it FAILED with the shuffle test's
