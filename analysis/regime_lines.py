@@ -29,6 +29,8 @@ from collections import defaultdict
 import numpy as np
 from sweepdata import label, load_sweep, mean_ci, out_dir, parser, write_table
 
+from hmmscope.sweep_spec import seed_keys
+
 
 def main(argv=None) -> int:
     args = parser(__doc__.splitlines()[0]).parse_args(argv)
@@ -97,6 +99,11 @@ def main(argv=None) -> int:
     return 0
 
 
+# what the intervals cover: a sweep's replicate seed sets these keys; the mixture (hmm.seed) is shared by replicates
+SCOPE = (f"Scope: the intervals are over the replicate seeds ({', '.join(seed_keys('train', 0))}); every seed's "
+         "runs share one HMM mixture (hmm.seed), so they do not cover mixture draws.")
+
+
 def _markdown(sw, rows: list[dict], claims: list) -> str:
     """The per-cell table and the pooled line, as markdown (regime.md)."""
     def ci(r, q):
@@ -112,7 +119,7 @@ def _markdown(sw, rows: list[dict], claims: list) -> str:
                                         ci(r, "unseen_bigram_excess_ce_task")]) + " |")
     p = claims[-1]
     lines += ["", f"Pooled ({p.statistic}): **{p.value:.3f} [{p.ci_lo:.3f}, {p.ci_hi:.3f}]**, rule {p.rule}: "
-                  f"**{p.verdict}** ({p.reason.split('; ')[-1]})."]
+                  f"**{p.verdict}** ({p.reason.split('; ')[-1]}).", "", SCOPE]
     return "\n".join(lines) + "\n"
 
 
