@@ -28,8 +28,8 @@ import numpy as np
 from .config import DataConfig, HMMConfig, config_hash, to_dict
 from .hmm import _CDF, Mixture, _after_unique, _run, _tables, make_mixture, sample_sequences, state_distribution_after
 
-__all__ = ["Episodes", "layout", "sample_episodes", "unseen_episodes", "probe_tasks", "probe_episodes", "save_episodes",
-           "load_episodes", "sample_sequences", "state_distribution_after"]
+__all__ = ["Episodes", "layout", "sample_episodes", "unseen_episodes", "probe_tasks", "probe_episodes", "truncate_demos",
+           "save_episodes", "load_episodes", "sample_sequences", "state_distribution_after"]
 
 _TAG = 0x45504953  # "EPIS": separates episode streams from other users of data.seed
 _SPLITS = {"train": 1, "eval": 2}
@@ -198,6 +198,18 @@ def _episodes(mix: Mixture, data: DataConfig, task: np.ndarray, rng: np.random.G
             "test_start": data.test_start, "burn_in": data.burn_in if data.test_start == "midstream" else 0,
             "data_config": to_dict(data)}
     return Episodes(tokens, states, np.asarray(task, np.int64), seg, pos, V, k, data.l_demo, data.l_test, meta)
+
+
+def truncate_demos(ep: Episodes, k: int) -> Episodes:
+    """ep with only its LAST k demonstrations: the first n_demos - k demo blocks (each with its
+    delimiter) are cut off the front; the test segment and all per-episode data are unchanged."""
+    if not 0 <= k <= ep.n_demos:
+        raise ValueError(f"k must be in [0, n_demos={ep.n_demos}], got {k}")
+    start = (ep.n_demos - k) * (ep.l_demo + 1)
+    seg, pos = layout(k, ep.l_demo, ep.l_test)
+    meta = {**ep.meta, "n_demos_kept": k, "n_demos_original": ep.meta.get("n_demos_original", ep.n_demos)}
+    return Episodes(tokens=ep.tokens[:, start:], states=ep.states[:, start:], task_ids=ep.task_ids, segment=seg,
+                    position=pos, n_tokens=ep.n_tokens, n_demos=k, l_demo=ep.l_demo, l_test=ep.l_test, meta=meta)
 
 
 _ARRAYS = ("tokens", "states", "task_ids", "segment", "position")

@@ -57,7 +57,7 @@ import numpy as np
 import torch
 
 from .baselines import DEFAULT_LEARNER, HMMLearner, incontext_bigram, incontext_hmm, incontext_unigram
-from .episodes import Episodes, layout
+from .episodes import Episodes, truncate_demos
 from .hmm import Mixture
 from .inference import memory_error, mixture_oracle, task_oracle
 from .stats import claim, jsonable, rule
@@ -98,18 +98,6 @@ def model_predictive(model: torch.nn.Module, tokens, device="cpu", batch_size: i
         model.train(was_training)
     out[(tok < 0) | (tok >= V)] = float("nan")
     return out
-
-
-def truncate_demos(ep: Episodes, k: int) -> Episodes:
-    """ep with only its LAST k demonstrations: the first n_demos - k demo blocks (each with its
-    delimiter) are cut off the front; the test segment and all per-episode data are unchanged."""
-    if not 0 <= k <= ep.n_demos:
-        raise ValueError(f"k must be in [0, n_demos={ep.n_demos}], got {k}")
-    start = (ep.n_demos - k) * (ep.l_demo + 1)
-    seg, pos = layout(k, ep.l_demo, ep.l_test)
-    meta = {**ep.meta, "n_demos_kept": k, "n_demos_original": ep.meta.get("n_demos_original", ep.n_demos)}
-    return Episodes(tokens=ep.tokens[:, start:], states=ep.states[:, start:], task_ids=ep.task_ids, segment=seg,
-                    position=pos, n_tokens=ep.n_tokens, n_demos=k, l_demo=ep.l_demo, l_test=ep.l_test, meta=meta)
 
 
 # ---------------------------------------------------------------- statistics
