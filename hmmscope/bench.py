@@ -452,3 +452,34 @@ def bench_train(cfg, device: str = "auto", batch_size: int = 32, seq_len: int = 
         t_peer = _step_time(lambda: hf(input_ids=x, labels=y).loss, hf, hf_opt, steps, dev, autocast)
         out.update({"hf_roformer_tokens_per_s": tokens / t_peer, "ratio": t_peer / t_ours})
     return out
+
+
+def bench_headroom(cfg, n_episodes: int = 256, family_tasks: int | None = None, em: bool = False,
+                   repeats: int = 2) -> dict[str, float]:
+    """`headroom.headroom` (SCIENCE.md 9) against its own dominant piece of work, the peer: one mixture-oracle pass
+    over the same M family tasks on the same unseen episodes at k = k_max (inference.mixture_oracle). The ratio says
+    how many such passes a whole headroom costs (it runs (k_max + 1) x (1 + 1/2 + 1/4) of them, the counting grid on
+    the fit episodes and, with em, the EM fits). Best of `repeats` after a warm-up, interleaved."""
+    import torch
+
+    from .episodes import family_tasks as draw_family
+    from .episodes import unseen_episodes
+    from .evaluate import _anonymous
+    from .headroom import headroom
+    from .inference import mixture_oracle
+
+    M = int(cfg.eval.family_tasks if family_tasks is None else family_tasks)
+    fam = draw_family(cfg.hmm, cfg.data, M)
+    _, uep = unseen_episodes(cfg.hmm, cfg.data, n_episodes)
+    anon = _anonymous(uep)
+    last = {}
+
+    def ours():
+        last["r"] = headroom(cfg, n_episodes=n_episodes, family_tasks=M, em=em)
+
+    best = _interleaved_best({"headroom": ours, "oracle": lambda: mixture_oracle(fam, anon, dtype=torch.float64)},
+                             repeats)
+    r = last["r"]
+    return {"headroom_s": best["headroom"], "oracle_pass_s": best["oracle"], "ratio": best["headroom"] / best["oracle"],
+            "references_s": r.meta["references_s"], "family_tasks": M, "n_episodes": n_episodes,
+            "k_max": r.k_max, "room": r.at()["room"]}

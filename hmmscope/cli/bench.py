@@ -1,4 +1,4 @@
-"""`hmmscope bench sample | filter | oracle | train`: speed benchmarks against named peers, as ratios.
+"""`hmmscope bench sample | filter | oracle | train | headroom`: speed benchmarks against named peers, as ratios.
 
 Owns: the `bench` command group (`app`), its options and their checks, the thread setting of a benchmark, and
 the lines each benchmark prints. The timings themselves are `hmmscope.bench`.
@@ -218,3 +218,36 @@ def bench_train_cmd(
     if "ratio" in r:
         typer.echo(f"peer HF RoFormerForCausalLM: {r['hf_roformer_tokens_per_s']:,.0f} tokens/s; "
                    f"ratio {r['ratio']:.2f}x")
+
+
+@app.command("headroom")
+@user_errors
+def bench_headroom_cmd(
+    preset_: Annotated[Preset, typer.Option("--preset", help="Family and layout (hmm, data, eval sections).")] = Preset.tiny,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    n_episodes: Annotated[int, typer.Option(min=2, max=1 << 20, help="Unseen episodes scored.")] = 256,
+    family_tasks: Annotated[int | None, typer.Option("--family-tasks", min=1, max=1 << 20,
+                                                     help="M (default eval.family_tasks).")] = None,
+    em: Annotated[bool, typer.Option(help="Include the EM learner in the timed headroom.")] = False,
+    repeats: Annotated[int, typer.Option(min=1, max=100, help="Timed rounds (best of).")] = 2,
+    threads: ThreadsOpt = None,
+    force: ForceOpt = False,
+) -> None:
+    """`hmmscope headroom`'s cost against one mixture-oracle pass over the same M family tasks and episodes."""
+    cfg = build_config(preset_, config, set_)
+    if family_tasks is not None:
+        cfg = override(cfg, {"eval.family_tasks": family_tasks})
+    if cfg.eval.family_tasks < 1 or cfg.eval.fit_episodes < 8:
+        raise ValueError("the headroom needs eval.family_tasks >= 1 and eval.fit_episodes >= 8")
+    est = memory_estimate(override(cfg, {"hmm.n_tasks": cfg.eval.family_tasks}), "bench-oracle",
+                          n_episodes=max(n_episodes, cfg.eval.fit_episodes))
+    checks.memory(est, force=force, what="the headroom's references")
+    _bench_threads(threads)
+    from ..bench import bench_headroom
+
+    r = bench_headroom(cfg, n_episodes=n_episodes, em=em, repeats=repeats)
+    typer.echo(f"headroom ({cfg.hmm.family}, S {cfg.hmm.n_states}, V {cfg.hmm.n_tokens}, M {r['family_tasks']}, "
+               f"{n_episodes} episodes, k = 0..{r['k_max']}{', EM' if em else ''}): {r['headroom_s']:.2f} s "
+               f"(references: family draw and counting fit {r['references_s']:.2f} s); peer: one mixture-oracle pass "
+               f"over the same tasks and episodes {r['oracle_pass_s']:.3f} s; ratio {r['ratio']:.1f} passes")
