@@ -264,6 +264,36 @@ def bench_paper_dataset() -> dict[str, float]:
             "episodes": float(len(ep)), "tokens": float(ep.tokens.size)}
 
 
+def bench_counting(n_episodes: int = 1024, rounds: int = 3, fit_episodes: int = 512) -> dict[str, Any]:
+    """The fair counting baselines (baselines.py) against the add-one bigram, their named peer, on the same
+    episodes in the same process (interleaved rounds, best of each).
+
+    Predictors: incontext_ngram (order 3) and incontext_ctw (depth 3) on n_episodes episodes at the paper's
+    shape (V = 16, 6 demos x 48 + 64 test tokens, 358 positions), each as a time and a ratio to
+    incontext_bigram on the same episodes. The fit: fit_counting over its full grid (8 alphas x orders 1-3 x
+    depths 1-3) at k = 0..4 on fit_episodes episodes of the `tiny` shape (V = 8, 4 x 24 + 32), against the
+    bigram on the same 5 truncations."""
+    from .baselines import fit_counting, incontext_bigram, incontext_ctw, incontext_ngram
+    from .config import preset
+    from .episodes import sample_episodes, truncate_demos
+    from .hmm import make_mixture
+
+    paper = preset("paper")
+    mix = make_mixture(dataclasses.replace(paper.hmm, n_tasks=64), dtype=np.float32)
+    ep = sample_episodes(mix, paper.data, n_episodes, split="eval")
+    t = _interleaved_best({"bigram": lambda: incontext_bigram(ep), "ngram": lambda: incontext_ngram(ep, 3, 0.25),
+                           "ctw": lambda: incontext_ctw(ep, 3, 0.5)}, rounds)
+    tiny = preset("tiny")
+    fit_ep = sample_episodes(make_mixture(dataclasses.replace(tiny.hmm, n_tasks=64)), tiny.data, fit_episodes, "fit")
+    cuts = [truncate_demos(fit_ep, k) for k in range(tiny.data.n_demos + 1)]
+    f = _interleaved_best({"fit": lambda: fit_counting(fit_ep, range(tiny.data.n_demos + 1)),
+                           "bigram": lambda: [incontext_bigram(e) for e in cuts]}, rounds)
+    return {"n_episodes": n_episodes, "seq_len": ep.seq_len, "n_tokens": ep.n_tokens, "bigram_s": t["bigram"],
+            "ngram_s": t["ngram"], "ctw_s": t["ctw"], "ngram_ratio": t["ngram"] / t["bigram"],
+            "ctw_ratio": t["ctw"] / t["bigram"], "fit_episodes": fit_episodes, "fit_s": f["fit"],
+            "fit_bigram_s": f["bigram"], "fit_ratio": f["fit"] / f["bigram"], "rounds": rounds}
+
+
 # ---------------------------------------------------------------- training throughput
 
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12, "V100": 125e12}

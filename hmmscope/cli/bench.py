@@ -1,4 +1,5 @@
-"""`hmmscope bench sample | filter | oracle | train | headroom`: speed benchmarks against named peers, as ratios.
+"""`hmmscope bench sample | filter | oracle | counting | train | headroom`: speed benchmarks against named peers, as
+ratios.
 
 Owns: the `bench` command group (`app`), its options and their checks, the thread setting of a benchmark, and
 the lines each benchmark prints. The timings themselves are `hmmscope.bench`.
@@ -15,7 +16,7 @@ from typing import Annotated
 import typer
 
 from .. import checks
-from ..config import memory_estimate, model_params, override, preset
+from ..config import RUNTIME_BYTES, memory_estimate, model_params, override, preset
 from .common import ConfigOpt, DeviceOpt, ForceOpt, Preset, PrintConfigOpt, SetOpt, build_config, echo_config, user_errors
 
 app = typer.Typer(no_args_is_help=True, help="Speed benchmarks against named peers, as ratios.")
@@ -158,6 +159,31 @@ def bench_oracle_cmd(
                    f"tables {row['tables_s']:.2f} s), {row['ns_per_task_token']:6.1f} ns per (task, episode, token) "
                    f"past the tables; 1024 episodes, {'measured' if n_episodes == 1024 else 'extrapolated'}: "
                    f"{row['extrapolated_full_s']:6.0f} s wall, {row['extrapolated_full_cpu_s']:6.0f} s CPU{peer}")
+
+
+@app.command("counting")
+@user_errors
+def bench_counting_cmd(
+    n_episodes: Annotated[int, typer.Option(min=1, help="Episodes of the paper's shape (358 tokens, V = 16).")] = 1024,
+    rounds: Annotated[int, typer.Option(min=1, help="Interleaved timing rounds (best of each).")] = 3,
+    force: ForceOpt = False,
+) -> None:
+    """The fair counting baselines (n-gram order 3, CTW depth 3) and their fit vs the add-one bigram, same episodes."""
+    # peak: the int16 episodes, the n-gram's counts and each predictor's float64 output (V = 16: 128 B per token
+    # each, about 4 alive at once) beside the counting code's fixed chunk buffers (baselines.py, under 256 MiB)
+    tokens = n_episodes * 358
+    checks.memory({"runtime": (RUNTIME_BYTES, "host"), "counting buffers": (256 << 20, "host"),
+                   f"{n_episodes} x 358 tokens": (4 * 128 * tokens, "host")}, force=force)
+    from ..bench import bench_counting
+
+    r = bench_counting(n_episodes=n_episodes, rounds=rounds)
+    typer.echo(f"counting baselines, {n_episodes} episodes x {r['seq_len']} tokens, V = {r['n_tokens']}; "
+               f"best of {rounds} interleaved rounds")
+    typer.echo(f"  incontext_bigram (peer)        {r['bigram_s']:8.3f} s")
+    typer.echo(f"  incontext_ngram order 3        {r['ngram_s']:8.3f} s   {r['ngram_ratio']:.2f}x the bigram")
+    typer.echo(f"  incontext_ctw depth 3          {r['ctw_s']:8.3f} s   {r['ctw_ratio']:.2f}x the bigram")
+    typer.echo(f"  fit_counting, full grid, k = 0..4, {r['fit_episodes']} tiny episodes: {r['fit_s']:.3f} s = "
+               f"{r['fit_ratio']:.1f}x the bigram on the same 5 truncations ({r['fit_bigram_s']:.3f} s)")
 
 
 @app.command("train")
