@@ -67,7 +67,7 @@ paper's shape (V = 16, 6 x 48 + 64 = 358 positions, 1024 episodes), the same run
 
 EM-fitted HMM (``incontext_hmm``; ``HMMLearner`` holds its settings). A learner that knows the family's form
 (a hidden Markov chain emitting tokens) but none of its tasks: per episode, a categorical HMM with
-``n_states`` hidden states (default 8; ``HMMLearner.for_family(S)`` gives min(S, EM_STATES_CAP = 16)) is fit by
+``n_states`` hidden states (default 8; ``HMMLearner.for_family(S)`` gives min(S, EM_STATES_CAP = 8)) is fit by
 Baum-Welch (EM) to the episode's demonstrations alone, each demo a separate sequence started from the fitted
 initial distribution; ``restarts`` random initializations (Dirichlet(1) rows for start, transition and
 emission), ``iters`` EM iterations each (fixed, no early stop, so every episode and restart costs the same);
@@ -113,7 +113,7 @@ _NGRAM_CHUNK_BYTES = 64 << 20  # the n-gram's per-gram-length count arrays per c
 _CTW_CHUNK_BYTES = 96 << 20  # CTW node tables (+ its output) per chunk of episodes
 _EM_TAG = 0x454D484D  # "EMHM": the EM learner's initializations
 EM_CHUNK_BYTES = 256 << 20  # working set of one chunk of EM fits
-EM_STATES_CAP = 16  # HMMLearner.for_family: at most this many hidden states
+EM_STATES_CAP = 8  # HMMLearner.for_family: at most this many hidden states (config.EM_STATES_CAP, which eval.em_states = 0 uses)
 
 
 def _tokens(ep) -> tuple[np.ndarray, np.ndarray, int]:

@@ -101,6 +101,8 @@ BASELINES = REFERENCES[2:]  # logged under baseline/<tasks>/<name>/...; compared
 TASKS = ("seen", "unseen")
 REGIMES = ("retrieval", "inference beyond counting", "counting", "undetermined")
 _Z = 1.96
+# how the EM learner's restarts are seeded since issue 27.5 (earlier records: one stream for the whole batch)
+_EM_SEEDING = "per fit: SeedSequence([seed, tag, k, l_demo, sha256 of the k demonstrations])"
 
 
 @torch.no_grad()
@@ -593,7 +595,7 @@ def figure1(model: torch.nn.Module, mix: Mixture | None, ep: Episodes | None, *,
             "l_test": e0.l_test, "n_episodes": first.n_episodes, "ks": first.ks, "test_start": e0.test_start,
             "burn_in": e0.burn_in, "dataset_hash": (ep if ep is not None else unseen[1]).meta.get("dataset_hash"),
             "predictors": list(dict.fromkeys(["model", *(n for es in sets for n in es.by_k[es.ks[0]].references)])),
-            "incontext_hmm": None if learner is None else learner.describe(),
+            "incontext_hmm": None if learner is None else {**learner.describe(), "seeding": _EM_SEEDING},
             "counting": None if counting is None else counting.describe()}
     return figure1_tables(model, sets, device=device, batch_size=batch_size, meta=meta)
 

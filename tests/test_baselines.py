@@ -559,7 +559,11 @@ def test_em_group_keys_seed_the_initializations():
 
 def test_learner_for_family_caps_the_states():
     assert HMMLearner.for_family(4).n_states == 4
-    assert HMMLearner.for_family(128).n_states == baselines.EM_STATES_CAP == 16
+    from hmmscope import config
+
+    assert HMMLearner.for_family(128).n_states == baselines.EM_STATES_CAP == config.EM_STATES_CAP == 8
+    assert config.em_states(config.Config()) == 8 and config.em_states(config.override(
+        config.Config(), {"hmm.n_states": 4})) == 4  # eval.em_states = 0: the family's S, capped
     ln = HMMLearner.for_family(128, cap=32, restarts=2, seed=5)
     assert (ln.n_states, ln.restarts, ln.seed, ln.iters) == (32, 2, 5, HMMLearner().iters)
     with pytest.raises(ValueError, match="n_states >= 1"):
