@@ -577,8 +577,8 @@ def test_regime_pooled_over_seeds(tmp_path):
                 runs.append(tracking.client(uri).get_run(r.run_id))
     sec, claims = regime_section(runs, uri)
     words = {row[0]: row[2] for row in sec.blocks[1][2]}
-    assert words == {"n_tasks=0": "inference beyond counting", "n_tasks=4": "retrieval", "n_tasks=64": "counting"}
-    c = next(c for c in claims if c.name == "n_tasks=0: inference_beyond_counting")
+    assert words == {"n_tasks=fresh": "inference beyond counting", "n_tasks=4": "retrieval", "n_tasks=64": "counting"}
+    c = next(c for c in claims if c.name == "n_tasks=fresh: inference_beyond_counting")
     vals = [-0.05 + shift[s] for s in (0, 1, 2)]
     h = st.t.ppf(0.975, 2) * np.std(vals, ddof=1) / math.sqrt(3)
     assert c.value == pytest.approx(np.mean(vals)) and c.ci_hi == pytest.approx(np.mean(vals) + h) and c.df == 2

@@ -54,7 +54,8 @@ def regime_section(runs: list, uri: str) -> tuple[Section | None, list[Claim]]:
         cells[tuple(r.data.params.get(k, "") for k in keys)].append((r, nums, rules))
     table, claims, words = [], [], []
     for cell, members in sorted(cells.items()):
-        label = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(keys, cell)) or "all runs"
+        label = ", ".join(f"{k.split('.')[-1]}={'fresh' if k == 'hmm.n_tasks' and str(v) == '0' else v}"
+                          for k, v in zip(keys, cell)) or "all runs"
         pooled: dict[str, Claim] = {}
         for name in NAMES:
             by_seed: dict[str, list[float]] = defaultdict(list)
