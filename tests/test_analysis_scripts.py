@@ -306,3 +306,40 @@ def test_bad_input_exits_2_in_one_line(store, capsys):
                                "--out", str(tmp / "bad")])
         msg = capsys.readouterr().err.strip()
         assert e.value.code == 2 and msg.startswith("error:") and "\n" not in msg
+
+
+REGIME = ROOT / "analysis" / "results" / "regime-layerwise-cpu"
+FROM_RUNS = ["--from-runs", str(REGIME / "runs"), "--trials", str(ROOT / "analysis/results/task-diversity-cpu/trials.csv"),
+             "--spec", str(ROOT / "sweeps/task-diversity-cpu.toml")]
+
+
+def test_regime_layerwise_from_the_kept_runs(tmp_path, capsys):
+    """--from-runs: the regime-layerwise record re-pools from its kept per-run tables (no store) and its kept tables
+    are what this mode writes; the rebuilt probe episodes reproduce every logged (task, o_t) baseline, and the
+    logged state-before-task areas (over layers 0..L) come back from probes.csv (both checked inside the script)."""
+    rl = script("regime_layerwise")
+    assert rl.main([*FROM_RUNS, "--n-episodes", "256", "--out", str(tmp_path), "--no-figures"]) == 0
+    capsys.readouterr()
+    for f in ("regime_layerwise_claims.csv", "kback_token_stats.csv", "state_before_task_runs.csv", "token_recurrence.csv",
+              "regime_layerwise.md"):
+        assert (tmp_path / f).read_text() == (REGIME / f).read_text(), f
+    got = {(r["n_tasks"], r["claim"]): r for r in rows(tmp_path / "regime_layerwise_claims.csv")}
+    # issue 26: in the retrieval regime all of the old positive area came from the embedding
+    assert [round(float(x), 3) for x in got["4", "state_before_task"]["per_run_values"].split(";")] == [-0.073, -0.08, -0.1]
+    assert got["4", "state_before_task"]["verdict"] == "not supported" and got["4", "state_before_task_layer0"]["verdict"] == \
+        "supported"
+    assert got["8192", "kback3_beats_token_stats"]["verdict"] == "supported"  # o_t alone does not explain the 3-back token
+    sb = rows(tmp_path / "state_before_task_runs.csv")
+    for r in sb:  # the old area over layers 0..4 = (the embedding's row + 4 x an area over 1..4 normalized to all layers)
+        assert float(r["area_layers_0_to_L_logged"]) > float(r["area_layers_1_to_L"]) or r["n_tasks"] == "8192"
+
+
+def test_regime_layerwise_from_runs_refuses_other_episodes(tmp_path, capsys):
+    """Analyses run with another --n-episodes had other probe episodes: the logged baselines do not match, so the
+    mode stops with one line and writes nothing; so it does without --trials."""
+    rl = script("regime_layerwise")
+    assert rl.main([*FROM_RUNS, "--n-episodes", "64", "--out", str(tmp_path / "a"), "--no-figures"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "\n" not in err and "baseline" in err and not (tmp_path / "a").exists()
+    assert rl.main(["--from-runs", str(REGIME / "runs"), "--out", str(tmp_path / "b")]) == 2
+    assert "--trials" in capsys.readouterr().err and not (tmp_path / "b").exists()

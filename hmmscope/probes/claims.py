@@ -132,6 +132,26 @@ def _r2_curves(sums, w) -> np.ndarray:
     return np.stack(out, -1)
 
 
+def state_before_task_values(layers, task_acc, state_acc, task_chance: float, state_chance: float) -> dict:
+    """The threshold-free state-before-task statistics (module docstring) of accuracy curves (..., L) over `layers`:
+    {"area", "area_state", "area_task"} over the layers above the embedding (each curve normalized by its own peak
+    there) and {"layer0", "layer0_state", "layer0_task"} at layer 0 (normalized by the peak over all layers), each
+    (...,); NaN where the layers have none. probe_claims uses it on every bootstrap row; a kept per-layer table
+    (probes.csv) gives the point values."""
+    lay = np.asarray(layers)
+    ta, sa = np.asarray(task_acc, float), np.asarray(state_acc, float)
+    up, nan = lay != 0, np.full(ta.shape[:-1], NAN)
+    out = {k: nan for k in ("area", "area_state", "area_task", "layer0", "layer0_state", "layer0_task")}
+    if up.any():
+        et, es = np.mean(_norm_curve(ta[..., up], task_chance), -1), np.mean(_norm_curve(sa[..., up], state_chance), -1)
+        out.update(area=es - et, area_state=es, area_task=et)
+    if not up.all():
+        i0 = int(np.flatnonzero(~up)[0])
+        nt, ns = _norm_curve(ta, task_chance)[..., i0], _norm_curve(sa, state_chance)[..., i0]
+        out.update(layer0=ns - nt, layer0_state=ns, layer0_task=nt)
+    return out
+
+
 def probe_claims(layers, scores: dict[str, TargetScores], *, ks=(1, 2, 3, 4, 5), fracs=(0.5, 0.9),
                  n_boot: int = 1000, seed: int = 0, baseline: dict[int, np.ndarray] | None = None,
                  token_baseline: dict[int, np.ndarray] | None = None,
@@ -249,20 +269,18 @@ def probe_claims(layers, scores: dict[str, TargetScores], *, ks=(1, 2, 3, 4, 5),
     if "task" in scores and "state" in scores:
         req = rule(">", 0, ("task_beats_control", "state_beats_control"))
         nt, ns = _norm_curve(cur["task"], scores["task"].chance), _norm_curve(cur["state"], scores["state"].chance)
-        up = lay != 0  # the area runs over the layers above the embedding (module docstring)
+        up = lay != 0
+        sb = state_before_task_values(lay, cur["task"], cur["state"], scores["task"].chance, scores["state"].chance)
         if up.any():
-            ut = _norm_curve(cur["task"][:, up], scores["task"].chance)
-            us = _norm_curve(cur["state"][:, up], scores["state"].chance)
-            et, es = np.mean(ut, -1), np.mean(us, -1)
             add("state_before_task", f"mean normalized acc over layers {_span(lay[up])} (the embedding apart), state "
-                                     "- task (threshold-free)", es - et, req,
-                f"state {es[0]:.3f}, task {et[0]:.3f} (1 = at its peak from layer {lay[up][0]})")
+                                     "- task (threshold-free)", sb["area"], req,
+                f"state {sb['area_state'][0]:.3f}, task {sb['area_task'][0]:.3f} (1 = at its peak from layer "
+                f"{lay[up][0]})")
         if not up.all():
-            i0 = int(np.flatnonzero(~up)[0])
             add("state_before_task_layer0", "normalized acc at layer 0 (the embedding: the current token alone), "
-                                            "state - task", ns[:, i0] - nt[:, i0], req,
-                f"state {ns[0, i0]:.3f}, task {nt[0, i0]:.3f} of their peaks above chance at the embedding, where "
-                "the current token alone decides")
+                                            "state - task", sb["layer0"], req,
+                f"state {sb['layer0_state'][0]:.3f}, task {sb['layer0_task'][0]:.3f} of their peaks above chance at "
+                "the embedding, where the current token alone decides")
         for f in fracs:
             rt, rs = _reach(nt, f), _reach(ns, f)
             d = np.where(np.isfinite(rt) & np.isfinite(rs),
