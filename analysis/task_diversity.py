@@ -48,7 +48,9 @@ eval/retrieval_gap, emergence/<tasks>/icl_gain where logged). Writes task_divers
 EM learner logged, unseen/model_minus_incontext_hmm = model CE - EM-fitted HMM CE on the unseen episodes, paired
 per trial), task_diversity_boundary.csv, task_diversity_threshold.csv, task_diversity_tail.csv (the gap pooled over
 the cells with n_tasks >= each grid value: trials with a positive gap, and the mean over seeds of each seed's mean
-over those cells with a t interval on G - 1 df), task_diversity_claims.json and the figure task_diversity.{png,pdf}.
+over those cells with a t interval on G - 1 df), task_diversity_claims.json (the claims, then a summary: the boundary,
+the threshold table, the tail table, the EM margin, and whether every cell of a seed scored the same unseen episodes,
+i.e. one unseen task-oracle CE per seed) and the figure task_diversity.{png,pdf}.
 """
 from __future__ import annotations
 
@@ -164,7 +166,10 @@ def summarize(points: list[tuple[int, str, dict]], threshold: float, out, name: 
     vals: dict = defaultdict(lambda: defaultdict(list))  # n_tasks -> quantity -> per-seed values
     per_seed: dict = defaultdict(dict)  # seed -> n_tasks -> retrieval gap
     margin: list = []  # (n_tasks, seed, unseen model CE - EM HMM CE)
+    unseen_ref: dict = defaultdict(set)  # seed -> the unseen episodes' task-oracle CEs across cells
     for n_tasks, seed, m in points:
+        if "eval/unseen/oracle_task_test_ce" in m:
+            unseen_ref[seed].add(round(m["eval/unseen/oracle_task_test_ce"], 12))
         v = vals[n_tasks]
         v["retrieval_gap"].append(m["eval/retrieval_gap"])
         per_seed[seed][n_tasks] = m["eval/retrieval_gap"]
@@ -230,6 +235,10 @@ def summarize(points: list[tuple[int, str, dict]], threshold: float, out, name: 
               + bnd["power"], df=bnd["df"], degenerate=bnd["degenerate"]),
     ]
     summary = {"boundary": bnd, "threshold_sensitivity": sens, "tail": tail}
+    if unseen_ref:  # one task-oracle CE per seed in every cell: every cell of a seed scored the same unseen episodes
+        summary["unseen_episodes_shared_across_cells"] = {
+            "per_seed_distinct_task_oracle_ce": {str(k): len(v) for k, v in sorted(unseen_ref.items(), key=lambda x: str(x[0]))},
+            "shared": all(len(v) == 1 for v in unseen_ref.values())}
     if margin:
         worst = min(margin, key=lambda r: r[2])
         summary["unseen_model_minus_incontext_hmm"] = {
@@ -241,6 +250,9 @@ def summarize(points: list[tuple[int, str, dict]], threshold: float, out, name: 
     for c in claims:
         print(f"claim {c.name}: {c.value:.4g} [{c.ci_lo:.4g}, {c.ci_hi:.4g}] rule '{c.rule}' -> {c.verdict}")
     print(f"regime boundary: n* = {bnd['n_star']:.4g} [{bnd['n_star_lo']:.4g}, {bnd['n_star_hi']:.4g}] ({bnd['power']})")
+    if unseen_ref and summary["unseen_episodes_shared_across_cells"]["shared"]:
+        print(f"unseen tasks: within each seed every cell scored the same unseen episodes (one task-oracle CE per seed "
+              f"over {len(vals)} cells): the unseen tasks do not vary with n_tasks")
     if margin:
         u = summary["unseen_model_minus_incontext_hmm"]
         print(f"unseen tasks: model CE - EM-fitted HMM CE >= {u['min_over_cells_of_seed_mean']:.4g} in every cell's seed "
