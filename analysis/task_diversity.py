@@ -19,7 +19,7 @@ t test with the seed as the unit: every log2 n between grid cells where "the mea
 rejected, the gap there being the same interpolation of each seed's own two cells (so a seed's effect shared by
 its cells is carried through), on G - 1 df (G seeds). This is Fieller's interval for the crossing of two
 neighbouring cells, extended over the grid; at the true crossing it is an exact t test, so the set covers n* with
-probability >= 95% (tests/test_analysis_scripts.py simulates the record's layout, 7 cells x 3 seeds: 95% where
+probability >= 95% (tests/test_stats.py simulates the record's layout, 7 cells x 3 seeds: 95% where
 one crossing is near the data, more where several cells hover near the threshold). The percentile bootstrap over
 seeds it replaces covered 72-78% in the same simulations: with 3 seeds a resample of a cell has at most 3 distinct
 values, so its spread understates the seed noise. Why not a t interval over seeds of each seed's own crossing: a

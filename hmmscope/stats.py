@@ -41,6 +41,13 @@ blocking factor is thus never estimated (it cancels within each pair), so one ga
 gamma level per seed, costs no degree of freedom. With one seed the blocks are the replicates (the
 effect's spread across blocks is its noise), and the estimate says so. Exact under normal seed
 effects; tests/test_stats.py checks the coverage by simulation (planted null effects, 3 seeds).
+
+Threshold crossings (`crossing_interval`, task diversity's regime boundary n*): where a curve measured per
+unit (seed) on a grid falls through a threshold, interpolated linearly between grid points, with the
+confidence set that inverts the t test (G - 1 df) of "the mean curve there equals the threshold", each unit's
+curve interpolated the same way (Fieller's interval, extended over the grid). It is open (inf) where grid
+points that cannot be told from the threshold reach an end of the grid; tests/test_stats.py simulates its
+coverage at the task-diversity record's layout (7 cells, 3 seeds).
 """
 
 from __future__ import annotations
