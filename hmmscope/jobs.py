@@ -209,7 +209,7 @@ def _analysis_metrics(shuffle, probes) -> dict[str, float]:
         for key in ("r2", "r2_lo", "r2_hi", "control_r2"):
             m[f"probe/belief/layer{r['layer']}/{key}"] = r[key]
     for r in probes.summary:
-        for key in ("best_acc", "baseline_acc"):
+        for key in ("best_acc", "baseline_acc", "token_acc"):
             if key in r:
                 m[f"probe/{r['target']}/{key}"] = r[key]
     return {k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
