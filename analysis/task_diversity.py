@@ -65,7 +65,8 @@ import numpy as np
 from sweepdata import SEED_KEYS, fail, load_sweep, mean_ci, save, write_table
 
 TASKS = ("seen", "unseen")
-BASE = ("incontext_unigram", "incontext_bigram", "incontext_hmm")
+BASE = ("incontext_unigram", "incontext_bigram", "incontext_hmm", "best_counting", "family_bayes")
+FRESH = 0  # hmm.n_tasks = 0: fresh tasks, "infinite" task diversity (drawn at the right end of the map)
 THRESHOLDS = tuple(round(0.03 + 0.005 * i, 3) for i in range(7))  # 0.030 .. 0.060, the sensitivity table
 
 
@@ -93,7 +94,7 @@ def main(argv=None) -> int:
         if "hmm.n_tasks" not in sw.varied:
             fail(f"sweep {sw.name!r} does not vary hmm.n_tasks (varies: {', '.join(sw.varied) or 'nothing'})")
         points = [(int(t.params["hmm.n_tasks"]), t.seed, t.metrics) for t in sw.trials
-                  if "eval/retrieval_gap" in t.metrics]
+                  if "eval/retrieval_gap" in t.metrics or int(t.params["hmm.n_tasks"]) == 0]
         if not points:
             fail(f"no trial of {sw.name!r} has eval/retrieval_gap (evaluate on seen and unseen tasks)")
         name = sw.name
@@ -113,10 +114,11 @@ def read_trials_csv(path: Path) -> list[tuple[int, str, dict]]:
         fail(f"--trials {str(path)!r} has no hmm.n_tasks column (a trials.csv of a sweep over hmm.n_tasks)")
     if "eval/retrieval_gap" not in rows[0]:
         fail(f"--trials {str(path)!r} has no eval/retrieval_gap column (evaluate on seen and unseen tasks)")
+    fresh = {i for i, r in enumerate(rows) if r.get("hmm.n_tasks") not in ("", None) and float(r["hmm.n_tasks"]) == 0}
     seed_key = next((k for k in SEED_KEYS if k in rows[0]), None)
     points = []
     for i, r in enumerate(rows):
-        if r.get("kind", "train") != "train" or r.get("eval/retrieval_gap") in ("", None):
+        if r.get("kind", "train") != "train" or (r.get("eval/retrieval_gap") in ("", None) and i not in fresh):
             continue
         try:
             n = int(float(r["hmm.n_tasks"]))
@@ -167,12 +169,23 @@ def summarize(points: list[tuple[int, str, dict]], threshold: float, out, name: 
     per_seed: dict = defaultdict(dict)  # seed -> n_tasks -> retrieval gap
     margin: list = []  # (n_tasks, seed, unseen model CE - EM HMM CE)
     unseen_ref: dict = defaultdict(set)  # seed -> the unseen episodes' task-oracle CEs across cells
+    regime_vals: dict = defaultdict(lambda: defaultdict(dict))  # n_tasks -> claim -> seed -> value
     for n_tasks, seed, m in points:
         if "eval/unseen/oracle_task_test_ce" in m:
             unseen_ref[seed].add(round(m["eval/unseen/oracle_task_test_ce"], 12))
         v = vals[n_tasks]
-        v["retrieval_gap"].append(m["eval/retrieval_gap"])
-        per_seed[seed][n_tasks] = m["eval/retrieval_gap"]
+        if n_tasks != FRESH:  # fresh tasks have no seen tasks, hence no retrieval gap
+            v["retrieval_gap"].append(m["eval/retrieval_gap"])
+            per_seed[seed][n_tasks] = m["eval/retrieval_gap"]
+        for q, key in (("unseen/vs_best_counting", "eval/unseen/vs_best_counting"),
+                       ("unseen/icl_gain_same_tokens", "eval/unseen/icl_gain")):
+            if key in m:
+                v[q].append(m[key])
+        for c in ("retrieval_gap", "icl_gain", "inference_beyond_counting"):
+            key = {"retrieval_gap": "eval/retrieval_gap", "icl_gain": "eval/unseen/icl_gain",
+                   "inference_beyond_counting": "eval/unseen/vs_best_counting"}[c]
+            if key in m:
+                regime_vals[n_tasks][c][seed] = m[key]
         for tasks in TASKS:
             task_ce = m.get(f"eval/{tasks}/oracle_task_test_ce")
             v[f"{tasks}/model"].append(m.get(f"eval/{tasks}/excess_ce_task"))
@@ -188,19 +201,22 @@ def summarize(points: list[tuple[int, str, dict]], threshold: float, out, name: 
             d = m["eval/unseen/test_ce"] - m["baseline/unseen/incontext_hmm/ce"]
             vals[n_tasks]["unseen/model_minus_incontext_hmm"].append(d)
             margin.append((n_tasks, seed, d))
-    ns = np.array(sorted(vals), float)
+    ns = np.array(sorted(n for n in vals if n != FRESH), float)
     if len(ns) < 2:
         fail(f"{name}: the retrieval gap is measured at {len(ns)} n_tasks value; the boundary needs at least 2")
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for n in sorted(vals):
-        row: dict = {"n_tasks": n}
+    for n in sorted(vals, key=lambda n: (n == FRESH, n)):  # fresh tasks last: "infinite" diversity
+        row: dict = {"n_tasks": n, "cell": "fresh" if n == FRESH else str(n)}
         for q, v in vals[n].items():
             mean, lo, hi, k = mean_ci([x for x in v if x is not None])
             row.update({q: mean, f"{q}_lo": lo, f"{q}_hi": hi})
             row["n_seeds"] = max(row.get("n_seeds", 0), k)
         rows.append(row)
     write_table(rows, out, "task_diversity")
+    regimes = cell_regimes(regime_vals)
+    if regimes:
+        write_table(regimes, out, "task_diversity_regimes")
 
     bnd = boundary(ns, per_seed, threshold)
     write_table([bnd], out, "task_diversity_boundary")
@@ -234,7 +250,7 @@ def summarize(points: list[tuple[int, str, dict]], threshold: float, out, name: 
               "there; whether the model then counts or infers beyond counting is not this claim: SCIENCE.md 9); "
               + bnd["power"], df=bnd["df"], degenerate=bnd["degenerate"]),
     ]
-    summary = {"boundary": bnd, "threshold_sensitivity": sens, "tail": tail}
+    summary = {"boundary": bnd, "threshold_sensitivity": sens, "tail": tail, "regimes": regimes}
     if unseen_ref:  # one task-oracle CE per seed in every cell: every cell of a seed scored the same unseen episodes
         summary["unseen_episodes_shared_across_cells"] = {
             "per_seed_distinct_task_oracle_ce": {str(k): len(v) for k, v in sorted(unseen_ref.items(), key=lambda x: str(x[0]))},
@@ -257,34 +273,82 @@ def summarize(points: list[tuple[int, str, dict]], threshold: float, out, name: 
         u = summary["unseen_model_minus_incontext_hmm"]
         print(f"unseen tasks: model CE - EM-fitted HMM CE >= {u['min_over_cells_of_seed_mean']:.4g} in every cell's seed "
               f"mean, >= {u['min_over_trials']:.4g} in every trial")
+    for r in regimes:
+        print(f"regime at n_tasks = {r['cell']}: {r['regime']} (model - best counting {r['inference_beyond_counting']:.3g} "
+              f"[{r['inference_beyond_counting_lo']:.3g}, {r['inference_beyond_counting_hi']:.3g}])"
+              if math.isfinite(r.get("inference_beyond_counting", math.nan)) else
+              f"regime at n_tasks = {r['cell']}: {r['regime']}")
     if plot:
-        _figure(rows, ns, bnd, sens, threshold, out, name)
+        _figure(rows, ns, bnd, sens, threshold, out, name, regimes)
     return bnd
 
 
-def _figure(rows, ns, bnd, sens, threshold, out, name) -> None:
+RULES = {"retrieval_gap": (">", []), "icl_gain": (">", []), "inference_beyond_counting": ("<", ["icl_gain"])}
+
+
+def cell_regimes(regime_vals) -> list[dict]:
+    """Per cell, Figure 1's regime claims pooled over seeds (t on G - 1 df, the seed as the unit, as the report's
+    regime section) with each claim's rule (evaluate.py: retrieval_gap > 0, icl_gain > 0, inference_beyond_counting =
+    model - best counting < 0 requiring icl_gain), and the regime word they give (evaluate.regime)."""
+    from hmmscope.evaluate import regime
+    from hmmscope.stats import claim, rule, t_mean
+
+    out = []
+    for n in sorted(regime_vals, key=lambda n: (n == FRESH, n)):
+        row: dict = {"n_tasks": n, "cell": "fresh" if n == FRESH else str(n)}
+        pooled = []
+        verdicts: dict = {}
+        for c in ("retrieval_gap", "icl_gain", "inference_beyond_counting"):
+            by = regime_vals[n].get(c)
+            if not by:
+                continue
+            seeds = sorted(by, key=str)
+            e = t_mean([by[s] for s in seeds], seeds, unit="seed")
+            op, req = RULES[c]
+            cl = claim(c, c, e.value, e.lo, e.hi, rule(op, 0, req), "pooled over seeds", verdicts, df=e.df,
+                       degenerate=e.degenerate)
+            verdicts[c] = cl.verdict
+            pooled.append(cl)
+            row.update({c: e.value, f"{c}_lo": e.lo, f"{c}_hi": e.hi, f"{c}_verdict": cl.verdict, "seeds": e.n})
+        row["regime"] = regime(pooled)
+        out.append(row)
+    return out
+
+
+def _figure(rows, ns, bnd, sens, threshold, out, name, regimes=()) -> None:
     import matplotlib.pyplot as plt
 
+    fresh = any(r["n_tasks"] == FRESH for r in rows)
+    xs = np.array([ns[-1] * 4 if r["n_tasks"] == FRESH else r["n_tasks"] for r in rows], float)  # fresh: right end
+    ticks = (xs, [r["cell"] for r in rows])
     fig, (ax, axg, axt) = plt.subplots(1, 3, figsize=(18, 4.8), layout="constrained")
     style = {"model": ("-", "o", 2.0), "mixture_oracle": ("--", None, 1.0), "incontext_unigram": ((0, (6, 2, 1, 2)),
-             None, 1.0), "incontext_bigram": ("-.", None, 1.0), "incontext_hmm": ((0, (1, 1)), None, 1.2)}
-    names = {"incontext_hmm": "in-context HMM (EM)"}
+             None, 1.0), "incontext_bigram": ("-.", None, 1.0), "incontext_hmm": ((0, (1, 1)), None, 1.2),
+             "best_counting": ((0, (3, 1, 1, 1)), "s", 1.4), "family_bayes": ("-", None, 1.0)}
+    names = {"incontext_hmm": "in-context HMM (EM)", "best_counting": "best counting (fitted)",
+             "family_bayes": "family Bayes"}
     for tasks, col in zip(TASKS, ("C0", "C1")):
         for pred, (ls, mk, lw) in style.items():
             q = f"{tasks}/{pred}"
             if not any(q in r for r in rows):
                 continue
             y = [r.get(q, math.nan) for r in rows]
-            ax.plot(ns, y, ls=ls, marker=mk, color=col, lw=lw,
+            ax.plot(xs, y, ls=ls, marker=mk, color=col, lw=lw, ms=4,
                     label=f"{tasks}: {names.get(pred, pred.replace('_', ' '))}")
             if pred == "model":
-                ax.fill_between(ns, [r.get(q + "_lo", math.nan) for r in rows],
+                ax.fill_between(xs, [r.get(q + "_lo", math.nan) for r in rows],
                                 [r.get(q + "_hi", math.nan) for r in rows], color=col, alpha=0.2)
     ax.axhline(0, color="gray", lw=0.8, label="task oracle (ceiling)")
-    ax.set(xscale="log", xlabel="training tasks n_tasks", ylabel="CE - task-oracle CE (nats/token)",
-           title="excess CE over the task oracle, test segment, k = k_max")
-    ax.set_xticks(ns, [str(int(n)) for n in ns])
+    for r, x in zip(regimes, [ns[-1] * 4 if r["n_tasks"] == FRESH else r["n_tasks"] for r in regimes]):
+        ax.annotate(r["regime"].replace("inference beyond counting", "inference"), (x, 1.0), xycoords=("data", "axes fraction"),
+                    rotation=90, ha="center", va="top", fontsize=7, color="C2")
+    ax.set(xscale="log", xlabel="training tasks n_tasks" + (" (fresh: every episode its own task)" if fresh else ""),
+           ylabel="CE - task-oracle CE (nats/token)", title="excess CE over the task oracle, test segment, k = k_max"
+           + ("; regime per cell (top)" if regimes else ""))
+    ax.set_xticks(*ticks)
     ax.legend(fontsize=7)
+    keep = [i for i, r in enumerate(rows) if r["n_tasks"] != FRESH]
+    rows = [rows[i] for i in keep]
     g = [r["retrieval_gap"] for r in rows]
     axg.plot(ns, g, "-o", color="C3", label="retrieval gap (unseen - seen), 95% t CI over seeds")
     axg.fill_between(ns, [r["retrieval_gap_lo"] for r in rows], [r["retrieval_gap_hi"] for r in rows], color="C3",
