@@ -47,7 +47,7 @@ def cells(sw) -> list[dict]:
                 if k.startswith("headroom/family_bayes_M")) if any(
             k.startswith("headroom/family_bayes_M") for k in trials[0].metrics) else None
 
-        def avg(key):
+        def avg(key, trials=trials):
             v = [t.metrics[key] for t in trials if key in t.metrics]
             return float(np.mean(v)) if v else float("nan")
 

@@ -6,8 +6,8 @@ that talks to MLflow):
 - Data: episodes.training_data: episodes from `make_mixture(cfg.hmm)`, splits "train" (data.n_train) and "eval"
   (data.n_eval); with fresh tasks (hmm.n_tasks = 0) each training episode on its own task of the family (stream
   "fresh") and the held-out episodes on unseen tasks, where oracle/* is the family-Bayes reference
-  (eval.family_tasks tasks; none when it is 0) and only the unseen emergence curves exist. Inputs tokens[:, :-1], targets tokens[:, 1:], loss on the Episodes'
-  `target_mask` (next token is an observation; the delimiter is never a target).
+  (eval.family_tasks tasks; none when it is 0) and only the unseen emergence curves exist. Inputs tokens[:, :-1],
+  targets tokens[:, 1:], loss on the Episodes' `target_mask` (next token is an observation; the delimiter is never a target).
 - Batches: step s takes items s*B .. s*B+B-1 of an endless stream whose epoch e is the
   permutation `default_rng([seed, e])` of the training set, so the batches depend on
   (train.seed, step) only and a resumed run sees what an uninterrupted one would. Several epochs over a
