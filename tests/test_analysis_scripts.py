@@ -140,8 +140,8 @@ def test_figure1(store, capsys):
     out, _ = run(store, "figure1", "tiny-train", capsys)
     r = rows(out / "figure1_by_k.csv")
     preds = {x["predictor"] for x in r}
-    assert preds == {"model", "task_oracle", "mixture_oracle", "other_mixture_oracle", "incontext_unigram",
-                     "incontext_bigram", "incontext_hmm"}
+    assert preds == {"model", "task_oracle", "mixture_oracle", "family_bayes", "incontext_unigram", "incontext_bigram",
+                     "incontext_ngram", "incontext_ctw", "best_counting", "incontext_hmm"}
     assert {(x["tasks"], x["k"]) for x in r if x["predictor"] == "incontext_bigram"} == \
         {(t, str(k)) for t in ("seen", "unseen") for k in range(3)}  # both task sets, every k (k = 0 too)
     assert {x["n_seeds"] for x in r} == {"2"}  # two replicate seeds per cell
@@ -343,3 +343,102 @@ def test_regime_layerwise_from_runs_refuses_other_episodes(tmp_path, capsys):
     assert err.startswith("error:") and "\n" not in err and "baseline" in err and not (tmp_path / "a").exists()
     assert rl.main(["--from-runs", str(REGIME / "runs"), "--out", str(tmp_path / "b")]) == 2
     assert "--trials" in capsys.readouterr().err and not (tmp_path / "b").exists()
+
+
+HEADROOM = """
+[sweep]
+name = "tiny-headroom"
+base = "tiny"
+kind = "headroom"
+sampler = "grid"
+seeds = [0, 1]
+experiment = "hr"
+
+[fixed]
+"hmm.n_states" = 4
+"hmm.n_tokens" = 4
+"hmm.rank" = 2
+"data.n_demos" = 2
+"data.l_demo" = 6
+"data.l_test" = 8
+"data.n_eval" = 16
+"eval.family_tasks" = 64
+"eval.fit_episodes" = 16
+
+[space]
+"hmm.gamma" = {grid = [0.6, 0.9]}
+"""
+
+FRESH = TRAIN.replace('name = "tiny-train"', 'name = "tiny-fresh"\nobjective = "eval/unseen/vs_best_counting"').replace(
+    "analyze = true", "").replace(
+    '"hmm.n_tasks" = 4', '"hmm.n_tasks" = 0\n"eval.family_tasks" = 32\n"eval.fit_episodes" = 16').replace(
+    '"model.n_layers" = {grid = [1, 2]}', '"model.n_layers" = {grid = [1]}')
+
+
+def test_headroom_map(tmp_path, capsys):
+    """A kind = "headroom" sweep (trains nothing) and analysis/headroom.py: one row per cell, the room pooled over the
+    2 seeds with the trials' own CIs combined, equal to the mean of the trials' headroom/room."""
+    storage, uri = f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/mlflow.db"
+    (tmp_path / "hr.toml").write_text(HEADROOM)
+    s = run_sweep(load_spec(tmp_path / "hr.toml"), workers=1, storage=storage, uri=uri, log=lambda m: None)
+    assert s.complete == s.n_trials == 4 and s.failed == 0
+    out, text = run((tmp_path, storage, uri), "headroom", "tiny-headroom", capsys)
+    r = rows(out / "headroom_map.csv")
+    assert [x["hmm.gamma"] for x in r] == ["0.6", "0.9"] and {x["seeds"] for x in r} == {"2"}
+    from hmmscope import tracking
+
+    for x in r:
+        vals = [float(v) for v in x["per_seed"].split()]
+        assert float(x["room"]) == pytest.approx(np.mean(vals), abs=1e-3) and float(x["room_lo"]) < float(x["room"])  # 3 decimals
+        assert x["k_max"] == "2" and math.isfinite(float(x["family_bayes_half_M_ce"]))
+    runs = tracking.search_runs(uri, "hr")
+    assert {r.data.tags.get("hmmscope.kind") for r in runs} == {"sweep", "sweep-headroom"}
+    assert "largest room" in text
+
+
+def test_inference_regime_on_fresh_tasks(tmp_path, capsys):
+    """A training sweep on fresh tasks (hmm.n_tasks = 0) and analysis/inference_regime.py: per k and predictor the
+    CE pooled over seeds by t (df 1 with 2 seeds) from each run's Figure 1, model - best counting per k equal to the
+    mean of the runs' paired differences, the gains table and the emergence panel."""
+    from scipy import stats as st
+
+    storage, uri = f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/mlflow.db"
+    (tmp_path / "fresh.toml").write_text(FRESH)
+    s = run_sweep(load_spec(tmp_path / "fresh.toml"), workers=1, storage=storage, uri=uri, log=lambda m: None)
+    assert s.complete == s.n_trials == 2 and s.failed == 0
+    out, text = run((tmp_path, storage, uri), "inference_regime", "tiny-fresh", capsys)
+    inf = rows(out / "inference.csv")
+    assert {x["predictor"] for x in inf} >= {"model", "task_oracle", "family_bayes", "best_counting"}
+    assert {x["k"] for x in inf} == {"0", "1", "2"} and {x["df"] for x in inf} == {"1.0"}
+    vs = rows(out / "vs_best_counting.csv")
+    for x in vs:
+        d = [float(v) for v in x["per_seed"].split()]
+        h = st.t.ppf(0.975, 1) * np.std(d, ddof=1) / math.sqrt(2)
+        assert float(x["diff"]) == pytest.approx(np.mean(d), abs=1e-4) and float(x["ci_hi"]) == pytest.approx(
+            np.mean(d) + h, abs=1e-3)  # per_seed holds 4 decimals
+    g = {x["predictor"]: x for x in rows(out / "gains.csv")}
+    assert float(g["task_oracle"]["icl_gain"]) == 0.0  # the same tokens at k = 0 and k_max
+    assert "model - best counting at k = 2" in text
+
+
+def test_task_diversity_fresh_cell_and_regimes(tmp_path):
+    """Fresh tasks (n_tasks = 0) are the rightmost cell: no retrieval gap there, the boundary from the other cells,
+    and per cell the regime pooled over seeds: retrieval where the gap is large, inference beyond counting on fresh
+    tasks whose model beats best counting with a gain, counting where it does not."""
+    td = script("task_diversity")
+    pts = []
+    for s in range(3):
+        e = 0.002 * (s - 1)
+        for n, gap, vs in ((4, 0.5, 0.3), (64, 0.2, 0.1), (1024, 0.0, 0.05 + e)):
+            p = _point(n, gap + e, seed=s)
+            p[2].update({"eval/unseen/vs_best_counting": vs, "eval/unseen/icl_gain": 0.1 + e})
+            pts.append(p)
+        fresh = {k: v for k, v in _point(0, 0.0, seed=s)[2].items() if not k.startswith("eval/seen")
+                 and k != "eval/retrieval_gap"}
+        pts.append((0, str(s), {**fresh, "eval/unseen/vs_best_counting": -0.2 + e, "eval/unseen/icl_gain": 0.3 + e}))
+    b = td.summarize(pts, 0.05, tmp_path / "f", "synthetic")
+    assert 64 < b["n_star"] < 1024
+    r = rows(tmp_path / "f" / "task_diversity.csv")
+    assert [x["cell"] for x in r] == ["4", "64", "1024", "fresh"] and r[-1]["retrieval_gap"] == ""
+    reg = {x["cell"]: x["regime"] for x in rows(tmp_path / "f" / "task_diversity_regimes.csv")}
+    assert reg == {"4": "retrieval", "64": "retrieval", "1024": "counting", "fresh": "inference beyond counting"}
