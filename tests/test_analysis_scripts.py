@@ -394,6 +394,16 @@ def test_headroom_map(tmp_path, capsys):
     runs = tracking.search_runs(uri, "hr")
     assert {r.data.tags.get("hmmscope.kind") for r in runs} == {"sweep", "sweep-headroom"}
     assert "largest room" in text
+    # hmmscope report on a headroom sweep: a section per setting, the room pooled over the 2 seeds by t (df 1)
+    from hmmscope.report import build_report
+
+    rep = build_report(uri, "tiny-headroom", tmp_path / "rep", storage=storage)
+    sec = next(s for s in rep.sections if s.title.startswith("Headroom above counting"))
+    table = next(b for b in sec.blocks if b[0] == "table")[2]
+    assert [row[0] for row in table] == ["gamma=0.6", "gamma=0.9"] and {row[1] for row in table} == {"2"}
+    for row, x in zip(table, r):
+        assert float(row[2]) == pytest.approx(float(x["room"]), rel=1e-3) and row[4] == "1"
+    assert {c.name for c in rep.claims} == {"gamma=0.6: room above counting", "gamma=0.9: room above counting"}
 
 
 def test_inference_regime_on_fresh_tasks(tmp_path, capsys):

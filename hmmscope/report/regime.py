@@ -98,3 +98,51 @@ def regime_section(runs: list, uri: str) -> tuple[Section | None, list[Claim]]:
     sec.blocks.append(("table", ["setting", "runs", "regime"], words))
     sec.blocks.append(("table", ["setting", "claim", "seeds", "pooled value", "95% CI", "df", "rule", "verdict"], table))
     return sec, claims
+
+
+def headroom_section(runs: list) -> tuple[Section | None, list[Claim]]:
+    """A headroom sweep (kind = "headroom", SCIENCE.md 9): per setting, the room above counting at k_max,
+    CE(best counting) - CE(family Bayes at M), pooled over the replicate seeds (data.seed: each draws its own unseen,
+    fit and family tasks) by t on G - 1 df (stats.t_mean), with the claim "room > 0"; one seed: its own paired CI over
+    episodes (each episode an unseen task of its own). Beside it best counting's and family Bayes' CE and the family
+    Bayes CE at M/2 (how far from converged: the room is an underestimate while it still falls)."""
+    rows = [r for r in runs if "headroom/room" in r.data.metrics]
+    if not rows:
+        return None, []
+    keys = [k for k in _settings(rows) if k != "data.seed"]
+    cells: dict[tuple, list] = defaultdict(list)
+    for r in rows:
+        cells[tuple(r.data.params.get(k, "") for k in keys)].append(r)
+    table, claims = [], []
+    for cell, members in sorted(cells.items()):
+        label = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(keys, cell)) or "all runs"
+        room = [float(r.data.metrics["headroom/room"]) for r in members]
+        est = t_mean(room, [r.data.params.get("data.seed", "0") for r in members], unit="seed")
+        if est.n >= 2:
+            lo, hi, df, why, how = est.lo, est.hi, est.df, est.degenerate, f"t over {est.n} seeds"
+        else:
+            m = members[0].data.metrics
+            lo, hi, df, why, how = m.get("headroom/room_lo", NAN), m.get("headroom/room_hi", NAN), np.inf, "", \
+                "one seed: its paired CI over episodes"
+        c = claim(f"{label}: room above counting", f"CE(best counting) - CE(family Bayes) at k_max, nats/token ({how})",
+                  est.value, lo, hi, rule(">", 0), "positive: a learner of the family can beat counting here", df=df,
+                  degenerate=why)
+        claims.append(c)
+        km = max(int(k.rsplit("/k", 1)[1]) for k in members[0].data.metrics
+                 if k.startswith("headroom/room/k") and k[-1].isdigit())
+        avg = {q: float(np.mean([r.data.metrics.get(f"headroom/{q}/ce/k{km}", NAN) for r in members]))
+               for q in ("best_counting", "family_bayes", "task_oracle")}
+        sizes = {int(k.split("_M")[1].split("/")[0]) for r in members for k in r.data.metrics
+                 if k.startswith("headroom/family_bayes_M") and k.endswith(f"/ce/k{km}")}
+        half = [r.data.metrics[f"headroom/family_bayes_M{max(sizes)}/ce/k{km}"] for r in members
+                if f"headroom/family_bayes_M{max(sizes)}/ce/k{km}" in r.data.metrics] if sizes else []
+        table.append([label, str(est.n), _f(est.value), _ci(lo, hi), _f(df), c.verdict, _f(avg["best_counting"]),
+                      _f(avg["family_bayes"]), _f(float(np.mean(half))) if half else "-", _f(avg["task_oracle"])])
+    sec = Section("Headroom above counting (unseen tasks, before any training)")
+    sec.blocks.append(("p", "Per setting: the room at k = k_max (best fitted counting minus family Bayes at M tasks, "
+                            "paired per unseen episode), pooled over seeds by t; family Bayes at finite M is an upper "
+                            "bound on the ideal learner's CE, so the room is an underestimate while its CE still falls "
+                            "from M/2 to M (column 'family Bayes, M/2')."))
+    sec.blocks.append(("table", ["setting", "seeds", "room", "95% CI", "df", "verdict (> 0)", "best counting CE",
+                                 "family Bayes CE", "family Bayes, M/2", "task oracle CE"], table))
+    return sec, claims
