@@ -477,9 +477,11 @@ def _time_variant(m, vocab: int, comp: str, att: str, x, y, dev, bf16: bool, ste
     fwd = model.compile_forward("blocks" if comp == "blocks" else "model") if comp != "false" else model
     last: list = []
 
+    mask = torch.ones_like(y, dtype=torch.bool)  # train.py passes its loss mask: the same graph
+
     def loss_fn():
         with kernels():
-            loss = fwd(x, y)[1]
+            loss = fwd(x, y, mask)[1]
         last[:] = [loss]
         return loss
 
