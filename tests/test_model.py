@@ -375,3 +375,9 @@ def test_attention_kernels_pin_sdpa():
             attention_kernels(name, "cpu")
     with pytest.raises(ValueError, match="unknown attention kernel 'fast'"):
         attention_kernels("fast", "cpu")
+
+
+def test_adamw_is_fused_on_cpu():
+    """configure_optimizers: torch's fused AdamW (one kernel per step) on the CPU as on CUDA (tests/test_gpu.py)."""
+    opt = make("rope").configure_optimizers(0.1, 1e-3, (0.9, 0.95))
+    assert opt.defaults["fused"] is True and not opt.defaults["foreach"]
