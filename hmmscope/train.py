@@ -3,9 +3,11 @@
 One `train(cfg, ...)` call is one MLflow run (opened through `tracking`, the only module
 that talks to MLflow):
 
-- Data: episodes from `make_mixture(cfg.hmm)`, splits "train" (data.n_train) and "eval"
-  (data.n_eval). Inputs tokens[:, :-1], targets tokens[:, 1:], loss on the Episodes'
-  `target_mask` (next token is an observation; the delimiter is never a target).
+- Data: episodes.training_data: episodes from `make_mixture(cfg.hmm)`, splits "train" (data.n_train) and "eval"
+  (data.n_eval); with fresh tasks (hmm.n_tasks = 0) each training episode on its own task of the family (stream
+  "fresh") and the held-out episodes on unseen tasks, where oracle/* is the family-Bayes reference
+  (eval.family_tasks tasks; none when it is 0) and only the unseen emergence curves exist. Inputs tokens[:, :-1],
+  targets tokens[:, 1:], loss on the Episodes' `target_mask` (next token is an observation; the delimiter is never a target).
 - Batches: step s takes items s*B .. s*B+B-1 of an endless stream whose epoch e is the
   permutation `default_rng([seed, e])` of the training set, so the batches depend on
   (train.seed, step) only and a resumed run sees what an uninterrupted one would. Several epochs over a
@@ -89,11 +91,13 @@ import torch.nn.functional as F
 from . import tracking
 from .checkpoints import _set_rng_state, checkpoint_config, load_checkpoint, save_checkpoint
 from .checkpoints import read_checkpoint as read_checkpoint  # re-exported: cli.py imports it from here
-from .config import Config, TrainConfig, config_hash, flatten
+from .config import Config, TrainConfig, config_hash, flatten, training_tasks
 from .deadline import Deadline, due, state_bytes
+from .emergence import curves_table
 from .emergence import prepare as prepare_emergence
-from .episodes import Episodes, sample_episodes
-from .hmm import make_mixture
+from .episodes import Episodes, training_data
+from .evaluate import _anonymous as anonymous
+from .evaluate import references
 from .model import Transformer, attention_kernels
 
 RUNTIME_KEYS = ("train.steps", "train.device", "train.compile", "train.attention")  # may differ on resume
@@ -381,15 +385,18 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
         torch.backends.cudnn.allow_tf32 = precision == "bf16"
     log_every = log_every or min(50, max(1, t.steps // 100))
 
-    mix = make_mixture(cfg.hmm)
-    ep_train = sample_episodes(mix, cfg.data, cfg.data.n_train, "train")
-    ep_eval = sample_episodes(mix, cfg.data, cfg.data.n_eval, "eval")
+    mix, ep_train, ep_eval, _ = training_data(cfg.hmm, cfg.data)  # mix None with fresh tasks (hmm.n_tasks = 0)
     tokens = torch.as_tensor(ep_train.tokens.astype(np.int64), device=device)  # (N, T)
     loss_mask = torch.as_tensor(ep_train.target_mask[:-1], device=device).expand(t.batch_size, -1)
-    oracle = {f"oracle/{k}": v for k, v in oracle_metrics(mix, ep_eval, device).items()}
     t_em = time.perf_counter()
-    emergence = prepare_emergence(cfg, mix, ep_eval, device=device)  # references once per run (and per resume)
-    em_setup_s = time.perf_counter() - t_em
+    family, counting = (references(cfg.hmm, cfg.data, cfg.eval) if cfg.train.emergence_episodes > 0 or mix is None
+                        else (None, None))
+    # oracle/*: the mixture oracle over the training tasks; with fresh tasks the family-Bayes reference (if on)
+    oracle_mix = mix if mix is not None else family
+    oracle = ({f"oracle/{k}": v for k, v in oracle_metrics(oracle_mix, ep_eval if mix is not None else anonymous(
+        ep_eval), device).items()} if oracle_mix is not None else {})
+    emergence = prepare_emergence(cfg, mix, ep_eval, device=device, family=family, counting=counting)
+    em_setup_s = time.perf_counter() - t_em  # the references, once per run (and per resume)
 
     torch.manual_seed(t.seed)
     np.random.seed(t.seed)
@@ -418,7 +425,8 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
             "hmmscope.attention": t.attention, "hmmscope.n_params": n_params,
             # the budget as passes over data.n_train and episodes per training task (SCIENCE.md 8's two readings)
             "hmmscope.epochs": f"{epochs_done(t.steps, len(ep_train), t.batch_size):g}",
-            "hmmscope.episodes_per_task": f"{t.steps * t.batch_size / cfg.hmm.n_tasks:g}"}
+            "hmmscope.episodes_per_task": f"{t.steps * t.batch_size / training_tasks(cfg.hmm, cfg.data):g}",
+            "hmmscope.tasks": "fresh" if mix is None else "mixture"}
     name = run_name or tracking.train_run_name(cfg)
     params = None if resume else tracking.config_params(cfg, tracking.TRAIN_SECTIONS)
     with sigterm_interrupts(), tracking.start_run(tracking_uri, experiment, name, parent=parent, resume=resume,
@@ -456,9 +464,10 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                 best.clear()
                 best.update(ev, step=step)
             em = {}
-            if emergence is not None:  # the curves: logged, kept for the figure, not among the final metrics
-                em = {**emergence.metrics(model, device=device), **emergence.references}
-                curves[:] = [c for c in curves if c["step"] < step] + [{"step": step, **em}]
+            if emergence is not None:  # the curves: kept for the figure and the table, a few headline series logged
+                curve = emergence.curve(model, device=device)
+                curves[:] = [c for c in curves if c["step"] < step] + [{"step": step, **curve, **emergence.references}]
+                em = emergence.headline(curve)
             eval_s += time.perf_counter() - t0
             run.log_metrics({**ev, **em}, step=step)
             if on_eval is not None:
@@ -562,6 +571,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                          "train/eval_fraction": eval_s / wall if wall > 0 else 0.0}, step=done)
         if curves:
             _log_emergence_figure(run, curves, f"{name}: emergence of in-context learning")
+            run.log_table(curves_table(curves), "emergence/curves.json")
     trained = max(0, done - start)
     return TrainResult(run.run_id, final, done, time.perf_counter() - t_start, n_params,
                        trained * tok_per_step / train_s if train_s else 0.0,

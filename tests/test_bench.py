@@ -4,7 +4,16 @@ import dataclasses
 
 import pytest
 
-from hmmscope.bench import bench_filter, bench_oracle, bench_sample, bench_train, bench_variants, choose_variant, parse_variant
+from hmmscope.bench import (
+    bench_counting,
+    bench_filter,
+    bench_oracle,
+    bench_sample,
+    bench_train,
+    bench_variants,
+    choose_variant,
+    parse_variant,
+)
 from hmmscope.config import preset
 
 
@@ -30,6 +39,14 @@ def test_bench_oracle_small():
     (row,) = r["rows"]
     assert row["n_tasks"] == 8 and _positive(row, ["seconds", "torch_path_ratio"])
     assert abs(row["extrapolated_full_s"] - (row["tables_s"] + (row["seconds"] - row["tables_s"]) * 2)) < 1e-9
+
+
+def test_bench_counting_small():
+    r = bench_counting(n_episodes=4, rounds=1, fit_episodes=6)
+    assert r["seq_len"] == 358 and r["n_tokens"] == 16
+    assert _positive(r, ["bigram_s", "ngram_s", "ctw_s", "fit_s", "fit_bigram_s"])
+    assert abs(r["ctw_ratio"] - r["ctw_s"] / r["bigram_s"]) < 1e-12
+    assert abs(r["fit_ratio"] - r["fit_s"] / r["fit_bigram_s"]) < 1e-12
 
 
 def test_bench_train_against_hf_roformer():

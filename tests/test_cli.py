@@ -195,7 +195,8 @@ def test_analyze_end_to_end_and_bad_input(store):
     runs = {x.info.run_name: x for x in _runs(uri)}
     an = runs["analysis"]
     assert an.data.tags["mlflow.parentRunId"] == rid and an.info.status == "FINISHED"
-    assert {"shuffle/layer0/norm_change", "probe/kback1/layer0/acc", "probe/task/layer1/acc"} <= set(an.data.metrics)
+    assert {"shuffle/layer0/norm_change", "probe/kback1/layer0/acc", "probe/task/layer1/acc",
+            "probe/kback1/token_acc"} <= set(an.data.metrics)  # the k-back probes' token statistics (issue 26)
     # claims: ONE table (claims.json) plus headline counts, not a metric triple and two tags per claim
     assert not any(k.startswith(("claim/", "verdict/", "rule/")) for k in (*an.data.metrics, *an.data.tags))
     nums, verdicts, _ = tracking.read_claims(uri, an)

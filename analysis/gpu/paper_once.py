@@ -22,9 +22,9 @@ phase cut off by its limit, or a command killed by the device tool's limit, leav
              and kept in plan.json). No bench rows: eager and --target-steps (train's --deadline still holds).
 3. train     `hmmscope train --no-evaluate --deadline` until its planned end (below): the emergence curves at
              --eval-points evaluations, one checkpoint at the end (the deadline stop writes it too).
-4. figure1   `hmmscope evaluate RUN --n-episodes E`: Figure 1 on seen and unseen tasks with the oracles and the
-             counting baselines (whatever references Figure 1 has: best_counting / family_bayes once they land;
-             their config knobs go in with --set, as every other key).
+4. figure1   `hmmscope evaluate RUN --n-episodes E`: Figure 1 on seen and unseen tasks with the oracles, the counting
+             baselines, best_counting (fitted on eval.fit_episodes fit-task episodes) and family_bayes over
+             eval.family_tasks = M tasks (--family-tasks; the config's 256 at the paper preset).
 5. analyze   `hmmscope analyze RUN`: shuffle test, task / state / k-back and belief probes, claims with CIs and
              verdicts, at most --analyze-s (issue 28: 120 s).
 6. pack      this file's `record` (MLflow): report.md, claims.csv, curves.csv, run.json, trials.csv, phases.csv,
@@ -33,9 +33,10 @@ phase cut off by its limit, or a command killed by the device tool's limit, leav
 
 Time plan (seconds after --t0, the command's start): pack starts by DEADLINE - PACK_S; analyze gets ANALYZE_S before
 that; Figure 1 FIG1_S before that; training ends by DEADLINE - PACK_S - ANALYZE_S - FIG1_S (its `--deadline`).
-A phase that ends early passes its slack on (Figure 1 may use it; analyze stays capped at ANALYZE_S); a training
-that ends late moves Figure 1 on, which keeps FIG1_S as long as analyze keeps --analyze-min-s; a phase that would
-get less than --min-phase-s is skipped, and says so. Every phase's line: its start, end, seconds, exit code and
+A phase that ends early passes its slack on (analyze stays capped at ANALYZE_S; what is left ends the command early);
+Figure 1 may run on past its FIG1_S until analyze would keep less than --analyze-min-s (so a late training, or a
+slow Figure 1, takes from analyze's margin first); a phase that would get less than --min-phase-s is skipped, and
+says so. Every phase's line: its start, end, seconds, exit code and
 status (ok, failed, cut off, skipped) goes to the console and to phases.csv in every archive.
 
 Killed from outside (SIGTERM or SIGKILL at the device tool's limit): the phase child gets SIGTERM (a SIGTERM to this
@@ -293,7 +294,7 @@ def _checkpoint(store: Path, run_id: str) -> Path | None:
 def _cfg(args):
     """The training config the phases share (hmmscope.config: the standard library only) and its CLI arguments."""
     sys.path.insert(0, str(ROOT))
-    from hmmscope.config import flatten, load_toml, override, preset, seq_len
+    from hmmscope.config import load_toml, override, preset, seq_len
 
     sets = [*(DRY_SETS if args.dry else ()), *(DRY_FAMILY if args.dry and not args.config else ()), *args.set]
     pairs = {}
@@ -306,11 +307,9 @@ def _cfg(args):
     if args.config:
         cfg = load_toml(args.config, cfg)
     cfg = override(cfg, pairs)
-    knobs = [k for k, v in flatten(cfg).items() if "family_bayes" in k and isinstance(v, int) and not isinstance(v, bool)]
-    if args.family_bayes_m and len(knobs) == 1 and knobs[0] not in pairs:  # Figure 1's family_bayes task count M
-        sets.append(f"{knobs[0]}={args.family_bayes_m}")
-        cfg = override(cfg, {knobs[0]: args.family_bayes_m})
-    args.family_bayes_knob = knobs[0] if len(knobs) == 1 else None
+    if args.family_tasks is not None:  # Figure 1's family_bayes task count M
+        sets.append(f"eval.family_tasks={args.family_tasks}")
+        cfg = override(cfg, {"eval.family_tasks": args.family_tasks})
     cli = ["--preset", args.preset, *(["--config", str(args.config)] if args.config else [])]
     for kv in sets:
         cli += ["--set", kv]
@@ -343,9 +342,9 @@ def run(args) -> int:
     ends = phase_ends(args.deadline, args.pack_s, args.analyze_s, args.fig1_s, phases)
     py = args.python or (sys.executable if args.dry else "/tmp/venv/bin/python")
     exp = f"hmmscope-{args.name}"
-    s.say(f"Figure 1's family_bayes M: {args.family_bayes_knob} = "
-          f"{flatten(cfg)[args.family_bayes_knob]}" if args.family_bayes_knob else
-          "Figure 1's family_bayes M: this checkout's config has no family_bayes key (Figure 1 has the references it has)")
+    ev = flatten(cfg)
+    s.say(f"Figure 1's references: family_bayes over eval.family_tasks = {ev.get('eval.family_tasks')} tasks (0: off), "
+          f"best_counting fitted on eval.fit_episodes = {ev.get('eval.fit_episodes')} episodes")
     s.say(f"{args.name}: deadline {args.deadline:.0f} s; planned ends {json.dumps({k: round(v) for k, v in ends.items()})}; "
           f"config {' '.join(cfg_cli)} (batch {batch} x {seq} tokens); device {args.device}")
     info: dict = {"t0": t0, "args": vars(args), "ends": ends}
@@ -414,9 +413,8 @@ def run(args) -> int:
                 run_id = None
                 s.say("train: no finished run with a checkpoint: Figure 1 and the analysis cannot run")
         # 4: Figure 1
-        if "figure1" in phases:  # its window; a late training eats into analyze's beyond --analyze-min-s first
-            end = max(ends["figure1"], s.now() + args.fig1_s)
-            left = min(end, ends["analyze"] - (args.analyze_min_s if "analyze" in phases else 0)) - s.now()
+        if "figure1" in phases:  # until analyze must start to keep --analyze-min-s (FIG1_S is what the plan gave it)
+            left = ends["analyze"] - (args.analyze_min_s if "analyze" in phases else 0) - s.now()
             if run_id is None:
                 s.skip(4, "figure1", "no trained run")
             elif left < args.min_phase_s:
@@ -501,7 +499,9 @@ def make_plan(s: Session, args, ends: dict, bench_json: Path) -> dict:
 
 TRIAL_METRICS = ("eval/seen/excess_ce", "eval/seen/test_acc", "eval/unseen/test_acc", "eval/unseen/excess_ce_task",
                  "eval/retrieval_gap", "eval/retrieval_gap_lo", "eval/retrieval_gap_hi", "val/loss", "eval/seen/kl_mix",
-                 "oracle/test_loss", "oracle/test_acc", "train/wall_time_s", "train/tokens_per_s", "train/eval_s")
+                 "oracle/test_loss", "oracle/test_acc", "train/wall_time_s", "train/tokens_per_s", "train/eval_s",
+                 "eval/unseen/vs_best_counting", "eval/unseen/vs_best_counting_lo", "eval/unseen/vs_best_counting_hi",
+                 "eval/figure1_s")
 
 
 def _claims_rows(uri: str, run_id: str, label: str) -> list[dict]:
@@ -575,6 +575,7 @@ def record(args) -> int:
                "train.steps": r.data.params.get("train.steps"), "compiled": r.data.tags.get("hmmscope.compiled"),
                "attention": r.data.tags.get("hmmscope.attention"), "device": r.data.tags.get("hmmscope.device"),
                "precision": r.data.tags.get("hmmscope.precision"), "stopped": r.data.tags.get("hmmscope.stopped"),
+               "regime": r.data.tags.get("hmmscope.regime"),
                **{k: m.get(k) for k in TRIAL_METRICS},
                "train/tokens_per_s_median": tps[len(tps) // 2] if tps else None}
         prm = r.data.params
@@ -588,7 +589,7 @@ def record(args) -> int:
         row["analysis_run_id"] = ana[0].info.run_id if ana else None
         if ana:
             claims += _claims_rows(uri, ana[0].info.run_id, "analysis")
-        lines += [f"## Training run {args.run} ({r.info.status}, stopped: {row['stopped']})", "",
+        lines += [f"## Training run {args.run} ({r.info.status}, stopped: {row['stopped']}; regime: {row['regime']})", "",
                   f"{steps} steps of train.steps {row['train.steps']}; compiled {row['compiled']}, attention "
                   f"{row['attention']}, {row['precision']} on {row['device']}; median "
                   f"{row['train/tokens_per_s_median'] or 0:,.0f} tokens/s over the logged intervals = "
@@ -726,15 +727,15 @@ def main(argv=None) -> int:
     r.add_argument("--fig1-s", type=float, default=45 if dry else 60, help="Figure 1 window (README.md)")
     r.add_argument("--fig1-episodes", type=int, default=16 if dry else 256)
     r.add_argument("--analyze-s", type=float, default=60 if dry else 120)
-    r.add_argument("--analyze-min-s", type=float, default=20 if dry else 90,
-                   help="what analyze keeps when a late training pushes Figure 1 on")
+    r.add_argument("--analyze-min-s", type=float, default=30 if dry else 100,
+                   help="Figure 1 may run on until analyze would have less than this")
     r.add_argument("--analyze-episodes", type=int, default=16 if dry else 256)
     r.add_argument("--ks", default="1,2" if dry else "1,2,3")
     r.add_argument("--probe-tasks", type=int, default=4 if dry else 32)
     r.add_argument("--min-per-task", type=int, default=4 if dry else 15)
     r.add_argument("--probe-jobs", default="1" if dry else None, help="default: CPUs + 1 (the 17 layers at once)")
-    r.add_argument("--family-bayes-m", type=int, default=64,
-                   help="Figure 1's family_bayes task count M, set when the config has one such key (0: leave it)")
+    r.add_argument("--family-tasks", type=int, default=None,
+                   help="Figure 1's family_bayes task count M (eval.family_tasks; default: the config's, 256 at the paper)")
     r.add_argument("--pack-s", type=float, default=15)
     r.add_argument("--min-phase-s", type=float, default=10)
     c = sub.add_parser("record", help="phase 6's record (the venv's python)")

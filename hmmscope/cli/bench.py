@@ -1,4 +1,5 @@
-"""`hmmscope bench sample | filter | oracle | train`: speed benchmarks against named peers, as ratios.
+"""`hmmscope bench sample | filter | oracle | counting | train | headroom`: speed benchmarks against named peers, as
+ratios.
 
 Owns: the `bench` command group (`app`), its options and their checks, the thread setting of a benchmark, and
 the lines each benchmark prints. The timings themselves are `hmmscope.bench`.
@@ -16,7 +17,7 @@ from typing import Annotated
 import typer
 
 from .. import checks
-from ..config import memory_estimate, model_params, override, preset
+from ..config import RUNTIME_BYTES, memory_estimate, model_params, override, preset
 from .common import ConfigOpt, DeviceOpt, ForceOpt, Preset, PrintConfigOpt, SetOpt, build_config, echo_config, user_errors
 
 app = typer.Typer(no_args_is_help=True, help="Speed benchmarks against named peers, as ratios.")
@@ -161,6 +162,31 @@ def bench_oracle_cmd(
                    f"{row['extrapolated_full_s']:6.0f} s wall, {row['extrapolated_full_cpu_s']:6.0f} s CPU{peer}")
 
 
+@app.command("counting")
+@user_errors
+def bench_counting_cmd(
+    n_episodes: Annotated[int, typer.Option(min=1, help="Episodes of the paper's shape (358 tokens, V = 16).")] = 1024,
+    rounds: Annotated[int, typer.Option(min=1, help="Interleaved timing rounds (best of each).")] = 3,
+    force: ForceOpt = False,
+) -> None:
+    """The fair counting baselines (n-gram order 3, CTW depth 3) and their fit vs the add-one bigram, same episodes."""
+    # peak: the int16 episodes, the n-gram's counts and each predictor's float64 output (V = 16: 128 B per token
+    # each, about 4 alive at once) beside the counting code's fixed chunk buffers (baselines.py, under 256 MiB)
+    tokens = n_episodes * 358
+    checks.memory({"runtime": (RUNTIME_BYTES, "host"), "counting buffers": (256 << 20, "host"),
+                   f"{n_episodes} x 358 tokens": (4 * 128 * tokens, "host")}, force=force)
+    from ..bench import bench_counting
+
+    r = bench_counting(n_episodes=n_episodes, rounds=rounds)
+    typer.echo(f"counting baselines, {n_episodes} episodes x {r['seq_len']} tokens, V = {r['n_tokens']}; "
+               f"best of {rounds} interleaved rounds")
+    typer.echo(f"  incontext_bigram (peer)        {r['bigram_s']:8.3f} s")
+    typer.echo(f"  incontext_ngram order 3        {r['ngram_s']:8.3f} s   {r['ngram_ratio']:.2f}x the bigram")
+    typer.echo(f"  incontext_ctw depth 3          {r['ctw_s']:8.3f} s   {r['ctw_ratio']:.2f}x the bigram")
+    typer.echo(f"  fit_counting, full grid, k = 0..4, {r['fit_episodes']} tiny episodes: {r['fit_s']:.3f} s = "
+               f"{r['fit_ratio']:.1f}x the bigram on the same 5 truncations ({r['fit_bigram_s']:.3f} s)")
+
+
 @app.command("train")
 @user_errors
 def bench_train_cmd(
@@ -242,6 +268,39 @@ def bench_train_cmd(
     if "ratio" in r:
         typer.echo(f"peer HF RoFormerForCausalLM: {r['hf_roformer_tokens_per_s']:,.0f} tokens/s; "
                    f"ratio {r['ratio']:.2f}x")
+
+
+@app.command("headroom")
+@user_errors
+def bench_headroom_cmd(
+    preset_: Annotated[Preset, typer.Option("--preset", help="Family and layout (hmm, data, eval sections).")] = Preset.tiny,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    n_episodes: Annotated[int, typer.Option(min=2, max=1 << 20, help="Unseen episodes scored.")] = 256,
+    family_tasks: Annotated[int | None, typer.Option("--family-tasks", min=1, max=1 << 20,
+                                                     help="M (default eval.family_tasks).")] = None,
+    em: Annotated[bool, typer.Option(help="Include the EM learner in the timed headroom.")] = False,
+    repeats: Annotated[int, typer.Option(min=1, max=100, help="Timed rounds (best of).")] = 2,
+    threads: ThreadsOpt = None,
+    force: ForceOpt = False,
+) -> None:
+    """`hmmscope headroom`'s cost against one mixture-oracle pass over the same M family tasks and episodes."""
+    cfg = build_config(preset_, config, set_)
+    if family_tasks is not None:
+        cfg = override(cfg, {"eval.family_tasks": family_tasks})
+    if cfg.eval.family_tasks < 1 or cfg.eval.fit_episodes < 8:
+        raise ValueError("the headroom needs eval.family_tasks >= 1 and eval.fit_episodes >= 8")
+    est = memory_estimate(override(cfg, {"hmm.n_tasks": cfg.eval.family_tasks}), "bench-oracle",
+                          n_episodes=max(n_episodes, cfg.eval.fit_episodes))
+    checks.memory(est, force=force, what="the headroom's references")
+    _bench_threads(threads)
+    from ..bench import bench_headroom
+
+    r = bench_headroom(cfg, n_episodes=n_episodes, em=em, repeats=repeats)
+    typer.echo(f"headroom ({cfg.hmm.family}, S {cfg.hmm.n_states}, V {cfg.hmm.n_tokens}, M {r['family_tasks']}, "
+               f"{n_episodes} episodes, k = 0..{r['k_max']}{', EM' if em else ''}): {r['headroom_s']:.2f} s "
+               f"(references: family draw and counting fit {r['references_s']:.2f} s); peer: one mixture-oracle pass "
+               f"over the same tasks and episodes {r['oracle_pass_s']:.3f} s; ratio {r['ratio']:.1f} passes")
 
 
 def _bench_variants(cfg, names: list[str], batch_size: int, seq_len: int, steps: int, json_: Path | None) -> None:
