@@ -40,7 +40,8 @@ TEST_STARTS = ("initial", "midstream")
 POS_ENCODINGS = ("rope", "absolute", "none", "sinusoidal")
 PRECISIONS = ("auto", "bf16", "fp32")
 SCHEDULES = ("cosine", "constant", "wsd")
-COMPILE = ("auto", "true", "false")
+COMPILE = ("auto", "true", "false", "blocks")
+ATTENTION = ("auto", "flash", "efficient", "cudnn", "math")
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,9 @@ class TrainConfig:
     ckpt_every: int = 500
     emergence_episodes: int = 64  # seen and unseen episodes each for the emergence curves at every evaluation; 0 = off
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    compile: str = "auto"  # auto (on for CUDA, off elsewhere) | true | false: torch.compile the training step (inductor)
+    compile: str = "auto"  # auto (on for CUDA, off elsewhere) | true | false | blocks: torch.compile the training step
+    # (inductor): true = the whole model, blocks = each block alone (one compiled graph reused by every layer)
+    attention: str = "auto"  # auto | flash | efficient | cudnn | math: the SDPA kernel of the training step (auto: torch's)
     precision: str = "auto"  # auto (bf16 on CUDA, fp32 elsewhere) | bf16 (autocast) | fp32 (no autocast, no TF32)
     seed: int = 0
 
@@ -197,6 +200,7 @@ def validate(cfg: Config) -> Config:
     _check(0 <= t.beta1 < 1 and 0 <= t.beta2 < 1, f"train.beta1 and train.beta2 must be in [0, 1), got {t.beta1}, {t.beta2}")
     _check(t.eval_every >= 1 and t.ckpt_every >= 1, "train.eval_every and train.ckpt_every must be >= 1")
     _check(t.compile in COMPILE, f"train.compile must be one of {COMPILE}, got {t.compile!r}")
+    _check(t.attention in ATTENTION, f"train.attention must be one of {ATTENTION}, got {t.attention!r}")
     _check(t.schedule in SCHEDULES, f"train.schedule must be one of {SCHEDULES}, got {t.schedule!r}")
     _check(0.0 < t.decay_frac <= 1.0, f"train.decay_frac must be in (0, 1], got {t.decay_frac}")
     _check(t.emergence_episodes >= 0, f"train.emergence_episodes must be >= 0, got {t.emergence_episodes}")

@@ -58,11 +58,13 @@ that talks to MLflow):
 - Precision (train.precision): "auto" is bf16 autocast on CUDA and float32 elsewhere; "bf16"
   autocasts on any device (the CPU twin of the CUDA path); "fp32" runs without autocast and, on
   CUDA, without TF32. bf16 on CUDA also enables TF32 for the matmuls autocast leaves in float32.
-  train.compile ("auto": on for CUDA, off elsewhere; "true" / "false" on any device; `resolve_compile`
-  says why, the tag hmmscope.compiled what was done) torch.compiles the training step's forward
-  (inductor); evaluation runs eager (a few batches per eval: a second compiled graph would cost more than
-  it saves). AdamW is fused on CPU and CUDA; attention is SDPA with is_causal=True (flash / efficient
-  kernels on CUDA) unless a band mask is set.
+  train.compile ("auto": on for CUDA, off elsewhere; "true" / "false" on any device; "blocks": each block
+  compiled alone, one graph shared by the layers; `resolve_compile` says why, the tag hmmscope.compiled what
+  was done) torch.compiles the training step's forward (inductor; `Transformer.compile_forward`); evaluation
+  runs eager (a few batches per eval: a second compiled graph would cost more than it saves). AdamW is fused
+  on CPU and CUDA; attention is SDPA with is_causal=True (flash / efficient kernels on CUDA) unless a band
+  mask is set; train.attention pins the training step's SDPA kernel (`model.attention_kernels`; the tag
+  hmmscope.attention). Both are run-time keys: a resumed run may change them.
   Defaults on CPU: float32, eager, bitwise reproducible. HMMSCOPE_THREADS sets torch's CPU threads.
 """
 
@@ -96,9 +98,9 @@ from .emergence import prepare as prepare_emergence
 from .episodes import Episodes, training_data
 from .evaluate import _anonymous as anonymous
 from .evaluate import references
-from .model import Transformer
+from .model import Transformer, attention_kernels
 
-RUNTIME_KEYS = ("train.steps", "train.device", "train.compile")  # may differ on resume
+RUNTIME_KEYS = ("train.steps", "train.device", "train.compile", "train.attention")  # may differ on resume
 
 
 class DivergedError(RuntimeError):
@@ -200,7 +202,7 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 
 def resolve_compile(spec: str | bool, device: torch.device) -> bool:
-    """train.compile on `device`: 'auto' -> on for CUDA only; 'true' / 'false' (or a bool) as given.
+    """train.compile on `device`: 'auto' -> on for CUDA only; 'true' / 'blocks' on, 'false' off (or a bool) as given.
 
     Why auto is CUDA-only: compiling costs a fixed time per process (tens of seconds for the paper's model),
     paid back only when the steps of one call save more than that: (eager step - compiled step) x steps >
@@ -210,7 +212,7 @@ def resolve_compile(spec: str | bool, device: torch.device) -> bool:
     count; the CUDA figure has not been measured yet (no GPU in the session that wrote this)."""
     if isinstance(spec, bool):
         return spec
-    return device.type == "cuda" if spec == "auto" else spec == "true"
+    return device.type == "cuda" if spec == "auto" else spec in ("true", "blocks")
 
 
 def _indices(idx: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -375,6 +377,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
         device = resolve_device(cfg.train.device)
     t = cfg.train
     precision = resolve_precision(t.precision, device)
+    attention = attention_kernels(t.attention, device)  # a kernel this device lacks: ValueError before any work
     if device.type == "cpu" and os.environ.get("HMMSCOPE_THREADS"):
         torch.set_num_threads(int(os.environ["HMMSCOPE_THREADS"]))
     if device.type == "cuda":  # TF32 with bf16 autocast (the matmuls it leaves in float32); IEEE float32 for fp32
@@ -410,14 +413,16 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
         start, best = int(ck["step"]), _val_keys(ck["metrics"].get("best", {}))
         _set_rng_state(ck["rng"])
     compiled = resolve_compile(t.compile, device)
-    fwd = torch.compile(model) if compiled else model  # the training step only; evaluation and state dicts: `model`
+    scope = "blocks" if t.compile == "blocks" else "model"
+    fwd = model.compile_forward(scope) if compiled else model  # the training step only; evaluation, state dicts: `model`
     n_params = model.num_params()
     tok_per_step = t.batch_size * (ep_train.seq_len - 1)
 
     run_tags = {"hmmscope.dataset_hash": ep_train.meta.get("dataset_hash", ""),
             "hmmscope.eval_dataset_hash": ep_eval.meta.get("dataset_hash", ""),
             "hmmscope.hmm_hash": config_hash(cfg.hmm), "hmmscope.device": str(device), "hmmscope.precision": precision,
-            "hmmscope.compiled": str(compiled).lower(), "hmmscope.n_params": n_params,
+            "hmmscope.compiled": scope if compiled and scope == "blocks" else str(compiled).lower(),
+            "hmmscope.attention": t.attention, "hmmscope.n_params": n_params,
             # the budget as passes over data.n_train and episodes per training task (SCIENCE.md 8's two readings)
             "hmmscope.epochs": f"{epochs_done(t.steps, len(ep_train), t.batch_size):g}",
             "hmmscope.episodes_per_task": f"{t.steps * t.batch_size / training_tasks(cfg.hmm, cfg.data):g}",
@@ -516,7 +521,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                     g["lr"] = lr
                 idx = _indices(batch_indices(step, len(ep_train), t.batch_size, t.seed), device)
                 batch = tokens[idx]
-                with _autocast(device, precision):
+                with _autocast(device, precision), attention():
                     _, loss = fwd(batch[:, :-1], batch[:, 1:], loss_mask)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()

@@ -328,13 +328,36 @@ def test_compile_knob():
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     assert Config().train.compile == "auto"
     assert not resolve_compile("auto", cpu) and resolve_compile("auto", cuda)
-    assert resolve_compile("true", cpu) and not resolve_compile("false", cuda)
+    assert resolve_compile("true", cpu) and not resolve_compile("false", cuda) and resolve_compile("blocks", cpu)
     # booleans (TOML true / false, an older checkpoint's saved config) and the CLI's strings
     assert small(**{"train.compile": True}).train.compile == "true"
     assert small(**{"train.compile": "false"}).train.compile == "false"
     assert from_flat({**flatten(small()), "train.compile": False}).train.compile == "false"
-    with pytest.raises(ConfigError, match=r"train.compile must be one of \('auto', 'true', 'false'\), got 'yes'"):
+    with pytest.raises(ConfigError, match=r"train.compile must be one of \('auto', 'true', 'false', 'blocks'\), got 'yes'"):
         small(**{"train.compile": "yes"})
+
+
+def test_attention_knob_is_a_runtime_key(uri, finished):
+    """train.attention pins the training step's SDPA kernel: math (the reference kernel) trains to the default's
+    numbers up to float rounding, tagged; a run may be resumed with another kernel (a run-time key); a kernel the
+    device lacks fails before any run is made."""
+    assert Config().train.attention == "auto"
+    with pytest.raises(ConfigError, match=r"train.attention must be one of \('auto', 'flash', 'efficient', 'cudnn', "
+                                          r"'math'\), got 'fast'"):
+        small(**{"train.attention": "fast"})
+    n_runs = len(tracking.client(uri).search_runs([tracking.experiment_id(uri, "t")]))
+    with pytest.raises(ValueError, match="train.attention=cudnn needs a CUDA device"):
+        train(small(**{"train.attention": "cudnn"}), tracking_uri=uri, experiment="t", progress=False)
+    assert len(tracking.client(uri).search_runs([tracking.experiment_id(uri, "t")])) == n_runs  # no run made
+    with pytest.raises(KeyboardInterrupt):
+        train(small(**{"train.attention": "math"}), tracking_uri=uri, experiment="att", progress=False, log_every=3,
+              _stop_after=6)
+    run_id = _latest_run(uri, "att").info.run_id
+    assert tracking.Run(uri, run_id).get().data.tags["hmmscope.attention"] == "math"
+    res = train(small(**{"train.attention": "flash"}), tracking_uri=uri, experiment="att", resume=run_id,
+                progress=False, log_every=3)
+    assert res.steps == 12 and tracking.Run(uri, run_id).get().data.tags["hmmscope.attention"] == "flash"
+    assert res.metrics["val/loss"] == pytest.approx(finished.metrics["val/loss"], rel=1e-5)
 
 
 def test_precision_knob():
@@ -374,6 +397,19 @@ def test_compile_and_bf16_on_cpu(uri, finished):
     assert evaluate_loss(model, ep, precision="bf16")["loss"] == pytest.approx(b, rel=0.01)
 
 
+@pytest.mark.slow
+def test_compile_blocks_on_cpu(uri, finished):
+    """train.compile=blocks through inductor on the CPU: the CPU twin of the GPU session's "blocks" step variant
+    (tests/test_gpu.py runs it on CUDA). Tagged; float32 numbers as eager's up to fused-kernel rounding; its
+    checkpoint loads into a plain Transformer."""
+    res = train(small(**{"train.compile": "blocks"}), tracking_uri=uri, experiment="t", run_name="blocks",
+                progress=False, log_every=3)
+    assert tracking.Run(uri, res.run_id).get().data.tags["hmmscope.compiled"] == "blocks"
+    assert res.metrics["val/loss"] == pytest.approx(finished.metrics["val/loss"], rel=1e-4)
+    model, _ = load_model(uri, res.run_id)
+    assert all(torch.allclose(p, q, atol=1e-4) for p, q in zip(model.state_dict().values(), res.model.state_dict().values()))
+
+
 @contextmanager
 def storages_saved_as(location: str):
     """torch.save as on another device: every storage's location tag (the only device record a checkpoint
@@ -402,7 +438,7 @@ def test_cuda_checkpoint_loads_and_resumes_on_cpu(uri, finished, tmp_path):
     ck = read_checkpoint(path)
     tensors = [*ck["model"].values(), *(v for st in ck["optimizer"]["state"].values() for v in st.values())]
     assert ck["step"] == 6 and tensors and all(t.device.type == "cpu" for t in tensors)
-    with pytest.raises(ValueError, match=r"train.precision \(only train.steps, train.device, train.compile may"):
+    with pytest.raises(ValueError, match=r"train.precision \(only train.steps, train.device, train.compile, train.attention may"):
         train(small(**{"train.precision": "bf16"}), tracking_uri=uri, experiment="xdev", resume=killed.info.run_id)
     res = train(small(), tracking_uri=uri, experiment="xdev", resume=killed.info.run_id, progress=False)
     assert res.steps == 12 and res.metrics["val/loss"] == finished.metrics["val/loss"]

@@ -11,6 +11,7 @@ inside the command bodies.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -200,6 +201,12 @@ def bench_train_cmd(
     profile: Annotated[bool, typer.Option(help="One number per source of loss vs the measured GEMM rate.")] = False,
     compile_: Annotated[bool, typer.Option("--compile", help="Time torch.compile(model), its compile time and break-even steps.")]
     = False,
+    variants: Annotated[str | None, typer.Option(
+        help="Comma-separated training-step variants <compile>[+<attention>] to time one after another from the same "
+             "weights (compile: eager, model, blocks; attention: auto, flash, efficient, cudnn, math), e.g. "
+             "eager,eager+cudnn,blocks: step time, one-off (compile) time, MFU, losses vs the first.")] = None,
+    json_: Annotated[Path | None, typer.Option("--json", help="With --variants: write the rows here (JSON), "
+                                                              "rewritten as each variant is done.")] = None,
     threads: ThreadsOpt = None,
     force: ForceOpt = False,
     print_config: PrintConfigOpt = False,
@@ -208,6 +215,19 @@ def bench_train_cmd(
     cfg = build_config(preset_, config, set_, {"train.device": device})
     if print_config:
         return echo_config(cfg, ("hmm", "data", "model", "train"))
+    names = None
+    if variants is not None:
+        from ..bench import parse_variant
+
+        names = [v.strip() for v in variants.split(",")]
+        for v in names:
+            parse_variant(v)
+        if compile_ or profile:
+            raise ValueError("--variants times each variant itself: leave out --compile and --profile")
+    if json_ is not None:
+        if names is None:
+            raise ValueError("--json writes the --variants rows: give --variants")
+        checks.output_file(json_, "--json", ".json")
     from ..bench import bench_train
     from ..train import resolve_device
 
@@ -217,6 +237,10 @@ def bench_train_cmd(
     checks.duration(6.0 * model_params(cfg.model, cfg.hmm.n_tokens + 1) * batch_size * seq_len * steps, device=str(dev),
                     force=force, what=f"bench train's {steps:,} timed steps")  # the floor of config.train_flops
     _bench_threads(threads)
+    if names is not None:
+        _bench_variants(cfg, names, batch_size, seq_len, steps, json_)
+        if not peer:
+            return
     r = bench_train(cfg, cfg.train.device, batch_size=batch_size, seq_len=seq_len, steps=steps, peer=peer,
                     profile=profile, compile=compile_)
     typer.echo(f"train ({r['device']}{', compiled' if r['compiled'] else ''}, {r['shape']}): "
@@ -277,3 +301,38 @@ def bench_headroom_cmd(
                f"{n_episodes} episodes, k = 0..{r['k_max']}{', EM' if em else ''}): {r['headroom_s']:.2f} s "
                f"(references: family draw and counting fit {r['references_s']:.2f} s); peer: one mixture-oracle pass "
                f"over the same tasks and episodes {r['oracle_pass_s']:.3f} s; ratio {r['ratio']:.1f} passes")
+
+
+def _bench_variants(cfg, names: list[str], batch_size: int, seq_len: int, steps: int, json_: Path | None) -> None:
+    """`bench train --variants`: one line per variant as it is done (and the rows in --json, rewritten each time)."""
+    import json
+
+    from .. import safe_output
+    from ..bench import bench_variants
+
+    head: dict = {}
+
+    def write() -> None:
+        if json_ is not None:
+            safe_output.write_text(json_, json.dumps(head, indent=1))
+
+    def on_start(h: dict) -> None:
+        head.update(h)
+        typer.echo(f"train step variants ({h['device']}{', ' + h['device_name'] if h.get('device_name') else ''}, "
+                   f"{h['shape']}, {h['precision']}; {steps} steps x {h['repeats']} repeats each, from the same weights); "
+                   f"{h['gemm_dtype']} GEMM {h['gemm_shape']} measured now: {h['gemm_rate'] / 1e12:.3f} TFLOP/s "
+                   "(the MFU denominator)")
+        write()
+
+    def on_row(row: dict) -> None:
+        if row["error"]:
+            typer.echo(f"  {row['variant']:<14} error: {row['error']}")
+        else:
+            typer.echo(f"  {row['variant']:<14} {row['step_s'] * 1e3:9.2f} ms/step  {row['tokens_per_s']:>12,.0f} tokens/s  "
+                       f"MFU {100 * row['mfu']:5.1f}%  one-off {row['compile_s']:6.1f} s  loss vs {names[0]}: "
+                       f"first {row['loss_first_rel']:.1e}, last {row['loss_last_rel']:.1e}")
+        head["rows"] = [*head.get("rows", []), row]
+        write()
+
+    bench_variants(cfg, cfg.train.device, batch_size=batch_size, seq_len=seq_len, steps=steps, variants=names,
+                   on_start=on_start, on_row=on_row)
