@@ -283,11 +283,14 @@ def bench_headroom_cmd(
     repeats: Annotated[int, typer.Option(min=1, max=100, help="Timed rounds (best of).")] = 2,
     threads: ThreadsOpt = None,
     force: ForceOpt = False,
+    print_config: PrintConfigOpt = False,
 ) -> None:
     """`hmmscope headroom`'s cost against one mixture-oracle pass over the same M family tasks and episodes."""
     cfg = build_config(preset_, config, set_)
     if family_tasks is not None:
         cfg = override(cfg, {"eval.family_tasks": family_tasks})
+    if print_config:
+        return echo_config(cfg, ("hmm", "data", "eval"))
     if cfg.eval.family_tasks < 1 or cfg.eval.fit_episodes < 8:
         raise ValueError("the headroom needs eval.family_tasks >= 1 and eval.fit_episodes >= 8")
     est = memory_estimate(override(cfg, {"hmm.n_tasks": cfg.eval.family_tasks}), "bench-oracle",
