@@ -173,13 +173,18 @@ def _pool(subs: dict, runs: dict, sweep: str, out: Path, note: str, plot: bool =
     args_out = out
     sections, rows = [], []
     for n, sub in subs.items():
-        gap = sub["metric:eval/retrieval_gap"].astype(float)
         figs: dict = {}
         sec, claims = _layerwise_section(sub, None, figs)
         seeds = sorted(sub["param:train.seed"].astype(int))
         sec.title = f"n_tasks = {n}: layerwise claims pooled over {len(sub)} runs (seeds {seeds})"
-        sec.blocks.insert(0, ("p", runs[n] + ". Retrieval gap of these runs (eval/retrieval_gap): "
-                                   + ", ".join(f"{g:.3f}" for g in gap) + "." + (f" {note}" if note else "")))
+        if "metric:eval/retrieval_gap" in sub:
+            gap = sub["metric:eval/retrieval_gap"].astype(float)
+            what = "Retrieval gap of these runs (eval/retrieval_gap): " + ", ".join(f"{g:.3f}" for g in gap)
+        else:  # fresh tasks (n_tasks = 0): no seen tasks, no retrieval gap; the regime is read off best counting
+            vs = sub["metric:eval/unseen/vs_best_counting"].astype(float)
+            what = ("Fresh tasks (no seen tasks, no retrieval gap); model - best counting on unseen tasks "
+                    "(eval/unseen/vs_best_counting): " + ", ".join(f"{g:.3f}" for g in vs))
+        sec.blocks.insert(0, ("p", runs[n] + ". " + what + "." + (f" {note}" if note else "")))
         sections.append(sec)
         if plot:
             _plot(claims, sub, args_out / f"layerwise_claims_n{n}")
