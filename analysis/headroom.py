@@ -1,5 +1,5 @@
 """The headroom map (issue 27.1, SCIENCE.md 9): room above the best counting predictor on unseen tasks, per family
-and episode layout, from a kind = "headroom" sweep (sweeps/headroom.toml), before any training.
+and episode layout, from a kind = "headroom" sweep (sweeps/headroom-map.toml), before any training.
 
     python analysis/headroom.py --sweep headroom-map [--out DIR]
 

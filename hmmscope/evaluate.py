@@ -86,11 +86,12 @@ import torch
 from .baselines import DEFAULT_LEARNER, HMMLearner, incontext_bigram, incontext_hmm, incontext_unigram
 from .episodes import Episodes, truncate_demos
 from .hmm import Mixture
-from .inference import memory_error, mixture_oracle, task_oracle
-from .stats import claim, jsonable, rule
+from .inference import mixture_oracle, task_oracle
+from .regimes import REGIMES, _paired, regime, regime_claims, retrieval_gap
+from .stats import jsonable
 
 __all__ = ["model_predictive", "truncate_demos", "eval_set", "EvalSet", "score_by_k", "figure1_tables", "figure1",
-           "Figure1Result", "retrieval_gap", "build_figure1", "plot_figure1", "memory_comparison", "receptive_field",
+           "Figure1Result", "retrieval_gap", "build_figure1", "plot_figure1",
            "regime", "references", "REGIMES", "PREDICTORS", "REFERENCES", "BASELINES", "FITTED_COUNTING", "TASKS"]
 
 FITTED_COUNTING = ("incontext_ngram", "incontext_ctw", "best_counting")
@@ -99,7 +100,6 @@ REFERENCES = ("task_oracle", "mixture_oracle", "family_bayes", "incontext_unigra
 PREDICTORS = ("model", *REFERENCES)
 BASELINES = REFERENCES[2:]  # logged under baseline/<tasks>/<name>/...; compared with the model, paired
 TASKS = ("seen", "unseen")
-REGIMES = ("retrieval", "inference beyond counting", "counting", "undetermined")
 _Z = 1.96
 # how the EM learner's restarts are seeded since issue 27.5 (earlier records: one stream for the whole batch)
 _EM_SEEDING = "per fit: SeedSequence([seed, tag, k, l_demo, sha256 of the k demonstrations])"
@@ -363,63 +363,6 @@ def score_by_k(model: torch.nn.Module, es: EvalSet, *, device="cpu", batch_size:
     return out
 
 
-def retrieval_gap(seen: np.ndarray, unseen: np.ndarray):
-    """The retrieval-gap claim from per-episode excess CE over the task oracle on seen and unseen episodes
-    (module docstring): stats.Claim with rule '> 0', plus the numbers as a dict."""
-    seen, unseen = np.asarray(seen, float), np.asarray(unseen, float)
-    value = float(unseen.mean() - seen.mean())
-    se = math.sqrt(unseen.var(ddof=1) / len(unseen) + seen.var(ddof=1) / len(seen)) \
-        if min(len(seen), len(unseen)) > 1 else float("nan")
-    lo, hi = value - _Z * se, value + _Z * se
-    c = claim("retrieval_gap", "(model CE - task-oracle CE) on unseen tasks minus on seen tasks, test segment, "
-              "k = k_max, nats/token (difference of means over independent episodes, 95% normal CI)",
-              value, lo, hi, rule(">", 0),
-              "positive: the model is closer to the ceiling on the tasks it trained on than on fresh tasks of the "
-              "same family (retrieval of memorized tasks); near 0: no retrieval")
-    return c, {"value": value, "lo": lo, "hi": hi, "n_seen": len(seen), "n_unseen": len(unseen),
-               "seen_excess_ce_task": float(seen.mean()), "unseen_excess_ce_task": float(unseen.mean())}
-
-
-def _paired(d: np.ndarray) -> tuple[float, float, float]:
-    m, lo, hi = _mean_ci(np.asarray(d, float))
-    return float(m), float(lo), float(hi)
-
-
-def regime_claims(gain: np.ndarray, vs_best: np.ndarray, k_max: int) -> list:
-    """icl_gain and inference_beyond_counting (module docstring) from per-episode unseen-task arrays: the model's
-    gain on the same tokens and its CE minus best_counting's at k_max (paired, 95% normal CIs)."""
-    g, glo, ghi = _paired(gain)
-    c_gain = claim("icl_gain", f"model CE(k = 0) - CE(k = {k_max}) on the same test tokens (positions >= 1), unseen "
-                   "tasks, nats/token (paired over episodes, 95% normal CI)", g, glo, ghi, rule(">", 0),
-                   "positive: the model's predictions of the same tokens improve with the demonstrations",
-                   df=math.inf)
-    v, vlo, vhi = _paired(vs_best)
-    c_inf = claim("inference_beyond_counting", f"model CE - best_counting CE at k = {k_max}, unseen tasks, nats/token "
-                  "(paired over episodes, 95% normal CI)", v, vlo, vhi, rule("<", 0, ["icl_gain"]),
-                  "negative, with an in-context gain: the model infers more from the context than the best fitted "
-                  "counting predictor (SCIENCE.md 9); >= 0: counting at best", {"icl_gain": c_gain.verdict},
-                  df=math.inf)
-    return [c_gain, c_inf]
-
-
-def regime(claims) -> str:
-    """The regime word (SCIENCE.md 9; module docstring) from claims named retrieval_gap, icl_gain and
-    inference_beyond_counting (stats.Claim, or dicts with name / verdict / ci_hi), per run or pooled over seeds."""
-    def get(c, a):
-        return c[a] if isinstance(c, Mapping) else getattr(c, a)
-
-    by = {get(c, "name"): c for c in claims}
-    if "retrieval_gap" in by and get(by["retrieval_gap"], "verdict") == "supported":
-        return "retrieval"
-    inf = by.get("inference_beyond_counting")
-    if inf is None:
-        return "undetermined"
-    if get(inf, "verdict") == "supported":
-        return "inference beyond counting"
-    hi = get(inf, "ci_hi")
-    return "counting" if hi is not None and math.isfinite(float(hi)) and float(hi) >= 0 else "undetermined"
-
-
 @dataclass
 class Figure1Result:
     """Figure 1 tables as lists of dicts. by_k: one row per (tasks, k, predictor); by_position: one row per
@@ -600,189 +543,5 @@ def figure1(model: torch.nn.Module, mix: Mixture | None, ep: Episodes | None, *,
     return figure1_tables(model, sets, device=device, batch_size=batch_size, meta=meta)
 
 
-_STYLE = {"model": ("C0", "-", "model", 2.2), "task_oracle": ("C2", "--", "task oracle", 1.4),
-          "mixture_oracle": ("C3", "-", "mixture oracle (training tasks)", 1.4),
-          "family_bayes": ("C1", "-", "family Bayes (M tasks of the family)", 1.4),
-          "incontext_unigram": ("C7", ":", "add-one unigram", 1.0),
-          "incontext_bigram": ("C5", ":", "add-one bigram", 1.0),
-          "incontext_ngram": ("C8", "-.", "fitted n-gram", 1.0),
-          "incontext_ctw": ("C9", "-.", "fitted CTW", 1.0),
-          "best_counting": ("k", "-.", "best counting (fitted)", 1.6),
-          "incontext_hmm": ("C4", "--", "in-context HMM (EM)", 1.0)}
-_POSITION = ("model", "task_oracle", "mixture_oracle", "family_bayes", "best_counting")  # the position panel's lines
-_PAIRED = ("best_counting", "family_bayes", "incontext_bigram", "task_oracle")  # model minus these, by k
-
-
-def _finite(vals) -> list[float]:
-    return [v for v in vals if v is not None and isinstance(v, (int, float)) and math.isfinite(v)]
-
-
-def _smooth(x: np.ndarray, w: int) -> np.ndarray:
-    """Centered moving average of width w (shorter at the ends)."""
-    if w <= 1 or len(x) < 3:
-        return x
-    k = np.ones(w)
-    return np.convolve(x, k, "same") / np.convolve(np.ones_like(x), k, "same")
-
-
-def build_figure1(result: Figure1Result, title: str | None = None):
-    """Figure 1 as a matplotlib Figure: one row per task set (seen, unseen), four panels each: accuracy vs k and CE
-    vs k (every predictor; the model's 95% CI as a band), accuracy vs test position at k = k_max (the model with its
-    band, the oracles and the best counting baseline, each smoothed over 5 positions so that sampling noise does not
-    hide the trend), and the paired difference model minus reference CE vs k (best counting, family Bayes, add-one
-    bigram, task oracle; 95% CIs; below 0 = the model is better). The accuracy panels draw chance (1 / V) and span 0
-    to above the highest upper CI, so the oracles' ceiling is in view; the CE panel draws log V (a uniform guess).
-    The title carries the run (`title`), the retrieval gap and the regime."""
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    tasks = result.tasks
-    fig = Figure(figsize=(21, 4.6 * len(tasks) + 0.8), layout="constrained")
-    axes = fig.subplots(len(tasks), 4, squeeze=False)
-    V = result.meta.get("n_tokens")
-    chance = 1.0 / V if V else None
-    for row, t in zip(axes, tasks):
-        top = 0.0
-        for name, (c, ls, label, lw) in _STYLE.items():
-            for a, xkey, key in ((row[0], "k", "acc"), (row[1], "k", "ce")):
-                r = [q for q in result.by_k if q["predictor"] == name and q["tasks"] == t]
-                if not r:
-                    continue
-                x = [q[xkey] for q in r]
-                a.plot(x, [q[key] for q in r], marker="o", ls=ls, color=c, lw=lw, ms=3, label=label,
-                       zorder=3 if name == "model" else 2)  # the model on top
-                if name == "model":
-                    a.fill_between(x, [q[f"{key}_lo"] for q in r], [q[f"{key}_hi"] for q in r], color=c, alpha=0.15)
-                if key == "acc":
-                    top = max([top, *_finite(q["acc_hi"] for q in r)])
-            if name in _POSITION:
-                r = [q for q in result.by_position if q["predictor"] == name and q["tasks"] == t]
-                if r:
-                    top = max([top, *_finite(q["acc_hi"] for q in r)])
-                    x = np.array([q["position"] for q in r])
-                    y = _smooth(np.array([q["acc"] for q in r]), 5)
-                    row[2].plot(x, y, ls=ls, color=c, lw=lw, label=label, zorder=3 if name == "model" else 2)
-                    if name == "model":
-                        row[2].fill_between(x, _smooth(np.array([q["acc_lo"] for q in r]), 5),
-                                            _smooth(np.array([q["acc_hi"] for q in r]), 5), color=c, alpha=0.15)
-        for name in _PAIRED:
-            r = [q for q in result.paired if q["baseline"] == name and q["tasks"] == t]
-            if name == "task_oracle":  # the model's excess over the ceiling: excess_ce_task by k
-                r = [{"k": q["k"], "diff": q["excess_ce_task"], "diff_lo": q["excess_ce_task_lo"],
-                      "diff_hi": q["excess_ce_task_hi"]} for q in result.by_k if q["predictor"] == "model"
-                     and q["tasks"] == t]
-            if not r:
-                continue
-            c, ls, label, lw = _STYLE[name]
-            x = [q["k"] for q in r]
-            row[3].errorbar(x, [q["diff"] for q in r], yerr=[[q["diff"] - q["diff_lo"] for q in r],
-                                                             [q["diff_hi"] - q["diff"] for q in r]],
-                            marker="o", ms=3, ls=ls, color=c, lw=lw, capsize=2, label=f"model - {label}")
-        row[3].axhline(0, color="gray", lw=0.8)
-        for a in (row[0], row[2]):
-            if chance is not None:
-                a.axhline(chance, color="gray", ls=":", lw=1.2, label=f"chance (1/V = {chance:.3g})")
-            a.set_ylim(0.0, min(1.02, max(top, chance or 0.0) * 1.06 + 0.02))
-        if V:
-            row[1].axhline(math.log(V), color="gray", ls=":", lw=1.2, label=f"uniform (log V = {math.log(V):.3g})")
-        ceiling = "mixture and task oracles = ceiling" if t == "seen" else "task oracle = ceiling"
-        row[0].set(xlabel="demonstrations k", ylabel="test next-token accuracy", title=f"{t} tasks: accuracy vs k ({ceiling})")
-        row[1].set(xlabel="demonstrations k", ylabel="test cross-entropy (nats / token)", title=f"{t} tasks: CE vs k")
-        row[2].set(xlabel="test position", ylabel="next-token accuracy (5-position average)",
-                   title=f"{t} tasks: accuracy vs position (k = {result.k_max})")
-        row[3].set(xlabel="demonstrations k", ylabel="CE difference (nats / token)",
-                   title=f"{t} tasks: model minus reference (< 0: model better)")
-        for a in row:
-            a.xaxis.set_major_locator(MaxNLocator(integer=True))
-            a.grid(alpha=0.3)
-        row[0].legend(fontsize=7, loc="best")
-        row[1].legend(handles=row[1].get_lines()[-1:], fontsize=7, loc="upper right")
-        row[2].legend(fontsize=7, loc="lower right")
-        row[3].legend(fontsize=7, loc="best")
-    n = result.meta.get("n_episodes")
-    head = "Figure 1: in-context next-token prediction" + (f", {title}" if title else "") \
-        + (f" ({n} held-out episodes per task set, 95% CIs)" if n else "")
-    if result.retrieval is not None:
-        g = result.retrieval
-        c = next(c for c in result.claims if c.name == "retrieval_gap")
-        head += (f"\nretrieval gap (model - task oracle CE, unseen minus seen, k = {result.k_max}): {g['value']:.3g} "
-                 f"[{g['lo']:.3g}, {g['hi']:.3g}] nats/token, rule {c.rule}: {c.verdict}")
-    inf = next((c for c in result.claims if c.name == "inference_beyond_counting"), None)
-    if inf is not None:
-        head += (f"\nunseen tasks, k = {result.k_max}: model - best counting {inf.value:+.3g} [{inf.ci_lo:+.3g}, "
-                 f"{inf.ci_hi:+.3g}] nats/token; regime: {result.regime}")
-    fig.suptitle(head)
-    return fig
-
-
-def plot_figure1(result: Figure1Result, path, title: str | None = None) -> list[Path]:
-    """Write Figure 1 (`build_figure1`) as <path>.png and <path>.pdf; returns [png, pdf]."""
-    from .figures import save
-
-    return save(build_figure1(result, title), path)
-
-
-# ---------------------------------------------------------------- fixed memory
-
-
-def receptive_field(n_layers: int, window: int) -> int:
-    """Tokens a stack of n_layers banded attention layers of width `window` sees: n_layers (window - 1) + 1.
-
-    Query t of one layer sees keys t - window + 1 .. t; each further layer reaches window - 1 further back
-    through the residual stream (MLPs and norms act per position). 0 (full causal attention) -> 0 (unbounded).
-    """
-    if window < 0 or n_layers < 1:
-        raise ValueError(f"need window >= 0 and n_layers >= 1, got window={window}, n_layers={n_layers}")
-    return 0 if window == 0 else n_layers * (window - 1) + 1
-
-
-def memory_comparison(model: torch.nn.Module, mix: Mixture, ep: Episodes, window: int, *, n_layers: int | None = None,
-                      n_tasks_theory: int = 4, theory_kw: dict | None = None, device="cpu", batch_size: int = 64,
-                      min_burn_in: int = 100) -> dict:
-    """A windowed model's excess error beside eps(L) at its receptive field L = R (SCIENCE.md 4, practice side).
-
-    Receptive field. A model of n_layers banded layers of width w predicts token j from the
-    R = n_layers (w - 1) + 1 tokens before it (`receptive_field`), not from w: with 4 layers of width 4 it
-    sees 13 tokens. We compare it with eps(R), on the test positions j >= R, where those R tokens are all
-    test tokens (option 1 of issue 8: eps at the model's true receptive field; the model is evaluated on
-    its ordinary episodes). n_layers defaults to model.cfg.n_layers.
-
-    model_tv: mean over episodes of the mean, over test positions j >= R, of TV(task oracle with the full
-    history, model), with a 95% CI over episodes. mix_tv: the same for the mixture oracle (the part of the
-    model's error that task uncertainty alone forces). eps: eps(R) from inference.memory_error averaged
-    over tasks 0..n_tasks_theory-1 (theory_kw: n_histories, burn_in, seed), eps_se its standard error.
-    eps is defined on *stationary* histories: like-for-like only when data.test_start == "midstream" with
-    burn_in >= min_burn_in (``comparable``). Even then model_tv also contains the model's task uncertainty
-    and approximation error, so it is an upper-side comparison, not a test of equality. When R >= l_test
-    no test position has a test-only receptive field: the dict says so (n_positions 0, comparable False,
-    reason) and carries no model_tv / eps.
-    """
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
-    if n_layers is None:
-        n_layers = getattr(getattr(model, "cfg", None), "n_layers", None)
-        if n_layers is None:
-            raise ValueError("n_layers is required when the model has no cfg.n_layers")
-    R = receptive_field(int(n_layers), int(window))
-    kw = {"n_histories": 500, "burn_in": 200, "seed": 0, **(theory_kw or {})}
-    cols = np.flatnonzero(ep.test_mask & (ep.position >= R) & (np.arange(ep.seq_len) >= 1))
-    out = {"window": int(window), "n_layers": int(n_layers), "receptive_field": R, "n_positions": int(len(cols)),
-           "n_episodes": len(ep), "test_start": ep.test_start, "burn_in": ep.burn_in}
-    if len(cols) == 0:
-        return {**out, "comparable": False,
-                "reason": f"receptive field {R} = {n_layers} x ({window} - 1) + 1 >= l_test = {ep.l_test}: no test "
-                          "position sees test tokens only"}
-    task = task_oracle(mix, ep, dtype=torch.float64, device=device)[:, cols].cpu()
-    mixp = mixture_oracle(mix, ep, dtype=torch.float64, device=device)[0][:, cols].cpu()
-    modp = model_predictive(model, ep.tokens, device, batch_size, n_obs=mix.n_tokens, dtype=torch.float64)[:, cols]
-    for name, p in (("model_tv", modp), ("mix_tv", mixp)):
-        m, lo, hi = _mean_ci((0.5 * (p - task).abs().sum(-1)).mean(1).numpy())
-        out.update({name: float(m), f"{name}_lo": float(lo), f"{name}_hi": float(hi)})
-    tasks = list(range(min(n_tasks_theory, mix.n_tasks)))
-    res = [memory_error(mix.task(i), [R], **kw) for i in tasks]
-    eps = np.array([r.eps[0] for r in res])
-    out.update({"eps": float(eps.mean()), "eps_L": R,
-                "eps_se": float(np.sqrt(sum(r.stderr[0] ** 2 for r in res)) / len(res)),
-                "eps_per_task": eps.tolist(), "eps_tasks": tasks, "theory_kw": kw,
-                "comparable": bool(ep.test_start == "midstream" and ep.burn_in >= min_burn_in)})
-    return out
+# Figure 1's drawing (figure1_plot.py), re-exported (fixed memory, evaluate's before: fixed_memory.py)
+from .figure1_plot import build_figure1, plot_figure1  # noqa: E402

@@ -115,7 +115,8 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
     from .baselines import HMMLearner
     from .config import em_states
     from .episodes import sample_episodes, unseen_episodes
-    from .evaluate import figure1, memory_comparison, plot_figure1, references
+    from .evaluate import figure1, plot_figure1, references
+    from .fixed_memory import memory_comparison
     from .hmm import make_mixture
     from .train import resolve_device
 

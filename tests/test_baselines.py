@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from hmmscope import baselines
+from hmmscope import baselines, em_learner
 from hmmscope.baselines import (
     EMFit,
     HMMLearner,
@@ -532,7 +532,7 @@ def test_incontext_hmm_fit_of_an_episode_does_not_depend_on_the_batch():
     # the episodes already truncated to k demos: the same fit (it sees the same sequences)
     np.testing.assert_array_equal(incontext_hmm(truncate_demos(ep, 2), [2], ln)[2].numpy(), full[2].numpy())
     # and in chunks of one group each
-    seqs, group = baselines._demo_rows(ep.tokens.astype(np.int64), ep.segment, 3, 5, [1, 2, 3])
+    seqs, group = em_learner._demo_rows(ep.tokens.astype(np.int64), ep.segment, 3, 5, [1, 2, 3])
     chunked = fit_hmm_em(seqs, group, 3 * len(ep), V, ln, max_bytes=1)
     for a, b in ((fit.initial, chunked.initial), (fit.emission, chunked.emission), (fit.loglik, chunked.loglik)):
         assert torch.equal(a, b)

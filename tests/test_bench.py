@@ -10,10 +10,8 @@ from hmmscope.bench import (
     bench_oracle,
     bench_sample,
     bench_train,
-    bench_variants,
-    choose_variant,
-    parse_variant,
 )
+from hmmscope.bench_variants import bench_variants, choose_variant, parse_variant
 from hmmscope.config import preset
 
 

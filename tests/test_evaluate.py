@@ -19,15 +19,14 @@ from hmmscope.evaluate import (
     eval_set,
     figure1,
     figure1_tables,
-    memory_comparison,
     model_predictive,
     plot_figure1,
-    receptive_field,
     regime,
     retrieval_gap,
     score_by_k,
     truncate_demos,
 )
+from hmmscope.fixed_memory import memory_comparison, receptive_field
 from hmmscope.hmm import make_mixture
 from hmmscope.inference import memory_error, mixture_oracle, task_oracle
 from hmmscope.stats import claim, decide, rule

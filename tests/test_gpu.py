@@ -149,7 +149,7 @@ def test_cuda_bench_variants_and_flash_at_the_paper_head_shape():
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from hmmscope.bench import bench_variants, choose_variant
+    from hmmscope.bench_variants import bench_variants, choose_variant
 
     cfg = small()
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, device="cuda", precision="auto"))

@@ -16,7 +16,7 @@ phase cut off by its limit, or a command killed by the device tool's limit, leav
              image's python3 with PYTHONPATH = the checkout: every step variant (eager; a pinned SDPA kernel;
              each block compiled) timed from the same weights, with its one-off compile time, MFU against the
              GEMM rate measured in the same run: --bench-s cap, from t = 0.
-   plan      `bench.choose_variant`: the variant fitting most steps into the training time left, its compile time
+   plan      `bench_variants.choose_variant`: the variant fitting most steps into the training time left, its compile time
              counted against it; steps = floor((train window - fixed - compile) / (step x ratio) / quantum) x
              quantum, at most --max-steps (the formula, its numbers and the target it meets or misses are printed
              and kept in plan.json). No bench rows: eager and --target-steps (train's --deadline still holds).
@@ -463,7 +463,7 @@ def _rows(bench_json: Path) -> list[dict]:
 
 def make_plan(s: Session, args, ends: dict, bench_json: Path) -> dict:
     """The step variant and the step count (module docstring, 'plan'), printed and returned."""
-    from hmmscope.bench import choose_variant, parse_variant
+    from hmmscope.bench_variants import choose_variant, parse_variant
 
     window = ends["train"] - s.now()
     rows = _rows(bench_json)

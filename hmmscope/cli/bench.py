@@ -217,7 +217,7 @@ def bench_train_cmd(
         return echo_config(cfg, ("hmm", "data", "model", "train"))
     names = None
     if variants is not None:
-        from ..bench import parse_variant
+        from ..bench_variants import parse_variant
 
         names = [v.strip() for v in variants.split(",")]
         for v in names:
@@ -311,7 +311,7 @@ def _bench_variants(cfg, names: list[str], batch_size: int, seq_len: int, steps:
     import json
 
     from .. import safe_output
-    from ..bench import bench_variants
+    from ..bench_variants import bench_variants
 
     head: dict = {}
 
