@@ -186,6 +186,8 @@ def summarize(points: list[tuple[int, str, dict]], threshold: float, out, name: 
                    "inference_beyond_counting": "eval/unseen/vs_best_counting"}[c]
             if key in m:
                 regime_vals[n_tasks][c][seed] = m[key]
+        if "eval/unseen/vs_best_counting_hi" in m:  # the trial's own paired CI over its episodes
+            regime_vals[n_tasks]["_trials"][seed] = m["eval/unseen/vs_best_counting_hi"] < 0
         for tasks in TASKS:
             task_ce = m.get(f"eval/{tasks}/oracle_task_test_ce")
             v[f"{tasks}/model"].append(m.get(f"eval/{tasks}/excess_ce_task"))
@@ -289,7 +291,8 @@ RULES = {"retrieval_gap": (">", []), "icl_gain": (">", []), "inference_beyond_co
 def cell_regimes(regime_vals) -> list[dict]:
     """Per cell, Figure 1's regime claims pooled over seeds (t on G - 1 df, the seed as the unit, as the report's
     regime section) with each claim's rule (evaluate.py: retrieval_gap > 0, icl_gain > 0, inference_beyond_counting =
-    model - best counting < 0 requiring icl_gain), and the regime word they give (evaluate.regime)."""
+    model - best counting < 0 requiring icl_gain), and the regime word they give (evaluate.regime); beside them, how
+    many trials are below best counting on their own paired CI over episodes (trials_below_best_counting)."""
     from hmmscope.evaluate import regime
     from hmmscope.stats import claim, rule, t_mean
 
@@ -311,6 +314,9 @@ def cell_regimes(regime_vals) -> list[dict]:
             pooled.append(cl)
             row.update({c: e.value, f"{c}_lo": e.lo, f"{c}_hi": e.hi, f"{c}_verdict": cl.verdict, "seeds": e.n})
         row["regime"] = regime(pooled)
+        below = regime_vals[n].get("_trials")
+        if below:  # per trial, on its own paired CI over episodes (not a pooled statement)
+            row["trials_below_best_counting"] = f"{sum(below.values())}/{len(below)}"
         out.append(row)
     return out
 
@@ -321,7 +327,7 @@ def _figure(rows, ns, bnd, sens, threshold, out, name, regimes=()) -> None:
     fresh = any(r["n_tasks"] == FRESH for r in rows)
     xs = np.array([ns[-1] * 4 if r["n_tasks"] == FRESH else r["n_tasks"] for r in rows], float)  # fresh: right end
     ticks = (xs, [r["cell"] for r in rows])
-    fig, (ax, axg, axt) = plt.subplots(1, 3, figsize=(18, 4.8), layout="constrained")
+    fig, (ax, axg, axt) = plt.subplots(1, 3, figsize=(21, 5.2), layout="constrained", width_ratios=(1.4, 1, 1))
     style = {"model": ("-", "o", 2.0), "mixture_oracle": ("--", None, 1.0), "incontext_unigram": ((0, (6, 2, 1, 2)),
              None, 1.0), "incontext_bigram": ("-.", None, 1.0), "incontext_hmm": ((0, (1, 1)), None, 1.2),
              "best_counting": ((0, (3, 1, 1, 1)), "s", 1.4), "family_bayes": ("-", None, 1.0)}
@@ -346,7 +352,7 @@ def _figure(rows, ns, bnd, sens, threshold, out, name, regimes=()) -> None:
            ylabel="CE - task-oracle CE (nats/token)", title="excess CE over the task oracle, test segment, k = k_max"
            + ("; regime per cell (top)" if regimes else ""))
     ax.set_xticks(*ticks)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     keep = [i for i, r in enumerate(rows) if r["n_tasks"] != FRESH]
     rows = [rows[i] for i in keep]
     g = [r["retrieval_gap"] for r in rows]

@@ -59,7 +59,11 @@ def regime_claims(gain: np.ndarray, vs_best: np.ndarray, k_max: int) -> list:
 
 def regime(claims) -> str:
     """The regime word (SCIENCE.md 9; module docstring) from claims named retrieval_gap, icl_gain and
-    inference_beyond_counting (stats.Claim, or dicts with name / verdict / ci_hi), per run or pooled over seeds."""
+    inference_beyond_counting (stats.Claim, or dicts with name / verdict / ci_lo), per run or pooled over seeds:
+    retrieval if the retrieval gap is supported; else inference beyond counting if that claim is supported; else
+    counting if the model is shown at or above best counting (the paired CI's lower end >= 0: "not below
+    best_counting"); else undetermined (a CI that straddles 0, e.g. too few seeds to tell, or below best counting
+    without an in-context gain shown)."""
     def get(c, a):
         return c[a] if isinstance(c, Mapping) else getattr(c, a)
 
@@ -71,5 +75,5 @@ def regime(claims) -> str:
         return "undetermined"
     if get(inf, "verdict") == "supported":
         return "inference beyond counting"
-    hi = get(inf, "ci_hi")
-    return "counting" if hi is not None and math.isfinite(float(hi)) and float(hi) >= 0 else "undetermined"
+    lo = get(inf, "ci_lo")
+    return "counting" if lo is not None and math.isfinite(float(lo)) and float(lo) >= 0 else "undetermined"

@@ -94,7 +94,8 @@ def regime_section(runs: list, uri: str) -> tuple[Section | None, list[Claim]]:
                             "requires icl_gain), each the mean over seeds with a t interval over seeds (one seed: the "
                             "run's own CI over episodes). Regime: retrieval if the retrieval gap is supported, else "
                             "inference beyond counting if that claim is supported, else counting where the model is "
-                            "not shown below best counting, else undetermined (SCIENCE.md 9)."))
+                            "shown not below best counting (its CI's lower end >= 0), else undetermined: a CI that straddles 0 "
+                            "(too few seeds to tell) or no gain shown (SCIENCE.md 9)."))
     sec.blocks.append(("table", ["setting", "runs", "regime"], words))
     sec.blocks.append(("table", ["setting", "claim", "seeds", "pooled value", "95% CI", "df", "rule", "verdict"], table))
     return sec, claims
