@@ -102,9 +102,13 @@ def runs_gc_cmd(
     tracking_uri: UriOpt = None,
 ) -> None:
     """Mark orphan RUNNING runs (their process is gone, or no heartbeat) KILLED, with the reason."""
-    from .. import tracking
+    from .. import checks, tracking
 
-    uri = tracking.resolve_uri(tracking_uri)
+    uri = checks.tracking_store(tracking_uri, must_exist=True, write=not dry_run)
+    c = tracking.client(uri)
+    unknown = [e for e in experiment or [] if c.get_experiment_by_name(e) is None]
+    if unknown:
+        fail(f"no experiment {unknown[0]!r} in {uri}")
     try:
         found = tracking.gc_runs(uri, experiments=experiment or None, dry_run=dry_run)
     except Exception as e:  # e.g. a read-only store: say so in one line

@@ -44,6 +44,7 @@ from .store import (
     default_tracking_uri,
     ensure_store,
     experiment_id,
+    read_only_uri,
     relocate,
     resolve_uri,
     writable,
@@ -71,7 +72,7 @@ __all__ = [
     "_param_value", "artifact_root", "browse_line", "claim_headline", "claim_keys", "claims_table", "client", "config_toml",
     "config_params", "default_tracking_uri", "delete_run", "ensure_store", "existing_run", "experiment_id",
     "experiment_name", "experiment_url", "gc_runs", "get_run", "git_commit", "heartbeat_interval", "note_line",
-    "objective_key", "read_claims", "relocate", "resolve_uri", "run_url", "safe_key", "search_runs", "source_name",
-    "stale_reason", "standard_tags", "start_run", "sweep_parent", "target_url", "train_run_name", "ui_base",
+    "objective_key", "read_claims", "read_only_uri", "relocate", "resolve_uri", "run_url", "safe_key", "search_runs",
+    "source_name", "stale_reason", "standard_tags", "start_run", "sweep_parent", "target_url", "train_run_name", "ui_base",
     "ui_command", "writable",
 ]

@@ -277,12 +277,14 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
         status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
         with contextlib.suppress(Exception):
             run.set_tags({"hmmscope.failure_reason": f"{type(e).__name__}: {e}"})
-        for attempt in range(5):  # a busy sqlite store ("database is locked") must not leave the run RUNNING
+        tries = 5 if _sqlite_path(uri) is not None else 1  # a server's client retries by itself (store.HTTP_RETRIES)
+        for attempt in range(tries):  # a busy sqlite store ("database is locked") must not leave the run RUNNING
             try:
                 c.set_terminated(run.run_id, status)
                 break
             except Exception:
-                time.sleep(0.2 * 2 ** attempt)
+                if attempt + 1 < tries:
+                    time.sleep(0.2 * 2 ** attempt)
         raise
     else:
         clear_orphaned(c, run.run_id)  # marked an orphan while it ran (an expired lease): it was not one
