@@ -22,6 +22,7 @@ Must not import `checks` (which imports this), torch, or mlflow / optuna at modu
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import stat
@@ -163,6 +164,28 @@ def _sqlite_tables(db: Path, what: str) -> set[str] | None:
     return tables
 
 
+@functools.lru_cache(maxsize=1)
+def _mlflow_head() -> str | None:
+    """The head revision of the installed MLflow's schema, read from its migration files' `revision` and
+    `down_revision` lines (milliseconds; alembic's own ScriptDirectory takes seconds); None if that is not one head."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("mlflow")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    revs, downs = set(), set()
+    for f in (Path(next(iter(spec.submodule_search_locations))) / "store" / "db_migrations" / "versions").glob("*.py"):
+        text = f.read_text(errors="replace")
+        r = re.search(r"^revision\s*=\s*['\"]([0-9a-z_]+)['\"]", text, re.M)
+        d = re.search(r"^down_revision\s*=\s*(.+)$", text, re.M)
+        if r:
+            revs.add(r.group(1))
+        if d:
+            downs |= set(re.findall(r"['\"]([0-9a-z_]+)['\"]", d.group(1)))
+    heads = revs - downs
+    return next(iter(heads)) if len(heads) == 1 else None
+
+
 def _mlflow_schema(db: Path, tables: set[str], what: str) -> None:
     """A half-created or out-of-date MLflow store: ConfigError with the command that removes or repairs it."""
     import sqlite3
@@ -179,11 +202,15 @@ def _mlflow_schema(db: Path, tables: set[str], what: str) -> None:
     finally:
         con.close()
     tmp = sorted(t for t in tables if t.startswith("_alembic_tmp_"))
-    from mlflow.store.db.utils import _get_latest_schema_revision
-
-    head = _get_latest_schema_revision()
+    head = _mlflow_head()
     if rev == head and not tmp:
         return
+    if head is None:  # the migrations could not be read cheaply: ask alembic (seconds)
+        from mlflow.store.db.utils import _get_latest_schema_revision
+
+        head = _get_latest_schema_revision()
+        if rev == head and not tmp:
+            return
     from mlflow.store.db.base_sql_model import Base
     from mlflow.store.tracking import dbmodels  # noqa: F401  (registers the tables MLflow expects)
 

@@ -11,6 +11,7 @@ inside the command bodies.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sys
 import time
@@ -91,7 +92,9 @@ def train_cmd(
     # a spinner over the silent setup (data, oracles, model, the run), stopped by the step-0 evaluation, which
     # comes just before training's own bar; a resumed run has no such evaluation, and no spinner
     setup = Spinner("setting up: data, oracles, model" if resume is None else None)
-    with sigterm_interrupts(), setup:  # `kill` / `timeout`: the run ends KILLED, not RUNNING
+    # one writer per run: a resume takes the run's lease before any work (of two started together, one runs, the
+    # other stops here with one line naming it) and keeps it to the end of the command
+    with sigterm_interrupts(), tracking.hold_run(uri, resume) if resume else contextlib.nullcontext(), setup:
         res = train(cfg, tracking_uri=uri, experiment=experiment, run_name=run_name, resume=resume,
                     progress=sys.stderr.isatty(), on_eval=lambda step, m: setup.stop(),
                     deadline=None if deadline is None else Deadline(at=t_cmd + deadline),

@@ -24,7 +24,8 @@ checkpoint. The only sweep module that calls `trial.suggest_*`. Imports the jobs
   hmmscope.resumed_from_step; its hmmscope.trial tag becomes the retry's number) and the retry links to
   it before training, so a second pre-emption resumes it again. On CPU the result is bitwise that of an
   uninterrupted trial (train's resume guarantee). A run that finished (its worker died while evaluating)
-  is not resumed: the retry starts a new run, as does a run with no checkpoint; the report reads only the
+  is not resumed: the retry starts a new run, as does a run with no checkpoint or one whose writer is still
+  alive (a worker cut off from the network: one writer per run, tracking.hold_run); the report reads only the
   run of each COMPLETE trial. Theory trials always start afresh (they keep no checkpoint).
 """
 
@@ -117,6 +118,10 @@ def resumable_run(trial, spec: SweepSpec, uri: str, parent: str) -> str | None:
         rid = found[0].info.run_id if found else None  # newest first
     run = tracking.get_run(uri, rid) if rid else None
     if run is None or run.info.status == "FINISHED" or run.info.lifecycle_stage != "active":
+        return None
+    from ..tracking.liveness import live_owner
+
+    if live_owner(run) is not None:  # its worker is alive (cut off, not dead): one writer per run, start afresh
         return None
     try:
         tracking.existing_run(uri, rid).require(f"{CKPT_DIR}/{CKPT_NAME}")

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .liveness import _beating, _liveness_tags, clear_orphaned, heartbeat_interval
+from .liveness import LeaseLost, _beating, _liveness_tags, _nonce_of, clear_orphaned, heartbeat_interval, hold, lost
 from .store import ARTIFACTS, _sqlite_path, _uri_path, client, ensure_store, experiment_id
 from .tags import _param_value, claim_headline, claims_table, note_line, safe_key, standard_tags
 
@@ -39,9 +39,16 @@ class Run:
         self.uri, self.run_id = uri, run_id
         self._client = client(uri)
 
+    def _guard(self) -> None:
+        """LeaseLost if another process took this run over (this process's lease had expired): it writes no more."""
+        why = lost(self.uri, self.run_id)
+        if why is not None:
+            raise LeaseLost(f"run {self.run_id}: {why}; this process stops writing to it")
+
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
 
+        self._guard()
         items = [Param(safe_key(k), _param_value(v)) for k, v in params.items()]
         for i in range(0, len(items), 100):
             self._client.log_batch(self.run_id, params=items[i:i + 100])
@@ -50,6 +57,7 @@ class Run:
         """Finite values only (MLflow stores NaN, but comparisons in the UI break on it)."""
         from mlflow.entities import Metric
 
+        self._guard()
         ts = int(time.time() * 1000)
         items = [Metric(safe_key(k), float(v), ts, int(step)) for k, v in metrics.items()
                  if v is not None and math.isfinite(float(v))]
@@ -59,6 +67,7 @@ class Run:
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         from mlflow.entities import RunTag
 
+        self._guard()
         self._client.log_batch(self.run_id, tags=[RunTag(safe_key(k), (_param_value(v) if isinstance(v, float) else
                                                                         str(v))[:5000]) for k, v in tags.items()])
 
@@ -83,6 +92,7 @@ class Run:
         return loc, (_uri_path(loc) if loc.startswith("file:") else None)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self._guard()
         loc, local = self._local_root()
         if local is None:
             self._client.log_artifact(self.run_id, str(path), artifact_path)
@@ -252,10 +262,17 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
     ensure_store(uri)
     c = client(uri)
     interval = heartbeat_interval()
+    lease = contextlib.ExitStack()
     if resume is not None:
         run = existing_run(uri, resume)
-        c.update_run(resume, status="RUNNING")
-        run.set_tags({**_liveness_tags(interval), **({"mlflow.note.content": note_line(note)} if note else {})})
+        held = lease.enter_context(hold(uri, resume))  # one writer per run: RunHeld (nothing written) if another has it
+        try:
+            c.update_run(resume, status="RUNNING")
+            run.set_tags({**_liveness_tags(interval, _nonce_of(uri, resume)),
+                          **({"mlflow.note.content": note_line(note)} if note else {})})
+        except BaseException:
+            lease.close()
+            raise
     else:
         std = standard_tags(note)
         all_tags = {"hmmscope.code_version": std.get("mlflow.source.git.commit", "unknown"), **std, **(tags or {}),
@@ -265,15 +282,18 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
         r = c.create_run(experiment_id(uri, experiment), run_name=name,
                          tags={safe_key(k): str(v)[:5000] for k, v in all_tags.items()})
         run = Run(uri, r.info.run_id)
+        held = lease.enter_context(hold(uri, run.run_id, fresh=True))
     monitor = _system_monitor(uri, run.run_id, resume is not None) if system_metrics else None
     try:
-        with _beating(run, interval):
+        with lease, _beating(run, interval):
             if params:
                 run.log_params(params)
             if config is not None:
                 run.log_dict(config_toml(config), "config.toml")
             yield run
     except BaseException as e:
+        if held["lost"] is not None or isinstance(e, LeaseLost):
+            raise  # the run belongs to the process that took it over: its status is not ours to set
         status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
         with contextlib.suppress(Exception):
             run.set_tags({"hmmscope.failure_reason": f"{type(e).__name__}: {e}"})
@@ -287,6 +307,8 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
                     time.sleep(0.2 * 2 ** attempt)
         raise
     else:
+        if held["lost"] is not None:
+            raise LeaseLost(f"run {run.run_id}: {held['lost']}; this process's results are not recorded")
         clear_orphaned(c, run.run_id)  # marked an orphan while it ran (an expired lease): it was not one
         c.set_terminated(run.run_id, "FINISHED")
     finally:
