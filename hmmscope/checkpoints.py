@@ -31,7 +31,6 @@ import torch
 from . import tracking
 from .config import Config, flatten, from_flat
 from .model import Transformer
-from .safe_output import write_with
 
 CKPT_DIR, CKPT_NAME = "checkpoints", "last.pt"
 
@@ -63,10 +62,10 @@ def save_checkpoint(run: tracking.Run, *, model: torch.nn.Module, optimizer: tor
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
              "config": flatten(cfg), "vocab_size": vocab_size, "rng": _rng_state(),
              "metrics": dict(metrics), "dataset_hash": dataset_hash}
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / CKPT_NAME
-        write_with(path, lambda p: torch.save(state, p), root=tmp)  # fsynced, checked: a full disk is an error
-        run.log_artifact(path, CKPT_DIR)
+    # a temp file beside last.pt on a local store (written once, fsynced and renamed: a full disk is an error and
+    # leaves the last complete checkpoint); a run-named TMPDIR folder for a server (tracking.Run.artifact_file)
+    with run.artifact_file(f"{CKPT_DIR}/{CKPT_NAME}") as path, open(path, "wb") as f:
+        torch.save(state, f)  # through a file object: a full disk is the OSError ENOSPC (by path: a bare RuntimeError)
 
 
 def load_checkpoint(tracking_uri: str, run_id: str, dst_dir: str | Path) -> dict:

@@ -246,6 +246,16 @@ def _sqlite_file(db: Path, what: str, table: str, *, must_exist: bool, write: bo
         raise ConfigError(f"no {what} at {db} (nothing was recorded there yet)")
     else:
         _new_file(db, what)
+    if write and table == "experiments":
+        _artifacts_inside(db)
+
+
+def _artifacts_inside(db: Path) -> None:
+    """The artifact folder beside an MLflow store (`<folder>/artifacts`, where runs, checkpoints and models are
+    written) resolves inside the store's folder: a link out of it is refused, as one out of out/ is."""
+    from . import safe_output
+
+    safe_output.check_dest(db.parent / "artifacts" / safe_output.PROBE, root=db.parent)
 
 
 def _sqlite_path(url: str, what: str) -> Path | None:

@@ -94,7 +94,11 @@ def train_cmd(
     setup = Spinner("setting up: data, oracles, model" if resume is None else None)
     # one writer per run: a resume takes the run's lease before any work (of two started together, one runs, the
     # other stops here with one line naming it) and keeps it to the end of the command
-    with sigterm_interrupts(), tracking.hold_run(uri, resume) if resume else contextlib.nullcontext(), setup:
+    with sigterm_interrupts(), tracking.hold_run(uri, resume) if resume else contextlib.nullcontext({}) as held, setup:
+        if held.get("cleaned", (0, 0))[0]:  # the run's temp files its killed writers left (tracking.leftovers)
+            from ..tracking.leftovers import describe
+
+            typer.echo(f"run {resume}: removed {describe(*held['cleaned'])} left by a killed writer", err=True)
         res = train(cfg, tracking_uri=uri, experiment=experiment, run_name=run_name, resume=resume,
                     progress=sys.stderr.isatty(), on_eval=lambda step, m: setup.stop(),
                     deadline=None if deadline is None else Deadline(at=t_cmd + deadline),

@@ -270,7 +270,8 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
 
     old_term = signal.signal(signal.SIGTERM, on_term) if threading.current_thread() is threading.main_thread() else None
     readers: list[threading.Thread] = []
-    with tracking.start_run(uri, spec.experiment, f"sweep-{spec.name}", resume=parent) as prun:
+    # the parent run is shared by every `sweep run` of the study (their summaries are the same): not exclusive
+    with tracking.start_run(uri, spec.experiment, f"sweep-{spec.name}", resume=parent, exclusive=False) as prun:
         try:
             for gpu in assigned:
                 # own session: a terminal's Ctrl-C reaches only us, and we stop the workers cleanly; SIGTERM

@@ -17,8 +17,12 @@ as end time; a run that finishes afterwards clears that reason (`clear_orphaned`
 holds a run that is not stale (a `--resume` of such a run is refused: one writer per run). Runs with the older
 per-field tags (`hmmscope.host`, `hmmscope.pid`, ...) are read the same way; runs with neither are never judged.
 
+One writer per run: `hold` takes a run's lease atomically (an OS lock beside a sqlite store; a claim by the tag,
+read back after SETTLE_S, on a server), checks it while the run is open, and removes the run's stale temp files
+(`leftovers`) when it takes it.
+
 Part of `tracking`, the one package that talks to MLflow. Imports mlflow only inside functions; imports the
-store and search modules, and must not import runs (which imports this) or anything of hmmscope outside
+store, leftovers and search modules, and must not import runs (which imports this) or anything of hmmscope outside
 tracking.
 """
 
@@ -34,6 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import leftovers
 from .search import search_runs
 from .store import _sqlite_path, client
 
@@ -356,11 +361,12 @@ def _claim_by_tag(uri: str, run_id: str) -> str:
 
 
 def _acquire(uri: str, run_id: str, fresh: bool) -> dict[str, Any]:
-    st: dict[str, Any] = {"count": 1, "fd": None, "path": None, "nonce": None, "lost": None}
+    st: dict[str, Any] = {"count": 1, "fd": None, "path": None, "nonce": None, "lost": None, "cleaned": (0, 0)}
     db = _sqlite_path(uri)
     if db is None:
         if not fresh:
             st["nonce"] = _claim_by_tag(uri, run_id)
+            st["cleaned"] = leftovers.remove(leftovers.find(uri, [run_id]).get(run_id, []))
         return st
     st["path"] = db.parent / LEASE_DIR / f"{run_id}.lock"
     st["fd"] = _lock_file(st["path"], run_id)
@@ -373,6 +379,8 @@ def _acquire(uri: str, run_id: str, fresh: bool) -> dict[str, Any]:
         if who is not None and not _is_me(lease_of(run)):
             raise RunHeld(_held_msg(run_id, who))
         c.set_tag(run_id, LEASE_TAG, _lease(heartbeat_interval()))
+        # the run is ours now: what its killed writers left half-written goes (leftovers), said by the caller
+        st["cleaned"] = leftovers.remove(leftovers.find(uri, [run_id]).get(run_id, []))
     except BaseException:
         _release(st)
         raise
@@ -403,7 +411,9 @@ def hold(uri: str, run_id: str, *, fresh: bool = False) -> Iterator[dict[str, An
       conditional write, so this is the guarantee there.
     While a run is open its heartbeat reads the lease back (`_beating`): a lease taken over marks it lost, and
     `Run`'s writes raise LeaseLost. `fresh`: a run this process just created (its lease tag already set): the
-    lock only. Yields the hold: its "lost" entry says why the lease was lost, if it was."""
+    lock only. Yields the hold: its "lost" entry says why the lease was lost, if it was; "cleaned" (count, bytes)
+    the run's stale temp files it removed when it took the lease (`leftovers`: the run is ours, so no live process
+    writes them)."""
     key = _key(uri, run_id)
     with _HELD_LOCK:
         st = _HELD.get(key)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -23,6 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from .leftovers import run_temp_dir
 from .liveness import LeaseLost, _beating, _liveness_tags, _nonce_of, clear_orphaned, heartbeat_interval, hold, lost
 from .store import ARTIFACTS, _sqlite_path, _uri_path, client, ensure_store, experiment_id
 from .tags import _param_value, claim_headline, claims_table, note_line, safe_key, standard_tags
@@ -84,12 +86,24 @@ class Run:
         p = _uri_path(recorded)
         if p.name != "artifacts" or p.parent.name != self.run_id or p.parent.parent.name != ARTIFACTS:
             return recorded  # not the store's own layout: leave it alone
-        here = (db.parent / ARTIFACTS).resolve() / self.run_id / "artifacts"
+        # not resolved: a link on the way (mlruns/artifacts -> elsewhere) stays visible to the writes' checks
+        here = Path(os.path.abspath(db.parent / ARTIFACTS)) / self.run_id / "artifacts"
         return recorded if p == here else here.as_uri()
 
     def _local_root(self) -> tuple[str, Path | None]:
         loc = self.artifact_uri()
         return loc, (_uri_path(loc) if loc.startswith("file:") else None)
+
+    def _write_root(self, local: Path) -> Path:
+        """The folder a local artifact write must stay inside: a sqlite store's own folder when the artifacts lie
+        under it (so `mlruns/artifacts`, or any folder on the way, linked out of it is refused, as out/ is), else the
+        run's artifact folder itself."""
+        db = _sqlite_path(self.uri)
+        if db is not None:
+            folder = Path(os.path.abspath(db.parent))
+            if folder == Path(os.path.abspath(local)) or folder in Path(os.path.abspath(local)).parents:
+                return folder
+        return local
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         self._guard()
@@ -103,7 +117,27 @@ class Run:
 
         name = Path(path).name
         write_with(local / artifact_path / name if artifact_path else local / name,
-                   lambda tmp: shutil.copyfile(path, tmp), root=local)
+                   lambda tmp: shutil.copyfile(path, tmp), root=self._write_root(local))
+
+    @contextlib.contextmanager
+    def artifact_file(self, name: str) -> Iterator[Path]:
+        """A path to write the artifact `name` (e.g. "checkpoints/last.pt") to, by a library that writes by path
+        (torch.save): on a local store a temp file beside its destination, renamed onto it at the end (one write, no
+        copy; a writer killed mid-write leaves a `.<name>.<hex>.tmp` that `leftovers` finds); on a server a file in a
+        TMPDIR folder named after the run (`leftovers.run_temp_dir`), logged at the end."""
+        self._guard()
+        loc, local = self._local_root()
+        if local is not None:
+            from ..safe_output import atomic_path
+
+            with atomic_path(local / name, root=self._write_root(local)) as tmp:
+                yield tmp
+            return
+        with run_temp_dir(self.run_id) as tmp:
+            p = Path(tmp) / Path(name).name
+            yield p
+            parent = str(Path(name).parent)
+            self.log_artifact(p, None if parent == "." else parent)
 
     def log_dict(self, obj: Any, name: str) -> None:
         """Write `obj` as JSON (or text for .txt/.md/.csv names) to the artifact `name`."""
@@ -175,12 +209,18 @@ class Run:
         from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
         exp = self.get().info.experiment_id
+        self._guard()
         lm = self._client.create_logged_model(exp, name=name, source_run_id=self.run_id, model_type="pytorch",
                                               params={safe_key(k): _param_value(v) for k, v in (params or {}).items()})
         reqs = [f"torch=={torch.__version__.split('+')[0]}", f"numpy=={numpy.__version__}"]
         quiet = logging.getLogger("mlflow.pytorch")  # its warning about pickle: said in this docstring instead
         level, quiet.level = quiet.level, logging.ERROR
         try:
+            loc = getattr(lm, "artifact_location", None) or ""
+            if loc.startswith("file:"):  # MLflow writes the model's files there itself: no link out of the store
+                from ..safe_output import PROBE, check_dest
+
+                check_dest(_uri_path(loc) / PROBE, root=self._write_root(_uri_path(loc)))
             with _use_tracking_uri(self.uri):
                 mlflow.pytorch.log_model(model, name=name, model_id=lm.model_id, run_id=self.run_id, step=step,
                                          pip_requirements=reqs, serialization_format="pickle")
@@ -246,7 +286,7 @@ def experiment_name(uri: str, run_id: str) -> str:
 def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None = None,
               params: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None,
               resume: str | None = None, note: str | None = None, config: Any = None,
-              system_metrics: bool = False) -> Iterator[Run]:
+              system_metrics: bool = False, exclusive: bool = True) -> Iterator[Run]:
     """Open a run (nested under `parent` if given), or reopen run `resume` (its status goes back to RUNNING).
 
     A new run gets MLflow's standard tags (`standard_tags`; `note` is its one-line description, and `tags`
@@ -258,14 +298,19 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
     which `--config` reads back. `system_metrics`: MLflow's system metrics (system/cpu_utilization_percentage,
     system/system_memory_usage_megabytes, ...; GPU ones where pynvml finds a GPU) sampled every
     MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL seconds (default 10) while the run is open (`_system_monitor`).
+    One writer per run: the run's lease is held while it is open (`liveness.hold`; a resume of a run another
+    process holds raises RunHeld before anything is written). `exclusive=False` reopens a run several processes
+    share on purpose (a sweep's parent run, which every `sweep run` of its study reopens): no lease is taken.
     """
     ensure_store(uri)
     c = client(uri)
     interval = heartbeat_interval()
     lease = contextlib.ExitStack()
+    held: dict[str, Any] = {"lost": None}
     if resume is not None:
         run = existing_run(uri, resume)
-        held = lease.enter_context(hold(uri, resume))  # one writer per run: RunHeld (nothing written) if another has it
+        if exclusive:  # one writer per run: RunHeld (nothing written) if another has it
+            held = lease.enter_context(hold(uri, resume))
         try:
             c.update_run(resume, status="RUNNING")
             run.set_tags({**_liveness_tags(interval, _nonce_of(uri, resume)),
