@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+import sys
 import tomllib
 import typing
 from collections.abc import Mapping
@@ -248,6 +249,9 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
                 raise ConfigError(f"{key}: must be a finite number, got {value}") from None
             if not math.isfinite(value):
                 raise ConfigError(f"{key}: must be a finite number, got {value}")
+            if value != 0 and abs(value) < sys.float_info.min:  # e.g. 1e-320: no float arithmetic survives it
+                raise ConfigError(f"{key}: {value!r} is below the smallest normal float ({sys.float_info.min:.3g}); "
+                                  "give 0 or a larger number")
             return value
     elif tp is str:
         if isinstance(value, str):

@@ -40,6 +40,13 @@ class Split(StrEnum):
     eval = "eval"
 
 
+def nonempty_path(value: str | Path) -> Path:
+    """An option's path, refused when empty (`--out ''` would silently be the current folder)."""
+    if str(value) == "":
+        raise typer.BadParameter("must not be empty (give a path; '.' for the current folder)")
+    return Path(value)
+
+
 PresetOpt = Annotated[Preset, typer.Option(help="Base configuration.")]
 # help text is rich markup: a literal [ is written \\[ (else `[hmm]` vanishes from --help)
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML file with \\[hmm], \\[data], ... tables.")]

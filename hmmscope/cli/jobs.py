@@ -34,6 +34,7 @@ from .common import (
     UriOpt,
     build_config,
     echo_config,
+    nonempty_path,
     parse_csv,
     parse_jobs,
     print_claims,
@@ -43,7 +44,7 @@ from .common import (
 )
 from .theory import print_theory
 
-OutOpt = Annotated[Path, typer.Option("--out", help="Root folder for figures and tables: they go to "
+OutOpt = Annotated[Path, typer.Option("--out", parser=nonempty_path, help="Root folder for figures and tables: they go to "
                                       "OUT/<run name>-<run id[:8]>/ (also logged to the run).")]
 
 
@@ -172,7 +173,8 @@ def analyze_cmd(
     ks: Annotated[str, typer.Option("--ks", help="Comma-separated k for the k-back token probes.")] = "1,2,3,4,5",
     n_episodes: Annotated[int | None, typer.Option(help="Held-out episodes (default data.n_eval).")] = None,
     n_perms: Annotated[int, typer.Option(min=1, help="Demo permutations per episode (shuffle test).")] = 4,
-    probe_tasks: Annotated[int, typer.Option(min=2, help="Tasks the probes draw their episodes from.")] = 32,
+    probe_tasks: Annotated[int | None, typer.Option(min=2, help="Tasks the probes draw their episodes from (default: 32, "
+                                                    "or all of a smaller mixture's; at most the mixture's).")] = None,
     min_per_task: Annotated[int, typer.Option(min=4, help="Probe episodes per task, at least.")] = 30,
     probe_jobs: Annotated[str, typer.Option(
         help="Worker processes for the probes' layer fits: N >= 1, or 'auto' = the CPUs this process may use "
@@ -190,6 +192,8 @@ def analyze_cmd(
     k_list = parse_csv(ks, "--ks") or []
     if not all(isinstance(k, int) and not isinstance(k, bool) for k in k_list):
         raise ConfigError(f"--ks: expected comma-separated integers, got {ks!r}")
+    if len(set(k_list)) != len(k_list):
+        raise ConfigError(f"--ks: each k once, got {ks!r}")
     jobs = checks.probe_jobs(parse_jobs(probe_jobs, "--probe-jobs"))
     checks.seed(seed, "--seed")
     checks.experiment_name(experiment)
@@ -202,6 +206,10 @@ def analyze_cmd(
 
     cfg = checkpoint_config(read_checkpoint(target, mmap=True)) if is_file else checks.run_config(uri, target)
     dev = resolve_device(device or "auto")
+    if probe_tasks is not None and cfg is not None and 0 < cfg.hmm.n_tasks < probe_tasks:
+        raise ConfigError(f"--probe-tasks {probe_tasks}: the model was trained on a mixture of {cfg.hmm.n_tasks} tasks; "
+                          f"give at most {cfg.hmm.n_tasks}")
+    probe_tasks = 32 if probe_tasks is None else probe_tasks
     if cfg is not None:
         n_pt = min(probe_tasks, cfg.hmm.n_tasks)  # jobs.analyze_run's probe episodes
         n_probe = n_pt * max(min_per_task, -(-(n_episodes or cfg.data.n_eval) // n_pt))
@@ -223,7 +231,8 @@ def run_cmd(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     device: DeviceOpt = None,
-    out: Annotated[Path, typer.Option(help="Folder for figures, JSON and the sweep report.")] = Path("out"),
+    out: Annotated[Path, typer.Option(parser=nonempty_path, help="Folder for figures, JSON and the sweep report.")] = \
+        Path("out"),
     workers: Annotated[int, typer.Option(min=1, help="Worker processes for the training sweep.")] = 2,
     tracking_uri: UriOpt = None,
     experiment: ExpOpt = "hmmscope",

@@ -78,7 +78,7 @@ def storage_kind(url: str) -> str:
 
 def safe_url(url: str) -> str:
     """A storage URL without its password."""
-    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
+    return re.sub(r"//([^:/@]+):[^/]*@", r"//\1:***@", url)  # up to the authority's last @ (a password may hold @)
 
 
 def default_storage() -> str:

@@ -183,7 +183,8 @@ def visible_gpus() -> list[str]:
 
 
 def pin_gpu(index: int) -> str:
-    """Restrict this process to visible GPU `index` (sets CUDA_VISIBLE_DEVICES; before CUDA starts)."""
+    """Restrict this process to visible GPU `index` (sets CUDA_VISIBLE_DEVICES; before CUDA starts); ConfigError (the
+    environment as it was) when that shows no GPU (none on this machine, or an index past its GPUs)."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
         ids = [g.strip() for g in env.split(",") if g.strip()]
@@ -195,6 +196,15 @@ def pin_gpu(index: int) -> str:
             raise ConfigError(f"--gpu must be >= 0, got {index}")
         gpu = str(index)
     os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    import torch
+
+    if torch.cuda.device_count() < 1:  # counted with the pin in place (CUDA reads it when it starts)
+        if env is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = env
+        raise ConfigError(f"--gpu {index}: no CUDA GPU is visible here (CUDA_VISIBLE_DEVICES={gpu} shows none); leave "
+                          "--gpu out to run on the CPU")
     return gpu
 
 
