@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import math
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -130,8 +131,18 @@ def resumable_run(trial, spec: SweepSpec, uri: str, parent: str) -> str | None:
     return rid
 
 
-def run_trial(trial, spec: SweepSpec, uri: str, parent: str) -> float:
-    """One trial: config -> train + evaluate (+ analyze), or one theory setting; returns the objective."""
+class TrialLost(RuntimeError):
+    """Another worker failed this trial as stale and retries it (this worker's heartbeats stopped reaching the
+    storage): this worker's run of it stops, and its result is not recorded."""
+
+
+def run_trial(trial, spec: SweepSpec, uri: str, parent: str, *, lost: threading.Event | None = None,
+              opened: list[str] | None = None) -> float:
+    """One trial: config -> train + evaluate (+ analyze), or one theory setting; returns the objective.
+
+    `lost` (set by the trial's heartbeat, protocol.TrialStore.heartbeat): checked at every evaluation of a training
+    trial, which then raises TrialLost (its run ends FAILED with that reason). `opened` gets the id of the training
+    run as soon as it is open (the worker ends it if its own end could not be written)."""
     from .. import jobs, tracking
 
     params = {p.key: _suggest(trial, p) for p in spec.space}
@@ -156,9 +167,18 @@ def run_trial(trial, spec: SweepSpec, uri: str, parent: str) -> float:
         if resume is not None:  # the run continues in place: it belongs to this trial from now on
             tracking.existing_run(uri, resume).set_tags({"hmmscope.trial": trial.number})
             _link(trial, uri, resume)
-        hook = make_prune_hook(trial, spec.prune_metric) if spec.pruner != "none" else None
+        prune = make_prune_hook(trial, spec.prune_metric) if spec.pruner != "none" else None
+
+        def hook(step: int, metrics: dict[str, float]) -> None:
+            if lost is not None and lost.is_set():
+                raise TrialLost(f"trial {trial.number} was failed as stale by another worker, which retries it (this "
+                                "worker's heartbeats stopped reaching the storage); this run stops here")
+            if prune is not None:
+                prune(step, metrics)
+
         res = train(cfg, tracking_uri=uri, experiment=spec.experiment, run_name=name, parent=parent,
-                    progress=False, on_eval=hook, tags=tags, note=note, resume=resume)
+                    progress=False, on_eval=hook, tags=tags, note=note, resume=resume,
+                    on_start=opened.append if opened is not None else None)
         _link(trial, uri, res.run_id)
         run = tracking.existing_run(uri, res.run_id)
         # the model in hand: no checkpoint read back

@@ -22,6 +22,7 @@ mlflow at import time (only inside functions), and none imports anything of hmms
 from .claims import CLAIMS_FILE, claim_headline, claim_keys, read_claims
 from .liveness import HEARTBEAT_ENV, HEARTBEAT_GRACE, LeaseLost, RunHeld, gc_runs, heartbeat_interval, stale_reason
 from .liveness import hold as hold_run
+from .liveness import settle as settle_run
 from .runs import ArtifactNotFound, Run, config_toml, delete_run, existing_run, experiment_name, start_run
 from .search import (
     ML_VIEW,
@@ -69,7 +70,7 @@ from .tags import (
 )
 
 __all__ = [
-    "ARTIFACTS", "ArtifactNotFound", "LeaseLost", "RunHeld", "hold_run",
+    "ARTIFACTS", "ArtifactNotFound", "LeaseLost", "RunHeld", "hold_run", "settle_run",
     "CLAIMS_FILE", "CLAIM_COLUMNS", "DB_NAME", "HEARTBEAT_ENV", "HEARTBEAT_GRACE",
     "ML_VIEW", "PARAM_MAX", "ROOT_TAG", "Run", "STORE_DIR", "THEORY_SECTIONS", "TRAIN_SECTIONS", "UI_PORT",
     "_param_value", "artifact_root", "browse_line", "claim_headline", "claim_keys", "claims_table", "client", "config_toml",

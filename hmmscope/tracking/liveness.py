@@ -378,7 +378,7 @@ def _acquire(uri: str, run_id: str, fresh: bool) -> dict[str, Any]:
         who = live_owner(run)  # a writer that holds no lock of ours: an older version, another host's process
         if who is not None and not _is_me(lease_of(run)):
             raise RunHeld(_held_msg(run_id, who))
-        c.set_tag(run_id, LEASE_TAG, _lease(heartbeat_interval()))
+        # the lease tag is set when the run is reopened (start_run): a resume refused later (bad input) writes none;
         # the run is ours now: what its killed writers left half-written goes (leftovers), said by the caller
         st["cleaned"] = leftovers.remove(leftovers.find(uri, [run_id]).get(run_id, []))
     except BaseException:
@@ -403,7 +403,8 @@ def hold(uri: str, run_id: str, *, fresh: bool = False) -> Iterator[dict[str, An
     """Hold the run's lease for the block: one writer per run, taken atomically. Re-entrant within a process.
 
     - A sqlite store: an exclusive OS lock (flock) on `<store folder>/.leases/<run id>.lock`, then, under it, the
-      lease tag checked (a live writer that holds no lock of ours, e.g. an older version, is refused) and set. Of
+      lease tag checked (a live writer that holds no lock of ours, e.g. an older version, is refused; start_run sets
+      it when it reopens the run). Of
       two processes started together exactly one gets the lock; the other gets RunHeld naming the holder. The OS
       drops the lock when its holder dies, even by SIGKILL.
     - Any other store (an MLflow server): `_claim_by_tag` (check, write with a nonce, wait SETTLE_S, read back):
@@ -450,3 +451,17 @@ def lost(uri: str, run_id: str) -> str | None:
     """Why this process no longer holds the run (its lease was taken over), or None."""
     st = _HELD.get(_key(uri, run_id))
     return None if st is None else st.get("lost")
+
+
+def settle(uri: str, run_id: str, reason: str, status: str = "FAILED", *, finished_too: bool = False) -> bool:
+    """End a run this process opened that is still RUNNING under this process's lease (its own end could not be
+    written: the store was out of reach when it failed), with `reason` as its failure reason; True if it did.
+    `finished_too`: a FINISHED one as well (its result is dropped: e.g. its sweep trial was retried elsewhere, so
+    it must not stand beside the retry's run as a second result). A run another process holds is left alone."""
+    c = client(uri)
+    r = c.get_run(run_id)
+    if r.info.status not in (("RUNNING", "FINISHED") if finished_too else ("RUNNING",)) or not _is_me(lease_of(r)):
+        return False
+    c.set_tag(run_id, "hmmscope.failure_reason", reason[:5000])
+    c.set_terminated(run_id, status)
+    return True
