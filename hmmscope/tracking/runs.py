@@ -329,37 +329,38 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
         run = Run(uri, r.info.run_id)
         held = lease.enter_context(hold(uri, run.run_id, fresh=True))
     monitor = _system_monitor(uri, run.run_id, resume is not None) if system_metrics else None
-    try:
-        with lease, _beating(run, interval):
-            if params:
-                run.log_params(params)
-            if config is not None:
-                run.log_dict(config_toml(config), "config.toml")
-            yield run
-    except BaseException as e:
-        if held["lost"] is not None or isinstance(e, LeaseLost):
-            raise  # the run belongs to the process that took it over: its status is not ours to set
-        status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
-        with contextlib.suppress(Exception):
-            run.set_tags({"hmmscope.failure_reason": f"{type(e).__name__}: {e}"})
-        tries = 5 if _sqlite_path(uri) is not None else 1  # a server's client retries by itself (store.HTTP_RETRIES)
-        for attempt in range(tries):  # a busy sqlite store ("database is locked") must not leave the run RUNNING
-            try:
-                c.set_terminated(run.run_id, status)
-                break
-            except Exception:
-                if attempt + 1 < tries:
-                    time.sleep(0.2 * 2 ** attempt)
-        raise
-    else:
-        if held["lost"] is not None:
-            raise LeaseLost(f"run {run.run_id}: {held['lost']}; this process's results are not recorded")
-        clear_orphaned(c, run.run_id)  # marked an orphan while it ran (an expired lease): it was not one
-        c.set_terminated(run.run_id, "FINISHED")
-    finally:
-        if monitor is not None:
+    with lease:  # held until the run's end is written: nobody reopens it in between
+        try:
+            with _beating(run, interval):
+                if params:
+                    run.log_params(params)
+                if config is not None:
+                    run.log_dict(config_toml(config), "config.toml")
+                yield run
+        except BaseException as e:
+            if held["lost"] is not None or isinstance(e, LeaseLost):
+                raise  # the run belongs to the process that took it over: its status is not ours to set
+            status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
             with contextlib.suppress(Exception):
-                monitor.finish()
+                run.set_tags({"hmmscope.failure_reason": f"{type(e).__name__}: {e}"})
+            tries = 5 if _sqlite_path(uri) is not None else 1  # a server's client retries by itself (HTTP_RETRIES)
+            for attempt in range(tries):  # a busy sqlite store ("database is locked") must not leave the run RUNNING
+                try:
+                    c.set_terminated(run.run_id, status)
+                    break
+                except Exception:
+                    if attempt + 1 < tries:
+                        time.sleep(0.2 * 2 ** attempt)
+            raise
+        else:
+            if held["lost"] is not None:
+                raise LeaseLost(f"run {run.run_id}: {held['lost']}; this process's results are not recorded")
+            clear_orphaned(c, run.run_id)  # marked an orphan while it ran (an expired lease): it was not one
+            c.set_terminated(run.run_id, "FINISHED")
+        finally:
+            if monitor is not None:
+                with contextlib.suppress(Exception):
+                    monitor.finish()
 
 
 def _system_monitor(uri: str, run_id: str, resumed: bool):
