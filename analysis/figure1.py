@@ -2,7 +2,8 @@
 the position in the test segment, for each cell of the sweep (mean over replicate seeds, 95% t interval
 over seeds), beside the task oracle (the ceiling: it knows the task), the mixture oracle (the Bayes
 predictor over the training tasks) and the references that know no training task (SCIENCE.md 8: the
-mixture of other tasks, the in-context unigram and bigram counts, the EM-fitted HMM), on seen and on unseen
+family-Bayes reference over tasks of the family (older runs: the mixture of other tasks), the in-context unigram and
+bigram counts, the best fitted counting baseline, the EM-fitted HMM), on seen and on unseen
 tasks (one row of panels each), with chance = 1 / n_tokens.
 
     python analysis/figure1.py --sweep rope-vs-absolute-cpu
@@ -18,8 +19,9 @@ from sweepdata import fail, label, load_sweep, mean_ci, out_dir, parser, save, w
 
 # predictor, line style, marker; the model carries the cell's CI band, references are thin lines
 PREDICTORS = (("model", "-", "o"), ("task_oracle", ":", None), ("mixture_oracle", "--", None),
-              ("other_mixture_oracle", (0, (1, 3)), None), ("incontext_unigram", (0, (6, 2, 1, 2)), None),
-              ("incontext_bigram", "-.", None), ("incontext_hmm", (0, (3, 1, 1, 1, 1, 1)), "x"))
+              ("family_bayes", "-", None), ("other_mixture_oracle", (0, (1, 3)), None),
+              ("incontext_unigram", (0, (6, 2, 1, 2)), None), ("incontext_bigram", "-.", None),
+              ("best_counting", (0, (3, 1, 1, 1)), "s"), ("incontext_hmm", (0, (3, 1, 1, 1, 1, 1)), "x"))
 TASKS = ("seen", "unseen")
 
 

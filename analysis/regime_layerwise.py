@@ -15,6 +15,23 @@ over the seeds (the seed is the unit), and the claim's own logged rule applied t
 regime_layerwise.md (one section per cell: pooled claims, per-run values), regime_layerwise_claims.csv and
 regime_layerwise_claims.json (one row per cell x claim) and layerwise_claims_n<N>.png/.pdf per cell.
 
+From a record's kept per-run tables (no store; issue 26), under the current claim definitions:
+
+    python analysis/regime_layerwise.py --from-runs analysis/results/regime-layerwise-cpu/runs \
+        --trials analysis/results/task-diversity-cpu/trials.csv --spec sweeps/task-diversity-cpu.toml \
+        --n-episodes 256 --out analysis/results/regime-layerwise-cpu
+
+reads runs/<trial>-<run id8>/ (the tables `hmmscope analyze --out` wrote), matches each to its trial in the sweep's
+trials.csv, recomputes the claims whose definitions changed (analysis/layerwise_runs.py: the state-before-task area
+over layers 1..L and the embedding's own row; the k-back excess over the token statistics, on probe episodes
+rebuilt from --spec and checked against the logged baselines) and pools every claim per cell through the same
+report code. --n-episodes, --probe-tasks, --min-per-task and --seed are the analyses' own settings (`hmmscope
+analyze` defaults but --n-episodes). Writes, besides the files above, kback_token_stats.csv (per run and k: best
+accuracy, the (task, o_t) baseline recomputed and as logged, the token statistics, the excess),
+state_before_task_runs.csv (per run: the logged area over layers 0..L, the area over 1..L, the embedding's row)
+and token_recurrence.csv (the family's exact P(o_(t+1) = o_(t-k)), k = 0..5: over 512 tasks of the family and
+over each cell's probed tasks, in the test segment and at stationarity).
+
 The package never imports this folder.
 """
 from __future__ import annotations
@@ -26,28 +43,44 @@ import os
 import sys
 from pathlib import Path
 
+from layerwise_runs import RunsError, read_trials, run_dirs, run_row, token_recurrence, write_csv
+
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sweep", required=True, help="sweep (study) name")
-    p.add_argument("--cells", required=True, help="comma-separated hmm.n_tasks values, one regime each")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--sweep", help="sweep (study) name: read the analysis runs from its store")
+    src.add_argument("--from-runs", type=Path, help="a record's runs/ folder of per-run analysis tables (no store)")
+    p.add_argument("--cells", default=None, help="comma-separated hmm.n_tasks values, one regime each (required with "
+                   "--sweep; with --from-runs, default: every cell found)")
     p.add_argument("--tracking-uri", default=None, help="MLflow store (default: hmmscope's, sqlite under ./mlruns)")
     p.add_argument("--storage", default=None, help="Optuna storage URL (default: beside the MLflow store)")
+    p.add_argument("--trials", type=Path, default=None, help="--from-runs: the sweep's trials.csv (run ids, seeds)")
+    p.add_argument("--spec", type=Path, default=None, help="--from-runs: the sweep's spec (rebuilds the probe episodes)")
+    p.add_argument("--n-episodes", type=int, default=None, help="--from-runs: the analyses' --n-episodes (default: "
+                   "the spec's data.n_eval, as hmmscope analyze)")
+    p.add_argument("--probe-tasks", type=int, default=32, help="--from-runs: the analyses' probe tasks (default 32)")
+    p.add_argument("--min-per-task", type=int, default=30, help="--from-runs: episodes per probed task at least (30)")
+    p.add_argument("--seed", type=int, default=0, help="--from-runs: the analyses' seed (default 0)")
     p.add_argument("--out", type=Path, required=True, help="folder for the tables and figures")
+    p.add_argument("--no-figures", action="store_true", help="the tables only (the per-cell claim figures take most "
+                   "of the time)")
     args = p.parse_args(argv)
     try:
-        cells = [int(x) for x in args.cells.split(",") if x.strip()]
+        cells = [int(x) for x in (args.cells or "").split(",") if x.strip()]
     except ValueError:
         print(f"error: --cells: expected comma-separated integers, got {args.cells!r}", file=sys.stderr)
         return 2
+    if args.from_runs is not None:
+        return _from_runs(args, cells)
+    if not cells:
+        print("error: --cells is required with --sweep", file=sys.stderr)
+        return 2
 
     from hmmscope import tracking
-    from hmmscope.report.layerwise import _layerwise_section
     from hmmscope.report.read import _find_parent, _is_theory, _read_trials, _training_frame
-    from hmmscope.report.render import render_md
-    from hmmscope.stats import jsonable
 
     uri = tracking.resolve_uri(args.tracking_uri)
     try:
@@ -69,20 +102,92 @@ def main(argv=None) -> int:
     if missing:  # checked before anything is written
         print(f"error: no analyzed trial with hmm.n_tasks = {', '.join(map(str, missing))}", file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
+    runs = {n: "Runs (training / analysis): " + ", ".join(f"{a[:8]} / {b[:8]}" for a, b in zip(sub["run_id"],
+                                                                                          sub["analysis_id"]))
+            for n, sub in subs.items()}
+    _pool(subs, runs, args.sweep, args.out, "", not args.no_figures)
+    return 0
+
+
+def _from_runs(args, cells: list[int]) -> int:
+    """The --from-runs mode (module docstring): checks everything, computes every row, then writes."""
+    import pandas as pd
+
+    from hmmscope.config import ConfigError
+    from hmmscope.episodes import probe_tasks
+    from hmmscope.sweep_spec import load_spec
+
+    try:
+        if args.trials is None or args.spec is None:
+            raise RunsError("--from-runs needs --trials (the sweep's trials.csv) and --spec (its spec)")
+        try:
+            spec = load_spec(args.spec)
+        except (OSError, ConfigError) as e:
+            raise RunsError(f"--spec {str(args.spec)!r}: {e}") from None
+        n_ep = args.n_episodes or spec.trial_config({"seed": 0}).data.n_eval
+        dirs = run_dirs(args.from_runs, read_trials(args.trials))
+        if cells:
+            dirs = [(d, t) for d, t in dirs if int(float(t["hmm.n_tasks"])) in cells]
+            found = {int(float(t["hmm.n_tasks"])) for _, t in dirs}
+            if set(cells) - found:
+                raise RunsError(f"no run folder with hmm.n_tasks = {', '.join(map(str, sorted(set(cells) - found)))}")
+        out = [run_row(d, t, spec, n_episodes=n_ep, probe_tasks=args.probe_tasks, min_per_task=args.min_per_task,
+                       seed=args.seed) for d, t in dirs]
+    except RunsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    df = pd.DataFrame([r[0] for r in out])
+    cells = cells or sorted({int(x) for x in df["param:hmm.n_tasks"]})
+    subs = {n: df[df["param:hmm.n_tasks"] == n].sort_values("param:train.seed").reset_index(drop=True) for n in cells}
+    runs = {n: "Runs (training run id8, from the record's run folders): " + ", ".join(sub["run_folder"])
+            for n, sub in subs.items()}
+    note = ("Pooled from the record's kept per-run tables (analysis/regime_layerwise.py --from-runs) under the current "
+            "claim definitions (issue 26): state_before_task (the area over layers 1..L), state_before_task_layer0, "
+            "kback*_beats_token_stats and kback_acc_falls_with_k (on the excess over the token statistics) are "
+            "recomputed per run as values only (the per-episode hits a per-run CI needs are not kept: '-' in the "
+            "per-run verdicts); every other claim is each run's logged row.")
+    _pool(subs, runs, spec.name, args.out, note, not args.no_figures)
+    write_csv([k for r in out for k in r[1]], args.out / "kback_token_stats.csv")
+    write_csv([r[2] for r in out], args.out / "state_before_task_runs.csv")
+    rec = []
+    for label, kw in (("family: 512 tasks (hmm.seed's training stream), test segment", {"n_tasks": 512}),
+                      ("family: 512 tasks, stationary", {"n_tasks": 512, "stationary": True})):
+        rec.append({"tasks": label, **dict(zip((f"k{k}" for k in range(6)), token_recurrence(spec, **kw)))})
+    for n in cells:
+        for s in sorted({str(x) for x in subs[n]["param:train.seed"]}, key=int):
+            cfg = spec.trial_config({"hmm.n_tasks": n, "seed": int(s)})
+            tasks = probe_tasks(n, min(args.probe_tasks, n), cfg.data.seed)
+            rec.append({"tasks": f"n_tasks = {n}: the {len(tasks)} probed tasks of seed {s}, test segment",
+                        **dict(zip((f"k{k}" for k in range(6)), token_recurrence(spec, n, tasks=tasks)))})
+    write_csv(rec, args.out / "token_recurrence.csv")
+    return 0
+
+
+def _pool(subs: dict, runs: dict, sweep: str, out: Path, note: str, plot: bool = True) -> None:
+    """Pool each cell's runs through the report's layerwise section; write the md, csv, json and figures."""
+    from hmmscope.report.layerwise import _layerwise_section
+    from hmmscope.report.render import render_md
+    from hmmscope.stats import jsonable
+
+    out.mkdir(parents=True, exist_ok=True)
+    args_out = out
     sections, rows = [], []
     for n, sub in subs.items():
-        gap = sub["metric:eval/retrieval_gap"].astype(float)
         figs: dict = {}
         sec, claims = _layerwise_section(sub, None, figs)
         seeds = sorted(sub["param:train.seed"].astype(int))
         sec.title = f"n_tasks = {n}: layerwise claims pooled over {len(sub)} runs (seeds {seeds})"
-        sec.blocks.insert(0, ("p", "Runs (training / analysis): "
-                                   + ", ".join(f"{a[:8]} / {b[:8]}" for a, b in zip(sub["run_id"], sub["analysis_id"]))
-                                   + ". Retrieval gap of these runs (eval/retrieval_gap): "
-                                   + ", ".join(f"{g:.3f}" for g in gap) + "."))
+        if "metric:eval/retrieval_gap" in sub:
+            gap = sub["metric:eval/retrieval_gap"].astype(float)
+            what = "Retrieval gap of these runs (eval/retrieval_gap): " + ", ".join(f"{g:.3f}" for g in gap)
+        else:  # fresh tasks (n_tasks = 0): no seen tasks, no retrieval gap; the regime is read off best counting
+            vs = sub["metric:eval/unseen/vs_best_counting"].astype(float)
+            what = ("Fresh tasks (no seen tasks, no retrieval gap); model - best counting on unseen tasks "
+                    "(eval/unseen/vs_best_counting): " + ", ".join(f"{g:.3f}" for g in vs))
+        sec.blocks.insert(0, ("p", runs[n] + ". " + what + "." + (f" {note}" if note else "")))
         sections.append(sec)
-        _plot(claims, sub, args.out / f"layerwise_claims_n{n}")
+        if plot:
+            _plot(claims, sub, args_out / f"layerwise_claims_n{n}")
         for c in claims:
             name = c.name[len("pooled: "):]
             per_run = [str(v) for v in sub.get(f"verdict:{name}", [])]
@@ -91,19 +196,18 @@ def main(argv=None) -> int:
                          "df": c.df, "rule": c.rule, "verdict": c.verdict, "n_runs": int(vals.notna().sum()),
                          "per_run_values": ";".join(f"{v:.4g}" for v in vals),
                          "per_run_verdicts": ";".join(per_run), "statistic": c.statistic, "reason": c.reason})
-    md = render_md(f"Layerwise claims per regime: sweep {args.sweep}, n_tasks {', '.join(map(str, cells))}", sections)
-    (args.out / "regime_layerwise.md").write_text(md)
-    with open(args.out / "regime_layerwise_claims.csv", "w", newline="") as fh:
+    md = render_md(f"Layerwise claims per regime: sweep {sweep}, n_tasks {', '.join(map(str, subs))}", sections)
+    (args_out / "regime_layerwise.md").write_text(md)
+    with open(args_out / "regime_layerwise_claims.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    (args.out / "regime_layerwise_claims.json").write_text(json.dumps(jsonable(rows), indent=2))
+    (args_out / "regime_layerwise_claims.json").write_text(json.dumps(jsonable(rows), indent=2))
     width = max(len(r["claim"]) for r in rows)
     for r in rows:
         print(f"n_tasks {r['n_tasks']:>5}  {r['claim']:<{width}}  {r['value']:+.4f} [{r['ci_lo']:+.4f}, {r['ci_hi']:+.4f}]"
               f"  {r['rule']:<20} {r['verdict']}  (runs: {r['per_run_verdicts']})")
-    print(f"tables: {args.out / 'regime_layerwise.md'}, {args.out / 'regime_layerwise_claims.csv'}")
-    return 0
+    print(f"tables: {args_out / 'regime_layerwise.md'}, {args_out / 'regime_layerwise_claims.csv'}")
 
 
 def _plot(claims, sub, stem: Path) -> None:

@@ -1,100 +1,193 @@
-"""Task diversity (issue 18.5, SCIENCE.md 8): where does a model stop retrieving memorized tasks and start
-inferring them in context? Seen-task and unseen-task excess CE over the task oracle (test segment, k = k_max,
-nats per token) against hmm.n_tasks, mean over replicate seeds with 95% t intervals, beside the counting
-baselines (in-context unigram / bigram) and the mixture oracle over the training tasks; and the retrieval gap
-(unseen minus seen excess CE) against n_tasks with the estimated regime boundary.
+"""Task diversity (issue 18.5, SCIENCE.md 8): where does a model stop retrieving memorized tasks? Seen-task and
+unseen-task excess CE over the task oracle (test segment, k = k_max, nats per token) against hmm.n_tasks, mean over
+replicate seeds with 95% t intervals, beside the counting baselines (in-context unigram / bigram), the EM-fitted
+in-context HMM (where logged) and the mixture oracle over the training tasks; and the retrieval gap (unseen minus
+seen excess CE) against n_tasks with the estimated regime boundary.
 
     python analysis/task_diversity.py --sweep task-diversity-cpu [--threshold 0.05]
+    python analysis/task_diversity.py --trials analysis/results/task-diversity-cpu/trials.csv   # a kept record
 
-Regime boundary. n* = the n_tasks at which the seed-mean retrieval gap first falls below the threshold
+With --trials the script reads a record's trials.csv (one row per COMPLETE trial: the params that vary, every final
+metric; `hmmscope report` writes it) instead of the sweep's store, so a record can be regenerated without its
+store; the figures then go to the folder beside trials.csv, `figures/` (or --out).
+
+Regime boundary. n* = the n_tasks at which the mean retrieval gap over seeds falls through the threshold
 (default 0.05 nats/token), interpolated linearly in log2(n_tasks) between the last grid value above it and the
-first one below. Its 95% CI is a percentile bootstrap over seeds (each cell's seeds resampled with replacement,
-2000 resamples, seeded): a resample whose gap never falls below the threshold has n* above the grid (+inf), one
-that starts below it has n* below the grid (-inf), so an interval reaching past the grid's ends is open and the
-boundary is reported as "underpowered" (not located by this grid and these seeds).
+first one below (the estimand: the crossing of the population mean curve so interpolated; a grid identifies no
+more without a model of the curve's shape). Its 95% confidence set (hmmscope.stats.crossing_interval) inverts a
+t test with the seed as the unit: every log2 n between grid cells where "the mean gap there = threshold" is not
+rejected, the gap there being the same interpolation of each seed's own two cells (so a seed's effect shared by
+its cells is carried through), on G - 1 df (G seeds). This is Fieller's interval for the crossing of two
+neighbouring cells, extended over the grid; at the true crossing it is an exact t test, so the set covers n* with
+probability >= 95% (tests/test_stats.py simulates the record's layout, 7 cells x 3 seeds: 95% where
+one crossing is near the data, more where several cells hover near the threshold). The percentile bootstrap over
+seeds it replaces covered 72-78% in the same simulations: with 3 seeds a resample of a cell has at most 3 distinct
+values, so its spread understates the seed noise. Why not a t interval over seeds of each seed's own crossing: a
+seed whose gap hovers near the threshold has no crossing, or several (in the record, seed 2's gap is 0.052 at
+1024 tasks and 0.094 at 4096), and a per-seed crossing is a non-linear, biased function of noisy cells. Why not a
+parametric fit (logistic in log2 n): its interval covers the fitted shape's crossing, and at 7 cells the shape is
+not checkable. The limit of the choice: the estimand is the grid's interpolation; a smooth curve whose bend falls
+between two cells crosses elsewhere (simulated logistic curve: its own crossing 8.37 against the interpolated
+8.90 in log2 n, covered in 93% of simulations). The set also covers every grid cell whose t interval contains
+the threshold (cells that cannot be told from it); where such cells reach an end of the grid (or the last cell is
+not significantly below the threshold), the set is open, the boundary is "underpowered" (not located by this
+grid and these seeds) and n*'s upper end is +inf. n* and its set are also given at thresholds 0.030, 0.035, ...,
+0.060 (task_diversity_threshold.csv and the figure's third panel).
 
 Claims (stats.decide):
 - ``retrieval_at_fewest_tasks``: the retrieval gap at the smallest n_tasks (t interval over seeds), rule "> 0":
   a retrieval regime exists at all.
-- ``regime_boundary_below_8192``: log2 n* (bootstrap CI), rule "< 13": at this model and budget the paper's 8192
-  tasks lie past the boundary (in the in-context inference regime); "not supported" when n* is above 8192.
+- ``regime_boundary_below_8192``: log2 n* (the confidence set's hull, t on G - 1 df), rule "< 13": at this model
+  and budget the paper's 8192 tasks lie past the end of retrieval; "not supported" when n* is above 8192,
+  inconclusive (and "underpowered") when the set is open. Past n* a model does not retrieve; whether it counts or
+  infers beyond counting is a separate question (the regime words of SCIENCE.md 9), not this claim.
 
 Reads each trial's final metrics (eval/<tasks>/excess_ce_task, eval/<tasks>/oracle_task_test_ce,
-eval/<tasks>/oracle_mix_test_ce, baseline/<tasks>/incontext_{unigram,bigram}/ce, eval/retrieval_gap,
-emergence/<tasks>/icl_gain where logged). Writes task_diversity.csv (per n_tasks), task_diversity_boundary.csv,
-task_diversity_claims.json and the figure task_diversity.{png,pdf}.
+eval/<tasks>/oracle_mix_test_ce, eval/<tasks>/test_ce, baseline/<tasks>/incontext_{unigram,bigram,hmm}/ce,
+eval/retrieval_gap, emergence/<tasks>/icl_gain where logged). Writes task_diversity.csv (per n_tasks; with the
+EM learner logged, unseen/model_minus_incontext_hmm = model CE - EM-fitted HMM CE on the unseen episodes, paired
+per trial), task_diversity_boundary.csv, task_diversity_threshold.csv, task_diversity_tail.csv (the gap pooled over
+the cells with n_tasks >= each grid value: trials with a positive gap, and the mean over seeds of each seed's mean
+over those cells with a t interval on G - 1 df), task_diversity_claims.json (the claims, then a summary: the boundary,
+the threshold table, the tail table, the EM margin, and whether every cell of a seed scored the same unseen episodes,
+i.e. one unseen task-oracle CE per seed) and the figure task_diversity.{png,pdf}.
 """
 from __future__ import annotations
 
+import argparse
+import csv
 import json
 import math
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
-from sweepdata import fail, load_sweep, mean_ci, out_dir, parser, save, write_table
+from sweepdata import SEED_KEYS, fail, load_sweep, mean_ci, save, write_table
 
 TASKS = ("seen", "unseen")
-BASE = ("incontext_unigram", "incontext_bigram")
-N_BOOT = 2000
-
-
-def crossing(ns: np.ndarray, gap: np.ndarray, threshold: float) -> float:
-    """log2 n* where gap (ordered by ns) first falls below threshold, interpolated in log2(n); -inf if the first
-    value is already below, +inf if none is."""
-    x = np.log2(ns)
-    below = np.flatnonzero(gap < threshold)
-    if len(below) == 0:
-        return math.inf
-    i = int(below[0])
-    if i == 0:
-        return -math.inf
-    g0, g1 = gap[i - 1], gap[i]
-    return float(x[i - 1] + (g0 - threshold) / (g0 - g1) * (x[i] - x[i - 1]))
-
-
-def bootstrap_crossing(per_cell: list[list[float]], ns: np.ndarray, threshold: float, n_boot: int = N_BOOT,
-                       seed: int = 0) -> np.ndarray:
-    """log2 n* of n_boot resamples: each cell's seed values resampled with replacement."""
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x7D]))
-    out = np.empty(n_boot)
-    arrs = [np.asarray(v, float) for v in per_cell]
-    for b in range(n_boot):
-        gap = np.array([a[rng.integers(0, len(a), len(a))].mean() for a in arrs])
-        out[b] = crossing(ns, gap, threshold)
-    return out
+BASE = ("incontext_unigram", "incontext_bigram", "incontext_hmm", "best_counting", "family_bayes")
+FRESH = 0  # hmm.n_tasks = 0: fresh tasks, "infinite" task diversity (drawn at the right end of the map)
+THRESHOLDS = tuple(round(0.03 + 0.005 * i, 3) for i in range(7))  # 0.030 .. 0.060, the sensitivity table
 
 
 def main(argv=None) -> int:
-    p = parser(__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--sweep", help="sweep (study) name: read its trials from the Optuna study and MLflow store")
+    src.add_argument("--trials", type=Path, help="a record's trials.csv (one row per COMPLETE trial; no store needed)")
+    p.add_argument("--tracking-uri", default=None, help="MLflow store (default: hmmscope's, sqlite under ./mlruns)")
+    p.add_argument("--storage", default=None, help="Optuna storage URL (default: sqlite:///mlruns/optuna.db)")
+    p.add_argument("--out", type=Path, default=None, help="folder for the figures and tables (default: "
+                   "analysis/results/SWEEP/figures, or figures/ beside --trials)")
     p.add_argument("--threshold", type=float, default=0.05, help="retrieval gap (nats/token) below which a cell "
-                   "counts as in-context inference (default 0.05)")
+                   "counts as past retrieval (default 0.05)")
     args = p.parse_args(argv)
-    sw = load_sweep(args)
-    if sw.kind != "train":
-        fail(f"sweep {sw.name!r} is a {sw.kind} sweep; task diversity needs training trials")
-    if "hmm.n_tasks" not in sw.varied:
-        fail(f"sweep {sw.name!r} does not vary hmm.n_tasks (varies: {', '.join(sw.varied) or 'nothing'})")
     if not math.isfinite(args.threshold):
         fail(f"--threshold must be a finite number, got {args.threshold}")
-    points = [(int(t.params["hmm.n_tasks"]), t.metrics) for t in sw.trials if "eval/retrieval_gap" in t.metrics]
-    if not points:
-        fail(f"no trial of {sw.name!r} has eval/retrieval_gap (evaluate on seen and unseen tasks)")
-    summarize(points, args.threshold, out_dir(args), sw.name)
+    if args.trials is not None:
+        points, name = read_trials_csv(args.trials), args.trials.resolve().parent.name
+        out = args.out or args.trials.resolve().parent / "figures"
+    else:
+        sw = load_sweep(args)
+        if sw.kind != "train":
+            fail(f"sweep {sw.name!r} is a {sw.kind} sweep; task diversity needs training trials")
+        if "hmm.n_tasks" not in sw.varied:
+            fail(f"sweep {sw.name!r} does not vary hmm.n_tasks (varies: {', '.join(sw.varied) or 'nothing'})")
+        points = [(int(t.params["hmm.n_tasks"]), t.seed, t.metrics) for t in sw.trials
+                  if "eval/retrieval_gap" in t.metrics or int(t.params["hmm.n_tasks"]) == 0]
+        if not points:
+            fail(f"no trial of {sw.name!r} has eval/retrieval_gap (evaluate on seen and unseen tasks)")
+        name = sw.name
+        out = args.out or Path(__file__).resolve().parent / "results" / sw.name / "figures"
+    summarize(points, args.threshold, out, name)
     return 0
 
 
-def summarize(points: list[tuple[int, dict]], threshold: float, out, name: str) -> dict:
-    """Tables, claims and figure from (n_tasks, final metrics) per trial (module docstring); returns the boundary."""
-    from pathlib import Path
+def read_trials_csv(path: Path) -> list[tuple[int, str, dict]]:
+    """(n_tasks, seed, final metrics) per training trial of a record's trials.csv (metrics: the columns with a '/')."""
+    try:
+        with open(path, newline="") as fh:
+            rows = list(csv.DictReader(fh))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        fail(f"cannot read --trials {str(path)!r}: {type(e).__name__}: {e}")
+    if not rows or "hmm.n_tasks" not in rows[0]:
+        fail(f"--trials {str(path)!r} has no hmm.n_tasks column (a trials.csv of a sweep over hmm.n_tasks)")
+    if "eval/retrieval_gap" not in rows[0]:
+        fail(f"--trials {str(path)!r} has no eval/retrieval_gap column (evaluate on seen and unseen tasks)")
+    fresh = {i for i, r in enumerate(rows) if r.get("hmm.n_tasks") not in ("", None) and float(r["hmm.n_tasks"]) == 0}
+    seed_key = next((k for k in SEED_KEYS if k in rows[0]), None)
+    points = []
+    for i, r in enumerate(rows):
+        if r.get("kind", "train") != "train" or (r.get("eval/retrieval_gap") in ("", None) and i not in fresh):
+            continue
+        try:
+            n = int(float(r["hmm.n_tasks"]))
+            m = {k: float(v) for k, v in r.items() if k and "/" in k and v not in ("", None)}
+        except ValueError as e:
+            fail(f"--trials {str(path)!r} row {i + 2}: not a number ({e})")
+        points.append((n, r[seed_key] if seed_key else "0", m))
+    if not points:
+        fail(f"--trials {str(path)!r} has no training trial with eval/retrieval_gap")
+    return points
 
-    from hmmscope.stats import claim, jsonable, rule
+
+def boundary(ns, per_seed: dict, threshold: float) -> dict:
+    """n* and its 95% confidence set at one threshold (module docstring) from {seed: {n_tasks: gap}}."""
+    from hmmscope.stats import crossing_interval
+
+    seeds = sorted(per_seed, key=str)
+    Y = np.array([[per_seed[s].get(int(n), math.nan) for n in ns] for s in seeds], float)
+    c = crossing_interval(np.log2(ns), Y, threshold)
+
+    def n_of(x: float) -> float:
+        return 2.0 ** x if math.isfinite(x) else x
+
+    if c.degenerate:
+        power = f"no power: {c.degenerate}"
+    elif c.open:
+        und = ", ".join(str(int(round(2 ** u))) for u in c.undecided)
+        power = ("underpowered: the 95% confidence set runs past the end of the grid, so the boundary is not located "
+                 "by this grid and these seeds" + (f" (cells whose t interval contains {threshold:g}: {und})" if und
+                                                  else ""))
+    else:
+        power = "ok"
+    pieces = "; ".join(f"[{n_of(a):.4g}, {n_of(b):.4g}]" for a, b in c.pieces)
+    return {"threshold": threshold, "log2_n_star": c.value, "log2_lo": c.lo, "log2_hi": c.hi, "n_star": n_of(c.value),
+            "n_star_lo": n_of(c.lo), "n_star_hi": n_of(c.hi), "confidence_set_n": pieces,
+            "undecided_cells": ";".join(str(int(round(2 ** u))) for u in c.undecided), "grid": f"{int(ns[0])}..{int(ns[-1])}",
+            "n_seeds": c.n, "df": c.df, "method": "Fieller / t-test inversion on the log2-interpolated gap, seeds "
+            "as the unit (stats.crossing_interval)", "power": power, "degenerate": c.degenerate}
+
+
+def summarize(points: list[tuple[int, str, dict]], threshold: float, out, name: str, *, plot: bool = True) -> dict:
+    """Tables, claims and (plot) the figure from (n_tasks, seed, final metrics) per trial (module docstring);
+    returns the boundary at `threshold`."""
+    from hmmscope.stats import claim, jsonable, rule, t_mean
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     vals: dict = defaultdict(lambda: defaultdict(list))  # n_tasks -> quantity -> per-seed values
-    for n_tasks, m in points:
+    per_seed: dict = defaultdict(dict)  # seed -> n_tasks -> retrieval gap
+    margin: list = []  # (n_tasks, seed, unseen model CE - EM HMM CE)
+    unseen_ref: dict = defaultdict(set)  # seed -> the unseen episodes' task-oracle CEs across cells
+    regime_vals: dict = defaultdict(lambda: defaultdict(dict))  # n_tasks -> claim -> seed -> value
+    for n_tasks, seed, m in points:
+        if "eval/unseen/oracle_task_test_ce" in m:
+            unseen_ref[seed].add(round(m["eval/unseen/oracle_task_test_ce"], 12))
         v = vals[n_tasks]
-        v["retrieval_gap"].append(m["eval/retrieval_gap"])
+        if n_tasks != FRESH:  # fresh tasks have no seen tasks, hence no retrieval gap
+            v["retrieval_gap"].append(m["eval/retrieval_gap"])
+            per_seed[seed][n_tasks] = m["eval/retrieval_gap"]
+        for q, key in (("unseen/vs_best_counting", "eval/unseen/vs_best_counting"),
+                       ("unseen/icl_gain_same_tokens", "eval/unseen/icl_gain")):
+            if key in m:
+                v[q].append(m[key])
+        for c in ("retrieval_gap", "icl_gain", "inference_beyond_counting"):
+            key = {"retrieval_gap": "eval/retrieval_gap", "icl_gain": "eval/unseen/icl_gain",
+                   "inference_beyond_counting": "eval/unseen/vs_best_counting"}[c]
+            if key in m:
+                regime_vals[n_tasks][c][seed] = m[key]
+        if "eval/unseen/vs_best_counting_hi" in m:  # the trial's own paired CI over its episodes
+            regime_vals[n_tasks]["_trials"][seed] = m["eval/unseen/vs_best_counting_hi"] < 0
         for tasks in TASKS:
             task_ce = m.get(f"eval/{tasks}/oracle_task_test_ce")
             v[f"{tasks}/model"].append(m.get(f"eval/{tasks}/excess_ce_task"))
@@ -102,90 +195,202 @@ def summarize(points: list[tuple[int, dict]], threshold: float, out, name: str) 
                 continue
             v[f"{tasks}/mixture_oracle"].append(m.get(f"eval/{tasks}/oracle_mix_test_ce", math.nan) - task_ce)
             for b in BASE:
-                v[f"{tasks}/{b}"].append(m.get(f"baseline/{tasks}/{b}/ce", math.nan) - task_ce)
+                if f"baseline/{tasks}/{b}/ce" in m:
+                    v[f"{tasks}/{b}"].append(m[f"baseline/{tasks}/{b}/ce"] - task_ce)
             if f"emergence/{tasks}/icl_gain" in m:
                 v[f"{tasks}/icl_gain"].append(m[f"emergence/{tasks}/icl_gain"])
-    ns = np.array(sorted(vals), float)
+        if "eval/unseen/test_ce" in m and "baseline/unseen/incontext_hmm/ce" in m:
+            d = m["eval/unseen/test_ce"] - m["baseline/unseen/incontext_hmm/ce"]
+            vals[n_tasks]["unseen/model_minus_incontext_hmm"].append(d)
+            margin.append((n_tasks, seed, d))
+    ns = np.array(sorted(n for n in vals if n != FRESH), float)
+    if len(ns) < 2:
+        fail(f"{name}: the retrieval gap is measured at {len(ns)} n_tasks value; the boundary needs at least 2")
+    out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for n in sorted(vals):
-        row: dict = {"n_tasks": n}
+    for n in sorted(vals, key=lambda n: (n == FRESH, n)):  # fresh tasks last: "infinite" diversity
+        row: dict = {"n_tasks": n, "cell": "fresh" if n == FRESH else str(n)}
         for q, v in vals[n].items():
             mean, lo, hi, k = mean_ci([x for x in v if x is not None])
             row.update({q: mean, f"{q}_lo": lo, f"{q}_hi": hi})
             row["n_seeds"] = max(row.get("n_seeds", 0), k)
         rows.append(row)
     write_table(rows, out, "task_diversity")
+    regimes = cell_regimes(regime_vals)
+    if regimes:
+        write_table(regimes, out, "task_diversity_regimes")
 
-    per_cell = [vals[int(n)]["retrieval_gap"] for n in ns]
-    x_hat = crossing(ns, np.array([np.mean(v) for v in per_cell]), threshold)
-    boot = bootstrap_crossing(per_cell, ns, threshold)
-    # order statistics (no interpolation between resamples, which +-inf would turn into NaN)
-    lo, hi = np.quantile(boot, [0.025, 0.975], method="inverted_cdf") if len(ns) >= 2 else (math.nan, math.nan)
-    located = bool(math.isfinite(x_hat) and math.isfinite(lo) and math.isfinite(hi))
-    power = ("ok" if located else "underpowered: the boundary is not located inside the grid by these seeds "
-             f"({np.mean(~np.isfinite(boot)):.0%} of the bootstrap resamples cross outside it)")
-    bnd = {"threshold": threshold, "log2_n_star": x_hat, "log2_lo": float(lo), "log2_hi": float(hi),
-           "n_star": 2 ** x_hat if math.isfinite(x_hat) else x_hat, "n_star_lo": 2 ** float(lo),
-           "n_star_hi": 2 ** float(hi), "grid": f"{int(ns[0])}..{int(ns[-1])}", "n_boot": N_BOOT, "power": power}
+    bnd = boundary(ns, per_seed, threshold)
     write_table([bnd], out, "task_diversity_boundary")
+    sens = [boundary(ns, per_seed, t) for t in THRESHOLDS]
+    write_table(sens, out, "task_diversity_threshold")
+    tail = []
+    for n0 in ns:
+        cells = [int(n) for n in ns if n >= n0]
+        gaps = [g for s in per_seed for n, g in per_seed[s].items() if n in cells]
+        units = {s: float(np.mean([per_seed[s][n] for n in cells if n in per_seed[s]])) for s in per_seed
+                 if any(n in per_seed[s] for n in cells)}
+        e = t_mean(list(units.values()), list(units), unit="seed")
+        tail.append({"n_tasks_from": int(n0), "cells": len(cells), "trials": len(gaps),
+                     "positive": int(sum(g > 0 for g in gaps)), "mean": e.value, "lo": e.lo, "hi": e.hi, "df": e.df,
+                     "method": f"mean over seeds of each seed's mean gap over these cells; {e.method}"})
+    write_table(tail, out, "task_diversity_tail")
 
-    first = np.asarray(per_cell[0], float)
+    first = np.asarray(vals[int(ns[0])]["retrieval_gap"], float)
     m0, lo0, hi0, k0 = mean_ci(first)
+    lo, hi = bnd["log2_lo"], bnd["log2_hi"]
     claims = [
         claim("retrieval_at_fewest_tasks", f"retrieval gap at n_tasks = {int(ns[0])} (nats/token; mean over {k0} "
               "seeds, 95% t interval)", m0, lo0, hi0, rule(">", 0),
               "positive: with the fewest tasks the model is closer to the ceiling on its training tasks than on "
               "fresh ones (retrieval)", df=k0 - 1),
-        claim("regime_boundary_below_8192", f"log2 of the n_tasks where the retrieval gap falls below "
-              f"{threshold:g} nats/token (log2-interpolated; 95% percentile bootstrap over seeds, {N_BOOT} "
-              "resamples; +-inf: outside the grid)", x_hat if math.isfinite(x_hat) else math.nan,
-              lo if math.isfinite(lo) else math.nan, hi if math.isfinite(hi) else math.nan, rule("<", 13),
-              "below 13: at this model and budget the paper's 8192 tasks are past the regime change (in-context "
-              "inference); " + power),
+        claim("regime_boundary_below_8192", f"log2 of the n_tasks where the mean retrieval gap over seeds falls "
+              f"below {threshold:g} nats/token (log2-interpolated); 95% confidence set by t-test inversion "
+              f"(Fieller) with the seed as the unit, {bnd['df']:g} df, its hull; inf: open past the grid",
+              bnd["log2_n_star"] if math.isfinite(bnd["log2_n_star"]) else math.nan, lo, hi, rule("<", 13),
+              "below 13: at this model and budget the paper's 8192 tasks lie past the end of retrieval (no retrieval "
+              "there; whether the model then counts or infers beyond counting is not this claim: SCIENCE.md 9); "
+              + bnd["power"], df=bnd["df"], degenerate=bnd["degenerate"]),
     ]
+    summary = {"boundary": bnd, "threshold_sensitivity": sens, "tail": tail, "regimes": regimes}
+    if unseen_ref:  # one task-oracle CE per seed in every cell: every cell of a seed scored the same unseen episodes
+        summary["unseen_episodes_shared_across_cells"] = {
+            "per_seed_distinct_task_oracle_ce": {str(k): len(v) for k, v in sorted(unseen_ref.items(), key=lambda x: str(x[0]))},
+            "shared": all(len(v) == 1 for v in unseen_ref.values())}
+    if margin:
+        worst = min(margin, key=lambda r: r[2])
+        summary["unseen_model_minus_incontext_hmm"] = {
+            "min_over_trials": worst[2], "at": {"n_tasks": worst[0], "seed": worst[1]},
+            "min_over_cells_of_seed_mean": min(r["unseen/model_minus_incontext_hmm"] for r in rows
+                                               if "unseen/model_minus_incontext_hmm" in r)}
     (out / "task_diversity_claims.json").write_text(json.dumps(jsonable(
-        [c.__dict__ for c in claims] + [{"boundary": bnd}]), indent=2))
+        [c.__dict__ for c in claims] + [summary]), indent=2))
     for c in claims:
         print(f"claim {c.name}: {c.value:.4g} [{c.ci_lo:.4g}, {c.ci_hi:.4g}] rule '{c.rule}' -> {c.verdict}")
-    print(f"regime boundary: n* = {bnd['n_star']:.4g} [{bnd['n_star_lo']:.4g}, {bnd['n_star_hi']:.4g}] ({power})")
+    print(f"regime boundary: n* = {bnd['n_star']:.4g} [{bnd['n_star_lo']:.4g}, {bnd['n_star_hi']:.4g}] ({bnd['power']})")
+    if unseen_ref and summary["unseen_episodes_shared_across_cells"]["shared"]:
+        print(f"unseen tasks: within each seed every cell scored the same unseen episodes (one task-oracle CE per seed "
+              f"over {len(vals)} cells): the unseen tasks do not vary with n_tasks")
+    if margin:
+        u = summary["unseen_model_minus_incontext_hmm"]
+        print(f"unseen tasks: model CE - EM-fitted HMM CE >= {u['min_over_cells_of_seed_mean']:.4g} in every cell's seed "
+              f"mean, >= {u['min_over_trials']:.4g} in every trial")
+    for r in regimes:
+        print(f"regime at n_tasks = {r['cell']}: {r['regime']} (model - best counting {r['inference_beyond_counting']:.3g} "
+              f"[{r['inference_beyond_counting_lo']:.3g}, {r['inference_beyond_counting_hi']:.3g}])"
+              if math.isfinite(r.get("inference_beyond_counting", math.nan)) else
+              f"regime at n_tasks = {r['cell']}: {r['regime']}")
+    if plot:
+        _figure(rows, ns, bnd, sens, threshold, out, name, regimes)
+    return bnd
 
+
+RULES = {"retrieval_gap": (">", []), "icl_gain": (">", []), "inference_beyond_counting": ("<", ["icl_gain"])}
+
+
+def cell_regimes(regime_vals) -> list[dict]:
+    """Per cell, Figure 1's regime claims pooled over seeds (t on G - 1 df, the seed as the unit, as the report's
+    regime section) with each claim's rule (evaluate.py: retrieval_gap > 0, icl_gain > 0, inference_beyond_counting =
+    model - best counting < 0 requiring icl_gain), and the regime word they give (evaluate.regime); beside them, how
+    many trials are below best counting on their own paired CI over episodes (trials_below_best_counting)."""
+    from hmmscope.evaluate import regime
+    from hmmscope.stats import claim, rule, t_mean
+
+    out = []
+    for n in sorted(regime_vals, key=lambda n: (n == FRESH, n)):
+        row: dict = {"n_tasks": n, "cell": "fresh" if n == FRESH else str(n)}
+        pooled = []
+        verdicts: dict = {}
+        for c in ("retrieval_gap", "icl_gain", "inference_beyond_counting"):
+            by = regime_vals[n].get(c)
+            if not by:
+                continue
+            seeds = sorted(by, key=str)
+            e = t_mean([by[s] for s in seeds], seeds, unit="seed")
+            op, req = RULES[c]
+            cl = claim(c, c, e.value, e.lo, e.hi, rule(op, 0, req), "pooled over seeds", verdicts, df=e.df,
+                       degenerate=e.degenerate)
+            verdicts[c] = cl.verdict
+            pooled.append(cl)
+            row.update({c: e.value, f"{c}_lo": e.lo, f"{c}_hi": e.hi, f"{c}_verdict": cl.verdict, "seeds": e.n})
+        row["regime"] = regime(pooled)
+        below = regime_vals[n].get("_trials")
+        if below:  # per trial, on its own paired CI over episodes (not a pooled statement)
+            row["trials_below_best_counting"] = f"{sum(below.values())}/{len(below)}"
+        out.append(row)
+    return out
+
+
+def _figure(rows, ns, bnd, sens, threshold, out, name, regimes=()) -> None:
     import matplotlib.pyplot as plt
 
-    fig, (ax, axg) = plt.subplots(1, 2, figsize=(13, 4.8), layout="constrained")
+    fresh = any(r["n_tasks"] == FRESH for r in rows)
+    xs = np.array([ns[-1] * 4 if r["n_tasks"] == FRESH else r["n_tasks"] for r in rows], float)  # fresh: right end
+    ticks = (xs, [r["cell"] for r in rows])
+    fig, (ax, axg, axt) = plt.subplots(1, 3, figsize=(21, 5.2), layout="constrained", width_ratios=(1.4, 1, 1))
     style = {"model": ("-", "o", 2.0), "mixture_oracle": ("--", None, 1.0), "incontext_unigram": ((0, (6, 2, 1, 2)),
-             None, 1.0), "incontext_bigram": ("-.", None, 1.0)}
+             None, 1.0), "incontext_bigram": ("-.", None, 1.0), "incontext_hmm": ((0, (1, 1)), None, 1.2),
+             "best_counting": ((0, (3, 1, 1, 1)), "s", 1.4), "family_bayes": ("-", None, 1.0)}
+    names = {"incontext_hmm": "in-context HMM (EM)", "best_counting": "best counting (fitted)",
+             "family_bayes": "family Bayes"}
     for tasks, col in zip(TASKS, ("C0", "C1")):
         for pred, (ls, mk, lw) in style.items():
             q = f"{tasks}/{pred}"
             if not any(q in r for r in rows):
                 continue
             y = [r.get(q, math.nan) for r in rows]
-            ax.plot(ns, y, ls=ls, marker=mk, color=col, lw=lw, label=f"{tasks}: {pred.replace('_', ' ')}")
+            ax.plot(xs, y, ls=ls, marker=mk, color=col, lw=lw, ms=4,
+                    label=f"{tasks}: {names.get(pred, pred.replace('_', ' '))}")
             if pred == "model":
-                ax.fill_between(ns, [r.get(q + "_lo", math.nan) for r in rows],
+                ax.fill_between(xs, [r.get(q + "_lo", math.nan) for r in rows],
                                 [r.get(q + "_hi", math.nan) for r in rows], color=col, alpha=0.2)
     ax.axhline(0, color="gray", lw=0.8, label="task oracle (ceiling)")
-    ax.set(xscale="log", xlabel="training tasks n_tasks", ylabel="CE - task-oracle CE (nats/token)",
-           title="excess CE over the task oracle, test segment, k = k_max")
-    ax.set_xticks(ns, [str(int(n)) for n in ns])
-    ax.legend(fontsize=7)
+    for r, x in zip(regimes, [ns[-1] * 4 if r["n_tasks"] == FRESH else r["n_tasks"] for r in regimes]):
+        ax.annotate(r["regime"].replace("inference beyond counting", "inference"), (x, 1.0), xycoords=("data", "axes fraction"),
+                    rotation=90, ha="center", va="top", fontsize=7, color="C2")
+    ax.set(xscale="log", xlabel="training tasks n_tasks" + (" (fresh: every episode its own task)" if fresh else ""),
+           ylabel="CE - task-oracle CE (nats/token)", title="excess CE over the task oracle, test segment, k = k_max"
+           + ("; regime per cell (top)" if regimes else ""))
+    ax.set_xticks(*ticks)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    keep = [i for i, r in enumerate(rows) if r["n_tasks"] != FRESH]
+    rows = [rows[i] for i in keep]
     g = [r["retrieval_gap"] for r in rows]
-    axg.plot(ns, g, "-o", color="C3", label="retrieval gap (unseen - seen), 95% CI over seeds")
+    axg.plot(ns, g, "-o", color="C3", label="retrieval gap (unseen - seen), 95% t CI over seeds")
     axg.fill_between(ns, [r["retrieval_gap_lo"] for r in rows], [r["retrieval_gap_hi"] for r in rows], color="C3",
                      alpha=0.2)
     axg.axhline(threshold, color="k", ls=":", lw=1, label=f"threshold {threshold:g}")
     axg.axhline(0, color="gray", lw=0.8)
-    if math.isfinite(x_hat):
-        axg.axvline(2 ** x_hat, color="C2", lw=1.5, label=f"n* = {2 ** x_hat:.3g}")
-        axg.axvspan(max(ns[0] / 2, 2 ** float(lo)), min(ns[-1] * 2, 2 ** float(hi)), color="C2", alpha=0.15,
-                    label="n* 95% bootstrap CI")
-    axg.set(xscale="log", xlabel="training tasks n_tasks", ylabel="nats/token",
-            title="retrieval gap and the regime boundary" + ("" if located else " (underpowered)"))
+    left, right = ns[0] / 2, ns[-1] * 2
+    if math.isfinite(bnd["log2_n_star"]):
+        axg.axvline(bnd["n_star"], color="C2", lw=1.5, label=f"n* = {bnd['n_star']:.3g}")
+    if math.isfinite(bnd["log2_lo"]) or math.isfinite(bnd["log2_hi"]):
+        axg.axvspan(max(left, bnd["n_star_lo"]), min(right, bnd["n_star_hi"]), color="C2", alpha=0.15,
+                    label="n* 95% confidence set (hull)" + (": open" if not (math.isfinite(bnd["log2_lo"])
+                                                                              and math.isfinite(bnd["log2_hi"])) else ""))
+    axg.set(xscale="log", xlabel="training tasks n_tasks", ylabel="nats/token", xlim=(left, right),
+            title="retrieval gap and the regime boundary" + ("" if bnd["power"] == "ok" else " (underpowered)"))
     axg.set_xticks(ns, [str(int(n)) for n in ns])
     axg.legend(fontsize=7)
-    fig.suptitle(f"{name}: retrieval vs in-context inference across task diversity")
+    th = np.array([s["threshold"] for s in sens])
+    est = np.array([s["n_star"] for s in sens], float)
+    lo = np.array([max(left, s["n_star_lo"]) if not math.isnan(s["n_star_lo"]) else math.nan for s in sens])
+    hi = np.array([min(right, s["n_star_hi"]) if not math.isnan(s["n_star_hi"]) else math.nan for s in sens])
+    for t, a, b, s in zip(th, lo, hi, sens):
+        axt.plot([t, t], [a, b], "-", color="C2", lw=6, alpha=0.35, solid_capstyle="butt")
+        for end, val in ((b, s["n_star_hi"]), (a, s["n_star_lo"])):
+            if not math.isfinite(val):
+                axt.plot([t], [end], "^" if val > 0 else "v", color="C2", ms=7)
+    ok = np.isfinite(est)
+    axt.plot(th[ok], est[ok], "o-", color="C2", label="n* (log2-interpolated crossing of the seed mean)")
+    axt.plot([], [], "-", color="C2", lw=6, alpha=0.35, label="95% confidence set (hull); triangle: open past the grid")
+    axt.axvline(threshold, color="k", ls=":", lw=1)
+    axt.set(yscale="log", ylim=(left, right), xlabel="threshold (nats/token)", ylabel="n* (training tasks)",
+            title="threshold sensitivity of n*")
+    axt.set_yticks(ns, [str(int(n)) for n in ns])
+    axt.legend(fontsize=7, loc="lower left")
+    fig.suptitle(f"{name}: where retrieval ends across task diversity")
     save(fig, out, "task_diversity")
-    return bnd
 
 
 if __name__ == "__main__":

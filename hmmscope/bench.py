@@ -264,6 +264,36 @@ def bench_paper_dataset() -> dict[str, float]:
             "episodes": float(len(ep)), "tokens": float(ep.tokens.size)}
 
 
+def bench_counting(n_episodes: int = 1024, rounds: int = 3, fit_episodes: int = 512) -> dict[str, Any]:
+    """The fair counting baselines (baselines.py) against the add-one bigram, their named peer, on the same
+    episodes in the same process (interleaved rounds, best of each).
+
+    Predictors: incontext_ngram (order 3) and incontext_ctw (depth 3) on n_episodes episodes at the paper's
+    shape (V = 16, 6 demos x 48 + 64 test tokens, 358 positions), each as a time and a ratio to
+    incontext_bigram on the same episodes. The fit: fit_counting over its full grid (8 alphas x orders 1-3 x
+    depths 1-3) at k = 0..4 on fit_episodes episodes of the `tiny` shape (V = 8, 4 x 24 + 32), against the
+    bigram on the same 5 truncations."""
+    from .baselines import fit_counting, incontext_bigram, incontext_ctw, incontext_ngram
+    from .config import preset
+    from .episodes import sample_episodes, truncate_demos
+    from .hmm import make_mixture
+
+    paper = preset("paper")
+    mix = make_mixture(dataclasses.replace(paper.hmm, n_tasks=64), dtype=np.float32)
+    ep = sample_episodes(mix, paper.data, n_episodes, split="eval")
+    t = _interleaved_best({"bigram": lambda: incontext_bigram(ep), "ngram": lambda: incontext_ngram(ep, 3, 0.25),
+                           "ctw": lambda: incontext_ctw(ep, 3, 0.5)}, rounds)
+    tiny = preset("tiny")
+    fit_ep = sample_episodes(make_mixture(dataclasses.replace(tiny.hmm, n_tasks=64)), tiny.data, fit_episodes, "fit")
+    cuts = [truncate_demos(fit_ep, k) for k in range(tiny.data.n_demos + 1)]
+    f = _interleaved_best({"fit": lambda: fit_counting(fit_ep, range(tiny.data.n_demos + 1)),
+                           "bigram": lambda: [incontext_bigram(e) for e in cuts]}, rounds)
+    return {"n_episodes": n_episodes, "seq_len": ep.seq_len, "n_tokens": ep.n_tokens, "bigram_s": t["bigram"],
+            "ngram_s": t["ngram"], "ctw_s": t["ctw"], "ngram_ratio": t["ngram"] / t["bigram"],
+            "ctw_ratio": t["ctw"] / t["bigram"], "fit_episodes": fit_episodes, "fit_s": f["fit"],
+            "fit_bigram_s": f["bigram"], "fit_ratio": f["fit"] / f["bigram"], "rounds": rounds}
+
+
 # ---------------------------------------------------------------- training throughput
 
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12, "V100": 125e12}
@@ -452,3 +482,34 @@ def bench_train(cfg, device: str = "auto", batch_size: int = 32, seq_len: int = 
         t_peer = _step_time(lambda: hf(input_ids=x, labels=y).loss, hf, hf_opt, steps, dev, autocast)
         out.update({"hf_roformer_tokens_per_s": tokens / t_peer, "ratio": t_peer / t_ours})
     return out
+
+
+def bench_headroom(cfg, n_episodes: int = 256, family_tasks: int | None = None, em: bool = False,
+                   repeats: int = 2) -> dict[str, float]:
+    """`headroom.headroom` (SCIENCE.md 9) against its own dominant piece of work, the peer: one mixture-oracle pass
+    over the same M family tasks on the same unseen episodes at k = k_max (inference.mixture_oracle). The ratio says
+    how many such passes a whole headroom costs (it runs (k_max + 1) x (1 + 1/2 + 1/4) of them, the counting grid on
+    the fit episodes and, with em, the EM fits). Best of `repeats` after a warm-up, interleaved."""
+    import torch
+
+    from .episodes import family_tasks as draw_family
+    from .episodes import unseen_episodes
+    from .evaluate import _anonymous
+    from .headroom import headroom
+    from .inference import mixture_oracle
+
+    M = int(cfg.eval.family_tasks if family_tasks is None else family_tasks)
+    fam = draw_family(cfg.hmm, cfg.data, M)
+    _, uep = unseen_episodes(cfg.hmm, cfg.data, n_episodes)
+    anon = _anonymous(uep)
+    last = {}
+
+    def ours():
+        last["r"] = headroom(cfg, n_episodes=n_episodes, family_tasks=M, em=em)
+
+    best = _interleaved_best({"headroom": ours, "oracle": lambda: mixture_oracle(fam, anon, dtype=torch.float64)},
+                             repeats)
+    r = last["r"]
+    return {"headroom_s": best["headroom"], "oracle_pass_s": best["oracle"], "ratio": best["headroom"] / best["oracle"],
+            "references_s": r.meta["references_s"], "family_tasks": M, "n_episodes": n_episodes,
+            "k_max": r.k_max, "room": r.at()["room"]}

@@ -18,7 +18,6 @@ import json
 import math
 import os
 import re
-import sys
 import tomllib
 import typing
 from collections.abc import Mapping
@@ -41,7 +40,8 @@ TEST_STARTS = ("initial", "midstream")
 POS_ENCODINGS = ("rope", "absolute", "none", "sinusoidal")
 PRECISIONS = ("auto", "bf16", "fp32")
 SCHEDULES = ("cosine", "constant", "wsd")
-COMPILE = ("auto", "true", "false")
+COMPILE = ("auto", "true", "false", "blocks")
+ATTENTION = ("auto", "flash", "efficient", "cudnn", "math")
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class HMMConfig:
     """A mixture of n_tasks low-rank HMMs (SCIENCE.md 1)."""
 
     family: str = "sticky"  # dirichlet | sticky
-    n_tasks: int = 16
+    n_tasks: int = 16  # 0 = fresh tasks: every training episode draws its own task from the family (SCIENCE.md 9)
     n_states: int = 16
     n_tokens: int = 8
     rank: int = 4  # d: T = W @ Q with W (S, d), Q (d, S)
@@ -104,7 +104,9 @@ class TrainConfig:
     ckpt_every: int = 500
     emergence_episodes: int = 64  # seen and unseen episodes each for the emergence curves at every evaluation; 0 = off
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    compile: str = "auto"  # auto (on for CUDA, off elsewhere) | true | false: torch.compile the training step (inductor)
+    compile: str = "auto"  # auto (on for CUDA, off elsewhere) | true | false | blocks: torch.compile the training step
+    # (inductor): true = the whole model, blocks = each block alone (one compiled graph reused by every layer)
+    attention: str = "auto"  # auto | flash | efficient | cudnn | math: the SDPA kernel of the training step (auto: torch's)
     precision: str = "auto"  # auto (bf16 on CUDA, fp32 elsewhere) | bf16 (autocast) | fp32 (no autocast, no TF32)
     seed: int = 0
 
@@ -130,12 +132,28 @@ class TheoryConfig:
 
 
 @dataclass(frozen=True)
+class EvalConfig:
+    """Figure 1's references beyond the oracles (SCIENCE.md 8, 9; evaluate.py)."""
+
+    family_tasks: int = 256  # M: tasks of the family-Bayes reference (stream "family"); 0 = off
+    fit_episodes: int = 256  # episodes of fit tasks (stream "fit") choosing the fair counting baselines; 0 = off
+    em_states: int = 0  # hidden states of the EM-fitted HMM learner; 0 = the family's S, capped at EM_STATES_CAP
+
+
+# eval.em_states = 0 takes min(hmm.n_states, this). EM's cost grows as states^2: at the tiny preset (512 episodes,
+# k = 0..4) 8 states took 7.5 s and 16 states 28.3 s (load 3.7, 1 thread), so the cap keeps the main job's Figure 1
+# where it was; a family with fewer states (S = 4) gets its own S.
+EM_STATES_CAP = 8
+
+
+@dataclass(frozen=True)
 class Config:
     hmm: HMMConfig = field(default_factory=HMMConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     theory: TheoryConfig = field(default_factory=TheoryConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 # ---------------------------------------------------------------- validation
@@ -150,7 +168,7 @@ def validate(cfg: Config) -> Config:
     """Raise ConfigError with a one-line message if any value is out of range."""
     h, d, m, t, th = cfg.hmm, cfg.data, cfg.model, cfg.train, cfg.theory
     _check(h.family in FAMILIES, f"hmm.family must be one of {FAMILIES}, got {h.family!r}")
-    _check(h.n_tasks >= 1, f"hmm.n_tasks must be >= 1, got {h.n_tasks}")
+    _check(h.n_tasks >= 0, f"hmm.n_tasks must be >= 1 (or 0 for fresh tasks), got {h.n_tasks}")
     _check(h.n_states >= 1, f"hmm.n_states must be >= 1, got {h.n_states}")
     _check(h.n_tokens >= 2, f"hmm.n_tokens must be >= 2, got {h.n_tokens}")
     _check(1 <= h.rank <= h.n_states, f"hmm.rank must be in [1, n_states={h.n_states}], got {h.rank}")
@@ -182,6 +200,7 @@ def validate(cfg: Config) -> Config:
     _check(0 <= t.beta1 < 1 and 0 <= t.beta2 < 1, f"train.beta1 and train.beta2 must be in [0, 1), got {t.beta1}, {t.beta2}")
     _check(t.eval_every >= 1 and t.ckpt_every >= 1, "train.eval_every and train.ckpt_every must be >= 1")
     _check(t.compile in COMPILE, f"train.compile must be one of {COMPILE}, got {t.compile!r}")
+    _check(t.attention in ATTENTION, f"train.attention must be one of {ATTENTION}, got {t.attention!r}")
     _check(t.schedule in SCHEDULES, f"train.schedule must be one of {SCHEDULES}, got {t.schedule!r}")
     _check(0.0 < t.decay_frac <= 1.0, f"train.decay_frac must be in (0, 1], got {t.decay_frac}")
     _check(t.emergence_episodes >= 0, f"train.emergence_episodes must be >= 0, got {t.emergence_episodes}")
@@ -198,7 +217,23 @@ def validate(cfg: Config) -> Config:
     _check(th.n_histories >= 2 and th.burn_in >= 0, "theory.n_histories must be >= 2 and theory.burn_in >= 0")
     _check(1 <= th.draws <= 1000, f"theory.draws must lie in [1, 1000], got {th.draws}")
     _check(0 < th.floor < 1 and th.gamma_m >= 0, "theory.floor must be in (0, 1) and theory.gamma_m >= 0")
+    ev = cfg.eval
+    _check(0 <= ev.family_tasks <= 1 << 20, f"eval.family_tasks must be in [0, {1 << 20}] (0 = off), got {ev.family_tasks}")
+    _check(ev.fit_episodes == 0 or 8 <= ev.fit_episodes <= 1 << 20,
+           f"eval.fit_episodes must be 0 (off) or in [8, {1 << 20}], got {ev.fit_episodes}")
+    _check(0 <= ev.em_states <= 64, f"eval.em_states must be in [0, 64] (0 = the family's n_states, capped at "
+           f"{EM_STATES_CAP}), got {ev.em_states}")
     return cfg
+
+
+def em_states(cfg: Config) -> int:
+    """The EM learner's hidden states: eval.em_states, or min(hmm.n_states, EM_STATES_CAP) when it is 0."""
+    return cfg.eval.em_states or min(cfg.hmm.n_states, EM_STATES_CAP)
+
+
+def training_tasks(h: HMMConfig, d: DataConfig) -> int:
+    """Distinct training tasks: hmm.n_tasks, or data.n_train with fresh tasks (hmm.n_tasks = 0)."""
+    return h.n_tasks if h.n_tasks > 0 else d.n_train
 
 
 def check_name(name: str, what: str = "name") -> str:
@@ -249,9 +284,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
                 raise ConfigError(f"{key}: must be a finite number, got {value}") from None
             if not math.isfinite(value):
                 raise ConfigError(f"{key}: must be a finite number, got {value}")
-            if value != 0 and abs(value) < sys.float_info.min:  # e.g. 1e-320: no float arithmetic survives it
-                raise ConfigError(f"{key}: {value!r} is below the smallest normal float ({sys.float_info.min:.3g}); "
-                                  "give 0 or a larger number")
+            if value != 0 and abs(value) < 2.2250738585072014e-308:  # subnormal (1e-320): no arithmetic survives it
+                raise ConfigError(f"{key}: {value!r} is below the smallest normal float (2.23e-308); give 0 or a larger size")
             return value
     elif tp is str:
         if isinstance(value, str):
@@ -504,7 +538,8 @@ def memory_estimate(cfg: Config, job: str = "train", *, n_episodes: int | None =
     real CPU runs (tests/measure_memory.py) they came out 1.1-1.3x high, which is what refusing an
     impossible job needs.
     """
-    h, d = cfg.hmm, cfg.data
+    d = cfg.data
+    h = dataclasses.replace(cfg.hmm, n_tasks=training_tasks(cfg.hmm, d))  # fresh tasks: one per training episode
     out: dict[str, tuple[int, str]] = {"runtime": (RUNTIME_NUMPY_BYTES if job == "generate" else RUNTIME_BYTES, "host")}
     if job == "theory":
         out.update({k: (v, "host") for k, v in _theory_bytes(cfg.theory).items()})
@@ -541,8 +576,10 @@ def memory_estimate(cfg: Config, job: str = "train", *, n_episodes: int | None =
             # on the scored tokens; the EM learner (baselines.fit_hmm_em, 8 states, 4 restarts) works in chunks of
             # at most baselines.EM_CHUNK_BYTES (256 MiB)
             out["references (seen + unseen)"] = (2 * 8 * n * d.l_test * (d.n_demos + 1) * (2 * h.n_tokens + 24), "host")
-            out["other and unseen tasks' mixtures"] = (_mixture_bytes(h) + _mixture_bytes(
-                dataclasses.replace(h, n_tasks=n)), "host")
+            ev = cfg.eval  # the family-Bayes tasks (its oracle in chunks, as the mixture oracle's), unseen and fit tasks
+            out["family, unseen and fit tasks"] = (_mixture_bytes(dataclasses.replace(h, n_tasks=max(1, ev.family_tasks)))
+                                                   + _mixture_bytes(dataclasses.replace(h, n_tasks=n + ev.fit_episodes))
+                                                   + _oracle_bytes(h, d, n, predictors=1), "host")
             em_rows = n * d.n_demos * (d.n_demos + 1) // 2 * 4
             out["EM learner"] = (min(256 << 20, em_rows * 8 * d.l_demo * 8 * 8), "host")
         else:  # probes: layer chunks within a 1 GiB budget, task beliefs and the shuffle test's batches

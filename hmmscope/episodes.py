@@ -29,7 +29,8 @@ from .config import DataConfig, HMMConfig, config_hash, to_dict
 from .hmm import _CDF, Mixture, _after_unique, _run, _tables, make_mixture, sample_sequences, state_distribution_after
 
 __all__ = ["Episodes", "layout", "sample_episodes", "unseen_episodes", "probe_tasks", "probe_episodes", "truncate_demos",
-           "save_episodes", "load_episodes", "sample_sequences", "state_distribution_after"]
+           "fit_episodes", "family_tasks", "fresh_training", "training_data", "save_episodes", "load_episodes",
+           "sample_sequences", "state_distribution_after"]
 
 _TAG = 0x45504953  # "EPIS": separates episode streams from other users of data.seed
 _SPLITS = {"train": 1, "eval": 2}
@@ -137,19 +138,66 @@ def sample_episodes(mix: Mixture, data: DataConfig, n: int, split: str = "train"
 def unseen_episodes(hmm: HMMConfig, data: DataConfig, n: int) -> tuple[Mixture, Episodes]:
     """n episodes on n fresh tasks that no training episode uses (SCIENCE.md 8): (their mixture, episodes).
 
-    The tasks are make_mixture(hmm with n_tasks = n, stream="unseen"): the family and hyperparameters of the
-    training mixture, drawn from a seed stream of their own (training draws from stream "train"). Episode i
-    uses task i (one fresh task per episode, so the episodes are independent draws over tasks as well as
-    sequences); the episodes' own stream is (data.seed, split "unseen"). task_ids index the returned
-    mixture, not the training one.
+    The tasks are make_mixture(hmm with n_tasks = n, stream="unseen", replicate=data.seed): the family and
+    hyperparameters of the training mixture, drawn from a seed stream of their own (training draws from stream
+    "train", or "fresh" with hmm.n_tasks = 0) that depends on data.seed, so replicate seeds score different unseen
+    tasks and an interval over seeds covers the draw of unseen tasks (issue 26.2). Episode i uses task i (one
+    fresh task per episode, so the episodes are independent draws over tasks as well as sequences); the episodes'
+    own stream is (data.seed, split "unseen"). task_ids index the returned mixture, not the training one.
     """
+    return _own_tasks(hmm, data, n, "unseen")
+
+
+def fit_episodes(hmm: HMMConfig, data: DataConfig, n: int) -> tuple[Mixture, Episodes]:
+    """n episodes on n tasks of the "fit" stream (SCIENCE.md 9): the episodes on which the fair counting baselines'
+    settings (alpha, n-gram order, CTW depth) are chosen, never the evaluation episodes. Same layout as
+    unseen_episodes; tasks make_mixture(n_tasks = n, stream="fit", replicate=data.seed), episodes split "fit"."""
+    return _own_tasks(hmm, data, n, "fit")
+
+
+def family_tasks(hmm: HMMConfig, data: DataConfig, m: int) -> Mixture:
+    """The M tasks of the family-Bayes reference (SCIENCE.md 9): make_mixture(n_tasks = m, stream="family",
+    replicate=data.seed) with a uniform prior; its mixture oracle approximates the Bayes predictor for a task drawn
+    from the family. The first m' < m of them are the reference at M = m' (inference.mixture_oracle of
+    mix.subset(range(m'))), so its convergence in M is read off one draw."""
+    if m < 1:
+        raise ValueError(f"m must be >= 1, got {m}")
+    return make_mixture(dataclasses.replace(hmm, n_tasks=int(m)), stream="family", replicate=data.seed)
+
+
+def fresh_training(hmm: HMMConfig, data: DataConfig, n: int, split: str = "train") -> tuple[Mixture, Episodes]:
+    """Training on fresh tasks (hmm.n_tasks = 0, SCIENCE.md 9): n episodes, episode i on its own task i of
+    make_mixture(n_tasks = n, stream="fresh", replicate=data.seed), episodes from (data.seed, split). Nothing can
+    be retrieved: no task occurs twice. (Training for more than n / batch_size steps repeats episodes, and their
+    tasks, in later epochs; set data.n_train >= train.steps x train.batch_size for one pass.)"""
+    return _own_tasks(hmm, data, n, "fresh", split)
+
+
+def _own_tasks(hmm: HMMConfig, data: DataConfig, n: int, stream: str, split: str | None = None):
+    """n episodes, episode i on task i of make_mixture(n_tasks = n, stream, replicate=data.seed)."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    mix = make_mixture(dataclasses.replace(hmm, n_tasks=int(n)), stream="unseen")
-    rng = np.random.default_rng(np.random.SeedSequence([data.seed, _TAG, _split_code("unseen")]))
-    ep = _episodes(mix, data, np.arange(n, dtype=np.int64), rng, "unseen")
-    ep.meta["tasks"] = "unseen"
+    split = split or stream
+    mix = make_mixture(dataclasses.replace(hmm, n_tasks=int(n)), stream=stream, replicate=data.seed)
+    rng = np.random.default_rng(np.random.SeedSequence([data.seed, _TAG, _split_code(split)]))
+    ep = _episodes(mix, data, np.arange(n, dtype=np.int64), rng, split)
+    ep.meta["tasks"] = stream
     return mix, ep
+
+
+def training_data(hmm: HMMConfig, data: DataConfig) -> tuple[Mixture | None, Episodes, Episodes, Mixture]:
+    """(training mixture or None, training episodes, held-out episodes, the mixture the held-out task ids index).
+
+    hmm.n_tasks >= 1: the mixture make_mixture(hmm); data.n_train episodes (split "train") and data.n_eval held-out
+    episodes (split "eval") of its tasks. hmm.n_tasks = 0 (fresh tasks): no training mixture (None); the training
+    episodes are fresh_training's, each on its own task; the held-out episodes are data.n_eval episodes of unseen
+    tasks (unseen_episodes), so the learning curve (val/*) is measured on tasks no training episode used."""
+    if hmm.n_tasks == 0:
+        _, ep_train = fresh_training(hmm, data, data.n_train)
+        umix, ep_eval = unseen_episodes(hmm, data, data.n_eval)
+        return None, ep_train, ep_eval, umix
+    mix = make_mixture(hmm)
+    return mix, sample_episodes(mix, data, data.n_train, "train"), sample_episodes(mix, data, data.n_eval, "eval"), mix
 
 
 def probe_tasks(n_tasks: int, k: int = 32, seed: int = 0) -> np.ndarray:

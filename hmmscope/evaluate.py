@@ -1,4 +1,4 @@
-"""In-context evaluation: the paper's Figure 1 with its ceiling and the regime references (SCIENCE.md 6, 8),
+"""In-context evaluation: the paper's Figure 1 with its ceiling and the regime references (SCIENCE.md 6, 8, 9),
 and fixed memory (4).
 
 Conventions (shared with hmmscope.inference and hmmscope.baselines): ``pred[i, t, v] = p(token_t = v |
@@ -15,31 +15,57 @@ is predicted from the delimiter before it); with k = 0 the first test token is e
 predictor of the training objective ever sees as a target, so it is dropped for all predictors alike (the
 k = 0 row scores l_test - 1 tokens; ``n_tokens`` says so).
 
+In-context gain on the same tokens (SCIENCE.md 9, issue 26.1): CE(k = 0) - CE(k = k_max), both over exactly the
+same test tokens, the test positions 1..l_test - 1 (``KSet.same``), per episode, then the mean over episodes
+with a 95% normal CI (a paired difference: the same episodes at both k). The task oracle's gain is then exactly
+0 (its prediction of a test token does not depend on the demonstrations). (The by-k CE rows keep every scored
+token; comparing them across k mixes in test position 0 at k >= 1 only, which biased the gain by 0.01-0.02
+nats in the records before this change.)
+
 Accuracy vs the number of demonstrations k is measured on a model trained with n_demos demos by keeping
 only the LAST k demo blocks of each episode (``truncate_demos``); the test segment is unchanged, so the task
 oracle is the same for every k, and every other predictor sees only the k kept demos (and the test prefix).
 
 Predictors (rows of the tables, column ``predictor``): the model; the task oracle (true parameters: the
 ceiling); the mixture oracle over the training tasks (the Bayes predictor of the pretraining objective:
-the ceiling on seen tasks, a reference on unseen ones); and the references of SCIENCE.md 8, none of which
-knows a training task except the first: ``other_mixture_oracle`` (the Bayes predictor of a mixture of
-n_tasks OTHER tasks of the family, hmm.make_mixture(stream="other"): what knowing the family's typical tasks
-gives without the training tasks), ``incontext_unigram`` and ``incontext_bigram`` (add-one counting over the
-episode, baselines.py), ``incontext_hmm`` (an HMM fit by EM to the episode's demonstrations, baselines.py;
-uniform at k = 0). Every predictor has a row at every k evaluated, k = 0 included (the mixture oracle at
-k = 0 is what memorized tasks give without demonstrations).
+the ceiling on seen tasks, a reference on unseen ones; absent when training on fresh tasks, hmm.n_tasks = 0);
+and the references of SCIENCE.md 8-9, none of which knows a training task:
+- ``family_bayes``: the mixture oracle over M tasks of the family's own stream (episodes.family_tasks,
+  eval.family_tasks; 0 leaves it out): the ideal in-context learner of the family, an upper bound on that
+  learner's CE for finite M; its CE at M/4 and M/2 (the first tasks of the same draw) at k = k_max is in
+  ``meta["family_bayes_convergence"]`` so its convergence shows.
+- ``incontext_unigram``, ``incontext_bigram``: add-one counting over the episode (baselines.py, SCIENCE.md 8).
+- ``incontext_ngram``, ``incontext_ctw``, ``best_counting``: the fair counting baselines of SCIENCE.md 9 with
+  their order / depth and alpha fitted per k on episodes of fit tasks (episodes.fit_episodes, never the
+  evaluation episodes; baselines.fit_counting), and per k the better of the two on the fit episodes.
+- ``incontext_hmm``: an HMM fit by EM to the episode's demonstrations (baselines.py; uniform at k = 0).
+Every predictor has a row at every k evaluated, k = 0 included (the mixture oracle at k = 0 is what memorized
+tasks give without demonstrations).
+
+The mixture reference (``EvalSet.meta["mixture_reference"]``): the predictor that kl_mix and excess_ce are
+measured against: the mixture oracle when there is a training mixture, else family_bayes (fresh tasks), else
+the task oracle.
 
 Tasks (column ``tasks``): "seen" = held-out episodes of the training tasks (split "eval"); "unseen" = episodes
 of fresh tasks of the same family that no training episode uses (episodes.unseen_episodes, one task per
-episode), scored against their task oracle.
+episode, a stream that depends on data.seed), scored against their task oracle. With fresh training tasks
+there is no "seen" set: its rows and metrics are absent.
 
 Statistics: per-episode means over the scored tokens, then the mean over episodes with a 95% normal CI
 (mean +- 1.96 sd / sqrt(N)); per-position tables average over episodes at each test position. KL(p || q) =
-sum_v p log(p / q) in nats. The retrieval gap (SCIENCE.md 8) = mean over unseen episodes of (model CE - task
-oracle CE) minus the same over seen episodes, on the test segment at k = k_max; seen and unseen episodes are
-independent samples, so its 95% CI is gap +- 1.96 sqrt(s_u^2 / n_u + s_s^2 / n_s). It is a claim with rule
-"> 0" (the model does better, relative to the ceiling, on the tasks it trained on: retrieval), decided by
-stats.decide.
+sum_v p log(p / q) in nats. Paired comparisons (``Figure1Result.paired``): model minus each baseline, per
+episode on the same scored tokens, mean over episodes with a 95% normal CI. The retrieval gap (SCIENCE.md 8) =
+mean over unseen episodes of (model CE - task oracle CE) minus the same over seen episodes, on the test segment at
+k = k_max; seen and unseen episodes are independent samples, so its 95% CI is gap +- 1.96 sqrt(s_u^2 / n_u +
+s_s^2 / n_s).
+
+Claims (stats.decide), on unseen tasks at k = k_max: ``retrieval_gap`` (rule "> 0": retrieval of memorized
+tasks; needs both task sets), ``icl_gain`` (the model's in-context gain on the same tokens, rule "> 0") and
+``inference_beyond_counting`` (model CE minus best_counting CE, paired, rule "< 0; requires icl_gain"). The
+regime word (SCIENCE.md 9, ``regime``) follows from them: "retrieval" if the retrieval gap is supported, else
+"inference beyond counting" if that claim is supported, else "counting" where the model is shown not below
+best_counting (the paired CI's lower end >= 0), else "undetermined" (a CI that straddles 0, or below best_counting
+with no in-context gain shown).
 
 Cost. The references of one task set are computed once (``eval_set``) and kept; scoring a model on them
 (``score_by_k``, ``figure1_tables``) costs only the model's forward passes, so training can call it at every
@@ -50,6 +76,7 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,19 +86,23 @@ import torch
 from .baselines import DEFAULT_LEARNER, HMMLearner, incontext_bigram, incontext_hmm, incontext_unigram
 from .episodes import Episodes, truncate_demos
 from .hmm import Mixture
-from .inference import memory_error, mixture_oracle, task_oracle
-from .stats import claim, jsonable, rule
+from .inference import mixture_oracle, task_oracle
+from .regimes import REGIMES, _paired, regime, regime_claims, retrieval_gap
+from .stats import jsonable
 
 __all__ = ["model_predictive", "truncate_demos", "eval_set", "EvalSet", "score_by_k", "figure1_tables", "figure1",
-           "Figure1Result", "retrieval_gap", "build_figure1", "plot_figure1", "memory_comparison", "receptive_field",
-           "PREDICTORS", "REFERENCES", "BASELINES", "TASKS"]
+           "Figure1Result", "retrieval_gap", "build_figure1", "plot_figure1",
+           "regime", "references", "REGIMES", "PREDICTORS", "REFERENCES", "BASELINES", "FITTED_COUNTING", "TASKS"]
 
-REFERENCES = ("task_oracle", "mixture_oracle", "other_mixture_oracle", "incontext_unigram", "incontext_bigram",
-              "incontext_hmm")
+FITTED_COUNTING = ("incontext_ngram", "incontext_ctw", "best_counting")
+REFERENCES = ("task_oracle", "mixture_oracle", "family_bayes", "incontext_unigram", "incontext_bigram",
+              *FITTED_COUNTING, "incontext_hmm")
 PREDICTORS = ("model", *REFERENCES)
-BASELINES = REFERENCES[2:]  # logged under baseline/<tasks>/<name>/...
+BASELINES = REFERENCES[2:]  # logged under baseline/<tasks>/<name>/...; compared with the model, paired
 TASKS = ("seen", "unseen")
 _Z = 1.96
+# how the EM learner's restarts are seeded since issue 27.5 (earlier records: one stream for the whole batch)
+_EM_SEEDING = "per fit: SeedSequence([seed, tag, k, l_demo, sha256 of the k demonstrations])"
 
 
 @torch.no_grad()
@@ -117,20 +148,23 @@ def _kl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def _token_metrics(pred: torch.Tensor, y: torch.Tensor, ref: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    """Per-token (N, P) arrays: hit, nll, kl_mix, kl_task for predictions pred (N, P, V) of tokens y."""
+    """Per-token (N, P) arrays: hit, nll, kl_mix (against the mixture reference), kl_task, for predictions pred
+    (N, P, V) of tokens y."""
     p_y = pred.gather(-1, y[..., None])[..., 0]
     return {"acc": (pred.argmax(-1) == y).double().numpy(), "ce": (-torch.log(p_y)).numpy(),
-            "kl_mix": _kl(ref["mixture_oracle"], pred).numpy(), "kl_task": _kl(ref["task_oracle"], pred).numpy()}
+            "kl_mix": _kl(ref["mixture"], pred).numpy(), "kl_task": _kl(ref["task_oracle"], pred).numpy()}
 
 
 _METRICS = ("acc", "ce", "kl_mix", "kl_task", "excess_ce", "excess_ce_task")
 
 
-def _rows(per_token: dict[str, dict[str, np.ndarray]], base: dict, by_position: bool, positions=None) -> list[dict]:
-    """Table rows: one per predictor (and per position if by_position), metrics with 95% CIs."""
+def _rows(per_token: dict[str, dict[str, np.ndarray]], base: dict, by_position: bool, mixture: str,
+          positions=None) -> list[dict]:
+    """Table rows: one per predictor (and per position if by_position), metrics with 95% CIs; excess_ce is
+    against the mixture reference `mixture` (EvalSet.meta["mixture_reference"])."""
     out = []
     for name, m in per_token.items():
-        m = {**m, "excess_ce": m["ce"] - per_token["mixture_oracle"]["ce"],
+        m = {**m, "excess_ce": m["ce"] - per_token[mixture]["ce"],
              "excess_ce_task": m["ce"] - per_token["task_oracle"]["ce"]}
         if by_position:  # statistics over episodes at each test position
             stats = {key: _mean_ci(m[key], 0) for key in _METRICS}
@@ -154,16 +188,18 @@ def _rows(per_token: dict[str, dict[str, np.ndarray]], base: dict, by_position: 
 
 @dataclass
 class KSet:
-    """One k of one evaluation set: the truncated episodes, the scored columns and tokens, the two oracles'
-    predictions there (the model's KL needs them) and every reference predictor's per-token metrics."""
+    """One k of one evaluation set: the truncated episodes, the scored columns and tokens, the oracles'
+    predictions there (the model's KL needs them: task_oracle and the mixture reference, key "mixture") and every
+    reference predictor's per-token metrics."""
 
     k: int
     episodes: Episodes
     cols: np.ndarray  # (P,) scored columns of the truncated episodes
     y: torch.Tensor  # (N, P) scored tokens
-    oracles: dict[str, torch.Tensor]  # task_oracle, mixture_oracle: (N, P, V) float64
+    oracles: dict[str, torch.Tensor]  # task_oracle, mixture (the mixture reference): (N, P, V) float64
     references: dict[str, dict[str, np.ndarray]]  # predictor -> per-token (N, P) acc, ce, kl_mix, kl_task
     p_true: float  # mean mixture posterior of the true task at the test start (NaN on unseen tasks)
+    same: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (Q,) indices into cols: test positions >= 1
 
 
 @dataclass
@@ -174,57 +210,117 @@ class EvalSet:
     ks: list[int]
     by_k: dict[int, KSet]
     meta: dict = field(default_factory=dict)
+    family_episodes: dict = field(default_factory=dict)  # {(M, k): per-episode family_bayes CE (N,)} (eval_set)
 
     @property
     def n_episodes(self) -> int:
         return int(self.by_k[self.ks[0]].y.shape[0])
 
+    @property
+    def mixture_reference(self) -> str:
+        return self.meta.get("mixture_reference", "mixture_oracle")
 
-def eval_set(mix: Mixture, ep: Episodes, *, tasks: str = "seen", task_mix: Mixture | None = None,
-             other: Mixture | None = None, learner: HMMLearner | None = DEFAULT_LEARNER, ks=None, device="cpu",
-             chunk_tasks: int | None = None, oracle_dtype=torch.float64) -> EvalSet:
+
+def _anonymous(e: Episodes) -> Episodes:
+    """e with task ids -1: an oracle over tasks other than the episodes' own must not see their ids (the CPU kernel
+    orders by them)."""
+    return Episodes(e.tokens, e.states, np.full(len(e), -1, np.int64), e.segment, e.position, e.n_tokens, e.n_demos,
+                    e.l_demo, e.l_test, e.meta)
+
+
+def eval_set(mix: Mixture | None, ep: Episodes, *, tasks: str = "seen", task_mix: Mixture | None = None,
+             family: Mixture | None = None, counting=None, learner: HMMLearner | None = DEFAULT_LEARNER, ks=None,
+             device="cpu", chunk_tasks: int | None = None, oracle_dtype=torch.float64,
+             family_sizes: Iterable[int] = (), family_sizes_at: Iterable[int] | None = None) -> EvalSet:
     """Every reference prediction Figure 1 needs on episodes ep, at each k in ks (default 0..n_demos).
 
-    mix: the training mixture (its mixture oracle). task_mix: the mixture ep's task_ids index, for the task
-    oracle (default mix, the seen tasks; for unseen tasks, the mixture episodes.unseen_episodes returned).
-    other: the other-tasks mixture (row other_mixture_oracle; None leaves the row out). learner: the EM
-    learner's settings (None leaves incontext_hmm out). The counting baselines are always there.
+    mix: the training mixture (its mixture oracle), or None when training on fresh tasks (then tasks must be
+    "unseen"). task_mix: the mixture ep's task_ids index, for the task oracle (default mix, the seen tasks; for
+    unseen tasks, the mixture episodes.unseen_episodes returned). family: the family-Bayes tasks
+    (episodes.family_tasks; None leaves family_bayes out); family_sizes: smaller M (the first M tasks of family)
+    whose family_bayes CE goes to meta["family_bayes_convergence"] at each k of family_sizes_at (default: k_max only),
+    per-episode arrays in EvalSet.family_episodes ({(M, k): (N,)}; headroom.py uses them). counting: the fitted counting
+    baselines (baselines.fit_counting on fit-task episodes; None leaves incontext_ngram, incontext_ctw and
+    best_counting out). learner: the EM learner's settings (None leaves incontext_hmm out). The add-one counting
+    baselines are always there.
     """
     if tasks not in TASKS:
         raise ValueError(f"tasks must be one of {TASKS}, got {tasks!r}")
+    if mix is None and (task_mix is None or tasks != "unseen"):
+        raise ValueError("without a training mixture (fresh tasks) only unseen tasks, with their task_mix, are scored")
     task_mix = mix if task_mix is None else task_mix
     seen = task_mix is mix
     ks = sorted(range(ep.n_demos + 1) if ks is None else {int(k) for k in ks})
     hmm_preds = incontext_hmm(ep, ks, learner) if learner is not None else {}
+    mixture = "mixture_oracle" if mix is not None else "family_bayes" if family is not None else "task_oracle"
+    convergence, conv_ep = [], {}
+    conv_ks = {max(ks)} if family_sizes_at is None else {int(k) for k in family_sizes_at}
     by_k = {}
     for k in ks:
         e = truncate_demos(ep, k)
         cols = np.flatnonzero(e.test_mask & (np.arange(e.seq_len) >= 1))
+        same = np.flatnonzero(e.position[cols] >= 1)
         y = torch.as_tensor(np.asarray(e.tokens[:, cols]).astype(np.int64))
-        # an oracle over tasks other than the episodes' own must not see their ids (the CPU kernel orders by them)
-        anon = e if seen else Episodes(e.tokens, e.states, np.full(len(e), -1, np.int64), e.segment, e.position,
-                                       e.n_tokens, e.n_demos, e.l_demo, e.l_test, e.meta)
-        mix_pred, post = mixture_oracle(mix, anon, chunk_tasks=chunk_tasks, posterior_at="test_start",
-                                        dtype=oracle_dtype, device=device)
-        preds = {"task_oracle": task_oracle(task_mix, e, dtype=oracle_dtype, device=device), "mixture_oracle": mix_pred}
-        if other is not None:
-            preds["other_mixture_oracle"] = mixture_oracle(other, Episodes(
-                e.tokens, e.states, np.full(len(e), -1, np.int64), e.segment, e.position, e.n_tokens, e.n_demos,
-                e.l_demo, e.l_test, e.meta), chunk_tasks=chunk_tasks, dtype=oracle_dtype, device=device)[0]
+        anon = e if seen else _anonymous(e)
+        preds = {"task_oracle": task_oracle(task_mix, e, dtype=oracle_dtype, device=device)}
+        post = None
+        if mix is not None:
+            preds["mixture_oracle"], post = mixture_oracle(mix, anon, chunk_tasks=chunk_tasks, posterior_at="test_start",
+                                                           dtype=oracle_dtype, device=device)
+        if family is not None:
+            preds["family_bayes"] = mixture_oracle(family, _anonymous(e), chunk_tasks=chunk_tasks, dtype=oracle_dtype,
+                                                   device=device)[0]
+            if k in conv_ks:
+                for m in sorted({int(m) for m in family_sizes if 1 <= int(m) < family.n_tasks}):
+                    p = mixture_oracle(family.subset(np.arange(m)), _anonymous(e), chunk_tasks=chunk_tasks,
+                                       dtype=oracle_dtype, device=device)[0][:, cols].to("cpu", torch.float64)
+                    ce = (-torch.log(p.gather(-1, y[..., None])[..., 0])).mean(1).numpy()
+                    mean, lo, hi = _mean_ci(ce)
+                    conv_ep[(m, k)] = ce
+                    convergence.append({"M": m, "k": k, "ce": float(mean), "ce_lo": float(lo), "ce_hi": float(hi)})
         preds["incontext_unigram"] = incontext_unigram(e)
         preds["incontext_bigram"] = incontext_bigram(e)
+        if counting is not None:
+            preds.update(counting.predict(e, k))
         if k in hmm_preds:
             preds["incontext_hmm"] = hmm_preds[k]
         preds = {n: p[:, cols].to("cpu", torch.float64) for n, p in preds.items()}
-        oracles = {n: preds[n] for n in ("task_oracle", "mixture_oracle")}
+        oracles = {"task_oracle": preds["task_oracle"], "mixture": preds[mixture]}
         refs = {n: _token_metrics(p, y, oracles) for n, p in preds.items()}
-        p_true = (float(post.cpu()[torch.arange(len(e)), torch.as_tensor(e.task_ids)].double().mean()) if seen
-                  else float("nan"))
-        by_k[k] = KSet(k, e, cols, y, oracles, refs, p_true)
+        p_true = (float(post.cpu()[torch.arange(len(e)), torch.as_tensor(e.task_ids)].double().mean())
+                  if seen and post is not None else float("nan"))
+        by_k[k] = KSet(k, e, cols, y, oracles, refs, p_true, same)
+    if family is not None and convergence:
+        for k in sorted(conv_ks & set(ks)):
+            full = by_k[k].references["family_bayes"]["ce"].mean(1)
+            mean, lo, hi = _mean_ci(full)
+            conv_ep[(int(family.n_tasks), k)] = full
+            convergence.append({"M": int(family.n_tasks), "k": k, "ce": float(mean), "ce_lo": float(lo),
+                                "ce_hi": float(hi)})
     meta = {"tasks": tasks, "n_episodes": len(ep), "dataset_hash": ep.meta.get("dataset_hash"),
-            "n_task_params": int(task_mix.n_tasks), "other_tasks": None if other is None else int(other.n_tasks),
+            "n_task_params": int(task_mix.n_tasks), "family_tasks": None if family is None else int(family.n_tasks),
+            "family_bayes_convergence": convergence, "mixture_reference": mixture,
+            "counting": None if counting is None else counting.describe(),
             "incontext_hmm": None if learner is None else learner.describe()}
-    return EvalSet(tasks, ks, by_k, meta)
+    return EvalSet(tasks, ks, by_k, meta, conv_ep)
+
+
+def references(hmm, data, ev, ks=None) -> tuple[Mixture | None, object | None]:
+    """The references that need their own task streams, for a run with configuration sections hmm, data and ev
+    (config.EvalConfig): (family-Bayes tasks or None, fitted counting baselines or None).
+
+    family: episodes.family_tasks(hmm, data, ev.family_tasks) (None when it is 0). counting:
+    baselines.fit_counting on ev.fit_episodes episodes of fit tasks (episodes.fit_episodes; None when it is 0), at
+    every k in ks (default 0..data.n_demos). Neither stream is the training, unseen-evaluation or other's (hmm.py)."""
+    from .baselines import fit_counting
+    from .episodes import family_tasks, fit_episodes
+
+    family = family_tasks(hmm, data, ev.family_tasks) if ev.family_tasks else None
+    counting = None
+    if ev.fit_episodes:
+        _, fep = fit_episodes(hmm, data, ev.fit_episodes)
+        counting = fit_counting(fep, sorted(range(data.n_demos + 1) if ks is None else {int(k) for k in ks}))
+    return family, counting
 
 
 def _model_tokens(model, es: EvalSet, *, device="cpu", batch_size: int = 64) -> dict[int, dict[str, np.ndarray]]:
@@ -237,33 +333,34 @@ def _model_tokens(model, es: EvalSet, *, device="cpu", batch_size: int = 64) -> 
     return out
 
 
+def _same_ce(es: EvalSet, k: int, per_token: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Per-episode mean CE over the same tokens at every k (test positions >= 1): (N,)."""
+    return per_token["ce"][:, es.by_k[k].same].mean(1)
+
+
+def _gain(es: EvalSet, tokens: Mapping[int, Mapping[str, np.ndarray]]) -> np.ndarray | None:
+    """Per-episode in-context gain on the same tokens, CE(k = 0) - CE(k = k_max) (module docstring); None without
+    k = 0 or with one k only."""
+    if 0 not in es.ks or max(es.ks) == 0:
+        return None
+    return _same_ce(es, 0, tokens[0]) - _same_ce(es, max(es.ks), tokens[max(es.ks)])
+
+
 @torch.no_grad()
 def score_by_k(model: torch.nn.Module, es: EvalSet, *, device="cpu", batch_size: int = 64) -> dict[int, dict]:
-    """The model's test-segment CE and accuracy at each k of es: {k: {"ce", "acc", "excess_ce_task"}} (means over
-    episodes of per-episode means). Only the model's forward passes are computed (the references are in es)."""
+    """The model's test-segment CE and accuracy at each k of es: {k: {"ce", "acc", "excess_ce_task", "ce_same",
+    "vs_best_counting" (where best_counting is in es)}} (means over episodes of per-episode means; ce_same over the
+    same tokens at every k, the in-context gain's). Only the model's forward passes are computed."""
     out = {}
     for k, m in _model_tokens(model, es, device=device, batch_size=batch_size).items():
-        t = es.by_k[k].references["task_oracle"]
+        refs = es.by_k[k].references
+        t = refs["task_oracle"]
         out[k] = {"ce": float(m["ce"].mean(1).mean()), "acc": float(m["acc"].mean(1).mean()),
-                  "excess_ce_task": float((m["ce"] - t["ce"]).mean(1).mean())}
+                  "excess_ce_task": float((m["ce"] - t["ce"]).mean(1).mean()),
+                  "ce_same": float(_same_ce(es, k, m).mean())}
+        if "best_counting" in refs:
+            out[k]["vs_best_counting"] = float((m["ce"] - refs["best_counting"]["ce"]).mean(1).mean())
     return out
-
-
-def retrieval_gap(seen: np.ndarray, unseen: np.ndarray):
-    """The retrieval-gap claim from per-episode excess CE over the task oracle on seen and unseen episodes
-    (module docstring): stats.Claim with rule '> 0', plus the numbers as a dict."""
-    seen, unseen = np.asarray(seen, float), np.asarray(unseen, float)
-    value = float(unseen.mean() - seen.mean())
-    se = math.sqrt(unseen.var(ddof=1) / len(unseen) + seen.var(ddof=1) / len(seen)) \
-        if min(len(seen), len(unseen)) > 1 else float("nan")
-    lo, hi = value - _Z * se, value + _Z * se
-    c = claim("retrieval_gap", "(model CE - task-oracle CE) on unseen tasks minus on seen tasks, test segment, "
-              "k = k_max, nats/token (difference of means over independent episodes, 95% normal CI)",
-              value, lo, hi, rule(">", 0),
-              "positive: the model is closer to the ceiling on the tasks it trained on than on fresh tasks of the "
-              "same family (retrieval of memorized tasks); near 0: in-context inference")
-    return c, {"value": value, "lo": lo, "hi": hi, "n_seen": len(seen), "n_unseen": len(unseen),
-               "seen_excess_ce_task": float(seen.mean()), "unseen_excess_ce_task": float(unseen.mean())}
 
 
 @dataclass
@@ -272,10 +369,13 @@ class Figure1Result:
     (tasks, test position, predictor) at k = k_max (the largest k evaluated, normally n_demos).
     Columns: tasks (seen / unseen), k, [position], predictor, n_episodes, [n_tokens], p_true_task (mixture
     posterior of the true task at the test start, same on every predictor row; empty on unseen tasks), and for
-    each metric acc, ce, kl_mix (KL(mixture oracle || predictor)), kl_task (KL(task oracle || predictor)),
-    excess_ce (CE - mixture oracle CE), excess_ce_task (CE - task oracle CE): the mean and its 95% CI as
-    <metric>_lo/_hi. (A row's n_tokens counts the scored tokens; meta['n_tokens'] is V.) claims: the
-    retrieval gap (when both task sets were evaluated); retrieval: its numbers."""
+    each metric acc, ce, kl_mix (KL(mixture reference || predictor)), kl_task (KL(task oracle || predictor)),
+    excess_ce (CE - mixture reference CE), excess_ce_task (CE - task oracle CE): the mean and its 95% CI as
+    <metric>_lo/_hi. (A row's n_tokens counts the scored tokens; meta['n_tokens'] is V.) paired: one row per
+    (tasks, k, baseline): model minus baseline CE on the same episodes (diff, diff_lo, diff_hi). gains: one row per
+    (tasks, predictor): the in-context gain on the same tokens (icl_gain, icl_gain_lo, icl_gain_hi). claims: the
+    retrieval gap (when both task sets were evaluated), icl_gain and inference_beyond_counting (unseen tasks, with
+    best_counting); retrieval: the gap's numbers; regime: the regime word."""
 
     by_k: list[dict]
     by_position: list[dict]
@@ -283,6 +383,9 @@ class Figure1Result:
     meta: dict = field(default_factory=dict)
     claims: list = field(default_factory=list)
     retrieval: dict | None = None
+    paired: list[dict] = field(default_factory=list)
+    gains: list[dict] = field(default_factory=list)
+    regime: str = "undetermined"
 
     @property
     def tasks(self) -> list[str]:
@@ -293,21 +396,27 @@ class Figure1Result:
         return next(r for r in self.by_k if r["k"] == k and r["predictor"] == predictor and r["tasks"] == tasks)
 
     def headline(self) -> dict[str, float]:
-        """Scalar metrics at k = k_max for MLflow: eval/<tasks>/... (the model and the two oracles),
-        baseline/<tasks>/<reference>/{ce, acc, ce_k0, acc_k0} (the references; the mixture oracle's k = 0 values
-        as baseline/<tasks>/mixture_oracle/{ce_k0, acc_k0}), eval/retrieval_gap with _lo / _hi."""
+        """Scalar metrics at k = k_max for MLflow: eval/<tasks>/... (the model, the task oracle and, with a
+        training mixture, the mixture oracle; excess_ce and kl_mix against the mixture reference),
+        eval/<tasks>/icl_gain (+ _lo / _hi, on the same tokens), baseline/<tasks>/<reference>/{ce, acc, ce_k0,
+        acc_k0, icl_gain} (the references; the mixture oracle's k = 0 values as baseline/<tasks>/mixture_oracle/
+        {ce_k0, acc_k0}), baseline/unseen/family_bayes/ce_M<M> (its convergence in M), on unseen tasks
+        eval/unseen/vs/<baseline>/k<k> (+ _lo / _hi: model minus baseline, paired) and eval/unseen/vs_best_counting
+        (+ _lo / _hi, at k_max), eval/retrieval_gap with _lo / _hi."""
         out: dict[str, float] = {}
-        names = {r["predictor"] for r in self.by_k}
         k0 = 0 in {r["k"] for r in self.by_k}
         for tasks in self.tasks:
-            m, t, x = (self.row(n, tasks=tasks) for n in ("model", "task_oracle", "mixture_oracle"))
+            names = {r["predictor"] for r in self.by_k if r["tasks"] == tasks}
+            m, t = self.row("model", tasks=tasks), self.row("task_oracle", tasks=tasks)
             p = f"eval/{tasks}/"
             out.update({p + "test_acc": m["acc"], p + "test_ce": m["ce"],
-                        p + "oracle_mix_test_acc": x["acc"], p + "oracle_mix_test_ce": x["ce"],
                         p + "oracle_task_test_acc": t["acc"], p + "oracle_task_test_ce": t["ce"],
                         p + "kl_mix": m["kl_mix"], p + "kl_task": m["kl_task"], p + "excess_ce": m["excess_ce"],
-                        p + "excess_ce_task": m["excess_ce_task"], p + "gap_to_mix": x["acc"] - m["acc"],
-                        p + "gap_to_task": t["acc"] - m["acc"]})
+                        p + "excess_ce_task": m["excess_ce_task"], p + "gap_to_task": t["acc"] - m["acc"]})
+            if "mixture_oracle" in names:
+                x = self.row("mixture_oracle", tasks=tasks)
+                out.update({p + "oracle_mix_test_acc": x["acc"], p + "oracle_mix_test_ce": x["ce"],
+                            p + "gap_to_mix": x["acc"] - m["acc"]})
             if tasks == "seen":
                 out[p + "p_true_task"] = m["p_true_task"]
             for name in [n for n in BASELINES if n in names]:
@@ -316,6 +425,18 @@ class Figure1Result:
             for name in [n for n in ("mixture_oracle", *BASELINES) if n in names] if k0 else []:
                 r = self.row(name, 0, tasks)
                 out.update({f"baseline/{tasks}/{name}/ce_k0": r["ce"], f"baseline/{tasks}/{name}/acc_k0": r["acc"]})
+            for g in (g for g in self.gains if g["tasks"] == tasks):
+                key = p + "icl_gain" if g["predictor"] == "model" else f"baseline/{tasks}/{g['predictor']}/icl_gain"
+                out.update({key: g["icl_gain"], **({key + "_lo": g["icl_gain_lo"], key + "_hi": g["icl_gain_hi"]}
+                                                   if g["predictor"] == "model" else {})})
+        for c in (self.meta.get("sets", {}).get("unseen", {}) or {}).get("family_bayes_convergence", []):
+            out[f"baseline/unseen/family_bayes/ce_M{c['M']}"] = c["ce"]
+        for r in (r for r in self.paired if r["tasks"] == "unseen"):
+            key = f"eval/unseen/vs/{r['baseline']}/k{r['k']}"
+            out.update({key: r["diff"], key + "_lo": r["diff_lo"], key + "_hi": r["diff_hi"]})
+            if r["baseline"] == "best_counting" and r["k"] == self.k_max:
+                out.update({"eval/unseen/vs_best_counting": r["diff"], "eval/unseen/vs_best_counting_lo": r["diff_lo"],
+                            "eval/unseen/vs_best_counting_hi": r["diff_hi"]})
         if self.retrieval is not None:
             g = self.retrieval
             out.update({"eval/retrieval_gap": g["value"], "eval/retrieval_gap_lo": g["lo"],
@@ -326,15 +447,20 @@ class Figure1Result:
         """JSON-safe (NaN / inf -> None)."""
         return jsonable({"by_k": self.by_k, "by_position": self.by_position, "k_max": self.k_max,
                          "meta": self.meta, "headline": self.headline(), "claims": self.claims,
-                         "retrieval": self.retrieval})
+                         "retrieval": self.retrieval, "paired": self.paired, "gains": self.gains,
+                         "regime": self.regime})
 
     def to_csv(self, directory) -> list[Path]:
-        """Write figure1_by_k.csv and figure1_by_position.csv into directory; returns the paths."""
+        """Write figure1_by_k.csv, figure1_by_position.csv, figure1_paired.csv and figure1_gains.csv into
+        directory; returns the paths."""
         from .safe_output import atomic_open, make_dir
 
         d = make_dir(directory)
         paths = []
-        for name, rows in (("figure1_by_k.csv", self.by_k), ("figure1_by_position.csv", self.by_position)):
+        for name, rows in (("figure1_by_k.csv", self.by_k), ("figure1_by_position.csv", self.by_position),
+                           ("figure1_paired.csv", self.paired), ("figure1_gains.csv", self.gains)):
+            if not rows:
+                continue
             with atomic_open(d / name, "w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=list(rows[0]))
                 w.writeheader()
@@ -348,182 +474,74 @@ class Figure1Result:
 def figure1_tables(model: torch.nn.Module, sets: list[EvalSet], *, device="cpu", batch_size: int = 64,
                    meta: dict | None = None) -> Figure1Result:
     """Figure 1 from precomputed evaluation sets (``eval_set``): the model is scored on each, beside every
-    reference; with a "seen" and an "unseen" set, the retrieval gap claim is added."""
-    by_k, by_pos, excess = [], [], {}
+    reference; paired comparisons and in-context gains; with a "seen" and an "unseen" set, the retrieval gap claim,
+    and on the unseen set with best_counting the regime claims (module docstring)."""
+    by_k, by_pos, excess, paired, gains = [], [], {}, [], []
+    claims: list = []
     k_max = min(max(es.ks) for es in sets)
     for es in sets:
         model_tok = _model_tokens(model, es, device=device, batch_size=batch_size)
+        km = max(es.ks)
         for k in es.ks:
             ks = es.by_k[k]
             per_token = {"model": model_tok[k], **ks.references}
             base = {"tasks": es.tasks, "k": k, "p_true_task": ks.p_true}
-            by_k += _rows(per_token, base, by_position=False)
-            if k == max(es.ks):
-                by_pos += _rows(per_token, base, by_position=True, positions=ks.episodes.position[ks.cols])
-        km = es.by_k[max(es.ks)]
-        excess[es.tasks] = (model_tok[max(es.ks)]["ce"] - km.references["task_oracle"]["ce"]).mean(1)
-    claims, gap = [], None
+            by_k += _rows(per_token, base, by_position=False, mixture=es.mixture_reference)
+            if k == km:
+                by_pos += _rows(per_token, base, by_position=True, mixture=es.mixture_reference,
+                                positions=ks.episodes.position[ks.cols])
+            model_ce = model_tok[k]["ce"].mean(1)
+            for name in (n for n in BASELINES if n in ks.references):
+                diff, lo, hi = _paired(model_ce - ks.references[name]["ce"].mean(1))
+                paired.append({"tasks": es.tasks, "k": k, "baseline": name, "diff": diff, "diff_lo": lo, "diff_hi": hi,
+                               "n_episodes": len(model_ce)})
+        gain_tokens = {name: {k: (model_tok[k] if name == "model" else es.by_k[k].references[name]) for k in es.ks}
+                       for name in ("model", *es.by_k[km].references)}
+        for name, tok in gain_tokens.items():
+            g = _gain(es, tok)
+            if g is not None:
+                v, lo, hi = _paired(g)
+                gains.append({"tasks": es.tasks, "predictor": name, "icl_gain": v, "icl_gain_lo": lo, "icl_gain_hi": hi,
+                              "k_max": km, "n_episodes": len(g), "n_tokens": int(len(es.by_k[km].same))})
+        excess[es.tasks] = (model_tok[km]["ce"] - es.by_k[km].references["task_oracle"]["ce"]).mean(1)
+        if es.tasks == "unseen" and "best_counting" in es.by_k[km].references and _gain(es, model_tok) is not None:
+            vs = model_tok[km]["ce"].mean(1) - es.by_k[km].references["best_counting"]["ce"].mean(1)
+            claims += regime_claims(_gain(es, model_tok), vs, km)
+    gap = None
     if {"seen", "unseen"} <= set(excess):
         c, gap = retrieval_gap(excess["seen"], excess["unseen"])
-        claims.append(c)
+        claims.insert(0, c)
     return Figure1Result(by_k, by_pos, k_max, {**(meta or {}), "sets": {es.tasks: es.meta for es in sets}},
-                         claims, gap)
+                         claims, gap, paired, gains, regime(claims))
 
 
-def figure1(model: torch.nn.Module, mix: Mixture, ep: Episodes, *, device="cpu", ks=None, batch_size: int = 64,
-            chunk_tasks: int | None = None, oracle_dtype=torch.float64, unseen: tuple[Mixture, Episodes] | None = None,
-            other: Mixture | None = None, learner: HMMLearner | None = DEFAULT_LEARNER) -> Figure1Result:
+def figure1(model: torch.nn.Module, mix: Mixture | None, ep: Episodes | None, *, device="cpu", ks=None,
+            batch_size: int = 64, chunk_tasks: int | None = None, oracle_dtype=torch.float64,
+            unseen: tuple[Mixture, Episodes] | None = None, family: Mixture | None = None, counting=None,
+            family_sizes: Iterable[int] = (), learner: HMMLearner | None = DEFAULT_LEARNER) -> Figure1Result:
     """Next-token accuracy, CE and KL on the test segment vs k (demos kept, default 0..n_demos) and vs test
     position (at the largest k) for the model and every reference predictor (module docstring), on the seen
-    tasks' episodes ep and, with unseen = (unseen tasks' mixture, their episodes), on unseen tasks too."""
-    kw = dict(other=other, learner=learner, ks=ks, device=device, chunk_tasks=chunk_tasks, oracle_dtype=oracle_dtype)
-    sets = [eval_set(mix, ep, tasks="seen", **kw)]
+    tasks' episodes ep and, with unseen = (unseen tasks' mixture, their episodes), on unseen tasks too. With fresh
+    training tasks, mix and ep are None and only the unseen tasks are scored."""
+    kw = dict(family=family, counting=counting, learner=learner, ks=ks, device=device, chunk_tasks=chunk_tasks,
+              oracle_dtype=oracle_dtype)
+    sets = []
+    if mix is not None and ep is not None:
+        sets.append(eval_set(mix, ep, tasks="seen", **{**kw, "family": None}))
     if unseen is not None:
-        sets.append(eval_set(mix, unseen[1], tasks="unseen", task_mix=unseen[0], **kw))
-    meta = {"n_tokens": mix.n_tokens, "n_demos": ep.n_demos, "l_demo": ep.l_demo, "l_test": ep.l_test,
-            "n_episodes": len(ep), "ks": sets[0].ks, "test_start": ep.test_start, "burn_in": ep.burn_in,
-            "dataset_hash": ep.meta.get("dataset_hash"), "predictors": list(dict.fromkeys(
-                ["model", *sets[0].by_k[sets[0].ks[0]].references])),
-            "incontext_hmm": None if learner is None else learner.describe()}
+        sets.append(eval_set(mix, unseen[1], tasks="unseen", task_mix=unseen[0], family_sizes=family_sizes, **kw))
+    if not sets:
+        raise ValueError("figure1 needs seen episodes (mix, ep) or unseen = (mixture, episodes)")
+    first = sets[0]
+    e0 = first.by_k[first.ks[0]].episodes
+    meta = {"n_tokens": e0.n_tokens, "n_demos": (ep if ep is not None else unseen[1]).n_demos, "l_demo": e0.l_demo,
+            "l_test": e0.l_test, "n_episodes": first.n_episodes, "ks": first.ks, "test_start": e0.test_start,
+            "burn_in": e0.burn_in, "dataset_hash": (ep if ep is not None else unseen[1]).meta.get("dataset_hash"),
+            "predictors": list(dict.fromkeys(["model", *(n for es in sets for n in es.by_k[es.ks[0]].references)])),
+            "incontext_hmm": None if learner is None else {**learner.describe(), "seeding": _EM_SEEDING},
+            "counting": None if counting is None else counting.describe()}
     return figure1_tables(model, sets, device=device, batch_size=batch_size, meta=meta)
 
 
-_STYLE = {"model": ("C0", "-", "model", 2.0), "task_oracle": ("C2", "--", "task oracle", 1.4),
-          "mixture_oracle": ("C3", "-", "mixture oracle (training tasks)", 1.4),
-          "other_mixture_oracle": ("C1", ":", "mixture oracle (other tasks)", 1.4),
-          "incontext_unigram": ("C7", "-.", "in-context unigram", 1.2),
-          "incontext_bigram": ("C5", "-.", "in-context bigram", 1.2),
-          "incontext_hmm": ("C4", "--", "in-context HMM (EM)", 1.2)}
-
-
-def _finite(vals) -> list[float]:
-    return [v for v in vals if v is not None and isinstance(v, (int, float)) and math.isfinite(v)]
-
-
-def build_figure1(result: Figure1Result, title: str | None = None):
-    """Figure 1 as a matplotlib Figure: one row per task set (seen, unseen), three panels each: accuracy vs k,
-    CE vs k, accuracy vs test position (k = k_max), every predictor with its 95% CI band. The accuracy panels
-    draw chance (1 / V, dotted gray; V = meta['n_tokens']) and span 0 to above the highest upper CI of any
-    predictor, so the oracles' ceiling is always in view; the CE panel draws log V (a uniform guess). The
-    title carries the run (`title`) and the retrieval gap with its verdict."""
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    tasks = result.tasks
-    fig = Figure(figsize=(16, 4.4 * len(tasks) + 0.6), layout="constrained")
-    axes = fig.subplots(len(tasks), 3, squeeze=False)
-    V = result.meta.get("n_tokens")
-    chance = 1.0 / V if V else None
-    for row, t in zip(axes, tasks):
-        top = 0.0
-        for name, (c, ls, label, lw) in _STYLE.items():
-            for a, rows, xkey, key in ((row[0], result.by_k, "k", "acc"), (row[1], result.by_k, "k", "ce"),
-                                       (row[2], result.by_position, "position", "acc")):
-                r = [q for q in rows if q["predictor"] == name and q["tasks"] == t]
-                if not r:
-                    continue
-                x = [q[xkey] for q in r]
-                a.plot(x, [q[key] for q in r], marker="o" if xkey == "k" else None, ls=ls, color=c, lw=lw, ms=3,
-                       label=label, zorder=3 if name == "model" else 2)  # the model on top
-                a.fill_between(x, [q[f"{key}_lo"] for q in r], [q[f"{key}_hi"] for q in r], color=c, alpha=0.12)
-                if key == "acc":
-                    top = max([top, *_finite(q["acc_hi"] for q in r)])
-        for a in (row[0], row[2]):
-            if chance is not None:
-                a.axhline(chance, color="gray", ls=":", lw=1.2, label=f"chance (1/V = {chance:.3g})")
-            a.set_ylim(0.0, min(1.02, max(top, chance or 0.0) * 1.06 + 0.02))
-        if V:
-            row[1].axhline(math.log(V), color="gray", ls=":", lw=1.2, label=f"uniform (log V = {math.log(V):.3g})")
-        ceiling = "mixture and task oracles = ceiling" if t == "seen" else "task oracle = ceiling"
-        row[0].set(xlabel="demonstrations k", ylabel="test next-token accuracy", title=f"{t} tasks: accuracy vs k ({ceiling})")
-        row[1].set(xlabel="demonstrations k", ylabel="test cross-entropy (nats / token)", title=f"{t} tasks: CE vs k")
-        row[2].set(xlabel="test position", ylabel="next-token accuracy",
-                   title=f"{t} tasks: accuracy vs position (k = {result.k_max})")
-        for a in row:
-            a.xaxis.set_major_locator(MaxNLocator(integer=True))
-            a.grid(alpha=0.3)
-        row[0].legend(fontsize=7, loc="best")
-        row[1].legend(handles=row[1].get_lines()[-1:], fontsize=7, loc="upper right")
-        row[2].legend(handles=row[2].get_lines()[-1:], fontsize=7, loc="lower right")
-    n = result.meta.get("n_episodes")
-    head = "Figure 1: in-context next-token prediction" + (f", {title}" if title else "") \
-        + (f" ({n} held-out episodes per task set, 95% CIs)" if n else "")
-    if result.retrieval is not None and result.claims:
-        g, c = result.retrieval, result.claims[0]
-        head += (f"\nretrieval gap (model - task oracle CE, unseen minus seen, k = {result.k_max}): {g['value']:.3g} "
-                 f"[{g['lo']:.3g}, {g['hi']:.3g}] nats/token, rule {c.rule}: {c.verdict}")
-    fig.suptitle(head)
-    return fig
-
-
-def plot_figure1(result: Figure1Result, path, title: str | None = None) -> list[Path]:
-    """Write Figure 1 (`build_figure1`) as <path>.png and <path>.pdf; returns [png, pdf]."""
-    from .figures import save
-
-    return save(build_figure1(result, title), path)
-
-
-# ---------------------------------------------------------------- fixed memory
-
-
-def receptive_field(n_layers: int, window: int) -> int:
-    """Tokens a stack of n_layers banded attention layers of width `window` sees: n_layers (window - 1) + 1.
-
-    Query t of one layer sees keys t - window + 1 .. t; each further layer reaches window - 1 further back
-    through the residual stream (MLPs and norms act per position). 0 (full causal attention) -> 0 (unbounded).
-    """
-    if window < 0 or n_layers < 1:
-        raise ValueError(f"need window >= 0 and n_layers >= 1, got window={window}, n_layers={n_layers}")
-    return 0 if window == 0 else n_layers * (window - 1) + 1
-
-
-def memory_comparison(model: torch.nn.Module, mix: Mixture, ep: Episodes, window: int, *, n_layers: int | None = None,
-                      n_tasks_theory: int = 4, theory_kw: dict | None = None, device="cpu", batch_size: int = 64,
-                      min_burn_in: int = 100) -> dict:
-    """A windowed model's excess error beside eps(L) at its receptive field L = R (SCIENCE.md 4, practice side).
-
-    Receptive field. A model of n_layers banded layers of width w predicts token j from the
-    R = n_layers (w - 1) + 1 tokens before it (`receptive_field`), not from w: with 4 layers of width 4 it
-    sees 13 tokens. We compare it with eps(R), on the test positions j >= R, where those R tokens are all
-    test tokens (option 1 of issue 8: eps at the model's true receptive field; the model is evaluated on
-    its ordinary episodes). n_layers defaults to model.cfg.n_layers.
-
-    model_tv: mean over episodes of the mean, over test positions j >= R, of TV(task oracle with the full
-    history, model), with a 95% CI over episodes. mix_tv: the same for the mixture oracle (the part of the
-    model's error that task uncertainty alone forces). eps: eps(R) from inference.memory_error averaged
-    over tasks 0..n_tasks_theory-1 (theory_kw: n_histories, burn_in, seed), eps_se its standard error.
-    eps is defined on *stationary* histories: like-for-like only when data.test_start == "midstream" with
-    burn_in >= min_burn_in (``comparable``). Even then model_tv also contains the model's task uncertainty
-    and approximation error, so it is an upper-side comparison, not a test of equality. When R >= l_test
-    no test position has a test-only receptive field: the dict says so (n_positions 0, comparable False,
-    reason) and carries no model_tv / eps.
-    """
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
-    if n_layers is None:
-        n_layers = getattr(getattr(model, "cfg", None), "n_layers", None)
-        if n_layers is None:
-            raise ValueError("n_layers is required when the model has no cfg.n_layers")
-    R = receptive_field(int(n_layers), int(window))
-    kw = {"n_histories": 500, "burn_in": 200, "seed": 0, **(theory_kw or {})}
-    cols = np.flatnonzero(ep.test_mask & (ep.position >= R) & (np.arange(ep.seq_len) >= 1))
-    out = {"window": int(window), "n_layers": int(n_layers), "receptive_field": R, "n_positions": int(len(cols)),
-           "n_episodes": len(ep), "test_start": ep.test_start, "burn_in": ep.burn_in}
-    if len(cols) == 0:
-        return {**out, "comparable": False,
-                "reason": f"receptive field {R} = {n_layers} x ({window} - 1) + 1 >= l_test = {ep.l_test}: no test "
-                          "position sees test tokens only"}
-    task = task_oracle(mix, ep, dtype=torch.float64, device=device)[:, cols].cpu()
-    mixp = mixture_oracle(mix, ep, dtype=torch.float64, device=device)[0][:, cols].cpu()
-    modp = model_predictive(model, ep.tokens, device, batch_size, n_obs=mix.n_tokens, dtype=torch.float64)[:, cols]
-    for name, p in (("model_tv", modp), ("mix_tv", mixp)):
-        m, lo, hi = _mean_ci((0.5 * (p - task).abs().sum(-1)).mean(1).numpy())
-        out.update({name: float(m), f"{name}_lo": float(lo), f"{name}_hi": float(hi)})
-    tasks = list(range(min(n_tasks_theory, mix.n_tasks)))
-    res = [memory_error(mix.task(i), [R], **kw) for i in tasks]
-    eps = np.array([r.eps[0] for r in res])
-    out.update({"eps": float(eps.mean()), "eps_L": R,
-                "eps_se": float(np.sqrt(sum(r.stderr[0] ** 2 for r in res)) / len(res)),
-                "eps_per_task": eps.tolist(), "eps_tasks": tasks, "theory_kw": kw,
-                "comparable": bool(ep.test_start == "midstream" and ep.burn_in >= min_burn_in)})
-    return out
+# Figure 1's drawing (figure1_plot.py), re-exported (fixed memory, evaluate's before: fixed_memory.py)
+from .figure1_plot import build_figure1, plot_figure1  # noqa: E402

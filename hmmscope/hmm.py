@@ -203,7 +203,7 @@ def emission_matrix(reveal: np.ndarray, V: int, gamma: float) -> np.ndarray:
     return gamma * E + (1.0 - gamma) / V
 
 
-STREAMS = ("train", "unseen", "other")  # the seed streams of make_mixture (SCIENCE.md 8)
+STREAMS = ("train", "unseen", "other", "fit", "family", "fresh")  # the seed streams of make_mixture (SCIENCE.md 8, 9)
 
 
 def _stream_code(stream: str) -> int:
@@ -211,18 +211,32 @@ def _stream_code(stream: str) -> int:
     return int(hashlib.sha256(f"hmm-stream:{stream}".encode()).hexdigest()[:8], 16) | 1
 
 
-def make_mixture(cfg: HMMConfig, dtype=np.float64, *, stream: str = "train") -> Mixture:
+def make_mixture(cfg: HMMConfig, dtype=np.float64, *, stream: str = "train", replicate: int | None = None) -> Mixture:
     """Draw cfg.n_tasks HMMs from the family with cfg.seed; same config -> same bits.
 
     stream: "train" (the training mixture: SeedSequence([seed, TAG]), unchanged since the first records) or
-    another name, e.g. "unseen" (fresh tasks for evaluation, SCIENCE.md 8) or "other" (the tasks of the
-    other-mixture reference): SeedSequence([seed, TAG, tag(stream)]), a stream no training task uses. Same
-    family, hyperparameters and code path; only the random stream differs. The config_hash of a non-training
-    mixture names its stream, so episodes drawn from it never share a dataset hash with training data.
+    another name: SeedSequence([seed, TAG, tag(stream)] + [replicate]), a stream no training task uses. The
+    streams hmmscope draws (SCIENCE.md 8, 9), each disjoint from the others:
+    - "unseen": fresh tasks for evaluation (episodes.unseen_episodes; replicate = data.seed, so each replicate
+      seed scores its own unseen tasks and an interval over seeds covers the draw of unseen tasks);
+    - "fit": the tasks whose episodes fit the counting baselines' settings (episodes.fit_episodes);
+    - "family": the tasks of the family-Bayes reference (episodes.family_tasks);
+    - "fresh": the training tasks when hmm.n_tasks = 0, one per training episode (episodes.fresh_training);
+    - "other": the other-tasks mixture of the earlier records (no replicate).
+    Same family, hyperparameters and code path; only the random stream differs. The config_hash of a non-training
+    mixture names its stream (and replicate), so episodes drawn from it never share a dataset hash with training
+    data. cfg.n_tasks must be >= 1 here (hmm.n_tasks = 0, "fresh tasks", is resolved by the callers).
     """
     if not isinstance(stream, str) or not stream:
         raise ValueError(f"stream must be a non-empty name, got {stream!r}")
+    if stream == "train" and replicate is not None:
+        raise ValueError("the training stream takes no replicate (it is keyed by hmm.seed alone)")
+    if cfg.n_tasks < 1:
+        raise ValueError(f"make_mixture needs n_tasks >= 1, got {cfg.n_tasks} (0 means fresh tasks: "
+                         "episodes.fresh_training draws them)")
     entropy = [cfg.seed, 0x484D4D] + ([] if stream == "train" else [_stream_code(stream)])
+    if replicate is not None:
+        entropy.append(int(replicate))
     rng = np.random.default_rng(np.random.SeedSequence(entropy))
     n, S, V, d = cfg.n_tasks, cfg.n_states, cfg.n_tokens, cfg.rank
     if cfg.family == "dirichlet":
@@ -234,7 +248,8 @@ def make_mixture(cfg: HMMConfig, dtype=np.float64, *, stream: str = "train") -> 
     O = emission_matrix(revealing_map(rng, n, S, V), V, cfg.gamma)
     mu = _dirichlet(rng, 1.0, (n, S))
     prior = np.full(n, 1.0 / n)
-    h = config_hash(cfg) if stream == "train" else f"{config_hash(cfg)}-{stream}"
+    h = config_hash(cfg) if stream == "train" else f"{config_hash(cfg)}-{stream}" + (
+        "" if replicate is None else f"-r{int(replicate)}")
     return Mixture(mu.astype(dtype), W.astype(dtype), Q.astype(dtype), O.astype(dtype), prior, h)
 
 

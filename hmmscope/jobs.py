@@ -83,44 +83,59 @@ def _require_checkpoint(run: tracking.Run) -> None:
 
 class EvalMetrics(dict):
     """evaluate_run's headline metrics (a dict, as before), with `files`: what it wrote under `out` ([] if none),
-    and `claims`: the retrieval-gap claim (stats.Claim, decided by stats.decide)."""
+    `claims`: Figure 1's claims (stats.Claim, decided by stats.decide: the retrieval gap, icl_gain,
+    inference_beyond_counting) and `regime`: the regime word (evaluate.regime)."""
 
     files: list[Path]
     claims: list
+    regime: str = "undetermined"
 
 
 def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: str = "auto",
-                   n_episodes: int | None = None, batch_size: int = 64, out: Path | None = None) -> EvalMetrics:
+                   n_episodes: int | None = None, batch_size: int = 64, out: Path | None = None,
+                   say: Callable[[str], Any] | None = None) -> EvalMetrics:
     """Figure 1 for `model` (trained with `cfg`, `step` optimizer steps, in MLflow run `run`): tables, figure
     (PNG + PDF) and headline metrics logged into that run at `step`.
 
     The model is evaluated as it is, in memory (moved to `device`, eval mode): the main job hands in the model
     it just trained; `evaluate_run` the one it loads from a run's checkpoint.
-    Seen tasks: n_episodes (default data.n_eval) held-out episodes of the training tasks; unseen tasks: as many
-    episodes of fresh tasks (episodes.unseen_episodes); references include the mixture of n_tasks other tasks
-    (make_mixture(stream="other")), the counting baselines and the EM learner (evaluate.py). The retrieval gap
-    is logged as eval/retrieval_gap(_lo, _hi) and as a claim (in the run's table claims.json, with the headline
-    counts claims/<verdict>). With `out`, the same files are also kept in out/<run name>-<id8>/evaluation/
-    (`run_folder`) and their paths returned in `.files`; without, they live in a temporary folder only."""
+    Seen tasks: n_episodes (default data.n_eval) held-out episodes of the training tasks (none with fresh tasks,
+    hmm.n_tasks = 0); unseen tasks: as many episodes of fresh tasks (episodes.unseen_episodes); references: the
+    family-Bayes reference over eval.family_tasks tasks (with its CE at M/4 and M/2), the counting baselines (add-one,
+    and the n-gram / CTW fitted on eval.fit_episodes fit-task episodes, with best_counting; their chosen settings
+    logged as params counting.*) and the EM learner with eval.em_states states (evaluate.py). The claims (retrieval
+    gap, icl_gain, inference_beyond_counting) go to the run's table claims.json (with the headline counts
+    claims/<verdict>), the regime word to the tag hmmscope.regime, Figure 1's wall time to eval/figure1_s (and to
+    `say`, a line). With `out`, the same files are also kept in out/<run name>-<id8>/evaluation/ (`run_folder`) and
+    their paths returned in `.files`; without, they live in a temporary folder only."""
+    import time
+
     import torch
 
+    from .baselines import HMMLearner
+    from .config import em_states
     from .episodes import sample_episodes, unseen_episodes
-    from .evaluate import figure1, memory_comparison, plot_figure1
+    from .evaluate import figure1, plot_figure1, references
+    from .fixed_memory import memory_comparison
     from .hmm import make_mixture
     from .train import resolve_device
 
+    t0 = time.perf_counter()
     run_id = run.run_id
     dev = resolve_device(device)
     model = model.to(dev).eval()
-    mix = make_mixture(cfg.hmm)
-    ep = sample_episodes(mix, cfg.data, n_episodes or cfg.data.n_eval, "eval")
-    unseen = unseen_episodes(cfg.hmm, cfg.data, len(ep))
+    n = n_episodes or cfg.data.n_eval
+    mix = make_mixture(cfg.hmm) if cfg.hmm.n_tasks > 0 else None
+    ep = sample_episodes(mix, cfg.data, n, "eval") if mix is not None else None
+    unseen = unseen_episodes(cfg.hmm, cfg.data, n)
+    family, counting = references(cfg.hmm, cfg.data, cfg.eval)
+    M = cfg.eval.family_tasks
     with torch.no_grad():
-        res = figure1(model, mix, ep, device=str(dev), batch_size=batch_size, unseen=unseen,
-                      other=make_mixture(cfg.hmm, stream="other"))
+        res = figure1(model, mix, ep, device=str(dev), batch_size=batch_size, unseen=unseen, family=family,
+                      counting=counting, family_sizes=(M // 4, M // 2), learner=HMMLearner(n_states=em_states(cfg)))
     metrics = res.headline()
     extra: dict[str, Any] = {}
-    if cfg.model.window > 0:
+    if cfg.model.window > 0 and mix is not None:
         extra = memory_comparison(model, mix, ep, cfg.model.window, n_layers=cfg.model.n_layers, device=str(dev),
                                   batch_size=batch_size)  # eps at the receptive field n_layers (window - 1) + 1
         metrics.update({f"memory/{k}": float(v) for k, v in extra.items()
@@ -133,16 +148,24 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
         files.append(d / "figure1.json")
         for f in files:
             run.log_artifact(f, "evaluation")
+    metrics["eval/figure1_s"] = time.perf_counter() - t0
+    if counting is not None:
+        run.log_params(counting.params())
     run.log_metrics(metrics, step=step)
     run.log_claims(res.claims)
+    run.set_tags({"hmmscope.regime": res.regime})
+    if say is not None:
+        say(f"Figure 1: {metrics['eval/figure1_s']:.1f} s ({len(res.tasks)} task set{'s' if len(res.tasks) > 1 else ''} "
+            f"x {n} episodes, k = 0..{res.k_max}); regime: {res.regime}")
     result = EvalMetrics(metrics)
     result.files = files if out is not None else []
     result.claims = list(res.claims)
+    result.regime = res.regime
     return result
 
 
 def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int | None = None,
-                 batch_size: int = 64, out: Path | None = None) -> EvalMetrics:
+                 batch_size: int = 64, out: Path | None = None, say: Callable[[str], Any] | None = None) -> EvalMetrics:
     """`evaluate_model` on a run's last checkpoint (a run from elsewhere: `hmmscope evaluate RUN_ID`).
 
     Bad input (unknown run, no checkpoint, unknown device) raises ValueError before the checkpoint is read."""
@@ -156,7 +179,7 @@ def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int
         ck = load_checkpoint(uri, run_id, tmp)
     model, cfg = model_from_checkpoint(ck)
     return evaluate_model(model, cfg, int(ck["step"]), run, device=device, n_episodes=n_episodes,
-                          batch_size=batch_size, out=out)
+                          batch_size=batch_size, out=out, say=say)
 
 
 # ---------------------------------------------------------------- analysis (Figures 2, 3a, 3b, belief probes)
@@ -187,7 +210,7 @@ def _analysis_metrics(shuffle, probes) -> dict[str, float]:
         for key in ("r2", "r2_lo", "r2_hi", "control_r2"):
             m[f"probe/belief/layer{r['layer']}/{key}"] = r[key]
     for r in probes.summary:
-        for key in ("best_acc", "baseline_acc"):
+        for key in ("best_acc", "baseline_acc", "token_acc"):
             if key in r:
                 m[f"probe/{r['target']}/{key}"] = r[key]
     return {k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -226,7 +249,7 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
 
     import torch
 
-    from .episodes import probe_episodes, sample_episodes
+    from .episodes import probe_episodes, sample_episodes, unseen_episodes
     from .hmm import make_mixture
     from .probes import run_probes
     from .shuffle import shuffle_test
@@ -257,8 +280,11 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
     with tracking.start_run(uri, experiment, "analysis", parent=parent, params=params,
                             tags={"hmmscope.kind": "analysis"}, note=note, config=cfg, system_metrics=True) as run:
         say(f"analysis run {run.run_id} started")
-        mix = make_mixture(cfg.hmm)
-        ep = sample_episodes(mix, cfg.data, n_episodes or cfg.data.n_eval, "eval")
+        if cfg.hmm.n_tasks > 0:
+            mix = make_mixture(cfg.hmm)
+            ep = sample_episodes(mix, cfg.data, n_episodes or cfg.data.n_eval, "eval")
+        else:  # fresh training tasks: the shuffle test and the probes run on unseen tasks (no task was seen twice)
+            mix, ep = unseen_episodes(cfg.hmm, cfg.data, n_episodes or cfg.data.n_eval)
         run.log_params({"analysis.n_episodes": len(ep)})
         say(f"mixture ({mix.n_tasks} tasks) and {len(ep)} eval episodes drawn")
         t0 = time.perf_counter()
@@ -330,6 +356,34 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
                          n_episodes=n_episodes, ks=ks, n_perms=n_perms, seed=seed, experiment=experiment,
                          probe_tasks=probe_tasks, min_per_task=min_per_task, out=out, probe_jobs=probe_jobs,
                          progress=progress, origin="checkpoint loaded", t_start=t_start)
+
+
+# ---------------------------------------------------------------- headroom (SCIENCE.md 9)
+
+HEADROOM_SECTIONS = ("hmm", "data", "eval")
+
+
+def headroom_job(cfg: Config, uri: str, experiment: str, *, parent: str | None = None, run_name: str = "headroom",
+                 tags: dict[str, Any] | None = None, note: str | None = None, device: str = "cpu",
+                 n_episodes: int | None = None):
+    """`headroom.headroom` (trains nothing) as one MLflow run: params hmm/data/eval, metrics headroom/*
+    (HeadroomResult.metrics), the counting fit's params counting.*, the result as headroom.json. n_episodes defaults to
+    data.n_eval (a sweep trial's). Returns (result, run_id); the run opens when the work starts."""
+    from .headroom import headroom
+
+    n = n_episodes or cfg.data.n_eval
+    with tracking.start_run(uri, experiment, run_name, parent=parent,
+                            params=tracking.config_params(cfg, HEADROOM_SECTIONS),
+                            tags={"hmmscope.kind": "headroom", **(tags or {})},
+                            note=note or f"Headroom above counting ({cfg.hmm.family}, S {cfg.hmm.n_states}, V "
+                                         f"{cfg.hmm.n_tokens}, gamma {cfg.hmm.gamma:g}): running",
+                            config=cfg) as run:
+        res = headroom(cfg, n_episodes=n, device=device)
+        run.log_params(res.params)
+        run.log_metrics(res.metrics())
+        run.log_dict(json.dumps(res.to_dict(), indent=2), "headroom.json")
+        run.set_tags({"mlflow.note.content": tracking.note_line(note or res.line())})
+    return res, run.run_id
 
 
 # ---------------------------------------------------------------- theory

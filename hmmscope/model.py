@@ -9,11 +9,17 @@ Design (lean, nanoGPT-like):
   "absolute" adds a learned table; "sinusoidal" adds the fixed Vaswani table; "none" adds nothing
   (the causal mask is the only source of order).
 - Attention: fused torch scaled_dot_product_attention (is_causal=True, or a cached boolean banded mask
-  when cfg.window > 0: query t sees keys t-window+1..t). When `Attention.explicit` is set (run_with_cache
+  when cfg.window > 0: query t sees keys t-window+1..t); `attention_kernels` pins its kernel (train.attention:
+  flash, efficient, cudnn or math; auto leaves torch's choice, flash on CUDA at bf16 and on the CPU where it
+  fits). When `Attention.explicit` is set (run_with_cache
   does it when attention scores/patterns are requested) the scores q @ k^T / sqrt(Dh) are materialized,
   masked with -inf, exposed at hook_attn_scores, softmaxed (hook_pattern) and applied to v.
 - Dropout (cfg.dropout > 0, training only) on the embedding, the attention-sublayer output and the MLP
   output; none on attention probabilities (that would push SDPA off its fused CPU kernel: ~1.6x slower).
+- Compiling (`Transformer.compile_forward`, train.compile): the whole model (one graph of every layer) or each
+  block alone ("blocks": the blocks share one compiled graph, so compiling costs one layer's time; the
+  regions between the blocks stay eager). The compiled callable is the training step's only: the module
+  itself, its state dict, evaluation and hooks stay eager.
 - Hook points (identity modules; forward hooks read them): hook_embed (layer-0 residual),
   blocks.{l}.attn.hook_q / hook_k (post-RoPE, (B, H, T, Dh)), blocks.{l}.attn.hook_attn_scores and
   hook_pattern ((B, H, T, T), explicit path only), blocks.{l}.hook_resid_post ((B, T, D)).
@@ -21,8 +27,10 @@ Design (lean, nanoGPT-like):
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 import torch.nn as nn
@@ -163,10 +171,12 @@ class Transformer(nn.Module):
             if getattr(m, "bias", None) is not None:
                 nn.init.zeros_(m.bias)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, loss_mask: torch.Tensor | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, loss_mask: torch.Tensor | None = None,
+                *, blocks: Sequence[Callable] | None = None):
         """idx (B, T) long -> (logits (B, T, V), mean cross-entropy over loss_mask positions, or None).
 
-        logits[:, t] predicts targets[:, t]; loss_mask (B, T) bool (None = every position).
+        logits[:, t] predicts targets[:, t]; loss_mask (B, T) bool (None = every position). blocks: callables
+        run in place of self.blocks, one per layer (the compiled blocks of `compile_forward`).
         """
         B, T = idx.shape
         if T > self.cfg.max_len:
@@ -178,7 +188,7 @@ class Transformer(nn.Module):
             x = x + self.pos_table[:T].to(x.dtype)
         x = self.drop(self.hook_embed(x))
         rope = (self.rope_cos, self.rope_sin) if self.cfg.pos_enc == "rope" else None
-        for block in self.blocks:
+        for block in self.blocks if blocks is None else blocks:
             x = block(x, rope, self.mask)
         logits = self.head(self.ln_f(x))  # (B, T, V)
         if targets is None:
@@ -215,11 +225,46 @@ class Transformer(nn.Module):
         fused = all(p.device.type in ("cuda", "cpu") for p in params)
         return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused or None)
 
+    def compile_forward(self, scope: str = "model", **compile_kw) -> Callable:
+        """A torch.compile'd callable with this module's forward signature, for the training step.
+
+        scope "model": torch.compile(self) (one graph over every layer); "blocks": each block compiled alone and
+        run by this (eager) forward through its `blocks` argument. Identical blocks share one compiled graph
+        (dynamo traces parameters as inputs), so the compile time is about one layer's. compile_kw go to
+        torch.compile (e.g. backend). The module is not changed: its own calls stay eager."""
+        if scope == "model":
+            return torch.compile(self, **compile_kw)
+        if scope != "blocks":
+            raise ValueError(f"unknown compile scope {scope!r} (model or blocks)")
+        return functools.partial(self, blocks=[torch.compile(b, **compile_kw) for b in self.blocks])
+
     def hook_names(self) -> list[str]:
         return [n for n, m in self.named_modules() if isinstance(m, HookPoint)]
 
     def run_with_cache(self, idx, names=None, **kw):
         return run_with_cache(self, idx, names, **kw)
+
+
+SDPA_KERNELS = ("flash", "efficient", "cudnn", "math")
+
+
+def attention_kernels(name: str, device: torch.device | str) -> Callable[[], AbstractContextManager]:
+    """train.attention on `device`: a factory of fresh contexts that pin scaled_dot_product_attention's kernel.
+
+    "auto": no pin (torch's choice); "flash" / "math" on any device; "efficient" / "cudnn" on CUDA only
+    (ValueError elsewhere, before any work). A kernel that does not fit the inputs raises at the first call."""
+    device = torch.device(device)
+    if name == "auto":
+        return nullcontext
+    if name not in SDPA_KERNELS:
+        raise ValueError(f"unknown attention kernel {name!r} (auto, {', '.join(SDPA_KERNELS)})")
+    if name in ("efficient", "cudnn") and device.type != "cuda":
+        raise ValueError(f"train.attention={name} needs a CUDA device, got {device}")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+               "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[name]
+    return functools.partial(sdpa_kernel, [backend])
 
 
 class _StopForward(Exception):

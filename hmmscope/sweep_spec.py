@@ -5,7 +5,7 @@ Spec format (TOML, validated strictly by `load_spec` before any study or run exi
     [sweep]
     name = "smoke"                 # the Optuna study name: 1-100 of [A-Za-z0-9._-] (it names folders)
     base = "tiny"                  # a preset, or: config = "path.toml" (relative to the spec file)
-    kind = "train"                 # train | theory
+    kind = "train"                 # train | theory | headroom (the room above counting, hmm/data/eval keys only; trains nothing)
     objective = "eval/seen/excess_ce"   # a metric the trial logs (see OBJECTIVES below; checked here)
     direction = "minimize"         # minimize | maximize
     sampler = "grid"               # grid | tpe | random
@@ -35,13 +35,13 @@ trial after [fixed], through `config.override` (unknown keys and wrong types ref
 in [space] is refused. The values join the spec's text as a [set] table (a spec file may hold one too: it is
 applied after [fixed]), so the study stores them and its workers use them, and they are part of the identity
 below: a study created without them is not resumed with them (one line: rename the sweep), except the run-time
-keys (train.device, train.compile), which move a sweep without renaming it.
+keys (train.device, train.compile, train.attention), which move a sweep without renaming it.
 
 Identity. A study remembers its spec; running a spec under an existing study's name needs the same
 identity (`SweepSpec.hash`, sha256 of the canonical parsed spec): the keys that change what a trial
 computes or how trials are chosen and scored. Run-time keys do not count: storage, heartbeat_interval,
-grace_period, max_retry (sweep table), and the config keys train.device and train.compile (RUNTIME_CONFIG,
-in [fixed] or in the base config; the trainer accepts the same keys as changed on resume). So moving a
+grace_period, max_retry (sweep table), and the config keys train.device, train.compile and train.attention
+(RUNTIME_CONFIG, in [fixed] or in the base config; the trainer accepts the same keys as changed on resume). So moving a
 sweep to a GPU, or giving it a longer heartbeat, keeps its name; the study then stores the new text.
 The experiment counts: a sweep's runs stay in one MLflow experiment. Defaults and explicit values are the
 same identity (the canonical form is the parsed spec, not its text).
@@ -94,7 +94,7 @@ SWEEP_KEYS = {"name", "base", "config", "kind", "objective", "direction", "sampl
               "seeds", "storage", "analyze", "experiment", "heartbeat_interval", "grace_period", "max_retry",
               "sampler_seed", "prune_startup"}
 TABLES = {"sweep", "fixed", "space", "set"}
-KINDS, SAMPLERS, PRUNERS, DIRECTIONS = ("train", "theory"), ("grid", "tpe", "random"), ("none", "median"), \
+KINDS, SAMPLERS, PRUNERS, DIRECTIONS = ("train", "theory", "headroom"), ("grid", "tpe", "random"), ("none", "median"), \
     ("minimize", "maximize")
 DIST_KEYS = {"grid", "choices", "low", "high", "log", "step"}
 MAX_GRID = 100_000
@@ -108,9 +108,17 @@ _FIGURE1 = ("test_acc", "test_ce", "oracle_mix_test_acc", "oracle_mix_test_ce", 
 TRAIN_OBJECTIVES = frozenset(
     [f"val/{k}" for k in ("loss", "acc", "test_loss", "test_acc")] + ["oracle/loss", "oracle/acc"]
     + ["val/excess_ce", "eval/seen/p_true_task", "eval/retrieval_gap", "eval/retrieval_gap_lo", "eval/retrieval_gap_hi"]
-    + [f"eval/{t}/{k}" for t in ("seen", "unseen") for k in _FIGURE1])
-BASELINE_OBJECTIVE = re.compile(r"baseline/(seen|unseen)/(mixture_oracle|other_mixture_oracle|incontext_unigram"
-                                r"|incontext_bigram|incontext_hmm)/(ce|acc)(_k0)?")
+    + [f"eval/{t}/{k}" for t in ("seen", "unseen") for k in _FIGURE1]
+    + [f"eval/{t}/icl_gain{s}" for t in ("seen", "unseen") for s in ("", "_lo", "_hi")]
+    + [f"eval/unseen/vs_best_counting{s}" for s in ("", "_lo", "_hi")] + ["eval/figure1_s"])
+_MIXTURE_ONLY = frozenset(k for k in TRAIN_OBJECTIVES if k.startswith("eval/seen/") or k.startswith("eval/retrieval_gap")
+                          or "oracle_mix" in k or k.endswith("/gap_to_mix"))  # absent with fresh tasks
+BASELINE_OBJECTIVE = re.compile(r"baseline/(seen|unseen)/(mixture_oracle|family_bayes|incontext_unigram|incontext_bigram"
+                                r"|incontext_ngram|incontext_ctw|best_counting|incontext_hmm)/(ce|acc|icl_gain)(_k0)?")
+VS_OBJECTIVE = re.compile(r"eval/unseen/vs/[a-z_]+/k\d+(_lo|_hi)?")
+HEADROOM_OBJECTIVES = frozenset(["headroom/room", "headroom/room_lo", "headroom/room_hi", "headroom/seconds"])
+HEADROOM_OBJECTIVE = re.compile(r"headroom/room/k\d+(_lo|_hi)?|headroom/[a-z_0-9]+/ce/k\d+")
+HEADROOM_SECTIONS = ("hmm.", "data.", "eval.")  # what a headroom trial reads (it trains nothing)
 LEGACY_OBJECTIVES = {**{f"eval/{k}": f"eval/seen/{k}" for k in (*_FIGURE1, "p_true_task")},
                      "oracle/test_acc": "eval/seen/oracle_mix_test_acc", "oracle/test_loss": "eval/seen/oracle_mix_test_ce"}
 MEMORY_OBJECTIVE = re.compile(r"memory/[a-z0-9_]+")
@@ -124,7 +132,7 @@ PRUNE_PROXY = {"eval/seen/excess_ce": "val/excess_ce", "eval/seen/test_acc": "va
                "eval/seen/test_ce": "val/test_loss"}
 # Identity (module docstring): sweep keys that do not count, and config keys that do not.
 RUNTIME_SWEEP_KEYS = frozenset({"storage", "heartbeat_interval", "grace_period", "max_retry"})
-RUNTIME_CONFIG = frozenset({"train.device", "train.compile"})
+RUNTIME_CONFIG = frozenset({"train.device", "train.compile", "train.attention"})
 # Trial names: short labels of common config keys (by their last part); others use that last part.
 ABBREV = {"gamma": "g", "gammas": "g", "rank": "d", "ranks": "d", "rho": "rho", "rhos": "rho", "n_states": "S",
           "n_tasks": "T", "n_tokens": "V", "n_layers": "L", "n_heads": "H", "d_model": "dm", "d_mlp": "dmlp",
@@ -246,8 +254,11 @@ def _label_value(label: str, v: Any) -> str:
 
 
 def seed_keys(kind: str, seed: int) -> dict[str, int]:
-    """Replicate seed -> config keys (the HMM mixture, hmm.seed, is shared by replicates)."""
-    return {"theory.seed": seed} if kind == "theory" else {"train.seed": seed, "data.seed": seed}
+    """Replicate seed -> config keys (the HMM mixture, hmm.seed, is shared by replicates; the unseen, fit, family and
+    fresh task streams follow data.seed, so a headroom replicate draws new tasks)."""
+    if kind == "theory":
+        return {"theory.seed": seed}
+    return {"data.seed": seed} if kind == "headroom" else {"train.seed": seed, "data.seed": seed}
 
 
 RANGE_PROBES = 33  # values of a random/TPE range checked up front (both ends and evenly spaced interior points)
@@ -317,7 +328,7 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
             raise _err(path, f"sweep.{k}", f"must be one of {ok}, got {v!r}")
     if pruner != "none" and kind != "train":
         raise _err(path, "sweep.pruner", "pruning needs kind='train' (intermediate evaluations)")
-    objective = get("objective", str, "theory/rate" if kind == "theory" else "eval/seen/excess_ce")
+    objective = get("objective", str, {"theory": "theory/rate", "headroom": "headroom/room"}.get(kind, "eval/seen/excess_ce"))
     if pruner != "none" and not objective.startswith("val/") and objective not in PRUNE_PROXY:
         raise _err(path, "sweep.pruner", f"pruning needs an objective the training loop reports at every evaluation "
                                          f"(a val/* key, or one of {', '.join(sorted(PRUNE_PROXY))}), got {objective!r}")
@@ -365,6 +376,9 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
         for k in keys:
             if kind == "theory" and not k.startswith("theory."):
                 raise _err(path, f"{table}.{k}", "kind='theory' sweeps only theory.* keys")
+            if kind == "headroom" and not k.startswith(HEADROOM_SECTIONS):
+                raise _err(path, f"{table}.{k}", "kind='headroom' sweeps only hmm.*, data.* and eval.* keys (it trains "
+                                                 "nothing)")
 
     check_keys("fixed", fixed)
     sets = data.get("set", {})  # command-line overrides (`with_sets`), after [fixed]
@@ -510,9 +524,16 @@ def objectives(spec: SweepSpec, cfg: Config) -> tuple[frozenset[str], tuple[re.P
     """(names, patterns) of the metrics a trial of `spec` with config `cfg` returns."""
     if spec.kind == "theory":
         return THEORY_OBJECTIVES | (GAMMA_M_OBJECTIVES if cfg.theory.gamma_m > 0 else frozenset()), ()
-    pats = ((BASELINE_OBJECTIVE,) + ((MEMORY_OBJECTIVE,) if cfg.model.window > 0 else ())
+    if spec.kind == "headroom":
+        return HEADROOM_OBJECTIVES, (HEADROOM_OBJECTIVE,)
+    pats = ((BASELINE_OBJECTIVE, VS_OBJECTIVE) + ((MEMORY_OBJECTIVE,) if cfg.model.window > 0 else ())
             + ((ANALYSIS_OBJECTIVE,) if spec.analyze else ()))
-    return TRAIN_OBJECTIVES, pats
+    names = TRAIN_OBJECTIVES - _MIXTURE_ONLY if cfg.hmm.n_tasks == 0 else TRAIN_OBJECTIVES
+    if cfg.hmm.n_tasks == 0 and cfg.eval.family_tasks == 0:  # no oracle/* without a mixture or family Bayes
+        names = names - {"oracle/loss", "oracle/acc", "val/excess_ce"}
+    if cfg.eval.fit_episodes == 0:
+        names = names - {f"eval/unseen/vs_best_counting{s}" for s in ("", "_lo", "_hi")}
+    return names, pats
 
 
 def _check_objective(spec: SweepSpec, cfgs: list[Config], path: str) -> None:
@@ -559,6 +580,8 @@ def with_sets(spec: SweepSpec, sets: Mapping[str, Any]) -> SweepSpec:
             raise ConfigError(f"--set {k}: the spec sweeps {k} in [space]; --set fixes keys it does not sweep")
         if spec.kind == "theory" and not k.startswith("theory."):
             raise ConfigError(f"--set {k}: kind='theory' sweeps only theory.* keys")
+        if spec.kind == "headroom" and not k.startswith(HEADROOM_SECTIONS):
+            raise ConfigError(f"--set {k}: kind='headroom' sweeps only hmm.*, data.* and eval.* keys")
         try:
             typed[k] = flatten(override(base_fixed, {k: v}))[k]
         except ConfigError as e:

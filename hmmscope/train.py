@@ -3,9 +3,11 @@
 One `train(cfg, ...)` call is one MLflow run (opened through `tracking`, the only module
 that talks to MLflow):
 
-- Data: episodes from `make_mixture(cfg.hmm)`, splits "train" (data.n_train) and "eval"
-  (data.n_eval). Inputs tokens[:, :-1], targets tokens[:, 1:], loss on the Episodes'
-  `target_mask` (next token is an observation; the delimiter is never a target).
+- Data: episodes.training_data: episodes from `make_mixture(cfg.hmm)`, splits "train" (data.n_train) and "eval"
+  (data.n_eval); with fresh tasks (hmm.n_tasks = 0) each training episode on its own task of the family (stream
+  "fresh") and the held-out episodes on unseen tasks, where oracle/* is the family-Bayes reference
+  (eval.family_tasks tasks; none when it is 0) and only the unseen emergence curves exist. Inputs tokens[:, :-1],
+  targets tokens[:, 1:], loss on the Episodes' `target_mask` (next token is an observation; the delimiter is never a target).
 - Batches: step s takes items s*B .. s*B+B-1 of an endless stream whose epoch e is the
   permutation `default_rng([seed, e])` of the training set, so the batches depend on
   (train.seed, step) only and a resumed run sees what an uninterrupted one would. Several epochs over a
@@ -56,11 +58,13 @@ that talks to MLflow):
 - Precision (train.precision): "auto" is bf16 autocast on CUDA and float32 elsewhere; "bf16"
   autocasts on any device (the CPU twin of the CUDA path); "fp32" runs without autocast and, on
   CUDA, without TF32. bf16 on CUDA also enables TF32 for the matmuls autocast leaves in float32.
-  train.compile ("auto": on for CUDA, off elsewhere; "true" / "false" on any device; `resolve_compile`
-  says why, the tag hmmscope.compiled what was done) torch.compiles the training step's forward
-  (inductor); evaluation runs eager (a few batches per eval: a second compiled graph would cost more than
-  it saves). AdamW is fused on CPU and CUDA; attention is SDPA with is_causal=True (flash / efficient
-  kernels on CUDA) unless a band mask is set.
+  train.compile ("auto": on for CUDA, off elsewhere; "true" / "false" on any device; "blocks": each block
+  compiled alone, one graph shared by the layers; `resolve_compile` says why, the tag hmmscope.compiled what
+  was done) torch.compiles the training step's forward (inductor; `Transformer.compile_forward`); evaluation
+  runs eager (a few batches per eval: a second compiled graph would cost more than it saves). AdamW is fused
+  on CPU and CUDA; attention is SDPA with is_causal=True (flash / efficient kernels on CUDA) unless a band
+  mask is set; train.attention pins the training step's SDPA kernel (`model.attention_kernels`; the tag
+  hmmscope.attention). Both are run-time keys: a resumed run may change them.
   Defaults on CPU: float32, eager, bitwise reproducible. HMMSCOPE_THREADS sets torch's CPU threads.
 """
 
@@ -87,14 +91,16 @@ import torch.nn.functional as F
 from . import tracking
 from .checkpoints import _set_rng_state, checkpoint_config, load_checkpoint, save_checkpoint
 from .checkpoints import read_checkpoint as read_checkpoint  # re-exported: cli.py imports it from here
-from .config import Config, TrainConfig, config_hash, flatten
+from .config import Config, TrainConfig, config_hash, flatten, training_tasks
 from .deadline import Deadline, due, state_bytes
+from .emergence import curves_table
 from .emergence import prepare as prepare_emergence
-from .episodes import Episodes, sample_episodes
-from .hmm import make_mixture
-from .model import Transformer
+from .episodes import Episodes, training_data
+from .evaluate import _anonymous as anonymous
+from .evaluate import references
+from .model import Transformer, attention_kernels
 
-RUNTIME_KEYS = ("train.steps", "train.device", "train.compile")  # may differ on resume
+RUNTIME_KEYS = ("train.steps", "train.device", "train.compile", "train.attention")  # may differ on resume
 
 
 class DivergedError(RuntimeError):
@@ -196,7 +202,7 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 
 def resolve_compile(spec: str | bool, device: torch.device) -> bool:
-    """train.compile on `device`: 'auto' -> on for CUDA only; 'true' / 'false' (or a bool) as given.
+    """train.compile on `device`: 'auto' -> on for CUDA only; 'true' / 'blocks' on, 'false' off (or a bool) as given.
 
     Why auto is CUDA-only: compiling costs a fixed time per process (tens of seconds for the paper's model),
     paid back only when the steps of one call save more than that: (eager step - compiled step) x steps >
@@ -206,7 +212,7 @@ def resolve_compile(spec: str | bool, device: torch.device) -> bool:
     count; the CUDA figure has not been measured yet (no GPU in the session that wrote this)."""
     if isinstance(spec, bool):
         return spec
-    return device.type == "cuda" if spec == "auto" else spec == "true"
+    return device.type == "cuda" if spec == "auto" else spec in ("true", "blocks")
 
 
 def _indices(idx: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -371,6 +377,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
         device = resolve_device(cfg.train.device)
     t = cfg.train
     precision = resolve_precision(t.precision, device)
+    attention = attention_kernels(t.attention, device)  # a kernel this device lacks: ValueError before any work
     if device.type == "cpu" and os.environ.get("HMMSCOPE_THREADS"):
         torch.set_num_threads(int(os.environ["HMMSCOPE_THREADS"]))
     if device.type == "cuda":  # TF32 with bf16 autocast (the matmuls it leaves in float32); IEEE float32 for fp32
@@ -378,15 +385,18 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
         torch.backends.cudnn.allow_tf32 = precision == "bf16"
     log_every = log_every or min(50, max(1, t.steps // 100))
 
-    mix = make_mixture(cfg.hmm)
-    ep_train = sample_episodes(mix, cfg.data, cfg.data.n_train, "train")
-    ep_eval = sample_episodes(mix, cfg.data, cfg.data.n_eval, "eval")
+    mix, ep_train, ep_eval, _ = training_data(cfg.hmm, cfg.data)  # mix None with fresh tasks (hmm.n_tasks = 0)
     tokens = torch.as_tensor(ep_train.tokens.astype(np.int64), device=device)  # (N, T)
     loss_mask = torch.as_tensor(ep_train.target_mask[:-1], device=device).expand(t.batch_size, -1)
-    oracle = {f"oracle/{k}": v for k, v in oracle_metrics(mix, ep_eval, device).items()}
     t_em = time.perf_counter()
-    emergence = prepare_emergence(cfg, mix, ep_eval, device=device)  # references once per run (and per resume)
-    em_setup_s = time.perf_counter() - t_em
+    family, counting = (references(cfg.hmm, cfg.data, cfg.eval) if cfg.train.emergence_episodes > 0 or mix is None
+                        else (None, None))
+    # oracle/*: the mixture oracle over the training tasks; with fresh tasks the family-Bayes reference (if on)
+    oracle_mix = mix if mix is not None else family
+    oracle = ({f"oracle/{k}": v for k, v in oracle_metrics(oracle_mix, ep_eval if mix is not None else anonymous(
+        ep_eval), device).items()} if oracle_mix is not None else {})
+    emergence = prepare_emergence(cfg, mix, ep_eval, device=device, family=family, counting=counting)
+    em_setup_s = time.perf_counter() - t_em  # the references, once per run (and per resume)
 
     torch.manual_seed(t.seed)
     np.random.seed(t.seed)
@@ -403,17 +413,20 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
         start, best = int(ck["step"]), _val_keys(ck["metrics"].get("best", {}))
         _set_rng_state(ck["rng"])
     compiled = resolve_compile(t.compile, device)
-    fwd = torch.compile(model) if compiled else model  # the training step only; evaluation and state dicts: `model`
+    scope = "blocks" if t.compile == "blocks" else "model"
+    fwd = model.compile_forward(scope) if compiled else model  # the training step only; evaluation, state dicts: `model`
     n_params = model.num_params()
     tok_per_step = t.batch_size * (ep_train.seq_len - 1)
 
     run_tags = {"hmmscope.dataset_hash": ep_train.meta.get("dataset_hash", ""),
             "hmmscope.eval_dataset_hash": ep_eval.meta.get("dataset_hash", ""),
             "hmmscope.hmm_hash": config_hash(cfg.hmm), "hmmscope.device": str(device), "hmmscope.precision": precision,
-            "hmmscope.compiled": str(compiled).lower(), "hmmscope.n_params": n_params,
+            "hmmscope.compiled": scope if compiled and scope == "blocks" else str(compiled).lower(),
+            "hmmscope.attention": t.attention, "hmmscope.n_params": n_params,
             # the budget as passes over data.n_train and episodes per training task (SCIENCE.md 8's two readings)
             "hmmscope.epochs": f"{epochs_done(t.steps, len(ep_train), t.batch_size):g}",
-            "hmmscope.episodes_per_task": f"{t.steps * t.batch_size / cfg.hmm.n_tasks:g}"}
+            "hmmscope.episodes_per_task": f"{t.steps * t.batch_size / training_tasks(cfg.hmm, cfg.data):g}",
+            "hmmscope.tasks": "fresh" if mix is None else "mixture"}
     name = run_name or tracking.train_run_name(cfg)
     params = None if resume else tracking.config_params(cfg, tracking.TRAIN_SECTIONS)
     with sigterm_interrupts(), tracking.start_run(tracking_uri, experiment, name, parent=parent, resume=resume,
@@ -451,9 +464,10 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                 best.clear()
                 best.update(ev, step=step)
             em = {}
-            if emergence is not None:  # the curves: logged, kept for the figure, not among the final metrics
-                em = {**emergence.metrics(model, device=device), **emergence.references}
-                curves[:] = [c for c in curves if c["step"] < step] + [{"step": step, **em}]
+            if emergence is not None:  # the curves: kept for the figure and the table, a few headline series logged
+                curve = emergence.curve(model, device=device)
+                curves[:] = [c for c in curves if c["step"] < step] + [{"step": step, **curve, **emergence.references}]
+                em = emergence.headline(curve)
             eval_s += time.perf_counter() - t0
             run.log_metrics({**ev, **em}, step=step)
             if on_eval is not None:
@@ -507,7 +521,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                     g["lr"] = lr
                 idx = _indices(batch_indices(step, len(ep_train), t.batch_size, t.seed), device)
                 batch = tokens[idx]
-                with _autocast(device, precision):
+                with _autocast(device, precision), attention():
                     _, loss = fwd(batch[:, :-1], batch[:, 1:], loss_mask)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -557,6 +571,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                          "train/eval_fraction": eval_s / wall if wall > 0 else 0.0}, step=done)
         if curves:
             _log_emergence_figure(run, curves, f"{name}: emergence of in-context learning")
+            run.log_table(curves_table(curves), "emergence/curves.json")
     trained = max(0, done - start)
     return TrainResult(run.run_id, final, done, time.perf_counter() - t_start, n_params,
                        trained * tok_per_step / train_s if train_s else 0.0,

@@ -140,8 +140,8 @@ def test_figure1(store, capsys):
     out, _ = run(store, "figure1", "tiny-train", capsys)
     r = rows(out / "figure1_by_k.csv")
     preds = {x["predictor"] for x in r}
-    assert preds == {"model", "task_oracle", "mixture_oracle", "other_mixture_oracle", "incontext_unigram",
-                     "incontext_bigram", "incontext_hmm"}
+    assert preds == {"model", "task_oracle", "mixture_oracle", "family_bayes", "incontext_unigram", "incontext_bigram",
+                     "incontext_ngram", "incontext_ctw", "best_counting", "incontext_hmm"}
     assert {(x["tasks"], x["k"]) for x in r if x["predictor"] == "incontext_bigram"} == \
         {(t, str(k)) for t in ("seen", "unseen") for k in range(3)}  # both task sets, every k (k = 0 too)
     assert {x["n_seeds"] for x in r} == {"2"}  # two replicate seeds per cell
@@ -187,52 +187,92 @@ def test_theorem1(store, capsys):
     assert math.isfinite(k) and lo <= k <= hi and f"k = {k:.2f}" in text
 
 
-def test_task_diversity_crossing_known_answers():
-    td = script("task_diversity")
-    ns = np.array([4, 16, 64, 256.0])
-    assert td.crossing(ns, np.array([0.5, 0.3, 0.1, 0.0]), 0.2) == pytest.approx(5.0)  # half-way from 16 (2**4) to 64 (2**6)
-    assert td.crossing(ns, np.array([0.1, 0.0, 0.0, 0.0]), 0.2) == -math.inf  # below from the start
-    assert td.crossing(ns, np.array([0.5, 0.4, 0.3, 0.3]), 0.2) == math.inf  # never below
-    boot = td.bootstrap_crossing([[0.5, 0.5], [0.3, 0.3], [0.1, 0.1], [0.0, 0.0]], ns, 0.2, n_boot=50)
-    assert np.all(boot == 5.0)  # no seed noise: every resample crosses at the same point
-
-
-def _point(n: int, gap: float, seen: float = 0.1) -> tuple[int, dict]:
+def _point(n: int, gap: float, seen: float = 0.1, seed: int = 0) -> tuple[int, str, dict]:
     task = 2.0
-    return n, {"eval/retrieval_gap": gap, "eval/seen/excess_ce_task": seen, "eval/unseen/excess_ce_task": seen + gap,
-               **{f"eval/{t}/oracle_task_test_ce": task for t in ("seen", "unseen")},
-               "eval/seen/oracle_mix_test_ce": task + 0.01, "eval/unseen/oracle_mix_test_ce": task + 0.3,
-               **{f"baseline/{t}/incontext_{b}/ce": task + 0.2 for t in ("seen", "unseen") for b in ("unigram", "bigram")},
-               "emergence/seen/icl_gain": 0.05}
+    return n, str(seed), {
+        "eval/retrieval_gap": gap, "eval/seen/excess_ce_task": seen, "eval/unseen/excess_ce_task": seen + gap,
+        **{f"eval/{t}/oracle_task_test_ce": task for t in ("seen", "unseen")},
+        "eval/seen/oracle_mix_test_ce": task + 0.01, "eval/unseen/oracle_mix_test_ce": task + 0.3,
+        **{f"baseline/{t}/incontext_{b}/ce": task + 0.2 for t in ("seen", "unseen") for b in ("unigram", "bigram")},
+        "eval/unseen/test_ce": task + seen + gap, "baseline/unseen/incontext_hmm/ce": task + 0.05,
+        "emergence/seen/icl_gain": 0.05}
 
 
 def test_task_diversity_summary_known_answers(tmp_path, capsys):
     """The script's statistics on given per-trial metrics: 3 seeds per n_tasks, the gap falls through 0.05 half-way
-    between 64 and 256 tasks in every seed, so n* = 128 with a zero-width bootstrap CI (no power: nothing varies);
-    with seed noise the CI is finite and the verdict is stats.decide's; a gap that never falls is underpowered."""
+    between 64 and 256 tasks in every seed, so n* = 128 with a zero-width confidence set (no power: nothing varies);
+    with small seed noise the set is finite and the verdict is stats.decide's; a gap that never falls is open
+    (underpowered) and inconclusive."""
     td = script("task_diversity")
     gaps = {4: 0.5, 16: 0.3, 64: 0.07, 256: 0.03, 1024: 0.0}
-    pts = [_point(n, g) for n, g in gaps.items() for _ in range(3)]
+    pts = [_point(n, g, seed=s) for n, g in gaps.items() for s in range(3)]
     b = td.summarize(pts, 0.05, tmp_path / "a", "synthetic")
-    assert b["n_star"] == pytest.approx(128.0) and b["power"] == "ok"
+    assert b["n_star"] == pytest.approx(128.0) and b["power"].startswith("no power")
     r = rows(tmp_path / "a" / "task_diversity.csv")
     assert [int(x["n_tasks"]) for x in r] == list(gaps) and {x["n_seeds"] for x in r} == {"3"}
     assert float(r[0]["unseen/mixture_oracle"]) == pytest.approx(0.3)  # references: CE - task-oracle CE
     assert float(r[0]["seen/incontext_bigram"]) == pytest.approx(0.2) and float(r[0]["seen/icl_gain"]) == pytest.approx(0.05)
+    assert float(r[0]["unseen/incontext_hmm"]) == pytest.approx(0.05)
+    assert float(r[0]["unseen/model_minus_incontext_hmm"]) == pytest.approx(0.1 + 0.5 - 0.05)  # model CE - EM CE
     claims = json.loads((tmp_path / "a" / "task_diversity_claims.json").read_text())
     assert claims[1]["verdict"] == "no power"  # identical seeds: a zero-width interval
+    assert "in-context inference" not in claims[1]["reason"] and "SCIENCE.md 9" in claims[1]["reason"]
+    assert claims[2]["unseen_model_minus_incontext_hmm"]["min_over_trials"] == pytest.approx(0.1 + 0.0 - 0.05)
+    sens = rows(tmp_path / "a" / "task_diversity_threshold.csv")
+    assert [float(x["threshold"]) for x in sens] == pytest.approx([0.03, 0.035, 0.04, 0.045, 0.05, 0.055, 0.06])
+    # known answers of the noise-free crossing: 0.06 lies 1/4 of the way from 0.07 to 0.03, 0.03 exactly at 256
+    assert float(sens[6]["log2_n_star"]) == pytest.approx(6.5) and float(sens[0]["log2_n_star"]) == pytest.approx(8.0)
+    tail = rows(tmp_path / "a" / "task_diversity_tail.csv")
+    assert [int(x["positive"]) for x in tail] == [12, 9, 6, 3, 0] and float(tail[3]["mean"]) == pytest.approx(0.015)
     rng = np.random.default_rng(0)
-    noisy = [_point(n, g + rng.normal(0, 0.01)) for n, g in gaps.items() for _ in range(3)]
-    b = td.summarize(noisy, 0.05, tmp_path / "b", "synthetic")
-    assert 64 < b["n_star"] < 256 and b["n_star_lo"] < b["n_star"] < b["n_star_hi"]
+    noisy = [_point(n, g + rng.normal(0, 0.003), seed=s) for n, g in gaps.items() for s in range(3)]
+    b = td.summarize(noisy, 0.05, tmp_path / "b", "synthetic", plot=False)
+    assert 64 < b["n_star"] < 256 and 64 <= b["n_star_lo"] < b["n_star"] < b["n_star_hi"] <= 256 and b["power"] == "ok"
     claims = json.loads((tmp_path / "b" / "task_diversity_claims.json").read_text())
     assert claims[0]["verdict"] == "supported" and claims[1]["verdict"] == "supported"  # log2 n* < 13
-    flat = [_point(n, 0.4 + rng.normal(0, 0.01)) for n in gaps for _ in range(3)]
-    b = td.summarize(flat, 0.05, tmp_path / "c", "synthetic")
+    assert claims[1]["df"] == 2
+    # past the crossing every cell sits near the threshold: they cannot be told from it, so the set is open
+    near = [_point(n, g + rng.normal(0, 0.02), seed=s) for n, g in {**gaps, 256: 0.05, 1024: 0.045}.items()
+            for s in range(3)]
+    b = td.summarize(near, 0.05, tmp_path / "d", "synthetic", plot=False)
+    assert b["log2_hi"] == math.inf and b["power"].startswith("underpowered") and "1024" in b["undecided_cells"]
+    assert json.loads((tmp_path / "d" / "task_diversity_claims.json").read_text())[1]["verdict"] == "inconclusive"
+    flat = [_point(n, 0.4 + rng.normal(0, 0.01), seed=s) for n in gaps for s in range(3)]
+    b = td.summarize(flat, 0.05, tmp_path / "c", "synthetic", plot=False)
     assert b["power"].startswith("underpowered") and b["n_star"] == math.inf
     claims = json.loads((tmp_path / "c" / "task_diversity_claims.json").read_text())
     assert claims[1]["verdict"] == "inconclusive"  # no CI: stats.decide says inconclusive
     assert "regime boundary: n* = inf" in capsys.readouterr().out
+
+
+def test_task_diversity_from_a_kept_trials_csv(tmp_path, capsys):
+    """--trials: the record task-diversity-cpu regenerates from its trials.csv alone, and its kept tables are what
+    this script writes (the record's figures/ came from this command)."""
+    td = script("task_diversity")
+    rec = ROOT / "analysis" / "results" / "task-diversity-cpu"
+    assert td.main(["--trials", str(rec / "trials.csv"), "--out", str(tmp_path / "td")]) == 0
+    text = capsys.readouterr().out
+    for stem in ("task_diversity", "task_diversity_boundary", "task_diversity_threshold", "task_diversity_tail"):
+        assert (tmp_path / "td" / f"{stem}.csv").read_text() == (rec / "figures" / f"{stem}.csv").read_text(), stem
+    assert (tmp_path / "td" / "task_diversity_claims.json").read_text() == \
+        (rec / "figures" / "task_diversity_claims.json").read_text()
+    assert (tmp_path / "td" / "task_diversity.png").stat().st_size > 5000 and (tmp_path / "td" / "task_diversity.pdf").exists()
+    assert "claim regime_boundary_below_8192" in text
+
+
+def test_task_diversity_bad_trials_csv_exits_2(tmp_path, capsys):
+    td = script("task_diversity")
+    (tmp_path / "no_tasks.csv").write_text("trial,kind,eval/retrieval_gap\n0,train,0.1\n")
+    (tmp_path / "text.csv").write_text("trial,kind,hmm.n_tasks,train.seed,eval/retrieval_gap\n0,train,4,0,abc\n")
+    for path in (tmp_path / "missing.csv", tmp_path / "no_tasks.csv", tmp_path / "text.csv"):
+        with pytest.raises(SystemExit) as e:
+            td.main(["--trials", str(path), "--out", str(tmp_path / "out")])
+        msg = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and msg.startswith("error:") and "\n" not in msg
+        assert not (tmp_path / "out").exists()  # nothing half-written
+    with pytest.raises(SystemExit) as e:  # a source is required, and only one
+        td.main(["--trials", str(tmp_path / "text.csv"), "--sweep", "x"])
+    assert e.value.code == 2
 
 
 @pytest.mark.slow
@@ -252,7 +292,7 @@ def test_task_diversity(diversity, capsys):
         num = [math.nan if c[k] is None else c[k] for k in ("ci_lo", "ci_hi", "df")]  # JSON null = NaN
         assert c["verdict"] == decide(c["rule"], num[0], num[1], df=num[2], degenerate=c["degenerate"])
     b = rows(out / "task_diversity_boundary.csv")[0]
-    assert b["power"] == "ok" or b["power"].startswith("underpowered")
+    assert b["power"] == "ok" or b["power"].startswith(("underpowered", "no power"))
     assert "claim regime_boundary_below_8192" in text and "regime boundary: n* =" in text
 
 
@@ -266,3 +306,149 @@ def test_bad_input_exits_2_in_one_line(store, capsys):
                                "--out", str(tmp / "bad")])
         msg = capsys.readouterr().err.strip()
         assert e.value.code == 2 and msg.startswith("error:") and "\n" not in msg
+
+
+REGIME = ROOT / "analysis" / "results" / "regime-layerwise-cpu"
+FROM_RUNS = ["--from-runs", str(REGIME / "runs"), "--trials", str(ROOT / "analysis/results/task-diversity-cpu/trials.csv"),
+             "--spec", str(ROOT / "sweeps/task-diversity-cpu.toml")]
+
+
+def test_regime_layerwise_from_the_kept_runs(tmp_path, capsys):
+    """--from-runs: the regime-layerwise record re-pools from its kept per-run tables (no store) and its kept tables
+    are what this mode writes; the rebuilt probe episodes reproduce every logged (task, o_t) baseline, and the
+    logged state-before-task areas (over layers 0..L) come back from probes.csv (both checked inside the script)."""
+    rl = script("regime_layerwise")
+    assert rl.main([*FROM_RUNS, "--n-episodes", "256", "--out", str(tmp_path), "--no-figures"]) == 0
+    capsys.readouterr()
+    for f in ("regime_layerwise_claims.csv", "kback_token_stats.csv", "state_before_task_runs.csv", "token_recurrence.csv",
+              "regime_layerwise.md"):
+        assert (tmp_path / f).read_text() == (REGIME / f).read_text(), f
+    got = {(r["n_tasks"], r["claim"]): r for r in rows(tmp_path / "regime_layerwise_claims.csv")}
+    # issue 26: in the retrieval regime all of the old positive area came from the embedding
+    assert [round(float(x), 3) for x in got["4", "state_before_task"]["per_run_values"].split(";")] == [-0.073, -0.08, -0.1]
+    assert got["4", "state_before_task"]["verdict"] == "not supported" and got["4", "state_before_task_layer0"]["verdict"] == \
+        "supported"
+    assert got["8192", "kback3_beats_token_stats"]["verdict"] == "supported"  # o_t alone does not explain the 3-back token
+    sb = rows(tmp_path / "state_before_task_runs.csv")
+    for r in sb:  # the old area over layers 0..4 = (the embedding's row + 4 x an area over 1..4 normalized to all layers)
+        assert float(r["area_layers_0_to_L_logged"]) > float(r["area_layers_1_to_L"]) or r["n_tasks"] == "8192"
+
+
+def test_regime_layerwise_from_runs_refuses_other_episodes(tmp_path, capsys):
+    """Analyses run with another --n-episodes had other probe episodes: the logged baselines do not match, so the
+    mode stops with one line and writes nothing; so it does without --trials."""
+    rl = script("regime_layerwise")
+    assert rl.main([*FROM_RUNS, "--n-episodes", "64", "--out", str(tmp_path / "a"), "--no-figures"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "\n" not in err and "baseline" in err and not (tmp_path / "a").exists()
+    assert rl.main(["--from-runs", str(REGIME / "runs"), "--out", str(tmp_path / "b")]) == 2
+    assert "--trials" in capsys.readouterr().err and not (tmp_path / "b").exists()
+
+
+HEADROOM = """
+[sweep]
+name = "tiny-headroom"
+base = "tiny"
+kind = "headroom"
+sampler = "grid"
+seeds = [0, 1]
+experiment = "hr"
+
+[fixed]
+"hmm.n_states" = 4
+"hmm.n_tokens" = 4
+"hmm.rank" = 2
+"data.n_demos" = 2
+"data.l_demo" = 6
+"data.l_test" = 8
+"data.n_eval" = 16
+"eval.family_tasks" = 64
+"eval.fit_episodes" = 16
+
+[space]
+"hmm.gamma" = {grid = [0.6, 0.9]}
+"""
+
+FRESH = TRAIN.replace('name = "tiny-train"', 'name = "tiny-fresh"\nobjective = "eval/unseen/vs_best_counting"').replace(
+    "analyze = true", "").replace(
+    '"hmm.n_tasks" = 4', '"hmm.n_tasks" = 0\n"eval.family_tasks" = 32\n"eval.fit_episodes" = 16').replace(
+    '"model.n_layers" = {grid = [1, 2]}', '"model.n_layers" = {grid = [1]}')
+
+
+def test_headroom_map(tmp_path, capsys):
+    """A kind = "headroom" sweep (trains nothing) and analysis/headroom.py: one row per cell, the room pooled over the
+    2 seeds with the trials' own CIs combined, equal to the mean of the trials' headroom/room."""
+    storage, uri = f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/mlflow.db"
+    (tmp_path / "hr.toml").write_text(HEADROOM)
+    s = run_sweep(load_spec(tmp_path / "hr.toml"), workers=1, storage=storage, uri=uri, log=lambda m: None)
+    assert s.complete == s.n_trials == 4 and s.failed == 0
+    out, text = run((tmp_path, storage, uri), "headroom", "tiny-headroom", capsys)
+    r = rows(out / "headroom_map.csv")
+    assert [x["hmm.gamma"] for x in r] == ["0.6", "0.9"] and {x["seeds"] for x in r} == {"2"}
+    from hmmscope import tracking
+
+    for x in r:
+        vals = [float(v) for v in x["per_seed"].split()]
+        assert float(x["room"]) == pytest.approx(np.mean(vals), abs=1e-3) and float(x["room_lo"]) < float(x["room"])  # 3 decimals
+        assert x["k_max"] == "2" and math.isfinite(float(x["family_bayes_half_M_ce"]))
+    runs = tracking.search_runs(uri, "hr")
+    assert {r.data.tags.get("hmmscope.kind") for r in runs} == {"sweep", "sweep-headroom"}
+    assert "largest room" in text
+    # hmmscope report on a headroom sweep: a section per setting, the room pooled over the 2 seeds by t (df 1)
+    from hmmscope.report import build_report
+
+    rep = build_report(uri, "tiny-headroom", tmp_path / "rep", storage=storage)
+    sec = next(s for s in rep.sections if s.title.startswith("Headroom above counting"))
+    table = next(b for b in sec.blocks if b[0] == "table")[2]
+    assert [row[0] for row in table] == ["gamma=0.6", "gamma=0.9"] and {row[1] for row in table} == {"2"}
+    for row, x in zip(table, r):
+        assert float(row[2]) == pytest.approx(float(x["room"]), rel=1e-3) and row[4] == "1"
+    assert {c.name for c in rep.claims} == {"gamma=0.6: room above counting", "gamma=0.9: room above counting"}
+
+
+def test_inference_regime_on_fresh_tasks(tmp_path, capsys):
+    """A training sweep on fresh tasks (hmm.n_tasks = 0) and analysis/inference_regime.py: per k and predictor the
+    CE pooled over seeds by t (df 1 with 2 seeds) from each run's Figure 1, model - best counting per k equal to the
+    mean of the runs' paired differences, the gains table and the emergence panel."""
+    from scipy import stats as st
+
+    storage, uri = f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/mlflow.db"
+    (tmp_path / "fresh.toml").write_text(FRESH)
+    s = run_sweep(load_spec(tmp_path / "fresh.toml"), workers=1, storage=storage, uri=uri, log=lambda m: None)
+    assert s.complete == s.n_trials == 2 and s.failed == 0
+    out, text = run((tmp_path, storage, uri), "inference_regime", "tiny-fresh", capsys)
+    inf = rows(out / "inference.csv")
+    assert {x["predictor"] for x in inf} >= {"model", "task_oracle", "family_bayes", "best_counting"}
+    assert {x["k"] for x in inf} == {"0", "1", "2"} and {x["df"] for x in inf} == {"1.0"}
+    vs = rows(out / "vs_best_counting.csv")
+    for x in vs:
+        d = [float(v) for v in x["per_seed"].split()]
+        h = st.t.ppf(0.975, 1) * np.std(d, ddof=1) / math.sqrt(2)
+        assert float(x["diff"]) == pytest.approx(np.mean(d), abs=1e-4) and float(x["ci_hi"]) == pytest.approx(
+            np.mean(d) + h, abs=1e-3)  # per_seed holds 4 decimals
+    g = {x["predictor"]: x for x in rows(out / "gains.csv")}
+    assert float(g["task_oracle"]["icl_gain"]) == 0.0  # the same tokens at k = 0 and k_max
+    assert "model - best counting at k = 2" in text
+
+
+def test_task_diversity_fresh_cell_and_regimes(tmp_path):
+    """Fresh tasks (n_tasks = 0) are the rightmost cell: no retrieval gap there, the boundary from the other cells,
+    and per cell the regime pooled over seeds: retrieval where the gap is large, inference beyond counting on fresh
+    tasks whose model beats best counting with a gain, counting where it does not."""
+    td = script("task_diversity")
+    pts = []
+    for s in range(3):
+        e = 0.002 * (s - 1)
+        for n, gap, vs in ((4, 0.5, 0.3), (64, 0.2, 0.1), (1024, 0.0, 0.05 + e)):
+            p = _point(n, gap + e, seed=s)
+            p[2].update({"eval/unseen/vs_best_counting": vs, "eval/unseen/icl_gain": 0.1 + e})
+            pts.append(p)
+        fresh = {k: v for k, v in _point(0, 0.0, seed=s)[2].items() if not k.startswith("eval/seen")
+                 and k != "eval/retrieval_gap"}
+        pts.append((0, str(s), {**fresh, "eval/unseen/vs_best_counting": -0.2 + e, "eval/unseen/icl_gain": 0.3 + e}))
+    b = td.summarize(pts, 0.05, tmp_path / "f", "synthetic")
+    assert 64 < b["n_star"] < 1024
+    r = rows(tmp_path / "f" / "task_diversity.csv")
+    assert [x["cell"] for x in r] == ["4", "64", "1024", "fresh"] and r[-1]["retrieval_gap"] == ""
+    reg = {x["cell"]: x["regime"] for x in rows(tmp_path / "f" / "task_diversity_regimes.csv")}
+    assert reg == {"4": "retrieval", "64": "retrieval", "1024": "counting", "fresh": "inference beyond counting"}

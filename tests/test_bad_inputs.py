@@ -256,6 +256,7 @@ CASES = [
     P(["analyze", "good.pt", "--min-per-task", "100000000"], "probe episodes", id="budget: probe episodes"),
     P(["analyze", "good.pt", "--n-perms", "1000000000"], "shuffle permutations", id="budget: shuffle permutations"),
     P(["bench", "oracle", "--n-tasks", "512,100000000"], "n_tasks 100000000", id="budget: oracle tasks"),
+    P(["bench", "counting", "--n-episodes", "1000000000"], "1000000000 x 358 tokens", id="budget: counting episodes"),
     P(["bench", "train", "--config", "tiny.toml", "--steps", "1000000000000000"], "years on this machine",
       id="budget: bench train steps"),
     P(["report", "known", "--storage", "{storage}"], "symlink", id="output folder: a link out of the project"),

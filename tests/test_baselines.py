@@ -8,17 +8,19 @@ import numpy as np
 import pytest
 import torch
 
+from hmmscope import baselines, em_learner
 from hmmscope.baselines import (
     EMFit,
     HMMLearner,
     fit_hmm_em,
     incontext_bigram,
+    incontext_ctw,
     incontext_hmm,
+    incontext_ngram,
     incontext_unigram,
 )
 from hmmscope.config import DataConfig, HMMConfig
-from hmmscope.episodes import Episodes, layout, sample_episodes
-from hmmscope.evaluate import truncate_demos
+from hmmscope.episodes import Episodes, layout, sample_episodes, truncate_demos
 from hmmscope.hmm import make_mixture
 
 # ---------------------------------------------------------------- counting baselines
@@ -238,3 +240,331 @@ def test_incontext_hmm_filters_the_test_with_the_fit_of_the_last_k_demos(test_st
     assert incontext_hmm(ep, [2], ln)[2].shape == out[2].shape
     with pytest.raises(ValueError, match="k must be in"):
         incontext_hmm(ep, [4], ln)
+
+
+# ---------------------------------------------------------------- fair counting baselines (SCIENCE.md 9)
+
+
+def _earlier(segment, t):
+    """How many positions of t's own segment come before t."""
+    return sum(1 for s in range(t) if segment[s] == segment[t])
+
+
+def _ngram_loop(tokens, segment, V, order, alpha):
+    """incontext_ngram read literally from SCIENCE.md 9, one token at a time."""
+    N, T = tokens.shape
+    out = np.full((N, T, V), np.nan)
+    for i in range(N):
+        x = [int(v) for v in tokens[i]]
+        for t in range(T):
+            if segment[t] < 0:
+                continue
+            h = min(order - 1, _earlier(segment, t))
+            u = tuple(x[t - h:t])
+            grams = [tuple(x[s - h:s + 1]) for s in range(h, t)
+                     if segment[s] >= 0 and all(segment[s - j] == segment[s] for j in range(h + 1))]
+            c = [grams.count(u + (v,)) for v in range(V)]
+            out[i, t] = [(c[v] + alpha) / (sum(c) + V * alpha) for v in range(V)]
+    return out
+
+
+def _log_mean_exp2(a, b):
+    """log(exp(a) / 2 + exp(b) / 2)."""
+    m = max(a, b)
+    return m + math.log(0.5 * math.exp(a - m) + 0.5 * math.exp(b - m))
+
+
+def _ctw_log_pw(history, D, V, alpha):
+    """log P_w(root) of a whole context tree, recomputed from scratch: history = [(context c_1..c_D, token)]."""
+
+    def log_pe(seq):
+        counts, total = [0] * V, 0.0
+        for v in seq:
+            total += math.log((counts[v] + alpha) / (sum(counts) + V * alpha))
+            counts[v] += 1
+        return total
+
+    def log_pw(s):
+        seq = [x for c, x in history if c[:len(s)] == s]
+        if len(s) == D:
+            return log_pe(seq)
+        children = sorted({c[len(s)] for c, _ in history if c[:len(s)] == s})
+        return _log_mean_exp2(log_pe(seq), sum(log_pw(s + (ch,)) for ch in children))
+
+    return log_pw(())
+
+
+def _ctw_loop(tokens, segment, V, D, alpha):
+    """incontext_ctw read literally from SCIENCE.md 9: for each token and candidate, P_w(root | past, v) /
+    P_w(root | past) with both trees recomputed from scratch."""
+    N, T = tokens.shape
+    out = np.full((N, T, V), np.nan)
+    for i in range(N):
+        x = [int(v) for v in tokens[i]]
+        history = []
+        for t in range(T):
+            if segment[t] < 0:
+                continue
+            n_before = _earlier(segment, t)
+            ctx = tuple(x[t - j] if n_before >= j else V for j in range(1, D + 1))
+            base = _ctw_log_pw(history, D, V, alpha)
+            out[i, t] = [math.exp(_ctw_log_pw(history + [(ctx, v)], D, V, alpha) - base) for v in range(V)]
+            history.append((ctx, x[t]))
+    return out
+
+
+def _assert_log_close(got, want, tol=1e-9):
+    got, want = np.asarray(got), np.asarray(want)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    np.testing.assert_allclose(np.log(got[ok]), np.log(want[ok]), rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("data", [DataConfig(n_demos=3, l_demo=5, l_test=7, seed=1),
+                                  DataConfig(n_demos=0, l_demo=4, l_test=9, seed=2),
+                                  DataConfig(n_demos=2, l_demo=1, l_test=3, seed=3)])
+def test_ngram_matches_a_per_token_loop(data):
+    V = 3
+    mix = make_mixture(HMMConfig(n_tasks=3, n_states=5, n_tokens=V, rank=2, gamma=0.6, seed=7))
+    ep = sample_episodes(mix, data, 6, "eval")
+    for k in range(ep.n_demos + 1):
+        e = truncate_demos(ep, k)
+        for order, alpha in ((1, 0.25), (2, 1.0), (3, 1 / 64), (4, 2.0)):
+            got = incontext_ngram(e, order, alpha)
+            assert got.dtype == torch.float64 and got.shape == (len(e), e.seq_len, V)
+            _assert_log_close(got.numpy(), _ngram_loop(e.tokens, e.segment, V, order, alpha))
+            np.testing.assert_allclose(got[:, e.segment >= 0].sum(-1).numpy(), 1.0, atol=1e-12)
+        # section 8's bigram is the order-2, add-one n-gram
+        np.testing.assert_allclose(incontext_ngram(e, 2, 1.0).numpy(), incontext_bigram(e).numpy(), rtol=0, atol=1e-15)
+        np.testing.assert_allclose(incontext_ngram(e, 1, 1.0).numpy(), incontext_unigram(e).numpy(), rtol=0, atol=1e-15)
+
+
+def test_ngram_known_answers():
+    V = 3
+    # demo 0: 0 1 2 | demo 1: 0 1 0 | test: 0 1 2   (delimiter = 3)
+    ep = _episodes([0, 1, 2, 3, 0, 1, 0, 3, 0, 1, 2], n_demos=2, l_demo=3, l_test=3, V=V)
+    p = incontext_ngram(ep, 3, 0.5)[0].numpy()
+    # t = 10 (test "2" after "0 1"): trigrams 0 1 x ending before 10: (0,1,2) in demo 0, (0,1,0) in demo 1
+    np.testing.assert_allclose(p[10], [1.5 / 3.5, 0.5 / 3.5, 1.5 / 3.5])
+    # t = 9 (second test token): h = 1, u = 0: the bigrams ending before 9 are (0,1) (1,2) (0,1) (1,0): c(0 .) = 2
+    np.testing.assert_allclose(p[9], [0.5 / 3.5, 2.5 / 3.5, 0.5 / 3.5])
+    # t = 8 (first test token): h = 0: unigram over 0 1 2 0 1 0
+    np.testing.assert_allclose(p[8], [3.5 / 7.5, 2.5 / 7.5, 1.5 / 7.5])
+    assert np.isnan(p[3]).all() and np.isnan(p[7]).all()
+    np.testing.assert_allclose(p[0], [1 / 3] * 3)  # empty context: alpha / (V alpha)
+
+
+@pytest.mark.parametrize("depth,alpha", [(0, 0.5), (1, 0.5), (2, 1 / 16), (3, 2.0)])
+def test_ctw_matches_recomputing_the_whole_tree(depth, alpha):
+    V = 3
+    mix = make_mixture(HMMConfig(n_tasks=3, n_states=5, n_tokens=V, rank=2, gamma=0.6, seed=7))
+    ep = sample_episodes(mix, DataConfig(n_demos=2, l_demo=4, l_test=5, seed=5), 3, "eval")
+    for k in (0, 2):
+        e = truncate_demos(ep, k)
+        got = incontext_ctw(e, depth, alpha)
+        assert got.dtype == torch.float64 and got.shape == (len(e), e.seq_len, V)
+        _assert_log_close(got.numpy(), _ctw_loop(e.tokens, e.segment, V, depth, alpha))
+        np.testing.assert_allclose(got[:, e.segment >= 0].sum(-1).numpy(), 1.0, atol=1e-12)
+
+
+def test_ctw_known_answers():
+    V = 2
+    # one sequence 0 0 1, depth 1, KT (alpha 1/2). Context symbols: start (2) for t = 0, then the previous token.
+    ep = _episodes([0, 0, 1], n_demos=0, l_demo=1, l_test=3, V=V)
+    p = incontext_ctw(ep, 1, 0.5)[0].numpy()
+    np.testing.assert_allclose(p[0], [0.5, 0.5])  # empty tree: 1/V
+    # t = 1: root saw "0"; child "start" saw "0"; the new token goes to child "0" (unvisited).
+    # P_w(past) = 1/2 * 1/2 + 1/2 * 1/2 = 1/2. With v: P_e(root) = 1/2 * (1 + 1/2 [v = 0] ...) computed below.
+    pe_root = {0: 0.5 * 0.75, 1: 0.5 * 0.25}
+    pw = {v: 0.5 * pe_root[v] + 0.5 * (0.5 * 0.5) for v in (0, 1)}  # child start: 1/2, new child "0": 1/2
+    np.testing.assert_allclose(p[1], [pw[0] / 0.5, pw[1] / 0.5])
+
+
+def test_counting_baselines_use_no_future_token_and_no_delimiter():
+    V = 4
+    mix = make_mixture(HMMConfig(n_tasks=2, n_states=5, n_tokens=V, rank=2, seed=3))
+    ep = sample_episodes(mix, DataConfig(n_demos=3, l_demo=6, l_test=8, seed=2), 5, "eval")
+    rng = np.random.default_rng(0)
+    fns = [lambda e: incontext_ngram(e, 3, 0.25), lambda e: incontext_ctw(e, 2, 0.5), lambda e: incontext_ctw(e, 3, 1 / 8)]
+    base = [fn(ep).numpy() for fn in fns]
+    for t in (0, 5, 7, ep.seq_len - 3):  # change every observation token after t: rows <= t stay
+        tok = ep.tokens.copy()
+        after = (np.arange(ep.seq_len) > t) & ep.is_obs
+        tok[:, after] = rng.integers(V, size=(len(ep), after.sum()))
+        changed = Episodes(tok, ep.states, ep.task_ids, ep.segment, ep.position, V, ep.n_demos, ep.l_demo, ep.l_test)
+        for fn, b in zip(fns, base):
+            got = fn(changed).numpy()
+            np.testing.assert_array_equal(got[:, :t + 1], b[:, :t + 1])
+            assert not np.allclose(got[:, t + 1:][:, ep.is_obs[t + 1:]], b[:, t + 1:][:, ep.is_obs[t + 1:]])
+    odd = ep.tokens.copy()
+    odd[:, ~ep.is_obs] = 1  # an observation id where the delimiters are: the segment map says what counts
+    odd_ep = Episodes(odd, ep.states, ep.task_ids, ep.segment, ep.position, V, ep.n_demos, ep.l_demo, ep.l_test)
+    for fn, b in zip(fns, base):
+        got = fn(odd_ep).numpy()
+        np.testing.assert_array_equal(got, b)
+        assert np.isnan(got[:, ~ep.is_obs]).all() and not np.isnan(got[:, ep.is_obs]).any()
+
+
+def test_counting_baselines_are_the_same_in_chunks(monkeypatch):
+    V = 4
+    mix = make_mixture(HMMConfig(n_tasks=2, n_states=5, n_tokens=V, rank=2, seed=3))
+    ep = sample_episodes(mix, DataConfig(n_demos=2, l_demo=5, l_test=6, seed=4), 7, "eval")
+    whole = [incontext_ngram(ep, 3, 0.5), incontext_ctw(ep, 2, 0.5)]
+    monkeypatch.setattr(baselines, "_NGRAM_CHUNK_BYTES", 1)
+    monkeypatch.setattr(baselines, "_CTW_CHUNK_BYTES", 1)  # one episode per chunk
+    for a, b in zip(whole, [incontext_ngram(ep, 3, 0.5), incontext_ctw(ep, 2, 0.5)]):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())  # NaN rows in the same places
+    for i in (2, 5):  # and an episode alone gives its own row
+        np.testing.assert_array_equal(incontext_ngram(ep.subset([i]), 3, 0.5)[0].numpy(), whole[0][i].numpy())
+        np.testing.assert_array_equal(incontext_ctw(ep.subset([i]), 2, 0.5)[0].numpy(), whole[1][i].numpy())
+
+
+def test_counting_baselines_reject_bad_settings():
+    ep = _episodes([0, 1, 2], n_demos=0, l_demo=1, l_test=3, V=3)
+    for bad in (0, 1.5, -1):
+        with pytest.raises(ValueError, match="order must be"):
+            incontext_ngram(ep, bad, 1.0)
+    with pytest.raises(ValueError, match="depth must be"):
+        incontext_ctw(ep, -1, 0.5)
+    for alpha in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="alpha must be"):
+            incontext_ngram(ep, 2, alpha)
+        with pytest.raises(ValueError, match="alpha must be"):
+            incontext_ctw(ep, 2, alpha)
+
+
+# ---------------------------------------------------------------- fitted settings (best_counting)
+
+
+def _ce(pred, e):
+    """Figure 1's CE of a prediction: the test segment at t >= 1, mean over episodes of per-episode means."""
+    cols = np.flatnonzero(e.test_mask & (np.arange(e.seq_len) >= 1))
+    y = np.asarray(e.tokens[:, cols]).astype(np.int64)
+    p = np.take_along_axis(pred.numpy()[:, cols], y[..., None], -1)[..., 0]
+    return float(-np.log(p).mean(1).mean())
+
+
+def test_fit_counting_scores_every_setting_as_figure1_would_and_keeps_the_best():
+    V = 4
+    mix = make_mixture(HMMConfig(n_tasks=3, n_states=6, n_tokens=V, rank=3, gamma=0.8, seed=11))
+    ep = sample_episodes(mix, DataConfig(n_demos=2, l_demo=8, l_test=7, seed=5), 9, "fit")
+    grid = {"alphas": (1 / 8, 1.0, 2.0), "orders": (1, 2, 3), "depths": (0, 1, 2)}
+    fit = baselines.fit_counting(ep, [0, 2], **grid)
+    assert fit.ks == [0, 2] and len(fit.scores) == 2 * 3 * 3 * 2 and fit.n_episodes == 9
+    for k in (0, 2):
+        e = truncate_demos(ep, k)
+        want = {}  # every setting's CE from the public predictors, scored like Figure 1
+        for a in grid["alphas"]:
+            for o in grid["orders"]:
+                want["incontext_ngram", o, a] = _ce(incontext_ngram(e, o, a), e)
+            for d in grid["depths"]:
+                want["incontext_ctw", d, a] = _ce(incontext_ctw(e, d, a), e)
+        rows = [r for r in fit.scores if r["k"] == k]
+        assert len(rows) == len(want)
+        for r in rows:
+            size = r.get("order", r.get("depth"))
+            assert r["fit_ce"] == pytest.approx(want[r["baseline"], size, r["alpha"]], abs=1e-12)
+        got = fit.by_k[k]
+        for name, size in (("incontext_ngram", "order"), ("incontext_ctw", "depth")):
+            best = min((v, s, -a) for (n, s, a), v in want.items() if n == name)
+            assert (got[name][size], got[name]["alpha"]) == (best[1], -best[2])
+            assert got[name]["fit_ce"] == pytest.approx(best[0], abs=1e-12)
+        assert got["best_counting"] == min(("incontext_ngram", "incontext_ctw"), key=lambda n: got[n]["fit_ce"])
+        pred = fit.predict(e, k)
+        assert set(pred) == {"incontext_ngram", "incontext_ctw", "best_counting"}
+        assert pred["best_counting"] is pred[got["best_counting"]]
+        assert _ce(pred["incontext_ngram"], e) == pytest.approx(got["incontext_ngram"]["fit_ce"], abs=1e-12)
+        assert _ce(pred["incontext_ctw"], e) == pytest.approx(got["incontext_ctw"]["fit_ce"], abs=1e-12)
+    p = fit.params()
+    assert p["counting.fit_episodes"] == 9
+    assert {p["counting.k2.best"], p["counting.k0.best"]} <= {"incontext_ngram", "incontext_ctw"}
+    assert p["counting.k2.ngram_order"] == fit.by_k[2]["incontext_ngram"]["order"]
+    assert p["counting.k2.ctw_alpha"] == fit.by_k[2]["incontext_ctw"]["alpha"]
+    assert set(p) == {"counting.fit_episodes"} | {f"counting.k{k}.{n}" for k in (0, 2) for n in (
+        "ngram_order", "ngram_alpha", "ngram_fit_ce", "ctw_depth", "ctw_alpha", "ctw_fit_ce", "best")}
+    import json
+    json.dumps(fit.describe())
+    with pytest.raises(ValueError, match="no counting fit at k = 1"):
+        fit.predict(truncate_demos(ep, 1), 1)
+    with pytest.raises(ValueError, match="truncated to 0"):
+        fit.predict(ep, 0)
+
+
+def test_fit_counting_ties_go_to_the_simpler_setting():
+    pick = baselines._pick
+    assert pick({(2, 0.5): 1.0, (1, 0.25): 1.0, (1, 1.0): 1.0, (3, 2.0): 1.5}, "order") == \
+        {"order": 1, "alpha": 1.0, "fit_ce": 1.0}
+    assert pick({(2, 0.5): 1.0, (3, 2.0): 0.9}, "depth")["depth"] == 3
+    # a fit set where the n-gram settings tie: the one scored token (t = 1) follows a single token that no
+    # earlier bigram starts with, so orders 2 and 3 (h = 1 for both) predict 1/V at every alpha
+    ep = _episodes([0, 1, 2, 3, 1, 0], n_demos=0, l_demo=1, l_test=2, V=4)  # 3 episodes of 2 test tokens
+    fit = baselines.fit_counting(ep, [0], alphas=(0.5, 2.0, 1.0), orders=(3, 2), depths=(1,))
+    assert fit.by_k[0]["incontext_ngram"] == {"order": 2, "alpha": 2.0, "fit_ce": pytest.approx(math.log(4), abs=1e-15)}
+
+
+def test_fit_counting_rejects_bad_input():
+    ep = _episodes([0, 1, 2, 3, 1, 0], n_demos=0, l_demo=1, l_test=2, V=4)
+    with pytest.raises(ValueError, match="alpha must be"):
+        baselines.fit_counting(ep, [0], alphas=(0.0,))
+    with pytest.raises(ValueError, match="order must be"):
+        baselines.fit_counting(ep, [0], orders=(0,))
+    with pytest.raises(ValueError, match="k must be in"):
+        baselines.fit_counting(ep, [1])
+    with pytest.raises(ValueError, match="no scored test token"):
+        baselines.fit_counting(_episodes([0], n_demos=0, l_demo=1, l_test=1, V=4), [0])
+
+
+# ---------------------------------------------------------------- EM: a fit depends on its own episode only
+
+
+def test_incontext_hmm_fit_of_an_episode_does_not_depend_on_the_batch():
+    V = 3
+    ep = sample_episodes(make_mixture(HMMConfig(n_tasks=3, n_states=4, n_tokens=V, rank=2, seed=4)),
+                         DataConfig(n_demos=3, l_demo=5, l_test=4, seed=2), 6, "eval")
+    ln = HMMLearner(n_states=3, restarts=3, iters=4, pseudocount=0.2, seed=2)
+    full, fit = incontext_hmm(ep, learner=ln, return_fit=True)
+    # one k alone, on a subset of the episodes in another order: the same predictions for those episodes
+    sub = incontext_hmm(ep.subset([4, 1]), [2], ln)
+    np.testing.assert_array_equal(sub[2].numpy(), full[2][[4, 1]].numpy())
+    sub = incontext_hmm(ep.subset([5]), [1, 3], ln)
+    for k in (1, 3):
+        np.testing.assert_array_equal(sub[k].numpy(), full[k][[5]].numpy())
+    # the episodes already truncated to k demos: the same fit (it sees the same sequences)
+    np.testing.assert_array_equal(incontext_hmm(truncate_demos(ep, 2), [2], ln)[2].numpy(), full[2].numpy())
+    # and in chunks of one group each
+    seqs, group = em_learner._demo_rows(ep.tokens.astype(np.int64), ep.segment, 3, 5, [1, 2, 3])
+    chunked = fit_hmm_em(seqs, group, 3 * len(ep), V, ln, max_bytes=1)
+    for a, b in ((fit.initial, chunked.initial), (fit.emission, chunked.emission), (fit.loglik, chunked.loglik)):
+        assert torch.equal(a, b)
+    # the restarts differ between groups (each has its own stream) and between seeds
+    assert not torch.equal(fit.emission[0], fit.emission[1])
+    other = incontext_hmm(ep, [2], HMMLearner(n_states=3, restarts=3, iters=4, pseudocount=0.2, seed=3))
+    assert not torch.equal(other[2], full[2])
+
+
+def test_em_group_keys_seed_the_initializations():
+    rng = np.random.default_rng(3)
+    V = 4
+    seqs = rng.integers(V, size=(3, 6))
+    ln = HMMLearner(n_states=3, restarts=1, iters=0, seed=1)  # iters = 0: the fit is the initialization
+    same = fit_hmm_em(seqs, np.array([0, 1, 1]), 2, V, ln, group_keys=[[7, 1], [7, 1]])
+    assert torch.equal(same.emission[0], same.emission[1]) and torch.equal(same.transition[0], same.transition[1])
+    # by default the key is the group's own sequences: equal sequences, equal initializations
+    twin = fit_hmm_em(np.stack([seqs[0], seqs[0]]), np.array([0, 1]), 2, V, ln)
+    assert torch.equal(twin.emission[0], twin.emission[1])
+    assert not torch.equal(fit_hmm_em(seqs[1:2], np.array([0]), 1, V, ln).emission[0], twin.emission[0])
+    with pytest.raises(ValueError, match="one key per group"):
+        fit_hmm_em(seqs, np.array([0, 1, 1]), 2, V, ln, group_keys=[[1]])
+
+
+def test_learner_for_family_caps_the_states():
+    assert HMMLearner.for_family(4).n_states == 4
+    from hmmscope import config
+
+    assert HMMLearner.for_family(128).n_states == baselines.EM_STATES_CAP == config.EM_STATES_CAP == 8
+    assert config.em_states(config.Config()) == 8 and config.em_states(config.override(
+        config.Config(), {"hmm.n_states": 4})) == 4  # eval.em_states = 0: the family's S, capped
+    ln = HMMLearner.for_family(128, cap=32, restarts=2, seed=5)
+    assert (ln.n_states, ln.restarts, ln.seed, ln.iters) == (32, 2, 5, HMMLearner().iters)
+    with pytest.raises(ValueError, match="n_states >= 1"):
+        HMMLearner.for_family(0)

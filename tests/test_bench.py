@@ -4,7 +4,14 @@ import dataclasses
 
 import pytest
 
-from hmmscope.bench import bench_filter, bench_oracle, bench_sample, bench_train
+from hmmscope.bench import (
+    bench_counting,
+    bench_filter,
+    bench_oracle,
+    bench_sample,
+    bench_train,
+)
+from hmmscope.bench_variants import bench_variants, choose_variant, parse_variant
 from hmmscope.config import preset
 
 
@@ -30,6 +37,14 @@ def test_bench_oracle_small():
     (row,) = r["rows"]
     assert row["n_tasks"] == 8 and _positive(row, ["seconds", "torch_path_ratio"])
     assert abs(row["extrapolated_full_s"] - (row["tables_s"] + (row["seconds"] - row["tables_s"]) * 2)) < 1e-9
+
+
+def test_bench_counting_small():
+    r = bench_counting(n_episodes=4, rounds=1, fit_episodes=6)
+    assert r["seq_len"] == 358 and r["n_tokens"] == 16
+    assert _positive(r, ["bigram_s", "ngram_s", "ctw_s", "fit_s", "fit_bigram_s"])
+    assert abs(r["ctw_ratio"] - r["ctw_s"] / r["bigram_s"]) < 1e-12
+    assert abs(r["fit_ratio"] - r["fit_s"] / r["fit_bigram_s"]) < 1e-12
 
 
 def test_bench_train_against_hf_roformer():
@@ -70,3 +85,79 @@ def test_bench_oracle_cli_rejects_bad_counts():
         r = CliRunner().invoke(app, ["bench", "oracle", *bad])
         assert r.exit_code == 2, r.output
         assert len(r.output.strip().splitlines()) == 1
+
+
+def _tiny_model_cfg():
+    cfg = preset("tiny")
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, n_layers=1, d_model=32, n_heads=2, d_mlp=64))
+
+
+def test_bench_variants_rows_from_the_same_weights():
+    """--variants: every variant from the same weights on the same batch (math attention = the default's losses up
+    to float rounding), MFU against the GEMM rate measured once; a kernel the device lacks gives an error row and
+    the others still run; rows are handed out as they are done."""
+    seen, heads = [], []
+    r = bench_variants(_tiny_model_cfg(), "cpu", batch_size=2, seq_len=16, steps=1, repeats=1,
+                       variants=("eager", "eager+cudnn", "eager+math"), on_start=heads.append, on_row=seen.append)
+    eager, cudnn, math_ = r["rows"]
+    assert seen == r["rows"] and heads[0]["gemm_rate"] == r["gemm_rate"] > 0 and "rows" not in heads[0]
+    assert cudnn["error"] == "ValueError: train.attention=cudnn needs a CUDA device, got cpu"
+    assert (eager["compile"], eager["attention"], math_["attention"]) == ("false", "auto", "math")
+    for row in (eager, math_):
+        assert row["error"] is None and _positive(row, ["step_s", "first_step_s", "tokens_per_s", "mfu"])
+        assert row["mfu"] == pytest.approx(row["tflops"] * 1e12 / r["gemm_rate"], rel=1e-12)
+        assert row["compile_s"] == pytest.approx(max(row["first_step_s"] - row["step_s"], 0.0))
+    assert eager["loss_first_rel"] == 0 and math_["loss_first_rel"] < 1e-5 and math_["loss_last_rel"] < 1e-4
+    assert r["precision"] == "fp32" and r["gemm_dtype"] == "float32"
+
+
+def test_parse_variant():
+    assert parse_variant("eager") == ("false", "auto") and parse_variant("blocks+cudnn") == ("blocks", "cudnn")
+    assert parse_variant("model") == ("true", "auto")
+    for bad in ("compiled", "eager+fast", "eager+flash+math", ""):
+        with pytest.raises(ValueError, match="unknown step variant"):
+            parse_variant(bad)
+
+
+def _row(name, step_s, compile_s, first=0.0, last=0.0, error=None):
+    return {"variant": name, "step_s": step_s, "compile_s": compile_s, "loss_first_rel": first, "loss_last_rel": last,
+            "error": error}
+
+
+def test_choose_variant_counts_the_compile_time():
+    """The pick fits the most steps into the budget, each variant's one-off compile time counted against it: a
+    compiled step 20% faster pays only when the budget is long enough; wrong losses and errors are left out."""
+    rows = [_row("eager", 0.050, 0.5), _row("eager+cudnn", 0.049, 0.5, first=0.5), _row("blocks", 0.040, 30.0),
+            _row("model", 0.001, 1.0, error="RuntimeError: boom")]
+    best, why = choose_variant(rows, 100.0)
+    assert best["variant"] == "eager"  # 100 s: eager 1990 steps, blocks (100 - 30) / 0.04 = 1750
+    assert "eager+cudnn: left out (loss differs" in why[1] and why[3] == "model: left out (RuntimeError: boom)"
+    best, _ = choose_variant(rows, 300.0)
+    assert best["variant"] == "blocks"  # 300 s: eager 5990 steps, blocks 6750
+    best, _ = choose_variant(rows, 300.0, ratio=2.0)  # the training step's time over the bench's: the same pick
+    assert best["variant"] == "blocks"
+    assert choose_variant([rows[3]], 100.0)[0] is None
+
+
+def test_bench_train_cli_variants_json(tmp_path):
+    """`bench train --variants ... --json F`: a line per variant, and F holds the head and the rows done (rewritten
+    as each is done); bad input exits 2 in one line and writes nothing."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from hmmscope.cli import app
+
+    small = ["--preset", "tiny", "--set", "model.n_layers=1", "--set", "model.d_model=32", "--set", "model.d_mlp=64",
+             "--device", "cpu", "--batch-size", "2", "--seq-len", "16", "--steps", "1", "--no-peer"]
+    out = tmp_path / "v.json"
+    r = CliRunner().invoke(app, ["bench", "train", *small, "--variants", "eager,eager+cudnn", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "eager+cudnn    error: ValueError: train.attention=cudnn needs a CUDA device" in r.output
+    d = json.loads(out.read_text())
+    assert [row["variant"] for row in d["rows"]] == ["eager", "eager+cudnn"] and d["gemm_rate"] > 0
+    for bad in (["--variants", "eager,fast"], ["--json", str(tmp_path / "w.json")],
+                ["--variants", "eager", "--compile"], ["--variants", "eager", "--json", str(tmp_path / "w.txt")]):
+        r = CliRunner().invoke(app, ["bench", "train", *small, *bad])
+        assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, (bad, r.output)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v.json"]

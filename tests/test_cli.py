@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from hmmscope import tracking
 from hmmscope.cli import app
 from hmmscope.episodes import load_episodes
-from hmmscope.sweep_spec import TRAIN_OBJECTIVES
+from hmmscope.evaluate import BASELINES
+from hmmscope.sweep_spec import TRAIN_OBJECTIVES, VS_OBJECTIVE
 
 runner = CliRunner()
 
@@ -195,7 +196,8 @@ def test_analyze_end_to_end_and_bad_input(store):
     runs = {x.info.run_name: x for x in _runs(uri)}
     an = runs["analysis"]
     assert an.data.tags["mlflow.parentRunId"] == rid and an.info.status == "FINISHED"
-    assert {"shuffle/layer0/norm_change", "probe/kback1/layer0/acc", "probe/task/layer1/acc"} <= set(an.data.metrics)
+    assert {"shuffle/layer0/norm_change", "probe/kback1/layer0/acc", "probe/task/layer1/acc",
+            "probe/kback1/token_acc"} <= set(an.data.metrics)  # the k-back probes' token statistics (issue 26)
     # claims: ONE table (claims.json) plus headline counts, not a metric triple and two tags per claim
     assert not any(k.startswith(("claim/", "verdict/", "rule/")) for k in (*an.data.metrics, *an.data.tags))
     nums, verdicts, _ = tracking.read_claims(uri, an)
@@ -270,7 +272,10 @@ def test_smoke_sweep_two_workers_then_report(smoke, monkeypatch):
     trials = [x for x in _runs(tracking.default_tracking_uri()) if x.data.tags.get("hmmscope.kind") == "sweep-train"]
     assert len(trials) == 4
     for t in trials:  # the objectives a spec may name (checked at spec validation) are what a trial logs
-        assert {k for k in t.data.metrics if k.split("/")[0] in ("val", "eval", "oracle")} == TRAIN_OBJECTIVES
+        logged = {k for k in t.data.metrics if k.split("/")[0] in ("val", "eval", "oracle")}
+        assert {k for k in logged if not VS_OBJECTIVE.fullmatch(k)} == TRAIN_OBJECTIVES
+        assert {k for k in logged if VS_OBJECTIVE.fullmatch(k)} == {  # model - baseline per k, paired (pattern)
+            f"eval/unseen/vs/{b}/k{k}{s}" for b in BASELINES for k in range(3) for s in ("", "_lo", "_hi")}
     r = runner.invoke(app, ["report", "smoke"])
     assert r.exit_code == 0, r.output
     md = (store / "out" / "smoke" / "report.md").read_text()
@@ -477,11 +482,12 @@ def test_storage_help_describes_the_default_the_command_has(path):
 @pytest.mark.parametrize("cmd, sections", [
     (["generate", "x.npz", "--set", "hmm.gamma=0.5"], ["hmm", "data"]),
     (["theory", "--gammas", "0.4", "--set", "theory.n_tokens=6"], ["theory"]),
-    (["train", "--set", "hmm.gamma=0.5", "--device", "cpu"], ["hmm", "data", "model", "train"]),
-    (["run", "--preset", "paper", "--set", "hmm.gamma=0.5"], ["hmm", "data", "model", "train", "theory"]),
+    (["train", "--set", "hmm.gamma=0.5", "--device", "cpu"], ["hmm", "data", "model", "train", "eval"]),
+    (["run", "--preset", "paper", "--set", "hmm.gamma=0.5"], ["hmm", "data", "model", "train", "theory", "eval"]),
     (["bench", "train", "--set", "hmm.gamma=0.5"], ["hmm", "data", "model", "train"]),
-    (["sweep", "run", str(SWEEPS / "smoke.toml")], ["hmm", "data", "model", "train"]),
-], ids=["generate", "theory", "train", "run", "bench-train", "sweep-run"])
+    (["sweep", "run", str(SWEEPS / "smoke.toml")], ["hmm", "data", "model", "train", "eval"]),
+    (["headroom", "--set", "hmm.gamma=0.5"], ["hmm", "data", "eval"]),
+], ids=["generate", "theory", "train", "run", "bench-train", "sweep-run", "headroom"])
 def test_print_config_prints_the_resolved_config_and_exits(store, cmd, sections):
     import tomllib
 

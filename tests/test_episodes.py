@@ -358,3 +358,42 @@ def test_training_episodes_are_bit_identical_to_before(family, bits):
     for a in (ep.tokens, ep.states, ep.task_ids):
         h.update(a.tobytes())
     assert h.hexdigest()[:32] == bits
+
+
+def test_training_fit_family_and_unseen_tasks_come_from_disjoint_streams():
+    """SCIENCE.md 9 / issue 27: training tasks (a mixture, or fresh tasks with hmm.n_tasks = 0), fit tasks, family-Bayes
+    tasks and unseen evaluation tasks are four disjoint seed streams. Checked by PARAMETERS (mu, W, Q: the continuous
+    parts; O is discrete-valued and can repeat by chance), never by ids, for both families; each stream but the
+    training mixture's follows data.seed (a replicate draws new unseen, fit, family and fresh tasks)."""
+    from hmmscope.episodes import family_tasks, fit_episodes, fresh_training, training_data, unseen_episodes
+
+    def continuous(m):
+        return [np.concatenate([m.initial[i].ravel(), m.W[i].ravel(), m.Q[i].ravel()]).tobytes() for i in range(m.n_tasks)]
+
+    for family in ("sticky", "dirichlet"):
+        hc = HMMConfig(family=family, n_tasks=8, n_states=5, n_tokens=4, rank=2, seed=3)
+        data = DataConfig(n_demos=2, l_demo=5, l_test=6, n_train=24, n_eval=12, seed=1)
+        streams = {"train": make_mixture(hc), "fresh": fresh_training(hc, data, 24)[0],
+                   "fit": fit_episodes(hc, data, 24)[0], "family": family_tasks(hc, data, 24),
+                   "unseen": unseen_episodes(hc, data, 24)[0]}
+        seen: dict[bytes, str] = {}
+        for name, m in streams.items():
+            rows = continuous(m)
+            assert len(set(rows)) == len(rows), name  # distinct tasks within a stream
+            for r in rows:
+                assert r not in seen, f"a {name} task equals a {seen.get(r)} task"
+                seen[r] = name
+            for other in streams.values():  # no shared float at all between two streams' W
+                if other is not m:
+                    assert not np.intersect1d(m.W.ravel(), other.W.ravel()).size
+        replicate = DataConfig(**{**data.__dict__, "seed": 2})
+        for draw in (lambda h, d: unseen_episodes(h, d, 24)[0], lambda h, d: fit_episodes(h, d, 24)[0],
+                     lambda h, d: family_tasks(h, d, 24), lambda h, d: fresh_training(h, d, 24)[0]):
+            assert not set(continuous(draw(hc, data))) & set(continuous(draw(hc, replicate)))
+        # fresh training: episode i on task i, nothing repeated; held-out episodes are unseen tasks
+        mix, ep_train, ep_eval, eval_mix = training_data(dataclasses.replace(hc, n_tasks=0), data)
+        assert mix is None and np.array_equal(ep_train.task_ids, np.arange(24)) and len(ep_eval) == 12
+        assert set(continuous(eval_mix)) <= set(continuous(unseen_episodes(hc, data, 12)[0]))
+        assert not set(continuous(eval_mix)) & set(continuous(fresh_training(hc, data, 24)[0]))
+    with pytest.raises(ValueError, match="n_tasks >= 1"):
+        make_mixture(dataclasses.replace(hc, n_tasks=0))

@@ -9,26 +9,27 @@ import pytest
 import torch
 import torch.nn as nn
 
-from hmmscope.baselines import incontext_bigram, incontext_unigram
+from hmmscope.baselines import fit_counting, incontext_bigram, incontext_unigram
 from hmmscope.config import DataConfig, HMMConfig
-from hmmscope.episodes import Episodes, layout, sample_episodes, unseen_episodes
+from hmmscope.episodes import Episodes, family_tasks, fit_episodes, layout, sample_episodes, unseen_episodes
 from hmmscope.evaluate import (
     PREDICTORS,
+    REGIMES,
     build_figure1,
     eval_set,
     figure1,
     figure1_tables,
-    memory_comparison,
     model_predictive,
     plot_figure1,
-    receptive_field,
+    regime,
     retrieval_gap,
     score_by_k,
     truncate_demos,
 )
+from hmmscope.fixed_memory import memory_comparison, receptive_field
 from hmmscope.hmm import make_mixture
 from hmmscope.inference import memory_error, mixture_oracle, task_oracle
-from hmmscope.stats import decide
+from hmmscope.stats import claim, decide, rule
 from hmmscope.train import oracle_metrics
 
 V = 5
@@ -193,15 +194,17 @@ def test_figure1_oracle_as_model(mix, ep, tmp_path):
 
 
 def _check_figure1_artists(res):
-    """One row of panels per task set; chance at 1/V in both accuracy panels' legends (columns 0 and 2), the
-    oracles' ceiling inside their y-range, log V in the CE panel, every predictor drawn, the run in the title."""
+    """One row of four panels per task set; chance at 1/V in both accuracy panels' legends (columns 0 and 2), the
+    oracles' ceiling inside their y-range, log V in the CE panel, every predictor drawn, only the model's band and a
+    few smoothed lines in the position panel (issue 29.7), the paired differences with a zero line, the run in the
+    title."""
     fig = build_figure1(res, title="run abc (12345678)")
     assert "run abc (12345678)" in fig._suptitle.get_text()
-    assert len(fig.axes) == 3 * len(res.tasks)
+    assert len(fig.axes) == 4 * len(res.tasks)
     for i, tasks in enumerate(res.tasks):
-        acc_k, ce_k, acc_pos = fig.axes[3 * i: 3 * i + 3]
+        acc_k, ce_k, acc_pos, diff = fig.axes[4 * i: 4 * i + 4]
         assert acc_k.get_title().startswith(f"{tasks} tasks")
-        top = max(r["acc_hi"] for r in res.by_k + res.by_position if r["predictor"] != "model" and r["tasks"] == tasks)
+        top = max(r["acc_hi"] for r in res.by_k if r["predictor"] != "model" and r["tasks"] == tasks)
         for ax in (acc_k, acc_pos):
             chance = [ln for ln in ax.get_lines() if ln.get_label().startswith("chance")]
             assert len(chance) == 1 and np.allclose(chance[0].get_ydata(), 1 / V)
@@ -210,7 +213,12 @@ def _check_figure1_artists(res):
             assert lo <= 1 / V and hi >= top  # the mixture / task oracle ceiling is in view
         assert any(np.allclose(ln.get_ydata(), np.log(V)) for ln in ce_k.get_lines())
         drawn = {ln.get_label() for ln in acc_k.get_lines()}
-        assert {"model", "task oracle", "in-context unigram", "in-context bigram", "in-context HMM (EM)"} <= drawn
+        assert {"model", "task oracle", "add-one unigram", "add-one bigram", "in-context HMM (EM)"} <= drawn
+        assert len(acc_pos.collections) == 1  # one band: the model's
+        assert {ln.get_label() for ln in acc_pos.get_lines()} <= {"model", "task oracle", "mixture oracle (training tasks)",
+                                                                  "family Bayes (M tasks of the family)",
+                                                                  "best counting (fitted)", f"chance (1/V = {1 / V:.3g})"}
+        assert "model minus" in diff.get_title() and any(np.allclose(ln.get_ydata(), 0) for ln in diff.get_lines())
 
 
 class TaskOracleModel(nn.Module):
@@ -241,12 +249,14 @@ class TaskOracleModel(nn.Module):
 def test_unseen_tasks_and_the_retrieval_gap(mix, ep, tmp_path):
     hc = HMMConfig(n_tasks=4, n_states=6, n_tokens=V, rank=3, gamma=0.7, rho=0.05, seed=1)
     umix, uep = unseen_episodes(hc, DATA, 48)
-    other = make_mixture(hc, stream="other")
-    res = figure1(OracleModel(mix, ep), mix, ep, unseen=(umix, uep), other=other, batch_size=16)
+    family = family_tasks(hc, DATA, 32)
+    counting = fit_counting(fit_episodes(hc, DATA, 16)[1], range(DATA.n_demos + 1))
+    res = figure1(OracleModel(mix, ep), mix, ep, unseen=(umix, uep), family=family, counting=counting, batch_size=16)
     assert res.tasks == ["seen", "unseen"]
+    assert {r["predictor"] for r in res.by_k if r["tasks"] == "unseen"} == set(PREDICTORS)
+    assert {r["predictor"] for r in res.by_k if r["tasks"] == "seen"} == set(PREDICTORS) - {"family_bayes"}
     for tasks in ("seen", "unseen"):
-        assert {r["predictor"] for r in res.by_k if r["tasks"] == tasks} == set(PREDICTORS)
-        assert {r["k"] for r in res.by_k if r["tasks"] == tasks and r["predictor"] == "other_mixture_oracle"} == \
+        assert {r["k"] for r in res.by_k if r["tasks"] == tasks and r["predictor"] == "best_counting"} == \
             set(range(DATA.n_demos + 1))  # every predictor has a k = 0 row
     u_t, u_x = res.row("task_oracle", tasks="unseen"), res.row("mixture_oracle", tasks="unseen")
     assert u_t["ce"] < u_x["ce"] and math.isnan(u_t["p_true_task"])  # unseen: only the task oracle is the ceiling
@@ -262,7 +272,10 @@ def test_unseen_tasks_and_the_retrieval_gap(mix, ep, tmp_path):
     h = res.headline()
     assert h["eval/retrieval_gap"] == g["value"] and h["eval/retrieval_gap_lo"] < g["value"] < h["eval/retrieval_gap_hi"]
     assert "eval/unseen/excess_ce_task" in h and "eval/unseen/p_true_task" not in h
-    assert {"baseline/unseen/other_mixture_oracle/ce", "baseline/unseen/incontext_bigram/acc"} <= set(h)
+    assert {"baseline/unseen/family_bayes/ce", "baseline/unseen/incontext_bigram/acc", "baseline/unseen/best_counting/ce",
+            "eval/unseen/vs_best_counting", "eval/unseen/vs/best_counting/k0_hi", "eval/unseen/icl_gain"} <= set(h)
+    assert {c.name for c in res.claims} == {"retrieval_gap", "icl_gain", "inference_beyond_counting"}
+    assert res.regime == "retrieval"  # the mixture oracle as a model: it knows the training tasks
     # the task oracle as a model has no gap at all
     flat = figure1(TaskOracleModel([(mix, ep), (umix, uep)]), mix, ep, unseen=(umix, uep), learner=None, ks=[3],
                    batch_size=48)
@@ -352,3 +365,94 @@ def test_receptive_field_of_a_windowed_transformer(n_layers, window):
             y[:, p] = (y[:, p] + 1) % V
             changed = not torch.equal(m(y)[0][:, t], base)
             assert changed == (p >= t - R + 1), (p, t - R + 1)
+
+
+# ---------------------------------------------------------------- issue 26.1 / 27: gains, fresh tasks, pairs, regimes
+
+HC = HMMConfig(n_tasks=4, n_states=6, n_tokens=V, rank=3, gamma=0.7, rho=0.05, seed=1)
+
+
+def test_in_context_gain_is_on_the_same_tokens(mix, ep):
+    """The task oracle cannot gain from demonstrations: on the same test tokens at k = 0 and k = k_max its gain is
+    exactly 0, as is that of a model that IS the task oracle. (On all scored tokens it is not: k = 0 drops test
+    position 0, which the by-k rows keep at k >= 1, the bias of the records before issue 26.)"""
+    umix, uep = unseen_episodes(HC, DATA, 24)
+    es = eval_set(None, uep, tasks="unseen", task_mix=umix, learner=None)
+    res = figure1_tables(TaskOracleModel([(umix, uep)]), [es], batch_size=24)
+    gains = {g["predictor"]: g for g in res.gains}
+    assert gains["task_oracle"]["icl_gain"] == 0.0 and gains["task_oracle"]["n_tokens"] == DATA.l_test - 1
+    assert abs(gains["model"]["icl_gain"]) < 1e-12
+    biased = res.row("task_oracle", 0, "unseen")["ce"] - res.row("task_oracle", DATA.n_demos, "unseen")["ce"]
+    assert abs(biased) > 1e-6  # what the old definition reported for the same predictor
+    # by hand: positions >= 1 of the test segment at both k
+    e0, ek = truncate_demos(uep, 0), truncate_demos(uep, DATA.n_demos)
+    m0 = score_by_k(FixedModel(np.linspace(0, 1, V + 1)), es)
+    assert m0[0]["ce_same"] == pytest.approx(m0[0]["ce"], rel=1e-12)  # at k = 0 every scored token is a "same" token
+    y = torch.as_tensor(ek.tokens[:, ek.test_mask & (ek.position >= 1)].astype(np.int64))
+    p = torch.softmax(torch.as_tensor(np.linspace(0, 1, V + 1))[:V], 0)
+    assert m0[DATA.n_demos]["ce_same"] == pytest.approx(float(-torch.log(p[y]).mean()), rel=1e-6)  # float32 logits
+    assert e0.seq_len == DATA.l_test
+
+
+def test_fresh_tasks_figure1_has_no_seen_rows():
+    """With no training mixture (hmm.n_tasks = 0) only unseen tasks are scored; family Bayes is the mixture reference
+    (excess_ce, kl_mix); seen-task and mixture-oracle metrics are absent, not NaN."""
+    umix, uep = unseen_episodes(HC, DATA, 24)
+    fam = family_tasks(HC, DATA, 16)
+    res = figure1(FixedModel(np.zeros(V + 1)), None, None, unseen=(umix, uep), family=fam, learner=None,
+                  family_sizes=(4, 8), batch_size=24)
+    assert res.tasks == ["unseen"] and res.retrieval is None
+    assert {r["predictor"] for r in res.by_k} == {"model", "task_oracle", "family_bayes", "incontext_unigram",
+                                                  "incontext_bigram"}
+    h = res.headline()
+    assert not any(k.startswith("eval/seen/") or "oracle_mix" in k or "retrieval" in k for k in h)
+    m, f = res.row("model", tasks="unseen"), res.row("family_bayes", tasks="unseen")
+    assert m["excess_ce"] == pytest.approx(m["ce"] - f["ce"], abs=1e-12) and f["excess_ce"] == 0.0
+    conv = {c["M"]: c["ce"] for c in res.meta["sets"]["unseen"]["family_bayes_convergence"]}
+    assert set(conv) == {4, 8, 16} and conv[16] == pytest.approx(f["ce"], rel=1e-12)
+    assert h["baseline/unseen/family_bayes/ce_M4"] == conv[4]
+    with pytest.raises(ValueError, match="fresh tasks"):
+        eval_set(None, uep, tasks="seen", learner=None)
+
+
+def test_paired_comparisons_are_on_the_same_episodes(mix, ep):
+    umix, uep = unseen_episodes(HC, DATA, 30)
+    es = eval_set(mix, uep, tasks="unseen", task_mix=umix, learner=None)
+    model = FixedModel(np.linspace(-1, 1, V + 1))
+    res = figure1_tables(model, [es])
+    per = {k: score_by_k(model, es)[k] for k in es.ks}
+    for r in (r for r in res.paired if r["baseline"] == "incontext_bigram"):
+        mod = model_predictive(model, es.by_k[r["k"]].episodes.tokens, n_obs=V, dtype=torch.float64)[:, es.by_k[r["k"]].cols]
+        y = es.by_k[r["k"]].y
+        d = (-torch.log(mod.gather(-1, y[..., None])[..., 0])).mean(1).numpy() - \
+            es.by_k[r["k"]].references["incontext_bigram"]["ce"].mean(1)
+        assert r["diff"] == pytest.approx(d.mean(), abs=1e-12)
+        assert r["diff_hi"] - r["diff"] == pytest.approx(1.96 * d.std(ddof=1) / math.sqrt(len(d)), rel=1e-9)
+        assert r["diff"] == pytest.approx(per[r["k"]]["ce"] - res.row("incontext_bigram", r["k"], "unseen")["ce"], abs=1e-12)
+    h = res.headline()
+    assert h[f"eval/unseen/vs/incontext_bigram/k{DATA.n_demos}"] == next(
+        r["diff"] for r in res.paired if r["baseline"] == "incontext_bigram" and r["k"] == DATA.n_demos)
+
+
+def _c(name, lo, hi, verdicts=None, requires=()):
+    return claim(name, name, (lo + hi) / 2, lo, hi, rule("<" if name == "inference_beyond_counting" else ">", 0, requires),
+                 "", verdicts, df=math.inf)
+
+
+@pytest.mark.parametrize("gap,gain,vs,word", [
+    ((0.2, 0.4), (0.1, 0.2), (-0.2, -0.1), "retrieval"),  # a supported retrieval gap decides first
+    ((-0.01, 0.02), (0.1, 0.2), (-0.2, -0.1), "inference beyond counting"),
+    (None, (0.1, 0.2), (-0.2, -0.1), "inference beyond counting"),  # fresh tasks: no retrieval gap at all
+    ((-0.01, 0.02), (0.1, 0.2), (0.05, 0.1), "counting"),  # above best counting
+    ((-0.01, 0.02), (0.1, 0.2), (-0.05, 0.02), "undetermined"),  # straddles best counting: cannot tell
+    ((-0.01, 0.02), (0.1, 0.2), (0.0, 0.02), "counting"),  # at or above best counting
+    ((-0.01, 0.02), (-0.01, 0.01), (-0.2, -0.1), "undetermined"),  # below counting, but no gain shown
+])
+def test_regime_words(gap, gain, vs, word):
+    g = _c("icl_gain", *gain)
+    claims = [g, _c("inference_beyond_counting", *vs, {"icl_gain": g.verdict}, ["icl_gain"])]
+    if gap is not None:
+        claims.insert(0, _c("retrieval_gap", *gap))
+    assert regime(claims) == word and word in REGIMES
+    assert regime([{"name": c.name, "verdict": c.verdict, "ci_lo": c.ci_lo} for c in claims]) == word
+    assert regime([]) == "undetermined"

@@ -121,6 +121,56 @@ def test_cuda_fp32_matches_cpu(uri, cpu_ref):
         assert res.metrics[k] == pytest.approx(cpu_ref.metrics[k], rel=1e-3), k
 
 
+@gpu
+def test_cuda_step_variants_train(uri, cpu_ref):
+    """The GPU session's step variants in train (analysis/gpu/README.md): each block compiled alone (one graph for
+    both layers) with the flash kernel pinned, and the cuDNN kernel eager: both learn, agree with float32 CPU up to
+    bf16 rounding, and are tagged. CPU twins: tests/test_train.py (blocks through inductor, attention=math/flash)."""
+    from torch._dynamo.utils import counters
+
+    for sets, tag in (({"train.compile": "blocks", "train.attention": "flash"}, "blocks"),
+                      ({"train.compile": "false", "train.attention": "cudnn"}, "false")):
+        graphs = counters["stats"]["unique_graphs"]
+        res = train(small(**{"train.device": "cuda", "train.precision": "bf16", **sets}), tracking_uri=uri,
+                    experiment="gpu", run_name=f"variant-{tag}", progress=False)
+        assert (counters["stats"]["unique_graphs"] > graphs) == (tag == "blocks")
+        tags = tracking.Run(uri, res.run_id).get().data.tags
+        assert tags["hmmscope.compiled"] == tag and tags["hmmscope.attention"] == sets["train.attention"]
+        assert res.metrics["val/loss"] == pytest.approx(cpu_ref.metrics["val/loss"], rel=2e-2)
+
+
+@gpu
+def test_cuda_bench_variants_and_flash_at_the_paper_head_shape():
+    """bench train --variants on CUDA (bf16, MFU against the bf16 GEMM rate measured there): every variant runs or
+    names its error, and the ones that run agree on the losses; flash attention takes the model's strided q, k, v at
+    the paper's head shape (357 tokens, 16 heads of 64) forward and backward, as math does up to bf16 rounding."""
+    import dataclasses
+
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from hmmscope.bench_variants import bench_variants, choose_variant
+
+    cfg = small()
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, device="cuda", precision="auto"))
+    r = bench_variants(cfg, "cuda", batch_size=4, seq_len=40, steps=2, variants=("eager", "eager+flash",
+                                                                                 "eager+cudnn", "blocks"))
+    assert r["precision"] == "bf16" and r["gemm_dtype"] == "bfloat16" and r["device_name"]
+    ok = [row for row in r["rows"] if row["error"] is None]
+    assert ok[0]["variant"] == "eager" and {"eager", "eager+flash", "blocks"} <= {row["variant"] for row in ok}
+    assert all(row["loss_first_rel"] < 2e-2 and row["mfu"] > 0 for row in ok)
+    assert choose_variant(r["rows"], 60.0)[0] is not None
+    x = torch.randn(2, 357, 3, 16, 64, device=DEV, dtype=torch.bfloat16, requires_grad=True)  # (B, T, qkv, H, Dh)
+    outs = []
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.MATH):
+        q, k, v = (x[:, :, i].transpose(1, 2) for i in range(3))  # (B, H, T, Dh), strided as in Attention.forward
+        with sdpa_kernel([backend]):
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        (g,) = torch.autograd.grad(y.float().square().sum(), x)
+        outs.append((y.float(), g.float()))
+    assert torch.allclose(outs[0][0], outs[1][0], atol=2e-2) and torch.allclose(outs[0][1], outs[1][1], atol=1e-1)
+
+
 # ---------------------------------------------------------------- checkpoints across devices
 
 

@@ -326,3 +326,58 @@ def test_compiled_explicit_path_matches_eager():
     for n in names:  # masked scores are -inf in both
         assert cc[n].shape == ce[n].shape and torch.allclose(cc[n], ce[n], atol=1e-5), n
     assert no_hooks(comp) and not comp.blocks[0].attn.explicit
+
+
+def test_compile_blocks_one_graph_for_every_layer():
+    """compile_forward("blocks"): each block compiled alone, and the blocks share one graph (dynamo traces the
+    parameters as inputs), so compiling costs one layer's time; outputs, gradients and the module (its state dict,
+    its own calls) as eager. backend aot_eager: dynamo and AOT autograd without inductor's C++ build (the inductor
+    path is train.compile=blocks in tests/test_train.py and tests/test_gpu.py)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    eager, comp = make("rope", n_layers=4).train(), make("rope", n_layers=4).train()
+    keys = list(comp.state_dict())
+    fwd = comp.compile_forward("blocks", backend="aot_eager")
+    x, y = tokens(), tokens(seed=2)
+    graphs = counters["stats"]["unique_graphs"]
+    (le, loss_e), (lc, loss_c) = eager(x, y), fwd(x, y)
+    assert counters["stats"]["unique_graphs"] == graphs + 1  # one graph, run by all 4 blocks
+    assert torch.allclose(lc, le, atol=1e-5) and torch.allclose(loss_c, loss_e, atol=1e-6)
+    loss_e.backward()
+    loss_c.backward()
+    for (n, p), q in zip(eager.named_parameters(), comp.parameters()):
+        assert torch.allclose(q.grad, p.grad, atol=1e-6), n
+    assert list(comp.state_dict()) == keys and type(comp.blocks[0]).__name__ == "Block"  # the module unchanged
+    comp(x)  # its own call stays eager: no new graph
+    assert counters["stats"]["unique_graphs"] == graphs + 1
+    with pytest.raises(ValueError, match="unknown compile scope 'layers'"):
+        comp.compile_forward("layers")
+
+
+def test_attention_kernels_pin_sdpa():
+    """train.attention: flash is torch's own choice on the CPU (the same numbers); math the reference kernel (float
+    rounding); efficient / cudnn exist on CUDA only (ValueError here, before any work); each call a fresh context."""
+    from hmmscope.model import attention_kernels
+
+    m, x = make("rope"), tokens()
+    ref, _ = m(x)
+    for name, tol in (("flash", 0.0), ("math", 1e-5)):
+        ctx = attention_kernels(name, "cpu")
+        for _ in range(2):
+            with ctx():
+                out, _ = m(x)
+            assert torch.allclose(out, ref, atol=tol, rtol=0), name
+    with attention_kernels("auto", "cpu")():
+        assert torch.equal(m(x)[0], ref)
+    for name in ("efficient", "cudnn"):
+        with pytest.raises(ValueError, match=f"train.attention={name} needs a CUDA device"):
+            attention_kernels(name, "cpu")
+    with pytest.raises(ValueError, match="unknown attention kernel 'fast'"):
+        attention_kernels("fast", "cpu")
+
+
+def test_adamw_is_fused_on_cpu():
+    """configure_optimizers: torch's fused AdamW (one kernel per step) on the CPU as on CUDA (tests/test_gpu.py)."""
+    opt = make("rope").configure_optimizers(0.1, 1e-3, (0.9, 0.95))
+    assert opt.defaults["fused"] is True and not opt.defaults["foreach"]

@@ -311,6 +311,53 @@ def test_falls_with_k_needs_every_step():
     assert _verdicts(acc, (1, 2, 3, 4, 5), P=32)[0]["kback_acc_falls_with_k"].verdict == "supported"
 
 
+def test_state_before_task_leaves_the_embedding_apart():
+    """Known answer: all of the positive area at layer 0. The state is at its peak in the embedding (the token
+    reveals it) and the task at chance; from layer 1 on both are at their peaks. The old area over layers 0..4
+    was +0.2 (= 1/5); over layers 1..4 it is 0, not positive, and the embedding's +1 stands on its own row."""
+    acc = {"task": [0.1, 0.9, 0.9, 0.9, 0.9], "state": [0.9, 0.9, 0.9, 0.9, 0.9]}
+    exact = {t: TargetScores(np.tile(np.round(np.asarray(a) * 10), (40, 1)), np.ones((40, 5)), np.full(40, 10.0), 0.1)
+             for t, a in acc.items()}  # noise-free hits: 10 positions per episode, acc x 10 of them right
+    v = {c.name: c for c in probe_claims(range(5), exact, ks=(), n_boot=100)[0]}
+    assert v["state_before_task"].value == pytest.approx(0.0, abs=1e-12) and v["state_before_task"].verdict != "supported"
+    assert "1..4" in v["state_before_task"].statistic
+    assert v["state_before_task_layer0"].value == pytest.approx(1.0)
+    v, _ = _verdicts(acc, (), P=32)  # with sampling noise: the area straddles 0, the embedding's row is supported
+    assert v["state_before_task"].verdict != "supported" and abs(v["state_before_task"].value) < 0.02
+    assert v["state_before_task_layer0"].verdict == "supported"
+    # the retrieval record's shape: state ahead at the embedding only, then the task ahead: the area is negative
+    acc = {"task": [0.25, 0.99, 0.99, 0.99, 0.99], "state": [0.64, 0.70, 0.74, 0.77, 0.78]}
+    v, _ = _verdicts(acc, (), P=32, chance=0.2)
+    assert v["state_before_task"].value < 0 and v["state_before_task"].ci_hi < 0
+    assert v["state_before_task_layer0"].value > 0.5
+    # a layer set without the embedding: the area runs over all of them and there is no layer-0 row
+    claims, _, _ = probe_claims([1, 2, 3], _scores({"task": [0.1, 0.9, 0.9], "state": [0.9, 0.9, 0.9]}), ks=(),
+                                n_boot=100)
+    names = {c.name: c for c in claims}
+    assert "state_before_task_layer0" not in names and names["state_before_task"].value > 0.2
+
+
+def test_falls_with_k_is_judged_on_the_excess_over_token_statistics():
+    """Raw best accuracy that rises from k = 2 to k = 3 (0.5 -> 0.9) because o_t alone predicts o_(t-3) (token
+    statistics 0.85): the excess over the token statistics falls at every step, so the claim is supported; without
+    the token baseline the same probes read "not supported" (the raw accuracy rises)."""
+    acc = {f"kback{k}": [0.1, a, 0.1, 0.1, 0.1] for k, a in zip((1, 2, 3), (0.8, 0.5, 0.9))}
+    sc = _scores(acc, P=32)
+    rng = np.random.default_rng(5)
+    tok = {k: rng.binomial(32, p, 160).astype(float) for k, p in zip((1, 2, 3), (0.1, 0.1, 0.85))}
+    claims, summary, _ = probe_claims(range(5), sc, ks=(1, 2, 3), n_boot=400, token_baseline=tok)
+    assert check_claims(claims) == []
+    v = {c.name: c for c in claims}
+    c = v["kback_acc_falls_with_k"]
+    assert c.verdict == "supported" and c.value < 0 and "token-statistics" in c.statistic, c
+    assert v["kback3_beats_token_stats"].value == pytest.approx(0.05, abs=0.03)
+    assert v["kback1_beats_token_stats"].verdict == "supported"
+    row = next(r for r in summary if r["target"] == "kback3")
+    assert row["token_acc"] == pytest.approx(tok[3].sum() / (32 * 160)) and row["excess_over_token_stats"] < 0.1
+    raw = {c.name: c for c in probe_claims(range(5), sc, ks=(1, 2, 3), n_boot=400)[0]}
+    assert raw["kback_acc_falls_with_k"].verdict == "not supported" and "kback3_beats_token_stats" not in raw
+
+
 def test_best_layer_is_cross_fitted():
     """Flat curves at the control's level: the best of 5 layers chosen on the scoring data is biased up (the
     naive value below); cross-fitted (each half scored at the other half's best layer) it is centred on 0."""
@@ -362,6 +409,33 @@ def test_kback_baseline_isolates_memory(data):
     assert c["kback1_beats_baseline"].verdict != "supported" and abs(c["kback1_beats_baseline"].value) < 0.03
     s = next(x for x in r.summary if x["target"] == "kback1")
     assert s["baseline_acc"] > s["chance"] + 0.1
+
+
+def test_token_statistics_baseline_is_what_the_current_token_gives(data):
+    """Features = one-hot(o_t) only: the probe can read o_(t-1) only through what o_t predicts of it, which is what
+    the token-statistics lookup gets; the probe's excess over it is ~0 (never supported), and kback_baselines, which
+    needs no model, gives the hits run_probes used."""
+    from hmmscope.probes import kback_baselines
+
+    mix, ep = data
+
+    def fn(tok, layer, idx):
+        return torch.nn.functional.one_hot(tok.clamp(max=V - 1), V).float()
+
+    r = run_probes(fn, mix, ep, ks=(1, 2), n_layers=1, positions_per_episode=12, n_boot=300, belief=False)
+    c = {c.name: c for c in r.claims}
+    for k in (1, 2):
+        assert c[f"kback{k}_beats_token_stats"].verdict != "supported"
+        assert abs(c[f"kback{k}_beats_token_stats"].value) < 0.03
+    s = {x["target"]: x for x in r.summary}
+    assert s["kback1"]["token_acc"] > s["kback1"]["chance"]  # the current token says something about the last one
+    assert s["kback1"]["baseline_acc"] >= s["kback1"]["token_acc"] - 0.01  # knowing the task too helps, if anything
+    pos = sample_positions(ep, 12, seed=0)
+    base = kback_baselines(ep, pos, split_episodes(len(ep.task_ids), 0.25, 0), (1, 2))
+    for k in (1, 2):
+        task, alone, n = base[k]
+        assert alone.sum() / n.sum() == pytest.approx(s[f"kback{k}"]["token_acc"])
+        assert task.sum() / n.sum() == pytest.approx(s[f"kback{k}"]["baseline_acc"])
 
 
 def test_task_probe_at_8192_tasks():
@@ -476,3 +550,26 @@ def test_the_fit_workers_are_reaped_when_the_pool_reaps_them_late(data, monkeypa
     with pytest.raises(RuntimeError, match="residuals failed"):
         run_probes(fn, mix, ep, ks=(1,), n_layers=3, n_jobs=2, belief=False, mem_budget=1)
     assert multiprocessing.active_children() == []
+
+
+def test_new_probe_intervals_cover_planted_nulls():
+    """The per-run bootstrap CIs of issue 26's new statistics cover a planted null at their nominal 95% (300
+    simulated runs, 60 held-out episodes x 8 positions, binomial test): the k-back excess over the token
+    statistics (the probe's single peak 0.6 = the token statistics' 0.6) and the embedding's state - task row
+    (identical task and state curves). The area over layers 1..L (clipped, normalized) covers at least nominally."""
+    from scipy import stats
+
+    rng, n, n_test, P = np.random.default_rng(1), 300, 60, 8
+    acc = np.array([0.2, 0.3, 0.6, 0.3, 0.2])
+    hits = {"kback1_beats_token_stats": 0, "state_before_task_layer0": 0, "state_before_task": 0}
+    for i in range(n):
+        sc = {t: TargetScores(rng.binomial(P, np.broadcast_to(acc, (n_test, 5))).astype(float),
+                              rng.binomial(P, np.full((n_test, 5), 0.1)).astype(float), np.full(n_test, float(P)), 0.1)
+              for t in ("task", "state", "kback1")}
+        tok = {1: rng.binomial(P, 0.6, n_test).astype(float)}
+        claims = {c.name: c for c in probe_claims(range(5), sc, ks=(1,), n_boot=200, seed=i, token_baseline=tok)[0]}
+        for name in hits:
+            hits[name] += claims[name].ci_lo <= 0 <= claims[name].ci_hi
+    for name in ("kback1_beats_token_stats", "state_before_task_layer0"):
+        assert stats.binomtest(hits[name], n, 0.95).pvalue > 0.01, (name, hits[name] / n)
+    assert hits["state_before_task"] / n >= 0.95 - 3 * np.sqrt(0.95 * 0.05 / n), hits

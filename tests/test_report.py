@@ -542,3 +542,48 @@ def test_theory_draws_read_back_from_the_runs(tmp_path):
     s = res.settings[0]
     assert f"| {s.rate_fit.rate:.4g} | [{s.rate_fit.rate_ci[0]:.4g}, {s.rate_fit.rate_ci[1]:.4g}] | 2 |" in md
     _assert_embeds_every_figure(rep, tmp_path / "out" / "report.html")
+
+
+def test_regime_pooled_over_seeds(tmp_path):
+    """report.regime: Figure 1's claims of each run (claims.json) pooled per setting over seeds by t (the layerwise
+    pooling), the run's own rules applied to the pooled CI, and the regime word per setting (evaluate.regime):
+    fresh tasks whose model beats best counting in every seed -> inference beyond counting; a mixture whose seen
+    tasks are retrieved -> retrieval; a model at best counting -> counting."""
+    from scipy import stats as st
+
+    from hmmscope.report.regime import regime_section
+    from hmmscope.stats import claim, rule
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    runs = []
+    planted = {"0": {"icl_gain": 0.10, "inference_beyond_counting": -0.05},
+               "4": {"retrieval_gap": 0.5, "icl_gain": 0.02, "inference_beyond_counting": 0.3},
+               "64": {"retrieval_gap": 0.0, "icl_gain": 0.05, "inference_beyond_counting": 0.02}}
+    shift = {0: 0.004, 1: -0.003, 2: 0.001}
+    with tracking.start_run(uri, EXP, "parent") as parent:
+        for n_tasks, cl in planted.items():
+            for seed in (0, 1, 2):
+                with tracking.start_run(uri, EXP, f"T{n_tasks}-s{seed}", parent=parent,
+                                        params={"hmm.n_tasks": n_tasks, "train.seed": seed, "data.seed": seed}) as r:
+                    gain = None
+                    out = []
+                    for name in ("retrieval_gap", "icl_gain", "inference_beyond_counting"):
+                        if name not in cl:
+                            continue
+                        v = cl[name] + shift[seed]
+                        req = ["icl_gain"] if name == "inference_beyond_counting" else []
+                        c = claim(name, name, v, v - 0.01, v + 0.01, rule("<" if req else ">", 0, req), "",
+                                  {"icl_gain": gain} if req else None, df=math.inf)
+                        gain = c.verdict if name == "icl_gain" else gain
+                        out.append(c)
+                    r.log_claims(out)
+                runs.append(tracking.client(uri).get_run(r.run_id))
+    sec, claims = regime_section(runs, uri)
+    words = {row[0]: row[2] for row in sec.blocks[1][2]}
+    assert words == {"n_tasks=fresh": "inference beyond counting", "n_tasks=4": "retrieval", "n_tasks=64": "counting"}
+    c = next(c for c in claims if c.name == "n_tasks=fresh: inference_beyond_counting")
+    vals = [-0.05 + shift[s] for s in (0, 1, 2)]
+    h = st.t.ppf(0.975, 2) * np.std(vals, ddof=1) / math.sqrt(3)
+    assert c.value == pytest.approx(np.mean(vals)) and c.ci_hi == pytest.approx(np.mean(vals) + h) and c.df == 2
+    assert c.verdict == "supported" and c.rule == "< 0; requires icl_gain"
+    assert not check_claims(claims, {}) or all("requires" in c.rule for c in claims if c.name.endswith("counting"))

@@ -114,6 +114,8 @@ def test_shipped_specs_load(path):
         cfg = spec.trial_config(pt)
         if spec.kind == "train":
             assert cfg.train.seed == cfg.data.seed == pt["seed"]
+        elif spec.kind == "headroom":  # its replicates draw new unseen, fit and family tasks (data.seed)
+            assert cfg.data.seed == pt["seed"]
         else:
             assert cfg.theory.seed == pt["seed"]
 
@@ -471,7 +473,8 @@ def test_sweep_runs_compare_side_by_side_over_http(tmp_path, mlflow_server):
 
     assert len(theory_keys) == len(dataclasses.fields(TheoryConfig))  # every theory.* key (draws included)
     assert all(k.startswith("theory.") for k in theory_keys)
-    assert "model.pos_enc" in train_keys and all(k.split(".")[0] in ("hmm", "data", "model", "train") for k in train_keys)
+    assert "model.pos_enc" in train_keys and all(k.split(".")[0] in ("hmm", "data", "model", "train", "eval", "counting")
+                                                  for k in train_keys)  # counting.*: Figure 1's fitted settings
     # MLflow's standard tags on every run (sweep parents, trials, theory settings)
     commit = tracking.git_commit()
     assert len(found) == 8

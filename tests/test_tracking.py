@@ -276,7 +276,7 @@ def test_each_run_kind_logs_its_own_config_sections():
 
     train = tracking.config_params(Config(), tracking.TRAIN_SECTIONS)
     theory = tracking.config_params(Config(), tracking.THEORY_SECTIONS)
-    assert {k.split(".")[0] for k in train} == {"hmm", "data", "model", "train"}
+    assert {k.split(".")[0] for k in train} == {"hmm", "data", "model", "train", "eval"}
     assert len(theory) == 14 and "theory.draws" in theory and all(k.startswith("theory.") for k in theory)
 
 

@@ -37,7 +37,7 @@ SMALL = {
     "data.n_demos": 2, "data.l_demo": 8, "data.l_test": 8, "data.n_train": 96, "data.n_eval": 32,
     "model.n_layers": 1, "model.n_heads": 2, "model.d_model": 32, "model.d_mlp": 64, "model.max_len": 64,
     "train.steps": 12, "train.batch_size": 8, "train.warmup": 2, "train.eval_every": 6, "train.ckpt_every": 6,
-    "train.device": "cpu",
+    "train.device": "cpu", "eval.family_tasks": 16, "eval.fit_episodes": 16,
 }
 
 
@@ -129,29 +129,34 @@ def test_run_logs_params_metrics_checkpoint(uri, finished):
     assert m["val/loss"] < first  # it learns something in 12 steps
 
 
-def test_epochs_and_emergence_curves(uri, finished):
-    """train/epoch, the budget tags, the emergence histories (model per k, gain, references as constants), the
-    figure, and the curves at the last step equal to Figure 1 on the same episodes."""
-    from hmmscope.emergence import subset
+def test_epochs_and_emergence_curves(uri, finished, tmp_path):
+    """train/epoch, the budget tags, the emergence curves (issue 29.6: a few headline series as metrics, the per-k
+    curves as one table artifact and the figure; issue 26.1: the gain on the same tokens, 0 for the task oracle),
+    and the curves at the last step equal to Figure 1 on the same episodes."""
+    from hmmscope.emergence import key, subset
     from hmmscope.episodes import unseen_episodes
-    from hmmscope.evaluate import eval_set, figure1_tables
+    from hmmscope.evaluate import eval_set, figure1_tables, references
 
     c = tracking.client(uri)
     hist = lambda k: [(m.step, m.value) for m in c.get_metric_history(finished.run_id, k)]  # noqa: E731
     assert hist("train/epoch") == [(3, 0.25), (6, 0.5), (9, 0.75), (12, 1.0)]  # 96 episodes, batch 8
     tags = tracking.Run(uri, finished.run_id).get().data.tags
     assert tags["hmmscope.epochs"] == "1" and tags["hmmscope.episodes_per_task"] == "24"
+    assert tags["hmmscope.tasks"] == "mixture"
+    logged = set(tracking.Run(uri, finished.run_id).get().data.metrics)
+    em_keys = {k for k in logged if k.startswith("emergence/")}
+    assert em_keys == {"emergence/seen/icl_gain", "emergence/seen/ce_kmax", "emergence/unseen/icl_gain",
+                       "emergence/unseen/ce_kmax", "emergence/unseen/vs_best_counting"}
+    curves = finished.extra["emergence"]
+    assert [h["step"] for h in curves] == [0, 6, 12]
     for tasks in ("seen", "unseen"):
-        for k in (0, 1, 2):
-            assert [s for s, _ in hist(f"emergence/{tasks}/ce/k{k}")] == [0, 6, 12]
-            assert [s for s, _ in hist(f"emergence/{tasks}/acc/k{k}")] == [0, 6, 12]
-        ce = {k: hist(f"emergence/{tasks}/ce/k{k}")[-1][1] for k in (0, 2)}
-        assert hist(f"emergence/{tasks}/icl_gain")[-1][1] == pytest.approx(ce[0] - ce[2], abs=1e-12)
-        for ref in ("task_oracle", "mixture_oracle", "incontext_unigram", "incontext_bigram"):
-            vals = hist(f"emergence/{tasks}/ref/{ref}/icl_gain")
-            assert [s for s, _ in vals] == [0, 6, 12] and len({v for _, v in vals}) == 1  # a constant
-        seen_first = hist(f"emergence/{tasks}/ce/k2")[0][1]
-        assert seen_first > ce[2]  # the model's curve moves
+        assert [s for s, _ in hist(f"emergence/{tasks}/icl_gain")] == [0, 6, 12]
+        assert [v for _, v in hist(f"emergence/{tasks}/ce_kmax")] == [h[key(tasks, "ce", 2)] for h in curves]
+        for ref in ("task_oracle", "incontext_unigram", "incontext_bigram", "best_counting"):
+            assert len({h[key(tasks, "icl_gain", ref=ref)] for h in curves}) == 1  # a constant
+        assert curves[-1][key(tasks, "icl_gain", ref="task_oracle")] == 0.0  # the same tokens at both k
+        assert curves[0][key(tasks, "ce", 2)] > curves[-1][key(tasks, "ce", 2)]  # the model's curve moves
+    assert key("unseen", "icl_gain", ref="family_bayes") in curves[-1]
     # the last point is Figure 1 on the first train.emergence_episodes episodes (here all 32 of data.n_eval)
     cfg = finished.config
     mix = make_mixture(cfg.hmm)
@@ -159,21 +164,28 @@ def test_epochs_and_emergence_curves(uri, finished):
     assert n == 64 and cfg.data.n_eval == 32  # the default asks for 64; a run has only data.n_eval
     ep = subset(sample_episodes(mix, cfg.data, cfg.data.n_eval, "eval"), n)
     umix, uep = unseen_episodes(cfg.hmm, cfg.data, cfg.data.n_eval)
-    sets = [eval_set(mix, ep, learner=None), eval_set(mix, subset(uep, n), tasks="unseen", task_mix=umix, learner=None)]
+    family, counting = references(cfg.hmm, cfg.data, cfg.eval)
+    sets = [eval_set(mix, ep, learner=None, counting=counting),
+            eval_set(mix, subset(uep, n), tasks="unseen", task_mix=umix, learner=None, family=family, counting=counting)]
     fig1 = figure1_tables(finished.model, sets)
+    gains = {(g["tasks"], g["predictor"]): g["icl_gain"] for g in fig1.gains}
     for tasks in ("seen", "unseen"):
+        assert curves[-1][key(tasks, "icl_gain")] == pytest.approx(gains[(tasks, "model")], rel=1e-9)
         for k in (0, 1, 2):
-            assert hist(f"emergence/{tasks}/ce/k{k}")[-1][1] == pytest.approx(fig1.row("model", k, tasks)["ce"], rel=1e-9)
-            assert hist(f"emergence/{tasks}/acc/k{k}")[-1][1] == pytest.approx(fig1.row("model", k, tasks)["acc"])
-            for ref in ("task_oracle", "incontext_bigram"):
-                assert hist(f"emergence/{tasks}/ref/{ref}/ce/k{k}")[-1][1] == pytest.approx(
-                    fig1.row(ref, k, tasks)["ce"], rel=1e-9)
+            assert curves[-1][key(tasks, "ce", k)] == pytest.approx(fig1.row("model", k, tasks)["ce"], rel=1e-9)
+            assert curves[-1][key(tasks, "acc", k)] == pytest.approx(fig1.row("model", k, tasks)["acc"])
+            for ref in ("task_oracle", "incontext_bigram", "best_counting"):
+                assert curves[-1][key(tasks, "ce", k, ref)] == pytest.approx(fig1.row(ref, k, tasks)["ce"], rel=1e-9)
+    assert curves[-1][key("unseen", "vs_best_counting")] == pytest.approx(
+        fig1.row("model", 2, "unseen")["ce"] - fig1.row("best_counting", 2, "unseen")["ce"], abs=1e-9)
     arts = {a.path for a in c.list_artifacts(finished.run_id, "figures")}
     assert arts == {"figures/emergence.png", "figures/emergence.pdf"}
+    table = json.loads(tracking.Run(uri, finished.run_id).download("emergence/curves.json", tmp_path).read_text())
+    cols = dict(zip(table["columns"], zip(*table["data"])))
+    assert set(cols["step"]) == {0, 6, 12} and {"model", "task_oracle", "best_counting"} <= set(cols["predictor"])
     m = tracking.Run(uri, finished.run_id).get().data.metrics
     assert 0 < m["train/eval_fraction"] < 1 and m["train/eval_s"] > 0
     assert not any(k.startswith("emergence/") for k in finished.metrics)  # curves are histories, not final metrics
-    assert [h["step"] for h in finished.extra["emergence"]] == [0, 6, 12]
 
 
 def test_emergence_off():
@@ -209,7 +221,7 @@ def test_resume_is_bitwise_for_every_schedule(uri, schedule):
     res = train(cfg, tracking_uri=uri, experiment=f"s-{schedule}", resume=killed.info.run_id, progress=False,
                 log_every=1)
     c = tracking.client(uri)
-    for key in ("train/loss", "train/lr", "emergence/unseen/ce/k2"):
+    for key in ("train/loss", "train/lr", "emergence/unseen/ce_kmax", "emergence/unseen/icl_gain"):
         a = [(m.step, m.value) for m in c.get_metric_history(full.run_id, key)]
         b = sorted((m.step, m.value) for m in c.get_metric_history(res.run_id, key))
         assert a == b, key
@@ -316,13 +328,36 @@ def test_compile_knob():
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     assert Config().train.compile == "auto"
     assert not resolve_compile("auto", cpu) and resolve_compile("auto", cuda)
-    assert resolve_compile("true", cpu) and not resolve_compile("false", cuda)
+    assert resolve_compile("true", cpu) and not resolve_compile("false", cuda) and resolve_compile("blocks", cpu)
     # booleans (TOML true / false, an older checkpoint's saved config) and the CLI's strings
     assert small(**{"train.compile": True}).train.compile == "true"
     assert small(**{"train.compile": "false"}).train.compile == "false"
     assert from_flat({**flatten(small()), "train.compile": False}).train.compile == "false"
-    with pytest.raises(ConfigError, match=r"train.compile must be one of \('auto', 'true', 'false'\), got 'yes'"):
+    with pytest.raises(ConfigError, match=r"train.compile must be one of \('auto', 'true', 'false', 'blocks'\), got 'yes'"):
         small(**{"train.compile": "yes"})
+
+
+def test_attention_knob_is_a_runtime_key(uri, finished):
+    """train.attention pins the training step's SDPA kernel: math (the reference kernel) trains to the default's
+    numbers up to float rounding, tagged; a run may be resumed with another kernel (a run-time key); a kernel the
+    device lacks fails before any run is made."""
+    assert Config().train.attention == "auto"
+    with pytest.raises(ConfigError, match=r"train.attention must be one of \('auto', 'flash', 'efficient', 'cudnn', "
+                                          r"'math'\), got 'fast'"):
+        small(**{"train.attention": "fast"})
+    n_runs = len(tracking.client(uri).search_runs([tracking.experiment_id(uri, "t")]))
+    with pytest.raises(ValueError, match="train.attention=cudnn needs a CUDA device"):
+        train(small(**{"train.attention": "cudnn"}), tracking_uri=uri, experiment="t", progress=False)
+    assert len(tracking.client(uri).search_runs([tracking.experiment_id(uri, "t")])) == n_runs  # no run made
+    with pytest.raises(KeyboardInterrupt):
+        train(small(**{"train.attention": "math"}), tracking_uri=uri, experiment="att", progress=False, log_every=3,
+              _stop_after=6)
+    run_id = _latest_run(uri, "att").info.run_id
+    assert tracking.Run(uri, run_id).get().data.tags["hmmscope.attention"] == "math"
+    res = train(small(**{"train.attention": "flash"}), tracking_uri=uri, experiment="att", resume=run_id,
+                progress=False, log_every=3)
+    assert res.steps == 12 and tracking.Run(uri, run_id).get().data.tags["hmmscope.attention"] == "flash"
+    assert res.metrics["val/loss"] == pytest.approx(finished.metrics["val/loss"], rel=1e-5)
 
 
 def test_precision_knob():
@@ -362,6 +397,19 @@ def test_compile_and_bf16_on_cpu(uri, finished):
     assert evaluate_loss(model, ep, precision="bf16")["loss"] == pytest.approx(b, rel=0.01)
 
 
+@pytest.mark.slow
+def test_compile_blocks_on_cpu(uri, finished):
+    """train.compile=blocks through inductor on the CPU: the CPU twin of the GPU session's "blocks" step variant
+    (tests/test_gpu.py runs it on CUDA). Tagged; float32 numbers as eager's up to fused-kernel rounding; its
+    checkpoint loads into a plain Transformer."""
+    res = train(small(**{"train.compile": "blocks"}), tracking_uri=uri, experiment="t", run_name="blocks",
+                progress=False, log_every=3)
+    assert tracking.Run(uri, res.run_id).get().data.tags["hmmscope.compiled"] == "blocks"
+    assert res.metrics["val/loss"] == pytest.approx(finished.metrics["val/loss"], rel=1e-4)
+    model, _ = load_model(uri, res.run_id)
+    assert all(torch.allclose(p, q, atol=1e-4) for p, q in zip(model.state_dict().values(), res.model.state_dict().values()))
+
+
 @contextmanager
 def storages_saved_as(location: str):
     """torch.save as on another device: every storage's location tag (the only device record a checkpoint
@@ -390,7 +438,7 @@ def test_cuda_checkpoint_loads_and_resumes_on_cpu(uri, finished, tmp_path):
     ck = read_checkpoint(path)
     tensors = [*ck["model"].values(), *(v for st in ck["optimizer"]["state"].values() for v in st.values())]
     assert ck["step"] == 6 and tensors and all(t.device.type == "cpu" for t in tensors)
-    with pytest.raises(ValueError, match=r"train.precision \(only train.steps, train.device, train.compile may"):
+    with pytest.raises(ValueError, match=r"train.precision \(only train.steps, train.device, train.compile, train.attention may"):
         train(small(**{"train.precision": "bf16"}), tracking_uri=uri, experiment="xdev", resume=killed.info.run_id)
     res = train(small(), tracking_uri=uri, experiment="xdev", resume=killed.info.run_id, progress=False)
     assert res.steps == 12 and res.metrics["val/loss"] == finished.metrics["val/loss"]
@@ -562,3 +610,30 @@ def test_a_full_disk_in_the_cli_evaluation_leaves_the_run_failed(uri, tmp_path, 
     assert str(tiny) in lines[0] and files == []
     (run,) = tracking.search_runs(uri, "full-out")
     assert run.info.status == "FAILED" and "No space left on device" in run.data.tags["hmmscope.failure_reason"]
+
+
+def test_fresh_tasks_train_and_evaluate(uri, tmp_path):
+    """hmm.n_tasks = 0 (SCIENCE.md 9): every training episode has its own task; oracle/* is family Bayes; the
+    emergence curves and Figure 1 exist on unseen tasks only (seen-task metrics absent, not NaN); the regime claims
+    and the tag hmmscope.regime are set; eval/figure1_s is logged."""
+    from hmmscope import jobs
+
+    cfg = small(**{"hmm.n_tasks": 0, "train.emergence_episodes": 8})
+    res = train(cfg, tracking_uri=uri, experiment="fresh", progress=False, log_every=3)
+    run = tracking.Run(uri, res.run_id)
+    tags = run.get().data.tags
+    assert tags["hmmscope.tasks"] == "fresh" and tags["hmmscope.episodes_per_task"] == "1"  # 12 x 8 / 96 tasks
+    assert 0 < res.metrics["oracle/test_loss"] < math.log(4) and "val/excess_ce" in res.metrics
+    em = {k for k in run.get().data.metrics if k.startswith("emergence/")}
+    assert em == {"emergence/unseen/icl_gain", "emergence/unseen/ce_kmax", "emergence/unseen/vs_best_counting"}
+    lines = []
+    ev = jobs.evaluate_model(res.model, res.config, res.steps, run, out=tmp_path, say=lines.append)
+    assert not any(k.startswith("eval/seen/") or "retrieval" in k or "oracle_mix" in k for k in ev)
+    assert {"eval/unseen/test_ce", "baseline/unseen/family_bayes/ce", "eval/unseen/vs_best_counting", "eval/figure1_s",
+            "baseline/unseen/family_bayes/ce_M4", "baseline/unseen/family_bayes/ce_M8"} <= set(ev)
+    assert {c.name for c in ev.claims} == {"icl_gain", "inference_beyond_counting"}
+    assert run.get().data.tags["hmmscope.regime"] == ev.regime and ev.regime in ("counting", "undetermined",
+                                                                                "inference beyond counting")
+    assert lines and lines[0].startswith("Figure 1: ") and f"regime: {ev.regime}" in lines[0]
+    params = run.get().data.params
+    assert params["hmm.n_tasks"] == "0" and params["eval.family_tasks"] == "16" and "counting.k2.best" in params

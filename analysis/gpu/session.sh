@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One GPU session's calls (analysis/gpu/README.md): run from the repository root on the device machine.
 #
+#   bash analysis/gpu/session.sh paper-once [FLAGS]  # THE command (issue 28): setup, bench, train, Figure 1, analyze,
+#                                               # pack by a deadline, one archive per phase (paper_once.py)
 #   bash analysis/gpu/session.sh check         # env facts, bench train --preset paper, -m gpu, default suite
 #   STEPS=N bash analysis/gpu/session.sh paper  # the paper-gpu sweep (RoPE + absolute), report, trials.csv
 #   NEW=1 bash analysis/gpu/session.sh chain    # one long run chained over calls (issue 19): the first call;
@@ -11,6 +13,7 @@
 # timeout so a slow one cannot take the rest of the call with it. DRY=1 runs the same steps here, on the CPU
 # at the tiny scale with the worktree's .venv (to check this script; it measures nothing about a GPU).
 set -uo pipefail
+T0=$(date +%s.%N)  # the command's start: paper-once's deadline counts from here
 OUT=${OUT:?set OUT to the folder whose files come back}
 PY=${PY:-python3}
 DRY=${DRY:-0}
@@ -257,10 +260,12 @@ chain() {  # one call of a long run chained over calls (README.md, "The chained 
 }
 
 case "${1:-}" in
+  paper-once) shift; exec "$PY" analysis/gpu/paper_once.py run --out "$OUT" --t0 "$T0" $([ "$DRY" = 1 ] && echo --dry) "$@" ;;
+  setup-once) rc=0; setup || rc=$?; env_facts >"$OUT/env.txt"; exit $rc ;;  # paper_once.py's phase 1 (OUT: its folder)
   check) setup && check ;;
   paper) setup && paper ;;
   chain) setup && chain ;;
   verify) setup && "$PY" analysis/gpu/chain.py verify "$("$PY" analysis/gpu/chain.py state "hmmscope-${NAME:-paper-long}" | cut -d' ' -f1)" ;;
   setup) setup ;;
-  *) echo "usage: [DRY=1] bash analysis/gpu/session.sh check | STEPS=N ... paper | NEW=1|0 ... chain | ... verify" >&2; exit 2 ;;
+  *) echo "usage: [DRY=1] bash analysis/gpu/session.sh paper-once [FLAGS] | check | STEPS=N ... paper | NEW=1|0 ... chain | ... verify" >&2; exit 2 ;;
 esac

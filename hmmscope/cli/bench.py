@@ -1,4 +1,5 @@
-"""`hmmscope bench sample | filter | oracle | train`: speed benchmarks against named peers, as ratios.
+"""`hmmscope bench sample | filter | oracle | counting | train | headroom`: speed benchmarks against named peers, as
+ratios.
 
 Owns: the `bench` command group (`app`), its options and their checks, the thread setting of a benchmark, and
 the lines each benchmark prints. The timings themselves are `hmmscope.bench`.
@@ -10,12 +11,13 @@ inside the command bodies.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from .. import checks
-from ..config import memory_estimate, model_params, override, preset
+from ..config import RUNTIME_BYTES, memory_estimate, model_params, override, preset
 from .common import ConfigOpt, DeviceOpt, ForceOpt, Preset, PrintConfigOpt, SetOpt, build_config, echo_config, user_errors
 
 app = typer.Typer(no_args_is_help=True, help="Speed benchmarks against named peers, as ratios.")
@@ -160,6 +162,31 @@ def bench_oracle_cmd(
                    f"{row['extrapolated_full_s']:6.0f} s wall, {row['extrapolated_full_cpu_s']:6.0f} s CPU{peer}")
 
 
+@app.command("counting")
+@user_errors
+def bench_counting_cmd(
+    n_episodes: Annotated[int, typer.Option(min=1, help="Episodes of the paper's shape (358 tokens, V = 16).")] = 1024,
+    rounds: Annotated[int, typer.Option(min=1, help="Interleaved timing rounds (best of each).")] = 3,
+    force: ForceOpt = False,
+) -> None:
+    """The fair counting baselines (n-gram order 3, CTW depth 3) and their fit vs the add-one bigram, same episodes."""
+    # peak: the int16 episodes, the n-gram's counts and each predictor's float64 output (V = 16: 128 B per token
+    # each, about 4 alive at once) beside the counting code's fixed chunk buffers (baselines.py, under 256 MiB)
+    tokens = n_episodes * 358
+    checks.memory({"runtime": (RUNTIME_BYTES, "host"), "counting buffers": (256 << 20, "host"),
+                   f"{n_episodes} x 358 tokens": (4 * 128 * tokens, "host")}, force=force)
+    from ..bench import bench_counting
+
+    r = bench_counting(n_episodes=n_episodes, rounds=rounds)
+    typer.echo(f"counting baselines, {n_episodes} episodes x {r['seq_len']} tokens, V = {r['n_tokens']}; "
+               f"best of {rounds} interleaved rounds")
+    typer.echo(f"  incontext_bigram (peer)        {r['bigram_s']:8.3f} s")
+    typer.echo(f"  incontext_ngram order 3        {r['ngram_s']:8.3f} s   {r['ngram_ratio']:.2f}x the bigram")
+    typer.echo(f"  incontext_ctw depth 3          {r['ctw_s']:8.3f} s   {r['ctw_ratio']:.2f}x the bigram")
+    typer.echo(f"  fit_counting, full grid, k = 0..4, {r['fit_episodes']} tiny episodes: {r['fit_s']:.3f} s = "
+               f"{r['fit_ratio']:.1f}x the bigram on the same 5 truncations ({r['fit_bigram_s']:.3f} s)")
+
+
 @app.command("train")
 @user_errors
 def bench_train_cmd(
@@ -174,6 +201,12 @@ def bench_train_cmd(
     profile: Annotated[bool, typer.Option(help="One number per source of loss vs the measured GEMM rate.")] = False,
     compile_: Annotated[bool, typer.Option("--compile", help="Time torch.compile(model), its compile time and break-even steps.")]
     = False,
+    variants: Annotated[str | None, typer.Option(
+        help="Comma-separated training-step variants <compile>[+<attention>] to time one after another from the same "
+             "weights (compile: eager, model, blocks; attention: auto, flash, efficient, cudnn, math), e.g. "
+             "eager,eager+cudnn,blocks: step time, one-off (compile) time, MFU, losses vs the first.")] = None,
+    json_: Annotated[Path | None, typer.Option("--json", help="With --variants: write the rows here (JSON), "
+                                                              "rewritten as each variant is done.")] = None,
     threads: ThreadsOpt = None,
     force: ForceOpt = False,
     print_config: PrintConfigOpt = False,
@@ -182,6 +215,19 @@ def bench_train_cmd(
     cfg = build_config(preset_, config, set_, {"train.device": device})
     if print_config:
         return echo_config(cfg, ("hmm", "data", "model", "train"))
+    names = None
+    if variants is not None:
+        from ..bench_variants import parse_variant
+
+        names = [v.strip() for v in variants.split(",")]
+        for v in names:
+            parse_variant(v)
+        if compile_ or profile:
+            raise ValueError("--variants times each variant itself: leave out --compile and --profile")
+    if json_ is not None:
+        if names is None:
+            raise ValueError("--json writes the --variants rows: give --variants")
+        checks.output_file(json_, "--json", ".json")
     from ..bench import bench_train
     from ..train import resolve_device
 
@@ -191,6 +237,10 @@ def bench_train_cmd(
     checks.duration(6.0 * model_params(cfg.model, cfg.hmm.n_tokens + 1) * batch_size * seq_len * steps, device=str(dev),
                     force=force, what=f"bench train's {steps:,} timed steps")  # the floor of config.train_flops
     _bench_threads(threads)
+    if names is not None:
+        _bench_variants(cfg, names, batch_size, seq_len, steps, json_)
+        if not peer:
+            return
     r = bench_train(cfg, cfg.train.device, batch_size=batch_size, seq_len=seq_len, steps=steps, peer=peer,
                     profile=profile, compile=compile_)
     typer.echo(f"train ({r['device']}{', compiled' if r['compiled'] else ''}, {r['shape']}): "
@@ -218,3 +268,74 @@ def bench_train_cmd(
     if "ratio" in r:
         typer.echo(f"peer HF RoFormerForCausalLM: {r['hf_roformer_tokens_per_s']:,.0f} tokens/s; "
                    f"ratio {r['ratio']:.2f}x")
+
+
+@app.command("headroom")
+@user_errors
+def bench_headroom_cmd(
+    preset_: Annotated[Preset, typer.Option("--preset", help="Family and layout (hmm, data, eval sections).")] = Preset.tiny,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    n_episodes: Annotated[int, typer.Option(min=2, max=1 << 20, help="Unseen episodes scored.")] = 256,
+    family_tasks: Annotated[int | None, typer.Option("--family-tasks", min=1, max=1 << 20,
+                                                     help="M (default eval.family_tasks).")] = None,
+    em: Annotated[bool, typer.Option(help="Include the EM learner in the timed headroom.")] = False,
+    repeats: Annotated[int, typer.Option(min=1, max=100, help="Timed rounds (best of).")] = 2,
+    threads: ThreadsOpt = None,
+    force: ForceOpt = False,
+    print_config: PrintConfigOpt = False,
+) -> None:
+    """`hmmscope headroom`'s cost against one mixture-oracle pass over the same M family tasks and episodes."""
+    cfg = build_config(preset_, config, set_)
+    if family_tasks is not None:
+        cfg = override(cfg, {"eval.family_tasks": family_tasks})
+    if print_config:
+        return echo_config(cfg, ("hmm", "data", "eval"))
+    if cfg.eval.family_tasks < 1 or cfg.eval.fit_episodes < 8:
+        raise ValueError("the headroom needs eval.family_tasks >= 1 and eval.fit_episodes >= 8")
+    est = memory_estimate(override(cfg, {"hmm.n_tasks": cfg.eval.family_tasks}), "bench-oracle",
+                          n_episodes=max(n_episodes, cfg.eval.fit_episodes))
+    checks.memory(est, force=force, what="the headroom's references")
+    _bench_threads(threads)
+    from ..bench import bench_headroom
+
+    r = bench_headroom(cfg, n_episodes=n_episodes, em=em, repeats=repeats)
+    typer.echo(f"headroom ({cfg.hmm.family}, S {cfg.hmm.n_states}, V {cfg.hmm.n_tokens}, M {r['family_tasks']}, "
+               f"{n_episodes} episodes, k = 0..{r['k_max']}{', EM' if em else ''}): {r['headroom_s']:.2f} s "
+               f"(references: family draw and counting fit {r['references_s']:.2f} s); peer: one mixture-oracle pass "
+               f"over the same tasks and episodes {r['oracle_pass_s']:.3f} s; ratio {r['ratio']:.1f} passes")
+
+
+def _bench_variants(cfg, names: list[str], batch_size: int, seq_len: int, steps: int, json_: Path | None) -> None:
+    """`bench train --variants`: one line per variant as it is done (and the rows in --json, rewritten each time)."""
+    import json
+
+    from .. import safe_output
+    from ..bench_variants import bench_variants
+
+    head: dict = {}
+
+    def write() -> None:
+        if json_ is not None:
+            safe_output.write_text(json_, json.dumps(head, indent=1))
+
+    def on_start(h: dict) -> None:
+        head.update(h)
+        typer.echo(f"train step variants ({h['device']}{', ' + h['device_name'] if h.get('device_name') else ''}, "
+                   f"{h['shape']}, {h['precision']}; {steps} steps x {h['repeats']} repeats each, from the same weights); "
+                   f"{h['gemm_dtype']} GEMM {h['gemm_shape']} measured now: {h['gemm_rate'] / 1e12:.3f} TFLOP/s "
+                   "(the MFU denominator)")
+        write()
+
+    def on_row(row: dict) -> None:
+        if row["error"]:
+            typer.echo(f"  {row['variant']:<14} error: {row['error']}")
+        else:
+            typer.echo(f"  {row['variant']:<14} {row['step_s'] * 1e3:9.2f} ms/step  {row['tokens_per_s']:>12,.0f} tokens/s  "
+                       f"MFU {100 * row['mfu']:5.1f}%  one-off {row['compile_s']:6.1f} s  loss vs {names[0]}: "
+                       f"first {row['loss_first_rel']:.1e}, last {row['loss_last_rel']:.1e}")
+        head["rows"] = [*head.get("rows", []), row]
+        write()
+
+    bench_variants(cfg, cfg.train.device, batch_size=batch_size, seq_len=seq_len, steps=steps, variants=names,
+                   on_start=on_start, on_row=on_row)

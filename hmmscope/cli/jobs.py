@@ -73,7 +73,7 @@ def train_cmd(
     t_cmd = time.monotonic() - process_age_s()  # the deadline counts from the process's start (imports included)
     cfg = build_config(preset_, config, set_, {"train.device": device})
     if print_config:
-        return echo_config(cfg, ("hmm", "data", "model", "train"))
+        return echo_config(cfg, ("hmm", "data", "model", "train", "eval"))
     if run_name is not None:
         checks.safe_name(run_name, "--run-name")
     checks.experiment_name(experiment)
@@ -122,7 +122,8 @@ def train_cmd(
     print_metrics(f"run {res.run_id}: {res.steps} steps in {res.wall_time:.0f} s "
                   f"({res.tokens_per_s:,.0f} tokens/s)", metrics)
     if claims:
-        print_claims("retrieval gap (excess CE over the task oracle, unseen minus seen tasks)", claims)
+        print_claims("Figure 1 (retrieval gap; unseen tasks: in-context gain, model vs best counting)", claims)
+        typer.echo(regime_line(metrics, getattr(ev, "regime", None)))
     print_files(files)
     if res.stopped is not None:
         again = ["hmmscope", "train", "--preset", str(preset_.value)]
@@ -137,6 +138,26 @@ def train_cmd(
                    f"run {res.run_id} FINISHED, tag hmmscope.stopped=deadline); continue with:\n  "
                    f"{shlex.join(again)} [--deadline SECONDS]")
     typer.echo(tracking.browse_line(uri, run_id=res.run_id))
+
+
+def regime_line(m, regime: str | None = None) -> str:
+    """One line: the model on unseen tasks against best counting and the family-Bayes reference, and the regime word
+    (SCIENCE.md 9), from Figure 1's headline metrics (evaluate.Figure1Result.headline)."""
+    regime = regime or getattr(m, "regime", None) or "undetermined"
+    parts = [f"regime: {regime}"]
+    if "eval/unseen/test_ce" in m:
+        parts.append(f"unseen tasks: model CE {m['eval/unseen/test_ce']:.3f}")
+    if "baseline/unseen/best_counting/ce" in m:
+        parts.append(f"best counting {m['baseline/unseen/best_counting/ce']:.3f} (model - best counting "
+                     f"{m['eval/unseen/vs_best_counting']:+.3f} [{m['eval/unseen/vs_best_counting_lo']:+.3f}, "
+                     f"{m['eval/unseen/vs_best_counting_hi']:+.3f}])")
+    if "baseline/unseen/family_bayes/ce" in m:
+        parts.append(f"family Bayes {m['baseline/unseen/family_bayes/ce']:.3f}")
+    if "eval/unseen/oracle_task_test_ce" in m:
+        parts.append(f"task oracle {m['eval/unseen/oracle_task_test_ce']:.3f} nats/token")
+    if "eval/figure1_s" in m:
+        parts.append(f"Figure 1 took {m['eval/figure1_s']:.0f} s")
+    return "; ".join(parts)
 
 
 @user_errors
@@ -163,7 +184,8 @@ def evaluate_cmd(
     with sigterm_interrupts():
         metrics = evaluate_run(uri, run_id, device=device or "auto", n_episodes=n_episodes, out=out)
     print_metrics(f"evaluation of run {run_id}", metrics)
-    print_claims("retrieval gap (excess CE over the task oracle, unseen minus seen tasks)", metrics.claims)
+    print_claims("Figure 1 (retrieval gap; unseen tasks: in-context gain, model vs best counting)", metrics.claims)
+    typer.echo(regime_line(metrics))
     print_files(metrics.files)
 
 
@@ -211,7 +233,7 @@ def analyze_cmd(
                           f"give at most {cfg.hmm.n_tasks}")
     probe_tasks = 32 if probe_tasks is None else probe_tasks
     if cfg is not None:
-        n_pt = min(probe_tasks, cfg.hmm.n_tasks)  # jobs.analyze_run's probe episodes
+        n_pt = min(probe_tasks, cfg.hmm.n_tasks or cfg.data.n_eval)  # jobs.analyze_run's probe episodes (fresh: unseen)
         n_probe = n_pt * max(min_per_task, -(-(n_episodes or cfg.data.n_eval) // n_pt))
         checks.memory(memory_estimate(cfg, "analyze", n_episodes=n_episodes, probe_episodes=n_probe, n_perms=n_perms),
                       device=str(dev), force=force)
@@ -274,7 +296,7 @@ def run_cmd(
     typer.echo(f"unseen tasks: model acc {m['eval/unseen/test_acc']:.3f}, task oracle "
                f"{m['eval/unseen/oracle_task_test_acc']:.3f}; in-context bigram "
                f"{m['baseline/unseen/incontext_bigram/acc']:.3f}, in-context HMM {m['baseline/unseen/incontext_hmm/acc']:.3f}")
-    print_claims("retrieval gap (excess CE over the task oracle, unseen minus seen tasks)", m.claims)
+    print_claims("Figure 1 (retrieval gap; unseen tasks: in-context gain, model vs best counting)", m.claims)
     print_theory(res.theory, cfg.theory, detail=False)
     print_claims(f"layerwise analysis (run {res.analysis.run_id})", res.analysis.claims)
     sw = res.sweep
@@ -283,4 +305,5 @@ def run_cmd(
     typer.echo(f"MLflow: parent run {res.parent_id} (train {res.train_id}, theory {res.theory_id}) in experiment "
                f"{experiment!r}; sweep parent run {sw.parent_run_id}")
     typer.echo(f"files (figures, tables, report): {res.folder}")
+    typer.echo(regime_line(m))
     typer.echo(tracking.browse_line(uri, run_id=res.parent_id))

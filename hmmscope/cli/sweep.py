@@ -132,7 +132,7 @@ def sweep_run_cmd(
         swept = ", ".join([p.key for p in s.space] + ["seed"])
         typer.echo(f"# sweep {s.name} ({s.kind}): the config before each trial's values of {swept}")
         return echo_config(s.trial_config({}), ("theory",) if s.kind == "theory" else
-                           ("hmm", "data", "model", "train"))
+                           ("hmm", "data", "model", "train", "eval"))
     storage = checks.optuna_storage(storage or s.storage or None)
     uri = checks.tracking_store(tracking_uri)
     checks.workers(workers, force=force)

@@ -17,6 +17,9 @@ Targets at a probed position t of episode i:
   o_{t-k} on the training rows (unseen pairs: the most frequent given o_t, then overall); it knows the
   true task, which the model must infer, so it is generous. o_{t-k} is partly predictable from
   (task, o_t) alone: beating a shuffled-label control is not evidence of memory, beating this is.
+  Token statistics: the same lookup from o_t alone (no task), what the current token gives for free;
+  "accuracy falls with k" is judged on the probe's excess over it (`claims`). Both baselines need no
+  model (`kback_baselines`), so a record whose probe episodes can be rebuilt can recompute them.
 - belief: p(s_t | tokens <= t, true task) (inference.task_beliefs), S-dim, all episodes; ridge regression.
   A coordinate means different states in different tasks (as for state_pooled).
 
@@ -36,10 +39,10 @@ from __future__ import annotations
 
 from ..stats import Claim
 from .claims import TargetScores, probe_claims
-from .driver import run_probes
+from .driver import kback_baselines, run_probes
 from .fits import split_episodes
 from .residuals import Residuals, collect_residuals, sample_positions
 from .result import ProbeResult
 
-__all__ = ["Claim", "ProbeResult", "Residuals", "TargetScores", "collect_residuals", "probe_claims",
+__all__ = ["Claim", "ProbeResult", "Residuals", "TargetScores", "collect_residuals", "kback_baselines", "probe_claims",
            "sample_positions", "split_episodes", "run_probes"]

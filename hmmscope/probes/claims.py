@@ -14,21 +14,31 @@ Claims (stats.claim: the verdict is the rule applied to the CI on the row):
 - {target}_beats_control: best-layer acc - max(control acc at those layers, chance) (R^2 - max(control
   R^2, 0) for belief); rule "> 0".
 - kback{k}_beats_baseline: best-layer acc - (task, current token) baseline acc; rule "> 0".
+- kback{k}_beats_token_stats: best-layer acc - the token statistics' acc (the current token o_t alone: the
+  most frequent o_{t-k} given o_t on the probe's training rows, pooled over the probed tasks); rule "> 0".
+  In a family whose tokens recur with a short period (the sticky family's clusters move along a fixed
+  permutation), o_t alone predicts some o_{t-k} well above chance: this is what the probe gets for free.
 - kback{k}_rises_then_falls: min(rise, fall), rise = best-layer acc - acc at the first layer, fall =
   best-layer acc - acc at the last layer (cross-fitted). A curve that only rises peaks at the last layer,
   so its fall, and the statistic, is <= 0 however concave it is. Rule "> 0"; < 3 layers: NaN.
 - kback_peak_moves_up: OLS slope of the peak layer on k over the K values of k (k is the unit). CI: the
   hull of the t interval with K - 2 degrees of freedom and the bootstrap interval with peaks re-chosen
   in each resample (peak-location noise). Rule "> 0"; K < 3: NaN.
-- kback_acc_falls_with_k: the largest adjacent difference best acc(k_{i+1}) - best acc(k_i) (the
-  weakest fall). CI: [max of lower ends, max of upper ends] of the per-step percentile intervals at
-  level 1 - 0.05 / (K - 1) (Bonferroni: simultaneous 95%), so "supported" means every step falls.
-  Rule "< 0"; the reason lists Holm-adjusted bootstrap p-values per step.
-- state_before_task (threshold-free): mean over layers of the normalized accuracy
-  clip((acc - chance) / (max acc - chance), 0, 1), state minus task (a target that becomes decodable at
-  lower layers has the larger mean). state_before_task_reach{50,90}: reach(task) - reach(state) in
-  layers, reach(frac) = the first layer with normalized accuracy >= frac. Rule "> 0; requires
-  task_beats_control, state_beats_control".
+- kback_acc_falls_with_k: on the excess e(k) = best acc(k) - token-statistics acc(k) (what the probe
+  knows of o_{t-k} beyond what o_t alone gives; the raw best acc when no token baseline is given, and the
+  statistic says so): the largest adjacent difference e(k_{i+1}) - e(k_i) (the weakest fall). CI: [max of
+  lower ends, max of upper ends] of the per-step percentile intervals at level 1 - 0.05 / (K - 1)
+  (Bonferroni: simultaneous 95%), so "supported" means every step falls. Rule "< 0"; the reason lists
+  Holm-adjusted bootstrap p-values per step. (Before issue 26 it was on the raw best acc.)
+- state_before_task (threshold-free): mean over the layers above the embedding (1..L; layer 0 left out) of
+  the normalized accuracy clip((acc - chance) / (max acc - chance), 0, 1), max over those layers, state
+  minus task (a target that becomes decodable at lower layers has the larger mean). The embedding is
+  apart because there the current token alone decides: a state that the token reveals is "decodable" at
+  layer 0 without any processing, and before issue 26 that alone could make the area positive.
+  state_before_task_layer0: the same normalized accuracy at layer 0 (max over all layers), state minus
+  task, its own row. state_before_task_reach{50,90}: reach(task) - reach(state) in layers, reach(frac) =
+  the first layer (0 included) with normalized accuracy >= frac. Rule "> 0; requires task_beats_control,
+  state_beats_control" for all four.
 
 Works on per-episode hit counts and sums only: numpy, scipy and `stats`; must not import torch, sklearn or
 the fits (a report can recompute claims without either).
@@ -122,13 +132,35 @@ def _r2_curves(sums, w) -> np.ndarray:
     return np.stack(out, -1)
 
 
+def state_before_task_values(layers, task_acc, state_acc, task_chance: float, state_chance: float) -> dict:
+    """The threshold-free state-before-task statistics (module docstring) of accuracy curves (..., L) over `layers`:
+    {"area", "area_state", "area_task"} over the layers above the embedding (each curve normalized by its own peak
+    there) and {"layer0", "layer0_state", "layer0_task"} at layer 0 (normalized by the peak over all layers), each
+    (...,); NaN where the layers have none. probe_claims uses it on every bootstrap row; a kept per-layer table
+    (probes.csv) gives the point values."""
+    lay = np.asarray(layers)
+    ta, sa = np.asarray(task_acc, float), np.asarray(state_acc, float)
+    up, nan = lay != 0, np.full(ta.shape[:-1], NAN)
+    out = {k: nan for k in ("area", "area_state", "area_task", "layer0", "layer0_state", "layer0_task")}
+    if up.any():
+        et, es = np.mean(_norm_curve(ta[..., up], task_chance), -1), np.mean(_norm_curve(sa[..., up], state_chance), -1)
+        out.update(area=es - et, area_state=es, area_task=et)
+    if not up.all():
+        i0 = int(np.flatnonzero(~up)[0])
+        nt, ns = _norm_curve(ta, task_chance)[..., i0], _norm_curve(sa, state_chance)[..., i0]
+        out.update(layer0=ns - nt, layer0_state=ns, layer0_task=nt)
+    return out
+
+
 def probe_claims(layers, scores: dict[str, TargetScores], *, ks=(1, 2, 3, 4, 5), fracs=(0.5, 0.9),
                  n_boot: int = 1000, seed: int = 0, baseline: dict[int, np.ndarray] | None = None,
+                 token_baseline: dict[int, np.ndarray] | None = None,
                  belief: tuple | None = None) -> tuple[list[Claim], list[dict], dict]:
     """Claims (module docstring), a summary row per target, and per-layer bootstrap CIs {target: (lo, hi)}.
 
     baseline: {k: (n_test,) hits of the (task, current token) baseline of kback{k}} (its counts are
-    kback{k}'s). belief: (real, control) per-layer sums (n, sy, syy, sse), each (n_test, S).
+    kback{k}'s); token_baseline: the same for the current token alone (token statistics).
+    belief: (real, control) per-layer sums (n, sy, syy, sse), each (n_test, S).
     """
     lay = np.asarray(layers)
     L = len(lay)
@@ -178,9 +210,19 @@ def probe_claims(layers, scores: dict[str, TargetScores], *, ks=(1, 2, 3, 4, 5),
             d, rule(">", 0), f"R^2 {0.5 * (rA[0, la[0]] + rB[0, lb[0]]):.3f} at layers {lay[la[0]]}/{lay[lb[0]]} vs "
                              f"control {0.5 * (qA[0, la[0]] + qB[0, lb[0]]):.3f}")
     kk = [k for k in ks if f"kback{k}" in scores]
+    on_excess = token_baseline is not None and all(k in token_baseline for k in kk)
+    excess = {}
     for k in kk:
         t = f"kback{k}"
         acc, b, s = cur[t], best[t], scores[t]
+        if on_excess:
+            tok = _ratio(W @ np.asarray(token_baseline[k], float), W @ np.asarray(s.counts, float))
+            row = next(r for r in summary if r["target"] == t)
+            row["token_acc"], row["excess_over_token_stats"] = float(tok[0]), float(b[0] - tok[0])
+            excess[k] = b - tok
+            add(f"{t}_beats_token_stats", "best-layer acc (cross-fitted) - acc of o_t alone (token statistics)",
+                b - tok, rule(">", 0), f"acc {b[0]:.3f} vs {tok[0]:.3f} from the current token alone (chance "
+                                       f"{s.chance:.3f}): what the probe reads of o_(t-{k}) beyond what o_t gives")
         if baseline is not None and k in baseline:
             base = _ratio(W @ np.asarray(baseline[k], float), W @ np.asarray(s.counts, float))
             next(r for r in summary if r["target"] == t)["baseline_acc"] = float(base[0])
@@ -211,23 +253,34 @@ def probe_claims(layers, scores: dict[str, TargetScores], *, ks=(1, 2, 3, 4, 5),
         add("kback_peak_moves_up", f"OLS slope of peak layer on k over {K} values of k", sl, rule(">", 0),
             f"peak layers {dict(zip(kk, P[0].astype(int).tolist()))}; CI: hull of the t interval ({K - 2} df)"
             " and the bootstrap with re-chosen peaks" + ("" if K >= 3 else "; fewer than 3 values of k"), lo_hi)
-        Bk = np.stack([best[f"kback{k}"] for k in kk], -1)  # (1 + B, K)
+        Bk = np.stack([excess[k] if on_excess else best[f"kback{k}"] for k in kk], -1)  # (1 + B, K)
         d = np.diff(Bk, axis=-1)
         step = np.array([percentile_ci(d[1:, i], 1 - 0.05 / (K - 1)) for i in range(K - 1)])
         nb = np.isfinite(d[1:]).sum(0)
         p = np.minimum(1, 2 * np.minimum(((d[1:] >= 0).sum(0) + 1) / (nb + 1), ((d[1:] <= 0).sum(0) + 1) / (nb + 1)))
         ph = holm(p)
         steps = ", ".join(f"{kk[i]}->{kk[i + 1]}: {d[0, i]:+.3f} (Holm p {ph[i]:.3g})" for i in range(K - 1))
-        add("kback_acc_falls_with_k", "largest adjacent difference of best-layer acc over k (weakest fall)",
-            d.max(-1), rule("<", 0), f"best acc {dict(zip(kk, np.round(Bk[0], 3).tolist()))}; steps {steps}; CI "
+        what = "best-layer acc - token-statistics acc" if on_excess else "best-layer acc (no token baseline)"
+        add("kback_acc_falls_with_k", f"largest adjacent difference over k of {what} (weakest fall)",
+            d.max(-1), rule("<", 0), f"{'excess over token statistics' if on_excess else 'best acc'} "
+                                     f"{dict(zip(kk, np.round(Bk[0], 3).tolist()))}; steps {steps}; CI "
                                      f"from per-step {1 - 0.05 / (K - 1):.4g} intervals (Bonferroni)",
             (float(step[:, 0].max()), float(step[:, 1].max())))
     if "task" in scores and "state" in scores:
         req = rule(">", 0, ("task_beats_control", "state_beats_control"))
         nt, ns = _norm_curve(cur["task"], scores["task"].chance), _norm_curve(cur["state"], scores["state"].chance)
-        et, es = np.mean(nt, -1), np.mean(ns, -1)
-        add("state_before_task", "mean normalized acc over layers, state - task (threshold-free)", es - et, req,
-            f"state {es[0]:.3f}, task {et[0]:.3f} (1 = decodable from the first layer)")
+        up = lay != 0
+        sb = state_before_task_values(lay, cur["task"], cur["state"], scores["task"].chance, scores["state"].chance)
+        if up.any():
+            add("state_before_task", f"mean normalized acc over layers {_span(lay[up])} (the embedding apart), state "
+                                     "- task (threshold-free)", sb["area"], req,
+                f"state {sb['area_state'][0]:.3f}, task {sb['area_task'][0]:.3f} (1 = at its peak from layer "
+                f"{lay[up][0]})")
+        if not up.all():
+            add("state_before_task_layer0", "normalized acc at layer 0 (the embedding: the current token alone), "
+                                            "state - task", sb["layer0"], req,
+                f"state {sb['layer0_state'][0]:.3f}, task {sb['layer0_task'][0]:.3f} of their peaks above chance at "
+                "the embedding, where the current token alone decides")
         for f in fracs:
             rt, rs = _reach(nt, f), _reach(ns, f)
             d = np.where(np.isfinite(rt) & np.isfinite(rs),
@@ -240,6 +293,10 @@ def probe_claims(layers, scores: dict[str, TargetScores], *, ks=(1, 2, 3, 4, 5),
 def _fci(x) -> str:
     lo, hi = percentile_ci(np.asarray(x)[1:])
     return f"[{lo:.3f}, {hi:.3f}]"
+
+
+def _span(lay) -> str:
+    return f"{lay[0]}..{lay[-1]}" if len(lay) > 1 else str(lay[0])
 
 
 def _fl(r, lay) -> str:

@@ -24,6 +24,31 @@ from .residuals import _TAG, collect_residuals
 from .result import ProbeResult
 
 
+def kback_baselines(ep, pos: np.ndarray, is_test: np.ndarray, ks) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The k-back probes' two lookup baselines, scored on the probes' own rows: positions pos (N, P) of ep, episodes
+    split by is_test (N,) bool, the rows of kback{k} those whose test position is >= k.
+
+    Per k: (hits of the (task, o_t) baseline, hits of the o_t-only baseline (token statistics), scored rows), each
+    (n_test,) per held-out episode in order. Each is a lookup table fitted on the training episodes' rows: the most
+    frequent o_(t-k) per key (unseen keys: per o_t, then overall). Needs no model: a record whose probe episodes can
+    be rebuilt (episodes.probe_episodes, sample_positions, split_episodes with the analysis seed) gets the same hits.
+    """
+    (N, P) = pos.shape
+    rows_ep, tpos = np.repeat(np.arange(N), P), np.asarray(ep.position)[pos].ravel()
+    test_row, e_row, n_test = is_test[rows_ep], (np.cumsum(is_test) - 1)[rows_ep], int(is_test.sum())
+    tok, tid = np.asarray(ep.tokens).astype(np.int64), np.asarray(ep.task_ids).astype(np.int64)
+    task_row, cur = tid[rows_ep], tok[rows_ep, pos.ravel()]
+    out = {}
+    for k in ks:
+        y = np.where(tpos >= k, tok[rows_ep, np.maximum(pos.ravel() - k, 0)], -1)
+        a, b = (y >= 0) & ~test_row, (y >= 0) & test_row
+        task = (_lookup_baseline(task_row * (tok.max() + 1) + cur, y, a, b, cur) == y[b]).astype(float)
+        alone = (_lookup_baseline(cur, y, a, b, cur) == y[b]).astype(float)
+        out[k] = (np.bincount(e_row[b], task, n_test), np.bincount(e_row[b], alone, n_test),
+                  np.bincount(e_row[b], None, n_test).astype(float))
+    return out
+
+
 def run_probes(model, mix, ep, *, ks=(1, 2, 3, 4, 5), max_tasks: int = 32, positions_per_episode: int | None = 32,
                seed: int = 0, device="cpu", test_frac: float = 0.25, n_boot: int = 1000, C: float = 1.0,
                max_iter: int = 100, tol: float = 1e-3, fracs=(0.5, 0.9), belief: bool = True,
@@ -53,7 +78,7 @@ def run_probes(model, mix, ep, *, ks=(1, 2, 3, 4, 5), max_tasks: int = 32, posit
     tok, tid = np.asarray(ep.tokens).astype(np.int64), np.asarray(ep.task_ids).astype(np.int64)
     uniq, cnt = np.unique(tid, return_counts=True)
     keep = uniq[np.lexsort((uniq, -cnt))[:max_tasks]]
-    task_row, cur = tid[rows_ep], tok[rows_ep, pos.ravel()]
+    task_row = tid[rows_ep]
     probed = np.isin(task_row, keep)
     state = np.asarray(ep.states).astype(np.int64)[rows_ep, pos.ravel()]
     # name -> (labels (-1: unused), group for per-group probes, episode-level control)
@@ -107,17 +132,11 @@ def run_probes(model, mix, ep, *, ks=(1, 2, 3, 4, 5), max_tasks: int = 32, posit
             t_fit += out["seconds"]
             say(f"layer {li + 1}/{nL} done (layer {layer}: fits {out['seconds']:.1f} s"
                 + (f" in one of {jobs} processes)" if jobs > 1 else ")"))
-    baseline = {}
-    for k in ks:
-        t = f"kback{k}"
-        if t not in scores:
-            continue
-        y = targets[t][0]
-        a, b = (y >= 0) & ~test_row, (y >= 0) & test_row
-        hit = (_lookup_baseline(task_row * (tok.max() + 1) + cur, y, a, b, cur) == y[b]).astype(float)
-        baseline[k] = np.bincount(e_row[b], hit, n_test)
+    base = kback_baselines(ep, pos, is_test, [k for k in ks if f"kback{k}" in scores])
     claims, summary, ci = probe_claims(res.layers, scores, ks=ks, fracs=fracs, n_boot=n_boot, seed=seed,
-                                       baseline=baseline, belief=tuple(bel) if Y is not None else None)
+                                       baseline={k: v[0] for k, v in base.items()},
+                                       token_baseline={k: v[1] for k, v in base.items()},
+                                       belief=tuple(bel) if Y is not None else None)
     table = []
     for t, s in scores.items():
         acc, cacc = _ratio(s.hits.sum(0), s.counts.sum()), _ratio(s.control.sum(0), s.counts.sum())

@@ -14,6 +14,8 @@ import numpy as np
 
 from ..stats import Claim, jsonable
 
+_TOKEN_LS = (0, (5, 1.5, 1, 1.5, 1, 1.5))  # dash-dot-dot: the token-statistics baseline
+
 
 @dataclass
 class ProbeResult:
@@ -49,7 +51,8 @@ class ProbeResult:
         """Figures 3a (task vs state), 3b (k-back curves) and the belief R^2, by layer (0 = embedding), with
         95% CIs. A colour per target (3b: a sequential map, light k = 1 to dark k = K), a style per kind of
         line: solid = probe, dotted = shuffled-label control, dashed = chance (majority class, per target),
-        dash-dot = the (task, o_t) baseline; the style key is in each legend, which sits below its panel."""
+        dash-dot = the (task, o_t) baseline, dash-dot-dot = o_t alone (token statistics); the style key is in each
+        legend, which sits below its panel."""
         from matplotlib import colormaps
         from matplotlib.figure import Figure
         from matplotlib.lines import Line2D
@@ -61,6 +64,7 @@ class ProbeResult:
         for r in self.table:
             by.setdefault(r["target"], []).append(r)
         base = {s["target"]: s.get("baseline_acc") for s in self.summary}
+        tokb = {s["target"]: s.get("token_acc") for s in self.summary}
         kb = sorted((t for t in by if t.startswith("kback")), key=lambda t: int(t[5:]))
         cmap = colormaps["viridis"]
         kcol = {t: cmap(0.85 - 0.75 * i / max(1, len(kb) - 1)) for i, t in enumerate(kb)}
@@ -83,12 +87,16 @@ class ProbeResult:
                 ax.axhline(rows[0]["chance"], ls="--", color=c, lw=0.8, alpha=0.8)
                 if base.get(t) is not None:
                     ax.axhline(base[t], ls="-.", color=c, lw=1, alpha=0.8)
+                if tokb.get(t) is not None:
+                    ax.axhline(tokb[t], ls=_TOKEN_LS, color=c, lw=1, alpha=0.8)
             ax.set(xlabel="layer (0 = embedding)", ylabel="held-out accuracy", title=ptitle)
             if targets:
                 keys = [Line2D([], [], color="gray", ls=":", lw=1, label="shuffled-label control"),
                         Line2D([], [], color="gray", ls="--", lw=0.8, label="chance (majority class)")]
                 if ax is axes[1] and any(base.get(t) is not None for t in targets):
                     keys.append(Line2D([], [], color="gray", ls="-.", lw=1, label="(task, o_t) baseline"))
+                if ax is axes[1] and any(tokb.get(t) is not None for t in targets):
+                    keys.append(Line2D([], [], color="gray", ls=_TOKEN_LS, lw=1, label="o_t alone (token statistics)"))
                 h, _ = ax.get_legend_handles_labels()
                 ax.legend(handles=[*h, *keys], fontsize=8, ncol=2 if len(h) + len(keys) > 5 else 1,
                           loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)

@@ -96,6 +96,7 @@ from .common import METRIC_DIRECTION, Section, _ci, _f, claim_side, underpowered
 from .layerwise import _depth_rank_section, _layerwise_section
 from .posenc import _posenc_section
 from .read import _find_parent, _is_theory, _read_trials, _theory_settings, _training_frame, _Trials
+from .regime import headroom_section, regime_section
 from .render import render_html, render_md
 from .theory import _practice_section, _theory_section
 from .trials import trial_rows, trials_section, write_csv
@@ -205,6 +206,8 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
     steps = [("theory", lambda: _theory_section(settings, out_dir, figs) if settings else (None, [])),
              ("practice vs theory", lambda: (_practice_section(df, out_dir, figs), [])),
              ("positional encoding", lambda: _posenc_section(df, out_dir, figs)),
+             ("regime", lambda: regime_section(train_runs, uri)),
+             ("headroom", lambda: headroom_section(train_runs)),
              ("layerwise claims", lambda: _layerwise_section(df, out_dir, figs)),
              ("depth vs rank", lambda: _depth_rank_section(df, out_dir, figs))]
     for title, fn in steps:

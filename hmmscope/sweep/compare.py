@@ -36,7 +36,7 @@ OBJ = "metric:objective"
 
 
 def _seed_col(spec) -> str:
-    return "param:theory.seed" if spec.kind == "theory" else "param:train.seed"
+    return {"theory": "param:theory.seed", "headroom": "param:data.seed"}.get(spec.kind, "param:train.seed")
 
 
 def trial_frame(spec, study):

@@ -138,7 +138,7 @@ class TrialLost(RuntimeError):
 
 def run_trial(trial, spec: SweepSpec, uri: str, parent: str, *, lost: threading.Event | None = None,
               opened: list[str] | None = None) -> float:
-    """One trial: config -> train + evaluate (+ analyze), or one theory setting; returns the objective.
+    """One trial: config -> train + evaluate (+ analyze), one theory setting, or one headroom; returns the objective.
 
     `lost` (set by the trial's heartbeat, protocol.TrialStore.heartbeat): checked at every evaluation of a training
     trial, which then raises TrialLost (its run ends FAILED with that reason). `opened` gets the id of the training
@@ -152,7 +152,12 @@ def run_trial(trial, spec: SweepSpec, uri: str, parent: str, *, lost: threading.
     note = trial_note(spec, trial.number, params, seed)
     tags = {"hmmscope.trial": trial.number, "hmmscope.study": spec.name, "hmmscope.kind": f"sweep-{spec.kind}",
             "hmmscope.sweep_parent": parent, "hmmscope.seed": seed}
-    if spec.kind == "theory":
+    if spec.kind == "headroom":  # trains nothing: one run of the references (headroom.py)
+        result, run_id = jobs.headroom_job(cfg, uri, spec.experiment, parent=parent, run_name=name, tags=tags, note=note)
+        _link(trial, uri, run_id)
+        metrics = result.metrics()
+        run = tracking.existing_run(uri, run_id)
+    elif spec.kind == "theory":
         with tempfile.TemporaryDirectory() as tmp:
             result, run_id = jobs.theory_job(cfg.theory, Path(tmp), uri=uri, experiment=spec.experiment,
                                              parent=parent, run_name=name, tags=tags, note=note)

@@ -97,7 +97,7 @@ def note_line(note: str) -> str:
     return " ".join(str(note).split())[:500]
 
 
-TRAIN_SECTIONS, THEORY_SECTIONS = ("hmm", "data", "model", "train"), ("theory",)
+TRAIN_SECTIONS, THEORY_SECTIONS = ("hmm", "data", "model", "train", "eval"), ("theory",)
 
 
 def config_params(cfg: Any, sections: Iterable[str]) -> dict[str, Any]:

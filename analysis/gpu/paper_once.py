@@ -1,0 +1,761 @@
+"""The paper experiment in ONE device command, driven by a deadline (issue 28; analysis/gpu/README.md).
+
+    OUT=$OUT bash analysis/gpu/session.sh paper-once [FLAGS]      # on the device (session.sh runs `run` below)
+    DRY=1 OUT=/tmp/dry bash analysis/gpu/session.sh paper-once    # the rehearsal here: CPU, tiny model, <= 240 s
+
+    python3 analysis/gpu/paper_once.py run --out OUT [FLAGS]      # the orchestrator (standard library + hmmscope.config)
+    python analysis/gpu/paper_once.py record --store S --rec R --name N --out D   # phase 6's record (needs MLflow)
+    python3 analysis/gpu/paper_once.py collect FILES_AT analysis/results/paper-gpu-figures   # after the session
+
+Phases, each a subprocess under its own time limit, each packed into OUT/<n>-<phase>.tar.gz as soon as it ends (a
+phase cut off by its limit, or a command killed by the device tool's limit, leaves every earlier phase's archive):
+
+1. setup     `session.sh setup-once`: the carried wheels into /tmp/venv, hmmscope editable, env.txt. Runs at t = 0
+             BESIDE phase 2 (setup is pip on the CPU; the bench needs only the image's torch): --setup-s cap.
+2. bench     `hmmscope bench train --variants V --json` at the training shape (batch x episode tokens), under the
+             image's python3 with PYTHONPATH = the checkout: every step variant (eager; a pinned SDPA kernel;
+             each block compiled) timed from the same weights, with its one-off compile time, MFU against the
+             GEMM rate measured in the same run: --bench-s cap, from t = 0.
+   plan      `bench_variants.choose_variant`: the variant fitting most steps into the training time left, its compile time
+             counted against it; steps = floor((train window - fixed - compile) / (step x ratio) / quantum) x
+             quantum, at most --max-steps (the formula, its numbers and the target it meets or misses are printed
+             and kept in plan.json). No bench rows: eager and --target-steps (train's --deadline still holds).
+3. train     `hmmscope train --no-evaluate --deadline` until its planned end (below): the emergence curves at
+             --eval-points evaluations, one checkpoint at the end (the deadline stop writes it too).
+4. figure1   `hmmscope evaluate RUN --n-episodes E`: Figure 1 on seen and unseen tasks with the oracles, the counting
+             baselines, best_counting (fitted on eval.fit_episodes fit-task episodes) and family_bayes over
+             eval.family_tasks = M tasks (--family-tasks; the config's 256 at the paper preset).
+5. analyze   `hmmscope analyze RUN`: shuffle test, task / state / k-back and belief probes, claims with CIs and
+             verdicts, at most --analyze-s (issue 28: 120 s).
+6. pack      this file's `record` (MLflow): report.md, claims.csv, curves.csv, run.json, trials.csv, phases.csv,
+             bench.json, plan.json, figures/ and a trimmed store (mlflow.db + artifacts, no checkpoint or model
+             weights), then the archive.
+
+Time plan (seconds after --t0, the command's start): pack starts by DEADLINE - PACK_S; analyze gets ANALYZE_S before
+that; Figure 1 FIG1_S before that; training ends by DEADLINE - PACK_S - ANALYZE_S - FIG1_S (its `--deadline`).
+A phase that ends early passes its slack on (analyze stays capped at ANALYZE_S; what is left ends the command early);
+Figure 1 may run on past its FIG1_S until analyze would keep less than --analyze-min-s (so a late training, or a
+slow Figure 1, takes from analyze's margin first); a phase that would get less than --min-phase-s is skipped, and
+says so. Every phase's line: its start, end, seconds, exit code and
+status (ok, failed, cut off, skipped) goes to the console and to phases.csv in every archive.
+
+Killed from outside (SIGTERM or SIGKILL at the device tool's limit): the phase child gets SIGTERM (a SIGTERM to this
+process is passed on, and PR_SET_PDEATHSIG sends it when this process dies), so a training run ends KILLED rather
+than RUNNING; the archives already in OUT stay as they were (each is written as .part and renamed).
+
+DRY (--dry): the same phases on the CPU with the worktree's .venv, the tiny preset made smaller (DRY_SETS) and a
+deadline of 240 s (the phases' budgets scaled down; what is left over ends the command early); it measures nothing
+about a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = "import sys; from hmmscope.cli import main; sys.argv[0] = 'hmmscope'; main()"
+PHASES = ("setup", "bench", "train", "figure1", "analyze", "pack")
+DRY_SETS = ("model.n_layers=2", "model.d_model=32", "model.d_mlp=64", "model.n_heads=2", "model.max_len=64",
+            "data.n_train=256", "data.n_eval=32", "train.batch_size=8", "train.warmup=2", "train.emergence_episodes=8")
+DRY_FAMILY = ("hmm.n_tasks=8", "hmm.n_states=8", "hmm.n_tokens=4", "hmm.rank=2", "data.n_demos=2", "data.l_demo=8",
+              "data.l_test=8")  # DRY without --config: the tiny preset's family made smaller (a --config keeps its own)
+BIG_FILE = 8 << 20  # a stored artifact this large (checkpoints, model weights) stays out of the trimmed store
+TAR_FILE_MAX = 12 << 20  # a file this large stays out of an archive (the device tool returns files up to 16 MiB)
+WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
+
+
+# ---------------------------------------------------------------- the plan (pure: tests/test_gpu_session.py)
+
+
+def phase_ends(deadline: float, pack_s: float, analyze_s: float, fig1_s: float, phases=PHASES) -> dict[str, float]:
+    """The latest end of each late phase, in seconds after the start: pack starts by deadline - pack_s, analyze
+    ends there, Figure 1 ends analyze_s before, training fig1_s before that (a phase left out takes no time)."""
+    pack = deadline - (pack_s if "pack" in phases else 0)
+    analyze = pack
+    fig1 = analyze - (analyze_s if "analyze" in phases else 0)
+    train = fig1 - (fig1_s if "figure1" in phases else 0)
+    return {"train": train, "figure1": fig1, "analyze": analyze, "pack": pack, "deadline": deadline}
+
+
+def plan_steps(step_s: float, window_s: float, *, fixed_s: float, compile_s: float = 0.0, ratio: float = 1.0,
+               quantum: int = 256, max_steps: int | None = None) -> int:
+    """Training steps that fit a window of window_s seconds: floor((window_s - fixed_s - compile_s) / (step_s x
+    ratio) / quantum) x quantum, at least one quantum, at most max_steps. fixed_s: what the train phase spends besides
+    steps (start, data, oracles, evaluations, checkpoint); ratio: a training step's time over the bench's."""
+    fit = max(0.0, window_s - fixed_s - compile_s) / (step_s * ratio)
+    if max_steps is not None:
+        fit = min(fit, max_steps)
+    return max(quantum, int(fit // quantum) * quantum)
+
+
+# ---------------------------------------------------------------- running and packing phases
+
+
+def _child_setup() -> None:  # in the child, before exec: its own process group; SIGTERM when the orchestrator dies
+    os.setpgrp()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class Stop(Exception):
+    """This process got SIGTERM (the device tool's limit, `timeout`): stop the phase, pack, exit."""
+
+
+def _on_term(signum, frame):
+    raise Stop(f"signal {signum}")
+
+
+@dataclass
+class Phase:
+    n: int
+    name: str
+    dir: Path
+    start: float = 0.0
+    end: float = 0.0
+    rc: int | None = None
+    status: str = "pending"
+    note: str = ""
+
+
+@dataclass
+class Session:
+    out: Path
+    rec: Path
+    t0: float
+    env: dict
+    phases: list[Phase] = field(default_factory=list)
+
+    def now(self) -> float:
+        return time.time() - self.t0
+
+    def phase(self, n: int, name: str) -> Phase:
+        p = Phase(n, name, self.rec / name)
+        p.dir.mkdir(parents=True, exist_ok=True)
+        self.phases.append(p)
+        return p
+
+    def say(self, msg: str) -> None:
+        print(f"[{self.now():6.1f} s] {msg}", flush=True)
+
+    def write_phases(self) -> None:
+        with open(self.rec / "phases.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["phase", "name", "start_s", "end_s", "seconds", "rc", "status", "note"])
+            for p in self.phases:
+                w.writerow([p.n, p.name, f"{p.start:.1f}", f"{p.end:.1f}", f"{p.end - p.start:.1f}", p.rc, p.status,
+                            p.note])
+
+    def start(self, p: Phase, cmd: list[str], log: str, extra_env: dict | None = None) -> subprocess.Popen:
+        p.start, p.status = self.now(), "running"
+        self.say(f"phase {p.n} {p.name}: start")
+        f = open(p.dir / log, "ab")  # noqa: SIM115 - closed by finish()
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env={**self.env, **(extra_env or {})},
+                                preexec_fn=_child_setup)
+        proc.log = f  # type: ignore[attr-defined]
+        return proc
+
+    def finish(self, p: Phase, proc: subprocess.Popen, cut: bool, note: str = "") -> None:
+        if cut:
+            _stop(proc)
+        proc.wait()
+        proc.log.close()  # type: ignore[attr-defined]
+        p.end, p.rc = self.now(), proc.returncode
+        p.status = "cut off" if cut else ("ok" if proc.returncode == 0 else "failed")
+        p.note = note or p.note
+        self.say(f"phase {p.n} {p.name}: {p.status} (rc {p.rc}) after {p.end - p.start:.1f} s{': ' + p.note if p.note else ''}")
+
+    def skip(self, n: int, name: str, why: str) -> Phase:
+        p = self.phase(n, name)
+        p.start = p.end = self.now()
+        p.status, p.note = "skipped", why
+        self.say(f"phase {n} {name}: skipped: {why}")
+        self.pack(p)
+        return p
+
+    def pack(self, p: Phase) -> Path:
+        """OUT/<n>-<name>.tar.gz from the phase's folder and phases.csv (written as .part, then renamed)."""
+        self.write_phases()
+        shutil.copy(self.rec / "phases.csv", p.dir / "phases.csv")
+        dst = self.out / f"{p.n}-{p.name}.tar.gz"
+        part = dst.with_name(dst.name + ".part")
+        left_out = []
+
+        def small(ti: tarfile.TarInfo) -> tarfile.TarInfo | None:
+            if ti.isfile() and ti.size > TAR_FILE_MAX:
+                left_out.append(f"{ti.name} ({ti.size / 2**20:.0f} MiB)")
+                return None
+            return ti
+
+        with tarfile.open(part, "w:gz") as tar:
+            tar.add(p.dir, arcname=f"{self.rec.name}/{p.name}", filter=small)
+        if left_out:
+            self.say(f"phase {p.n} {p.name}: left out of its archive (over {TAR_FILE_MAX >> 20} MiB): {', '.join(left_out)}")
+        os.replace(part, dst)
+        self.say(f"phase {p.n} {p.name}: packed {dst.name} ({dst.stat().st_size / 1024:.0f} KiB)")
+        return dst
+
+
+def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM to the child's process group, SIGKILL after `grace` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def wait_all(s: Session, jobs: list[tuple[Phase, subprocess.Popen, float]], on_end) -> None:
+    """Wait for the jobs (phase, process, absolute end); cut each at its end; on_end(phase) as each one ends."""
+    left = list(jobs)
+    try:
+        while left:
+            for job in list(left):
+                p, proc, end = job
+                if proc.poll() is not None or s.now() >= end:
+                    s.finish(p, proc, cut=proc.poll() is None)
+                    left.remove(job)
+                    on_end(p)
+            time.sleep(0.2)
+    except Stop:
+        for p, proc, _ in left:
+            s.finish(p, proc, cut=True, note="the command was stopped (SIGTERM)")
+            on_end(p)
+        raise
+
+
+def run_one(s: Session, p: Phase, cmd: list[str], log: str, timeout: float, on_end=None) -> Phase:
+    proc = s.start(p, cmd, log)
+    wait_all(s, [(p, proc, s.now() + timeout)], on_end or s.pack)
+    return p
+
+
+# ---------------------------------------------------------------- the command
+
+
+def _store_db_copy(store: Path, dst: Path) -> None:
+    """A consistent copy of the store's sqlite database (its online backup)."""
+    src = store / "mlflow.db"
+    if src.exists():
+        with sqlite3.connect(src) as a, sqlite3.connect(dst) as b:
+            a.backup(b)
+
+
+def _artifact_dir(store: Path, run_id: str) -> Path | None:
+    """The run's artifact folder in the store (its artifact_uri in mlflow.db; a file:// path beside the database)."""
+    try:
+        with sqlite3.connect(f"file:{store / 'mlflow.db'}?mode=ro", uri=True) as db:
+            row = db.execute("SELECT artifact_uri FROM runs WHERE run_uuid = ?", (run_id,)).fetchone()
+    except sqlite3.Error:
+        row = None
+    if row and str(row[0]).startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        return Path(unquote(urlparse(row[0]).path))
+    found = sorted(store.glob(f"artifacts/{run_id}/artifacts")) + sorted(store.glob(f"artifacts/*/{run_id}/artifacts"))
+    return found[0] if found else None
+
+
+def _copy_small_artifacts(store: Path, run_id: str, dst: Path) -> None:
+    """The run's artifacts but checkpoints and model weights (files over BIG_FILE or with a weights suffix)."""
+    src = _artifact_dir(store, run_id)
+    for f in src.rglob("*") if src and src.is_dir() else ():
+        if f.is_file() and f.stat().st_size < BIG_FILE and f.suffix not in WEIGHT_SUFFIXES:
+            (dst / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(f, dst / f.relative_to(src))
+
+
+def _checkpoint(store: Path, run_id: str) -> Path | None:
+    d = _artifact_dir(store, run_id)
+    return d / "checkpoints" / "last.pt" if d and (d / "checkpoints" / "last.pt").is_file() else None
+
+
+def _cfg(args):
+    """The training config the phases share (hmmscope.config: the standard library only) and its CLI arguments."""
+    sys.path.insert(0, str(ROOT))
+    from hmmscope.config import load_toml, override, preset, seq_len
+
+    sets = [*(DRY_SETS if args.dry else ()), *(DRY_FAMILY if args.dry and not args.config else ()), *args.set]
+    pairs = {}
+    for kv in sets:
+        if "=" not in kv:
+            raise ValueError(f"--set expects key=value, got {kv!r}")
+        k, v = kv.split("=", 1)
+        pairs[k.strip()] = v.strip()
+    cfg = preset(args.preset)
+    if args.config:
+        cfg = load_toml(args.config, cfg)
+    cfg = override(cfg, pairs)
+    if args.family_tasks is not None:  # Figure 1's family_bayes task count M
+        sets.append(f"eval.family_tasks={args.family_tasks}")
+        cfg = override(cfg, {"eval.family_tasks": args.family_tasks})
+    cli = ["--preset", args.preset, *(["--config", str(args.config)] if args.config else [])]
+    for kv in sets:
+        cli += ["--set", kv]
+    return cfg, cli, cfg.train.batch_size, seq_len(cfg.data) - 1
+
+
+def run(args) -> int:
+    t0 = args.t0 if args.t0 is not None else time.time()
+    out, rec, store = Path(args.out).resolve(), Path(args.rec).resolve(), Path(args.store).resolve()
+    phases = [x.strip() for x in args.phases.split(",")]
+    bad = [x for x in phases if x not in PHASES]
+    if bad or not phases:
+        print(f"error: --phases: unknown {bad} (known: {', '.join(PHASES)})", file=sys.stderr)
+        return 2
+    try:
+        cfg, cfg_cli, batch, seq = _cfg(args)
+        from hmmscope.config import flatten
+    except Exception as e:  # noqa: BLE001 - a bad --set / --config: one line, nothing written
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    for d in (out, store):
+        d.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(rec, ignore_errors=True)
+    rec.mkdir(parents=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{store}/mlflow.db"}
+    if args.dry:
+        env.update(HMMSCOPE_THREADS="1", OMP_NUM_THREADS="1")
+    s = Session(out, rec, t0, env)
+    signal.signal(signal.SIGTERM, _on_term)
+    ends = phase_ends(args.deadline, args.pack_s, args.analyze_s, args.fig1_s, phases)
+    py = args.python or (sys.executable if args.dry else "/tmp/venv/bin/python")
+    exp = f"hmmscope-{args.name}"
+    ev = flatten(cfg)
+    s.say(f"Figure 1's references: family_bayes over eval.family_tasks = {ev.get('eval.family_tasks')} tasks (0: off), "
+          f"best_counting fitted on eval.fit_episodes = {ev.get('eval.fit_episodes')} episodes")
+    s.say(f"{args.name}: deadline {args.deadline:.0f} s; planned ends {json.dumps({k: round(v) for k, v in ends.items()})}; "
+          f"config {' '.join(cfg_cli)} (batch {batch} x {seq} tokens); device {args.device}")
+    info: dict = {"t0": t0, "args": vars(args), "ends": ends}
+    try:
+        # 1 + 2: setup and bench side by side from t = 0
+        jobs = []
+        if "setup" in phases:
+            p1 = s.phase(1, "setup")
+            proc = s.start(p1, ["bash", "analysis/gpu/session.sh", "setup-once"], "setup.log",
+                           {"OUT": str(p1.dir), "DRY": "1" if args.dry else "0"})
+            jobs.append((p1, proc, s.now() + args.setup_s))
+        bench_json = rec / "bench" / "bench.json"
+        if "bench" in phases:
+            p2 = s.phase(2, "bench")
+            cmd = [args.probe_python or sys.executable, "-c", CLI, "bench", "train", *cfg_cli, "--device", args.device,
+                   "--batch-size", str(batch), "--seq-len", str(seq), "--steps", str(args.bench_steps), "--no-peer",
+                   "--variants", args.variants, "--json", str(bench_json)]
+            proc = s.start(p2, cmd, "bench.log", {"PYTHONPATH": str(ROOT)})
+            jobs.append((p2, proc, s.now() + args.bench_s))
+        wait_all(s, jobs, s.pack)
+        if "setup" in phases and s.phases[0].status != "ok":
+            s.say("setup failed: nothing after it can run (setup.log in 1-setup.tar.gz)")
+            return 1
+        if "bench" in phases and p2.status == "failed" and not _rows(bench_json) and py != cmd[0]:
+            s.say("bench: failed under the image's python (bench.log): once more under the venv's")
+            first = p2.start
+            proc = s.start(p2, [py, *cmd[1:]], "bench-venv.log")
+            wait_all(s, [(p2, proc, s.now() + args.bench_s)], s.pack)
+            p2.start = first
+        # the plan: the variant and the step count, from the bench rows
+        plan = make_plan(s, args, ends, bench_json)
+        info["plan"] = plan
+        # 3: train
+        run_id = None
+        if "train" in phases:
+            p3 = s.phase(3, "train")
+            (p3.dir / "plan.json").write_text(json.dumps(plan, indent=1))
+            steps = plan["steps"]
+            window = ends["train"] - s.now()
+            cmd = [py, "-c", CLI, "train", *cfg_cli, "--set", f"train.steps={steps}",
+                   "--set", f"train.eval_every={max(1, steps // args.eval_points)}", "--set", f"train.ckpt_every={steps}",
+                   "--set", f"train.compile={plan['compile']}", "--set", f"train.attention={plan['attention']}",
+                   "--device", args.device, "--no-evaluate", "--deadline", f"{max(window - args.train_post_s, 1.0):.0f}",
+                   "--run-name", args.name, "--experiment", exp, "--out", str(p3.dir / "out")]
+            s.say(f"train: {steps} steps ({plan['variant']}), --deadline {window - args.train_post_s:.0f} s (its window "
+                  f"{window:.0f} s less --train-post-s {args.train_post_s:g} for what the command does after training)")
+
+            def train_done(p: Phase) -> None:
+                nonlocal run_id
+                log = (p.dir / "train.log").read_text(errors="replace")
+                m = re.search(r"^run ([0-9a-f]{32}) (?:started|resumed)", log, re.M)
+                run_id = m.group(1) if m else None
+                done = re.findall(r"(\d+) steps in (\d+) s", log)  # the metrics table's title (rich may wrap it)
+                stopped = "stopped by the deadline" in log
+                p.note = (f"run {run_id}: {done[-1][0] if done else '?'} of {steps} steps"
+                          f"{' (stopped by the deadline)' if stopped else ''}" if run_id else "no run was started")
+                info["train"] = {"run_id": run_id, "steps_done": int(done[-1][0]) if done else None,
+                                 "steps_planned": steps, "stopped_by_deadline": stopped, "rc": p.rc}
+                if run_id:
+                    _store_db_copy(store, p.dir / "mlflow.db")
+                    _copy_small_artifacts(store, run_id, p.dir / "artifacts")
+                s.pack(p)
+
+            run_one(s, p3, cmd, "train.log", window + args.train_grace_s, train_done)
+            if p3.rc != 0 or not run_id or _checkpoint(store, run_id) is None:
+                run_id = None
+                s.say("train: no finished run with a checkpoint: Figure 1 and the analysis cannot run")
+        # 4: Figure 1
+        if "figure1" in phases:  # until analyze must start to keep --analyze-min-s (FIG1_S is what the plan gave it)
+            left = ends["analyze"] - (args.analyze_min_s if "analyze" in phases else 0) - s.now()
+            if run_id is None:
+                s.skip(4, "figure1", "no trained run")
+            elif left < args.min_phase_s:
+                s.skip(4, "figure1", f"{left:.0f} s left of its window, --min-phase-s {args.min_phase_s:g}")
+            else:
+                p4 = s.phase(4, "figure1")
+                run_one(s, p4, [py, "-c", CLI, "evaluate", run_id, "--device", args.device, "--n-episodes",
+                                str(args.fig1_episodes), "--out", str(p4.dir / "out")], "evaluate.log", left)
+        # 5: the layerwise analysis
+        if "analyze" in phases:
+            left = min(args.analyze_s, ends["analyze"] - s.now())
+            if run_id is None:
+                s.skip(5, "analyze", "no trained run")
+            elif left < args.min_phase_s:
+                s.skip(5, "analyze", f"{left:.0f} s left, --min-phase-s {args.min_phase_s:g}")
+            else:
+                p5 = s.phase(5, "analyze")
+                jobs_ = args.probe_jobs or str((os.cpu_count() or 1) + 1)
+                run_one(s, p5, [py, "-c", CLI, "analyze", run_id, "--device", args.device, "--n-episodes",
+                                str(args.analyze_episodes), "--ks", args.ks, "--probe-tasks", str(args.probe_tasks),
+                                "--min-per-task", str(args.min_per_task), "--probe-jobs", jobs_, "--experiment", exp,
+                                "--out", str(p5.dir / "out")], "analyze.log", left)
+        # 6: the record
+        if "pack" in phases:
+            p6 = s.phase(6, "pack")
+            (rec / "session.json").write_text(json.dumps(info, indent=1, default=str))
+            s.write_phases()
+            left = max(5.0, min(args.deadline - s.now(), args.limit - 5 - s.now()))
+            cmd = [py, str(Path(__file__).resolve()), "record", "--store", str(store), "--rec", str(rec),
+                   "--name", args.name, "--out", str(p6.dir / "record"), *(["--run", run_id] if run_id else [])]
+            run_one(s, p6, cmd, "record.log", max(left, 5.0))
+    except Stop as e:
+        s.say(f"stopped ({e}): the archives packed so far are in {out}")
+        return 143
+    s.say(f"{args.name}: done; files in {out}: {' '.join(sorted(f.name for f in out.iterdir()))}")
+    return 0
+
+
+def _rows(bench_json: Path) -> list[dict]:
+    """The rows `bench train --variants --json` wrote (none if it wrote nothing, or half a file)."""
+    try:
+        return json.loads(bench_json.read_text()).get("rows", [])
+    except (OSError, ValueError):
+        return []
+
+
+def make_plan(s: Session, args, ends: dict, bench_json: Path) -> dict:
+    """The step variant and the step count (module docstring, 'plan'), printed and returned."""
+    from hmmscope.bench_variants import choose_variant, parse_variant
+
+    window = ends["train"] - s.now()
+    rows = _rows(bench_json)
+    best, why = choose_variant(rows, max(0.0, window - args.train_fixed_s), ratio=args.train_ratio) if rows else (None, [])
+    for line in why:
+        s.say(f"plan: {line}")
+    if best is None:
+        comp, att = parse_variant("eager")
+        steps = args.steps or args.target_steps
+        plan = {"variant": "eager", "compile": comp, "attention": att, "steps": steps, "measured": False,
+                "formula": f"no bench rows: {'--steps' if args.steps else '--target-steps'} = {steps}, stopped by "
+                           "train's own --deadline if they do not fit"}
+    else:
+        steps = args.steps or plan_steps(best["step_s"], window, fixed_s=args.train_fixed_s, compile_s=best["compile_s"],
+                                         ratio=args.train_ratio, quantum=args.quantum, max_steps=args.max_steps)
+        plan = {"variant": best["variant"], "compile": best["compile"], "attention": best["attention"], "steps": steps,
+                "measured": True, "step_s": best["step_s"], "compile_s": best["compile_s"], "mfu": best["mfu"],
+                "window_s": window, "fixed_s": args.train_fixed_s, "ratio": args.train_ratio, "quantum": args.quantum,
+                "formula": (f"--steps {steps}" if args.steps else
+                            f"floor((window {window:.0f} s - fixed {args.train_fixed_s:g} s - compile "
+                            f"{best['compile_s']:.1f} s) / ({best['step_s'] * 1e3:.2f} ms x {args.train_ratio:g}) / "
+                            f"{args.quantum}) x {args.quantum} = {steps}"
+                            + (f" (capped at --max-steps {args.max_steps})" if args.max_steps and steps == args.max_steps
+                               else ""))}
+    plan["target_steps"] = args.target_steps
+    plan["meets_target"] = plan["steps"] >= args.target_steps
+    s.say(f"plan: {plan['variant']}, {plan['formula']}"
+          + ("" if plan["meets_target"] else f"; BELOW the target {args.target_steps}: the deadline allows no more"))
+    return plan
+
+
+# ---------------------------------------------------------------- phase 6: the record (the venv's python: MLflow)
+
+TRIAL_METRICS = ("eval/seen/excess_ce", "eval/seen/test_acc", "eval/unseen/test_acc", "eval/unseen/excess_ce_task",
+                 "eval/retrieval_gap", "eval/retrieval_gap_lo", "eval/retrieval_gap_hi", "val/loss", "eval/seen/kl_mix",
+                 "oracle/test_loss", "oracle/test_acc", "train/wall_time_s", "train/tokens_per_s", "train/eval_s",
+                 "eval/unseen/vs_best_counting", "eval/unseen/vs_best_counting_lo", "eval/unseen/vs_best_counting_hi",
+                 "eval/figure1_s")
+
+
+def _claims_rows(uri: str, run_id: str, label: str) -> list[dict]:
+    from hmmscope import tracking
+
+    with __import__("tempfile").TemporaryDirectory() as tmp:
+        try:
+            path = tracking.Run(uri, run_id).download("claims.json", tmp)
+        except Exception:  # noqa: BLE001 - a run without claims
+            return []
+        d = json.loads(Path(path).read_text())
+    return [{"source": label, "run_id": run_id, **dict(zip(d["columns"], row))} for row in d.get("data", [])]
+
+
+def record(args) -> int:
+    """report.md, claims.csv, curves.csv, run.json, trials.csv, the figures and a trimmed store in --out."""
+    sys.path.insert(0, str(ROOT / "analysis" / "gpu"))
+    from chain import record as chain_record
+
+    from hmmscope import tracking
+
+    uri = f"sqlite:///{Path(args.store).resolve()}/mlflow.db"
+    rec, out = Path(args.rec), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "figures").mkdir(exist_ok=True)
+    for f in ("phases.csv", "session.json", "bench/bench.json", "train/plan.json", "setup/env.txt"):
+        if (rec / f).exists():
+            shutil.copy(rec / f, out / Path(f).name)
+    for png in sorted(rec.glob("*/**/*.png")):  # Figures 1-3 (the --out folders) and the emergence curves (artifacts)
+        if out not in png.parents:
+            shutil.copy(png, out / "figures" / png.name)
+    lines, claims, row = [f"# {args.name}: the paper experiment in one device command", ""], [], {}
+    if (rec / "setup" / "env.txt").exists():
+        lines += ["```", (rec / "setup" / "env.txt").read_text().strip(), "```", ""]
+    lines += ["## Phases", "", "| phase | start s | end s | seconds | rc | status | note |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    if (rec / "phases.csv").exists():
+        with open(rec / "phases.csv") as f:
+            for r in csv.DictReader(f):
+                if r["status"] in ("pending", "running"):
+                    r.update(status="running (this record)", end_s="", seconds="")
+                lines.append(f"| {r['phase']} {r['name']} | {r['start_s']} | {r['end_s']} | {r['seconds']} | {r['rc']} | "
+                             f"{r['status']} | {r['note']} |")
+    lines.append("")
+    if (rec / "bench" / "bench.json").exists():
+        b = json.loads((rec / "bench" / "bench.json").read_text())
+        lines += [f"## Speed (phase 2: {b.get('device_name') or b.get('device')}, {b.get('shape')}, {b.get('precision')})", "",
+                  f"{b.get('gemm_dtype')} GEMM {b.get('gemm_shape')} measured in the same run: "
+                  f"{b.get('gemm_rate', 0) / 1e12:.1f} TFLOP/s (the MFU denominator)", "",
+                  "| variant | ms/step | tokens/s | MFU | one-off s | loss vs first (first step, last) | error |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for r in b.get("rows", []):
+            if r.get("error"):
+                lines.append(f"| {r['variant']} | | | | | | {r['error']} |")
+            else:
+                lines.append(f"| {r['variant']} | {r['step_s'] * 1e3:.2f} | {r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f}% | "
+                             f"{r['compile_s']:.1f} | {r['loss_first_rel']:.1e}, {r['loss_last_rel']:.1e} | |")
+        lines.append("")
+    if (rec / "train" / "plan.json").exists():
+        p = json.loads((rec / "train" / "plan.json").read_text())
+        lines += [f"Plan: variant **{p['variant']}**, **{p['steps']} steps**: {p['formula']}"
+                  + ("" if p.get("meets_target") else f" (below the target {p.get('target_steps')})"), ""]
+    if args.run:
+        c = tracking.client(uri)
+        r = c.get_run(args.run)
+        chain_record(args.run, out)  # curves.csv (every metric's history) and run.json
+        m = r.data.metrics
+        tps = sorted(x.value for x in c.get_metric_history(args.run, "train/tokens_per_s"))
+        steps = max((x.step for x in c.get_metric_history(args.run, "train/wall_time_s")), default=None)
+        row = {"mlflow_run_id": args.run, "status": r.info.status, "steps": steps,
+               "train.steps": r.data.params.get("train.steps"), "compiled": r.data.tags.get("hmmscope.compiled"),
+               "attention": r.data.tags.get("hmmscope.attention"), "device": r.data.tags.get("hmmscope.device"),
+               "precision": r.data.tags.get("hmmscope.precision"), "stopped": r.data.tags.get("hmmscope.stopped"),
+               "regime": r.data.tags.get("hmmscope.regime"),
+               **{k: m.get(k) for k in TRIAL_METRICS},
+               "train/tokens_per_s_median": tps[len(tps) // 2] if tps else None}
+        prm = r.data.params
+        tok_step = int(prm["train.batch_size"]) * (int(prm["data.n_demos"]) * (int(prm["data.l_demo"]) + 1)
+                                                   + int(prm["data.l_test"]) - 1)
+        row["ms_per_step_median"] = 1e3 * tok_step / row["train/tokens_per_s_median"] if tps else None
+        claims = _claims_rows(uri, args.run, "figure1")
+        ana = c.search_runs([r.info.experiment_id], f"tags.mlflow.parentRunId = '{args.run}'",
+                            order_by=["attributes.start_time DESC"])
+        ana = [a for a in ana if a.data.tags.get("hmmscope.kind") == "analysis" and a.info.status == "FINISHED"]
+        row["analysis_run_id"] = ana[0].info.run_id if ana else None
+        if ana:
+            claims += _claims_rows(uri, ana[0].info.run_id, "analysis")
+        lines += [f"## Training run {args.run} ({r.info.status}, stopped: {row['stopped']}; regime: {row['regime']})", "",
+                  f"{steps} steps of train.steps {row['train.steps']}; compiled {row['compiled']}, attention "
+                  f"{row['attention']}, {row['precision']} on {row['device']}; median "
+                  f"{row['train/tokens_per_s_median'] or 0:,.0f} tokens/s over the logged intervals = "
+                  f"{row['ms_per_step_median'] or 0:.2f} ms per step ({tok_step} tokens)", ""]
+        lines += ["| metric | value |", "| --- | --- |"]
+        for k in sorted(m):
+            if k.startswith(("eval/", "baseline/", "oracle/", "val/", "train/wall", "train/eval")):
+                lines.append(f"| {k} | {m[k]:.6g} |")
+        lines.append("")
+    if claims:
+        cols = ["source", "run_id", *[k for k in claims[0] if k not in ("source", "run_id")]]
+        with open(out / "claims.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(claims)
+        lines += ["## Claims", "", "| source | claim | value | 95% CI | verdict |", "| --- | --- | --- | --- | --- |"]
+        for c_ in claims:
+            lines.append(f"| {c_['source']} | {c_.get('claim')} | {c_.get('value')} | [{c_.get('ci_lo')}, {c_.get('ci_hi')}] | "
+                         f"{c_.get('verdict')} |")
+        lines.append("")
+    if row:
+        with open(out / "trials.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(row))
+            w.writeheader()
+            w.writerow(row)
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    trimmed = out / "store"  # the store without checkpoints and model weights
+    trimmed.mkdir(exist_ok=True)
+    _store_db_copy(Path(args.store), trimmed / "mlflow.db")
+    art = Path(args.store) / "artifacts"
+    for f in art.rglob("*") if art.exists() else ():
+        if f.is_file() and f.stat().st_size < BIG_FILE and f.suffix not in WEIGHT_SUFFIXES:
+            (trimmed / "artifacts" / f.relative_to(art)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(f, trimmed / "artifacts" / f.relative_to(art))
+    print(f"record: {out} ({sum(1 for _ in out.rglob('*'))} files; {len(claims)} claims)")
+    return 0
+
+
+# ---------------------------------------------------------------- after the session: the record into the repository
+
+
+def collect(src: Path, dest: Path) -> list[Path]:
+    """The archives of one command (the device tool's files_at folder) into dest (e.g.
+    analysis/results/paper-gpu-figures/): each phase's logs and small files under dest/<phase>/, the record's report,
+    claims, curves, trials, phases, bench and plan files at the top, its figures under dest/figures/; console.txt
+    beside them. Left out: the databases and the store (not kept in the repository; keep the archives beside the
+    checkout). Works on any subset of archives (a command cut off)."""
+    import tempfile
+
+    dest.mkdir(parents=True, exist_ok=True)
+    written = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for tar in sorted(src.glob("*.tar.gz")):
+            with tarfile.open(tar) as t:
+                t.extractall(tmp, filter="data")
+        for top in Path(tmp).iterdir():
+            files = [f for f in sorted(top.rglob("*")) if f.is_file() and f.suffix != ".db"]
+            files = [f for f in files if not {"store", "artifacts", "out"} & set(f.relative_to(top).parts)]
+            record_ = [f for f in files if f.relative_to(top).parts[:2] == ("pack", "record")]
+            for f in record_:  # the record: report.md, claims.csv, ..., figures/
+                to = dest / Path(*f.relative_to(top).parts[2:])
+                to.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(f, to)
+                written.append(to)
+            for f in files:  # each phase's logs under its name; its other files where the record has none
+                rel = f.relative_to(top)
+                if f in record_ or f.name == "phases.csv" and (dest / "phases.csv").exists():
+                    continue
+                to = dest / rel if f.suffix == ".log" else dest / f.name
+                if to.exists() and f.suffix != ".log":
+                    continue
+                to.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(f, to)
+                written.append(to)
+            for table in sorted(top.glob("*/out/*/*/*")):  # Figure 1 and analysis tables (CSV, JSON)
+                if table.suffix in (".csv", ".json"):
+                    to = dest / "tables" / f"{table.parent.name}-{table.name}"
+                    to.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(table, to)
+                    written.append(to)
+            for png in sorted(top.glob("*/out/*/*/*.png")) + sorted(top.glob("*/artifacts/figures/*.png")):
+                to = dest / "figures" / png.name  # the figures, also when the record was not made
+                if not to.exists():
+                    to.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(png, to)
+                    written.append(to)
+    if (src / "console.txt").exists():
+        shutil.copy(src / "console.txt", dest / "console.txt")
+        written.append(dest / "console.txt")
+    size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
+    print(f"collect: {len(written)} files into {dest} ({size / 2**20:.1f} MiB in all)")
+    return written
+
+
+# ---------------------------------------------------------------- command line
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="the one command (module docstring)")
+    dry = "--dry" in (argv if argv is not None else sys.argv)
+    r.add_argument("--out", required=True, help="the folder whose files come back ($OUT)")
+    r.add_argument("--dry", action="store_true", help="the rehearsal: CPU, the tiny model made smaller, <= 240 s")
+    r.add_argument("--t0", type=float, default=None, help="the command's start (epoch seconds; default now)")
+    r.add_argument("--deadline", type=float, default=240 if dry else 570, help="seconds after t0 by which all is packed")
+    r.add_argument("--limit", type=float, default=600, help="the device call's timeout_s: nothing runs past limit - 5")
+    r.add_argument("--name", default="paper-once", help="run name; the experiment is hmmscope-NAME")
+    r.add_argument("--preset", default="tiny" if dry else "paper")
+    r.add_argument("--config", default=None, help="a TOML on top of the preset (e.g. analysis/gpu/inference-gpu.toml)")
+    r.add_argument("--set", action="append", default=[], help="key=value for bench and train (repeatable)")
+    r.add_argument("--device", default="cpu" if dry else "cuda")
+    r.add_argument("--phases", default=",".join(PHASES), help="a subset of " + ",".join(PHASES))
+    r.add_argument("--store", default=str(ROOT / "mlruns" / "once"), help="the MLflow store (mlflow.db + artifacts/)")
+    r.add_argument("--rec", default=None, help="the working record folder (default /tmp/NAME)")
+    r.add_argument("--python", default=None, help="python for phases 3-6 (default /tmp/venv/bin/python; DRY: this one)")
+    r.add_argument("--probe-python", default=None, help="python for the bench beside setup (default: this one)")
+    r.add_argument("--setup-s", type=float, default=60 if dry else 150, help="cap on setup")
+    r.add_argument("--variants", default="eager,eager+math" if dry else "eager,eager+cudnn,blocks",
+                   help="bench train --variants (the first is the reference)")
+    r.add_argument("--bench-steps", type=int, default=3 if dry else 10)
+    r.add_argument("--bench-s", type=float, default=45 if dry else 60, help="cap on the bench (from t0)")
+    r.add_argument("--train-fixed-s", type=float, default=30 if dry else 90,
+                   help="train phase seconds besides steps (README.md: 45.7 s measured + estimates)")
+    r.add_argument("--train-ratio", type=float, default=1.06, help="a training step over the bench's (README.md)")
+    r.add_argument("--train-grace-s", type=float, default=20, help="train's limit past its window")
+    r.add_argument("--train-post-s", type=float, default=5 if dry else 15,
+                   help="train's --deadline ends this long before its window: the CLI's work after training (the "
+                        "logged model: 0.8 GB of weights at the paper's size, an estimate)")
+    r.add_argument("--steps", type=int, default=None, help="train exactly this many steps (no plan)")
+    r.add_argument("--target-steps", type=int, default=64 if dry else 4096, help="the paper's literal count")
+    r.add_argument("--max-steps", type=int, default=400 if dry else 16384)
+    r.add_argument("--quantum", type=int, default=16 if dry else 256)
+    r.add_argument("--eval-points", type=int, default=12, help="evaluations (emergence curves) over the run")
+    r.add_argument("--fig1-s", type=float, default=45 if dry else 60, help="Figure 1 window (README.md)")
+    r.add_argument("--fig1-episodes", type=int, default=16 if dry else 256)
+    r.add_argument("--analyze-s", type=float, default=60 if dry else 120)
+    r.add_argument("--analyze-min-s", type=float, default=30 if dry else 100,
+                   help="Figure 1 may run on until analyze would have less than this")
+    r.add_argument("--analyze-episodes", type=int, default=16 if dry else 256)
+    r.add_argument("--ks", default="1,2" if dry else "1,2,3")
+    r.add_argument("--probe-tasks", type=int, default=4 if dry else 32)
+    r.add_argument("--min-per-task", type=int, default=4 if dry else 15)
+    r.add_argument("--probe-jobs", default="1" if dry else None, help="default: CPUs + 1 (the 17 layers at once)")
+    r.add_argument("--family-tasks", type=int, default=None,
+                   help="Figure 1's family_bayes task count M (eval.family_tasks; default: the config's, 256 at the paper)")
+    r.add_argument("--pack-s", type=float, default=15)
+    r.add_argument("--min-phase-s", type=float, default=10)
+    c = sub.add_parser("record", help="phase 6's record (the venv's python)")
+    c.add_argument("--store", required=True)
+    c.add_argument("--rec", required=True)
+    c.add_argument("--name", required=True)
+    c.add_argument("--out", required=True)
+    c.add_argument("--run", default=None)
+    k = sub.add_parser("collect", help="the archives of one command into the repository's record folder")
+    k.add_argument("src", help="the folder holding the archives (the device tool's files_at)")
+    k.add_argument("dest", help="e.g. analysis/results/paper-gpu-figures")
+    a = ap.parse_args(argv)
+    if a.cmd == "record":
+        return record(a)
+    if a.cmd == "collect":
+        collect(Path(a.src), Path(a.dest))
+        return 0
+    a.rec = a.rec or f"/tmp/{a.name}"
+    return run(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
