@@ -300,6 +300,20 @@ def live_run(uri: str, run_id: str, what: str = "MLflow run", *, resume: bool = 
     return run
 
 
+def no_dropped_keys(path, seeded, fixed, sets, space) -> None:
+    """A sweep spec (`path`) gives no value that another would silently replace: a replicate seed key (`seeded`,
+    set per trial from sweep.seeds) in [fixed], [set] or [space]; a key both in [fixed] and in [space]. ConfigError
+    '<file>: <table>.<key>: <why>' otherwise."""
+    for table, keys in (("fixed", fixed), ("set", sets), ("space", space)):
+        for k in keys:
+            if k in seeded:
+                raise ConfigError(f"{path}: {table}.{k}: is set per trial from sweep.seeds (its replicate seed; here it "
+                                  "would be dropped); give the seeds as sweep.seeds")
+            if table == "fixed" and k in space:
+                raise ConfigError(f"{path}: fixed.{k}: is also swept in [space] (its [fixed] value would be dropped); "
+                                  "give it in one place")
+
+
 def run_config(uri: str, run_id: str):
     """The Config a training run logged as params (None if it logged none that rebuild a valid one).
 

@@ -77,6 +77,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import checks
 from .config import (
     SEED_MAX,
     Config,
@@ -383,16 +384,7 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
     check_keys("fixed", fixed)
     sets = data.get("set", {})  # command-line overrides (`with_sets`), after [fixed]
     check_keys("set", sets)
-    seeded = set(seed_keys(kind, 0))  # each trial's replicate seed sets these: a value given elsewhere would be dropped
-    for table, keys in (("fixed", fixed), ("set", sets), ("space", space)):
-        for k in keys:
-            if k in seeded:
-                raise _err(path, f"{table}.{k}", "is set per trial from sweep.seeds (its replicate seed; here it would "
-                                                 "be dropped); give the seeds as sweep.seeds")
-    for k in space:
-        if k in fixed:
-            raise _err(path, f"fixed.{k}", "is also swept in [space] (its [fixed] value would be dropped); give it in "
-                                           "one place")
+    checks.no_dropped_keys(path, seed_keys(kind, 0), fixed, sets, space)  # no value given where another replaces it
     for k, v in sets.items():
         if k in space:
             raise _err(path, f"set.{k}", "is swept in [space]; --set fixes keys the spec does not sweep")
