@@ -29,8 +29,9 @@ the ordering in ``inference._mixture_oracle_cpu``; ``analysis/results/bench/orac
   latent are d scalar locals (registers), the d x d update, z and the prediction are unrolled, and the copy
   is compiled with LLVM's SLP vectorizer on (``slp_vectorize``; numba turns it off by default), which packs
   the unrolled products into AVX2 FMAs. The generic loops kept c in memory: each step waited on stores
-  and reloads. The copy is written once to ``~/.cache/hmmscope/kernels`` (``$XDG_CACHE_HOME``) so numba
-  caches its machine code like this module's;
+  and reloads. The copy is compiled from the source generated in memory (never from a file) and also written
+  to the user-private folder ``~/.cache/hmmscope/kernels`` (``$XDG_CACHE_HOME``; 0700; checked against the
+  generated source, rewritten when it differs) so numba caches its machine code like this module's;
 - the stopping bounds cum, R (O(T) per chain, a quarter of the time when computed chain by chain) are
   computed for G tasks at once per episode (``_bounds``: the inner loops run over tasks and vectorize).
 """
@@ -39,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import math
 import os
 import sys
@@ -257,36 +257,83 @@ def _specialize(src: str, d: int) -> str:
 
 
 _SPECIAL: dict[int, object] = {}
-_FORMAT = 2  # part of the generated file's name: bump when the way it is loaded changes (stale caches)
+_FORMAT = 3  # part of the generated file's name: bump when the way it is loaded changes (stale caches)
+
+
+def _cache_dir() -> Path | None:
+    """The user-private folder of the specialized copies, `$XDG_CACHE_HOME/hmmscope/kernels` (default ~/.cache):
+    created 0700; used only when it and `hmmscope/` above it are real folders owned by this user that nobody else can
+    write (made so when they are ours and too open). None otherwise: the copy is compiled in memory, uncached."""
+    import stat
+
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hmmscope" / "kernels"
+    try:
+        base.parent.parent.mkdir(parents=True, exist_ok=True)
+        for d in (base.parent, base):
+            with contextlib.suppress(FileExistsError):
+                d.mkdir(mode=0o700)
+            st = os.lstat(d)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():  # a link, a file, someone else's folder
+                return None
+            if st.st_mode & 0o077:
+                os.chmod(d, 0o700)
+    except OSError:
+        return None
+    return base
+
+
+def _cached_file(base: Path, name: str, src: str) -> Path | None:
+    """`base/name.py` holding exactly `src`: a file whose content differs (corrupt, stale, planted) is replaced,
+    atomically (concurrent workers see a whole file or none); None if it cannot be written."""
+    import stat
+
+    path = base / f"{name}.py"
+    want = src.encode()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))  # a FIFO must not block
+    except OSError:  # none yet; or a link (ELOOP): replaced below
+        fd = None
+    if fd is not None:
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                with os.fdopen(fd, "rb", closefd=False) as f:
+                    if f.read(len(want) + 1) == want:
+                        return path
+        finally:
+            os.close(fd)
+    try:
+        tmp = path.with_suffix(f".{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(want)
+        os.replace(tmp, path)
+    except OSError:
+        return None
+    return path
 
 
 def for_rank(d: int):
-    """The kernel module to run at rank d: a copy specialized to d (written once to a cache folder so numba
-    can cache its machine code), or this generic module when d is outside [MIN_UNROLL, MAX_UNROLL]."""
+    """The kernel module to run at rank d: a copy specialized to d, or this generic module when d is outside
+    [MIN_UNROLL, MAX_UNROLL].
+
+    The copy's source is generated here (`_specialize`) and is the only code run: it is compiled from memory. Its
+    file in the user-private cache folder (`_cache_dir`, 0700) exists so that numba can cache its machine code beside
+    it; the file is compared with the generated source first and rewritten when it differs (a corrupt or planted file
+    never runs, and is no error). Without a usable cache folder the copy is compiled in memory, uncached."""
     if not MIN_UNROLL <= d <= MAX_UNROLL:
         return sys.modules[__name__]
     if d not in _SPECIAL:
         src = _specialize(Path(__file__).read_text(), d)
         tag = hashlib.sha256(f"{_FORMAT}\n{src}".encode()).hexdigest()[:12]
         name = f"hmmscope_mixkernel_d{d}_{tag}"
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hmmscope" / "kernels"
-        try:
-            base.mkdir(parents=True, exist_ok=True)
-            path = base / f"{name}.py"
-            if not path.exists():
-                tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(src)
-                os.replace(tmp, path)  # atomic: concurrent workers see a whole file or none
-        except OSError:  # no writable cache folder: compile in memory, uncached
-            path = None
+        base = _cache_dir()
+        path = _cached_file(base, name, src) if base is not None else None
+        mod = types.ModuleType(name)
+        sys.modules[name] = mod  # numba's cache finds the module's globals by this name when it reloads
         if path is not None:
-            spec = importlib.util.spec_from_file_location(name, path)
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[name] = mod  # numba's cache finds the module's globals by this name when it reloads
-            spec.loader.exec_module(mod)
+            mod.__file__ = str(path)  # numba's cache lives beside this file, keyed by its (verified) content's stamp
+            exec(compile(src, str(path), "exec"), mod.__dict__)
         else:
-            mod = types.ModuleType(name)
-            sys.modules[name] = mod
             exec(compile(src.replace("cache=True", "cache=False"), name, "exec"), mod.__dict__)
         _SPECIAL[d] = mod
     return _SPECIAL[d]

@@ -7,9 +7,9 @@
     api.run(run_id)["metrics"]; api.compare([a, b])     # one run; runs side by side
 
 Every function takes `tracking_uri` (default: --tracking-uri's, i.e. MLFLOW_TRACKING_URI or ./mlruns/mlflow.db)
-and, for sweeps, `storage` (default: ./mlruns/optuna.db); they only read (nothing is created) and raise
-ValueError (one line) for a store, run or sweep that is not there. The `hmmscope runs list/show/compare`
-commands print these same tables.
+and, for sweeps, `storage` (default: ./mlruns/optuna.db); they only read (a sqlite store is opened read-only:
+nothing is created or migrated) and raise ValueError (one line) for a store, run or sweep that is not there.
+The `hmmscope runs list/show/compare` commands print these same tables.
 
 Owns: the columns of those tables. Imports pandas, `tracking` and `sweep` inside the functions (importing
 this module loads none of them, nor torch); must not import the CLI or the jobs.
@@ -24,16 +24,12 @@ RUN_COLUMNS = ("run_id", "run_name", "experiment", "status", "kind", "start_time
 
 
 def _uri(tracking_uri: str | None) -> str:
-    from . import tracking
+    """The store, checked as `checks.tracking_store` checks a store to be read (a missing, empty, corrupt, locked,
+    half-created or foreign file; a server that does not answer within its deadline: ValueError, one line), and
+    opened read-only (`tracking.read_only_uri`: nothing is created, migrated or written)."""
+    from . import checks, tracking
 
-    uri = tracking.resolve_uri(tracking_uri)
-    db = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else None
-    if db is not None:
-        from pathlib import Path
-
-        if not Path(db).is_file():
-            raise ValueError(f"no MLflow store at {db}")
-    return uri
+    return tracking.read_only_uri(checks.tracking_store(tracking_uri, must_exist=True, write=False))
 
 
 def _run_row(r, experiments: dict[str, str]) -> dict[str, Any]:

@@ -8,7 +8,8 @@
   to MLflow) and `read_checkpoint` loads a file. Checkpoints are device-neutral on load: every tensor is
   mapped to the CPU (resuming moves the model and optimizer state to the run's device).
 - Checking: `checkpoint_config` checks a checkpoint against the model its config builds (keys and shapes,
-  on the meta device) before any weight is loaded: a misfit is a one-line ValueError.
+  on the meta device) before any weight is loaded, its step (an integer >= 0) and its weights (finite): a misfit
+  is a one-line ValueError.
   `model_from_checkpoint` / `load_model` give the Transformer (CPU, eval mode) and its Config.
 - `_rng_state` / `_set_rng_state`: the global RNG states a checkpoint carries, so a resumed run continues
   bitwise (on CPU) as an uninterrupted one.
@@ -31,7 +32,6 @@ import torch
 from . import tracking
 from .config import Config, flatten, from_flat
 from .model import Transformer
-from .safe_output import write_with
 
 CKPT_DIR, CKPT_NAME = "checkpoints", "last.pt"
 
@@ -63,10 +63,10 @@ def save_checkpoint(run: tracking.Run, *, model: torch.nn.Module, optimizer: tor
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
              "config": flatten(cfg), "vocab_size": vocab_size, "rng": _rng_state(),
              "metrics": dict(metrics), "dataset_hash": dataset_hash}
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / CKPT_NAME
-        write_with(path, lambda p: torch.save(state, p), root=tmp)  # fsynced, checked: a full disk is an error
-        run.log_artifact(path, CKPT_DIR)
+    # a temp file beside last.pt on a local store (written once, fsynced and renamed: a full disk is an error and
+    # leaves the last complete checkpoint); a run-named TMPDIR folder for a server (tracking.Run.artifact_file)
+    with run.artifact_file(f"{CKPT_DIR}/{CKPT_NAME}") as path, open(path, "wb") as f:
+        torch.save(state, f)  # through a file object: a full disk is the OSError ENOSPC (by path: a bare RuntimeError)
 
 
 def load_checkpoint(tracking_uri: str, run_id: str, dst_dir: str | Path) -> dict:
@@ -114,6 +114,9 @@ def checkpoint_config(ck: Mapping) -> Config:
         cfg = from_flat(flat)
     except ValueError as e:
         raise ValueError(f"checkpoint config is invalid: {e}") from None
+    step = ck.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"checkpoint step {step!r} is not a step count (an integer >= 0)")
     vocab, state = ck.get("vocab_size"), ck.get("model")
     if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab != cfg.hmm.n_tokens + 1:
         raise ValueError(f"checkpoint vocab_size {vocab!r} does not fit its config (hmm.n_tokens + 1 = "
@@ -132,6 +135,9 @@ def checkpoint_config(ck: Mapping) -> Config:
     if bad is not None:
         raise ValueError(f"checkpoint weights do not fit the model of its config ({bad}: shape {list(have[bad])}, "
                          f"model {list(want[bad])})")
+    bad = next((k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())), None)
+    if bad is not None:  # training never saves these (DivergedError first): a damaged or foreign file
+        raise ValueError(f"checkpoint weights are not finite ({bad} holds NaN or inf)")
     return cfg
 
 

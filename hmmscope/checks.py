@@ -8,7 +8,8 @@ a database through a read-only open, a server through one short health check.
 - Names (sweeps, studies, runs): 1-100 characters from [A-Za-z0-9._-], starting with a letter or a
   digit, so a name never becomes a path outside the output root (`report ../x` is refused).
 - Seeds: integers in [0, 2**32 - 1], numpy's legacy range (np.random.seed and torch.manual_seed).
-- Stores: the MLflow tracking URI (sqlite:///FILE, http(s)://HOST:PORT, or a SQLAlchemy database URL)
+- Stores (store_checks.py, re-exported here): the MLflow tracking URI (sqlite:///FILE, http(s)://HOST:PORT,
+  or a SQLAlchemy database URL)
   and the Optuna storage (a SQLAlchemy database URL, or a journal file: sweep/storage.py). Commands that
   only read (evaluate, report, sweep status/worker) need the store to exist; commands that write need it
   creatable.
@@ -24,18 +25,25 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import resource
 from collections.abc import Mapping
 from pathlib import Path
 
 from .config import RUNTIME_BYTES, SEED_MAX, Config, ConfigError, check_name, flatten, from_flat, memory_estimate
+from .store_checks import (  # noqa: F401  (the store checks, re-exported: the CLI calls them from here)
+    CONNECT_TIMEOUT_S,
+    HEALTH_DEADLINE_S,
+    HEALTH_TIMEOUT_S,
+    _creatable,
+    default_storage_url,
+    hide_password,
+    optuna_storage,
+    tracking_store,
+)
 
 PEAK_FLOPS_PER_CORE = 2e11  # float32 FLOP/s no CPU core exceeds (AVX-512: 2 FMA units x 16 lanes x 2 x 3+ GHz ~ 1.9e11)
 PEAK_FLOPS_GPU = 4e15  # FLOP/s no single GPU reaches on this model's matmuls (H100/H200 dense bf16: ~1e15)
 MAX_JOB_S = 365 * 86400.0  # a job whose floor is over a year is refused unless --force
-HEALTH_TIMEOUT_S = 3.0  # one short health check of an MLflow server
-CONNECT_TIMEOUT_S = 5  # one connection attempt to a database server
 GIB = 1 << 30
 
 
@@ -79,17 +87,6 @@ def seed(value: int, what: str) -> int:
 
 
 # ---------------------------------------------------------------- paths
-
-
-def _creatable(p: Path, what: str) -> None:
-    """A path that does not exist yet can be created: its nearest existing ancestor is a writable folder."""
-    for anc in Path(os.path.abspath(p)).parents:
-        if os.path.lexists(anc):
-            if not anc.is_dir():
-                raise ConfigError(f"{what} {p}: {anc} is a file, not a folder")
-            if not os.access(anc, os.W_OK | os.X_OK):
-                raise ConfigError(f"{what} {p}: cannot create it, {anc} is not writable")
-            return
 
 
 def _links(p: Path, explicit: bool) -> None:
@@ -155,230 +152,8 @@ def input_file(path: str | Path, what: str) -> Path:
 
 
 # ---------------------------------------------------------------- stores: MLflow tracking URI, Optuna storage
-
-
-def hide_password(url: str) -> str:
-    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
-
-
-def _sqlite_tables(db: Path, what: str) -> set[str] | None:
-    """Table names of an existing SQLite file, read through a read-only connection; None if not SQLite."""
-    import sqlite3
-
-    try:
-        with open(db, "rb") as f:
-            head = f.read(16)
-    except OSError as e:
-        raise ConfigError(f"{what} {db}: cannot read it ({e.strerror or e})") from None
-    if not head:
-        return set()  # an empty file is an empty database
-    if head != b"SQLite format 3\x00":
-        return None
-    try:
-        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error:
-        return None
-    try:
-        tables = {r[0] for r in con.execute("select name from sqlite_master where type = 'table'")}
-    except sqlite3.Error:
-        con.close()
-        return None
-    try:  # every page read once: a malformed page or a truncated file is found here, not mid-run
-        bad = [r[0] for r in con.execute("pragma quick_check(3)") if r[0] != "ok"]
-    except sqlite3.Error as e:
-        bad = [str(e)]
-    finally:
-        con.close()
-    if bad:
-        raise ConfigError(f"{what} {db} is corrupt ({bad[0].splitlines()[0][:120]}); restore it from a backup "
-                          "or move it away")
-    return tables
-
-
-def _sqlite_file(db: Path, what: str, table: str, *, must_exist: bool, write: bool) -> None:
-    if os.path.lexists(db):
-        if db.is_dir():
-            raise ConfigError(f"{what} {db} is a folder, not a database file")
-        tables = _sqlite_tables(db, what)
-        if tables is None:
-            raise ConfigError(f"{what} {db} is not an SQLite database")
-        if table not in tables and (tables or must_exist):
-            raise ConfigError(f"no {what} in {db} (an SQLite file without a {table!r} table)")
-        if write:  # SQLite writes the file and a journal beside it
-            if not os.access(db, os.W_OK):
-                raise ConfigError(f"{what} {db} is not writable")
-            _creatable(db, what)
-    elif must_exist:
-        raise ConfigError(f"no {what} at {db} (nothing was recorded there yet)")
-    else:
-        output_file(db, what)
-
-
-def _database(url: str, what: str) -> None:
-    """A SQLAlchemy database URL that is not SQLite: known scheme, installed driver, a server that answers."""
-    from sqlalchemy import create_engine
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
-    from sqlalchemy.pool import NullPool
-
-    shown = hide_password(url)
-    try:
-        u = make_url(url)
-    except ArgumentError:
-        raise ConfigError(f"{what} {shown!r} is not a URL (e.g. sqlite:///path/file.db, postgresql://user@host/db)") \
-            from None
-    try:
-        dialect = u.get_dialect()
-    except NoSuchModuleError:
-        raise ConfigError(f"{what} {shown!r}: unknown scheme {u.drivername!r} (e.g. sqlite:///path/file.db, "
-                          "postgresql://user@host/db)") from None
-    backend = u.get_backend_name()
-    try:
-        (getattr(dialect, "import_dbapi", None) or dialect.dbapi)()
-    except ImportError as e:
-        hint = " (pip install 'hmmscope[postgres]' gives postgresql+psycopg2://)" if backend == "postgresql" else ""
-        raise ConfigError(f"{what} {shown!r}: the driver for {u.drivername!r} is not installed (no module "
-                          f"{e.name or e}); install it or name an installed one in the URL{hint}") from None
-    args = {"connect_timeout": CONNECT_TIMEOUT_S} if backend in ("postgresql", "mysql", "mariadb") else {}
-    try:
-        engine = create_engine(u, poolclass=NullPool, connect_args=args)
-        with engine.connect():
-            pass
-    except SQLAlchemyError as e:
-        why = str(getattr(e, "orig", None) or e).strip().splitlines()
-        raise ConfigError(f"{what} {shown!r}: cannot connect ({why[0] if why else type(e).__name__})") from None
-    except Exception as e:  # a driver's own error type
-        raise ConfigError(f"{what} {shown!r}: cannot connect ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") \
-            from None
-    else:
-        engine.dispose()
-
-
-def _sqlite_path(url: str, what: str) -> Path | None:
-    """The database file of a sqlite:/// URL; None for other schemes; ConfigError for an in-memory one."""
-    if not url.lower().startswith("sqlite:"):
-        return None
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        path = make_url(url).database
-    except ArgumentError:
-        path = None
-    if not path or path == ":memory:":
-        raise ConfigError(f"{what} {url!r}: give a database file, sqlite:///path/to/file.db")
-    return Path(path)
-
-
-def _health(uri: str) -> None:
-    """One short GET /health: an unreachable server fails here, in seconds, with its URI."""
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=HEALTH_TIMEOUT_S) as r:
-            if r.status == 200:
-                return
-            why = f"HTTP {r.status}"
-    except urllib.error.HTTPError as e:
-        why = f"HTTP {e.code}"
-    except (OSError, ValueError) as e:
-        why = str(getattr(e, "reason", None) or e) or type(e).__name__
-    raise ConfigError(f"MLflow server {hide_password(uri)} is not reachable ({why}); start it or give another "
-                      "--tracking-uri")
-
-
-def _mlflow_api(uri: str) -> None:
-    """One short call of MLflow's REST API: a server that answers /health but is not MLflow fails here."""
-    import json
-    import urllib.error
-    import urllib.request
-
-    url = f"{uri.rstrip('/')}/api/2.0/mlflow/experiments/search?max_results=1"
-    try:
-        with urllib.request.urlopen(url, timeout=HEALTH_TIMEOUT_S) as r:
-            body = json.loads(r.read(1 << 20) or b"{}")
-        if isinstance(body, dict) and set(body) <= {"experiments", "next_page_token"}:
-            return
-        why = "its experiments API answers something else"
-    except urllib.error.HTTPError as e:
-        why = f"HTTP {e.code} from its experiments API"
-    except (OSError, ValueError) as e:
-        why = str(getattr(e, "reason", None) or e) or type(e).__name__
-    raise ConfigError(f"{hide_password(uri)} answers /health but is not an MLflow tracking server ({why}); "
-                      "give an MLflow server's --tracking-uri")
-
-
-def tracking_store(uri: str | None, *, must_exist: bool = False, write: bool = True) -> str:
-    """The resolved MLflow tracking URI (option, else MLFLOW_TRACKING_URI, else ./mlruns), checked."""
-    from . import tracking
-
-    uri = tracking.resolve_uri(uri)
-    what = "MLflow store"
-    db = _sqlite_path(uri, "tracking URI")
-    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
-    if db is not None:
-        bad = sorted(set("'\"\\\n\r\0") & set(str(db.resolve())))
-        if bad:  # MLflow writes the artifact folder into an SQL string literal when it creates the store
-            raise ConfigError(f"MLflow store {db}: its path holds {' '.join(map(repr, bad))}, which MLflow cannot "
-                              "store; move the project to a folder without quotes or backslashes")
-        _sqlite_file(db, what, "experiments", must_exist=must_exist, write=write)
-    elif scheme in ("http", "https"):
-        _health(uri)
-        _mlflow_api(uri)
-    elif scheme in ("", "file"):
-        raise ConfigError(f"tracking URI {uri!r}: a plain folder is not an MLflow store here; use "
-                          "sqlite:///path/mlflow.db or http://HOST:PORT")
-    else:
-        _database(uri, "tracking URI")
-    return uri
-
-
-def default_storage_url() -> str:
-    """The default Optuna storage, sqlite:///<cwd>/mlruns/optuna.db (as sweep.default_storage, not created)."""
-    return f"sqlite:///{(Path('mlruns') / 'optuna.db').resolve()}"
-
-
-def _journal_file(p: Path, *, must_exist: bool, write: bool) -> None:
-    what = "Optuna journal"
-    if os.path.lexists(p):
-        if p.is_dir():
-            raise ConfigError(f"{what} {p} is a folder, not a file")
-        try:
-            with open(p, "rb") as f:
-                head = f.read(16)
-        except OSError as e:
-            raise ConfigError(f"{what} {p}: cannot read it ({e.strerror or e})") from None
-        if head.startswith(b"SQLite format 3"):
-            raise ConfigError(f"{what} {p} is an SQLite database: give sqlite:///{p}")
-        if head and not head.startswith(b"{"):
-            raise ConfigError(f"{what} {p} is not an Optuna journal (JSON lines)")
-        if write:  # appends, and lock files beside it
-            if not os.access(p, os.W_OK):
-                raise ConfigError(f"{what} {p} is not writable")
-            _creatable(p.with_name(p.name + ".lock"), what)
-    elif must_exist:
-        raise ConfigError(f"no {what} at {p} (nothing was recorded there yet)")
-    else:
-        output_file(p, what)
-
-
-def optuna_storage(url: str | None, *, must_exist: bool = False, write: bool = True) -> str:
-    """The Optuna storage URL (default: ./mlruns/optuna.db), checked; a study to be read needs must_exist.
-    A journal file comes back as journal:///ABSOLUTE/PATH (sweep/storage.py)."""
-    from .sweep.storage import journal_path
-
-    url = url or default_storage_url()
-    journal = journal_path(url)
-    if journal is not None:
-        _journal_file(journal, must_exist=must_exist, write=write)
-        return f"journal://{journal}"
-    db = _sqlite_path(url, "Optuna storage")
-    if db is not None:
-        _sqlite_file(db, "Optuna storage", "studies", must_exist=must_exist, write=write)
-    else:
-        _database(url, "Optuna storage")
-    return url
+# in store_checks.py (files, locks, MLflow's schema, health checks with a total deadline), imported above: the CLI
+# calls checks.tracking_store / checks.optuna_storage
 
 
 # ---------------------------------------------------------------- memory
@@ -523,6 +298,20 @@ def live_run(uri: str, run_id: str, what: str = "MLflow run", *, resume: bool = 
         raise ConfigError(f"{what} {run_id} is still running in {owner}: one writer per run; wait for it, stop it, "
                           "or run `hmmscope runs gc` once it is gone")
     return run
+
+
+def no_dropped_keys(path, seeded, fixed, sets, space) -> None:
+    """A sweep spec (`path`) gives no value that another would silently replace: a replicate seed key (`seeded`,
+    set per trial from sweep.seeds) in [fixed], [set] or [space]; a key both in [fixed] and in [space]. ConfigError
+    '<file>: <table>.<key>: <why>' otherwise."""
+    for table, keys in (("fixed", fixed), ("set", sets), ("space", space)):
+        for k in keys:
+            if k in seeded:
+                raise ConfigError(f"{path}: {table}.{k}: is set per trial from sweep.seeds (its replicate seed; here it "
+                                  "would be dropped); give the seeds as sweep.seeds")
+            if table == "fixed" and k in space:
+                raise ConfigError(f"{path}: fixed.{k}: is also swept in [space] (its [fixed] value would be dropped); "
+                                  "give it in one place")
 
 
 def run_config(uri: str, run_id: str):

@@ -284,6 +284,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
                 raise ConfigError(f"{key}: must be a finite number, got {value}") from None
             if not math.isfinite(value):
                 raise ConfigError(f"{key}: must be a finite number, got {value}")
+            if value != 0 and abs(value) < 2.2250738585072014e-308:  # subnormal (1e-320): no arithmetic survives it
+                raise ConfigError(f"{key}: {value!r} is below the smallest normal float (2.23e-308); give 0 or a larger size")
             return value
     elif tp is str:
         if isinstance(value, str):

@@ -1,7 +1,8 @@
 """Local servers a command keeps alive while it runs (`hmmscope ui`: the MLflow UI, optuna-dashboard).
 
 Owns: whether a port is free on 127.0.0.1; whether a URL answers; the command line of each server (`mlflow_ui`,
-`optuna_dashboard`) and their environment; and their supervision (`supervise`): each server started in its own
+`optuna_dashboard`: optuna-dashboard's app behind `dashboard_guard`'s Host/Origin check) and their environment;
+and their supervision (`supervise`): each server started in its own
 process group with its output in one log file, made to die with this process even when it is SIGKILLed
 (PR_SET_PDEATHSIG, Linux), waited on until it answers, watched until one exits or this process is told to stop
 (Ctrl-C, SIGTERM, SIGHUP), then stopped whole (`stop_groups`: SIGTERM to each group, SIGKILL after a grace period).
@@ -144,18 +145,19 @@ def mlflow_ui(uri: str, port: int) -> Server:
 
 
 def optuna_dashboard(storage: str | None, port: int) -> Server:
-    """optuna-dashboard on the Optuna storage (default: `sweep.default_storage()`), on 127.0.0.1:port.
+    """optuna-dashboard on the Optuna storage (default: `sweep.default_storage()`), on 127.0.0.1:port, behind the
+    Host/Origin guard the MLflow UI has (`dashboard_guard`: its WSGI app wrapped, in a process of this Python).
     ConfigError if it is not installed."""
-    import shutil
+    import importlib.util
 
-    exe = shutil.which("optuna-dashboard") or str(Path(sys.executable).parent / "optuna-dashboard")
-    if not Path(exe).exists():
+    if importlib.util.find_spec("optuna_dashboard") is None:
         raise ConfigError("optuna-dashboard is not installed: pip install optuna-dashboard")
     if not storage:
         from .sweep.storage import default_storage
 
         storage = default_storage()
-    return Server("optuna-dashboard", (exe, "--host=127.0.0.1", f"--port={int(port)}", "--", storage),
+    return Server("optuna-dashboard", (sys.executable, "-m", "hmmscope.dashboard_guard", "--host=127.0.0.1",
+                                       f"--port={int(port)}", "--", storage),
                   f"http://127.0.0.1:{port}", "/", needs_200=False)
 
 

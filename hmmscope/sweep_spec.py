@@ -77,6 +77,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import checks
 from .config import (
     SEED_MAX,
     Config,
@@ -383,6 +384,7 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
     check_keys("fixed", fixed)
     sets = data.get("set", {})  # command-line overrides (`with_sets`), after [fixed]
     check_keys("set", sets)
+    checks.no_dropped_keys(path, seed_keys(kind, 0), fixed, sets, space)  # no value given where another replaces it
     for k, v in sets.items():
         if k in space:
             raise _err(path, f"set.{k}", "is swept in [space]; --set fixes keys the spec does not sweep")

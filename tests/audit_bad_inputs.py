@@ -174,6 +174,9 @@ def prepare(root: Path) -> dict[str, str]:
     torch.save({**ck, "config": "not a dict"}, proj / "config_not_dict.pt")
     torch.save({**ck, "config": {**ck["config"], "model.n_layers": 3}}, proj / "missing_layers.pt")
     torch.save([1, 2, 3], proj / "a_list.pt")
+    torch.save({**ck, "step": -5}, proj / "negstep.pt")
+    nan_model = {k: (v.clone().fill_(float("nan")) if v.is_floating_point() else v) for k, v in ck["model"].items()}
+    torch.save({**ck, "model": nan_model}, proj / "nan.pt")
     with tracking.start_run(uri, "hmmscope", "bad-ckpt") as run:
         run.log_artifact(proj / "wrong_weights.pt", "tmpdir")
         with tempfile.TemporaryDirectory() as tmp:
@@ -470,6 +473,88 @@ def cases() -> list[Case]:
     if os.geteuid() == 0:
         add("full disk", "generate onto a 16 KiB tmpfs", ["generate", "tiny/x.npz", *T, "--set", "data.n_train=20000"],
             setup=tmpfs, teardown=untmpfs)
+    # 18. issue 30: stores that block or lie, read-only commands, links, the small classes of its item 9
+    def zero_store(proj):
+        (proj / "zero").mkdir(exist_ok=True)
+        (proj / "zero" / "mlflow.db").touch()
+
+    def copy_store(name, edit=None):
+        def make(proj):
+            import shutil as sh
+
+            sh.copy(proj / "mlruns" / "mlflow.db", proj / name)
+            if edit is not None:
+                edit(proj / name)
+        return make
+
+    def truncate(p):
+        p.write_bytes(p.read_bytes()[: 100 * 1024])
+
+    def alembic_tmp(p):
+        with sqlite3.connect(p) as c:
+            c.execute("create table _alembic_tmp_endpoints (x integer)")
+
+    def artifacts_out(proj):
+        (proj / "ls").mkdir()
+        (proj / "ls" / "artifacts").symlink_to(outside, target_is_directory=True)
+
+    def planted_report_link(proj):
+        (proj / "out" / "known").mkdir(parents=True, exist_ok=True)
+        (proj / "out" / "known" / "report.md").symlink_to(Path(outside) / "r.md")
+
+    def rm_tree(*names):
+        return lambda proj: [shutil.rmtree(proj / n, ignore_errors=True) if (proj / n).is_dir() and not
+                             (proj / n).is_symlink() else (proj / n).unlink(missing_ok=True) for n in names]
+
+    z = "sqlite:///{PROJ}/zero/mlflow.db"
+    for cmd in (["runs", "list"], ["runs", "show", "{RUN}"], ["runs", "compare", "{RUN}", "{BARE_RUN}"], ["runs", "gc"]):
+        add("read-only", f"{' '.join(cmd[:2])} on a 0-byte store", [*cmd, "--tracking-uri", z], setup=zero_store,
+            teardown=rm_tree("zero"))
+    add("read-only", "runs list on a truncated store", ["runs", "list", "--tracking-uri", "sqlite:///{PROJ}/t.db"],
+        setup=copy_store("t.db", truncate), teardown=unlink("t.db"))
+    add("read-only", "runs list on a .pt file", ["runs", "list", "--tracking-uri", "sqlite:///{PROJ}/good.pt"])
+    add("read-only", "runs list on optuna.db", ["runs", "list", "--tracking-uri", "{STORAGE}"])
+    add("read-only", "runs list on databricks", ["runs", "list"], env={"MLFLOW_TRACKING_URI": "databricks"})
+    add("read-only", "runs show on a half-created store", ["runs", "show", "{RUN}", "--tracking-uri", "sqlite:///{PROJ}/h.db"],
+        setup=copy_store("h.db", alembic_tmp), teardown=unlink("h.db"))
+    add("hang", "train onto a FIFO store", ["train", *T, "--tracking-uri", "sqlite:///{PROJ}/f.db"], setup=fifo("f.db"),
+        teardown=unlink("f.db"), timeout=60)
+    add("hang", "runs list on a FIFO store", ["runs", "list", "--tracking-uri", "sqlite:///{PROJ}/f.db"],
+        setup=fifo("f.db"), teardown=unlink("f.db"), timeout=60)
+    add("hang", "sweep status on a FIFO journal", ["sweep", "status", "known", "--storage", "f.log"], setup=fifo("f.log"),
+        teardown=unlink("f.log"), timeout=60)
+    add("hang", "sweep status journal:///FIFO", ["sweep", "status", "known", "--storage", "journal:///{PROJ}/f.log"],
+        setup=fifo("f.log"), teardown=unlink("f.log"), timeout=60)
+    add("hang", "sweep status journal:///dev/null", ["sweep", "status", "known", "--storage", "journal:///dev/null"],
+        timeout=60)
+    add("hang", "runs list on a refused port", ["runs", "list", "--tracking-uri", "http://127.0.0.1:9"], timeout=60)
+    add("hang", "runs gc on a refused port", ["runs", "gc", "--tracking-uri", "http://127.0.0.1:9"], timeout=60)
+    add("link", "mlruns/artifacts linked outside", ["train", *T, "--tracking-uri", "sqlite:///{PROJ}/ls/mlflow.db"],
+        setup=artifacts_out, teardown=rm_tree("ls"))
+    add("link", "report with a planted report.md link", ["report", "known"], setup=planted_report_link,
+        teardown=rm_tree("out"))
+    add("environment", "HMMSCOPE_THREADS=0", ["train", *T], env={"HMMSCOPE_THREADS": "0"})
+    add("environment", "HMMSCOPE_THREADS=-1", ["runs", "list"], env={"HMMSCOPE_THREADS": "-1"})
+    add("environment", "HMMSCOPE_THREADS=two", ["train", *T], env={"HMMSCOPE_THREADS": "two"})
+    add("environment", "PYTHONWARNINGS=error", ["train", *T], env={"PYTHONWARNINGS": "error"})
+    add("spec", "a key both fixed and swept", ["sweep", "run", "s.toml"],
+        files={"s.toml": spec(name="s40", fixed='"hmm.gamma" = 0.3')})
+    add("spec", "train.seed swept beside seeds", ["sweep", "run", "s.toml"],
+        files={"s.toml": spec(name="s41", seeds="[0, 1]").replace('"hmm.gamma" = {grid = [0.5]}',
+                                                                  '"train.seed" = {grid = [3, 4]}')})
+    add("spec", "data.seed fixed beside seeds", ["sweep", "run", "s.toml"], files={"s.toml": spec(name="s42",
+                                                                                  fixed='"data.seed" = 7')})
+    add("option", "analyze --probe-tasks 100000 on 4 tasks", ["analyze", "{RUN}", "--probe-tasks", "100000"])
+    add("option", "analyze --ks 1,1", ["analyze", "{RUN}", "--ks", "1,1"])
+    add("option", "train --out ''", ["train", *T, "--out", ""])
+    add("option", "report --out ''", ["report", "known", "--out", ""])
+    add("option", "runs gc --experiment nosuch", ["runs", "gc", "--experiment", "nosuch"])
+    add("option", "sweep worker --gpu 0 without a GPU", ["sweep", "worker", "known", "--storage", "{STORAGE}", "--gpu", "0"])
+    add("config value", "hmm.gamma=1e-320", ["train", *T, "--set", "hmm.gamma=1e-320"])
+    add("checkpoint", "analyze a checkpoint with step -5", ["analyze", "negstep.pt"])
+    add("checkpoint", "analyze NaN weights", ["analyze", "nan.pt"])
+    add("storage", "a password with @ is masked whole", ["sweep", "run", "known.toml", "--storage",
+                                                         "postgresql://u:p@ss@127.0.0.1:9/db"])
     # 16. signals: a timed-out training must not leave a RUNNING run
     add("signal", "train SIGTERM", ["train", "--config", "long.toml"], kind="sigterm",
         files={"long.toml": TINY_TOML.replace("steps = 4", "steps = 1000000")})
@@ -486,12 +571,15 @@ def _snapshot(proj: Path) -> dict:
         if p.is_dir():
             files[rel] = "dir"
         elif p.suffix in (".db", ".db-journal", ".db-wal", ".db-shm") or p.name.endswith(".lock"):
-            files[rel] = "db"  # read-only commands may open a database; its rows are compared below
+            # read-only commands may open a database; its rows are compared below (an empty one: its size)
+            files[rel] = "db" if not p.is_file() or p.stat().st_size else ("db", 0)
         else:
-            st = p.stat()
+            st = p.lstat()  # a planted link: itself, not its (maybe missing) target
             files[rel] = (st.st_size, st.st_mtime_ns)
     runs, studies, trials = {}, set(), 0
     for db in proj.rglob("mlflow.db"):
+        if not db.is_file() or db.stat().st_size == 0:
+            continue
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as c:
             runs.update({f"{db}:{r}": (s, ls) for r, s, ls in c.execute("select run_uuid, status, lifecycle_stage from runs")})
     for db in proj.rglob("optuna.db"):

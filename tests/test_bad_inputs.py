@@ -118,6 +118,12 @@ def project(tmp_path_factory):
           "config": {**flatten(cfg), "model.d_model": 64}, "metrics": {}, "rng": {}}
     torch.save(ck, root / "misfit.pt")  # weights of a d_model=32 model, config says 64
     torch.save({**ck, "config": flatten(cfg)}, root / "good.pt")  # a checkpoint that fits its model
+    torch.save({**ck, "config": flatten(cfg), "step": -5}, root / "negstep.pt")
+    nan = {k: v.clone() for k, v in model.state_dict().items()}
+    next(v for v in nan.values() if v.is_floating_point()).fill_(float("nan"))
+    torch.save({**ck, "config": flatten(cfg), "model": nan}, root / "nan.pt")
+    (root / "fixedswept.toml").write_text(spec_text("fs").replace('[space]', '"hmm.gamma" = 0.3\n[space]'))
+    (root / "seedswept.toml").write_text(spec_text("ss").replace('[space]\n', '[space]\n"train.seed" = {grid = [3, 4]}\n'))
     uri = f"sqlite:///{root}/mlruns/mlflow.db"
     with tracking.start_run(uri, "hmmscope", "misfit") as run:
         with tempfile.TemporaryDirectory() as tmp:
@@ -130,6 +136,10 @@ def project(tmp_path_factory):
     from mlflow import MlflowClient
 
     MlflowClient(uri).delete_run(gone.run_id)
+    with tracking.start_run(uri, "hmmscope", "nan-weights") as nanrun:
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "last.pt").write_bytes((root / "nan.pt").read_bytes())
+            nanrun.log_artifact(Path(tmp) / "last.pt", "checkpoints")
     storage = f"sqlite:///{root}/mlruns/optuna.db"
     create_study(parse_spec(spec_text("known"), root / "known.toml"), storage, uri)
     bad = root / "corrupt" / "studies.db"  # a malformed page under an intact header and schema
@@ -155,7 +165,7 @@ def project(tmp_path_factory):
         ro.mkdir()
         ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
     foreign = _foreign_server(tmp_path_factory.mktemp("foreign"))
-    return {"deleted_run": gone.run_id, "foreign": foreign, "outside": outside,
+    return {"deleted_run": gone.run_id, "nan_run": nanrun.run_id, "foreign": foreign, "outside": outside,
             "root": root, "uri": uri, "storage": storage, "misfit_run": run.run_id, "readonly": ro,
             "port": _free_port()}
 
@@ -252,11 +262,54 @@ CASES = [
     P(["report", "known", "--storage", "{storage}"], "symlink", id="output folder: a link out of the project"),
     P(["sweep", "export", "known", "pipe.csv", "--storage", "{storage}"], "special file",
       id="output: a special file (a FIFO)"),
+    # issue 30, item 9: each was wrongly accepted, or a traceback, or a message that said too little
+    P(["sweep", "run", "fixedswept.toml"], "also swept", id="spec: a key both fixed and swept"),
+    P(["sweep", "run", "seedswept.toml"], "sweep.seeds", id="spec: train.seed swept beside sweep.seeds"),
+    P(["analyze", "good.pt", "--probe-tasks", "100000"], "4 tasks", id="analyze: more probe tasks than the mixture has"),
+    P(["analyze", "negstep.pt"], "step -5", id="checkpoint: a negative step"),
+    P(["train", "--config", "tiny.toml", "--out", ""], "must not be empty", id="--out ''"),
+    P(["runs", "gc", "--experiment", "nosuch"], "nosuch", id="runs gc: unknown experiment"),
+    P(["train", "--config", "tiny.toml", "--set", "hmm.gamma=1e-320"], "smallest normal float",
+      id="config: a subnormal float"),
+    P(["sweep", "worker", "known", "--storage", "{storage}", "--gpu", "0"], "no CUDA GPU",
+      marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU"),
+      id="sweep worker --gpu without a GPU"),
+    P(["analyze", "good.pt", "--ks", "1,1"], "each k once", id="analyze: --ks 1,1"),
+    P(["sweep", "run", "spec.toml", "--storage", "postgresql://u:p@ss@127.0.0.1:{port}/db"], "u:***@127.0.0.1",
+      id="storage: a password holding @ masked whole"),
+    P(["sweep", "status", "known", "--storage", "journal:///dev/null"], "/dev/null is a special file",
+      id="storage: journal:///dev/null"),
+    P(["analyze", "nan.pt"], "not finite", id="checkpoint file: NaN weights"),
+    P(["analyze", "{nan_run}"], "not finite", id="run: NaN weights, before any analysis run"),
+]
+
+ENV_CASES = [  # (environment, args, needle): read at the command's start
+    P({"HMMSCOPE_THREADS": "0"}, ["train", "--config", "tiny.toml"], "HMMSCOPE_THREADS", id="HMMSCOPE_THREADS=0"),
+    P({"HMMSCOPE_THREADS": "-1"}, ["runs", "list"], "HMMSCOPE_THREADS", id="HMMSCOPE_THREADS=-1"),
+    P({"PYTHONWARNINGS": "error"}, ["train", "--config", "tiny.toml"], "PYTHONWARNINGS=error",
+      id="PYTHONWARNINGS=error"),
 ]
 
 
 @pytest.mark.parametrize("args, needle", CASES)
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(project, monkeypatch, args, needle):
+    _case(project, monkeypatch, args, needle)
+
+
+@pytest.mark.parametrize("env, args, needle", ENV_CASES)
+def test_bad_environment_exits_2_with_one_line_and_writes_nothing(project, monkeypatch, env, args, needle):
+    """Before: tracebacks (torch.set_num_threads(0); SQLAlchemy's deprecation warning turned into an error)."""
+    import warnings
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with warnings.catch_warnings():
+        if env.get("PYTHONWARNINGS") == "error":  # what the interpreter makes of it at its start
+            warnings.simplefilter("error")
+        _case(project, monkeypatch, args, needle)
+
+
+def _case(project, monkeypatch, args, needle):
     root = project["root"]
     monkeypatch.chdir(root)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

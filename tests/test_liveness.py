@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -78,3 +79,99 @@ def test_resume_of_a_live_run_is_refused_and_a_finished_run_clears_its_orphan_ma
     done = tracking.client(uri).get_run(run.run_id)
     assert done.info.status == "FINISHED" and "hmmscope.failure_reason" not in done.data.tags
     assert lease_of(done) is not None
+
+
+# ---------------------------------------------------------------- two resumes started together (issue 30, item 1)
+
+RACER = Path(__file__).resolve().parent / "resume_racer.py"
+TINY = """
+[hmm]
+n_tasks = 4
+n_states = 8
+n_tokens = 4
+rank = 2
+[data]
+n_demos = 2
+l_demo = 8
+l_test = 8
+n_train = 64
+n_eval = 16
+[model]
+n_layers = 1
+n_heads = 2
+d_model = 32
+d_mlp = 64
+max_len = 64
+[train]
+steps = 4
+batch_size = 8
+warmup = 1
+eval_every = 2
+ckpt_every = 2
+device = "cpu"
+emergence_episodes = 0
+"""
+
+
+def _race(tmp_path: Path, rounds: int) -> None:
+    """`rounds` rounds of two `train --resume RID` processes released at the same instant (tests/resume_racer.py):
+    each round exactly one trains (exit 0) and the other exits 2 with one line naming the winner's process; every
+    metric step of the run is logged once."""
+    from hmmscope.config import load_toml
+    from hmmscope.train import train
+
+    (tmp_path / "tiny.toml").write_text(TINY)
+    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    rid = train(load_toml(tmp_path / "tiny.toml"), tracking_uri=uri, experiment="race", progress=False).run_id
+    out = tmp_path / "race.json"
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    r = subprocess.run([sys.executable, str(RACER), uri, rid, str(rounds), str(out), str(tmp_path / "tiny.toml")],
+                       cwd=tmp_path, env={**env, "HMMSCOPE_THREADS": "1", "OMP_NUM_THREADS": "1"},
+                       capture_output=True, text=True, timeout=120 + 60 * rounds)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for n, (a, b) in enumerate(json.loads(out.read_text())):
+        win, lose = (a, b) if a["code"] == 0 else (b, a)
+        assert (win["code"], lose["code"]) == (0, 2), (n, a, b)
+        lines = lose["stderr"].strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), (n, lose["stderr"])
+        assert f"is still running in process {win['pid']} on " in lines[0], (n, lines[0])
+    c = tracking.client(uri)
+    run = c.get_run(rid)
+    assert run.info.status == "FINISHED"
+    for key in ("train/loss", "val/loss", "train/lr"):
+        steps = [m.step for m in c.get_metric_history(rid, key)]
+        assert len(steps) == len(set(steps)), (key, sorted(steps))  # before: steps 20-50 twice, step 20 three times
+    assert max(m.step for m in c.get_metric_history(rid, "train/loss")) == 4 + 4 * rounds
+    assert not list((tmp_path / "mlruns" / ".leases").glob("*.lock"))  # every lock file removed by its holder
+
+
+def test_two_resumes_started_together_one_runs_the_other_exits_2(tmp_path):
+    """Before: both ran, writing checkpoints/last.pt and every metric twice. 5 rounds, real processes."""
+    _race(tmp_path, 5)
+
+
+@pytest.mark.slow  # 40 rounds of the same race: 642 s here (2 cores, beside another test run; the 5-round one 53 s)
+def test_two_resumes_started_together_many_rounds(tmp_path):
+    _race(tmp_path, 40)
+
+
+def test_a_held_run_is_refused_to_every_other_writer_and_free_after(tmp_path):
+    """The lease of a sqlite store is an OS lock beside it: held while a run is open, named when refused, dropped when
+    its holder ends (a process that dies drops it too: the OS closes its descriptor)."""
+    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    with tracking.start_run(uri, "exp", "r") as run:
+        rid = run.run_id
+        lock = tmp_path / "mlruns" / ".leases" / f"{rid}.lock"
+        assert json.loads(lock.read_text())["pid"] == str(os.getpid())
+        code = ("import sys\nfrom hmmscope import tracking\n"
+                "try:\n    tracking.start_run(sys.argv[1], 'exp', '', resume=sys.argv[2]).__enter__()\n"
+                "except tracking.RunHeld as e:\n    print(e); sys.exit(2)\n")
+        r = subprocess.run([sys.executable, "-c", code, uri, rid], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and f"still running in process {os.getpid()} on " in r.stdout, r.stdout + r.stderr
+        assert tracking.client(uri).get_run(rid).info.status == "RUNNING"
+        with tracking.start_run(uri, "exp", "", resume=rid):  # this process again: re-entrant, not refused
+            pass
+    assert not lock.exists()
+    with tracking.start_run(uri, "exp", "", resume=rid):
+        pass
+    assert tracking.client(uri).get_run(rid).info.status == "FINISHED"

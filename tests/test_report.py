@@ -485,7 +485,10 @@ def _assert_embeds_every_figure(rep, html_path):
     import re
     from pathlib import Path
 
+    from hmmscope.report import OUTPUTS
+
     html = Path(html_path).read_text()
+    assert {Path(v).name for v in rep.files.values()} <= set(OUTPUTS)  # report checks each of them before writing
     pngs = [Path(v) for k, v in rep.files.items() if str(v).endswith(".png")]
     srcs = re.findall(r'<img src="([^"]+)"', html)
     assert html.count("<img") == len(pngs) == len(srcs)

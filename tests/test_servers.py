@@ -265,8 +265,8 @@ def test_supervise_reports_a_server_that_dies_after_it_answered(tmp_path):
 
 def test_server_command_lines(tmp_path):
     """The MLflow UI's argv: a list of typed values, each joined to its option with '=', the executable
-    resolved, one quiet uvicorn worker; optuna-dashboard's: the executable, 127.0.0.1, the port, then the
-    storage after `--` (a storage starting with '-' stays the positional argument)."""
+    resolved, one quiet uvicorn worker; optuna-dashboard's: this Python running the guard, 127.0.0.1, the port, then
+    the storage after `--` (a storage starting with '-' stays the positional argument)."""
     uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
     ui = servers.mlflow_ui(uri, 5001)
     root = tracking.artifact_root(uri)
@@ -277,8 +277,8 @@ def test_server_command_lines(tmp_path):
     assert (ui.name, ui.url, ui.path, ui.needs_200) == ("MLflow UI", "http://127.0.0.1:5001", "/health", True)
     storage = f"sqlite:///{tmp_path}/optuna.db"
     dash = servers.optuna_dashboard(storage, 8081)
-    assert Path(dash.argv[0]).name == "optuna-dashboard"
-    assert dash.argv[1:] == ("--host=127.0.0.1", "--port=8081", "--", storage)
+    assert dash.argv[0] == sys.executable  # optuna-dashboard's app behind the Host/Origin guard (dashboard_guard)
+    assert dash.argv[1:] == ("-m", "hmmscope.dashboard_guard", "--host=127.0.0.1", "--port=8081", "--", storage)
     assert (dash.url, dash.path, dash.needs_200) == ("http://127.0.0.1:8081", "/", False)
     env = servers.server_env()
     assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false" and env["PATH"] == os.environ["PATH"]
@@ -365,3 +365,58 @@ def test_supervise_gives_up_on_a_server_that_never_answers(tmp_path):
         signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     assert got is not None and got.message == f"mute did not answer http://127.0.0.1:{port}/health within 2 s"
     assert time.monotonic() - t0 < 30
+
+
+# ---------------------------------------------------------------- optuna-dashboard's Host/Origin guard (issue 30, item 4)
+
+
+def _request(port: int, method: str, path: str, headers: dict[str, str]) -> int:
+    import http.client
+
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        c.putrequest(method, path, skip_host=True)
+        for k, v in headers.items():
+            c.putheader(k, v)
+        c.endheaders()
+        r = c.getresponse()
+        r.read()
+        return r.status
+    finally:
+        c.close()
+
+
+def test_dashboard_refuses_a_foreign_host_and_a_cross_origin_write(tmp_path):
+    """Before: a DELETE with `Host: rebind.evil.example` removed a study (204), what DNS rebinding needs; the MLflow UI
+    refused it (403). Now the real dashboard, started as `hmmscope ui` starts it, refuses that and a write from
+    another origin, and serves its own pages and a same-origin write."""
+    import optuna
+
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    ids = {n: optuna.create_study(study_name=n, storage=storage)._study_id for n in ("keep", "mine")}
+    port = _free_port()
+    s = servers.optuna_dashboard(storage, port)
+    log = open(tmp_path / "dash.log", "wb")
+    p = subprocess.Popen(list(s.argv), stdout=log, stderr=log, start_new_session=True)
+    try:
+        deadline = time.time() + 90
+        while not servers.answers(s.url + "/", ok_only=False):
+            assert p.poll() is None and time.time() < deadline, (tmp_path / "dash.log").read_text()[-2000:]
+            time.sleep(0.25)
+        own = {"Host": f"127.0.0.1:{port}"}
+        assert _request(port, "GET", "/dashboard", own) == 200
+        assert _request(port, "GET", "/api/studies", {"Host": f"localhost:{port}"}) == 200
+        assert _request(port, "GET", "/api/studies", {"Host": "rebind.evil.example"}) == 403
+        assert _request(port, "DELETE", f"/api/studies/{ids['keep']}", {"Host": "rebind.evil.example"}) == 403
+        assert _request(port, "DELETE", f"/api/studies/{ids['keep']}", {**own, "Origin": "http://evil.example"}) == 403
+        assert _request(port, "DELETE", f"/api/studies/{ids['keep']}", {**own, "Sec-Fetch-Site": "cross-site"}) == 403
+        assert _request(port, "DELETE", f"/api/studies/{ids['keep']}", {}) == 403  # no Host at all
+        assert {st.study_name for st in optuna.get_all_study_summaries(storage)} == {"keep", "mine"}
+        assert _request(port, "DELETE", f"/api/studies/{ids['mine']}",
+                        {**own, "Origin": f"http://127.0.0.1:{port}"}) == 204  # the dashboard's own page may
+        assert {st.study_name for st in optuna.get_all_study_summaries(storage)} == {"keep"}
+    finally:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=30)
+        log.close()

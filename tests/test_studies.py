@@ -27,7 +27,6 @@ experiment = "sw"
 
 [fixed]
 "theory.rhos" = [0.05]
-"theory.ranks" = [2]
 "theory.n_states" = [8]
 "theory.n_tokens" = 4
 "theory.lengths" = [1, 2, 4]

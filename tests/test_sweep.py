@@ -622,11 +622,17 @@ def test_sweep_worker_joins_with_one_gpu(tmp_path, monkeypatch):
     spec = theory_spec(tmp_path, name="gpu", ranks="[2]")
     storage, uri = stores(tmp_path)
     create_study(spec, storage, uri)
+    import torch
+
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
     r = CliRunner().invoke(app, ["sweep", "worker", "gpu", "--storage", storage, "--gpu", "1", "--max-trials", "1",
                                  "--tracking-uri", uri])
-    assert r.exit_code == 0, r.output
-    assert [row["worker"]["gpu"] for row in study_status("gpu", storage) if row["state"] == "COMPLETE"] == ["7"]
+    if torch.cuda.device_count() < 1:  # issue 30: a pin that shows no GPU is refused (it ran on the CPU before)
+        assert r.exit_code == 2 and "no CUDA GPU is visible here (CUDA_VISIBLE_DEVICES=7" in r.output, r.output
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "5,7" and study_status("gpu", storage)[0]["state"] == "WAITING"
+    else:
+        assert r.exit_code == 0, r.output
+        assert [row["worker"]["gpu"] for row in study_status("gpu", storage) if row["state"] == "COMPLETE"] == ["7"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
     r = CliRunner().invoke(app, ["sweep", "worker", "gpu", "--storage", storage, "--gpu", "2", "--tracking-uri", uri])
     assert r.exit_code == 2 and "2 GPU(s) visible" in r.output

@@ -18,6 +18,7 @@ import typer
 from typer.core import TyperGroup
 
 from . import bench, headroom, jobs, report, runs, sweep, theory, ui
+from .common import fail
 
 
 class OneLineErrors(TyperGroup):
@@ -67,9 +68,31 @@ def _show_version(value: bool) -> None:
         raise typer.Exit()
 
 
+def _check_environment() -> None:
+    """The environment every command reads, checked before any: HMMSCOPE_THREADS (torch's CPU threads) an integer
+    >= 1; no warnings filter that makes every library's warning an error (PYTHONWARNINGS=error, -W error: MLflow and
+    SQLAlchemy emit deprecation warnings, which would stop a command half-way with a traceback)."""
+    import os
+    import warnings
+
+    threads = os.environ.get("HMMSCOPE_THREADS")
+    if threads is not None and threads.strip() != "":
+        try:
+            n = int(threads)
+        except ValueError:
+            n = 0
+        if n < 1:
+            fail(f"HMMSCOPE_THREADS={threads!r}: give an integer >= 1 (torch's CPU threads), or unset it")
+    for action, _msg, category, module, _line in warnings.filters:
+        if action == "error" and module is None and issubclass(DeprecationWarning, category):
+            fail("PYTHONWARNINGS=error (or -W error) makes every library's warnings fatal; MLflow and SQLAlchemy emit "
+                 "deprecation warnings, so commands would stop half-way: unset it, or limit it to a category or module")
+
+
 @app.callback()
 def _root(version: Annotated[bool, typer.Option("--version", callback=_show_version, is_eager=True,
                                                 help="Print the version and exit.")] = False) -> None:
+    _check_environment()
     _quiet_third_party()
 
 

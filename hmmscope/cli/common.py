@@ -40,6 +40,13 @@ class Split(StrEnum):
     eval = "eval"
 
 
+def nonempty_path(value: str | Path) -> Path:
+    """An option's path, refused when empty (`--out ''` would silently be the current folder)."""
+    if str(value) == "":
+        raise typer.BadParameter("must not be empty (give a path; '.' for the current folder)")
+    return Path(value)
+
+
 PresetOpt = Annotated[Preset, typer.Option(help="Base configuration.")]
 # help text is rich markup: a literal [ is written \\[ (else `[hmm]` vanishes from --help)
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML file with \\[hmm], \\[data], ... tables.")]
@@ -68,11 +75,20 @@ def _line(e: BaseException) -> str:
     return lines[0] if lines else type(e).__name__
 
 
+_STORE_ERRORS = ("MlflowException", "SQLAlchemyError", "DatabaseError", "RequestException", "StorageInternalError")
+
+
+def _store_error(e: BaseException) -> bool:
+    """An error of MLflow, SQLAlchemy, sqlite3, requests or Optuna's storages (by class name: no imports here)."""
+    return any(c.__name__ in _STORE_ERRORS for c in type(e).__mro__)
+
+
 def user_errors(fn):
     """Turn bad input (ConfigError / ValueError / OSError) into a one-line error and exit code 2.
 
     A diverged training exits 1 with one line naming its FAILED run; running out of memory anyway
-    (past --force, or past the estimate) exits 1 with one line.
+    (past --force, or past the estimate) exits 1 with one line. A store that fails under a command (MLflow's
+    client after its bounded retries, SQLAlchemy, sqlite3, requests, Optuna's storage) is one line, exit 2.
     """
 
     @functools.wraps(fn)
@@ -92,6 +108,10 @@ def user_errors(fn):
             if type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(e):
                 fail(f"out of memory ({_line(e)[:200]}); make the job smaller", code=1)
             raise
+        except Exception as e:  # the store failed under us (a server answering 500, a database gone): one line
+            if not _store_error(e):
+                raise
+            fail(f"the store failed: {type(e).__name__}: {_line(e)[:400]}")
 
     return wrapper
 

@@ -11,6 +11,7 @@ inside the command bodies.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sys
 import time
@@ -33,6 +34,7 @@ from .common import (
     UriOpt,
     build_config,
     echo_config,
+    nonempty_path,
     parse_csv,
     parse_jobs,
     print_claims,
@@ -42,7 +44,7 @@ from .common import (
 )
 from .theory import print_theory
 
-OutOpt = Annotated[Path, typer.Option("--out", help="Root folder for figures and tables: they go to "
+OutOpt = Annotated[Path, typer.Option("--out", parser=nonempty_path, help="Root folder for figures and tables: they go to "
                                       "OUT/<run name>-<run id[:8]>/ (also logged to the run).")]
 
 
@@ -91,7 +93,13 @@ def train_cmd(
     # a spinner over the silent setup (data, oracles, model, the run), stopped by the step-0 evaluation, which
     # comes just before training's own bar; a resumed run has no such evaluation, and no spinner
     setup = Spinner("setting up: data, oracles, model" if resume is None else None)
-    with sigterm_interrupts(), setup:  # `kill` / `timeout`: the run ends KILLED, not RUNNING
+    # one writer per run: a resume takes the run's lease before any work (of two started together, one runs, the
+    # other stops here with one line naming it) and keeps it to the end of the command
+    with sigterm_interrupts(), tracking.hold_run(uri, resume) if resume else contextlib.nullcontext({}) as held, setup:
+        if held.get("cleaned", (0, 0))[0]:  # the run's temp files its killed writers left (tracking.leftovers)
+            from ..tracking.leftovers import describe
+
+            typer.echo(f"run {resume}: removed {describe(*held['cleaned'])} left by a killed writer", err=True)
         res = train(cfg, tracking_uri=uri, experiment=experiment, run_name=run_name, resume=resume,
                     progress=sys.stderr.isatty(), on_eval=lambda step, m: setup.stop(),
                     deadline=None if deadline is None else Deadline(at=t_cmd + deadline),
@@ -187,7 +195,8 @@ def analyze_cmd(
     ks: Annotated[str, typer.Option("--ks", help="Comma-separated k for the k-back token probes.")] = "1,2,3,4,5",
     n_episodes: Annotated[int | None, typer.Option(help="Held-out episodes (default data.n_eval).")] = None,
     n_perms: Annotated[int, typer.Option(min=1, help="Demo permutations per episode (shuffle test).")] = 4,
-    probe_tasks: Annotated[int, typer.Option(min=2, help="Tasks the probes draw their episodes from.")] = 32,
+    probe_tasks: Annotated[int | None, typer.Option(min=2, help="Tasks the probes draw their episodes from (default: 32, "
+                                                    "or all of a smaller mixture's; at most the mixture's).")] = None,
     min_per_task: Annotated[int, typer.Option(min=4, help="Probe episodes per task, at least.")] = 30,
     probe_jobs: Annotated[str, typer.Option(
         help="Worker processes for the probes' layer fits: N >= 1, or 'auto' = the CPUs this process may use "
@@ -205,6 +214,8 @@ def analyze_cmd(
     k_list = parse_csv(ks, "--ks") or []
     if not all(isinstance(k, int) and not isinstance(k, bool) for k in k_list):
         raise ConfigError(f"--ks: expected comma-separated integers, got {ks!r}")
+    if len(set(k_list)) != len(k_list):
+        raise ConfigError(f"--ks: each k once, got {ks!r}")
     jobs = checks.probe_jobs(parse_jobs(probe_jobs, "--probe-jobs"))
     checks.seed(seed, "--seed")
     checks.experiment_name(experiment)
@@ -217,6 +228,10 @@ def analyze_cmd(
 
     cfg = checkpoint_config(read_checkpoint(target, mmap=True)) if is_file else checks.run_config(uri, target)
     dev = resolve_device(device or "auto")
+    if probe_tasks is not None and cfg is not None and 0 < cfg.hmm.n_tasks < probe_tasks:
+        raise ConfigError(f"--probe-tasks {probe_tasks}: the model was trained on a mixture of {cfg.hmm.n_tasks} tasks; "
+                          f"give at most {cfg.hmm.n_tasks}")
+    probe_tasks = 32 if probe_tasks is None else probe_tasks
     if cfg is not None:
         n_pt = min(probe_tasks, cfg.hmm.n_tasks or cfg.data.n_eval)  # jobs.analyze_run's probe episodes (fresh: unseen)
         n_probe = n_pt * max(min_per_task, -(-(n_episodes or cfg.data.n_eval) // n_pt))
@@ -238,7 +253,8 @@ def run_cmd(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     device: DeviceOpt = None,
-    out: Annotated[Path, typer.Option(help="Folder for figures, JSON and the sweep report.")] = Path("out"),
+    out: Annotated[Path, typer.Option(parser=nonempty_path, help="Folder for figures, JSON and the sweep report.")] = \
+        Path("out"),
     workers: Annotated[int, typer.Option(min=1, help="Worker processes for the training sweep.")] = 2,
     tracking_uri: UriOpt = None,
     experiment: ExpOpt = "hmmscope",

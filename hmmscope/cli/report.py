@@ -14,13 +14,14 @@ from typing import Annotated
 import typer
 
 from .. import checks
-from .common import UriOpt, user_errors
+from .common import UriOpt, nonempty_path, user_errors
 
 
 @user_errors
 def report_cmd(
     sweep: Annotated[str, typer.Argument(help="Sweep (study) name or its MLflow parent run id.")],
-    out: Annotated[Path | None, typer.Option(help="Folder for report.md / report.html (default out/NAME).")] = None,
+    out: Annotated[Path | None, typer.Option(parser=nonempty_path,
+                                             help="Folder for report.md / report.html (default out/NAME).")] = None,
     storage: Annotated[str | None, typer.Option("--storage", help="The study's Optuna storage URL (default: "
                                                 "optuna.db beside the tracking store, the URL the sweep recorded, "
                                                 "./mlruns/optuna.db).")] = None,

@@ -101,10 +101,15 @@ def runs_gc_cmd(
     dry_run: Annotated[bool, typer.Option(help="List the orphan runs without marking them.")] = False,
     tracking_uri: UriOpt = None,
 ) -> None:
-    """Mark orphan RUNNING runs (their process is gone, or no heartbeat) KILLED, with the reason."""
-    from .. import tracking
+    """Mark orphan RUNNING runs (their process is gone, or no heartbeat) KILLED, with the reason; remove the temp files
+    killed writers left in runs no live process writes (how many, how large)."""
+    from .. import checks, tracking
 
-    uri = tracking.resolve_uri(tracking_uri)
+    uri = checks.tracking_store(tracking_uri, must_exist=True, write=not dry_run)
+    c = tracking.client(uri)
+    unknown = [e for e in experiment or [] if c.get_experiment_by_name(e) is None]
+    if unknown:
+        fail(f"no experiment {unknown[0]!r} in {uri}")
     try:
         found = tracking.gc_runs(uri, experiments=experiment or None, dry_run=dry_run)
     except Exception as e:  # e.g. a read-only store: say so in one line
@@ -112,3 +117,15 @@ def runs_gc_cmd(
     print_table("orphan runs" + (" (dry run: not marked)" if dry_run else " marked KILLED"),
                 [{"run": r.info.run_id, "name": r.info.run_name, "reason": why} for r, why in found])
     typer.echo(f"{len(found)} orphan run(s) {'found' if dry_run else 'marked KILLED'}")
+    # what killed writers left half-written (tracking.leftovers): every run but those a live process still writes
+    from ..tracking import leftovers
+
+    orphans = {r.info.run_id for r, _ in found}
+    live = {r.info.run_id for r in tracking.search_runs(uri, filter_string="attributes.status = 'RUNNING'")} - orphans
+    scope = None if not experiment else {r.info.run_id for e in experiment for r in tracking.search_runs(uri, e)}
+    stale = {rid: ps for rid, ps in leftovers.find(uri, scope).items() if rid not in live}
+    n, size = leftovers.remove([p for ps in stale.values() for p in ps], dry_run=dry_run)
+    if not dry_run:
+        leftovers.free_locks(uri)
+    typer.echo(f"{'would remove' if dry_run else 'removed'} {leftovers.describe(n, size)} left by killed writers "
+               f"({len(stale)} run(s))")

@@ -197,10 +197,13 @@ def sweep_status_cmd(
     from .. import tracking
     from ..sweep import study_orphans, study_status
 
+    uri = tracking.resolve_uri(tracking_uri)
+    if uri.startswith(("http://", "https://")):  # a server gets its health check, with a total deadline
+        checks.tracking_store(uri, must_exist=True, write=False)
     rows = study_status(study, url)
     print_table(f"study {study}", [{k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in r.items()}
                                    for r in rows])
-    study_orphans(study, url, tracking.resolve_uri(tracking_uri), log=lambda m: typer.echo(m, err=True))
+    study_orphans(study, url, uri, log=lambda m: typer.echo(m, err=True))
 
 
 @app.command("list")

@@ -29,6 +29,7 @@ from .common import (
     UriOpt,
     build_config,
     echo_config,
+    nonempty_path,
     parse_csv,
     print_claims,
     print_table,
@@ -77,7 +78,7 @@ def theory(
     n_histories: Annotated[int | None, typer.Option(help="Monte Carlo histories per eps(L).")] = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    out: Annotated[Path | None, typer.Option(help="Folder for the figure and the JSON (default: a new "
+    out: Annotated[Path | None, typer.Option(parser=nonempty_path, help="Folder for the figure and the JSON (default: a new "
                                             "out/theory-<UTC time>/).")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the full result as JSON here.")] = None,
     tracking_uri: UriOpt = None,

@@ -166,6 +166,12 @@ def _header(sweep: str, t: _Trials, n_train: int, n_theory: int) -> tuple[dict, 
 
 
 
+# every file `build_report` may write into its folder (the figures: each section's, as PNG and PDF)
+OUTPUTS = ("report.md", "report.html", "report.json", "trials.csv",
+           *(f"{fig}.{ext}" for fig in ("theory_rate_vs_gamma", "practice_vs_theory", "posenc_effects", "layerwise_claims",
+                                        "depth_vs_rank") for ext in ("png", "pdf")))
+
+
 def _write(path: Path, text: str) -> None:
     from ..safe_output import write_text
 
@@ -183,8 +189,10 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
     uri = tracking.resolve_uri(uri)
     out_dir = Path(out_dir)
     parent, study, _ = _find_parent(uri, sweep, storage)
-    from ..safe_output import make_dir
+    from ..safe_output import check_dest, make_dir
 
+    for name in OUTPUTS:  # every file it may write, checked before the first (a planted link: nothing written)
+        check_dest(out_dir / name)
     make_dir(out_dir)  # after the sweep is found: an unknown sweep writes nothing
     t = _read_trials(uri, parent, study)
     theory_runs = [r for r in t.complete if _is_theory(r)]

@@ -59,7 +59,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .storage import journal_path, storage_kind
+from .storage import journal_path, pg_connect_args, storage_kind
 
 HEARTBEAT = "heartbeat"  # journal storages: the system attr holding a trial's last beat
 PG_LOCK_KEY = 0x686D6D73636F7065 >> 1  # "hmmscope" as a positive bigint: the advisory lock of every sweep
@@ -114,7 +114,7 @@ class TrialStore:
         returns the ids this process failed."""
         from optuna.trial import TrialState
 
-        reason = f"stale: no heartbeat for over {self._grace()} s (worker died)"
+        reason = f"stale: no heartbeat for over {self._grace()} s (its worker died, or lost the storage)"
         failed = []
         for tid in self.stale_trial_ids():
             with self._mutex():
@@ -178,13 +178,20 @@ class TrialStore:
             self.storage.record_heartbeat(trial_id)
 
     @contextlib.contextmanager
-    def heartbeat(self, trial_id: int, interval: float) -> Iterator[None]:
-        """Beat every `interval` seconds from a thread while the block runs."""
+    def heartbeat(self, trial_id: int, interval: float, lost: threading.Event | None = None) -> Iterator[None]:
+        """Beat every `interval` seconds from a thread while the block runs. `lost`: set (and the beats stop) once
+        the trial is no longer RUNNING: another process failed it as stale (this worker's beats stopped reaching
+        the storage, e.g. its host was cut off) and retries it; its worker must stop and record nothing."""
+        from optuna.trial import TrialState
+
         stop = threading.Event()
 
         def beat() -> None:
             while not stop.wait(interval):
-                with contextlib.suppress(Exception):  # a busy store: the next beat comes soon
+                with contextlib.suppress(Exception):  # a busy or unreachable store: the next beat comes soon
+                    if lost is not None and self.storage.get_trial(trial_id).state != TrialState.RUNNING:
+                        lost.set()
+                        return
                     self.beat(trial_id)
 
         th = threading.Thread(target=beat, daemon=True, name=f"heartbeat-{trial_id}")
@@ -247,7 +254,7 @@ def _mutex_for(kind: str, url: str) -> Callable[[], contextlib.AbstractContextMa
         return held
     import sqlalchemy as sa
 
-    engine = sa.create_engine(url, pool_size=1, max_overflow=0, pool_pre_ping=True)
+    engine = sa.create_engine(url, pool_size=1, max_overflow=0, pool_pre_ping=True, connect_args=pg_connect_args(url))
 
     @contextlib.contextmanager
     def advisory() -> Iterator[None]:

@@ -31,6 +31,22 @@ from typing import Any
 
 from ..config import ConfigError
 
+# libpq's bounds on one PostgreSQL connection (psycopg2 passes them through): a connection attempt gives up after
+# 10 s, and a connection whose server stops answering (its host cut off) is dropped after 30 s without an ACK
+# (tcp_user_timeout), or, idle, after 3 unanswered keepalives (from 10 s, 5 s apart): never left waiting for TCP's
+# own 15 minutes; the worker
+# then retries with a new connection (worker.STORE_OUTAGE_S)
+PG_CONNECT_ARGS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+                   "keepalives_count": 3, "tcp_user_timeout": 30000}
+
+
+def pg_connect_args(url: str) -> dict[str, Any]:
+    """PG_CONNECT_ARGS for a libpq driver (psycopg2, the default, or psycopg); {} for any other (pg8000 takes none)."""
+    scheme = url.split("://", 1)[0].lower()
+    driver = scheme.split("+", 1)[1] if "+" in scheme else "psycopg2"
+    return dict(PG_CONNECT_ARGS) if driver in ("psycopg2", "psycopg") else {}
+
+
 JOURNAL_SCHEME = "journal:"
 JOURNAL_SUFFIXES = (".log", ".journal")
 KINDS = ("sqlite", "postgresql", "journal")
@@ -78,7 +94,7 @@ def storage_kind(url: str) -> str:
 
 def safe_url(url: str) -> str:
     """A storage URL without its password."""
-    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
+    return re.sub(r"//([^:/@]+):[^/]*@", r"//\1:***@", url)  # up to the authority's last @ (a password may hold @)
 
 
 def default_storage() -> str:
@@ -129,6 +145,8 @@ def open_storage(url: str, spec: Any = None, *, create: bool = True):
     kw: dict[str, Any] = {}
     if url.startswith("sqlite"):
         kw["engine_kwargs"] = {"connect_args": {"timeout": 120}}
+    elif storage_kind(url) == "postgresql":
+        kw["engine_kwargs"] = {"connect_args": pg_connect_args(url), "pool_pre_ping": True}
     if spec is not None:  # the heartbeat of RDB storages (protocol.py); journals beat through a trial attr
         kw.update(heartbeat_interval=spec.heartbeat_interval, grace_period=spec.grace_period)
     return optuna.storages.RDBStorage(url, **kw)

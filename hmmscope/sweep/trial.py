@@ -24,7 +24,8 @@ checkpoint. The only sweep module that calls `trial.suggest_*`. Imports the jobs
   hmmscope.resumed_from_step; its hmmscope.trial tag becomes the retry's number) and the retry links to
   it before training, so a second pre-emption resumes it again. On CPU the result is bitwise that of an
   uninterrupted trial (train's resume guarantee). A run that finished (its worker died while evaluating)
-  is not resumed: the retry starts a new run, as does a run with no checkpoint; the report reads only the
+  is not resumed: the retry starts a new run, as does a run with no checkpoint or one whose writer is still
+  alive (a worker cut off from the network: one writer per run, tracking.hold_run); the report reads only the
   run of each COMPLETE trial. Theory trials always start afresh (they keep no checkpoint).
 """
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import math
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -118,6 +120,10 @@ def resumable_run(trial, spec: SweepSpec, uri: str, parent: str) -> str | None:
     run = tracking.get_run(uri, rid) if rid else None
     if run is None or run.info.status == "FINISHED" or run.info.lifecycle_stage != "active":
         return None
+    from ..tracking.liveness import live_owner
+
+    if live_owner(run) is not None:  # its worker is alive (cut off, not dead): one writer per run, start afresh
+        return None
     try:
         tracking.existing_run(uri, rid).require(f"{CKPT_DIR}/{CKPT_NAME}")
     except (FileNotFoundError, ValueError):
@@ -125,8 +131,18 @@ def resumable_run(trial, spec: SweepSpec, uri: str, parent: str) -> str | None:
     return rid
 
 
-def run_trial(trial, spec: SweepSpec, uri: str, parent: str) -> float:
-    """One trial: config -> train + evaluate (+ analyze), one theory setting, or one headroom; returns the objective."""
+class TrialLost(RuntimeError):
+    """Another worker failed this trial as stale and retries it (this worker's heartbeats stopped reaching the
+    storage): this worker's run of it stops, and its result is not recorded."""
+
+
+def run_trial(trial, spec: SweepSpec, uri: str, parent: str, *, lost: threading.Event | None = None,
+              opened: list[str] | None = None) -> float:
+    """One trial: config -> train + evaluate (+ analyze), one theory setting, or one headroom; returns the objective.
+
+    `lost` (set by the trial's heartbeat, protocol.TrialStore.heartbeat): checked at every evaluation of a training
+    trial, which then raises TrialLost (its run ends FAILED with that reason). `opened` gets the id of the training
+    run as soon as it is open (the worker ends it if its own end could not be written)."""
     from .. import jobs, tracking
 
     params = {p.key: _suggest(trial, p) for p in spec.space}
@@ -156,9 +172,18 @@ def run_trial(trial, spec: SweepSpec, uri: str, parent: str) -> float:
         if resume is not None:  # the run continues in place: it belongs to this trial from now on
             tracking.existing_run(uri, resume).set_tags({"hmmscope.trial": trial.number})
             _link(trial, uri, resume)
-        hook = make_prune_hook(trial, spec.prune_metric) if spec.pruner != "none" else None
+        prune = make_prune_hook(trial, spec.prune_metric) if spec.pruner != "none" else None
+
+        def hook(step: int, metrics: dict[str, float]) -> None:
+            if lost is not None and lost.is_set():
+                raise TrialLost(f"trial {trial.number} was failed as stale by another worker, which retries it (this "
+                                "worker's heartbeats stopped reaching the storage); this run stops here")
+            if prune is not None:
+                prune(step, metrics)
+
         res = train(cfg, tracking_uri=uri, experiment=spec.experiment, run_name=name, parent=parent,
-                    progress=False, on_eval=hook, tags=tags, note=note, resume=resume)
+                    progress=False, on_eval=hook, tags=tags, note=note, resume=resume,
+                    on_start=opened.append if opened is not None else None)
         _link(trial, uri, res.run_id)
         run = tracking.existing_run(uri, res.run_id)
         # the model in hand: no checkpoint read back

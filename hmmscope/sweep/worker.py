@@ -13,6 +13,14 @@ trial.py's. Imports the other sweep modules and tracking (lazily); never the job
   the result is retried the same way; its finished run is never counted, because the report reads one
   run per COMPLETE trial (user attr mlflow_run_id). A retried training trial resumes from its
   predecessor's checkpoint (trial.py).
+- A worker cut off from its storage (its host lost the network): every call of the storage in its loop waits
+  out the outage (`_Patient`: transient connection errors retried for up to STORE_OUTAGE_S, env
+  HMMSCOPE_STORE_OUTAGE_S; PostgreSQL connections bounded by storage.PG_CONNECT_ARGS), while another worker fails
+  its trial as stale and retries it (in a new MLflow run: the cut worker is alive, its run not resumable). Its trial's
+  heartbeat sees the trial taken (`TrialStore.heartbeat(lost=...)`) and its training stops at the next evaluation
+  (trial.TrialLost); when the storage answers again its result is dropped (`finish` loses), and its run, if still
+  RUNNING (its end could not be written) or FINISHED (a result no trial owns), is ended FAILED with the reason
+  (`tracking.settle_run`). Tested with three network namespaces: tests/test_netns_sweep.py.
 - Interrupts: Ctrl-C or SIGTERM to `run_sweep` sends SIGTERM to its workers (by pid; SIGKILL after 10 s);
   a worker so stopped marks its trial FAIL (user attr fail_reason="interrupted"), enqueues a retry and
   exits; its MLflow run ends KILLED, as does the parent. Running the sweep again resumes it. A worker
@@ -72,22 +80,24 @@ def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int 
     store = TrialStore.of(study, url, spec.grace_period)
     parent = study.user_attrs[ATTR_PARENT]
     worker = {"host": socket.gethostname(), "pid": os.getpid(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    patient = _Patient(log)
     done = 0
     while max_trials is None or done < max_trials:
-        store.fail_stale(spec.max_retry, log)  # retries trials of dead workers (after grace_period)
-        tid = store.claim()
+        patient(store.fail_stale, spec.max_retry, log)  # retries trials of dead workers (after grace_period)
+        tid = patient(store.claim)
         if tid is None:
-            if store.running():
+            if patient(store.running):
                 time.sleep(min(2.0, spec.heartbeat_interval))
                 continue
             break
         state, value, err, attrs = None, None, None, {}
-        with store.heartbeat(tid, spec.heartbeat_interval):
+        lost, opened = threading.Event(), []
+        with store.heartbeat(tid, spec.heartbeat_interval, lost):
             with contextlib.suppress(Exception):
                 store.storage.set_trial_user_attr(tid, "worker", worker)
             trial = optuna.Trial(study, tid)
             try:
-                value = run_trial(trial, spec, uri, parent)
+                value = run_trial(trial, spec, uri, parent, lost=lost, opened=opened)
                 state = TrialState.COMPLETE
             except optuna.TrialPruned as e:
                 state, err, attrs = TrialState.PRUNED, e, {"pruned_reason": str(e)}
@@ -107,9 +117,20 @@ def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int 
             state, err = TrialState.FAIL, ValueError(f"objective {spec.objective} is {value}")
             attrs = {"fail_reason": str(err)}
         if state == TrialState.PRUNED:  # as Study.tell does: a pruned trial's value is its last reported one
-            steps = store.storage.get_trial(tid).intermediate_values
+            steps = patient(store.storage.get_trial, tid).intermediate_values
             value = steps[max(steps)] if steps else None
-        if not store.finish(tid, state, value if state in (TrialState.COMPLETE, TrialState.PRUNED) else None, attrs):
+        recorded = patient(store.finish, tid, state, value if state in (TrialState.COMPLETE, TrialState.PRUNED) else None,
+                           attrs)
+        for rid in opened if state != TrialState.COMPLETE or not recorded else []:
+            # its own end was not written (the store out of reach), or its result is dropped (the trial was retried
+            # elsewhere): FAILED with the reason, so that no run stays RUNNING and none stands as a second result
+            with contextlib.suppress(Exception):
+                why = (f"{type(err).__name__}: {err}"[:2000] if recorded else
+                       f"TrialLost: trial {trial.number} was failed as stale by another worker, which retries it; "
+                       "this run's result is dropped")
+                if tracking.settle_run(uri, rid, why, finished_too=not recorded):
+                    log(f"trial {trial.number}: its run {rid} ended FAILED ({why[:200]})")
+        if not recorded:
             log(f"trial {trial.number} was finished by another process (failed as stale?) before this worker "
                 f"could record it as {state.name}; this result is dropped")
         elif state == TrialState.COMPLETE:
@@ -119,6 +140,51 @@ def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int 
         done += 1
     collect_orphans(uri, spec.experiment, log)
     return done
+
+
+STORE_OUTAGE_S = 900.0  # how long a worker waits for its storage to answer again (env HMMSCOPE_STORE_OUTAGE_S)
+
+
+def _transient(e: BaseException) -> bool:
+    """A storage error that a new connection may not have: the database unreachable, a connection dropped (SQLAlchemy's
+    OperationalError / InterfaceError, or Optuna's StorageInternalError wrapping one)."""
+    names = {c.__name__ for c in type(e).__mro__}
+    return bool(names & {"OperationalError", "InterfaceError", "StorageInternalError"}) or \
+        getattr(e, "connection_invalidated", False)
+
+
+class _Patient:
+    """Calls of the storage that outlast an outage: a transient error (`_transient`) is retried, 1 s then doubling to
+    15 s apart, for up to STORE_OUTAGE_S in total (one line when it starts waiting, one when it answers again);
+    then, or on any other error, it is raised. A worker cut off from its storage thus resumes where it was when the
+    network returns (its trial meanwhile failed as stale and retried by another worker)."""
+
+    def __init__(self, log: Callable[[str], None]):
+        self.log = log
+        try:
+            self.limit = float(os.environ.get("HMMSCOPE_STORE_OUTAGE_S", STORE_OUTAGE_S))
+        except ValueError:
+            self.limit = STORE_OUTAGE_S
+
+    def __call__(self, fn, *args):
+        t0, wait, said = time.monotonic(), 1.0, False
+        while True:
+            try:
+                out = fn(*args)
+            except Exception as e:
+                if not _transient(e) or time.monotonic() - t0 > self.limit:
+                    raise
+                if not said:
+                    first = str(e).strip().splitlines()
+                    self.log(f"worker {os.getpid()}: the storage does not answer ({type(e).__name__}: "
+                             f"{first[0][:200] if first else ''}); retrying for up to {self.limit:.0f} s")
+                    said = True
+                time.sleep(wait)
+                wait = min(15.0, wait * 2)
+                continue
+            if said:
+                self.log(f"worker {os.getpid()}: the storage answers again after {time.monotonic() - t0:.0f} s")
+            return out
 
 
 @dataclass
@@ -183,7 +249,8 @@ def visible_gpus() -> list[str]:
 
 
 def pin_gpu(index: int) -> str:
-    """Restrict this process to visible GPU `index` (sets CUDA_VISIBLE_DEVICES; before CUDA starts)."""
+    """Restrict this process to visible GPU `index` (sets CUDA_VISIBLE_DEVICES; before CUDA starts); ConfigError (the
+    environment as it was) when that shows no GPU (none on this machine, or an index past its GPUs)."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
         ids = [g.strip() for g in env.split(",") if g.strip()]
@@ -195,6 +262,15 @@ def pin_gpu(index: int) -> str:
             raise ConfigError(f"--gpu must be >= 0, got {index}")
         gpu = str(index)
     os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    import torch
+
+    if torch.cuda.device_count() < 1:  # counted with the pin in place (CUDA reads it when it starts)
+        if env is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = env
+        raise ConfigError(f"--gpu {index}: no CUDA GPU is visible here (CUDA_VISIBLE_DEVICES={gpu} shows none); leave "
+                          "--gpu out to run on the CPU")
     return gpu
 
 
@@ -270,7 +346,8 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
 
     old_term = signal.signal(signal.SIGTERM, on_term) if threading.current_thread() is threading.main_thread() else None
     readers: list[threading.Thread] = []
-    with tracking.start_run(uri, spec.experiment, f"sweep-{spec.name}", resume=parent) as prun:
+    # the parent run is shared by every `sweep run` of the study (their summaries are the same): not exclusive
+    with tracking.start_run(uri, spec.experiment, f"sweep-{spec.name}", resume=parent, exclusive=False) as prun:
         try:
             for gpu in assigned:
                 # own session: a terminal's Ctrl-C reaches only us, and we stop the workers cleanly; SIGTERM

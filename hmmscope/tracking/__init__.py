@@ -8,7 +8,8 @@ The rooms (each module's docstring has the details):
 - `runs`: `start_run` (nested runs, resuming, FINISHED / FAILED / KILLED with the reason) and `Run`, the
   handle every write goes through (params, metrics, tags, artifacts, tables, claims, downloads, the model as an
   MLflow logged model: `Run.log_model`).
-- `liveness`: host, pid and heartbeat of an open run; orphan runs found (`stale_reason`) and ended (`gc_runs`).
+- `liveness`: host, pid and heartbeat of an open run; orphan runs found (`stale_reason`) and ended (`gc_runs`);
+  one writer per run (`hold_run`: the lease taken atomically, an OS lock beside a sqlite store).
 - `claims`: a run's claims as one table plus headline numbers, and read back (`read_claims`).
 - `search`: runs read back (`search_runs`, `get_run`) and pointed at (`run_url`, `experiment_url`, `target_url`,
   `browse_line`: the one `hmmscope ui` line commands print; `ui_command`: the server's own command line).
@@ -19,7 +20,9 @@ mlflow at import time (only inside functions), and none imports anything of hmms
 """
 
 from .claims import CLAIMS_FILE, claim_headline, claim_keys, read_claims
-from .liveness import HEARTBEAT_ENV, HEARTBEAT_GRACE, gc_runs, heartbeat_interval, stale_reason
+from .liveness import HEARTBEAT_ENV, HEARTBEAT_GRACE, LeaseLost, RunHeld, gc_runs, heartbeat_interval, stale_reason
+from .liveness import hold as hold_run
+from .liveness import settle as settle_run
 from .runs import ArtifactNotFound, Run, config_toml, delete_run, existing_run, experiment_name, start_run
 from .search import (
     ML_VIEW,
@@ -44,6 +47,7 @@ from .store import (
     default_tracking_uri,
     ensure_store,
     experiment_id,
+    read_only_uri,
     relocate,
     resolve_uri,
     writable,
@@ -66,12 +70,13 @@ from .tags import (
 )
 
 __all__ = [
-    "ARTIFACTS", "ArtifactNotFound", "CLAIMS_FILE", "CLAIM_COLUMNS", "DB_NAME", "HEARTBEAT_ENV", "HEARTBEAT_GRACE",
+    "ARTIFACTS", "ArtifactNotFound", "LeaseLost", "RunHeld", "hold_run", "settle_run",
+    "CLAIMS_FILE", "CLAIM_COLUMNS", "DB_NAME", "HEARTBEAT_ENV", "HEARTBEAT_GRACE",
     "ML_VIEW", "PARAM_MAX", "ROOT_TAG", "Run", "STORE_DIR", "THEORY_SECTIONS", "TRAIN_SECTIONS", "UI_PORT",
     "_param_value", "artifact_root", "browse_line", "claim_headline", "claim_keys", "claims_table", "client", "config_toml",
     "config_params", "default_tracking_uri", "delete_run", "ensure_store", "existing_run", "experiment_id",
     "experiment_name", "experiment_url", "gc_runs", "get_run", "git_commit", "heartbeat_interval", "note_line",
-    "objective_key", "read_claims", "relocate", "resolve_uri", "run_url", "safe_key", "search_runs", "source_name",
-    "stale_reason", "standard_tags", "start_run", "sweep_parent", "target_url", "train_run_name", "ui_base",
+    "objective_key", "read_claims", "read_only_uri", "relocate", "resolve_uri", "run_url", "safe_key", "search_runs",
+    "source_name", "stale_reason", "standard_tags", "start_run", "sweep_parent", "target_url", "train_run_name", "ui_base",
     "ui_command", "writable",
 ]

@@ -17,8 +17,12 @@ as end time; a run that finishes afterwards clears that reason (`clear_orphaned`
 holds a run that is not stale (a `--resume` of such a run is refused: one writer per run). Runs with the older
 per-field tags (`hmmscope.host`, `hmmscope.pid`, ...) are read the same way; runs with neither are never judged.
 
+One writer per run: `hold` takes a run's lease atomically (an OS lock beside a sqlite store; a claim by the tag,
+read back after SETTLE_S, on a server), checks it while the run is open, and removes the run's stale temp files
+(`leftovers`) when it takes it.
+
 Part of `tracking`, the one package that talks to MLflow. Imports mlflow only inside functions; imports the
-store and search modules, and must not import runs (which imports this) or anything of hmmscope outside
+store, leftovers and search modules, and must not import runs (which imports this) or anything of hmmscope outside
 tracking.
 """
 
@@ -34,6 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import leftovers
 from .search import search_runs
 from .store import _sqlite_path, client
 
@@ -97,14 +102,15 @@ def _identity() -> dict[str, str]:
             "boot": _read("/proc/sys/kernel/random/boot_id"), "pidns": _read("/proc/self/ns/pid")}
 
 
-def _lease(interval: float, who: dict[str, str] | None = None) -> str:
+def _lease(interval: float, who: dict[str, str] | None = None, nonce: str | None = None) -> str:
     import json
 
-    return json.dumps({**(who or _identity()), "beat": round(time.time()), "interval": interval})
+    return json.dumps({**(who or _identity()), "beat": round(time.time()), "interval": interval,
+                       **({"nonce": nonce} if nonce else {})})
 
 
-def _liveness_tags(interval: float) -> dict[str, str]:
-    return {LEASE_TAG: _lease(interval)}
+def _liveness_tags(interval: float, nonce: str | None = None) -> dict[str, str]:
+    return {LEASE_TAG: _lease(interval, nonce=nonce)}
 
 
 def lease_of(run) -> dict[str, Any] | None:
@@ -126,16 +132,23 @@ def lease_of(run) -> dict[str, Any] | None:
 
 @contextlib.contextmanager
 def _beating(run: Run, interval: float) -> Iterator[None]:
-    """Update the run's heartbeat tag every `interval` seconds until the block ends."""
+    """Update the run's heartbeat tag every `interval` seconds until the block ends. Before each beat the lease is
+    read back: one that names another writer (this process's lease expired and another took the run over) marks
+    the lease lost (`lost`): this process stops beating, and its writes through `Run` raise LeaseLost."""
     stop = threading.Event()
 
     who = _identity()
+    nonce = _nonce_of(run.uri, run.run_id)
 
     def beat() -> None:
         c = client(run.uri)
         while not stop.wait(interval):
             with contextlib.suppress(Exception):
-                c.set_tag(run.run_id, LEASE_TAG, _lease(interval, who))
+                now = lease_of(c.get_run(run.run_id))
+                if now is not None and not _is_me(now, nonce):
+                    _mark_lost(run.uri, run.run_id, now)
+                    return
+                c.set_tag(run.run_id, LEASE_TAG, _lease(interval, who, nonce))
 
     th = threading.Thread(target=beat, daemon=True, name=f"mlflow-heartbeat-{run.run_id[:8]}")
     th.start()
@@ -226,3 +239,229 @@ def gc_runs(uri: str, *, experiments: list[str] | None = None, dry_run: bool = F
             c.set_tag(r.info.run_id, "hmmscope.failure_reason", f"orphaned: {why}")
             c.set_terminated(r.info.run_id, "KILLED", end_time=end)
     return found
+
+
+# ---------------------------------------------------------------- one writer per run: the lease, taken atomically
+
+LEASE_DIR = ".leases"  # beside a sqlite store: one lock file per held run, `<run id>.lock`
+SETTLE_S = 2.0  # a store without a lock of ours (a server): how long a claim waits before it reads its lease back
+
+
+class RunHeld(ValueError):
+    """Another process holds the run (one writer per run); the message names it. A ValueError: the CLI prints
+    it as one line and exits 2."""
+
+
+class LeaseLost(RuntimeError):
+    """This process's lease of a run was taken over by another process (it had expired): its writes stop here."""
+
+
+_HELD: dict[tuple[str, str], dict[str, Any]] = {}  # (store, run id) -> this process's hold (count, lock fd, nonce)
+_HELD_LOCK = threading.Lock()
+
+
+def _key(uri: str, run_id: str) -> tuple[str, str]:
+    db = _sqlite_path(uri)
+    return (str(db.resolve()) if db is not None else uri, run_id)
+
+
+def _is_me(lease: dict[str, Any] | None, nonce: str | None = None) -> bool:
+    """Does `lease` name this process (and, when this process claimed it with a nonce, carry that nonce)?"""
+    if lease is None:
+        return False
+    me = _identity()
+    if any(str(lease.get(k) or "") != me[k] for k in ("host", "pid", "pid_start", "boot", "pidns")):
+        return False
+    return nonce is None or lease.get("nonce") in (None, nonce)
+
+
+def _describe(lease: dict[str, Any] | None) -> str:
+    if not lease:
+        return "another process"
+    return f"process {lease.get('pid') or '?'} on {lease.get('host') or '?'}"
+
+
+def _held_msg(run_id: str, who: str) -> str:
+    return (f"MLflow run {run_id} is still running in {who}: one writer per run; wait for it, stop it, or run "
+            "`hmmscope runs gc` once it is gone")
+
+
+def _lock_owner(path: Path) -> str:
+    """Who holds the lock file `path`: the identity its holder wrote into it (read for up to 1 s: the holder writes
+    it just after it locks), else 'another process'."""
+    import json
+
+    for _ in range(20):
+        with contextlib.suppress(OSError, ValueError):
+            d = json.loads(path.read_text() or "null")
+            if isinstance(d, dict):
+                return f"{_describe(d)} (it holds {path})"
+        time.sleep(0.05)
+    return f"another process (it holds {path})"
+
+
+def _lock_file(path: Path, run_id: str) -> int | None:
+    """An exclusive, non-blocking OS lock (flock) on `path`, held through the returned descriptor until it is closed
+    (so a killed holder releases it); RunHeld naming the holder if another process has it. None where no lock can
+    be had (no fcntl: Windows; a read-only store): the lease tag then decides alone."""
+    import json
+
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    try:
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        return None
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(20):
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunHeld(_held_msg(run_id, _lock_owner(path))) from None
+        except OSError:  # a filesystem without locks: the lease tag decides alone
+            os.close(fd)
+            return None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path, follow_symlinks=False).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps(_identity()).encode())
+            return fd
+        os.close(fd)  # its last holder removed it meanwhile: lock the new file
+    raise RunHeld(_held_msg(run_id, _lock_owner(path)))
+
+
+def _claim_by_tag(uri: str, run_id: str) -> str:
+    """A store with no lock of ours (a server): read the lease; refuse a live one; write ours with a random nonce;
+    wait SETTLE_S; read it back: ours wins, anything else names the winner. Of two claims whose read and write are
+    each less than SETTLE_S apart, exactly one wins (the later write is the one both read back). Returns the nonce."""
+    import secrets
+
+    c = client(uri)
+    run = c.get_run(run_id)
+    who = live_owner(run)
+    if who is not None and not _is_me(lease_of(run)):
+        raise RunHeld(_held_msg(run_id, who))
+    nonce = secrets.token_hex(8)
+    c.set_tag(run_id, LEASE_TAG, _lease(heartbeat_interval(), nonce=nonce))
+    time.sleep(SETTLE_S)
+    now = lease_of(c.get_run(run_id))
+    if now is None or now.get("nonce") != nonce:
+        raise RunHeld(_held_msg(run_id, _describe(now)))
+    return nonce
+
+
+def _acquire(uri: str, run_id: str, fresh: bool) -> dict[str, Any]:
+    st: dict[str, Any] = {"count": 1, "fd": None, "path": None, "nonce": None, "lost": None, "cleaned": (0, 0)}
+    db = _sqlite_path(uri)
+    if db is None:
+        if not fresh:
+            st["nonce"] = _claim_by_tag(uri, run_id)
+            st["cleaned"] = leftovers.remove(leftovers.find(uri, [run_id]).get(run_id, []))
+        return st
+    st["path"] = db.parent / LEASE_DIR / f"{run_id}.lock"
+    st["fd"] = _lock_file(st["path"], run_id)
+    if fresh:
+        return st
+    try:  # under the lock: no other process of this version checks or sets the lease meanwhile
+        c = client(uri)
+        run = c.get_run(run_id)
+        who = live_owner(run)  # a writer that holds no lock of ours: an older version, another host's process
+        if who is not None and not _is_me(lease_of(run)):
+            raise RunHeld(_held_msg(run_id, who))
+        # the lease tag is set when the run is reopened (start_run): a resume refused later (bad input) writes none;
+        # the run is ours now: what its killed writers left half-written goes (leftovers), said by the caller
+        st["cleaned"] = leftovers.remove(leftovers.find(uri, [run_id]).get(run_id, []))
+    except BaseException:
+        _release(st)
+        raise
+    return st
+
+
+def _release(st: dict[str, Any]) -> None:
+    fd, path = st.get("fd"), st.get("path")
+    if fd is None:
+        return
+    with contextlib.suppress(OSError):  # removed while still locked: a later locker checks it locked the file in place
+        if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+            os.unlink(path)
+    os.close(fd)
+    st["fd"] = None
+
+
+@contextlib.contextmanager
+def hold(uri: str, run_id: str, *, fresh: bool = False) -> Iterator[dict[str, Any]]:
+    """Hold the run's lease for the block: one writer per run, taken atomically. Re-entrant within a process.
+
+    - A sqlite store: an exclusive OS lock (flock) on `<store folder>/.leases/<run id>.lock`, then, under it, the
+      lease tag checked (a live writer that holds no lock of ours, e.g. an older version, is refused; start_run sets
+      it when it reopens the run). Of
+      two processes started together exactly one gets the lock; the other gets RunHeld naming the holder. The OS
+      drops the lock when its holder dies, even by SIGKILL.
+    - Any other store (an MLflow server): `_claim_by_tag` (check, write with a nonce, wait SETTLE_S, read back):
+      one winner whenever each claimant's read and write are less than SETTLE_S apart; MLflow's REST API offers no
+      conditional write, so this is the guarantee there.
+    While a run is open its heartbeat reads the lease back (`_beating`): a lease taken over marks it lost, and
+    `Run`'s writes raise LeaseLost. `fresh`: a run this process just created (its lease tag already set): the
+    lock only. Yields the hold: its "lost" entry says why the lease was lost, if it was; "cleaned" (count, bytes)
+    the run's stale temp files it removed when it took the lease (`leftovers`: the run is ours, so no live process
+    writes them)."""
+    key = _key(uri, run_id)
+    with _HELD_LOCK:
+        st = _HELD.get(key)
+        if st is not None:
+            st["count"] += 1
+    if st is None:
+        st = _acquire(uri, run_id, fresh)
+        with _HELD_LOCK:
+            _HELD[key] = st
+    try:
+        yield st
+    finally:
+        with _HELD_LOCK:
+            st["count"] -= 1
+            done = st["count"] <= 0
+            if done:
+                _HELD.pop(key, None)
+        if done:
+            _release(st)
+
+
+def _nonce_of(uri: str, run_id: str) -> str | None:
+    st = _HELD.get(_key(uri, run_id))
+    return None if st is None else st.get("nonce")
+
+
+def _mark_lost(uri: str, run_id: str, now: dict[str, Any]) -> None:
+    st = _HELD.get(_key(uri, run_id))
+    if st is not None:
+        st["lost"] = f"its lease was taken over by {_describe(now)}"
+
+
+def lost(uri: str, run_id: str) -> str | None:
+    """Why this process no longer holds the run (its lease was taken over), or None."""
+    st = _HELD.get(_key(uri, run_id))
+    return None if st is None else st.get("lost")
+
+
+def settle(uri: str, run_id: str, reason: str, status: str = "FAILED", *, finished_too: bool = False) -> bool:
+    """End a run this process opened that is still RUNNING under this process's lease (its own end could not be
+    written: the store was out of reach when it failed), with `reason` as its failure reason; True if it did.
+    `finished_too`: a FINISHED one as well (its result is dropped: e.g. its sweep trial was retried elsewhere, so
+    it must not stand beside the retry's run as a second result). A run another process holds is left alone."""
+    c = client(uri)
+    r = c.get_run(run_id)
+    if r.info.status not in (("RUNNING", "FINISHED") if finished_too else ("RUNNING",)) or not _is_me(lease_of(r)):
+        return False
+    c.set_tag(run_id, "hmmscope.failure_reason", reason[:5000])
+    c.set_terminated(run_id, status)
+    return True

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -23,7 +24,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .liveness import _beating, _liveness_tags, clear_orphaned, heartbeat_interval
+from .leftovers import run_temp_dir
+from .liveness import LeaseLost, _beating, _liveness_tags, _nonce_of, clear_orphaned, heartbeat_interval, hold, lost
 from .store import ARTIFACTS, _sqlite_path, _uri_path, client, ensure_store, experiment_id
 from .tags import _param_value, claim_headline, claims_table, note_line, safe_key, standard_tags
 
@@ -39,9 +41,16 @@ class Run:
         self.uri, self.run_id = uri, run_id
         self._client = client(uri)
 
+    def _guard(self) -> None:
+        """LeaseLost if another process took this run over (this process's lease had expired): it writes no more."""
+        why = lost(self.uri, self.run_id)
+        if why is not None:
+            raise LeaseLost(f"run {self.run_id}: {why}; this process stops writing to it")
+
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
 
+        self._guard()
         items = [Param(safe_key(k), _param_value(v)) for k, v in params.items()]
         for i in range(0, len(items), 100):
             self._client.log_batch(self.run_id, params=items[i:i + 100])
@@ -50,6 +59,7 @@ class Run:
         """Finite values only (MLflow stores NaN, but comparisons in the UI break on it)."""
         from mlflow.entities import Metric
 
+        self._guard()
         ts = int(time.time() * 1000)
         items = [Metric(safe_key(k), float(v), ts, int(step)) for k, v in metrics.items()
                  if v is not None and math.isfinite(float(v))]
@@ -59,6 +69,7 @@ class Run:
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         from mlflow.entities import RunTag
 
+        self._guard()
         self._client.log_batch(self.run_id, tags=[RunTag(safe_key(k), (_param_value(v) if isinstance(v, float) else
                                                                         str(v))[:5000]) for k, v in tags.items()])
 
@@ -75,14 +86,27 @@ class Run:
         p = _uri_path(recorded)
         if p.name != "artifacts" or p.parent.name != self.run_id or p.parent.parent.name != ARTIFACTS:
             return recorded  # not the store's own layout: leave it alone
-        here = (db.parent / ARTIFACTS).resolve() / self.run_id / "artifacts"
+        # not resolved: a link on the way (mlruns/artifacts -> elsewhere) stays visible to the writes' checks
+        here = Path(os.path.abspath(db.parent / ARTIFACTS)) / self.run_id / "artifacts"
         return recorded if p == here else here.as_uri()
 
     def _local_root(self) -> tuple[str, Path | None]:
         loc = self.artifact_uri()
         return loc, (_uri_path(loc) if loc.startswith("file:") else None)
 
+    def _write_root(self, local: Path) -> Path:
+        """The folder a local artifact write must stay inside: a sqlite store's own folder when the artifacts lie
+        under it (so `mlruns/artifacts`, or any folder on the way, linked out of it is refused, as out/ is), else the
+        run's artifact folder itself."""
+        db = _sqlite_path(self.uri)
+        if db is not None:
+            folder = Path(os.path.abspath(db.parent))
+            if folder == Path(os.path.abspath(local)) or folder in Path(os.path.abspath(local)).parents:
+                return folder
+        return local
+
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self._guard()
         loc, local = self._local_root()
         if local is None:
             self._client.log_artifact(self.run_id, str(path), artifact_path)
@@ -93,7 +117,27 @@ class Run:
 
         name = Path(path).name
         write_with(local / artifact_path / name if artifact_path else local / name,
-                   lambda tmp: shutil.copyfile(path, tmp), root=local)
+                   lambda tmp: shutil.copyfile(path, tmp), root=self._write_root(local))
+
+    @contextlib.contextmanager
+    def artifact_file(self, name: str) -> Iterator[Path]:
+        """A path to write the artifact `name` (e.g. "checkpoints/last.pt") to, by a library that writes by path
+        (torch.save): on a local store a temp file beside its destination, renamed onto it at the end (one write, no
+        copy; a writer killed mid-write leaves a `.<name>.<hex>.tmp` that `leftovers` finds); on a server a file in a
+        TMPDIR folder named after the run (`leftovers.run_temp_dir`), logged at the end."""
+        self._guard()
+        loc, local = self._local_root()
+        if local is not None:
+            from ..safe_output import atomic_path
+
+            with atomic_path(local / name, root=self._write_root(local)) as tmp:
+                yield tmp
+            return
+        with run_temp_dir(self.run_id) as tmp:
+            p = Path(tmp) / Path(name).name
+            yield p
+            parent = str(Path(name).parent)
+            self.log_artifact(p, None if parent == "." else parent)
 
     def log_dict(self, obj: Any, name: str) -> None:
         """Write `obj` as JSON (or text for .txt/.md/.csv names) to the artifact `name`."""
@@ -165,12 +209,18 @@ class Run:
         from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
         exp = self.get().info.experiment_id
+        self._guard()
         lm = self._client.create_logged_model(exp, name=name, source_run_id=self.run_id, model_type="pytorch",
                                               params={safe_key(k): _param_value(v) for k, v in (params or {}).items()})
         reqs = [f"torch=={torch.__version__.split('+')[0]}", f"numpy=={numpy.__version__}"]
         quiet = logging.getLogger("mlflow.pytorch")  # its warning about pickle: said in this docstring instead
         level, quiet.level = quiet.level, logging.ERROR
         try:
+            loc = getattr(lm, "artifact_location", None) or ""
+            if loc.startswith("file:"):  # MLflow writes the model's files there itself: no link out of the store
+                from ..safe_output import PROBE, check_dest
+
+                check_dest(_uri_path(loc) / PROBE, root=self._write_root(_uri_path(loc)))
             with _use_tracking_uri(self.uri):
                 mlflow.pytorch.log_model(model, name=name, model_id=lm.model_id, run_id=self.run_id, step=step,
                                          pip_requirements=reqs, serialization_format="pickle")
@@ -236,7 +286,7 @@ def experiment_name(uri: str, run_id: str) -> str:
 def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None = None,
               params: Mapping[str, Any] | None = None, tags: Mapping[str, Any] | None = None,
               resume: str | None = None, note: str | None = None, config: Any = None,
-              system_metrics: bool = False) -> Iterator[Run]:
+              system_metrics: bool = False, exclusive: bool = True) -> Iterator[Run]:
     """Open a run (nested under `parent` if given), or reopen run `resume` (its status goes back to RUNNING).
 
     A new run gets MLflow's standard tags (`standard_tags`; `note` is its one-line description, and `tags`
@@ -248,14 +298,26 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
     which `--config` reads back. `system_metrics`: MLflow's system metrics (system/cpu_utilization_percentage,
     system/system_memory_usage_megabytes, ...; GPU ones where pynvml finds a GPU) sampled every
     MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL seconds (default 10) while the run is open (`_system_monitor`).
+    One writer per run: the run's lease is held while it is open (`liveness.hold`; a resume of a run another
+    process holds raises RunHeld before anything is written). `exclusive=False` reopens a run several processes
+    share on purpose (a sweep's parent run, which every `sweep run` of its study reopens): no lease is taken.
     """
     ensure_store(uri)
     c = client(uri)
     interval = heartbeat_interval()
+    lease = contextlib.ExitStack()
+    held: dict[str, Any] = {"lost": None}
     if resume is not None:
         run = existing_run(uri, resume)
-        c.update_run(resume, status="RUNNING")
-        run.set_tags({**_liveness_tags(interval), **({"mlflow.note.content": note_line(note)} if note else {})})
+        if exclusive:  # one writer per run: RunHeld (nothing written) if another has it
+            held = lease.enter_context(hold(uri, resume))
+        try:
+            c.update_run(resume, status="RUNNING")
+            run.set_tags({**_liveness_tags(interval, _nonce_of(uri, resume)),
+                          **({"mlflow.note.content": note_line(note)} if note else {})})
+        except BaseException:
+            lease.close()
+            raise
     else:
         std = standard_tags(note)
         all_tags = {"hmmscope.code_version": std.get("mlflow.source.git.commit", "unknown"), **std, **(tags or {}),
@@ -265,32 +327,40 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
         r = c.create_run(experiment_id(uri, experiment), run_name=name,
                          tags={safe_key(k): str(v)[:5000] for k, v in all_tags.items()})
         run = Run(uri, r.info.run_id)
+        held = lease.enter_context(hold(uri, run.run_id, fresh=True))
     monitor = _system_monitor(uri, run.run_id, resume is not None) if system_metrics else None
-    try:
-        with _beating(run, interval):
-            if params:
-                run.log_params(params)
-            if config is not None:
-                run.log_dict(config_toml(config), "config.toml")
-            yield run
-    except BaseException as e:
-        status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
-        with contextlib.suppress(Exception):
-            run.set_tags({"hmmscope.failure_reason": f"{type(e).__name__}: {e}"})
-        for attempt in range(5):  # a busy sqlite store ("database is locked") must not leave the run RUNNING
-            try:
-                c.set_terminated(run.run_id, status)
-                break
-            except Exception:
-                time.sleep(0.2 * 2 ** attempt)
-        raise
-    else:
-        clear_orphaned(c, run.run_id)  # marked an orphan while it ran (an expired lease): it was not one
-        c.set_terminated(run.run_id, "FINISHED")
-    finally:
-        if monitor is not None:
+    with lease:  # held until the run's end is written: nobody reopens it in between
+        try:
+            with _beating(run, interval):
+                if params:
+                    run.log_params(params)
+                if config is not None:
+                    run.log_dict(config_toml(config), "config.toml")
+                yield run
+        except BaseException as e:
+            if held["lost"] is not None or isinstance(e, LeaseLost):
+                raise  # the run belongs to the process that took it over: its status is not ours to set
+            status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
             with contextlib.suppress(Exception):
-                monitor.finish()
+                run.set_tags({"hmmscope.failure_reason": f"{type(e).__name__}: {e}"})
+            tries = 5 if _sqlite_path(uri) is not None else 1  # a server's client retries by itself (HTTP_RETRIES)
+            for attempt in range(tries):  # a busy sqlite store ("database is locked") must not leave the run RUNNING
+                try:
+                    c.set_terminated(run.run_id, status)
+                    break
+                except Exception:
+                    if attempt + 1 < tries:
+                        time.sleep(0.2 * 2 ** attempt)
+            raise
+        else:
+            if held["lost"] is not None:
+                raise LeaseLost(f"run {run.run_id}: {held['lost']}; this process's results are not recorded")
+            clear_orphaned(c, run.run_id)  # marked an orphan while it ran (an expired lease): it was not one
+            c.set_terminated(run.run_id, "FINISHED")
+        finally:
+            if monitor is not None:
+                with contextlib.suppress(Exception):
+                    monitor.finish()
 
 
 def _system_monitor(uri: str, run_id: str, resumed: bool):

@@ -21,7 +21,7 @@ def ui_base(uri: str, port: int | None = None) -> str | None:
     """Where the MLflow UI of this store is: the server itself for an http(s) store (never a password), else
     `hmmscope ui` on 127.0.0.1:`port`; None for a local store when no port is known (no UI is running)."""
     if uri.startswith(("http://", "https://")):
-        return re.sub(r"//[^/@]*@", "//", uri.rstrip("/"))
+        return re.sub(r"//[^/]*@", "//", uri.rstrip("/"))  # the credentials up to the authority's last @
     return f"http://127.0.0.1:{port}" if port else None
 
 

@@ -5,9 +5,13 @@ Default store: a sqlite database `mlruns/mlflow.db` with artifacts under
 MLFLOW_TRACKING_URI override it; any MLflow URI works, an `http://127.0.0.1:PORT`
 server included. The sqlite database is created once, under a file lock (the
 `filelock` package: every platform), before any run is written (two processes
-creating one new sqlite database at once can corrupt it). A store that cannot be
-written (a read-only mlruns/) is opened as it is, with no lock file: read-only
-commands work on it.
+creating one new sqlite database at once can corrupt it), and atomically: created and
+migrated under a temp name beside it, then renamed into place, so a failure (a full
+disk) leaves no half-migrated store. A store that cannot be written (a read-only
+mlruns/) is opened as it is, with no lock file: read-only commands work on it, and
+`read_only_uri` opens any sqlite store so that nothing can be written or migrated
+(`runs list/show/compare`, `api`). MLflow's HTTP client is bounded here (HTTP_RETRIES,
+HTTP_TIMEOUT_S, through MLflow's environment settings).
 
 Movable stores. MLflow records artifact locations as absolute file URIs (the
 experiment's root `file:///A/mlruns/artifacts`, each run's `<root>/<run id>/artifacts`).
@@ -33,10 +37,18 @@ from __future__ import annotations
 import os
 import sqlite3
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+from urllib.parse import quote, unquote, urlparse
 from urllib.request import url2pathname
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no tqdm bars in our output
+# MLflow's HTTP client, bounded (MLflow 3.17's defaults: 7 retries with backoff factor 2 and a 120 s timeout, i.e. over
+# 200 s before a server answering 500 gives an error). Here: each request tried at most HTTP_RETRIES + 1 = 3 times,
+# HTTP_TIMEOUT_S per try (connect, and each read), 0 s then 2 s (+ up to 0.5 s jitter) between tries: a server that
+# answers 500 fails a call in about 3 s, one that accepts and never answers in about 65 s. The environment wins.
+HTTP_RETRIES, HTTP_TIMEOUT_S = 2, 20
+for _k, _v in {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(HTTP_RETRIES), "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+               "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(HTTP_TIMEOUT_S)}.items():
+    os.environ.setdefault(_k, _v)
 
 STORE_DIR = Path("mlruns")
 DB_NAME = "mlflow.db"
@@ -55,9 +67,22 @@ def resolve_uri(uri: str | None = None) -> str:
 
 
 def _sqlite_path(uri: str) -> Path | None:
+    """The database file of sqlite:///PATH, or of its read-only form sqlite:///file:PATH?mode=ro&uri=true."""
     if not uri.startswith("sqlite:///"):
         return None
-    return Path(uri[len("sqlite:///"):])
+    rest = uri[len("sqlite:///"):]
+    if rest.startswith("file:"):
+        return Path(unquote(rest[len("file:"):].split("?", 1)[0]))
+    return Path(rest)
+
+
+def read_only_uri(uri: str) -> str:
+    """The URI that opens a sqlite store read-only (SQLite's `mode=ro`: MLflow can neither create nor migrate it,
+    nor write a byte); any other URI as it is. Reads of runs and artifacts work on it as on `uri`."""
+    db = _sqlite_path(uri)
+    if db is None or uri[len("sqlite:///"):].startswith("file:"):
+        return uri
+    return f"sqlite:///file:{quote(str(db.absolute()))}?mode=ro&uri=true"
 
 
 def _uri_path(file_uri: str) -> Path:
@@ -80,7 +105,9 @@ def writable(path: Path) -> bool:
 def ensure_store(uri: str) -> None:
     """Create the backing database once, under a file lock, and relocate a moved store (no-op for servers).
 
-    A store that exists but cannot be written is used as it is (no lock file, no relocation).
+    A new database (none, or an empty file) is created and migrated beside its final name, then renamed into place
+    (`_create`): a failure half-way (a full disk) leaves no store, never a half-migrated one. A store that exists
+    but cannot be written is used as it is (no lock file, no relocation).
     """
     import filelock
 
@@ -94,9 +121,46 @@ def ensure_store(uri: str) -> None:
     with filelock.FileLock(str(db.parent / ".init.lock")):
         from mlflow.tracking import MlflowClient
 
-        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)  # runs the schema migrations
+        if not db.exists() or db.stat().st_size == 0:
+            _create(db)
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)  # checks the schema
         relocate(uri)
     _READY.add(uri)
+
+
+def _create(db: Path) -> None:
+    """A new MLflow database at `db`: created and migrated at `.<name>.<random>.creating` beside it, fsynced, renamed
+    onto `db`. Any failure removes the temp file (and SQLite's journal of it) and raises; `db` is untouched.
+    Call under the store's lock (`ensure_store`)."""
+    import secrets
+
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    tmp = db.with_name(f".{db.name}.{secrets.token_hex(6)}.creating")
+    tmp_uri = f"sqlite:///{tmp}"
+    try:
+        SqlAlchemyStore(tmp_uri, (db.parent / ARTIFACTS).resolve().as_uri())  # the schema, every migration
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, db)
+        fd = os.open(db.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    except BaseException:
+        for p in (tmp, tmp.with_name(tmp.name + "-journal")):
+            p.unlink(missing_ok=True)
+        raise
+    finally:
+        engine = SqlAlchemyStore._engine_map.pop(tmp_uri, None)  # no pooled connection to the temp name
+        if engine is not None:
+            engine.dispose()
 
 
 def relocate(uri: str) -> list[tuple[str, str, str]]:
