@@ -18,7 +18,7 @@ regime_layerwise_claims.json (one row per cell x claim) and layerwise_claims_n<N
 From a record's kept per-run tables (no store; issue 26), under the current claim definitions:
 
     python analysis/regime_layerwise.py --from-runs analysis/results/regime-layerwise-cpu/runs \
-        --trials analysis/results/task-diversity-cpu/trials.csv --spec sweeps/task-diversity-cpu.toml \
+        --trials analysis/results/regime-layerwise-cpu/trials.csv --spec sweeps/task-diversity-cpu.toml \
         --n-episodes 256 --out analysis/results/regime-layerwise-cpu
 
 reads runs/<trial>-<run id8>/ (the tables `hmmscope analyze --out` wrote), matches each to its trial in the sweep's

@@ -309,7 +309,7 @@ def test_bad_input_exits_2_in_one_line(store, capsys):
 
 
 REGIME = ROOT / "analysis" / "results" / "regime-layerwise-cpu"
-FROM_RUNS = ["--from-runs", str(REGIME / "runs"), "--trials", str(ROOT / "analysis/results/task-diversity-cpu/trials.csv"),
+FROM_RUNS = ["--from-runs", str(REGIME / "runs"), "--trials", str(REGIME / "trials.csv"),
              "--spec", str(ROOT / "sweeps/task-diversity-cpu.toml")]
 
 

@@ -341,11 +341,11 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
             if held["lost"] is not None or isinstance(e, LeaseLost):
                 raise  # the run belongs to the process that took it over: its status is not ours to set
             status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
-            with contextlib.suppress(Exception):
-                run.set_tags({"hmmscope.failure_reason": f"{type(e).__name__}: {e}"})
-            tries = 5 if _sqlite_path(uri) is not None else 1  # a server's client retries by itself (HTTP_RETRIES)
+            tries = 5 if _sqlite_path(uri) is not None else 2  # a server's client retries by itself (HTTP_RETRIES)
             for attempt in range(tries):  # a busy sqlite store ("database is locked") must not leave the run RUNNING
-                try:
+                try:  # the reason first, the end only after it: never an ended run without its reason (a store
+                    # out of reach leaves it RUNNING, for the sweep worker's settle or gc_runs to end with one)
+                    run.set_tags({"hmmscope.failure_reason": f"{type(e).__name__}: {e}"})
                     c.set_terminated(run.run_id, status)
                     break
                 except Exception:
@@ -355,8 +355,8 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
         else:
             if held["lost"] is not None:
                 raise LeaseLost(f"run {run.run_id}: {held['lost']}; this process's results are not recorded")
-            clear_orphaned(c, run.run_id)  # marked an orphan while it ran (an expired lease): it was not one
-            c.set_terminated(run.run_id, "FINISHED")
+            c.set_terminated(run.run_id, "FINISHED")  # the end first: a store lost in between leaves no ended run
+            clear_orphaned(c, run.run_id)  # without a reason; marked an orphan while it ran (a lapsed lease): it was not
         finally:
             if monitor is not None:
                 with contextlib.suppress(Exception):
