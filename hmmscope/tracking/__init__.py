@@ -10,8 +10,10 @@ The rooms (each module's docstring has the details):
   MLflow logged model: `Run.log_model`).
 - `liveness`: host, pid and heartbeat of an open run; orphan runs found (`stale_reason`) and ended (`gc_runs`).
 - `claims`: a run's claims as one table plus headline numbers, and read back (`read_claims`).
-- `search`: runs read back (`search_runs`, `get_run`) and pointed at (`run_url`, `experiment_url`, `target_url`,
-  `browse_line`: the one `hmmscope ui` line commands print; `ui_command`: the server's own command line).
+- `search`: runs read back (`search_runs`, `get_run`, `resolve_run_id`: a unique id prefix) and pointed at (`run_url`,
+  `experiment_url`, `target_url`, `sweep_urls`: a sweep's answer and its trials, `save_sweep_view`: the trials
+  table's columns as MLflow's shared view, `browse_line`: the one `hmmscope ui` line commands print;
+  `ui_command`: the server's own command line).
 
 Dependencies run store <- tags <- search <- liveness <- runs, none back. No module of this package imports
 mlflow at import time (only inside functions), and none imports anything of hmmscope outside it except
@@ -22,14 +24,23 @@ from .claims import CLAIMS_FILE, claim_headline, claim_keys, read_claims
 from .liveness import HEARTBEAT_ENV, HEARTBEAT_GRACE, gc_runs, heartbeat_interval, stale_reason
 from .runs import ArtifactNotFound, Run, config_toml, delete_run, existing_run, experiment_name, start_run
 from .search import (
+    ANSWER,
     ML_VIEW,
+    SHARED_VIEW,
     UI_PORT,
     browse_line,
     experiment_url,
     get_run,
+    resolve_run_id,
+    run_link,
     run_url,
+    save_sweep_view,
     search_runs,
+    sweep_columns,
     sweep_parent,
+    sweep_urls,
+    sweep_view,
+    sweep_view_key,
     target_url,
     ui_base,
     ui_command,
@@ -66,6 +77,8 @@ from .tags import (
 )
 
 __all__ = [
+    "ANSWER", "SHARED_VIEW", "resolve_run_id", "run_link", "save_sweep_view", "sweep_columns", "sweep_urls", "sweep_view",
+    "sweep_view_key",
     "ARTIFACTS", "ArtifactNotFound", "CLAIMS_FILE", "CLAIM_COLUMNS", "DB_NAME", "HEARTBEAT_ENV", "HEARTBEAT_GRACE",
     "ML_VIEW", "PARAM_MAX", "ROOT_TAG", "Run", "STORE_DIR", "THEORY_SECTIONS", "TRAIN_SECTIONS", "UI_PORT",
     "_param_value", "artifact_root", "browse_line", "claim_headline", "claim_keys", "claims_table", "client", "config_toml",

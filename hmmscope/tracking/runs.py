@@ -254,7 +254,8 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
     interval = heartbeat_interval()
     if resume is not None:
         run = existing_run(uri, resume)
-        c.update_run(resume, status="RUNNING")
+        # RUNNING again; its end time moves with its heartbeat (liveness._beating), so the UI's duration is right
+        c.set_terminated(resume, "RUNNING", end_time=int(time.time() * 1000))
         run.set_tags({**_liveness_tags(interval), **({"mlflow.note.content": note_line(note)} if note else {})})
     else:
         std = standard_tags(note)
@@ -267,7 +268,7 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
         run = Run(uri, r.info.run_id)
     monitor = _system_monitor(uri, run.run_id, resume is not None) if system_metrics else None
     try:
-        with _beating(run, interval):
+        with _beating(run, interval, touch=resume is not None):
             if params:
                 run.log_params(params)
             if config is not None:
