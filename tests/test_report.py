@@ -218,6 +218,31 @@ def test_verdict_sentences_say_the_sign_in_words():
     assert verdict_sentence(c("k <= 4", 1.73, 1.23, 2.22, "supported")) == "k <= 4: 1.73 [95% CI 1.23, 2.22]: supported"
 
 
+def test_posenc_figure_never_joins_blocks_and_says_units_and_the_better_side():
+    """Before: each encoding's means were joined across gamma levels and dodged apart, so a 0.002 difference
+    looked like 0.06, and the effect panels had no units or 'RoPE better' side. Now no line crosses from one
+    block to the next (a seed's two encodings are joined within a block), every axis names its unit, and the
+    half where RoPE is better is labelled."""
+    import pandas as pd
+
+    from hmmscope.report.posenc import _estimate, posenc_figure
+
+    rows = [{"param:model.pos_enc": pe, "param:hmm.gamma": g, "param:train.seed": sd,
+             "metric:eval/excess_ce": 0.2 + 0.5 * g + 0.002 * (pe == "absolute") + 0.01 * sd}
+            for pe in ("rope", "absolute") for g in (0.5, 0.9) for sd in (0, 1, 2)]
+    dm = pd.DataFrame(rows)
+    est = _estimate(dm, "metric:eval/excess_ce", ["param:hmm.gamma"], "param:train.seed")
+    fig = posenc_figure([("eval/excess_ce", dm, ["param:hmm.gamma"], est)], "param:train.seed")
+    top, bottom = fig.axes
+    for ln in top.get_lines():  # within one block (x = 0 or 1, +- 0.25): never from gamma 0.5 to 0.9
+        x = [float(v) for v in ln.get_xdata()]
+        assert max(x) - min(x) < 0.5, x
+    assert top.get_ylabel() == "eval/excess_ce (nats/token)" and bottom.get_ylabel() == "rope - absolute (nats/token)"
+    labels = {t.get_text(): t.get_position()[1] for t in bottom.texts}
+    assert labels["RoPE better"] < 0 < labels["RoPE worse"]  # lower CE is better: below zero
+    assert est.value == pytest.approx(-0.002)
+
+
 def test_posenc_effect_recovers_planted_difference(store):
     rep = store[2]
     c = _claim(rep, "RoPE improves eval/excess_ce")

@@ -251,7 +251,14 @@ def _sort_key(v: str):
 
 
 def _plot_posenc(plot: list, seed_col: str | None, path: Path) -> list[Path]:
-    """Top row: each eval metric per block, absolute then rope side by side within the block (never joined across
+    """`posenc_figure` as PNG + PDF at `path`."""
+    from ..figures import save
+
+    return save(posenc_figure(plot, seed_col), path)
+
+
+def posenc_figure(plot: list, seed_col: str | None):
+    """[(metric, its trials, blocks, pooled Estimate)] -> the figure. Top row: each eval metric per block, absolute then rope side by side within the block (never joined across
     blocks: a line from one block to the next would draw the block's effect, not the encoding's); each trial a
     dot, a seed's two encodings joined by a thin grey line (the paired difference the verdict uses), the mean of
     each encoding a short bar. Bottom row: rope - absolute per block (the seeds' paired differences as dots, the
@@ -259,7 +266,6 @@ def _plot_posenc(plot: list, seed_col: str | None, path: Path) -> list[Path]:
     shaded and labelled. Every axis names its unit (nats/token, fraction of test tokens)."""
     from matplotlib.figure import Figure
 
-    from ..figures import save
     from .common import axis_label, metric_units
 
     fig = Figure(figsize=(4.4 * len(plot), 7.4), layout="constrained")
@@ -329,4 +335,4 @@ def _plot_posenc(plot: list, seed_col: str | None, path: Path) -> list[Path]:
         ax.set_xticklabels([*order, "pooled"], fontsize=7)
     fig.suptitle("RoPE vs absolute: per block (top: each encoding; bottom: rope - absolute) and pooled, seeds as "
                  "the unit")
-    return save(fig, path)
+    return fig
