@@ -484,7 +484,8 @@ class MainResult:
 
 def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
              sweep: Callable[[Any, Path], tuple[Any, Any]], progress: bool = True,
-             on_stage: Callable[[str], None] = lambda s: None) -> MainResult:
+             on_stage: Callable[[str], None] = lambda s: None,
+             on_start: Callable[[str], None] = lambda run_id: None) -> MainResult:
     """The main job: theory sweep, training + Figure 1, layerwise analysis, a small training sweep, its report.
 
     Figure 1 and the analysis take the model training hands back, in memory (no checkpoint is read back).
@@ -495,6 +496,8 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
     and `report.build_report`), so this module never imports the sweep layer, which imports it.
     Re-running resumes: a finished sweep is not run again. Files go to out/main-<id8>/ (`run_folder`):
     theory/, the training run's folder (evaluation/, analysis/) and <sweep name>/ (the report).
+    `on_start(parent run id)` is called as soon as the main run is open. At the end the main run's description
+    links the sweep's parent run and its answer (comparison/objective.png), as Markdown the UI renders.
     """
     from .config import flatten
     from .sweep_spec import parse_spec
@@ -505,6 +508,7 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
             f"{sweep_spec.name!r} with its report")
     with tracking.start_run(uri, experiment, "main", params=flatten(cfg), tags={"hmmscope.kind": "main"}, config=cfg,
                             note=note) as parent:
+        on_start(parent.run_id)
         out = run_folder(out, "main", parent.run_id)  # this job's folder: nothing else writes there
         on_stage("theory sweep (Theorem 1)")
         th, theory_id = theory_job(cfg.theory, out / "theory", uri=uri, experiment=experiment, parent=parent.run_id)
@@ -523,4 +527,10 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
         sw, rep = sweep(sweep_spec, out / sweep_spec.name)
         parent.set_tags({"hmmscope.train_run": tr.run_id, "hmmscope.theory_run": theory_id or "",
                          "hmmscope.analysis_run": an.run_id, "hmmscope.sweep_run": sw.parent_run_id})
+        with contextlib.suppress(Exception):  # the sweep's parent, one click away on the main run's page
+            seid = tracking.get_run(uri, sw.parent_run_id).info.experiment_id
+            parent.set_tags({"mlflow.note.content": tracking.note_line(
+                f"{note}. Sweep {sweep_spec.name!r}: its answer "
+                f"[{tracking.ANSWER}]({tracking.run_link(seid, sw.parent_run_id, tracking.ANSWER)}), its parent run "
+                f"[sweep-{sweep_spec.name}]({tracking.run_link(seid, sw.parent_run_id)})")})
         return MainResult(parent.run_id, tr.run_id, theory_id, ev, th, an, sw, rep, out)
