@@ -55,7 +55,8 @@ def headline(metrics: dict, tags: dict | None = None) -> str | None:
     tasks = "unseen" if "eval/unseen/test_ce" in metrics else "seen" if "eval/seen/test_ce" in metrics else None
     if tasks is None:
         return None
-    refs = [("task oracle", f"eval/{tasks}/oracle_task_test_ce"), ("mixture oracle", "eval/seen/oracle_mix_test_ce"),
+    mix = "mixture oracle" + (" (seen tasks)" if tasks == "unseen" else "")
+    refs = [("task oracle", f"eval/{tasks}/oracle_task_test_ce"), (mix, "eval/seen/oracle_mix_test_ce"),
             ("family Bayes", f"baseline/{tasks}/family_bayes/ce"), ("best counting", f"baseline/{tasks}/best_counting/ce")]
     got = [f"{name} {metrics[k]:.4f}" for name, k in refs if k in metrics]
     line = f"result ({tasks} tasks, test CE, nats/token): model {metrics[f'eval/{tasks}/test_ce']:.4f}"
