@@ -66,6 +66,10 @@ def test_theory_end_to_end(store):
     for c in children:  # a rate is logged exactly when the fit had enough points above the floor
         assert ("theory/rate" in c.data.metrics) == (fits[float(c.data.params["hmm.gamma"])] is not None)
     assert "decay rate >= g^4, g = gamma_eff" in r.output  # a verdict line per setting is printed
+    # where to look, at once; off a terminal, a plain line per setting instead of a bar
+    assert r.stdout.splitlines()[0] == f"theory run {parent.info.run_id} started; browse: hmmscope ui --run {parent.info.run_id}"
+    assert [x.split(", ")[0] for x in r.stderr.splitlines() if x.startswith("theory: ")] == \
+        ["theory: 1/2 settings", "theory: 2/2 settings"]
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -239,7 +243,8 @@ def test_analyze_end_to_end_and_bad_input(store):
     lines = r.stderr.splitlines()
     assert all(re.fullmatch(r"analyze: .+, \d+ s", x) for x in lines), r.stderr
     assert [x.split(" (")[0].rsplit(", ", 1)[0] for x in lines] == [
-        "analyze: checkpoint loaded", f"analyze: analysis run {an.info.run_id} started", "analyze: mixture",
+        "analyze: checkpoint loaded",
+        f"analyze: analysis run {an.info.run_id} started; browse: hmmscope ui --run {an.info.run_id}", "analyze: mixture",
         "analyze: shuffle test done", "analyze: probe episodes drawn",
         "analyze: probes: belief targets: 120 episodes x 8 positions x 16 states", "analyze: probes: layer 1/2 done",
         "analyze: probes: layer 2/2 done", "analyze: probes: statistics done", "analyze: probes done",
@@ -288,6 +293,7 @@ def test_smoke_sweep_two_workers_then_report(smoke, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert r.exit_code == 0, r.output
     assert r.stdout.splitlines()[-1] == "report: hmmscope report smoke    browse: hmmscope ui --sweep smoke"
+    assert r.stdout.splitlines()[0] == "sweep smoke: browse: hmmscope ui --sweep smoke"  # where to look, at once
     assert "smoke: 4 complete, 0 failed, 0 pruned of 4" in r.output
     # progress (stderr is no terminal here: plain lines when the counts change), ending with every trial finished
     assert "sweep smoke: 4/4 finished: 4 done, 0 failed, 0 running; ETA 0:00:00" in r.stderr
@@ -444,7 +450,9 @@ def test_main_job_end_to_end_small(store):
     assert r.stdout.splitlines()[-2:] == [f"browse: hmmscope ui --run {main.info.run_id}",
                                           "browse: hmmscope ui --sweep smoke"]
     assert r.stdout.splitlines()[0] == f"main run {main.info.run_id} started; browse: hmmscope ui --run {main.info.run_id}"
-    assert "mlflow ui" not in r.output and r.output.count("hmmscope ui --run") == 2
+    assert "mlflow ui" not in r.output and r.stdout.count("hmmscope ui --run") == 2
+    # off a terminal the stages say how they go: a line per theory setting and per analysis phase (stderr)
+    assert "theory: 2/2 settings, " in r.stderr and "analyze: shuffle test done" in r.stderr
     # the main run links the sweep: its description (Markdown in the UI) links the answer and the parent run
     sweep_parent = main.data.tags["hmmscope.sweep_run"]
     note = main.data.tags["mlflow.note.content"]

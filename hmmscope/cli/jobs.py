@@ -12,6 +12,7 @@ inside the command bodies.
 from __future__ import annotations
 
 import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -306,6 +307,7 @@ def run_cmd(
     with sigterm_interrupts():  # off a terminal too: the run id at once, a line per stage, training's progress lines
         res = main_job(cfg, uri, experiment, out, sweep=sweep_and_report, progress=True,
                        on_stage=lambda s: typer.echo(f"[hmmscope run] {s} ...", err=True),
+                       log=None if sys.stderr.isatty() else (lambda m: typer.echo(m, err=True)),
                        on_start=lambda rid: typer.echo(f"main run {rid} started; {tracking.browse_line(uri, run_id=rid)}"))
     m = res.eval_metrics
     typer.echo("")

@@ -139,6 +139,7 @@ def sweep_run_cmd(
     from .. import tracking
     from ..sweep import run_sweep
 
+    typer.echo(f"sweep {s.name}: {tracking.browse_line(uri, sweep=s.name)}")  # where to look, at once
     with SweepProgress(s.name, s.n_trials) as bar:
         res = run_sweep(s, workers=workers, storage=storage, uri=uri, log=bar.log, progress=bar,
                         retry_failed=retry_failed)
