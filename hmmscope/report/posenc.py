@@ -258,8 +258,9 @@ def _plot_posenc(plot: list, seed_col: str | None, path: Path) -> list[Path]:
 
 
 def posenc_figure(plot: list, seed_col: str | None):
-    """[(metric, its trials, blocks, pooled Estimate)] -> the figure. Top row: each eval metric per block, absolute then rope side by side within the block (never joined across
-    blocks: a line from one block to the next would draw the block's effect, not the encoding's); each trial a
+    """[(metric, its trials, blocks, pooled Estimate)] -> the figure. Top row: each eval metric per block,
+    absolute then rope side by side within the block (never joined across blocks: a line from one block to the
+    next would draw the block's effect, not the encoding's); each trial a
     dot, a seed's two encodings joined by a thin grey line (the paired difference the verdict uses), the mean of
     each encoding a short bar. Bottom row: rope - absolute per block (the seeds' paired differences as dots, the
     mean with its 95% CI) and pooled (the verdict's estimate and CI), zero dotted, the side where RoPE is better
