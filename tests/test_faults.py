@@ -237,7 +237,7 @@ def test_interrupts_and_killed_workers_count_the_grid_once(tmp_path, template, m
     assert len([x for x in _trial_runs(uri) if x.info.status == "FINISHED"]) == 4
     md = _report(proj, "faults", monkeypatch)  # ... and the report counts and uses one run per grid point
     assert "| trials complete / failed / pruned / running | 4 / 0 / 0 / 0 |" in md and "| 0 / 3 |" in md
-    assert "Effect = RoPE - absolute; 4 trials;" in md
+    assert "Effect = RoPE - absolute; 4 trials, 2 seeds" in md  # (was "4 trials;": stale since the seeds were named)
 
 
 # ---------------------------------------------------------------- two `sweep run`s at once
