@@ -25,10 +25,11 @@ trial.py's. Imports the other sweep modules and tracking (lazily); never the job
 - The parent run is RUNNING while `run_sweep` waits for its workers and ends FINISHED when it returns
   (KILLED on Ctrl-C); bare `run_worker` calls never touch its status. It is kept up to date as trials end
   (`refresh_parent`, called by the worker that finished one): its counts (sweep/<state>), the best trial so
-  far (sweep/best_value, sweep/best_trial, tags hmmscope.best_params / hmmscope.best_run), logged at step =
-  the number of the trial that ended + 1 (one step per trial: two workers that finish at once never log one
-  key twice at one step; `run_sweep`'s own last update only when that step is not there yet), and the
-  comparison figure and pivot table (compare.py).
+  far (sweep/best_value, sweep/best_trial, tags hmmscope.best_params / hmmscope.best_run), and the comparison
+  figure and pivot table (compare.py). Step k holds the counts and the best trial once k trials had finished
+  (`status.finish_order`: by completion time): each finished trial has its own step, whichever worker logs it
+  and however two finishes interleave, so no key is logged twice at one step, and the last step holds the
+  final counts (`run_sweep`'s own last update only when a worker has not logged it).
 - GPUs: when the trials train on device "cuda" or "auto", `run_sweep` gives worker i the GPU
   visible[i % len(visible)] through CUDA_VISIBLE_DEVICES (visible: the CUDA_VISIBLE_DEVICES list if set,
   else torch's device count); `sweep worker --gpu I` pins a joining worker to visible GPU I. The worker's
@@ -121,7 +122,7 @@ def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int 
             log(f"trial {trial.number} complete: {spec.objective}={value:.6g} params={trial.params}")
         else:
             log(f"trial {trial.number} {state.name.lower()}: {type(err).__name__}: {err}")
-        refresh_parent(uri, spec, study, parent, log, quiet=True, step=trial.number + 1)  # live: counts, best
+        refresh_parent(uri, spec, study, parent, log, quiet=True, trial=trial.number)  # live: counts, best
         done += 1
     collect_orphans(uri, spec.experiment, log)
     return done
@@ -322,30 +323,30 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
 
 
 def refresh_parent(uri: str, spec: SweepSpec, study, parent: str, log: Callable[[str], object], *,
-                   run=None, quiet: bool = False, step: int | None = None) -> dict[str, int]:
-    """Bring the parent run up to date (module docstring): counts and the best trial so far at `step` (the trial
-    that ended + 1; None: after the last finished trial, and only if that step was not logged yet), the
-    comparison; returns the counts. A failure is one line (`log`), never the sweep's; `quiet`: no line for a
-    comparison written (a worker calls this after every trial)."""
-    from optuna.trial import TrialState
-
+                   run=None, quiet: bool = False, trial: int | None = None) -> dict[str, int]:
+    """Bring the parent run up to date (module docstring): the counts and the best trial at the step of `trial`
+    (the trial that just ended: its place in the finish order), or, with no `trial`, at the last step unless it
+    is there already; the comparison. Returns the counts now. A failure is one line (`log`), never the sweep's;
+    `quiet`: no line for a comparison written (a worker calls this after every trial)."""
     from .. import tracking
+    from .status import finish_order
 
     c = counts(study)
     try:
         run = run or tracking.existing_run(uri, parent)
-        if step is None:  # run_sweep's own last word: after the last trial that ended, unless a worker said it
-            done = [t.number for t in study.get_trials(deepcopy=False)
-                    if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)]
-            step = max(done, default=-1) + 1
+        order = finish_order(study)
+        if trial is not None:
+            step = order.index(trial) + 1 if trial in order else None
+        else:  # run_sweep's own last word, unless a worker said it
             logged = {m.step for m in tracking.client(uri).get_metric_history(run.run_id, "sweep/complete")}
-            if step in logged:
-                step = None
+            step = len(order) if order and len(order) not in logged else None
         if step is not None:
-            run.log_metrics({f"sweep/{k}": v for k, v in c.items()}, step=step)
+            upto = set(order[:step])
+            run.log_metrics({f"sweep/{k}": v for k, v in counts(study, finished=upto).items()}, step=step)
+            then = best_trial(study, among=upto)
+            if then is not None:
+                run.log_metrics({"sweep/best_value": then.value, "sweep/best_trial": then.number}, step=step)
         best = best_trial(study)
-        if best is not None and step is not None:
-            run.log_metrics({"sweep/best_value": best.value, "sweep/best_trial": best.number}, step=step)
         if best is not None:
             run.set_tags({"hmmscope.best_params": json.dumps(best.params),
                           "hmmscope.best_run": best.user_attrs.get("mlflow_run_id", "")})
