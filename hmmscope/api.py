@@ -2,14 +2,17 @@
 
     from hmmscope import api
     df = api.sweep_trials("smoke")                      # one row per trial of the sweep
-    df.groupby(["model.pos_enc", "hmm.gamma"])["objective"].mean()
-    api.runs("hmmscope-sweeps")                         # one row per run (newest first)
-    api.run(run_id)["metrics"]; api.compare([a, b])     # one run; runs side by side
+    df.groupby(["params.model.pos_enc", "params.hmm.gamma"])["objective"].mean()
+    api.runs("hmmscope-sweeps", filter_string="metrics.`eval/seen/excess_ce` < 0.3")  # one row per run
+    api.run("3efd12")["metrics"]; api.compare([a, b], keys="eval/seen")  # one run (an id prefix will do); side by side
 
-Every function takes `tracking_uri` (default: --tracking-uri's, i.e. MLFLOW_TRACKING_URI or ./mlruns/mlflow.db)
-and, for sweeps, `storage` (default: ./mlruns/optuna.db); they only read (a sqlite store is opened read-only:
-nothing is created or migrated) and raise ValueError (one line) for a store, run or sweep that is not there.
-The `hmmscope runs list/show/compare` commands print these same tables.
+Columns follow `mlflow.search_runs`: `params.<key>`, `metrics.<key>` (last values), `tags.<key>`, beside the
+run's info (RUN_COLUMNS). Every function takes `tracking_uri` (default: --tracking-uri's, i.e.
+MLFLOW_TRACKING_URI or ./mlruns/mlflow.db) and, for sweeps, `storage` (default: ./mlruns/optuna.db); they only
+read (a sqlite store is opened read-only: nothing is created or migrated) and raise ValueError (one line) for a
+store, run or sweep that is not there, an ambiguous run id prefix, or a filter MLflow cannot parse. A run id may
+be a unique prefix of at least 6 characters (`tracking.resolve_run_id`). The `hmmscope runs list/show/compare`
+commands print these same tables.
 
 Owns: the columns of those tables. Imports pandas, `tracking` and `sweep` inside the functions (importing
 this module loads none of them, nor torch); must not import the CLI or the jobs.
@@ -44,8 +47,18 @@ def _run_row(r, experiments: dict[str, str]) -> dict[str, Any]:
             "parent_id": r.data.tags.get("mlflow.parentRunId", "")}
 
 
-def runs(experiment: str | None = None, *, tracking_uri: str | None = None, limit: int | None = None):
-    """One row per active run (RUN_COLUMNS), newest first; `experiment` (a name) narrows it; `limit` rows at most."""
+def _one_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def runs(experiment: str | None = None, *, tracking_uri: str | None = None, limit: int | None = None,
+         filter_string: str = "", order_by: list[str] | None = None):
+    """One row per active run: RUN_COLUMNS, then `metrics.<key>` (last values), `params.<key>` and `tags.<key>`
+    columns as `mlflow.search_runs` has them; newest first, or by `order_by` (MLflow's syntax, e.g.
+    ["metrics.`eval/seen/excess_ce` ASC"]); `experiment` (a name) and `filter_string` (MLflow's search syntax,
+    e.g. "metrics.`eval/seen/excess_ce` < 0.3 and params.`model.pos_enc` = 'rope'") narrow it; `limit` rows at
+    most."""
     import pandas as pd
 
     from . import tracking
@@ -55,9 +68,22 @@ def runs(experiment: str | None = None, *, tracking_uri: str | None = None, limi
     if experiment is not None and c.get_experiment_by_name(experiment) is None:
         raise ValueError(f"no experiment {experiment!r} in {uri}")
     experiments = {e.experiment_id: e.name for e in c.search_experiments()}
-    found = tracking.search_runs(uri, experiment)
-    rows = [_run_row(r, experiments) for r in found[:limit]]
-    return pd.DataFrame(rows, columns=list(RUN_COLUMNS))
+    try:
+        found = tracking.search_runs(uri, experiment, filter_string=filter_string or "", order_by=order_by)
+    except Exception as e:  # MLflow's own message for a filter or order it cannot parse
+        raise ValueError(f"search {filter_string!r}{f' ordered by {order_by}' if order_by else ''}: "
+                         f"{_one_line(e)}") from None
+    rows = []
+    for r in found[:limit]:
+        row = _run_row(r, experiments)
+        row.update({f"metrics.{k}": v for k, v in sorted(r.data.metrics.items())})
+        row.update({f"params.{k}": v for k, v in sorted(r.data.params.items())})
+        row.update({f"tags.{k}": v for k, v in sorted(r.data.tags.items())})
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=list(RUN_COLUMNS)) if not rows else pd.DataFrame(rows)
+    extra = sorted(c for c in df.columns if c not in RUN_COLUMNS)
+    order = {"metrics": 0, "params": 1, "tags": 2}
+    return df[[*RUN_COLUMNS, *sorted(extra, key=lambda c: (order.get(c.split(".", 1)[0], 3), c))]]
 
 
 def run(run_id: str, *, tracking_uri: str | None = None) -> dict[str, Any]:
@@ -68,7 +94,7 @@ def run(run_id: str, *, tracking_uri: str | None = None) -> dict[str, Any]:
     from . import tracking
 
     uri = _uri(tracking_uri)
-    r = tracking.get_run(uri, run_id)
+    r = tracking.get_run(uri, run_id)  # a unique prefix of the id will do; an ambiguous one: ValueError
     if r is None:
         raise ValueError(f"no run {run_id!r} in {uri}")
     exp = tracking.client(uri).get_experiment(r.info.experiment_id)
@@ -83,29 +109,50 @@ def run(run_id: str, *, tracking_uri: str | None = None) -> dict[str, Any]:
             "metrics": dict(r.data.metrics), "tags": tags, "claims": claims}
 
 
-def compare(run_ids: list[str], *, tracking_uri: str | None = None, differing_only: bool = True):
-    """Runs side by side: one row per param (`param:<key>`) and metric (`metric:<key>`), one column per run
-    (named `<run name> (<id[:8]>)`); with `differing_only`, only the rows whose values differ between them."""
+def key_matcher(pattern: str | None):
+    """A predicate on keys for `pattern`: a glob (`eval/*/excess_ce`, `params.model.*`) if it holds *, ? or [,
+    else a substring (`excess_ce`); matched against the key with and without its `params.` / `metrics.` prefix.
+    None matches every key."""
+    import fnmatch
+
+    if not pattern:
+        return lambda key: True
+    glob = any(ch in pattern for ch in "*?[")
+
+    def match(key: str) -> bool:
+        bare = key.split(".", 1)[1] if key.startswith(("params.", "metrics.", "tags.")) else key
+        return any(fnmatch.fnmatchcase(k, pattern) if glob else pattern in k for k in (key, bare))
+
+    return match
+
+
+def compare(run_ids: list[str], *, tracking_uri: str | None = None, differing_only: bool = True,
+            keys: str | None = None):
+    """Runs side by side: one row per param (`params.<key>`) and metric (`metrics.<key>`), one column per run
+    (named `<run name> (<id[:8]>)`); with `differing_only`, only the rows whose values differ between them;
+    `keys`: only the rows whose key matches that pattern (`key_matcher`: a glob, else a substring)."""
     import pandas as pd
 
     if len(run_ids) < 2:
         raise ValueError("compare needs at least two run ids")
     got = [run(i, tracking_uri=tracking_uri) for i in run_ids]
     cols = [f"{g['info']['run_name']} ({g['info']['run_id'][:8]})" for g in got]
-    keys = sorted({f"param:{k}" for g in got for k in g["params"]}) + \
-        sorted({f"metric:{k}" for g in got for k in g["metrics"]})
-    data = {c: [g["params" if k.startswith("param:") else "metrics"].get(k.split(":", 1)[1]) for k in keys]
+    match = key_matcher(keys)
+    rows = [k for k in sorted({f"params.{k}" for g in got for k in g["params"]}) +
+            sorted({f"metrics.{k}" for g in got for k in g["metrics"]}) if match(k)]
+    data = {c: [g["params" if k.startswith("params.") else "metrics"].get(k.split(".", 1)[1]) for k in rows]
             for c, g in zip(cols, got, strict=True)}
-    df = pd.DataFrame(data, index=pd.Index(keys, name="key"))
+    df = pd.DataFrame(data, index=pd.Index(rows, name="key"))
     if differing_only:
         df = df[df.map(lambda v: "\0" if v is None else str(v)).nunique(axis=1) > 1]  # missing counts as a value
     return df
 
 
 def sweep_trials(name: str, *, storage: str | None = None, tracking_uri: str | None = None):
-    """One row per trial of the sweep `name`: number, state, seed, each swept param (by its config key), the
-    objective (`objective`, the value Optuna recorded), run_id and run_name of its MLflow run, then the last
-    value of every metric of that run (`metric:<key>`) and of its analysis run's claims (`metric:claim/...`)."""
+    """One row per trial of the sweep `name`: number, state, seed, each swept param (`params.<config key>`, with
+    the value Optuna suggested: a number stays a number), the objective (`objective`, the value Optuna recorded),
+    run_id and run_name of its MLflow run, then the last value of every metric of that run (`metrics.<key>`) and
+    of its analysis run's claims (`metrics.claim/...`), as `mlflow.search_runs` names them."""
     import pandas as pd
 
     from . import tracking
@@ -123,16 +170,17 @@ def sweep_trials(name: str, *, storage: str | None = None, tracking_uri: str | N
         params = dict(t.params) or dict(t.system_attrs.get("fixed_params", {}))
         rid = t.user_attrs.get("mlflow_run_id", "")
         row: dict[str, Any] = {"number": t.number, "state": t.state.name,
-                               "seed": t.user_attrs.get("seed", params.pop("seed", None)), **params,
+                               "seed": t.user_attrs.get("seed", params.pop("seed", None)),
+                               **{f"params.{k}": v for k, v in params.items()},
                                "objective": t.value if t.value is not None else math.nan,
                                "run_id": rid, "run_name": ""}
         r = tracking.get_run(uri, rid) if rid else None
         if r is not None:
             row["run_name"] = r.info.run_name or ""
-            row.update({f"metric:{k}": v for k, v in sorted(r.data.metrics.items())})
+            row.update({f"metrics.{k}": v for k, v in sorted(r.data.metrics.items())})
             aid = t.user_attrs.get("mlflow_analysis_run_id")
             a = c.get_run(aid) if aid else None
             if a is not None:
-                row.update({f"metric:{k}": v for k, v in tracking.read_claims(uri, a)[0].items()})
+                row.update({f"metrics.{k}": v for k, v in tracking.read_claims(uri, a)[0].items()})
         rows.append(row)
     return pd.DataFrame(rows)

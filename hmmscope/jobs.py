@@ -279,7 +279,7 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
     # crash leaves it FAILED with what was logged so far
     with tracking.start_run(uri, experiment, "analysis", parent=parent, params=params,
                             tags={"hmmscope.kind": "analysis"}, note=note, config=cfg, system_metrics=True) as run:
-        say(f"analysis run {run.run_id} started")
+        say(f"analysis run {run.run_id} started; {tracking.browse_line(uri, run_id=run.run_id)}")
         if cfg.hmm.n_tasks > 0:
             mix = make_mixture(cfg.hmm)
             ep = sample_episodes(mix, cfg.data, n_episodes or cfg.data.n_eval, "eval")
@@ -459,10 +459,11 @@ def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
 
 def theory_job(th, out: Path, *, uri: str | None, experiment: str, parent: str | None = None,
                progress: Callable[[int, int, str], Any] | None = None, run_name: str = "theory",
-               tags: dict[str, Any] | None = None, note: str | None = None):
+               tags: dict[str, Any] | None = None, note: str | None = None,
+               on_start: Callable[[str], Any] | None = None):
     """Run the sweep, write theory.png / theory.pdf / theory.json under `out` (the folder itself: callers give
     each job its own, see `new_folder`), log to MLflow if `uri` (a run `run_name` with extra `tags` and the
-    one-line `note`; see log_theory). Returns (result, run_id)."""
+    one-line `note`; see log_theory; `on_start(run id)` as soon as it is open). Returns (result, run_id)."""
     from .theory import plot_theory, run_theory
 
     def work():
@@ -477,6 +478,8 @@ def theory_job(th, out: Path, *, uri: str | None, experiment: str, parent: str |
     # the parent run opens when the work starts (its duration is the work's; a crash leaves it FAILED)
     with tracking.start_run(uri, experiment, run_name, parent=parent, tags={"hmmscope.kind": "theory", **(tags or {})},
                             note="Theory (Theorem 1): running", system_metrics=True) as run:
+        if on_start is not None:
+            on_start(run.run_id)
         result, files = work()
         log_theory(result, uri, experiment, files, run=run, note=note)
     return result, run.run_id
@@ -538,7 +541,9 @@ class MainResult:
 
 def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
              sweep: Callable[[Any, Path], tuple[Any, Any]], progress: bool = True,
-             on_stage: Callable[[str], None] = lambda s: None) -> MainResult:
+             on_stage: Callable[[str], None] = lambda s: None,
+             on_start: Callable[[str], None] = lambda run_id: None,
+             log: Callable[[str], None] | None = None) -> MainResult:
     """The main job: theory sweep, training + Figure 1, layerwise analysis, a small training sweep, its report.
 
     Figure 1 and the analysis take the model training hands back, in memory (no checkpoint is read back).
@@ -549,6 +554,9 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
     and `report.build_report`), so this module never imports the sweep layer, which imports it.
     Re-running resumes: a finished sweep is not run again. Files go to out/main-<id8>/ (`run_folder`):
     theory/, the training run's folder (evaluation/, analysis/) and <sweep name>/ (the report).
+    `on_start(parent run id)` is called as soon as the main run is open; `log(line)`, if given, gets the stages'
+    own progress lines (a theory setting done, an analysis phase done). At the end the main run's description
+    links the sweep's parent run and its answer (comparison/objective.png), as Markdown the UI renders.
     """
     from .config import flatten
     from .sweep_spec import parse_spec
@@ -559,9 +567,11 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
             f"{sweep_spec.name!r} with its report")
     with tracking.start_run(uri, experiment, "main", params=flatten(cfg), tags={"hmmscope.kind": "main"}, config=cfg,
                             note=note) as parent:
+        on_start(parent.run_id)
         out = run_folder(out, "main", parent.run_id)  # this job's folder: nothing else writes there
         on_stage("theory sweep (Theorem 1)")
-        th, theory_id = theory_job(cfg.theory, out / "theory", uri=uri, experiment=experiment, parent=parent.run_id)
+        th, theory_id = theory_job(cfg.theory, out / "theory", uri=uri, experiment=experiment, parent=parent.run_id,
+                                   progress=log and (lambda i, n, label: log(f"theory: {i}/{n} settings, {label}")))
         on_stage("training")
         tr = train(cfg, tracking_uri=uri, experiment=experiment, run_name=tracking.train_run_name(cfg), parent=parent.run_id,
                    progress=progress)
@@ -572,9 +582,16 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
             ev = evaluate_model(tr.model, tr.config, tr.steps, train_run, device=cfg.train.device, out=out)
         parent.log_metrics(ev)
         on_stage("layerwise analysis (Figures 2, 3a, 3b)")
-        an = analyze_model(tr.model, tr.config, tr.steps, train_run, uri=uri, device=cfg.train.device, out=out)
+        an = analyze_model(tr.model, tr.config, tr.steps, train_run, uri=uri, device=cfg.train.device, out=out,
+                           progress=log)
         on_stage(f"training sweep {sweep_spec.name!r} and its report")
         sw, rep = sweep(sweep_spec, out / sweep_spec.name)
         parent.set_tags({"hmmscope.train_run": tr.run_id, "hmmscope.theory_run": theory_id or "",
                          "hmmscope.analysis_run": an.run_id, "hmmscope.sweep_run": sw.parent_run_id})
+        with contextlib.suppress(Exception):  # the sweep's parent, one click away on the main run's page
+            seid = tracking.get_run(uri, sw.parent_run_id).info.experiment_id
+            parent.set_tags({"mlflow.note.content": tracking.note_line(
+                f"{note}. Sweep {sweep_spec.name!r}: its answer "
+                f"[{tracking.ANSWER}]({tracking.run_link(seid, sw.parent_run_id, tracking.ANSWER)}), its parent run "
+                f"[sweep-{sweep_spec.name}]({tracking.run_link(seid, sw.parent_run_id)})")})
         return MainResult(parent.run_id, tr.run_id, theory_id, ev, th, an, sw, rep, out)

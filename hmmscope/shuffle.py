@@ -180,7 +180,9 @@ class ShuffleResult:
         """Figure 2 as a matplotlib Figure: the per-layer change with its 95% CI (error bars and band) and a
         layer x head heatmap with a labelled colourbar. Layers are numbered as in Figure 3: layer l >= 1 is
         the attention of block l (1-based, the block whose output Figure 3 calls layer l); layer 0, the
-        embedding, has no attention and no point here. (Tables and metrics keep `layer` = 0-based block.)"""
+        embedding, has no attention and no point here. (Tables and metrics keep `layer` = 0-based block.)
+        The band and its legend entry appear only where a CI exists (>= 2 episodes) over >= 2 layers; the claim's box says its
+        verdict and value with CI, or, with no value (one layer, too few episodes), its verdict and why."""
         from matplotlib.figure import Figure
 
         lay = np.array([[r["layer"], r["mean"], r["ci_lo"], r["ci_hi"]] for r in self.by_layer], float)
@@ -188,10 +190,13 @@ class ShuffleResult:
         x = lay[:, 0] + 1  # Figure 3's numbering: layer 0 = embedding
         fig = Figure(figsize=(11, 4.2), layout="constrained")
         a, b = fig.subplots(1, 2)
-        a.fill_between(x, lay[:, 2], lay[:, 3], color="C0", alpha=0.25, label="95% CI over episodes")
+        has_ci = bool((np.isfinite(lay[:, 2]) & np.isfinite(lay[:, 3])).any())
+        if has_ci and len(x) >= 2:  # a band needs two layers; none (nor its legend entry) where it is not drawn
+            a.fill_between(x, lay[:, 2], lay[:, 3], color="C0", alpha=0.25, label="95% CI over episodes")
         err = np.abs(np.stack([lay[:, 1] - lay[:, 2], lay[:, 3] - lay[:, 1]]))
         a.errorbar(x, lay[:, 1], yerr=np.nan_to_num(err), fmt="o-", color="C0", capsize=5, elinewidth=1.5,
-                   label="mean over episodes")
+                   label="mean over episodes" + ("" if has_ci and len(x) >= 2 else " (bars: 95% CI)" if has_ci
+                                                 else " (no CI: fewer than 2 episodes)"))
         a.set(xlabel="layer (attention of block l; 0 = embedding, as in Fig. 3)",
               ylabel="mean |delta logit| / mean |logit|", title="shuffle test: test -> demo logits")
         a.set_xticks(x)
@@ -200,9 +205,13 @@ class ShuffleResult:
         a.set_ylim(bottom=min(0.0, lo))
         c = next((c for c in self.claims if "slope" in c.statistic.lower()), self.claims[0] if self.claims else None)
         if c is not None:
-            a.text(0.02, 0.02, f"{c.name}: {c.verdict}\n{c.statistic} = {c.value:.3g} "
-                               f"[95% CI {c.ci_lo:.3g}, {c.ci_hi:.3g}]", transform=a.transAxes, fontsize=7, va="bottom")
-        a.legend(fontsize=8)
+            detail = (f"{c.value:.3g} [95% CI {c.ci_lo:.3g}, {c.ci_hi:.3g}]"
+                      if math.isfinite(c.value) and math.isfinite(c.ci_lo) and math.isfinite(c.ci_hi)
+                      else f"{c.value:.3g} (no CI)" if math.isfinite(c.value) else f"not estimated: {c.reason}")
+            a.text(0.02, 0.02, f"{c.name}: {c.verdict}\n{detail}" + (f"\n({c.statistic})" if math.isfinite(c.value)
+                                                                    else ""),
+                   transform=a.transAxes, fontsize=7, va="bottom", bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})
+        a.legend(fontsize=8, loc="upper right")
         im = b.imshow(heat.T, aspect="auto", origin="lower", cmap="viridis",
                       extent=(0.5, heat.shape[0] + 0.5, -0.5, heat.shape[1] - 0.5))
         b.set(xlabel="layer (attention of block l)", ylabel="head", title="normalized change per head",

@@ -9,7 +9,12 @@ cut) are hollow. Then rate vs gamma and rate vs gamma_eff on separate panels (lo
 its 95% CI (t over draws; one draw: its bootstrap CI), each group's exponent fit in its points' colour
 and the pooled fit in black; on the gamma panel also the excess over the mixing floor (triangles, hollow
 where the rate CI does not clear the floor and the excess fit leaves the point out), with the reference
-g^4 (c = 1) and the floor. Imports matplotlib lazily; never imports the inference code.
+g^4 (c = 1) and the floor. Axes: eps(L) is the mean total-variation distance of the predictive distributions
+(no unit, in [0, 1]); L is in tokens; the rate r of eps(L) ~ exp(-r L) is per token of memory; gamma and
+gamma_eff are plain numbers, their ticks written as such (0.3, not 3x10^-1). The reference g^4 is drawn over
+the data's x range only and never sets the y range (a gamma_eff of 0.05 puts it at 6e-6, which would squash
+the data): where it leaves the panel its legend entry says so. Imports matplotlib lazily; never imports the
+inference code.
 """
 
 from __future__ import annotations
@@ -52,6 +57,24 @@ def _eps_panel(ax, ss, hollow):
     ax.legend(handles=[*h, *extra], fontsize=7)
 
 
+def _plain_log_labels(axis) -> None:
+    """A log axis's tick labels as plain numbers (0.3, 0.02): every decade, and 2, 3 and 5 times one when the
+    axis spans at most two decades (else those ticks stay unlabelled)."""
+    from matplotlib.ticker import FuncFormatter
+
+    def plain(v, pos=None):
+        if not (v > 0 and math.isfinite(v)):
+            return ""
+        lo, hi = axis.get_view_interval()
+        mant = v / 10 ** math.floor(math.log10(v) + 1e-9)
+        decade = abs(mant - 1) < 1e-6 or abs(mant - 10) < 1e-6
+        few = lo > 0 and math.log10(hi / lo) <= 2.0 and any(abs(mant - m) < 1e-6 for m in (2, 3, 5))
+        return f"{v:g}" if decade or few else ""
+
+    axis.set_major_formatter(FuncFormatter(plain))
+    axis.set_minor_formatter(FuncFormatter(plain))
+
+
 def theory_figure(result, title: str | None = None):
     """The figure of the module docstring."""
     from matplotlib.figure import Figure
@@ -66,7 +89,8 @@ def theory_figure(result, title: str | None = None):
     hollow = Line2D([], [], color="gray", marker="o", mfc="none", ls="none", label="hollow: left out of the fit")
     for ax, ((S, d, rho), ss) in zip(axes, groups.items()):
         _eps_panel(ax, ss, hollow)
-        ax.set(yscale="log", xlabel="L (memory)", ylabel="eps(L)", title=f"S={S} d={d} rho={rho:g}")
+        ax.set(yscale="log", xlabel="L (memory, tokens)", ylabel="eps(L) (mean TV distance)",
+               title=f"S={S} d={d} rho={rho:g}")
     r = np.array([s.rate_fit.rate for s in result.settings])
     rlo = np.array([s.rate_fit.rate_ci[0] for s in result.settings])
     rhi = np.array([s.rate_fit.rate_ci[1] for s in result.settings])
@@ -117,13 +141,33 @@ def theory_figure(result, title: str | None = None):
                         label=f"pooled fit {f.y_name}: k={f.k:.2f} [{f.k_ci[0]:.2f}, {f.k_ci[1]:.2f}]")
         if np.isfinite(m).any():
             ax.axhline(float(np.nanmin(m)), color="gray", lw=0.8, ls="-.", label="mixing floor -log|lambda_2|")
-        g = np.geomspace(min(xmin, 1.0), 1.0, 50)
-        ax.plot(g, g ** 4, ":", color="gray", label=f"{x_name}^4 (c = 1)")
+        ok = np.isfinite(xs) & (xs > 0)
+        if ok.any():  # the reference over the data's x range; the data set the y range, not the reference
+            g = np.geomspace(float(xs[ok].min()), float(xs[ok].max()), 50) if xs[ok].max() > xs[ok].min() else \
+                np.asarray([float(xs[ok].min())] * 2)
+            ax.set_xscale("log")
+            ax.set_yscale("log")  # the data's own log-scale limits, before the reference is drawn
+            ax.autoscale_view()
+            y0, y1 = ax.get_ylim()
+            out = "" if (g ** 4).max() >= y0 and (g ** 4).min() <= y1 else \
+                f", below this panel ({(g ** 4).max():.1g} at most)" if (g ** 4).max() < y0 else ", above this panel"
+            ax.plot(g, g ** 4, ":", color="gray", label=f"{x_name}^4 (c = 1){out}", scaley=False)
+            ax.set_ylim(y0, y1)
         h, _ = ax.get_legend_handles_labels()
         if any(len(s.draws) > 1 for s in result.settings):
             h.append(Line2D([], [], color="gray", marker=".", ls="none", alpha=0.4, label="one HMM draw; big marker: "
                             "mean over draws with its 95% CI"))
-        ax.set(xscale="log", yscale="log", xlabel=x_name, ylabel="decay rate r", title=f"rate vs {x_name}")
+        ax.set(xscale="log", yscale="log", xlabel=f"{x_name} (no unit)", ylabel="decay rate r (1/L, per token)",
+               title=f"rate vs {x_name}")
+        ticks = sorted({float(f"{v:.2g}") for v in xs[np.isfinite(xs) & (xs > 0)]})
+        if 0 < len(ticks) <= 8:  # the levels themselves, as plain numbers on the log axis (after set_xscale)
+            from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator, StrMethodFormatter
+
+            ax.xaxis.set_major_locator(FixedLocator(ticks))
+            ax.xaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        _plain_log_labels(ax.yaxis)
         ax.legend(handles=h + ([hollow] if x_name == "gamma" else []), fontsize=7, loc="upper center",
                   bbox_to_anchor=(0.5, -0.16), frameon=False)
     fig.suptitle("Theorem 1: eps(L) and its decay rate" + (f", {title}" if title else ""))

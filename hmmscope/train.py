@@ -99,6 +99,7 @@ from .episodes import Episodes, training_data
 from .evaluate import _anonymous as anonymous
 from .evaluate import references
 from .model import Transformer, attention_kernels
+from .progress import training_progress
 
 RUNTIME_KEYS = ("train.steps", "train.device", "train.compile", "train.attention")  # may differ on resume
 
@@ -319,17 +320,6 @@ def sigterm_interrupts():
         signal.signal(signal.SIGTERM, old)
 
 
-def _progress(enabled: bool):
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    console = Console(stderr=True)
-    return Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
-                    TextColumn("loss {task.fields[loss]:.4f}  {task.fields[tps]:,.0f} tok/s"),
-                    TimeElapsedColumn(), TimeRemainingColumn(), transient=True,
-                    console=console, disable=not (enabled and console.is_terminal))
-
-
 def describe(cfg: Config) -> str:
     """A training run's one-line description (its MLflow note)."""
     h, d, m, t = cfg.hmm, cfg.data, cfg.model, cfg.train
@@ -357,8 +347,10 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
     on_eval(step, metrics) is called after each evaluation is logged (e.g. a sweep's pruning hook); an
     exception it raises ends the run like any failure (FAILED, reason tagged) and propagates.
     log_every: train/* metric cadence (default: steps // 100 clipped to [1, 50]).
-    tags: extra tags of a new run (e.g. a sweep trial's); note: its one-line description (default:
-    `describe(cfg)`).
+    tags: extra tags of a new run (e.g. a sweep trial's; hmmscope.kind is "train" unless they say otherwise);
+    note: its one-line description (default: `describe(cfg)`).
+    progress: a bar on a terminal, else plain lines on stderr (`progress.PlainProgress`: every HMMSCOPE_PROGRESS_S
+    seconds, default 30, with step, loss, tokens/s and ETA); False: nothing.
     _stop_after: test hook; raise KeyboardInterrupt after this step (the run ends KILLED), like a kill.
     deadline: stop at a train/* logging boundary in time to return by `deadline.at` (`hmmscope.deadline`): the
     checkpoint is written, the run ends FINISHED with the tags hmmscope.stopped = "deadline" and
@@ -430,7 +422,9 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
     name = run_name or tracking.train_run_name(cfg)
     params = None if resume else tracking.config_params(cfg, tracking.TRAIN_SECTIONS)
     with sigterm_interrupts(), tracking.start_run(tracking_uri, experiment, name, parent=parent, resume=resume,
-                                                  params=params, tags=None if resume else {**run_tags, **(tags or {})},
+                                                  params=params,
+                                                  tags=None if resume else {"hmmscope.kind": "train", **run_tags,
+                                                                            **(tags or {})},
                                                   note=None if resume else (note or describe(cfg)),
                                                   config=cfg, system_metrics=True) as run:
         run.set_tags({**run_tags, **({"hmmscope.resumed_from_step": start, "hmmscope.target_steps": t.steps}
@@ -512,7 +506,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
         if deadline is not None:
             deadline.eval_steps = math.ceil(len(ep_eval) / 64)
             deadline.start(start)
-        with _progress(progress) as bar:
+        with training_progress(progress) as bar:
             task = bar.add_task("train", total=t.steps, completed=start, loss=float("nan"), tps=0.0)
             for step in range(start, t.steps):
                 t0 = time.perf_counter()

@@ -3,11 +3,12 @@ back the rendered page's text (and a screenshot for a person). Helpers for the t
 
 - `chromium()`: the executable, or None (tests skip with the reason `NO_CHROMIUM`).
 - `serve_ui(cwd, *args)`: starts `hmmscope ui --port <free port> *args` in `cwd`, yields the URL it printed
-  once the server answers; stops it (SIGTERM to its pid, waited for) and then every process it started that
-  is still there, each by its pid.
+  once the server answers (`lines=True`: every line it printed, e.g. a sweep's answer, then its trials); stops
+  it (SIGTERM to its pid, waited for) and then every process it started that is still there, each by its pid.
 - `render(url, shots, name)`: the page's visible text after the UI's requests settled (--dump-dom with a
-  virtual-time budget), and `<shots>/<name>.png`. Chromium runs in its own process group, killed by the
-  group's id (its leader's pid) if it overruns.
+  virtual-time budget, in the screenshot's window size: the runs table draws only the columns in view), and
+  `<shots>/<name>.png`, with the DOM beside it as `<shots>/<name>.html`. Chromium runs in its own process
+  group, killed by the group's id (its leader's pid) if it overruns.
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ def _children(pid: int) -> set[int]:
 
 
 @contextlib.contextmanager
-def serve_ui(cwd: Path, *args: str, timeout: float = 240):
-    """`hmmscope ui` on a free port in `cwd`; yields the URL it printed (the first line, without its hint)."""
+def serve_ui(cwd: Path, *args: str, timeout: float = 240, lines: bool = False):
+    """`hmmscope ui` on a free port in `cwd`; yields the URL it printed (the first line, without its hint), or
+    with `lines` every line it printed."""
     exe = Path(sys.executable).parent / "hmmscope"
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     out = cwd / "ui.out"
@@ -75,8 +77,8 @@ def serve_ui(cwd: Path, *args: str, timeout: float = 240):
             assert time.time() < deadline, f"hmmscope ui printed no URL in {timeout} s"
             time.sleep(0.2)
         started |= _children(proc.pid)
-        line = out.read_text().splitlines()[0]
-        yield line.split("MLflow UI: ", 1)[1].split("  (Ctrl-C", 1)[0]
+        printed = out.read_text().splitlines()
+        yield printed if lines else printed[0].split("MLflow UI: ", 1)[1].split("  (Ctrl-C", 1)[0]
     finally:
         started |= _children(proc.pid)
         if proc.poll() is None:
@@ -113,7 +115,8 @@ def page_text(dom: str) -> str:
 def render(url: str, shots: Path, name: str, timeout: float = 180) -> str:
     """The text the page shows once its requests settled; its screenshot as `<shots>/<name>.png`."""
     shots.mkdir(parents=True, exist_ok=True)
-    budget = "--virtual-time-budget=15000"
-    dom = _chromium(["--dump-dom", budget, url], timeout)
-    _chromium([f"--screenshot={shots / (name + '.png')}", "--window-size=1400,900", budget, url], timeout)
+    budget, size = "--virtual-time-budget=15000", "--window-size=1400,900"
+    dom = _chromium(["--dump-dom", size, budget, url], timeout)
+    (shots / f"{name}.html").write_text(dom)
+    _chromium([f"--screenshot={shots / (name + '.png')}", size, budget, url], timeout)
     return page_text(dom)

@@ -67,6 +67,10 @@ def test_theory_end_to_end(store):
     for c in children:  # a rate is logged exactly when the fit had enough points above the floor
         assert ("theory/rate" in c.data.metrics) == (fits[float(c.data.params["hmm.gamma"])] is not None)
     assert "decay rate >= g^4, g = gamma_eff" in r.output  # a verdict line per setting is printed
+    # where to look, at once; off a terminal, a plain line per setting instead of a bar
+    assert r.stdout.splitlines()[0] == f"theory run {parent.info.run_id} started; browse: hmmscope ui --run {parent.info.run_id}"
+    assert [x.split(", ")[0] for x in r.stderr.splitlines() if x.startswith("theory: ")] == \
+        ["theory: 1/2 settings", "theory: 2/2 settings"]
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -146,6 +150,28 @@ def test_train_prints_its_run_at_once(store):
     assert _runs(tracking.default_tracking_uri())[0].info.status == "KILLED"
 
 
+def test_the_headline_reads_figure_1s_keys_and_skips_what_is_absent():
+    """One line: the model's test CE beside the task oracle, the mixture oracle, the family's Bayes predictor and
+    the best counting baseline, model - best counting with its CI, and the regime word (the evaluation's keys and
+    tag); a key not logged (an older evaluation, training on fresh tasks) is left out, not printed as nan."""
+    from hmmscope.cli.jobs import headline
+
+    m = {"eval/unseen/test_ce": 1.2345, "eval/unseen/oracle_task_test_ce": 1.1, "eval/seen/oracle_mix_test_ce": 1.15,
+         "baseline/unseen/family_bayes/ce": 1.12, "baseline/unseen/best_counting/ce": 1.3,
+         "eval/unseen/vs_best_counting": -0.0655, "eval/unseen/vs_best_counting_lo": -0.08,
+         "eval/unseen/vs_best_counting_hi": -0.051}
+    assert headline(m, {"hmmscope.regime": "inference beyond counting"}) == (
+        "result (unseen tasks, test CE, nats/token): model 1.2345; task oracle 1.1000, mixture oracle (seen tasks) "
+        "1.1500, family Bayes 1.1200, best counting 1.3000; model - best counting -0.0655 [95% CI -0.0800, -0.0510]; "
+        "regime: inference beyond counting")
+    fresh = {k: v for k, v in m.items() if k not in ("eval/seen/oracle_mix_test_ce", "eval/unseen/vs_best_counting_lo",
+                                                      "eval/unseen/vs_best_counting_hi")}
+    assert headline(fresh, {}) == ("result (unseen tasks, test CE, nats/token): model 1.2345; task oracle 1.1000, "
+                                   "family Bayes 1.1200, best counting 1.3000; model - best counting -0.0655")
+    assert headline({"eval/seen/test_ce": 2.0}) == "result (seen tasks, test CE, nats/token): model 2.0000"
+    assert headline({"val/loss": 1.0}) is None
+
+
 def test_train_then_evaluate(store):
     r = runner.invoke(app, ["train", *TINY_TRAIN])
     assert r.exit_code == 0, r.output
@@ -160,7 +186,14 @@ def test_train_then_evaluate(store):
     figs = sorted((store / "out").glob("*/evaluation/figure1.p*"))  # out/<run name>-<id8>/evaluation/
     assert [p.suffix for p in figs] == [".pdf", ".png"] and figs[0].parent.parent.name.endswith(run.info.run_id[:8])
     assert "figures: out/" in r.output and "figure1.png" in r.output
-    r2 = runner.invoke(app, ["evaluate", run.info.run_id])
+    # one headline line, not a 75-row table (that is in the run, or behind --verbose); a train run says its kind
+    m = run.data.metrics
+    (head,) = [ln for ln in r.stdout.splitlines() if ln.startswith("result (")]
+    assert head.startswith(f"result (unseen tasks, test CE, nats/token): model {m['eval/unseen/test_ce']:.4f}; "
+                           f"task oracle {m['eval/unseen/oracle_task_test_ce']:.4f}")
+    assert "eval/seen/kl_mix" not in r.stdout and f"every metric: hmmscope runs show {run.info.run_id[:8]}" in r.stdout
+    assert run.data.tags["hmmscope.kind"] == "train"
+    r2 = runner.invoke(app, ["evaluate", run.info.run_id[:8]])  # a unique prefix of the id will do
     assert r2.exit_code == 0, r2.output
     assert "eval/seen/test_acc" in r2.output and "figure1.pdf" in r2.output
 
@@ -212,7 +245,8 @@ def test_analyze_end_to_end_and_bad_input(store):
     lines = r.stderr.splitlines()
     assert all(re.fullmatch(r"analyze: .+, \d+ s", x) for x in lines), r.stderr
     assert [x.split(" (")[0].rsplit(", ", 1)[0] for x in lines] == [
-        "analyze: checkpoint loaded", f"analyze: analysis run {an.info.run_id} started", "analyze: mixture",
+        "analyze: checkpoint loaded",
+        f"analyze: analysis run {an.info.run_id} started; browse: hmmscope ui --run {an.info.run_id}", "analyze: mixture",
         "analyze: shuffle test done", "analyze: probe episodes drawn",
         "analyze: probes: belief targets: 120 episodes x 8 positions x 16 states", "analyze: probes: layer 1/2 done",
         "analyze: probes: layer 2/2 done", "analyze: probes: statistics done", "analyze: probes done",
@@ -261,6 +295,7 @@ def test_smoke_sweep_two_workers_then_report(smoke, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert r.exit_code == 0, r.output
     assert r.stdout.splitlines()[-1] == "report: hmmscope report smoke    browse: hmmscope ui --sweep smoke"
+    assert r.stdout.splitlines()[0] == "sweep smoke: browse: hmmscope ui --sweep smoke"  # where to look, at once
     assert "smoke: 4 complete, 0 failed, 0 pruned of 4" in r.output
     # progress (stderr is no terminal here: plain lines when the counts change), ending with every trial finished
     assert "sweep smoke: 4/4 finished: 4 done, 0 failed, 0 running; ETA 0:00:00" in r.stderr
@@ -295,25 +330,46 @@ def test_results_outside_the_ui_runs_list_show_compare_and_sweep_trials(smoke, m
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     df = api.sweep_trials("smoke")
     assert list(df["number"]) == [0, 1, 2, 3] and set(df["state"]) == {"COMPLETE"}
-    assert sorted(zip(df["model.pos_enc"], df["hmm.gamma"], strict=True)) == [
+    assert sorted(zip(df["params.model.pos_enc"], df["params.hmm.gamma"], strict=True)) == [
         ("absolute", 0.5), ("absolute", 0.9), ("rope", 0.5), ("rope", 0.9)]
-    assert (df["objective"] == df["metric:eval/seen/excess_ce"]).all()  # the objective is that metric
-    assert list(df["run_name"]) == [f"{p}-g{g:g}-s0" for p, g in zip(df["model.pos_enc"], df["hmm.gamma"], strict=True)]
+    assert (df["objective"] == df["metrics.eval/seen/excess_ce"]).all()  # the objective is that metric
+    assert not [c for c in df.columns if c.startswith(("metric:", "param:"))]  # mlflow.search_runs' prefixes
+    assert list(df["run_name"]) == [f"{p}-g{g:g}-s0" for p, g in zip(df["params.model.pos_enc"], df["params.hmm.gamma"],
+                                                                     strict=True)]
     runs = api.runs("hmmscope-sweeps")
     assert set(df["run_id"]) <= set(runs["run_id"]) and len(runs) == 5  # the 4 trials and their parent
+    # metrics.*, params.* and tags.* columns as mlflow.search_runs has them
+    trials = runs[runs["run_id"].isin(df["run_id"])].set_index("run_id")
+    assert (trials.loc[df["run_id"], "metrics.eval/seen/excess_ce"].to_numpy() == df["objective"].to_numpy()).all()
+    assert set(trials["params.model.pos_enc"]) == {"rope", "absolute"} and set(trials["tags.hmmscope.kind"]) == {"sweep-train"}
     out = runner.invoke(app, ["runs", "list", "--experiment", "hmmscope-sweeps"])
     assert out.exit_code == 0 and out.stdout.splitlines()[0].split()[:3] == ["run_id", "run_name", "experiment"]
     assert all(n in out.stdout for n in df["run_name"]) and "5 of 5 run(s)" in out.stdout
     assert not set("│┃━─┏") & set(out.stdout)  # plain: no box drawing
+    # MLflow's search syntax passed through; the metric ordered by (and any asked for) shown as a column
+    out = runner.invoke(app, ["runs", "list", "--filter", "params.`model.pos_enc` = 'rope'", "--order-by",
+                              "metrics.`eval/seen/excess_ce` DESC", "-m", "eval/seen/test_acc"])
+    assert out.exit_code == 0, out.output
+    lines = out.stdout.splitlines()
+    assert lines[0].split()[-2:] == ["metrics.eval/seen/test_acc", "metrics.eval/seen/excess_ce"]
+    rope = df[df["params.model.pos_enc"] == "rope"].sort_values("objective", ascending=False)
+    assert [ln.split()[0] for ln in lines[2:-1]] == list(rope["run_id"]) and lines[-1] == "2 of 2 run(s)"
+    out = runner.invoke(app, ["runs", "list", "--filter", "metrics.x <<< 1"])
+    assert out.exit_code == 2 and out.output.startswith("error: search 'metrics.x <<< 1': ") and \
+        out.output.count("\n") == 1, out.output
     a, b = df["run_id"][0], df["run_id"][1]
-    out = runner.invoke(app, ["runs", "show", a])
-    assert out.exit_code == 0 and f"run_name    {df['run_name'][0]}" in out.stdout
+    out = runner.invoke(app, ["runs", "show", a[:8]])  # the short id a report prints is taken
+    assert out.exit_code == 0 and f"run_name    {df['run_name'][0]}" in out.stdout and f"run_id      {a}" in out.stdout
     assert "eval/seen/excess_ce" in out.stdout and "\nparams:" in out.stdout
-    out = runner.invoke(app, ["runs", "compare", a, b])
+    out = runner.invoke(app, ["runs", "compare", a[:8], b[:8]])
     rows = {ln.split()[0]: ln.split()[1:] for ln in out.stdout.splitlines()[2:-1]}
-    assert out.exit_code == 0 and "param:train.seed" not in rows  # equal: not shown
-    assert rows["param:hmm.gamma"] == [str(x) for x in df["hmm.gamma"][:2]] or \
-        rows["param:model.pos_enc"] == list(df["model.pos_enc"][:2])
+    assert out.exit_code == 0 and "params.train.seed" not in rows  # equal: not shown
+    assert rows["params.hmm.gamma"] == [str(x) for x in df["params.hmm.gamma"][:2]] or \
+        rows["params.model.pos_enc"] == list(df["params.model.pos_enc"][:2])
+    out = runner.invoke(app, ["runs", "compare", a, b, "--keys", "eval/seen/*_ce"])
+    keys = [ln.split()[0] for ln in out.stdout.splitlines()[2:-1]]
+    assert out.exit_code == 0 and keys and all(k.startswith("metrics.eval/seen/") and k.endswith("_ce") for k in keys)
+    assert out.stdout.splitlines()[-1].endswith("matching 'eval/seen/*_ce'")
     for args in (["runs", "show", "nope"], ["runs", "compare", a], ["runs", "list", "--experiment", "nope"]):
         out = runner.invoke(app, args)
         assert out.exit_code == 2 and out.output.startswith("error: ") and out.output.count("\n") == 1, out.output
@@ -322,10 +378,14 @@ def test_results_outside_the_ui_runs_list_show_compare_and_sweep_trials(smoke, m
 
 
 @pytest.mark.skipif(browser.chromium() is None, reason=browser.NO_CHROMIUM)
-def test_the_printed_ui_command_opens_the_sweeps_runs_table_in_a_real_browser(smoke):
-    """The line the sweep printed (`hmmscope ui --sweep smoke`), run for real: the URL it prints, loaded in
-    headless chromium, renders the runs table with the sweep's trials by name (not MLflow 3's GenAI overview,
-    where no run is listed), sorted by the objective. Screenshot: out/test-artifacts/ui-sweep-smoke.png."""
+def test_the_printed_ui_command_lands_on_the_sweeps_answer_then_its_trials_in_a_real_browser(smoke):
+    """The line the sweep printed (`hmmscope ui --sweep smoke`), run for real, prints two URLs, each loaded in
+    headless chromium. First the answer: the parent run's comparison/objective.png, shown as an image (before:
+    5-7 clicks from any printed URL). Then the trials: the runs table of the 4 trials by name (not MLflow 3's
+    GenAI overview), sorted by the objective, whose visible column headers are the objective and the swept
+    params (before: all 201 metric and param columns hidden). MLflow 3.17 reads no columns from a URL; the
+    trials URL names the sweep's shared view (viewStateShareKey), which holds them.
+    Screenshots: out/test-artifacts/ui-sweep-smoke-answer.png, ui-sweep-smoke-trials.png."""
     store, r = smoke
     assert r.exit_code == 0, r.output
     cmd = r.stdout.splitlines()[-1].split("browse: ", 1)[1].split()
@@ -333,12 +393,24 @@ def test_the_printed_ui_command_opens_the_sweeps_runs_table_in_a_real_browser(sm
     uri = f"sqlite:///{store}/mlruns/mlflow.db"
     names = sorted(x.info.run_name for x in _runs(uri) if x.data.tags.get("hmmscope.kind") == "sweep-train")
     assert names == ["absolute-g0.5-s0", "absolute-g0.9-s0", "rope-g0.5-s0", "rope-g0.9-s0"]
-    with browser.serve_ui(store, *cmd[2:]) as url:
-        assert "workflowType=machine_learning" in url
-        text = browser.render(url, browser.ARTIFACTS, "ui-sweep-smoke")
+    with browser.serve_ui(store, *cmd[2:], lines=True) as printed:
+        assert len(printed) == 2 and printed[0].startswith("MLflow UI: ") and printed[1].startswith("trials: ")
+        answer = printed[0].split("MLflow UI: ", 1)[1].split("  (Ctrl-C", 1)[0]
+        trials = printed[1].split("trials: ", 1)[1]
+        assert "/artifacts/comparison/objective.png?workflowType=machine_learning" in answer
+        assert "workflowType=machine_learning" in trials and "viewStateShareKey=hmmscope-sweep-smoke" in trials
+        shown = browser.render(answer, browser.ARTIFACTS, "ui-sweep-smoke-answer")
+        dom = (browser.ARTIFACTS / "ui-sweep-smoke-answer.html").read_text()
+        text = browser.render(trials, browser.ARTIFACTS, "ui-sweep-smoke-trials")
+    assert "sweep-smoke" in shown and "comparison/objective.png" in shown, shown[:2000]
+    # the artifact viewer shows the PNG itself (an <img> of the artifact, fetched as a blob)
+    assert re.search(r'<img[^>]+alt="comparison/objective\.png"[^>]+src="blob:', dom), "no objective.png image shown"
     assert "Run Name" in text and "4 matching runs" in text, text[:2000]
     assert all(n in text for n in names), text[:2000]
     assert "Sort: Objective/eval/seen/excess_ce" in text, text[:2000]
+    heads = text.split("Run Name", 1)[1].split("Hide run", 1)[0]  # the header row, before the first run
+    for col in ("Objective/eval/seen/excess_ce", "hmm.gamma", "model.pos_enc"):  # visible columns
+        assert col in heads, (col, heads)
     assert "sweep-smoke" not in text.split("Run Name", 1)[1]  # the trials, flat; not the parent folding them
 
 
@@ -378,9 +450,20 @@ def test_main_job_end_to_end_small(store):
     kids = {x.info.run_name for x in runs if x.data.tags.get("mlflow.parentRunId") == main.info.run_id}
     assert "theory" in kids and main.info.status == "FINISHED"
     assert "train-rope-L1-g0.5-s0" in kids or any(k.startswith("train-") for k in kids), kids  # says what it is
-    # ONE line that opens the results: hmmscope ui on the main run, never a raw `mlflow ui --backend-store-uri`
-    assert r.stdout.splitlines()[-1] == f"browse: hmmscope ui --run {main.info.run_id}"
-    assert "mlflow ui" not in r.output and r.output.count("hmmscope ui") == 1
+    # the last lines open the results: hmmscope ui on the main run, then on the sweep (never a raw `mlflow ui
+    # --backend-store-uri`); the first line said where the run is, at once (also off a terminal)
+    assert r.stdout.splitlines()[-2:] == [f"browse: hmmscope ui --run {main.info.run_id}",
+                                          "browse: hmmscope ui --sweep smoke"]
+    assert r.stdout.splitlines()[0] == f"main run {main.info.run_id} started; browse: hmmscope ui --run {main.info.run_id}"
+    assert "mlflow ui" not in r.output and r.stdout.count("hmmscope ui --run") == 2
+    # off a terminal the stages say how they go: a line per theory setting and per analysis phase (stderr)
+    assert "theory: 2/2 settings, " in r.stderr and "analyze: shuffle test done" in r.stderr
+    # the main run links the sweep: its description (Markdown in the UI) links the answer and the parent run
+    sweep_parent = main.data.tags["hmmscope.sweep_run"]
+    note = main.data.tags["mlflow.note.content"]
+    assert f"runs/{sweep_parent}/artifacts/comparison/objective.png?workflowType=machine_learning)" in note
+    assert "[sweep-smoke](#/experiments/" in note
+    assert all(x.data.tags.get("hmmscope.kind") for x in runs), [x.info.run_name for x in runs]  # every run its kind
     assert main.data.tags["hmmscope.analysis_run"] and main.data.tags["hmmscope.sweep_run"]
     folder = store / "out" / f"main-{main.info.run_id[:8]}"  # everything the main job wrote, in its own folder
     assert (folder / "smoke" / "report.html").exists() and (folder / "theory" / "theory.png").exists()

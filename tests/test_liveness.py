@@ -35,14 +35,23 @@ def _gc_in_new_pid_namespace(uri: str) -> list[str]:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def test_lease_is_one_hidden_tag_with_a_namespace_safe_identity(tmp_path):
+def test_lease_is_one_tag_outside_mlflows_prefix_with_a_namespace_safe_identity(tmp_path):
+    """One tag, `hmmscope.lease` (MLflow reserves `mlflow.` for its own tags); a run recorded with the old
+    `mlflow.hmmscope.lease` is read the same way."""
+    from hmmscope.tracking.liveness import LEGACY_LEASE_TAG
+
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     with tracking.start_run(uri, "exp", "r") as run:
         tags = run.get().data.tags
     lease = json.loads(tags[LEASE_TAG])
-    assert LEASE_TAG.startswith("mlflow.")  # the prefix MLflow's UI keeps out of its tag tables
+    assert LEASE_TAG == "hmmscope.lease" and not any(k.startswith("mlflow.hmmscope") for k in tags)
     assert not any(k in tags for k in ("hmmscope.pid", "hmmscope.heartbeat", "hmmscope.host"))
     assert lease["pid"] == str(os.getpid()) and lease["pidns"].startswith("pid:[") and lease["boot"]
+    c = tracking.client(uri)
+    old = c.create_run(tracking.experiment_id(uri, "exp"), run_name="old",
+                       tags={LEGACY_LEASE_TAG: json.dumps({**lease, "pid": "999999999", "beat": time.time()})})
+    got = lease_of(c.get_run(old.info.run_id))
+    assert got is not None and got["pid"] == "999999999" and got["interval"] == lease["interval"]
 
 
 def test_gc_from_another_pid_namespace_judges_by_the_lease_not_the_pid(tmp_path):

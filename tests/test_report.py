@@ -171,12 +171,76 @@ def test_header_counts_and_files(store):
     assert h["n_training_trials"] == 12 and h["n_theory_trials"] == 1
     assert h["config_hash"] == "abc123" and rep.parent_id == pid
     md, html = (tmp / "out" / "report.md").read_text(), (tmp / "out" / "report.html").read_text()
-    for title in ("Sweep", "Theory", "Positional encoding", "Layerwise claims", "Verdicts"):
+    for title in ("Answer", "Sweep record", "Theory", "Positional encoding", "Layerwise claims", "Verdicts"):
         assert f"## {title}" in md and f"<h2>{title}" in html
     assert "| 13 / 1 / 2 / 0 |" in md and "<table>" in html
     assert "Depth vs rank" not in md and "Practice vs theory" not in md  # n_layers, window do not vary
     assert (tmp / "out" / "theory_rate_vs_gamma.png").stat().st_size > 1000
     json.dumps(report_to_dict(rep))  # JSON-able
+
+
+def test_the_report_leads_with_the_answer_in_words(store):
+    """Before: a metadata table and a paragraph of method first; "RoPE improves excess_ce: 0.0118" for a RoPE that
+    did worse; 40-60 words of method and power repeated in every row. Now the first section is the answer, one
+    sentence per verdict with the sign in words and units, and the long texts are listed once below each table."""
+    uri, pid, rep, tmp = store
+    md = (tmp / "out" / "report.md").read_text()
+    assert md.index("## Answer") < md.index("## Sweep record") < md.index("## Positional encoding")
+    answer = md[md.index("## Answer"):md.index("## Sweep record")]
+    c = _claim(rep, "RoPE improves eval/excess_ce")  # planted: rope lower by 0.05
+    lo, hi = -c.ci_hi, -c.ci_lo
+    assert f"- RoPE lower excess CE by {abs(c.value):.3g} nats/token [{lo:.3g}, {hi:.3g}]: supported (RoPE better)" \
+        in answer
+    acc = _claim(rep, "RoPE improves eval/test_acc")
+    assert f"- RoPE higher test accuracy by {acc.value:.3g} (fraction of test tokens)" in answer
+    assert answer.count("\n- ") == len(rep.claims)  # one sentence per verdict
+    sec = md[md.index("## Positional encoding"):md.index("## Layerwise")]
+    table = [ln for ln in sec.split("\n") if ln.startswith("| eval/")]
+    assert table and all(len(ln) < 400 for ln in table)  # no paragraph per row
+    method = next(x for x in sec.split("\n") if x.startswith("- [1] "))[len("- [1] "):]
+    assert sec.count(method) == 1 and sec.count("| verdict [1] |") >= 2  # the method: once, below the table
+    assert f"RoPE lower excess CE by {abs(c.value):.3g} nats/token" in "\n".join(rep.summary_lines())  # the CLI too
+
+
+def test_verdict_sentences_say_the_sign_in_words():
+    from hmmscope.report.common import verdict_sentence
+    from hmmscope.stats import Claim
+
+    def c(name, v, lo, hi, verdict):
+        return Claim(name, "rope - absolute", v, lo, hi, verdict, "", "< 0")
+
+    assert verdict_sentence(c("RoPE improves eval/seen/excess_ce", -0.059, -0.108, -0.010, "supported")) == \
+        "RoPE lower excess CE (seen tasks) by 0.059 nats/token [0.01, 0.108]: supported (RoPE better)"
+    assert verdict_sentence(c("RoPE improves eval/seen/excess_ce", 0.0118, -0.11, 0.134, "inconclusive")) == \
+        "RoPE higher excess CE (seen tasks) by 0.0118 nats/token [-0.11, 0.134]: inconclusive (no detectable difference)"
+    assert verdict_sentence(c("RoPE improves eval/seen/kl_mix", 0.02, 0.01, 0.03, "not supported")).endswith(
+        ": not supported (RoPE worse)")
+    assert verdict_sentence(c("k <= 4", 1.73, 1.23, 2.22, "supported")) == "k <= 4: 1.73 [95% CI 1.23, 2.22]: supported"
+
+
+def test_posenc_figure_never_joins_blocks_and_says_units_and_the_better_side():
+    """Before: each encoding's means were joined across gamma levels and dodged apart, so a 0.002 difference
+    looked like 0.06, and the effect panels had no units or 'RoPE better' side. Now no line crosses from one
+    block to the next (a seed's two encodings are joined within a block), every axis names its unit, and the
+    half where RoPE is better is labelled."""
+    import pandas as pd
+
+    from hmmscope.report.posenc import _estimate, posenc_figure
+
+    rows = [{"param:model.pos_enc": pe, "param:hmm.gamma": g, "param:train.seed": sd,
+             "metric:eval/excess_ce": 0.2 + 0.5 * g + 0.002 * (pe == "absolute") + 0.01 * sd}
+            for pe in ("rope", "absolute") for g in (0.5, 0.9) for sd in (0, 1, 2)]
+    dm = pd.DataFrame(rows)
+    est = _estimate(dm, "metric:eval/excess_ce", ["param:hmm.gamma"], "param:train.seed")
+    fig = posenc_figure([("eval/excess_ce", dm, ["param:hmm.gamma"], est)], "param:train.seed")
+    top, bottom = fig.axes
+    for ln in top.get_lines():  # within one block (x = 0 or 1, +- 0.25): never from gamma 0.5 to 0.9
+        x = [float(v) for v in ln.get_xdata()]
+        assert max(x) - min(x) < 0.5, x
+    assert top.get_ylabel() == "eval/excess_ce (nats/token)" and bottom.get_ylabel() == "rope - absolute (nats/token)"
+    labels = {t.get_text(): t.get_position()[1] for t in bottom.texts}
+    assert labels["RoPE better"] < 0 < labels["RoPE worse"]  # lower CE is better: below zero
+    assert est.value == pytest.approx(-0.002)
 
 
 def test_posenc_effect_recovers_planted_difference(store):
@@ -420,7 +484,7 @@ def thin(tmp_path_factory):
 def test_not_estimable_factors_stay_in_the_table(thin):
     rep, md, trials = thin
     sec = md[md.index("## Positional encoding"):md.index("## Layerwise")]
-    rows = [line for line in sec.split("\n") if line.startswith("| eval/excess_ce | verdict: ")
+    rows = [line for line in sec.split("\n") if line.startswith("| eval/excess_ce | verdict [")
             or line.startswith("| eval/excess_ce | second opinion")]
     assert len(rows) == 2 and all("model.n_layers (confounded with pos_enc" in r
                                   and "train.lr (a different value in every trial" in r for r in rows)
@@ -460,7 +524,7 @@ def test_underpowered_is_said_plainly_and_verdicts_follow_the_ci(thin):
     assert pooled.verdict == "inconclusive" and "underpowered: 1 replicate" in pooled.reason
     assert "95% CI width 0.24 > |effect| 0.02" in pooled.reason
     assert check_claims([x for x in rep.claims if x.rule]) == []
-    rows = [line for line in md.split("\n") if line.startswith("| eval/") and "| verdict: " in line
+    rows = [line for line in md.split("\n") if line.startswith("| eval/") and "| verdict [" in line
             or line.startswith("| task_beats_control | 1 |")]
     assert len(rows) == 3 and all("underpowered" in r for r in rows)  # 2 metrics, the pooled claim
     # every p printed with its degrees of freedom: the posenc table has a df column beside p

@@ -198,6 +198,22 @@ def test_to_dict_csv_plot(tmp_path):
     assert not list((tmp_path / "fig").glob(".*tmp"))
 
 
+def test_figure2_with_one_layer_says_why_and_draws_no_phantom_band():
+    """One layer: the slope claim has no value. Before: the box read 'SE = nan [95% CI nan, nan]' and the legend
+    named a band that one layer cannot draw. Now the box gives the verdict and why, the legend only what is drawn."""
+    res = shuffle_test(model("rope", n_layers=1), episodes(n=6), n_perms=1)
+    fig = res.figure()
+    a = fig.axes[0]
+    texts = [t.get_text() for t in a.texts] + [t.get_text() for t in a.get_legend().get_texts()]
+    assert not any("nan" in t for t in texts), texts
+    assert any("not estimated: one layer: no layer trend to test" in t for t in texts), texts
+    labels = [t.get_text() for t in a.get_legend().get_texts()]
+    from matplotlib.collections import PolyCollection
+
+    assert labels == ["mean over episodes (bars: 95% CI)"]
+    assert not [c for c in a.collections if isinstance(c, PolyCollection)]  # no band drawn
+
+
 def test_figure2_artists():
     """Colourbar label; layers numbered as in Figure 3 (block b's attention is layer b + 1, layer 0 = embedding);
     the 95% CI drawn as error bars with caps besides the band, so a narrow CI stays visible."""

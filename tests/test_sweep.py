@@ -246,6 +246,17 @@ def test_grid_sweep_two_workers_end_to_end(tmp_path):
     study = optuna.load_study(study_name="th", storage=storage)
     assert study.metric_names == ["theory/rate"]
     assert set(optuna.importance.get_param_importances(study)) == {"theory.gammas", "theory.ranks"}
+    # the parent was live: each trial's worker brought its counts, best trial and comparison up to date as the
+    # trial ended (step k: once k trials had finished; one step per trial, never one key twice at a step), not
+    # only at the sweep's end; the last step holds the final counts; its trials' view is MLflow's shared view
+    c = tracking.client(uri)
+    hist = c.get_metric_history(s.parent_run_id, "sweep/complete")
+    assert sorted((m.step, m.value) for m in hist) == [(k, k) for k in range(1, 9)], [(m.step, m.value) for m in hist]
+    best = c.get_metric_history(s.parent_run_id, "sweep/best_value")
+    assert sorted(m.step for m in best) == list(range(1, 9))
+    assert min(hist, key=lambda m: m.timestamp).timestamp < max(hist, key=lambda m: m.timestamp).timestamp
+    view = c.get_experiment(parent.info.experiment_id).tags["mlflow.sharedViewState.hmmscope-sweep-th"]
+    assert "metrics.`Objective/theory/rate`" in view and "params.`theory.gammas`" in view
     # re-running a finished sweep adds nothing
     msgs: list[str] = []
     s2 = run_sweep(spec, workers=2, storage=storage, uri=uri, log=msgs.append)
@@ -316,6 +327,64 @@ def test_divergence_fails_the_trial_and_the_sweep_continues(tmp_path):
     bad = by_trial[str(rows[1e6]["number"])]
     assert bad.info.run_name == "lr1e+06-s0"
     assert bad.info.status == "FAILED" and "DivergedError" in bad.data.tags["hmmscope.failure_reason"]
+
+
+def test_a_trials_run_ends_after_its_evaluation_and_its_objective(tmp_path):
+    """Before: a trial's training run ended when training stopped, and its Figure 1 evaluation and objective were
+    written afterwards (the UI showed 22 s for a trial that took 35 s). Now the run is reopened for them: its
+    end time comes after every metric it holds; the trial is linked to the run from its start."""
+    spec, storage, uri = _train_study(tmp_path, "dur", '"hmm.gamma" = {grid = [0.7]}')
+    assert run_worker("dur", storage, uri, log=lambda m: None) == 1
+    (row,) = study_status("dur", storage)
+    (run,) = [r for r in runs(uri) if r.data.tags.get("hmmscope.trial") == str(row["number"])]
+    assert run.info.run_id == row["mlflow_run_id"] and run.info.status == "FINISHED"
+    c = tracking.client(uri)
+    last = {k: max(m.timestamp for m in c.get_metric_history(run.info.run_id, k))
+            for k in ("train/loss", "eval/seen/excess_ce", "Objective/eval/seen/excess_ce")}
+    assert last["train/loss"] <= last["eval/seen/excess_ce"] <= last["Objective/eval/seen/excess_ce"] <= run.info.end_time
+    assert run.data.tags["hmmscope.kind"] == "sweep-train"  # the trial's kind, not overwritten by train's default
+
+
+def test_a_running_trial_shows_its_run_and_status_only_reads(tmp_path):
+    """Before: a RUNNING trial showed run id None although its run existed, and `sweep status` marked orphan runs
+    KILLED. Now the trial links its run as soon as the run is open; status prints one column per swept param,
+    4 significant digits and whole run ids, lists an orphan RUNNING run on stderr and leaves it RUNNING (`runs gc`
+    marks it)."""
+    from typer.testing import CliRunner
+
+    from hmmscope.cli import app
+
+    fixed = TRAIN_FIXED.replace('"train.steps" = 10', '"train.steps" = 100000').replace(
+        '"train.eval_every" = 5', '"train.eval_every" = 100000').replace('"train.ckpt_every" = 10', '"train.ckpt_every" = 100000')
+    spec = load_spec(write(tmp_path, f'[sweep]\nname = "live"\nexperiment = "sw"\n{fixed}\n[space]\n'
+                                     f'"hmm.gamma" = {{grid = [0.7]}}\n', "live.toml"))
+    storage, uri = stores(tmp_path)
+    create_study(spec, storage, uri)
+    proc = subprocess.Popen(worker_command("live", storage, uri), env=worker_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seen: list[dict] = []
+
+    def training():  # RUNNING, linked to its run, which is still training (no final train/wall_time_s yet)
+        for r in study_status("live", storage):
+            run = tracking.get_run(uri, r["mlflow_run_id"]) if r["mlflow_run_id"] else None
+            if r["state"] == "RUNNING" and run is not None and run.info.status == "RUNNING" and \
+                    "train/loss" in run.data.metrics and "train/wall_time_s" not in run.data.metrics:
+                seen[:] = [r]
+        return seen
+
+    _kill_when(proc, training, "a training trial linked to its run")
+    rid = seen[0]["mlflow_run_id"]
+    runner = CliRunner()
+    r = runner.invoke(app, ["sweep", "status", "live", "--storage", storage, "--tracking-uri", uri])
+    assert r.exit_code == 0, r.output
+    head, rule, row = r.stdout.splitlines()[:3]
+    assert head.split() == ["number", "state", "hmm.gamma", "seed", "value", "run_id", "retried_from", "worker",
+                            "reason"] and set(rule) <= {"-", " "}
+    assert row.split()[:5] == ["0", "RUNNING", "0.7", "0", rid]  # whole id; no None, no JSON blob
+    assert f"orphan run {rid} " in r.stderr and "hmmscope runs gc" in r.stderr
+    assert tracking.get_run(uri, rid).info.status == "RUNNING"  # status only reads
+    r = runner.invoke(app, ["runs", "gc", "--tracking-uri", uri])
+    assert r.exit_code == 0 and tracking.get_run(uri, rid).info.status == "KILLED"
 
 
 def test_median_pruner_prunes_a_bad_trial(tmp_path):
@@ -816,7 +885,7 @@ def test_preempted_trial_resumes_from_its_checkpoint(tmp_path):
     run_id = ckpt[0].parents[2].name
     assert run_worker("pre", storage, uri, log=lambda m: None) == 1
     failed, retry = sorted(study_status("pre", storage), key=lambda r: r["number"])
-    assert failed["state"] == "FAIL" and failed["reason"].startswith("stale") and failed["mlflow_run_id"] is None
+    assert failed["state"] == "FAIL" and failed["reason"].startswith("stale") and failed["mlflow_run_id"] == run_id
     assert retry["state"] == "COMPLETE" and retry["retried_from"] == failed["number"]
     assert retry["mlflow_run_id"] == run_id  # the same MLflow run, continued in place
     run = tracking.get_run(uri, run_id)

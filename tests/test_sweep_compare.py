@@ -96,6 +96,7 @@ def planted_study(stores, name: str, seeds: list[int]):
     seed_shift = {s: rng.normal(0, 0.3) for s in seeds}
     for _ in range(spec.n_trials):
         t = study.ask({p.key: p.distribution() for p in spec.space})
+        t.set_user_attr("mlflow_run_id", f"planted-{t.number}")  # a run id to read an oracle's value by
         hi, rope = t.params["hmm.gamma"] == 0.9, t.params["model.pos_enc"] == "rope"
         study.tell(t, 1 + 0.5 * hi + 0.2 * rope * (1 + hi) + seed_shift[t.user_attrs["seed"]] + rng.normal(0, 0.05))
     return spec, study, uri, parent
@@ -155,6 +156,28 @@ def test_pivot_agrees_with_the_report_per_level_effects(stores):
     want.append(_estimate(df, OBJ, blocks, "param:train.seed").value)
     assert cols["rope - absolute"] == pytest.approx(want, rel=1e-12)
     assert isinstance(df, pd.DataFrame) and len(df) == 8
+
+
+def test_objective_figure_names_its_units_and_draws_the_oracle(stores):
+    """Before: objective.png had no units and no oracle. Now its y axis names the unit, an excess CE gets the
+    mixture oracle's 0 as a dotted line, and a test accuracy the oracle's own accuracy per level, read from the
+    trials' runs (`metrics_of`), also as the pivot's `oracle mean` column."""
+    import dataclasses
+
+    from hmmscope.sweep.compare import ORACLE, objective_figure, pivot, trial_frame
+
+    spec, study, _, _ = planted_study(stores, "units", [0, 1])
+    ax = objective_figure(spec, trial_frame(spec, study)).axes[0]
+    assert ax.get_ylabel() == "eval/seen/excess_ce (nats/token)"
+    assert [ln.get_label() for ln in ax.get_lines() if ln.get_linestyle() == ":"] == ["mixture oracle (excess_ce = 0)"]
+    acc = dataclasses.replace(spec, objective="eval/seen/test_acc")
+    df = trial_frame(acc, study, lambda rid: {"eval/seen/oracle_mix_test_acc": 0.5 + 0.01 * int(rid.split("-")[1])})
+    assert ORACLE in df.columns and df[ORACLE].notna().all()
+    ax = objective_figure(acc, df).axes[0]
+    assert ax.get_ylabel() == "eval/seen/test_acc (fraction of test tokens)"
+    (line,) = [ln for ln in ax.get_lines() if ln.get_label().startswith("mixture oracle")]
+    assert list(line.get_ydata()) == pytest.approx([df[df["param:hmm.gamma"] == g][ORACLE].mean() for g in (0.5, 0.9)])
+    assert pivot(acc, df)["oracle mean"][-1] == pytest.approx(df[ORACLE].mean())
 
 
 def test_no_complete_trial_logs_nothing(stores):

@@ -1,6 +1,8 @@
 """The terminal of `hmmscope sweep run`: worker output above ONE live bar, the bar ending at n/n, a line per
 trial with its objective and params. Slow: a real sweep with 2 worker processes in a real pseudo-terminal
-(python's pty module); fast: the same progress object on a rich console that believes it is a terminal."""
+(python's pty module); fast: the same progress object on a rich console that believes it is a terminal.
+Off a terminal (nohup, Slurm, CI): a real `hmmscope train` with its output sent to files prints its run id
+first, then plain progress lines (no bar, no escape codes)."""
 
 import io
 import os
@@ -137,3 +139,77 @@ def test_sweep_run_in_a_real_terminal_keeps_one_bar(tmp_path):
     (bar,) = [x for x in lines if x.startswith("sweep tty ") and "/2" in x]  # ONE bar: no stale copies
     assert " 2/2 " in bar and "2 done, 0 failed, 0 running" in bar
     assert lines[-2].startswith("sweep tty: 2 complete, 0 failed") and lines[-1].endswith("hmmscope ui --sweep tty")
+
+
+def test_train_off_a_terminal_prints_its_run_then_plain_progress_lines(tmp_path):
+    """Before: with its output in a file, a job said nothing until the end (no bar off a terminal, no lines).
+    Now: the run id and browse line first (stdout), then on stderr one line per phase and, every
+    HMMSCOPE_PROGRESS_S seconds, the step, loss, tokens/s and ETA; the last at N/N; no escape codes."""
+    exe = Path(sys.executable).parent / "hmmscope"
+    env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, "HMMSCOPE_PROGRESS_S": "0.3",
+           "HMMSCOPE_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    args = ["train", "--set", "hmm.n_tasks=4", "--set", "model.n_layers=1", "--set", "model.d_model=32",
+            "--set", "model.n_heads=2", "--set", "model.d_mlp=64", "--set", "train.steps=400", "--set",
+            "train.eval_every=400", "--set", "train.ckpt_every=400", "--set", "train.warmup=2", "--set",
+            "data.n_train=64", "--set", "data.n_eval=16", "--set", "data.n_demos=2", "--set", "data.l_demo=8",
+            "--set", "data.l_test=8", "--device", "cpu", "--no-evaluate"]
+    with (tmp_path / "out.txt").open("w") as out, (tmp_path / "err.txt").open("w") as err:
+        rc = subprocess.run([str(exe), *args], cwd=tmp_path, env=env, stdout=out, stderr=err, timeout=600).returncode
+    stdout, stderr = (tmp_path / "out.txt").read_text(), (tmp_path / "err.txt").read_text()
+    assert rc == 0, stderr[-3000:]
+    first = stdout.splitlines()[0]
+    assert re.fullmatch(r"run ([0-9a-f]{32}) started; browse: hmmscope ui --run \1", first), first
+    assert "\x1b" not in stdout + stderr and "\r" not in stdout + stderr  # plain text: no bar, no spinner
+    lines = stderr.splitlines()
+    assert lines[0] == "train: setting up: data, oracles, model ..."
+    steps = [re.fullmatch(r"train: step (\d+)/400, loss \d+\.\d{4}, [\d,]+ tokens/s, ETA (\d+:\d\d:\d\d|\?)", ln)
+             for ln in lines if ln.startswith("train: step ")]
+    assert len(steps) >= 2 and all(steps), lines
+    done = [int(m.group(1)) for m in steps]
+    assert done == sorted(done) and done[-1] == 400 and steps[-1].group(2) == "0:00:00"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="python's pty module on Linux")
+def test_train_in_a_terminal_clears_its_spinner_before_the_run_line(tmp_path):
+    """Before: the setup spinner was still on screen when the run line was printed: '... modelrun 3efd...
+    started'. Now the spinner is cleared first: the run line starts a line of its own, and the screen ends with
+    the summary and the headline, each on its own line."""
+    import pty
+
+    exe = Path(sys.executable).parent / "hmmscope"
+    env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, "COLUMNS": "200", "LINES": "50",
+           "TERM": "xterm-256color", "HMMSCOPE_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([str(exe), "train", "--set", "train.steps=4", "--set", "train.eval_every=4", "--set",
+                             "data.n_train=64", "--set", "data.n_eval=16", "--device", "cpu"],
+                            cwd=tmp_path, env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+    os.close(slave)
+    out = b""
+    try:
+        deadline = time.time() + 600
+        while True:
+            assert time.time() < deadline, "train did not finish in 600 s"
+            r, _, _ = select.select([master], [], [], 1.0)
+            if r:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            elif proc.poll() is not None:
+                break
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        os.close(master)
+    raw = out.decode(errors="replace")
+    (tmp_path / "terminal.txt").write_text(raw)
+    assert proc.returncode == 0, raw[-3000:]
+    lines = screen(raw)
+    (run,) = [x for x in lines if "started; browse: hmmscope ui --run" in x]
+    assert re.fullmatch(r"run [0-9a-f]{32} started; browse: hmmscope ui --run [0-9a-f]{32}", run), lines
+    assert not any("setting up" in x for x in lines)  # the spinner left nothing behind
+    assert any(x.startswith("result (unseen tasks, test CE, nats/token): model ") for x in lines), lines

@@ -403,9 +403,10 @@ def test_theory_figure_artists(tmp_path):
     res = _synthetic_result()
     assert all(s.rate_fit.ok and 24 not in s.rate_fit.used_lengths for s in res.settings)
     fig = theory_figure(res, title="run t")
-    eps_axes = [ax for ax in fig.axes if ax.get_xlabel() == "L (memory)"]
-    by_x = {ax.get_xlabel(): ax for ax in fig.axes if ax.get_ylabel() == "decay rate r"}
+    eps_axes = [ax for ax in fig.axes if ax.get_xlabel() == "L (memory, tokens)"]
+    by_x = {ax.get_xlabel().split()[0]: ax for ax in fig.axes if ax.get_ylabel() == "decay rate r (1/L, per token)"}
     assert len(eps_axes) == 2 and set(by_x) == {"gamma", "gamma_eff"}  # one x quantity per panel
+    assert all(ax.get_ylabel() == "eps(L) (mean TV distance)" for ax in eps_axes)  # every axis names its unit
     for ax in eps_axes:  # the L = 24 point of each gamma: hollow; fitted points filled; dashed fit in their colour
         hollow = [ln for ln in ax.get_lines() if ln.get_markerfacecolor() == "none" and ln.get_marker() == "o"
                   and len(ln.get_xdata())]
@@ -427,3 +428,27 @@ def test_theory_figure_artists(tmp_path):
     assert "run t" in fig._suptitle.get_text()
     png, pdf = plot_theory(res, tmp_path / "t.png")
     assert png.exists() and pdf.exists()
+
+
+def test_theory_figure_reads_gamma_plainly_and_the_reference_never_squashes_the_data(tmp_path):
+    """Before: gamma ticks read 3x10^-1, and the reference gamma^4 (drawn from the smallest gamma up to 1) set the
+    rate panels' y range, squashing the data (worst on gamma_eff). Now the ticks are the levels as plain numbers,
+    the reference spans the data's x range and is clipped to the y range the data set."""
+    from hmmscope.theory import theory_figure
+
+    res = _synthetic_result()
+    fig = theory_figure(res)
+    fig.canvas.draw()
+    by_x = {ax.get_xlabel().split()[0]: ax for ax in fig.axes if ax.get_ylabel().startswith("decay rate")}
+    rates = [s.rate_fit.rate for s in res.settings]
+    floor = min(s.mixing_rate for s in res.settings)  # drawn too (the mixing floor)
+    for name, ax in by_x.items():
+        xs = sorted({round(s.params["gamma"] if name == "gamma" else s.gamma_eff["value"], 2) for s in res.settings})
+        ticks = [t.get_text() for t in ax.get_xticklabels()]
+        assert ticks == [f"{x:g}" for x in xs], ticks  # 0.4, not 4x10^-1
+        assert not any("10^" in t.get_text() or "times" in t.get_text() for t in ax.get_yticklabels())
+        lo, hi = ax.get_ylim()
+        assert lo > min(*rates, floor) / 3 and hi < max(rates) * 2  # the data set it, not gamma^4 (up to 1)
+        assert ax.get_xlim()[1] < 1.0  # the reference is not drawn out to gamma = 1
+        (ref,) = [ln for ln in ax.get_lines() if ln.get_label().startswith(f"{name}^4 (c = 1)")]
+        assert min(ref.get_xdata()) == pytest.approx(min(xs), abs=0.01)

@@ -205,7 +205,7 @@ def test_heartbeat_and_liveness_tags(tmp_path, monkeypatch):
         first = lease_of(run.get())["beat"]
         time.sleep(2.5)
         t = lease_of(run.get())
-    assert t["beat"] > first  # the lease (one tag, mlflow.hmmscope.lease) is renewed
+    assert t["beat"] > first  # the lease (one tag, hmmscope.lease) is renewed
     assert t["pid"] == str(os.getpid()) and t["host"] == socket.gethostname()
     assert t["interval"] == 0.3
 
@@ -381,6 +381,92 @@ def test_browse_line_is_one_hmmscope_ui_command_or_the_servers_url(tmp_path, mon
             tracking.target_url(other, "http://127.0.0.1:9", **bad)
     # experiments hmmscope creates are of the training kind: the UI opens them on their runs, not GenAI
     assert tracking.client(other).get_experiment(eid).tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_run_ids_take_a_unique_prefix_of_six_or_more_characters(tmp_path):
+    """Short ids are printed everywhere (reports, folders, `runs compare` headers); a unique prefix of >= 6
+    characters is taken wherever a run id is, as git takes a commit's; an ambiguous one is one line naming them."""
+    import sqlite3
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    with tracking.start_run(uri, "exp", "r0") as run:
+        pass
+    rid = run.run_id
+    assert tracking.resolve_run_id(uri, rid[:6]) == rid and tracking.resolve_run_id(uri, rid[:6].upper()) == rid
+    assert tracking.get_run(uri, rid[:8]).info.run_id == rid
+    assert tracking.resolve_run_id(uri, rid[:5]) == rid[:5]  # too short to be a prefix: as given, then "no run"
+    assert tracking.get_run(uri, rid[:5]) is None and tracking.resolve_run_id(uri, "not-hex") == "not-hex"
+    other = ("0" if rid[0] != "0" else "1") * 6
+    assert tracking.resolve_run_id(uri, other) == other and tracking.get_run(uri, other) is None
+    # a second run whose id shares the first 7 characters (copied row by row in the store itself)
+    twin = rid[:7] + ("0" if rid[7] != "0" else "1") + rid[8:]
+    con = sqlite3.connect(tmp_path / "mlflow.db")
+    with con:
+        cols = [r[1] for r in con.execute("PRAGMA table_info(runs)")]
+        sel = ", ".join("?" if c == "run_uuid" else c for c in cols)
+        con.execute(f"INSERT INTO runs ({', '.join(cols)}) SELECT {sel} FROM runs WHERE run_uuid = ?", (twin, rid))
+    con.close()
+    with pytest.raises(ValueError, match=rf"run id prefix '{rid[:6]}' is ambiguous: 2 runs start with it \("):
+        tracking.resolve_run_id(uri, rid[:6])
+    with pytest.raises(ValueError, match="ambiguous"):
+        tracking.get_run(uri, rid[:7])
+    assert tracking.resolve_run_id(uri, rid[:8]) == rid and tracking.resolve_run_id(uri, twin[:8]) == twin
+
+
+def test_a_sweeps_trials_view_is_mlflows_shared_view_with_the_objective_as_a_column(tmp_path):
+    """MLflow 3.17's runs table takes only its search facets from a URL; its columns come from a shared view
+    (experiment tag mlflow.sharedViewState.<key>, URL viewStateShareKey=<key>). The sweep's trials URL names
+    that view: the parent's children, sorted by the objective, with the objective and swept params as columns."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    params = {"sweep.objective": "eval/seen/excess_ce", "sweep.direction": "minimize", "sweep.kind": "train",
+              "sweep.space.model.pos_enc": ["rope", "absolute"], "sweep.space.hmm.gamma": [0.5, 0.9]}
+    with tracking.start_run(uri, "sw", "sweep-s1", params=params,
+                            tags={"hmmscope.kind": "sweep", "hmmscope.study": "s1"}) as parent:
+        pass
+    p = parent.get()
+    base = "http://127.0.0.1:9"
+    answer, trials = tracking.sweep_urls(uri, base, "s1")
+    eid, pid = p.info.experiment_id, p.info.run_id
+    assert answer == f"{base}/#/experiments/{eid}/runs/{pid}?workflowType=machine_learning"  # nothing compared yet
+    assert "searchFilter=" in trials and "viewStateShareKey" not in trials  # no view saved: the facets alone
+    assert tracking.save_sweep_view(uri, p) == "hmmscope-sweep-s1"
+    tag = json.loads(tracking.client(uri).get_experiment(eid).tags["mlflow.sharedViewState.hmmscope-sweep-s1"])
+    assert tag["name"] == "sweep s1: trials" and isinstance(tag["createdAt"], int)
+    state = json.loads(tag["state"])
+    assert state == {"searchFilter": f"tags.mlflow.parentRunId = '{pid}'",
+                     "orderByKey": "metrics.`Objective/eval/seen/excess_ce`", "orderByAsc": True,
+                     "selectedColumns": ["metrics.`Objective/eval/seen/excess_ce`", "params.`hmm.gamma`",
+                                         "params.`model.pos_enc`", "params.`train.seed`"]}
+    assert tracking.sweep_urls(uri, base, "s1")[1] == \
+        f"{base}/#/experiments/{eid}/runs?workflowType=machine_learning&viewStateShareKey=hmmscope-sweep-s1"
+    before = tracking.client(uri).get_experiment(eid).tags["mlflow.sharedViewState.hmmscope-sweep-s1"]
+    tracking.save_sweep_view(uri, p)  # unchanged: not rewritten
+    assert tracking.client(uri).get_experiment(eid).tags["mlflow.sharedViewState.hmmscope-sweep-s1"] == before
+    tracking.Run(uri, pid).log_table({"a": [1]}, "comparison/pivot.json")  # the comparison exists: the answer
+    assert tracking.sweep_urls(uri, base, "s1")[0] == \
+        f"{base}/#/experiments/{eid}/runs/{pid}/artifacts/comparison/objective.png?workflowType=machine_learning"
+    assert tracking.target_url(uri, base, sweep="s1") == tracking.sweep_urls(uri, base, "s1")[0]
+    with pytest.raises(ValueError, match="no sweep 'nope'"):
+        tracking.sweep_urls(uri, base, "nope")
+
+
+def test_a_reopened_runs_duration_is_its_age_while_it_runs(tmp_path, monkeypatch):
+    """Before: a sweep parent, reopened while its trials ran, showed the 0.25 s of its first session (the UI's
+    duration is end - start). Now reopening moves its end time to now, and each heartbeat moves it again."""
+    monkeypatch.setenv("HMMSCOPE_RUN_HEARTBEAT_S", "0.3")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    with tracking.start_run(uri, "exp", "parent") as run:
+        pass
+    first = run.get().info
+    time.sleep(1.0)
+    with tracking.start_run(uri, "exp", "", resume=run.run_id):
+        info = run.get().info
+        assert info.status == "RUNNING" and info.end_time >= first.end_time + 900
+        time.sleep(1.5)
+        later = run.get().info
+        assert later.status == "RUNNING" and later.end_time > info.end_time  # moved by the heartbeat
+    done = run.get().info
+    assert done.status == "FINISHED" and done.end_time >= later.end_time
 
 
 def test_config_toml_datasets_and_system_metrics(tmp_path, monkeypatch):

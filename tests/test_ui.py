@@ -165,3 +165,34 @@ def test_ui_refuses_a_folder_with_no_store_unless_create(tmp_path, monkeypatch):
                        (["--run", "a", "--sweep", "b"], "at most one of")]:
         r = CliRunner().invoke(app, ["ui", "--port", str(_free_port()), *args])
         assert r.exit_code == 2 and r.output.count("\n") == 1 and what in r.output, r.output
+
+
+def test_the_optuna_dashboard_url_opens_the_sweeps_study(tmp_path):
+    """Before: `ui --sweep NAME --optuna-dashboard` printed the dashboard's front page. Now its URL is the study's
+    page (/dashboard/studies/<id>), which a real optuna-dashboard serves, its API naming that study."""
+    import optuna
+
+    from hmmscope.cli.ui import _study_url
+
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.create_study(study_name="other", storage=storage)
+    sid = optuna.create_study(study_name="mine", storage=storage)._study_id
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    url = _study_url(base, storage, "mine")
+    assert url == f"{base}/dashboard/studies/{sid}" and sid == 2
+    assert _study_url(base, storage, "nope") == base and _study_url(base, storage, None) == base
+    exe = Path(sys.executable).parent / "optuna-dashboard"
+    proc = subprocess.Popen([str(exe), "--host=127.0.0.1", f"--port={port}", "--", storage],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while not _answers(f"{base}/api/meta"):
+            assert proc.poll() is None and time.time() < deadline, "optuna-dashboard did not answer"
+            time.sleep(0.2)
+        assert b"<html" in _get(url).lower()  # the page (its single-page app routes /dashboard/studies/<id>)
+        assert json.loads(_get(f"{base}/api/studies/{sid}"))["name"] == "mine"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)

@@ -213,6 +213,26 @@ def print_table(title: str, rows: list[dict[str, Any]]) -> None:
     console().print(table)
 
 
+def cell(v: Any, digits: int = 6) -> str:
+    """A table cell as text: floats to `digits` significant digits, NaN / None / NaT as an empty cell."""
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, float):
+        return "" if v != v else f"{v:.{digits}g}"
+    if hasattr(v, "strftime"):
+        return "" if str(v) == "NaT" else v.strftime("%Y-%m-%d %H:%M:%S")
+    return "" if v is None else str(v)
+
+
+def plain_table(columns: list[str], rows: list[list[Any]], digits: int = 6) -> str:
+    """Columns aligned by two spaces, a header and a rule of dashes; cells as text (`cell`: floats to `digits`
+    significant digits), never folded: run ids stay whole, greppable and pasteable."""
+    cells = [[cell(v, digits) for v in r] for r in rows]
+    width = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    line = lambda r: "  ".join(v.ljust(w) for v, w in zip(r, width, strict=True)).rstrip()  # noqa: E731
+    return "\n".join([line(columns), line(["-" * w for w in width]), *(line(r) for r in cells)])
+
+
 def print_metrics(title: str, metrics: dict[str, float]) -> None:
     print_table(title, [{"metric": k, "value": f"{v:.4g}"} for k, v in sorted(metrics.items())])
 
@@ -233,11 +253,13 @@ def print_claims(title: str, claims) -> None:
 
 
 class Spinner:
-    """A spinner on stderr while something silent runs: a terminal only (nothing otherwise, or with no text).
-    A context manager; `stop()` ends it early (idempotent), e.g. when another display takes over."""
+    """A spinner on stderr while something silent runs, on a terminal (nothing with no text). Off a terminal,
+    with `plain` (a prefix such as "train"), the text once as a plain line on stderr, `<plain>: <text> ...`, so
+    a log file shows the phase; else nothing. A context manager; `stop()` ends it early (idempotent, and clears
+    its line), e.g. before a line is printed or when another display takes over."""
 
-    def __init__(self, text: str | None, console=None):
-        self.text, self._status = text, None
+    def __init__(self, text: str | None, console=None, plain: str | None = None):
+        self.text, self._status, self.plain = text, None, plain
         self.console = console
 
     def __enter__(self):
@@ -245,6 +267,8 @@ class Spinner:
         if self.text and out.is_terminal:
             self._status = out.status(self.text, spinner="dots")
             self._status.__enter__()
+        elif self.text and self.plain:
+            typer.echo(f"{self.plain}: {self.text} ...", err=True)
         return self
 
     def stop(self) -> None:

@@ -46,6 +46,31 @@ from .theory import print_theory
 
 OutOpt = Annotated[Path, typer.Option("--out", parser=nonempty_path, help="Root folder for figures and tables: they go to "
                                       "OUT/<run name>-<run id[:8]>/ (also logged to the run).")]
+RunIdArg = "MLflow run id of a training run (or a unique prefix of it, at least 6 characters)."
+
+
+def headline(metrics: dict, tags: dict | None = None) -> str | None:
+    """Figure 1 in one line: the model's test CE beside the task oracle, the mixture oracle, the family's Bayes
+    predictor and the best counting baseline (nats/token), the model minus the best counting baseline with its
+    95% CI, and the regime the evaluation names (tag hmmscope.regime: retrieval, counting, inference beyond
+    counting, undetermined). On unseen tasks (the model's generalization) when measured, else on seen tasks;
+    a reference not measured is left out; None when there is no test CE at all."""
+    tasks = "unseen" if "eval/unseen/test_ce" in metrics else "seen" if "eval/seen/test_ce" in metrics else None
+    if tasks is None:
+        return None
+    mix = "mixture oracle" + (" (seen tasks)" if tasks == "unseen" else "")
+    refs = [("task oracle", f"eval/{tasks}/oracle_task_test_ce"), (mix, "eval/seen/oracle_mix_test_ce"),
+            ("family Bayes", f"baseline/{tasks}/family_bayes/ce"), ("best counting", f"baseline/{tasks}/best_counting/ce")]
+    got = [f"{name} {metrics[k]:.4f}" for name, k in refs if k in metrics]
+    line = f"result ({tasks} tasks, test CE, nats/token): model {metrics[f'eval/{tasks}/test_ce']:.4f}"
+    line += f"; {', '.join(got)}" if got else ""
+    vs = f"eval/{tasks}/vs_best_counting"
+    if vs in metrics:
+        ci = (f" [95% CI {metrics[vs + '_lo']:+.4f}, {metrics[vs + '_hi']:+.4f}]"
+              if vs + "_lo" in metrics and vs + "_hi" in metrics else "")
+        line += f"; model - best counting {metrics[vs]:+.4f}{ci}"
+    regime = (tags or {}).get("hmmscope.regime")
+    return line + (f"; regime: {regime}" if regime else "")
 
 
 @user_errors
@@ -54,7 +79,8 @@ def train_cmd(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     device: DeviceOpt = None,
-    resume: Annotated[str | None, typer.Option(help="Continue this MLflow run from its last checkpoint.")] = None,
+    resume: Annotated[str | None, typer.Option(help="Continue this MLflow run from its last checkpoint (its id, or "
+                                               "a unique prefix of at least 6 characters).")] = None,
     evaluate: Annotated[bool, typer.Option(help="Run Figure 1 evaluation at the end.")] = True,
     run_name: Annotated[str | None, typer.Option(help="MLflow run name.")] = None,
     out: OutOpt = Path("out"),
@@ -66,8 +92,15 @@ def train_cmd(
         min=0, help="Seconds from the command's start by which training stops at a step boundary, with its checkpoint written "
                     "(the run ends FINISHED, tagged hmmscope.stopped=deadline; continue it with --resume; Figure 1 "
                     "waits for the last segment).")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print every final metric as a table "
+                                          "(else one headline line; the table is in the run: hmmscope runs show "
+                                          "ID).")] = False,
 ) -> None:
-    """Train a transformer on HMM-mixture episodes (one MLflow run; checkpoints as artifacts)."""
+    """Train a transformer on HMM-mixture episodes (one MLflow run; checkpoints as artifacts).
+
+    Prints its run id and browse line at once; then, on a terminal, a bar, else a plain progress line every
+    HMMSCOPE_PROGRESS_S seconds (default 30) and one per phase; at the end one headline line (the model vs the
+    oracles and the best counting baseline, and the regime)."""
     from ..deadline import process_age_s  # the standard library only
 
     t_cmd = time.monotonic() - process_age_s()  # the deadline counts from the process's start (imports included)
@@ -86,13 +119,19 @@ def train_cmd(
 
     dev = resolve_device(cfg.train.device)  # an unavailable device fails before any run is created
     if resume is not None:
+        resume = tracking.resolve_run_id(uri, resume)  # a unique prefix of the id will do
         checks.live_run(uri, resume, resume=True)
         tracking.existing_run(uri, resume)
     checks.memory(memory_estimate(cfg, "train"), device=str(dev), force=force)
     checks.duration(train_flops(cfg), device=str(dev), force=force, what=f"training {cfg.train.steps:,} steps")
     # a spinner over the silent setup (data, oracles, model, the run), stopped by the step-0 evaluation, which
     # comes just before training's own bar; a resumed run has no such evaluation, and no spinner
-    setup = Spinner("setting up: data, oracles, model" if resume is None else None)
+    setup = Spinner("setting up: data, oracles, model" if resume is None else None, plain="train")
+
+    def started(rid: str) -> None:  # the spinner's line cleared first: the id is printed on a line of its own
+        setup.stop()
+        typer.echo(f"run {rid} {'resumed' if resume else 'started'}; {tracking.browse_line(uri, run_id=rid)}")
+
     # one writer per run: a resume takes the run's lease before any work (of two started together, one runs, the
     # other stops here with one line naming it) and keeps it to the end of the command
     with sigterm_interrupts(), tracking.hold_run(uri, resume) if resume else contextlib.nullcontext({}) as held, setup:
@@ -101,15 +140,14 @@ def train_cmd(
 
             typer.echo(f"run {resume}: removed {describe(*held['cleaned'])} left by a killed writer", err=True)
         res = train(cfg, tracking_uri=uri, experiment=experiment, run_name=run_name, resume=resume,
-                    progress=sys.stderr.isatty(), on_eval=lambda step, m: setup.stop(),
-                    deadline=None if deadline is None else Deadline(at=t_cmd + deadline),
-                    on_start=lambda rid: typer.echo(f"run {rid} {'resumed' if resume else 'started'}; "
-                                                    f"{tracking.browse_line(uri, run_id=rid)}"))
+                    progress=True, on_eval=lambda step, m: setup.stop(),
+                    deadline=None if deadline is None else Deadline(at=t_cmd + deadline), on_start=started)
         metrics, files, claims = dict(res.metrics), [], []
         if evaluate and res.stopped is None:
             # the model in hand: no checkpoint read back. The run is reopened for it, so a failed evaluation (a full
             # disk) leaves it FAILED with the reason, not FINISHED without its Figure 1; `--resume` evaluates again
-            with Spinner("evaluating: Figure 1"), tracking.start_run(uri, experiment, "", resume=res.run_id) as run:
+            with (Spinner("evaluating: Figure 1", plain="train"),
+                  tracking.start_run(uri, experiment, "", resume=res.run_id) as run):
                 ev = evaluate_model(res.model, res.config, res.steps, run, device=cfg.train.device, out=out)
             metrics.update(ev)
             files, claims = ev.files, ev.claims
@@ -119,8 +157,14 @@ def train_cmd(
             tracking.existing_run(uri, res.run_id).log_model(
                 res.model, params={k: v for k, v in flatten(res.config).items() if k.startswith("model.")},
                 step=res.steps)
-    print_metrics(f"run {res.run_id}: {res.steps} steps in {res.wall_time:.0f} s "
-                  f"({res.tokens_per_s:,.0f} tokens/s)", metrics)
+    typer.echo(f"run {res.run_id}: {res.steps} steps in {res.wall_time:.0f} s ({res.tokens_per_s:,.0f} tokens/s)")
+    if verbose:
+        print_metrics(f"run {res.run_id}: final metrics", metrics)
+    line = headline(metrics, tracking.get_run(uri, res.run_id).data.tags)
+    if line:
+        typer.echo(line)
+    if not verbose:
+        typer.echo(f"every metric: hmmscope runs show {res.run_id[:8]}  (or train --verbose)")
     if claims:
         print_claims("Figure 1 (retrieval gap; unseen tasks: in-context gain, model vs best counting)", claims)
         typer.echo(regime_line(metrics, getattr(ev, "regime", None)))
@@ -162,7 +206,7 @@ def regime_line(m, regime: str | None = None) -> str:
 
 @user_errors
 def evaluate_cmd(
-    run_id: Annotated[str, typer.Argument(help="MLflow run id of a training run.")],
+    run_id: Annotated[str, typer.Argument(help=RunIdArg)],
     device: DeviceOpt = None,
     n_episodes: Annotated[int | None, typer.Option(help="Held-out episodes (default data.n_eval).")] = None,
     out: OutOpt = Path("out"),
@@ -174,9 +218,11 @@ def evaluate_cmd(
         raise ConfigError(f"--n-episodes must be >= 1, got {n_episodes}")
     checks.output_dir(out, "--out", explicit=out != Path("out"))
     uri = checks.tracking_store(tracking_uri, must_exist=True)
+    from .. import tracking
     from ..jobs import evaluate_run
     from ..train import resolve_device, sigterm_interrupts
 
+    run_id = tracking.resolve_run_id(uri, run_id)  # a unique prefix of the id will do
     cfg = checks.run_config(uri, run_id)
     dev = resolve_device(device or "auto")
     if cfg is not None:
@@ -184,6 +230,9 @@ def evaluate_cmd(
     with sigterm_interrupts():
         metrics = evaluate_run(uri, run_id, device=device or "auto", n_episodes=n_episodes, out=out)
     print_metrics(f"evaluation of run {run_id}", metrics)
+    line = headline(metrics, tracking.get_run(uri, run_id).data.tags)
+    if line:
+        typer.echo(line)
     print_claims("Figure 1 (retrieval gap; unseen tasks: in-context gain, model vs best counting)", metrics.claims)
     typer.echo(regime_line(metrics))
     print_files(metrics.files)
@@ -191,7 +240,8 @@ def evaluate_cmd(
 
 @user_errors
 def analyze_cmd(
-    target: Annotated[str, typer.Argument(help="MLflow run id of a training run, or a checkpoint (.pt) file.")],
+    target: Annotated[str, typer.Argument(help="MLflow run id of a training run (or a unique prefix of it, at least 6 "
+                                          "characters), or a checkpoint (.pt) file.")],
     ks: Annotated[str, typer.Option("--ks", help="Comma-separated k for the k-back token probes.")] = "1,2,3,4,5",
     n_episodes: Annotated[int | None, typer.Option(help="Held-out episodes (default data.n_eval).")] = None,
     n_perms: Annotated[int, typer.Option(min=1, help="Demo permutations per episode (shuffle test).")] = 4,
@@ -222,6 +272,10 @@ def analyze_cmd(
     checks.output_dir(out, "--out", explicit=out != Path("out"))
     is_file = Path(target).suffix == ".pt" or Path(target).exists()
     uri = checks.tracking_store(tracking_uri, must_exist=not is_file)
+    if not is_file:
+        from .. import tracking
+
+        target = tracking.resolve_run_id(uri, target)  # a unique prefix of the id will do
     from ..checkpoints import checkpoint_config, read_checkpoint
     from ..jobs import analyze_run
     from ..train import resolve_device, sigterm_interrupts
@@ -261,7 +315,10 @@ def run_cmd(
     force: ForceOpt = False,
     print_config: PrintConfigOpt = False,
 ) -> None:
-    """The main job: theory sweep, training + Figure 1, layerwise analysis, a small training sweep and its report."""
+    """The main job: theory sweep, training + Figure 1, layerwise analysis, a small training sweep and its report.
+
+    Prints its main run's id and browse line at once (the sweep's when it starts), a line per stage and, off a
+    terminal, training's plain progress lines; at the end the two browse lines: the main run and the sweep."""
     cfg = build_config(preset_, config, set_, {"train.device": device})
     if print_config:
         return echo_config(cfg)
@@ -281,12 +338,15 @@ def run_cmd(
     checks.duration(train_flops(cfg), device=str(dev), force=force, what=f"the train stage's {cfg.train.steps:,} steps")
 
     def sweep_and_report(spec, report_dir):  # the jobs layer reaches the sweep layer only through this
+        typer.echo(f"sweep {spec.name}: {tracking.browse_line(uri, sweep=spec.name)}")
         sw = run_sweep(spec, workers=workers, uri=uri, log=lambda m: typer.echo(m, err=True))  # workers' lines too
         return sw, build_report(uri, sw.parent_run_id, report_dir, storage=sw.storage)
 
-    with sigterm_interrupts():
-        res = main_job(cfg, uri, experiment, out, sweep=sweep_and_report, progress=sys.stderr.isatty(),
-                       on_stage=lambda s: typer.echo(f"[hmmscope run] {s} ...", err=True))
+    with sigterm_interrupts():  # off a terminal too: the run id at once, a line per stage, training's progress lines
+        res = main_job(cfg, uri, experiment, out, sweep=sweep_and_report, progress=True,
+                       on_stage=lambda s: typer.echo(f"[hmmscope run] {s} ...", err=True),
+                       log=None if sys.stderr.isatty() else (lambda m: typer.echo(m, err=True)),
+                       on_start=lambda rid: typer.echo(f"main run {rid} started; {tracking.browse_line(uri, run_id=rid)}"))
     m = res.eval_metrics
     typer.echo("")
     typer.echo(f"Figure 1 (test segment, {cfg.data.n_demos} demonstrations, seen tasks): model acc "
@@ -307,3 +367,4 @@ def run_cmd(
     typer.echo(f"files (figures, tables, report): {res.folder}")
     typer.echo(regime_line(m))
     typer.echo(tracking.browse_line(uri, run_id=res.parent_id))
+    typer.echo(tracking.browse_line(uri, sweep=sw.study_name))

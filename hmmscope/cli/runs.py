@@ -10,29 +10,13 @@ pandas, `hmmscope.api` and `hmmscope.tracking` are imported inside the command b
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from .common import UriOpt, fail, print_table, user_errors
+from .common import UriOpt, fail, plain_table, print_table, user_errors
 
 app = typer.Typer(no_args_is_help=True, help="MLflow runs as plain tables (list, show, compare); housekeeping (gc).")
-
-
-def _cell(v: Any) -> str:
-    if isinstance(v, float):
-        return "" if v != v else f"{v:.6g}"
-    if hasattr(v, "strftime"):
-        return "" if str(v) == "NaT" else v.strftime("%Y-%m-%d %H:%M:%S")
-    return "" if v is None else str(v)
-
-
-def plain_table(columns: list[str], rows: list[list[Any]]) -> str:
-    """Columns aligned by two spaces, a header and a rule of dashes; cells as text (floats to 6 digits)."""
-    cells = [[_cell(v) for v in r] for r in rows]
-    width = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-    line = lambda r: "  ".join(v.ljust(w) for v, w in zip(r, width, strict=True)).rstrip()  # noqa: E731
-    return "\n".join([line(columns), line(["-" * w for w in width]), *(line(r) for r in cells)])
 
 
 def _api(fn, *args, **kw):
@@ -42,26 +26,50 @@ def _api(fn, *args, **kw):
         fail(str(e).splitlines()[0] if str(e) else "bad input")
 
 
+def _order_metrics(order_by: list[str]) -> list[str]:
+    """The metric keys an --order-by names (`metrics.x DESC`, metrics.`a/b`): shown as columns."""
+    import re
+
+    out = []
+    for o in order_by:
+        m = re.match(r"\s*metrics\.(`[^`]+`|\S+)", o)
+        if m:
+            out.append(m.group(1).strip("`"))
+    return out
+
+
 @app.command("list")
 @user_errors
 def runs_list_cmd(
     experiment: Annotated[str | None, typer.Option(help="Only this experiment (by name).")] = None,
-    limit: Annotated[int, typer.Option(min=1, help="Newest runs shown, at most.")] = 50,
+    limit: Annotated[int, typer.Option(min=1, help="Runs shown, at most.")] = 50,
+    filter_: Annotated[str | None, typer.Option("--filter", help="MLflow's search syntax, passed through: "
+                                                "--filter \"metrics.`eval/seen/excess_ce` < 0.3 and "
+                                                "params.`model.pos_enc` = 'rope'\".")] = None,
+    order_by: Annotated[list[str] | None, typer.Option("--order-by", help="MLflow's order syntax (repeatable): "
+                                                       "--order-by \"metrics.`eval/seen/excess_ce` ASC\" "
+                                                       "(default: newest first); a metric named here is shown "
+                                                       "as a column.")] = None,
+    metric: Annotated[list[str] | None, typer.Option("--metric", "-m", help="Show this metric as a column "
+                                                     "(repeatable): -m eval/seen/excess_ce.")] = None,
     tracking_uri: UriOpt = None,
 ) -> None:
-    """The runs, newest first: id, name, experiment, status, kind, start, duration, parent."""
+    """The runs, newest first: id, name, experiment, status, kind, start, duration, parent (and the metrics asked
+    for, one column each)."""
     from .. import api
 
-    df = _api(api.runs, experiment, tracking_uri=tracking_uri)
-    shown = df.head(limit)
-    typer.echo(plain_table(list(df.columns), shown.values.tolist()))
+    df = _api(api.runs, experiment, tracking_uri=tracking_uri, filter_string=filter_ or "", order_by=order_by)
+    keys = list(dict.fromkeys([*(metric or []), *_order_metrics(order_by or [])]))
+    cols = [*api.RUN_COLUMNS, *(f"metrics.{k}" for k in keys)]
+    shown = df.reindex(columns=cols).head(limit)
+    typer.echo(plain_table(cols, shown.values.tolist()))
     typer.echo(f"{len(shown)} of {len(df)} run(s)")
 
 
 @app.command("show")
 @user_errors
 def runs_show_cmd(
-    run_id: Annotated[str, typer.Argument(help="MLflow run id.")],
+    run_id: Annotated[str, typer.Argument(help="MLflow run id, or a unique prefix of it (at least 6 characters).")],
     tracking_uri: UriOpt = None,
 ) -> None:
     """One run: what it is, its params, its metrics (last values), its tags and its claims."""
@@ -81,17 +89,22 @@ def runs_show_cmd(
 @app.command("compare")
 @user_errors
 def runs_compare_cmd(
-    run_ids: Annotated[list[str], typer.Argument(help="Two or more MLflow run ids.")],
+    run_ids: Annotated[list[str], typer.Argument(help="Two or more MLflow run ids (or unique prefixes of at least "
+                                                  "6 characters).")],
     all_: Annotated[bool, typer.Option("--all", help="Every param and metric, not only those that differ.")] = False,
+    keys: Annotated[str | None, typer.Option("--keys", "-k", help="Only the keys that match: a glob "
+                                             "(eval/*/excess_ce, params.model.*) or, without * ? [, a substring "
+                                             "(excess_ce).")] = None,
     tracking_uri: UriOpt = None,
 ) -> None:
-    """Runs side by side: one row per param and metric (those that differ, unless --all), one column per run."""
+    """Runs side by side: one row per param and metric (those that differ, unless --all; those --keys matches),
+    one column per run."""
     from .. import api
 
-    df = _api(api.compare, run_ids, tracking_uri=tracking_uri, differing_only=not all_)
+    df = _api(api.compare, run_ids, tracking_uri=tracking_uri, differing_only=not all_, keys=keys)
     typer.echo(plain_table(["key", *df.columns], [[k, *row] for k, row in zip(df.index, df.values.tolist(),
                                                                               strict=True)]))
-    typer.echo(f"{len(df)} {'row(s)' if all_ else 'row(s) that differ'}")
+    typer.echo(f"{len(df)} {'row(s)' if all_ else 'row(s) that differ'}" + (f" matching {keys!r}" if keys else ""))
 
 
 @app.command("gc")

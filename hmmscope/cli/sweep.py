@@ -10,7 +10,6 @@ Must not import, at module level, anything beyond typer, the standard library, `
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -18,7 +17,7 @@ from typing import Annotated
 import typer
 
 from .. import checks
-from .common import ForceOpt, StorageOpt, UriOpt, console, echo_config, parse_sets, print_table, user_errors
+from .common import ForceOpt, StorageOpt, UriOpt, console, echo_config, parse_sets, plain_table, print_table, user_errors
 
 app = typer.Typer(no_args_is_help=True, help="Optuna sweeps: every trial an MLflow run under one parent run.")
 
@@ -140,6 +139,7 @@ def sweep_run_cmd(
     from .. import tracking
     from ..sweep import run_sweep
 
+    typer.echo(f"sweep {s.name}: {tracking.browse_line(uri, sweep=s.name)}")  # where to look, at once
     with SweepProgress(s.name, s.n_trials) as bar:
         res = run_sweep(s, workers=workers, storage=storage, uri=uri, log=bar.log, progress=bar,
                         retry_failed=retry_failed)
@@ -191,19 +191,44 @@ def sweep_status_cmd(
     storage: StorageOpt = None,
     tracking_uri: UriOpt = None,
 ) -> None:
-    """The study's trials: state, params, objective value, MLflow run, retries; marks orphan runs KILLED."""
+    """The study's trials as a plain table: number, state, one column per swept param, seed, objective value (4
+    significant digits), MLflow run id (whole, as soon as the run exists), retries, worker, reason.
+
+    It only reads: RUNNING runs whose owner is gone are listed on stderr, and marked KILLED by `hmmscope runs
+    gc` or the next `hmmscope sweep run` (as before this command marked them itself)."""
     checks.safe_name(study, "study")
     url = checks.optuna_storage(storage, must_exist=True, write=False)
     from .. import tracking
-    from ..sweep import study_orphans, study_status
+    from ..sweep import spec_of_study, study_status
 
     uri = tracking.resolve_uri(tracking_uri)
     if uri.startswith(("http://", "https://")):  # a server gets its health check, with a total deadline
         checks.tracking_store(uri, must_exist=True, write=False)
     rows = study_status(study, url)
-    print_table(f"study {study}", [{k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in r.items()}
-                                   for r in rows])
-    study_orphans(study, url, uri, log=lambda m: typer.echo(m, err=True))
+    try:
+        spec = spec_of_study(study, url)
+        keys, experiment = [p.key for p in spec.space], spec.experiment
+    except Exception:  # a study hmmscope did not finish creating: its trials' own params
+        keys, experiment = sorted({k for r in rows for k in r["params"] if k != "seed"}), None
+
+    def worker(w) -> str:
+        return "" if not w else f"{w.get('host', '?')}:{w.get('pid', '?')}" + (f" gpu {w['gpu']}" if w.get("gpu") else "")
+
+    cols = ["number", "state", *keys, "seed", "value", "run_id", "retried_from", "worker", "reason"]
+    table = [[r["number"], r["state"], *(r["params"].get(k) for k in keys), r["seed"], r["value"],
+              r["mlflow_run_id"], r["retried_from"], worker(r["worker"]), " ".join(str(r["reason"] or "").split())]
+             for r in sorted(rows, key=lambda r: r["number"])]
+    typer.echo(plain_table(cols, table, digits=4))
+    n = {s_: sum(r["state"] == s_ for r in rows) for s_ in ("COMPLETE", "RUNNING", "WAITING", "FAIL", "PRUNED")}
+    typer.echo(f"{len(rows)} trial(s): " + ", ".join(f"{v} {k.lower()}" for k, v in n.items() if v))
+    if experiment is not None:
+        try:
+            orphans = tracking.gc_runs(tracking.resolve_uri(tracking_uri), experiments=[experiment], dry_run=True)
+        except Exception:  # an unreachable store: the study's table stands
+            orphans = []
+        for r, why in orphans:
+            typer.echo(f"orphan run {r.info.run_id} ({r.info.run_name}) is still RUNNING: {why}; "
+                       "`hmmscope runs gc` marks it KILLED", err=True)
 
 
 @app.command("list")

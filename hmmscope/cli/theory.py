@@ -10,6 +10,7 @@ Must not import, at module level, anything beyond typer, the standard library, `
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -109,10 +110,18 @@ def theory(
     from ..train import sigterm_interrupts
 
     n = len(th.gammas) * len(th.ranks) * len(th.rhos) * len(th.n_states)
+    plain = not sys.stderr.isatty()  # off a terminal (a file, nohup, Slurm): one line per setting instead of a bar
+
+    def step(i: int, total: int, label: str) -> None:
+        bar.update(task, completed=i, description=label)
+        if plain:
+            typer.echo(f"theory: {i}/{total} settings, {label}", err=True)
+
     with sigterm_interrupts(), progress() as bar:
         task = bar.add_task("theory", total=n)
-        result, run_id = theory_job(th, out, uri=uri, experiment=experiment,
-                                    progress=lambda i, total, label: bar.update(task, completed=i, description=label))
+        result, run_id = theory_job(th, out, uri=uri, experiment=experiment, progress=step,
+                                    on_start=lambda rid: typer.echo(f"theory run {rid} started; "
+                                                                    f"{tracking.browse_line(uri, run_id=rid)}"))
     if json_path is not None:
         atomic_write(json_path, lambda p: p.write_text(json.dumps(result.to_dict(), indent=2)))
     print_theory(result, th)

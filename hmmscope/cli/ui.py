@@ -2,9 +2,11 @@
 
 Owns: the command's options and checks (the stores, free and distinct ports, the run / sweep / experiment to
 show) and what it prints (the URL of what was asked for, on the port the server really listens on, once the
-servers answer; a failed server's message and the end of its log). A folder with no store is refused unless
-`--create`. Starting, watching and stopping the servers (process groups, PR_SET_PDEATHSIG, signals, the log
-file) is `hmmscope.servers`.
+servers answer; a sweep: first its answer, the comparison figure on its parent run, then a second line with
+its trials table, whose view (objective and swept params as columns) it saves first as MLflow's shared view;
+with --optuna-dashboard, the study's own page; a failed server's message and the end of its log). A folder
+with no store is refused unless `--create`. Starting, watching and stopping the servers (process groups,
+PR_SET_PDEATHSIG, signals, the log file) is `hmmscope.servers`.
 
 Must not import, at module level, anything beyond typer, the standard library, `hmmscope.checks`,
 `hmmscope.config` and `cli.common`: `hmmscope.servers`, `tracking` and `sweep` are imported inside the body.
@@ -34,12 +36,27 @@ def _free_port(preferred: int) -> int:
         return s.getsockname()[1]
 
 
+def _study_url(base: str, storage: str | None, sweep: str | None) -> str:
+    """optuna-dashboard's page of the sweep's study (`/dashboard/studies/<id>`), else its front page."""
+    if not sweep:
+        return base
+    try:
+        from ..sweep import load_study
+
+        return f"{base}/dashboard/studies/{load_study(sweep, storage)._study_id}"
+    except Exception:  # not in this storage: the dashboard lists what it holds
+        return base
+
+
 @user_errors
 def ui_cmd(
     port: Annotated[int | None, typer.Option(min=1, max=65535, help="Port of the MLflow UI (default: 5000 if "
                                              "free, else any free port).")] = None,
-    run: Annotated[str | None, typer.Option("--run", help="Print the URL of this run's page.")] = None,
-    sweep: Annotated[str | None, typer.Option("--sweep", help="Print the URL of this sweep's runs table.")] = None,
+    run: Annotated[str | None, typer.Option("--run", help="Print the URL of this run's page (its id, or a unique "
+                                            "prefix of at least 6 characters).")] = None,
+    sweep: Annotated[str | None, typer.Option("--sweep", help="Print the URL of this sweep's answer (the "
+                                              "comparison figure on its parent run), then its trials table "
+                                              "(objective and swept params as columns).")] = None,
     experiment: Annotated[str | None, typer.Option(
         "--experiment", help="Print the URL of this experiment's runs table.")] = None,
     create: Annotated[bool, typer.Option("--create", help="Serve an empty new store where there is none "
@@ -51,9 +68,10 @@ def ui_cmd(
 ) -> None:
     """Start the MLflow UI on 127.0.0.1 on this project's store (and optuna-dashboard on the studies).
 
-    The URL printed opens the runs table (MLflow's 'Model training' view) of the run, sweep or experiment
-    named, once the server answers; the servers' own output goes to a log file (shown if one fails). The
-    servers stop with this command: Ctrl-C, SIGTERM, SIGHUP, or its death (Linux).
+    The URL printed opens the run's page, the sweep's answer (then, on a second line, its trials table) or the
+    experiment's runs table (MLflow's 'Model training' view), once the server answers; the servers' own output
+    goes to a log file (shown if one fails). The servers stop with this command: Ctrl-C, SIGTERM, SIGHUP, or
+    its death (Linux).
     """
     from .. import servers as srv
 
@@ -77,19 +95,27 @@ def ui_cmd(
 
     tracking.ensure_store(uri)
     base = f"http://127.0.0.1:{port}"
+    extra: list[str] = []
     try:  # before any server starts: an unknown run, sweep or experiment is a one-line error
-        url = tracking.target_url(uri, base, run_id=run, sweep=sweep, experiment=experiment)
+        if sweep:
+            parent = tracking.sweep_parent(uri, sweep)
+            if parent is not None:
+                tracking.save_sweep_view(uri, parent)  # older sweeps: their trials view (None on a read-only store)
+            url, trials = tracking.sweep_urls(uri, base, sweep)
+            extra.append(f"trials: {trials}")
+        else:
+            url = tracking.target_url(uri, base, run_id=run, sweep=sweep, experiment=experiment)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     servers = [srv.mlflow_ui(uri, port)]
     if optuna:
         servers.append(srv.optuna_dashboard(storage, dashboard_port))
-    shown = [url] + [s.url for s in servers[1:]]
+    shown = [url] + [_study_url(s.url, storage, sweep) for s in servers[1:]]
     failed = srv.supervise(
         servers, srv.server_env(),
         starting=Spinner("starting the MLflow UI" + (" and optuna-dashboard" if optuna else "")),
-        ready=lambda: typer.echo("  ".join(f"{s.name}: {u}" for s, u in zip(servers, shown, strict=True))
-                                 + "  (Ctrl-C to stop)"))
+        ready=lambda: typer.echo("\n".join(["  ".join(f"{s.name}: {u}" for s, u in zip(servers, shown, strict=True))
+                                            + "  (Ctrl-C to stop)", *extra])))
     if failed is not None:
         typer.echo(f"error: {failed.message}; its log ({failed.log_path}) ends:", err=True)
         for line in failed.tail:

@@ -25,7 +25,15 @@ A sweep is one parent run with one child per trial. A training trial is the trai
 metrics and tags); a theory trial is a theory parent run whose children are the settings (theory/rate,
 rate_lo, rate_hi, log_intercept, gamma_eff).
 
-The report is built once as a list of blocks (heading, paragraph, table, image) per section, then
+The report leads with the answer: its first section ("Answer") holds the objective per setting and
+encoding (the sweep parent run's pivot: mean over seeds [95% CI] with units, rope - absolute, the oracle), the
+comparison figures objective.png and pivot.png (`sweep.compare`, re-drawn here from the study; a study with
+no stored hmmscope spec has none), and one sentence per verdict in words (`common.verdict_sentence`: "RoPE
+lower excess CE (seen tasks) by 0.059 nats/token [0.01, 0.108]: supported (RoPE better)"). The sweep's record
+(counts, hashes, code versions), the method and the full tables follow; a method or power text that a table
+would repeat per row is listed once below it (`common.Notes`).
+
+The report is built once as a list of blocks (heading, paragraph, table, image, list) per section, then
 rendered to Markdown (GitHub pipe tables) and HTML (escaped text, <table>, figures embedded as base64
 PNG); both files, the figures (PNG + PDF), report.json and trials.csv (one row per COMPLETE trial: run
 id, the params that vary, the objective, every metric) sit in `out_dir` and are logged to the parent
@@ -92,7 +100,7 @@ from pathlib import Path
 
 from .. import tracking
 from ..stats import Claim, jsonable
-from .common import METRIC_DIRECTION, Section, _ci, _f, claim_side, underpowered
+from .common import METRIC_DIRECTION, Notes, Section, _ci, _f, claim_side, metric_units, underpowered, verdict_sentence
 from .layerwise import _depth_rank_section, _layerwise_section
 from .posenc import _posenc_section
 from .read import _find_parent, _is_theory, _read_trials, _theory_settings, _training_frame, _Trials
@@ -119,8 +127,7 @@ class Report:
         h = self.header
         out = [f"sweep {self.sweep} (parent run {self.parent_id}): {h['n_complete']} complete, "
                f"{h['n_failed']} failed, {h['n_pruned']} pruned"]
-        out += [f"[{c.verdict}] {c.name}: {c.value:.4g} [95% CI {c.ci_lo:.4g}, {c.ci_hi:.4g}] ({c.reason})"
-                for c in self.claims]
+        out += [verdict_sentence(c) for c in self.claims]  # in words; the reasons are in the report
         out += [f"note: {n}" for n in self.notes]
         out += [f"{k}: {v}" for k, v in self.files.items() if k in ("md", "html", "trials")]
         figs = [v for k, v in self.files.items() if k not in ("md", "html", "json", "trials")]
@@ -157,7 +164,7 @@ def _header(sweep: str, t: _Trials, n_train: int, n_theory: int) -> tuple[dict, 
             ["code version (parent)", h["code_version"]],
             ["code versions (trials)", ", ".join(versions) or "-"],
             ["sweep started", h["sweep_started"] or "-"], ["report date", h["report_date"]]]
-    sec = Section("Sweep", [("table", ["field", "value"], rows)])
+    sec = Section("Sweep record", [("table", ["field", "value"], rows)])
     if len(versions) > 1:
         sec.blocks.append(("p", f"Warning: the trials ran on {len(versions)} different code versions."))
     if not t.complete:
@@ -168,8 +175,47 @@ def _header(sweep: str, t: _Trials, n_train: int, n_theory: int) -> tuple[dict, 
 
 # every file `build_report` may write into its folder (the figures: each section's, as PNG and PDF)
 OUTPUTS = ("report.md", "report.html", "report.json", "trials.csv",
-           *(f"{fig}.{ext}" for fig in ("theory_rate_vs_gamma", "practice_vs_theory", "posenc_effects", "layerwise_claims",
-                                        "depth_vs_rank") for ext in ("png", "pdf")))
+           *(f"{fig}.{ext}" for fig in ("objective", "pivot", "theory_rate_vs_gamma", "practice_vs_theory",
+                                        "posenc_effects", "layerwise_claims", "depth_vs_rank") for ext in ("png", "pdf")))
+
+
+def _answer(uri: str, t: _Trials, study, storage: str | None, claims: list[Claim], out_dir: Path,
+            figs: dict) -> Section:
+    """The report's first section (module docstring): the objective per setting and encoding, its figures, and
+    one sentence per verdict."""
+    from ..sweep_spec import SweepSpec
+
+    sec = Section("Answer")
+    unit = metric_units(t.objective)
+    n, total = t.counts["complete"], sum(v for k, v in t.counts.items() if k != "retried")
+    spec = None
+    try:
+        from ..sweep import spec_of_study
+
+        spec = spec_of_study(study.study_name, storage) if storage else None
+    except Exception:  # a study hmmscope did not create (no spec stored): the verdicts alone
+        spec = None
+    direction = f", {spec.direction}" if isinstance(spec, SweepSpec) else ""
+    sec.blocks.append(("p", f"Objective {t.objective}{f' ({unit})' if unit else ''}{direction}; {n} complete trial"
+                            f"{'s' if n != 1 else ''} of {total}. Means are over seeds with a 95% t interval (seeds "
+                            "as the unit); rope - absolute < 0 means RoPE is lower."))
+    if spec is not None and spec.kind == "train" and n:
+        from ..sweep.compare import FIGURE, PIVOT_FIGURE, figure, pivot, pivot_figure, pivot_rows, trial_frame
+
+        metrics = {r.info.run_id: dict(r.data.metrics) for r in t.complete}
+        df = trial_frame(spec, study, lambda rid: metrics.get(rid) or {})
+        if not df.empty:
+            cols = pivot(spec, df)
+            head, body = pivot_rows(cols)
+            sec.blocks.append(("table", [h + (f" ({unit})" if unit and "[95% CI]" in h else "") for h in head], body))
+            saved = [*figure(spec, df, out_dir / FIGURE), *pivot_figure(spec, cols, out_dir / PIVOT_FIGURE)]
+            figs.update({"objective": str(saved[0]), "objective_pdf": str(saved[1]), "pivot": str(saved[2]),
+                         "pivot_pdf": str(saved[3])})
+            sec.blocks += [("img", saved[0].name, f"{t.objective} against each swept parameter, per encoding"),
+                           ("img", saved[2].name, f"{t.objective} per setting and encoding, with rope - absolute")]
+    if claims:
+        sec.blocks += [("h", 3, "Verdicts in words"), ("ul", [verdict_sentence(c) for c in claims])]
+    return sec
 
 
 def _write(path: Path, text: str) -> None:
@@ -188,7 +234,7 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
     """
     uri = tracking.resolve_uri(uri)
     out_dir = Path(out_dir)
-    parent, study, _ = _find_parent(uri, sweep, storage)
+    parent, study, found_in = _find_parent(uri, sweep, storage)
     from ..safe_output import check_dest, make_dir
 
     for name in OUTPUTS:  # every file it may write, checked before the first (a planted link: nothing written)
@@ -222,14 +268,20 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
     if t.complete and len(sections) == 1:
         sections.append(Section("Results", [("p", "Complete trials carry none of the metrics this report reads.")]))
     if claims:
+        vnotes = Notes()
         sections.append(Section("Verdicts", [
             ("p", "Each verdict is its rule applied to the 95% CI beside it (stats.decide; df: the CI's degrees of "
                   "freedom, '-' for a bootstrap interval); 'no power' says the CI cannot decide (zero width, no df, "
                   "or a check that cannot fail) and the reason says why; 'underpowered' in the reason says the "
-                  "design cannot answer, and why."),
+                  "design cannot answer, and why. Long statistics and reasons are numbered notes below the table."),
             ("table", ["claim", "statistic", "value", "95% CI", "df", "rule", "verdict", "reason"],
-             [[c.name, c.statistic, _f(c.value), _ci(c.ci_lo, c.ci_hi), _f(c.df), c.rule or "-", c.verdict, c.reason]
-              for c in claims])]))
+             [[c.name, vnotes.short(c.statistic), _f(c.value), _ci(c.ci_lo, c.ci_hi), _f(c.df), c.rule or "-",
+               c.verdict, vnotes.short(c.reason, sep="; ")] for c in claims]),
+            *vnotes.blocks()]))
+    try:  # the answer first; a failure here is a note, never the report's
+        sections.insert(0, _answer(uri, t, study, found_in, claims, out_dir, figs))
+    except Exception as e:
+        notes.append(f"answer: {type(e).__name__}: {e}")
     rows, varying, metrics = trial_rows(t, _is_theory, uri)
     tsec = trials_section(t.objective, rows, varying, metrics)
     if tsec is not None:

@@ -1,7 +1,14 @@
 """Shared pieces of the report: the Section block list, number formatting, claim sides, power notes.
 
 A Section is a title and a list of blocks: ("h", level, text) | ("p", text) | ("table", headers, rows) |
-("img", filename, alt); render.py turns them into Markdown and HTML.
+("img", filename, alt) | ("ul", items); render.py turns them into Markdown and HTML.
+
+Notes. A table cell that would repeat a long text on every row (the method of an estimate, a power note) holds
+a reference `[n]` instead, and the text is listed once below the table (`Notes`).
+
+Verdicts in words. `verdict_sentence` says a claim in one sentence with its sign in words, units and CI, e.g.
+"RoPE lower excess CE (seen tasks) by 0.059 nats/token [0.01, 0.108]: supported (RoPE better)": the
+report opens with one per verdict.
 
 Power. `underpowered(...)` says plainly when a design cannot answer its question: fewer than 2 replicates
 per cell (nothing estimates the noise within a cell), no finite CI, or, for an inconclusive verdict, a
@@ -22,7 +29,7 @@ import numpy as np
 from ..stats import decide, rule
 
 NAN = float("nan")
-Block = tuple  # ("h", level, text) | ("p", text) | ("table", headers, rows) | ("img", filename, alt)
+Block = tuple  # ("h", level, text) | ("p", text) | ("table", headers, rows) | ("img", filename, alt) | ("ul", items)
 
 # better direction for "RoPE improves <metric>": +1 higher is better, -1 lower is better (the un-namespaced eval/*
 # keys are those of runs recorded before seen and unseen tasks were evaluated apart: old stores keep them)
@@ -33,6 +40,121 @@ METRIC_DIRECTION = {"eval/seen/test_acc": +1, "eval/seen/excess_ce": -1, "eval/s
 _CLAIM_SIDE = [(r"upper layers change less", -1), (r"_beats_control$", +1), (r"_beats_baseline$", +1),
                (r"_beats_token_stats$", +1), (r"rises_then_falls$", +1), (r"peak_moves_up$", +1),
                (r"acc_falls_with_k$", -1), (r"state_before_task(_reach\d+|_layer0)?$", +1)]
+
+
+def metric_units(key: str) -> str:
+    """The unit of a metric, for axis labels and tables: nats/token for cross-entropies, KLs and their
+    differences, 'fraction of test tokens' for accuracies, '1/L' for eps(L)'s decay rate; '' if unknown."""
+    k = key.rsplit("/", 1)[-1]
+    parts = set(k.split("_"))
+    if key.startswith("theory/"):
+        return "1/L (per token of memory)" if k in ("rate", "rate_lo", "rate_hi") else ""
+    if "acc" in parts or k.startswith("gap_to_"):
+        return "fraction of test tokens"
+    if parts & {"ce", "loss", "kl"} or k.startswith(("retrieval_gap", "vs_best_counting")):
+        return "nats/token"
+    if k == "p_true_task":
+        return "probability"
+    if "norm_change" in key:
+        return "relative logit change"
+    return ""
+
+
+def axis_label(key: str) -> str:
+    """`key (unit)`, or the key alone when its unit is unknown."""
+    u = metric_units(key)
+    return f"{key} ({u})" if u else key
+
+
+def oracle_reference(objective: str) -> tuple[float | str, str] | None:
+    """The oracle beside an objective on a figure: (a constant, label) for a quantity the oracle sets to 0 by
+    definition (excess CE, KL, the retrieval gap), (the trials' metric key that holds the oracle's value,
+    label) for the model's own CE or accuracy; None when no oracle applies."""
+    tasks = "unseen" if "/unseen/" in objective else "seen"
+    k = objective.rsplit("/", 1)[-1]
+    if k in ("excess_ce", "kl_mix"):
+        return 0.0, f"mixture oracle ({k} = 0)"
+    if k in ("excess_ce_task", "kl_task"):
+        return 0.0, f"task oracle ({k} = 0)"
+    if k.startswith("retrieval_gap"):
+        return 0.0, "no retrieval gap (0)"
+    which = "task" if tasks == "unseen" else "mix"
+    name = "task oracle" if which == "task" else "mixture oracle"
+    if objective.startswith("eval/") and k in ("test_acc", "test_ce"):
+        return f"eval/{tasks}/oracle_{which}_{k}", name
+    legacy = {"val/test_acc": "eval/seen/oracle_mix_test_acc", "val/test_loss": "eval/seen/oracle_mix_test_ce",
+              "val/loss": "oracle/loss", "val/acc": "oracle/acc"}
+    return (legacy[objective], "mixture oracle") if objective in legacy else None
+
+
+_WORDS = {"excess_ce": "excess CE", "excess_ce_task": "excess CE over the task oracle", "kl_mix":
+          "KL to the mixture oracle", "kl_task": "KL to the task oracle", "test_acc": "test accuracy",
+          "test_ce": "test CE", "retrieval_gap": "retrieval gap"}
+
+
+def metric_words(key: str) -> str:
+    """A metric key in words: eval/seen/excess_ce -> 'excess CE (seen tasks)'; unknown keys as they are."""
+    parts = key.split("/")
+    words = _WORDS.get(parts[-1], parts[-1] if len(parts) > 1 else key)
+    if words == parts[-1]:
+        return key
+    return f"{words} ({parts[1]} tasks)" if len(parts) == 3 and parts[1] in ("seen", "unseen") else words
+
+
+def _g(v: float) -> str:
+    return f"{v:.3g}" if math.isfinite(v) else "-"
+
+
+def verdict_sentence(c) -> str:
+    """One sentence for a claim (module docstring): a RoPE - absolute effect with its sign in words ('RoPE lower
+    excess CE ... by X unit [lo, hi]', the CI of the magnitude), else the claim's value, CI and unit."""
+    name, v, lo, hi = c.name, float(c.value), float(c.ci_lo), float(c.ci_hi)
+    m = re.fullmatch(r"RoPE improves (.+)", name)
+    if m and not m.group(1).startswith("claim "):
+        key = m.group(1)
+        unit = metric_units(key)
+        if not math.isfinite(v):
+            return f"RoPE vs absolute on {metric_words(key)}: not estimated: {c.verdict}"
+        side = METRIC_DIRECTION.get(key, 0)
+        word = {"supported": "RoPE better" if side else "differs", "not supported": "RoPE worse",
+                "inconclusive": "no detectable difference"}.get(c.verdict, "")
+        direction, (a, b) = ("lower", (-hi, -lo)) if v < 0 else ("higher", (lo, hi))
+        unit = f"({unit})" if unit and "/" not in unit else unit  # "nats/token", "(fraction of test tokens)"
+        return (f"RoPE {direction} {metric_words(key)} by {_g(abs(v))}{' ' + unit if unit else ''} "
+                f"[{_g(a)}, {_g(b)}]: {c.verdict}" + (f" ({word})" if word else ""))
+    unit = metric_units(name)
+    return f"{name}: {_g(v)}{' ' + unit if unit else ''} [95% CI {_g(lo)}, {_g(hi)}]: {c.verdict}"
+
+
+class Notes:
+    """Long texts a table would repeat on every row, listed once below it: `ref(text)` -> '[n]' (the same text,
+    the same n); `short(text)` keeps a text of at most `limit` characters in its cell, else refers to it;
+    `blocks()` -> the list under the table of the texts not listed yet (nothing if there is none): one Notes
+    for several tables numbers their texts once, each listed under the first table that refers to it."""
+
+    def __init__(self, limit: int = 60, title: str = "Notes"):
+        self.items: list[str] = []
+        self.limit, self.title, self.listed = limit, title, 0
+
+    def ref(self, text: str) -> str:
+        text = " ".join(str(text).split())
+        if not text:
+            return ""
+        if text not in self.items:
+            self.items.append(text)
+        return f"[{self.items.index(text) + 1}]"
+
+    def short(self, text: str, sep: str | None = None) -> str:
+        """`text` if short, else its reference; with `sep` (e.g. '; '), part by part."""
+        text = " ".join(str(text).split())
+        if sep is not None:
+            return sep.join(self.short(t) for t in text.split(sep) if t)
+        return text if len(text) <= self.limit else self.ref(text)
+
+    def blocks(self) -> list:
+        new = [f"[{i}] {t}" for i, t in enumerate(self.items, 1) if i > self.listed]
+        self.listed = len(self.items)
+        return [("ul", new)] if new else []
 
 
 @dataclass

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..stats import Claim, Estimate, claim, paired_effect, rule
-from .common import METRIC_DIRECTION, Section, _ci, _f, _p, _side_verdict, claim_side, underpowered
+from .common import METRIC_DIRECTION, Notes, Section, _ci, _f, _p, _side_verdict, claim_side, underpowered
 
 VERDICT_ROW = "paired within-block differences, seeds as the unit (t, G - 1 df)"
 
@@ -166,6 +166,7 @@ def _posenc_section(df, out_dir: Path | None = None, figs: dict | None = None) -
                             "Second opinions (OLS HC3, mixed model) are shown with their df but never make the "
                             "verdict. Claim tested: 'RoPE improves <metric>'."))
     rows, fate, level_rows, plot = [], {}, [], []
+    notes = level_notes = Notes()  # the method and power texts: once, below the first table that names them
     for m in [f"metric:{m}" for m in metrics] + claim_cols:
         name = m[len("metric:"):]
         if m in claim_cols:
@@ -191,8 +192,9 @@ def _posenc_section(df, out_dir: Path | None = None, figs: dict | None = None) -
                 else "no detectable difference") if side else \
             ("" if v == "no power" else "differs" if v == "supported" else "no detectable difference")
         power = _power(est, v, n_seeds)
-        rows.append([label, f"verdict: {est.method}", _f(est.value), _ci(est.lo, est.hi), _p(est.p), _f(est.df),
-                     f"{est.n} {est.unit}", bl, ", ".join(left) or "none", power or est.degenerate or "ok",
+        rows.append([label, f"verdict {notes.ref(est.method)}", _f(est.value), _ci(est.lo, est.hi), _p(est.p),
+                     _f(est.df), f"{est.n} {est.unit}", bl, ", ".join(left) or "none",
+                     f"underpowered {notes.ref(power)}" if power else notes.short(est.degenerate) or "ok",
                      v + (f" ({word})" if word else "")])
         for lab, b, lo, hi, p, dft in _second_opinions(dm, m, blocks, seed_col):
             rows.append([label, lab, _f(b), _ci(lo, hi), _p(p), dft, "-", bl, ", ".join(left) or "none", "-",
@@ -213,17 +215,19 @@ def _posenc_section(df, out_dir: Path | None = None, figs: dict | None = None) -
         plot.append((name, dm, blocks, est))
         for f, lv, e in per_level_effects(dm, m, blocks, seed_col):  # per-level effects beside the pooled one
             if isinstance(e, str):
-                level_rows.append([name, f"{f[6:]} = {lv}", "not estimated", "-", "-", "-", "-", e])
+                level_rows.append([name, f"{f[6:]} = {lv}", "not estimated", "-", "-", "-", "-", level_notes.short(e)])
             else:
                 level_rows.append([name, f"{f[6:]} = {lv}", _f(e.value), _ci(e.lo, e.hi), _p(e.p), _f(e.df),
-                                   f"{e.n} {e.unit}", e.degenerate or e.method])
+                                   f"{e.n} {e.unit}", level_notes.ref(e.degenerate or e.method)])
         level_rows.append([name, "pooled (the verdict row)", _f(est.value), _ci(est.lo, est.hi), _p(est.p),
-                           _f(est.df), f"{est.n} {est.unit}", est.method])
+                           _f(est.df), f"{est.n} {est.unit}", level_notes.ref(est.method)])
     sec.blocks.append(("table", ["metric", "model", "effect (rope - abs)", "95% CI", "p", "df", "units",
                                  "blocks (paired within)", "left out (why)", "power", "verdict (RoPE improves)"], rows))
+    sec.blocks += notes.blocks()
     if level_rows:
         sec.blocks += [("h", 3, "Per-level effects (RoPE - absolute at each level of each blocking factor)"),
-                       ("table", ["metric", "level", "effect", "95% CI", "p", "df", "units", "method"], level_rows)]
+                       ("table", ["metric", "level", "effect", "95% CI", "p", "df", "units", "method"], level_rows),
+                       *level_notes.blocks()]
     frows = [[f[6:], str(d[f].astype(str).nunique()), " / ".join(sorted(fate.get(f, {"not reached"})))]
              for f in factors] + [[f[6:], str(d[f].astype(str).nunique()), f"left out: {why}"]
                                   for f, why in unusable.items()]
@@ -247,14 +251,25 @@ def _sort_key(v: str):
 
 
 def _plot_posenc(plot: list, seed_col: str | None, path: Path) -> list[Path]:
-    """Top row: each eval metric per block, rope and absolute, trials as dots and means joined by lines.
-    Bottom row: rope - absolute per block (the seeds' paired differences as dots, the mean with its 95% CI)
-    and pooled (the verdict's estimate and CI), zero dotted."""
-    from matplotlib.figure import Figure
-
+    """`posenc_figure` as PNG + PDF at `path`."""
     from ..figures import save
 
-    fig = Figure(figsize=(4.2 * len(plot), 7), layout="constrained")
+    return save(posenc_figure(plot, seed_col), path)
+
+
+def posenc_figure(plot: list, seed_col: str | None):
+    """[(metric, its trials, blocks, pooled Estimate)] -> the figure. Top row: each eval metric per block,
+    absolute then rope side by side within the block (never joined across blocks: a line from one block to the
+    next would draw the block's effect, not the encoding's); each trial a
+    dot, a seed's two encodings joined by a thin grey line (the paired difference the verdict uses), the mean of
+    each encoding a short bar. Bottom row: rope - absolute per block (the seeds' paired differences as dots, the
+    mean with its 95% CI) and pooled (the verdict's estimate and CI), zero dotted, the side where RoPE is better
+    shaded and labelled. Every axis names its unit (nats/token, fraction of test tokens)."""
+    from matplotlib.figure import Figure
+
+    from .common import axis_label, metric_units
+
+    fig = Figure(figsize=(4.4 * len(plot), 7.4), layout="constrained")
     axes = fig.subplots(2, len(plot), squeeze=False)
     for j, (name, dm, blocks, est) in enumerate(plot):
         lab = [", ".join(f"{b[6:].split('.')[-1]}={v}" for b, v in zip(blocks, k)) or "all"
@@ -262,15 +277,33 @@ def _plot_posenc(plot: list, seed_col: str | None, path: Path) -> list[Path]:
         dm = dm.assign(_block=lab)
         order = sorted(set(lab), key=lambda s: [_sort_key(x.split("=")[-1]) for x in s.split(", ")])
         ax = axes[0][j]
-        for pe, c, dx in (("rope", "C0", -0.08), ("absolute", "C1", 0.08)):
-            sub = dm[dm["param:model.pos_enc"] == pe]
-            xs = [order.index(b) + dx for b in sub["_block"]]
-            ax.plot(xs, sub[f"metric:{name}"].astype(float), ".", color=c, alpha=0.6)
-            means = [sub[sub["_block"] == b][f"metric:{name}"].astype(float).mean() for b in order]
-            ax.plot(np.arange(len(order)) + dx, means, "o-", color=c, label=pe)
-        ax.set(xticks=range(len(order)), title=name, ylabel=name)
+        seeds = dm[seed_col].astype(str) if seed_col else None
+        for i, b in enumerate(order):
+            sub = dm[dm["_block"] == b]
+            if seeds is not None:  # a seed's two encodings in this block, joined: the paired difference
+                for sd in sorted(seeds[sub.index].unique()):
+                    pair = sub[seeds[sub.index] == sd]
+                    ya = pair[pair["param:model.pos_enc"] == "absolute"][f"metric:{name}"].astype(float)
+                    yr = pair[pair["param:model.pos_enc"] == "rope"][f"metric:{name}"].astype(float)
+                    if len(ya) and len(yr):
+                        ax.plot([i - 0.15, i + 0.15], [ya.mean(), yr.mean()], "-", color="gray", lw=0.7, alpha=0.6)
+            for pe, c, dx in (("absolute", "C1", -0.15), ("rope", "C0", 0.15)):
+                y = sub[sub["param:model.pos_enc"] == pe][f"metric:{name}"].astype(float)
+                if not len(y):
+                    continue
+                ax.plot([i + dx] * len(y), y, "o", color=c, alpha=0.7, ms=5, label=pe if i == 0 else None)
+                ax.plot([i + dx - 0.09, i + dx + 0.09], [y.mean()] * 2, "-", color=c, lw=2.5)
+        if seeds is None:  # one trial per encoding and block: join the pair all the same
+            for i, b in enumerate(order):
+                sub = dm[dm["_block"] == b]
+                ya = sub[sub["param:model.pos_enc"] == "absolute"][f"metric:{name}"].astype(float)
+                yr = sub[sub["param:model.pos_enc"] == "rope"][f"metric:{name}"].astype(float)
+                if len(ya) and len(yr):
+                    ax.plot([i - 0.15, i + 0.15], [ya.mean(), yr.mean()], "-", color="gray", lw=0.7, alpha=0.6)
+        ax.set(xticks=range(len(order)), xlim=(-0.6, len(order) - 0.4), title=name, ylabel=axis_label(name))
         ax.set_xticklabels(order, fontsize=7)
-        ax.legend(fontsize=7)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7, title="dots: trials; bars: means", title_fontsize=7)
         ax = axes[1][j]
         for i, b in enumerate(order):
             sub = dm[dm["_block"] == b]
@@ -289,7 +322,18 @@ def _plot_posenc(plot: list, seed_col: str | None, path: Path) -> list[Path]:
         else:
             ax.plot([k], [est.value], "D", color="k")
         ax.axhline(0, color="gray", ls=":")
-        ax.set(xticks=range(k + 1), ylabel="rope - absolute", title=f"effect (95% CI, {est.unit} units)")
+        side = METRIC_DIRECTION.get(name, 0)
+        if side:  # the half where RoPE is better, shaded and labelled (lower CE / KL, higher accuracy)
+            lo, hi = ax.get_ylim()
+            span = max(abs(lo), abs(hi))
+            ax.set_ylim(-span * 1.05, span * 1.05)
+            ax.axhspan(0, side * span * 1.05, color="C2", alpha=0.07, lw=0)
+            for y, txt in ((side * span * 0.95, "RoPE better"), (-side * span * 0.95, "RoPE worse")):
+                ax.text(-0.55, y, txt, ha="left", va="center", fontsize=7, color="dimgray")
+        unit = metric_units(name)
+        ax.set(xticks=range(k + 1), xlim=(-0.6, k + 0.6), ylabel=f"rope - absolute{f' ({unit})' if unit else ''}",
+               title=f"effect, 95% CI ({est.n} {est.unit} units)")
         ax.set_xticklabels([*order, "pooled"], fontsize=7)
-    fig.suptitle("RoPE vs absolute: per block and pooled (seeds as the unit)")
-    return save(fig, path)
+    fig.suptitle("RoPE vs absolute: per block (top: each encoding; bottom: rope - absolute) and pooled, seeds as "
+                 "the unit")
+    return fig

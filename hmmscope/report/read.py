@@ -63,13 +63,20 @@ def _load_study(name: str, url: str, explicit: bool):
 
 
 def _find_parent(uri: str, sweep: str, storage: str | None = None):
-    """(parent run, study, storage URL) of sweep `sweep` (study name or parent run id); ValueError if unknown."""
+    """(parent run, study, storage URL) of sweep `sweep` (study name, parent run id or a unique prefix of it of at
+    least 6 characters); ValueError if unknown."""
     from ..sweep import ATTR_PARENT, _safe_url
 
     parent, name = None, sweep
-    if re.fullmatch(r"[0-9a-f]{32}", sweep):
-        parent = tracking.get_run(uri, sweep)
-        if parent is not None:
+    if re.fullmatch(r"[0-9a-f]{6,32}", sweep):  # a parent run id, or a unique prefix of one (>= 6 characters)
+        try:
+            run = tracking.get_run(uri, sweep)
+        except ValueError:  # an ambiguous prefix: perhaps a study's name
+            if len(sweep) == 32:
+                raise
+            run = None
+        if run is not None and (len(sweep) == 32 or run.data.tags.get("hmmscope.kind") == "sweep"):
+            parent = run
             name = parent.data.tags.get("hmmscope.study") or re.sub(r"^sweep-", "", parent.info.run_name or "")
     urls = [storage] if storage else _storage_candidates(uri, parent)
     for url in urls:

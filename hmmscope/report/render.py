@@ -32,6 +32,8 @@ def render_md(title: str, sections: list[Section]) -> str:
                 out.append("")
             elif b[0] == "img":
                 out += [f"![{b[2]}]({b[1]})", ""]
+            elif b[0] == "ul":
+                out += [*(f"- {x}" for x in b[1]), ""]
     return "\n".join(out)
 
 
@@ -59,6 +61,8 @@ def render_html(title: str, sections: list[Section], base_dir: Path | None = Non
                 out.append("<table><thead><tr>" + "".join(f"<th>{e(str(h))}</th>" for h in b[1]) + "</tr></thead><tbody>")
                 out += ["<tr>" + "".join(f"<td>{e(str(x))}</td>" for x in r) + "</tr>" for r in b[2]]
                 out.append("</tbody></table>")
+            elif b[0] == "ul":
+                out.append("<ul>" + "".join(f"<li>{e(str(x))}</li>" for x in b[1]) + "</ul>")
             elif b[0] == "img":
                 out.append(f"<figure><img src=\"{e(_img_src(b[1], base_dir), quote=True)}\" "
                            f"alt=\"{e(b[2], quote=True)}\" style=\"max-width:100%\">"

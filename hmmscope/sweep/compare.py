@@ -10,6 +10,11 @@ What they show. The trials are the study's COMPLETE trials with a finite value (
   its trials there (the other swept keys averaged over), drawn as a dot; the line joins the means over
   seeds, with a 95% t interval on G - 1 df (`stats.t_mean`, as the report's layerwise pooling does). One
   seed: no interval. A parameter with a continuous range (tpe/random) is drawn as its trials, no means.
+- Units and the oracle: the y axis names the objective's unit (`report.common.metric_units`: nats/token, a
+  fraction of test tokens); the oracle is drawn beside it (`report.common.oracle_reference`): a dotted line at 0
+  for a quantity the oracle sets to 0 (excess CE, KL, the retrieval gap), else the oracle's own value at each
+  level (the mean of the trials' oracle metric there, e.g. eval/seen/oracle_mix_test_acc for test accuracy,
+  read through `metrics_of`) as a dashed grey line; the pivot table gets an `oracle mean` column then.
 - Pivot rows: each level of each swept grid parameter but pos_enc (e.g. `hmm.gamma = 0.5`), then `all`;
   columns: each line's mean with its CI and seed count, and, when rope and absolute are both swept, their
   difference rope - absolute with its 95% CI exactly as the report computes it (`report.posenc`: blocks
@@ -33,26 +38,39 @@ FOLDER = "comparison"
 FIGURE, PIVOT_FIGURE, PIVOT_TABLE = "objective", "pivot", "pivot.json"
 POS_ENC = "model.pos_enc"
 OBJ = "metric:objective"
+ORACLE = "metric:oracle"  # the oracle's value on the trial's episodes (`report.common.oracle_reference`), if any
 
 
 def _seed_col(spec) -> str:
     return {"theory": "param:theory.seed", "headroom": "param:data.seed"}.get(spec.kind, "param:train.seed")
 
 
-def trial_frame(spec, study):
+def trial_frame(spec, study, metrics_of=None):
     """One row per COMPLETE trial with a finite value: trial number, `param:<key>` per swept key, the seed
-    (`_seed_col`) and the objective (`metric:objective`)."""
+    (`_seed_col`), the objective (`metric:objective`) and, when the objective's oracle is a metric of the trials
+    and `metrics_of(run_id) -> {key: value}` is given, the oracle's value (`metric:oracle`)."""
     import pandas as pd
     from optuna.trial import TrialState
 
+    from ..report.common import oracle_reference
+
+    ref = oracle_reference(spec.objective)
+    oracle_key = ref[0] if ref is not None and isinstance(ref[0], str) and metrics_of is not None else None
     seed_col, rows = _seed_col(spec), []
     for t in sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: t.number):
         if t.value is None or not math.isfinite(t.value):
             continue
         params = dict(t.params) or dict(t.system_attrs.get("fixed_params", {}))
         seed = t.user_attrs.get("seed", params.pop("seed", None))
-        rows.append({"trial": t.number, **{f"param:{p.key}": params.get(p.key) for p in spec.space},
-                     seed_col: seed, OBJ: float(t.value)})
+        row = {"trial": t.number, **{f"param:{p.key}": params.get(p.key) for p in spec.space},
+               seed_col: seed, OBJ: float(t.value)}
+        if oracle_key is not None:
+            rid = t.user_attrs.get("mlflow_run_id")
+            try:
+                row[ORACLE] = _num((metrics_of(rid) if rid else {}).get(oracle_key))
+            except Exception:  # an unreadable run: no oracle value for it
+                row[ORACLE] = None
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -91,7 +109,8 @@ def _num(v: Any) -> float | None:
 
 def pivot(spec, df) -> dict[str, list]:
     """The pivot table's columns (module docstring): factor, level, per line `<line> mean | ci_lo | ci_hi | seeds`,
-    and with rope and absolute `rope - absolute`, `diff ci_lo`, `diff ci_hi`, `diff df`, `diff units`, `diff note`."""
+    with rope and absolute `rope - absolute`, `diff ci_lo`, `diff ci_hi`, `diff df`, `diff units`, `diff note`,
+    and with the oracle's values (`metric:oracle`) `oracle mean`."""
     from ..report.posenc import _choose_blocks, _estimate, per_level_effects
 
     seed_col = _seed_col(spec)
@@ -115,6 +134,9 @@ def pivot(spec, df) -> dict[str, list]:
     if diff:
         for k in ("rope - absolute", "diff ci_lo", "diff ci_hi", "diff df", "diff units", "diff note"):
             cols[k] = []
+    oracle = ORACLE in df.columns and df[ORACLE].notna().any()
+    if oracle:
+        cols["oracle mean"] = []
     rows = [(f, lv, df[df[f].astype(str) == lv]) for f in factors
             for lv in sorted(df[f].astype(str).unique(), key=_sort_key)] + [("all", "all", df)]
     for f, lv, sub in rows:
@@ -136,6 +158,8 @@ def pivot(spec, df) -> dict[str, list]:
             cols["diff df"].append(_num(e.df) if ok else None)
             cols["diff units"].append(f"{e.n} {e.unit}" if ok else "")
             cols["diff note"].append((e.degenerate or e.method) if ok else e)
+        if oracle:
+            cols["oracle mean"].append(_num(sub[ORACLE].astype(float).mean()))
     return cols
 
 
@@ -150,11 +174,19 @@ def _x(values: list[Any]) -> tuple[list[float], list[str], bool]:
 
 
 def figure(spec, df, path: Path) -> list[Path]:
-    """The objective against each swept parameter (module docstring); PNG + PDF at `path`."""
-    from matplotlib.figure import Figure
-
+    """`objective_figure` as PNG + PDF at `path`."""
     from ..figures import save
 
+    return save(objective_figure(spec, df), path)
+
+
+def objective_figure(spec, df):
+    """The objective against each swept parameter (module docstring), a matplotlib Figure."""
+    from matplotlib.figure import Figure
+
+    from ..report.common import axis_label, oracle_reference
+
+    ref = oracle_reference(spec.objective)
     seed_col = _seed_col(spec)
     line_col, lines = _lines(spec, df)
     xs = [p for p in spec.space if line_col is None or p.key != POS_ENC] or list(spec.space)
@@ -185,21 +217,27 @@ def figure(spec, df, path: Path) -> list[Path]:
                 ax.set_xscale("log")
             ax.set_xticks(pos)
             ax.set_xticklabels(ticks, fontsize=8)
-        ax.set(xlabel=p.key, ylabel=spec.objective)
+            ax.minorticks_off()
+        if ref is not None and isinstance(ref[0], float):
+            ax.axhline(ref[0], color="gray", ls=":", lw=1.2, label=ref[1])
+        elif ref is not None and ORACLE in df.columns and df[ORACLE].notna().any() and p.grid is not None:
+            levels = sorted(df[col].astype(str).unique(), key=_sort_key)
+            pos, _, _ = _x(levels)
+            ax.plot(pos, [df[df[col].astype(str) == lv][ORACLE].astype(float).mean() for lv in levels], "x--",
+                    color="gray", label=f"{ref[1]} (mean over the trials' episodes)")
+        ax.set(xlabel=p.key, ylabel=axis_label(spec.objective))
         ax.grid(alpha=0.3)
-        if len(lines) > 1 or p.grid is None:
+        if len(lines) > 1 or p.grid is None or ref is not None:
             ax.legend(fontsize=8, title=POS_ENC if line_col else None, title_fontsize=8)
     n_seeds = int(df[seed_col].astype(str).nunique()) if len(df) else 0
     fig.suptitle(f"sweep {spec.name}: {spec.objective} ({spec.direction}), {len(df)} trials\n{n_seeds} seed"
                  f"{'s' if n_seeds != 1 else ''} as dots; mean with 95% CI (t over seeds)", fontsize=9)
-    return save(fig, path)
+    return fig
 
 
-def pivot_figure(spec, cols: dict[str, list], path: Path) -> list[Path]:
-    """The pivot table drawn as a table (values with their 95% CIs); PNG + PDF at `path`."""
-    from matplotlib.figure import Figure
-
-    from ..figures import save
+def pivot_rows(cols: dict[str, list]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the pivot table as text: each line's mean with its 95% CI and seeds, rope - absolute with
+    its CI and df (or why it is missing), the oracle's mean: the pivot image's and the report's table."""
     from ..report.common import _ci, _f
 
     def cell(m, lo, hi, extra=""):
@@ -208,11 +246,13 @@ def pivot_figure(spec, cols: dict[str, list], path: Path) -> list[Path]:
         ci = _ci(lo if lo is not None else math.nan, hi if hi is not None else math.nan)
         return f"{_f(m)} {ci if lo is not None else '(no CI)'}{extra}"
 
-    lines = [c[:-len(" mean")] for c in cols if c.endswith(" mean")]
+    lines = [c[:-len(" mean")] for c in cols if c.endswith(" mean") and c != "oracle mean"]
     head = ["factor = level", *(f"{ln}: mean [95% CI]" for ln in lines)]
     diff = "rope - absolute" in cols
     if diff:
         head.append("rope - absolute [95% CI]")
+    if "oracle mean" in cols:
+        head.append("oracle (mean)")
     body = []
     for i in range(len(cols["factor"])):
         row = [f"{cols['factor'][i]} = {cols['level'][i]}" if cols["factor"][i] != "all" else "all (pooled)"]
@@ -223,7 +263,20 @@ def pivot_figure(spec, cols: dict[str, list], path: Path) -> list[Path]:
             row.append(cell(cols["rope - absolute"][i], cols["diff ci_lo"][i], cols["diff ci_hi"][i],
                             f", df {_f(df_)}" if df_ is not None else "") if cols["rope - absolute"][i] is not None
                        else str(cols["diff note"][i])[:60])
+        if "oracle mean" in cols:
+            row.append(_f(cols["oracle mean"][i]))
         body.append(row)
+    return head, body
+
+
+def pivot_figure(spec, cols: dict[str, list], path: Path) -> list[Path]:
+    """The pivot table drawn as a table (values with their 95% CIs, `pivot_rows`); PNG + PDF at `path`."""
+    from matplotlib.figure import Figure
+
+    from ..figures import save
+    from ..report.common import metric_units
+
+    head, body = pivot_rows(cols)
     chars = sum(max(len(r[j]) for r in [head, *body]) for j in range(len(head)))
     fig = Figure(figsize=(1.0 + 0.062 * chars, 0.9 + 0.3 * len(body)), layout="constrained")
     ax = fig.subplots()
@@ -232,14 +285,17 @@ def pivot_figure(spec, cols: dict[str, list], path: Path) -> list[Path]:
     t.auto_set_font_size(False)
     t.set_fontsize(8)
     t.auto_set_column_width(list(range(len(head))))
-    ax.set_title(f"sweep {spec.name}: {spec.objective}, seeds as the unit", fontsize=9)
+    unit = metric_units(spec.objective)
+    ax.set_title(f"sweep {spec.name}: {spec.objective}{f' ({unit})' if unit else ''}, seeds as the unit"
+                 + ("; rope - absolute < 0: RoPE lower" if "rope - absolute" in cols else ""), fontsize=9)
     return save(fig, path)
 
 
-def log_comparison(run, spec, study) -> dict[str, list] | None:
+def log_comparison(run, spec, study, metrics_of=None) -> dict[str, list] | None:
     """Write the figure, the pivot image and the pivot table into `run` (the parent run, a `tracking.Run`) under
-    comparison/; returns the pivot's columns, or None when the study has no complete trial yet (nothing logged)."""
-    df = trial_frame(spec, study)
+    comparison/; returns the pivot's columns, or None when the study has no complete trial yet (nothing logged).
+    `metrics_of(run_id)`: a trial run's metrics, for the oracle's values (module docstring)."""
+    df = trial_frame(spec, study, metrics_of)
     if df.empty:
         return None
     cols = pivot(spec, df)

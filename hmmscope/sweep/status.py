@@ -18,14 +18,18 @@ from typing import Any
 from .study import load_study, spec_of_study
 
 
-def counts(study) -> dict[str, int]:
-    """Trials by state: complete, pruned, failed (not retried), running, waiting, retried (failed, then retried)."""
+def counts(study, finished: set[int] | None = None) -> dict[str, int]:
+    """Trials by state: complete, pruned, failed (not retried), running, waiting, retried (failed, then retried).
+    `finished`: count the finished states (complete, pruned, failed, retried) among these trial numbers only."""
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
     retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
     c = {"complete": 0, "pruned": 0, "failed": 0, "running": 0, "waiting": 0, "retried": 0}
     for t in trials:
+        if finished is not None and t.number not in finished and t.state not in (TrialState.RUNNING,
+                                                                                  TrialState.WAITING):
+            continue
         if t.state == TrialState.COMPLETE:
             c["complete"] += 1
         elif t.state == TrialState.PRUNED:
@@ -39,11 +43,22 @@ def counts(study) -> dict[str, int]:
     return c
 
 
-def best_trial(study):
-    """The COMPLETE trial with the best value (the study's direction), or None."""
+def finish_order(study) -> list[int]:
+    """The numbers of the finished trials (complete, pruned, failed) in the order they finished (their completion
+    time, then number): the k-th is the trial after which k trials had finished."""
     from optuna.trial import TrialState
 
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None]
+    done = [t for t in study.get_trials(deepcopy=False)
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)]
+    return [t.number for t in sorted(done, key=lambda t: (t.datetime_complete or t.datetime_start, t.number))]
+
+
+def best_trial(study, among: set[int] | None = None):
+    """The COMPLETE trial with the best value (the study's direction), or None; `among`: of these numbers only."""
+    from optuna.trial import TrialState
+
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.value is not None and (among is None or t.number in among)]
     if not done:
         return None
     return (min if study.direction.name == "MINIMIZE" else max)(done, key=lambda t: t.value)

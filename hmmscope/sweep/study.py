@@ -21,7 +21,9 @@ lazily (the parent run); never torch, the jobs or the worker.
 - MLflow: one parent run "sweep-<name>" per study; its id is the study user attr "mlflow_parent_run_id",
   recorded once (`TrialStore.set_study_attr_once`): processes that start the same sweep at once each
   create a candidate (tag hmmscope.kind "sweep-candidate"), one records its own, tags it "sweep", and the
-  others delete theirs. The study's metric name is the objective (`set_metric_names`).
+  others delete theirs. The study's metric name is the objective (`set_metric_names`). The trials' view in
+  MLflow's runs table (the parent's children, best first, the objective and the swept params as columns) is
+  saved as the experiment's shared view (`tracking.save_sweep_view`), which `hmmscope ui --sweep` opens.
 """
 
 from __future__ import annotations
@@ -145,6 +147,7 @@ def create_study(spec: SweepSpec, url: str, uri: str):
         prun = tracking.existing_run(uri, parent)
         if prun.get().data.tags.get("hmmscope.kind") != "sweep":
             prun.set_tags({"hmmscope.kind": "sweep"})
+        tracking.save_sweep_view(uri, prun.get())  # the trials' columns in MLflow's runs table
     return study, parent, created
 
 

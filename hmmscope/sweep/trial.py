@@ -5,14 +5,16 @@ as a child run of the sweep's parent run, and the resume of a retried trial from
 checkpoint. The only sweep module that calls `trial.suggest_*`. Imports the jobs, train and tracking
 (lazily); never the protocol, the study or the worker modules (the worker hands it a claimed trial).
 
-- Runs: each trial's training run (or theory run) is a child of the parent run, named after what varies
+- Runs: each trial's training run (or theory run) is a child of the parent run, linked to the trial as soon as
+  it is open (so `sweep status` shows a RUNNING trial's run), named after what varies
   (`SweepSpec.trial_name`, e.g. "rope-g0.5-s0"), tagged hmmscope.trial (the trial number) /
   hmmscope.study / hmmscope.sweep_parent / hmmscope.seed, with its kind's params (training: hmm/data/
   model/train; theory: theory), a one-line mlflow.note.content, and the objective also as the metric
   `Objective/<objective>` (first in the MLflow UI's metric lists). The trial links back: user attrs
   mlflow_run_id, mlflow_experiment_id and mlflow_run_url (`tracking.run_url` on a server store; on a local
   store, where no UI port is known, the `hmmscope ui --run ID` command that prints it); with analyze, also
-  mlflow_analysis_run_id/... for the analysis run.
+  mlflow_analysis_run_id/... for the analysis run. A training trial's run is reopened for its Figure 1 evaluation
+  and the objective, so it ends (FINISHED, with its MLflow duration) after them, not when training stops.
 - Pruning: the trial reports the prune metric at each evaluation (`make_prune_hook`); a pruned training
   run ends FAILED with hmmscope.failure_reason "TrialPruned: ...".
 - Resume (a pre-empted trial). A retry (system attr "retry_history") of a training trial looks for the
@@ -183,16 +185,32 @@ def run_trial(trial, spec: SweepSpec, uri: str, parent: str, *, lost: threading.
 
         res = train(cfg, tracking_uri=uri, experiment=spec.experiment, run_name=name, parent=parent,
                     progress=False, on_eval=hook, tags=tags, note=note, resume=resume,
-                    on_start=opened.append if opened is not None else None)
-        _link(trial, uri, res.run_id)
-        run = tracking.existing_run(uri, res.run_id)
-        # the model in hand: no checkpoint read back
-        metrics = {**res.metrics, **jobs.evaluate_model(res.model, res.config, res.steps, run, device=cfg.train.device)}
-        if spec.analyze:
-            an = jobs.analyze_model(res.model, res.config, res.steps, run, uri=uri, device=cfg.train.device,
-                                    experiment=spec.experiment)
-            metrics.update(an.metrics)
-            _link(trial, uri, an.run_id, prefix="mlflow_analysis")
+                    on_start=lambda rid: _opened(trial, uri, rid, opened))  # status shows it while it trains
+        # the run is reopened for its evaluation (and the objective): it ends after them, as its MLflow duration
+        # says; a failed evaluation leaves it FAILED with the reason. The model in hand: no checkpoint read back
+        with tracking.start_run(uri, spec.experiment, "", resume=res.run_id) as run:
+            metrics = {**res.metrics, **jobs.evaluate_model(res.model, res.config, res.steps, run,
+                                                             device=cfg.train.device)}
+            if spec.analyze:
+                an = jobs.analyze_model(res.model, res.config, res.steps, run, uri=uri, device=cfg.train.device,
+                                        experiment=spec.experiment)
+                metrics.update(an.metrics)
+                _link(trial, uri, an.run_id, prefix="mlflow_analysis")
+            return _objective(run, spec, metrics)
+    return _objective(run, spec, metrics)
+
+
+def _opened(trial, uri: str, run_id: str, opened: list[str] | None) -> None:
+    """A trial's training run is open: link it (sweep status shows it) and note it (the worker settles it)."""
+    _link(trial, uri, run_id)
+    if opened is not None:
+        opened.append(run_id)
+
+
+def _objective(run, spec: SweepSpec, metrics: dict[str, float]) -> float:
+    """The trial's objective from its metrics, also logged on its run as `Objective/<objective>`."""
+    from .. import tracking
+
     if spec.objective not in metrics:
         raise KeyError(f"objective {spec.objective!r} is not among the trial's metrics "
                        f"({', '.join(sorted(metrics)[:20])}, ...)")

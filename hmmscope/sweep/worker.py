@@ -31,7 +31,13 @@ trial.py's. Imports the other sweep modules and tracking (lazily); never the job
   sweep continues; a non-finite objective is a FAIL. `Study.tell` is not used: it writes the state outside
   the protocol (its sampler hook is a no-op for the random and TPE samplers used here).
 - The parent run is RUNNING while `run_sweep` waits for its workers and ends FINISHED when it returns
-  (KILLED on Ctrl-C); bare `run_worker` calls never touch its status.
+  (KILLED on Ctrl-C); bare `run_worker` calls never touch its status. It is kept up to date as trials end
+  (`refresh_parent`, called by the worker that finished one): its counts (sweep/<state>), the best trial so
+  far (sweep/best_value, sweep/best_trial, tags hmmscope.best_params / hmmscope.best_run), and the comparison
+  figure and pivot table (compare.py). Step k holds the counts and the best trial once k trials had finished
+  (`status.finish_order`: by completion time): each finished trial has its own step, whichever worker logs it
+  and however two finishes interleave, so no key is logged twice at one step, and the last step holds the
+  final counts (`run_sweep`'s own last update only when a worker has not logged it).
 - GPUs: when the trials train on device "cuda" or "auto", `run_sweep` gives worker i the GPU
   visible[i % len(visible)] through CUDA_VISIBLE_DEVICES (visible: the CUDA_VISIBLE_DEVICES list if set,
   else torch's device count); `sweep worker --gpu I` pins a joining worker to visible GPU I. The worker's
@@ -137,6 +143,7 @@ def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int 
             log(f"trial {trial.number} complete: {spec.objective}={value:.6g} params={trial.params}")
         else:
             log(f"trial {trial.number} {state.name.lower()}: {type(err).__name__}: {err}")
+        refresh_parent(uri, spec, study, parent, log, quiet=True, trial=trial.number)  # live: counts, best
         done += 1
     collect_orphans(uri, spec.experiment, log)
     return done
@@ -387,24 +394,58 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
             if old_term is not None:
                 signal.signal(signal.SIGTERM, old_term)
         collect_orphans(uri, spec.experiment, log)  # e.g. the runs of workers that were SIGKILLed
-        c = counts(study)
-        prun.log_metrics({f"sweep/{k}": v for k, v in c.items()})
-        best = best_trial(study)
-        if best is not None:
-            prun.log_metrics({"sweep/best_value": best.value, "sweep/best_trial": best.number})
-            prun.set_tags({"hmmscope.best_params": json.dumps(best.params),
-                           "hmmscope.best_run": best.user_attrs.get("mlflow_run_id", "")})
-        _log_comparison(prun, spec, study, log)
+        c = refresh_parent(uri, spec, study, parent, log, run=prun)
     return SweepSummary(spec.name, storage, parent, spec.n_trials, c["complete"], c["failed"], c["pruned"],
                         c["retried"], False, [p.returncode for p in procs])
 
 
-def _log_comparison(run, spec: SweepSpec, study, log: Callable[[str], object]) -> None:
-    """The parent run's comparison figure and pivot table (compare.py); a failure is one line, never the sweep's."""
+def refresh_parent(uri: str, spec: SweepSpec, study, parent: str, log: Callable[[str], object], *,
+                   run=None, quiet: bool = False, trial: int | None = None) -> dict[str, int]:
+    """Bring the parent run up to date (module docstring): the counts and the best trial at the step of `trial`
+    (the trial that just ended: its place in the finish order), or, with no `trial`, at the last step unless it
+    is there already; the comparison. Returns the counts now. A failure is one line (`log`), never the sweep's;
+    `quiet`: no line for a comparison written (a worker calls this after every trial)."""
+    from .. import tracking
+    from .status import finish_order
+
+    c = counts(study)
+    try:
+        run = run or tracking.existing_run(uri, parent)
+        order = finish_order(study)
+        if trial is not None:
+            step = order.index(trial) + 1 if trial in order else None
+        else:  # run_sweep's own last word, unless a worker said it
+            logged = {m.step for m in tracking.client(uri).get_metric_history(run.run_id, "sweep/complete")}
+            step = len(order) if order and len(order) not in logged else None
+        if step is not None:
+            upto = set(order[:step])
+            run.log_metrics({f"sweep/{k}": v for k, v in counts(study, finished=upto).items()}, step=step)
+            then = best_trial(study, among=upto)
+            if then is not None:
+                run.log_metrics({"sweep/best_value": then.value, "sweep/best_trial": then.number}, step=step)
+        best = best_trial(study)
+        if best is not None:
+            run.set_tags({"hmmscope.best_params": json.dumps(best.params),
+                          "hmmscope.best_run": best.user_attrs.get("mlflow_run_id", "")})
+    except Exception as e:  # e.g. a read-only store: the trials' results stand without the parent's summary
+        log(f"sweep {spec.name!r}: parent run not updated: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        return c
+    _log_comparison(run, spec, study, log, quiet=quiet)
+    return c
+
+
+def _log_comparison(run, spec: SweepSpec, study, log: Callable[[str], object], quiet: bool = False) -> None:
+    """The parent run's comparison figure and pivot table (compare.py); a failure is one line, never the sweep's
+    (`quiet`: no line when it worked)."""
+    from .. import tracking
     from .compare import FOLDER, log_comparison
 
+    def metrics_of(run_id: str) -> dict[str, float]:  # a trial's run's metrics: the oracle's reference line
+        r = tracking.get_run(run.uri, run_id)
+        return dict(r.data.metrics) if r is not None else {}
+
     try:
-        if log_comparison(run, spec, study) is not None:
+        if log_comparison(run, spec, study, metrics_of=metrics_of) is not None and not quiet:
             log(f"sweep {spec.name!r}: comparison figure and pivot table logged to the parent run ({FOLDER}/)")
     except Exception as e:  # e.g. a read-only store: the sweep's results stand without the figure
         log(f"sweep {spec.name!r}: comparison not logged: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")

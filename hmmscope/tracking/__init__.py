@@ -11,8 +11,10 @@ The rooms (each module's docstring has the details):
 - `liveness`: host, pid and heartbeat of an open run; orphan runs found (`stale_reason`) and ended (`gc_runs`);
   one writer per run (`hold_run`: the lease taken atomically, an OS lock beside a sqlite store).
 - `claims`: a run's claims as one table plus headline numbers, and read back (`read_claims`).
-- `search`: runs read back (`search_runs`, `get_run`) and pointed at (`run_url`, `experiment_url`, `target_url`,
-  `browse_line`: the one `hmmscope ui` line commands print; `ui_command`: the server's own command line).
+- `search`: runs read back (`search_runs`, `get_run`, `resolve_run_id`: a unique id prefix) and pointed at (`run_url`,
+  `experiment_url`, `target_url`, `sweep_urls`: a sweep's answer and its trials, `save_sweep_view`: the trials
+  table's columns as MLflow's shared view, `browse_line`: the one `hmmscope ui` line commands print;
+  `ui_command`: the server's own command line).
 
 Dependencies run store <- tags <- search <- liveness <- runs, none back. No module of this package imports
 mlflow at import time (only inside functions), and none imports anything of hmmscope outside it except
@@ -25,14 +27,23 @@ from .liveness import hold as hold_run
 from .liveness import settle as settle_run
 from .runs import ArtifactNotFound, Run, config_toml, delete_run, existing_run, experiment_name, start_run
 from .search import (
+    ANSWER,
     ML_VIEW,
+    SHARED_VIEW,
     UI_PORT,
     browse_line,
     experiment_url,
     get_run,
+    resolve_run_id,
+    run_link,
     run_url,
+    save_sweep_view,
     search_runs,
+    sweep_columns,
     sweep_parent,
+    sweep_urls,
+    sweep_view,
+    sweep_view_key,
     target_url,
     ui_base,
     ui_command,
@@ -70,6 +81,8 @@ from .tags import (
 )
 
 __all__ = [
+    "ANSWER", "SHARED_VIEW", "resolve_run_id", "run_link", "save_sweep_view", "sweep_columns", "sweep_urls", "sweep_view",
+    "sweep_view_key",
     "ARTIFACTS", "ArtifactNotFound", "LeaseLost", "RunHeld", "hold_run", "settle_run",
     "CLAIMS_FILE", "CLAIM_COLUMNS", "DB_NAME", "HEARTBEAT_ENV", "HEARTBEAT_GRACE",
     "ML_VIEW", "PARAM_MAX", "ROOT_TAG", "Run", "STORE_DIR", "THEORY_SECTIONS", "TRAIN_SECTIONS", "UI_PORT",

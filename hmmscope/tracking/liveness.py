@@ -1,11 +1,12 @@
 """Liveness of runs: a run's owner (a lease), and finding (and ending) orphan runs.
 
-The lease. Every open run has one owner, recorded in ONE tag, `mlflow.hmmscope.lease` (LEASE_TAG): JSON with
+The lease. Every open run has one owner, recorded in ONE tag, `hmmscope.lease` (LEASE_TAG): JSON with
 the owner's host, pid, process start time (`pid_start`, to tell a reused pid), the kernel's boot id and the
 owner's PID namespace (`/proc/self/ns/pid`), and the lease itself: `beat` (unix seconds, renewed by a thread
-every `interval` seconds, env HMMSCOPE_RUN_HEARTBEAT_S, default 30). The tag's name starts with `mlflow.`,
-the prefix MLflow's UI keeps out of its tag tables, so the compare page never shows pid or heartbeat as a
-difference between runs (they differ between any two runs); one tag, not five.
+every `interval` seconds, env HMMSCOPE_RUN_HEARTBEAT_S, default 30); one tag, not five. (Runs recorded before
+kept it as `mlflow.hmmscope.lease`, LEGACY_LEASE_TAG, read the same way: MLflow reserves the `mlflow.` prefix
+for its own tags.) A resumed run (`touch`) also moves its end time to each beat while it runs, so the UI's
+duration of a reopened run (a sweep's parent, a `--resume`) is its age, not its first session's length.
 
 Orphans. A RUNNING run is stale (`stale_reason`) only when its owner is provably gone:
 - this host, this boot and this PID namespace (so its pid means the same process here): the process is gone,
@@ -47,7 +48,8 @@ if TYPE_CHECKING:
 
 HEARTBEAT_ENV = "HMMSCOPE_RUN_HEARTBEAT_S"
 HEARTBEAT_GRACE = 5  # heartbeat intervals without a beat before a lease expires
-LEASE_TAG = "mlflow.hmmscope.lease"
+LEASE_TAG = "hmmscope.lease"
+LEGACY_LEASE_TAG = "mlflow.hmmscope.lease"  # runs recorded before the rename: read, never written
 
 
 def heartbeat_interval() -> float:
@@ -118,9 +120,10 @@ def lease_of(run) -> dict[str, Any] | None:
     import json
 
     t = run.data.tags
-    with contextlib.suppress(KeyError, ValueError, TypeError):
-        d = json.loads(t[LEASE_TAG])
-        return {**d, "beat": float(d["beat"]), "interval": float(d["interval"])}
+    for tag in (LEASE_TAG, LEGACY_LEASE_TAG):
+        with contextlib.suppress(KeyError, ValueError, TypeError):
+            d = json.loads(t[tag])
+            return {**d, "beat": float(d["beat"]), "interval": float(d["interval"])}
     if "hmmscope.pid" not in t and "hmmscope.heartbeat" not in t:
         return None
     d: dict[str, Any] = {"host": t.get("hmmscope.host", ""), "pid": t.get("hmmscope.pid", ""),
@@ -131,10 +134,11 @@ def lease_of(run) -> dict[str, Any] | None:
 
 
 @contextlib.contextmanager
-def _beating(run: Run, interval: float) -> Iterator[None]:
-    """Update the run's heartbeat tag every `interval` seconds until the block ends. Before each beat the lease is
-    read back: one that names another writer (this process's lease expired and another took the run over) marks
-    the lease lost (`lost`): this process stops beating, and its writes through `Run` raise LeaseLost."""
+def _beating(run: Run, interval: float, touch: bool = False) -> Iterator[None]:
+    """Update the run's heartbeat tag every `interval` seconds until the block ends (`touch`: its end time too,
+    status RUNNING kept: a resumed run's duration while it runs). Before each beat the lease is read back: one
+    that names another writer (this process's lease expired and another took the run over) marks the lease lost
+    (`lost`): this process stops beating, and its writes through `Run` raise LeaseLost."""
     stop = threading.Event()
 
     who = _identity()
@@ -149,6 +153,8 @@ def _beating(run: Run, interval: float) -> Iterator[None]:
                     _mark_lost(run.uri, run.run_id, now)
                     return
                 c.set_tag(run.run_id, LEASE_TAG, _lease(interval, who, nonce))
+                if touch:
+                    c.set_terminated(run.run_id, "RUNNING", end_time=int(time.time() * 1000))
 
     th = threading.Thread(target=beat, daemon=True, name=f"mlflow-heartbeat-{run.run_id[:8]}")
     th.start()

@@ -312,7 +312,8 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
         if exclusive:  # one writer per run: RunHeld (nothing written) if another has it
             held = lease.enter_context(hold(uri, resume))
         try:
-            c.update_run(resume, status="RUNNING")
+            # RUNNING again; its end time moves with its heartbeat (liveness._beating), so the UI's duration is right
+            c.set_terminated(resume, "RUNNING", end_time=int(time.time() * 1000))
             run.set_tags({**_liveness_tags(interval, _nonce_of(uri, resume)),
                           **({"mlflow.note.content": note_line(note)} if note else {})})
         except BaseException:
@@ -331,7 +332,7 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
     monitor = _system_monitor(uri, run.run_id, resume is not None) if system_metrics else None
     with lease:  # held until the run's end is written: nobody reopens it in between
         try:
-            with _beating(run, interval):
+            with _beating(run, interval, touch=resume is not None):
                 if params:
                     run.log_params(params)
                 if config is not None:

@@ -1,4 +1,22 @@
-"""Reading runs back (searches across pages, one run by id) and pointing at them (MLflow UI URLs, `mlflow ui`).
+"""Reading runs back (searches across pages, one run by id or a unique prefix of it) and pointing at them (MLflow UI
+URLs, `mlflow ui`).
+
+Run ids. Wherever a run id is taken, a unique prefix of at least 6 characters is too, as git takes a commit's
+(`resolve_run_id`); an ambiguous prefix is a one-line ValueError naming the candidates.
+
+A sweep's landing URLs (`sweep_urls`). First the answer: the sweep parent run's page, on its artifact
+`comparison/objective.png` (the objective against each swept key, per positional encoding; `sweep.compare`),
+or its overview before any trial has finished. Then its trials: the experiment's runs table narrowed to the
+parent's children, sorted by the objective, with the objective and the swept params as visible columns.
+MLflow 3.17's runs table reads from its URL only the search facets (searchFilter, orderByKey, orderByAsc,
+startTime, lifecycleFilter, modelVersionFilter, datasetsFilter: `useExperimentPageSearchFacets`); the visible
+columns are UI state (`selectedColumns`), kept in the browser's local storage, or loaded from a *shared view*:
+the URL parameter `viewStateShareKey=KEY` makes the page read the experiment tag `mlflow.sharedViewState.KEY`
+(MLflow's own tag, the one its "Share" / "Saved views" menu writes: an envelope {name, createdAt, updatedAt,
+state} whose `state` is the JSON of the facets and the UI state). `save_sweep_view` writes that tag for a
+sweep (columns: the metric Objective/<objective>, each swept param, the seed param); the view then
+also appears by name ("sweep NAME: trials") in the runs page's saved-views menu. Without the tag (a read-only
+store), the URL carries the facets alone and the columns stay MLflow's defaults.
 
 Part of `tracking`, the one package that talks to MLflow. Imports mlflow only inside functions; imports the
 store and tags modules only, and must not import anything of hmmscope outside tracking.
@@ -7,14 +25,19 @@ store and tags modules only, and must not import anything of hmmscope outside tr
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import shlex
+import time
 
 from .store import artifact_root, client
-from .tags import objective_key
+from .tags import objective_key, safe_key
 
 UI_PORT = 5000  # `hmmscope ui`'s port when it is free and none is given (else any free one)
 ML_VIEW = "workflowType=machine_learning"  # MLflow 3's experiment pages open the GenAI view without it
+SHARED_VIEW = "mlflow.sharedViewState."  # MLflow UI's shared / saved views of a runs table: experiment tags
+ANSWER = "comparison/objective.png"  # the sweep parent's answer at a glance (sweep.compare)
+MIN_PREFIX = 6  # the shortest run id prefix taken for a run id
 
 
 def ui_base(uri: str, port: int | None = None) -> str | None:
@@ -36,6 +59,12 @@ def experiment_url(base: str, experiment_id: str, search_filter: str | None = No
     if order_by:
         extra += f"&orderByKey={quote(f'metrics.`{order_by}`', safe='')}&orderByAsc={str(ascending).lower()}"
     return f"{base}/#/experiments/{experiment_id}/runs?{ML_VIEW}{extra}"
+
+
+def run_link(experiment_id: str, run_id: str, artifact: str | None = None) -> str:
+    """A run's page (on `artifact`, if given) as a link relative to the UI's own address (`#/experiments/...`):
+    what a run's description (mlflow.note.content, rendered as Markdown) links to, on any host and port."""
+    return f"#/experiments/{experiment_id}/runs/{run_id}" + (f"/artifacts/{artifact}" if artifact else "") + f"?{ML_VIEW}"
 
 
 def run_url(uri: str, experiment_id: str, run_id: str, port: int | None = None) -> str | None:
@@ -79,25 +108,99 @@ def sweep_parent(uri: str, sweep: str):
     return runs[0] if runs else None
 
 
+def sweep_view_key(sweep: str) -> str:
+    """The share key of a sweep's trials view (`viewStateShareKey=`; the tag `mlflow.sharedViewState.<key>`)."""
+    return safe_key(f"hmmscope-sweep-{sweep}").replace(" ", "_").replace("/", "_")
+
+
+def sweep_columns(parent) -> list[str]:
+    """The runs-table columns of a sweep's trials (canonical keys as MLflow's UI names them): the objective as
+    the trials log it (`Objective/<objective>`), each swept param, the replicate seed's param."""
+    p = parent.data.params
+    cols = [f"metrics.`{objective_key(p['sweep.objective'])}`"] if p.get("sweep.objective") else []
+    cols += [f"params.`{k[len('sweep.space.'):]}`" for k in sorted(p) if k.startswith("sweep.space.")]
+    seed = "theory.seed" if p.get("sweep.kind") == "theory" else "train.seed"
+    return cols + [f"params.`{seed}`"]
+
+
+def sweep_view(parent) -> dict:
+    """The state of a sweep's trials view: the parent's direct children (listed flat, not folded under the
+    parent), best first by the objective, its objective and swept params as visible columns (module docstring)."""
+    p = parent.data.params
+    objective, direction = p.get("sweep.objective"), p.get("sweep.direction")
+    state = {"searchFilter": f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+             "selectedColumns": sweep_columns(parent)}
+    if objective:
+        state.update(orderByKey=f"metrics.`{objective_key(objective)}`", orderByAsc=direction != "maximize")
+    return state
+
+
+def save_sweep_view(uri: str, parent) -> str | None:
+    """Write (or refresh) the sweep's trials view as its experiment's tag `mlflow.sharedViewState.<key>`, the
+    envelope MLflow's saved views use; returns the key, or None where the store cannot be written (then the
+    trials URL carries the search facets alone)."""
+    key = sweep_view_key(parent.data.tags.get("hmmscope.study") or parent.info.run_name or parent.info.run_id)
+    state = json.dumps(sweep_view(parent), sort_keys=True)
+    tag = SHARED_VIEW + key
+    try:
+        c = client(uri)
+        have = c.get_experiment(parent.info.experiment_id).tags.get(tag)
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            if json.loads(have)["state"] == state:
+                return key
+        now = int(time.time() * 1000)
+        c.set_experiment_tag(parent.info.experiment_id, tag, json.dumps(
+            {"name": f"sweep {key[len('hmmscope-sweep-'):]}: trials", "createdAt": now, "updatedAt": now,
+             "state": state}))
+    except Exception:
+        return None
+    return key
+
+
+def _shared_view_key(uri: str, parent) -> str | None:
+    """The key of the sweep's trials view if its experiment holds it, with the state this code would write."""
+    key = sweep_view_key(parent.data.tags.get("hmmscope.study") or parent.info.run_name or parent.info.run_id)
+    with contextlib.suppress(Exception):
+        have = client(uri).get_experiment(parent.info.experiment_id).tags.get(SHARED_VIEW + key)
+        if json.loads(have)["state"] == json.dumps(sweep_view(parent), sort_keys=True):
+            return key
+    return None
+
+
+def sweep_urls(uri: str, base: str, sweep: str) -> tuple[str, str]:
+    """(the answer, the trials) of a sweep (module docstring); ValueError (one line) if there is no such sweep."""
+    p = sweep_parent(uri, sweep)
+    if p is None:
+        raise ValueError(f"no sweep {sweep!r} in {uri} (no run tagged hmmscope.study = {sweep!r})")
+    eid, pid = p.info.experiment_id, p.info.run_id
+    logged = p.data.tags.get("mlflow.loggedArtifacts", "")
+    has_answer = "comparison/" in logged
+    answer = (f"{base}/#/experiments/{eid}/runs/{pid}/artifacts/{ANSWER}?{ML_VIEW}" if has_answer
+              else f"{base}/#/experiments/{eid}/runs/{pid}?{ML_VIEW}")
+    key = _shared_view_key(uri, p)
+    if key is not None:
+        trials = f"{base}/#/experiments/{eid}/runs?{ML_VIEW}&viewStateShareKey={key}"
+    else:
+        view = sweep_view(p)
+        trials = experiment_url(base, eid, view["searchFilter"],
+                                order_by=p.data.params.get("sweep.objective") and objective_key(p.data.params["sweep.objective"]),
+                                ascending=view.get("orderByAsc", True))
+    return answer, trials
+
+
 def target_url(uri: str, base: str, *, run_id: str | None = None, sweep: str | None = None,
                experiment: str | None = None) -> str:
-    """The URL of what a person asked to see: a run's page, a sweep's trials (its experiment's runs table
-    narrowed to the parent's children, sorted by the objective), an experiment's runs table; the UI's front
+    """The URL of what a person asked to see: a run's page (a unique prefix of its id will do), a sweep's
+    answer (`sweep_urls`: its comparison figure on its parent run), an experiment's runs table; the UI's front
     page if nothing is named. ValueError (one line) if the run, sweep or experiment is not in the store."""
     c = client(uri)
     if run_id:
         r = get_run(uri, run_id)
         if r is None:
             raise ValueError(f"no run {run_id!r} in {uri}")
-        return f"{base}/#/experiments/{r.info.experiment_id}/runs/{run_id}?{ML_VIEW}"
+        return f"{base}/#/experiments/{r.info.experiment_id}/runs/{r.info.run_id}?{ML_VIEW}"
     if sweep:
-        p = sweep_parent(uri, sweep)
-        if p is None:
-            raise ValueError(f"no sweep {sweep!r} in {uri} (no run tagged hmmscope.study = {sweep!r})")
-        objective, direction = p.data.params.get("sweep.objective"), p.data.params.get("sweep.direction")
-        # the sweep's trials (the parent's direct children: listed flat, not folded under the parent), best first
-        return experiment_url(base, p.info.experiment_id, f"tags.mlflow.parentRunId = '{p.info.run_id}'",
-                              order_by=objective and objective_key(objective), ascending=direction != "maximize")
+        return sweep_urls(uri, base, sweep)[0]
     if experiment:
         exp = c.get_experiment_by_name(experiment)
         if exp is None:
@@ -106,9 +209,31 @@ def target_url(uri: str, base: str, *, run_id: str | None = None, sweep: str | N
     return base
 
 
+def resolve_run_id(uri: str, run_id: str) -> str:
+    """The whole id of the run `run_id` names: a whole id as it is; a prefix of at least MIN_PREFIX hex digits
+    that one active run's id starts with, as git takes a commit's; anything else as it is (the caller's lookup
+    then says there is no such run). An ambiguous prefix: ValueError naming the candidates."""
+    rid = run_id.strip().lower()
+    if not re.fullmatch(rf"[0-9a-f]{{{MIN_PREFIX},31}}", rid):
+        return run_id
+    try:
+        found = search_runs(uri, filter_string=f"attributes.run_id LIKE '{rid}%'")
+    except Exception:
+        return run_id
+    if len(found) == 1:
+        return found[0].info.run_id
+    if len(found) > 1:
+        names = ", ".join(f"{r.info.run_id} ({r.info.run_name})" for r in found[:5])
+        raise ValueError(f"run id prefix {run_id!r} is ambiguous: {len(found)} runs start with it ({names}"
+                         f"{', ...' if len(found) > 5 else ''}); give more characters")
+    return run_id
+
+
 def search_runs(uri: str, experiment: str | None = None, *, filter_string: str = "",
-                parent_id: str | None = None, experiment_ids: list[str] | None = None) -> list:
-    """Runs as MLflow returns them (all pages), newest first (active runs only).
+                parent_id: str | None = None, experiment_ids: list[str] | None = None,
+                order_by: list[str] | None = None) -> list:
+    """Runs as MLflow returns them (all pages), newest first unless `order_by` (MLflow's syntax, e.g.
+    ["metrics.`eval/seen/excess_ce` ASC"]; ties newest first) (active runs only).
 
     `experiment` (a name) or `experiment_ids` narrow the search (default: every experiment);
     `parent_id` keeps the direct children of that run; `filter_string` is MLflow's search syntax.
@@ -131,7 +256,8 @@ def search_runs(uri: str, experiment: str | None = None, *, filter_string: str =
     out, token = [], None
     while True:
         page = c.search_runs(experiment_ids, " and ".join(filters), run_view_type=ViewType.ACTIVE_ONLY,
-                             max_results=1000, order_by=["attributes.start_time DESC"], page_token=token)
+                             max_results=1000, order_by=[*(order_by or []), "attributes.start_time DESC"],
+                             page_token=token)
         out.extend(page)
         token = page.token
         if not token:
@@ -139,7 +265,9 @@ def search_runs(uri: str, experiment: str | None = None, *, filter_string: str =
 
 
 def get_run(uri: str, run_id: str):
-    """The run as MLflow returns it, or None if there is no such run."""
+    """The run as MLflow returns it (`run_id`: its id or a unique prefix, `resolve_run_id`), or None if there is
+    no such run; an ambiguous prefix raises ValueError."""
+    run_id = resolve_run_id(uri, run_id)
     try:
         return client(uri).get_run(run_id)
     except Exception:

@@ -1,0 +1,75 @@
+"""Training's progress display: a bar on a terminal, plain lines elsewhere (a file, nohup, Slurm, CI).
+
+`training_progress(enabled)` returns what `train` drives step by step (rich's Progress interface: `add_task`,
+`update`, a context manager): on a terminal a transient rich bar on stderr (step, loss, tokens/s, elapsed, ETA);
+off one `PlainProgress`, one plain line on stderr at the first logged step, then at most one every
+HMMSCOPE_PROGRESS_S seconds (default 30) and one at the last step: 'train: step S/N, loss L, T tokens/s, ETA
+h:mm:ss' (the ETA from this call's own rate); nothing when not `enabled` (a sweep's workers).
+
+Imports rich only inside `training_progress`; nothing of hmmscope.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from typing import Any
+
+PROGRESS_ENV = "HMMSCOPE_PROGRESS_S"  # seconds between plain progress lines off a terminal (default 30)
+
+
+def progress_every() -> float:
+    """Seconds between `train`'s plain progress lines when stderr is no terminal (env HMMSCOPE_PROGRESS_S)."""
+    try:
+        v = float(os.environ.get(PROGRESS_ENV, "30"))
+    except ValueError:
+        v = 30.0
+    return v if math.isfinite(v) and v > 0 else 30.0
+
+
+class PlainProgress:
+    """Training's progress off a terminal (module docstring); the calls of rich's Progress that `train` makes."""
+
+    def __init__(self, every: float):
+        self.every, self.t0, self.last, self.start, self.total = every, time.monotonic(), None, 0, 0
+        self.fields: dict[str, Any] = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def add_task(self, description: str, total: int, completed: int = 0, **fields) -> int:
+        self.total, self.start, self.fields = total, completed, dict(fields)
+        return 0
+
+    def update(self, task: int, completed: int, **fields) -> None:
+        self.fields.update(fields)
+        if "loss" not in fields:  # a step without a logged loss: nothing new to say
+            return
+        now = time.monotonic()
+        if self.last is not None and now - self.last < self.every and completed < self.total:
+            return
+        self.last = now
+        done = completed - self.start
+        left = (self.total - completed) * (now - self.t0) / done if done > 0 else math.nan
+        eta = "?" if not math.isfinite(left) else f"{int(left) // 3600}:{int(left) // 60 % 60:02d}:{int(left) % 60:02d}"
+        print(f"train: step {completed}/{self.total}, loss {self.fields.get('loss', math.nan):.4f}, "
+              f"{self.fields.get('tps', 0.0):,.0f} tokens/s, ETA {eta}", file=sys.stderr, flush=True)
+
+
+def training_progress(enabled: bool):
+    """A transient rich bar on a terminal; `PlainProgress` lines otherwise; nothing if not `enabled`."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    if enabled and not console.is_terminal:
+        return PlainProgress(progress_every())
+    return Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
+                    TextColumn("loss {task.fields[loss]:.4f}  {task.fields[tps]:,.0f} tok/s"),
+                    TimeElapsedColumn(), TimeRemainingColumn(), transient=True,
+                    console=console, disable=not (enabled and console.is_terminal))
