@@ -605,8 +605,9 @@ def test_a_full_disk_in_the_cli_evaluation_leaves_the_run_failed(uri, tmp_path, 
         files = [p for p in tiny.rglob("*") if p.is_file()]
     finally:
         subprocess.run(["umount", "-l", str(tiny)], check=False)
-    lines = r.stderr.strip().splitlines()
-    assert r.exit_code == 2 and len(lines) == 1 and "No space left on device" in lines[0], r.output
+    lines = r.stderr.strip().splitlines()[-1:]  # the error, after the progress lines off a terminal
+    assert r.exit_code == 2 and lines[0].startswith("error:") and "No space left on device" in lines[0], r.output
+    assert sum("error" in ln.lower() for ln in r.stderr.splitlines()) == 1 and "Traceback" not in r.output
     assert str(tiny) in lines[0] and files == []
     (run,) = tracking.search_runs(uri, "full-out")
     assert run.info.status == "FAILED" and "No space left on device" in run.data.tags["hmmscope.failure_reason"]
