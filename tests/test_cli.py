@@ -385,13 +385,16 @@ def test_the_printed_ui_command_lands_on_the_sweeps_answer_then_its_trials_in_a_
     GenAI overview), sorted by the objective, whose visible column headers are the objective and the swept
     params (before: all 201 metric and param columns hidden). MLflow 3.17 reads no columns from a URL; the
     trials URL names the sweep's shared view (viewStateShareKey), which holds them.
-    Screenshots: out/test-artifacts/ui-sweep-smoke-answer.png, ui-sweep-smoke-trials.png."""
+    A trial's Model metrics tab opens on its loss curves (the Loss section, first; before they sat below ~30
+    baseline/ and eval/ sections). Screenshots: out/test-artifacts/ui-sweep-smoke-answer.png,
+    ui-sweep-smoke-trials.png, ui-sweep-smoke-trial-metrics.png."""
     store, r = smoke
     assert r.exit_code == 0, r.output
     cmd = r.stdout.splitlines()[-1].split("browse: ", 1)[1].split()
     assert cmd[:2] == ["hmmscope", "ui"]
     uri = f"sqlite:///{store}/mlruns/mlflow.db"
-    names = sorted(x.info.run_name for x in _runs(uri) if x.data.tags.get("hmmscope.kind") == "sweep-train")
+    trial_runs = [x for x in _runs(uri) if x.data.tags.get("hmmscope.kind") == "sweep-train"]
+    names = sorted(x.info.run_name for x in trial_runs)
     assert names == ["absolute-g0.5-s0", "absolute-g0.9-s0", "rope-g0.5-s0", "rope-g0.9-s0"]
     with browser.serve_ui(store, *cmd[2:], lines=True) as printed:
         assert len(printed) == 2 and printed[0].startswith("MLflow UI: ") and printed[1].startswith("trials: ")
@@ -402,6 +405,12 @@ def test_the_printed_ui_command_lands_on_the_sweeps_answer_then_its_trials_in_a_
         shown = browser.render(answer, browser.ARTIFACTS, "ui-sweep-smoke-answer")
         dom = (browser.ARTIFACTS / "ui-sweep-smoke-answer.html").read_text()
         text = browser.render(trials, browser.ARTIFACTS, "ui-sweep-smoke-trials")
+        one = trial_runs[0].info  # a trial's metric charts: the loss curves first (MLflow orders sections by name)
+        charts = browser.render(f"{answer.split('#/', 1)[0]}#/experiments/{one.experiment_id}/runs/{one.run_id}/"
+                                "model-metrics?workflowType=machine_learning", browser.ARTIFACTS,
+                                "ui-sweep-smoke-trial-metrics")
+    sections = re.findall(r"(\S+) \((\d+)\) Add chart", charts)  # each section's header: name (charts) Add chart
+    assert sections[:2] == [("Loss", "2"), ("Objective/eval/seen", "1")], sections[:5]
     assert "sweep-smoke" in shown and "comparison/objective.png" in shown, shown[:2000]
     # the artifact viewer shows the PNG itself (an <img> of the artifact, fetched as a blob)
     assert re.search(r'<img[^>]+alt="comparison/objective\.png"[^>]+src="blob:', dom), "no objective.png image shown"

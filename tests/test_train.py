@@ -118,6 +118,8 @@ def test_run_logs_params_metrics_checkpoint(uri, finished):
     assert steps("train/loss") == [3, 6, 9, 12] and steps("train/lr") == [3, 6, 9, 12]
     assert steps("val/loss") == [0, 6, 12] and steps("val/test_acc") == [0, 6, 12]
     assert steps("oracle/acc") == [0] and steps("val/excess_ce") == [0, 6, 12]
+    hist = lambda k: [(m.step, m.value) for m in sorted(c.get_metric_history(finished.run_id, k), key=lambda m: m.step)]  # noqa: E731
+    assert hist("Loss/train") == hist("train/loss") and hist("Loss/val") == hist("val/loss")  # first on the run page
     for k in ("train/grad_norm", "train/tokens_per_s", "val/acc", "val/test_loss", "oracle/loss", "oracle/acc"):
         assert k in r.data.metrics
     # one key, one meaning: the oracle's test segment is Figure 1's eval/seen/oracle_mix_test_*, not logged here
