@@ -77,12 +77,10 @@ import functools
 import math
 import os
 import random
-import signal
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +98,8 @@ from .emergence import prepare as prepare_emergence
 from .episodes import Episodes, training_data
 from .evaluate import _anonymous as anonymous
 from .evaluate import references
+from .interrupts import raise_if_terminated
+from .interrupts import sigterm_interrupts as sigterm_interrupts  # re-exported: the CLI imports it from here
 from .model import Transformer, attention_kernels
 from .progress import training_progress
 
@@ -307,23 +307,6 @@ def _resume_config(saved: Config, passed: Config) -> Config:
 # ---------------------------------------------------------------- training
 
 
-@contextmanager
-def sigterm_interrupts():
-    """While inside (main thread only): SIGTERM raises KeyboardInterrupt, as Ctrl-C does; the old handler comes back."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_term(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
-
-    old = signal.signal(signal.SIGTERM, on_term)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
 def describe(cfg: Config) -> str:
     """A training run's one-line description (its MLflow note)."""
     h, d, m, t = cfg.hmm, cfg.data, cfg.model, cfg.train
@@ -513,6 +496,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
         with training_progress(progress) as bar:
             task = bar.add_task("train", total=t.steps, completed=start, loss=float("nan"), tps=0.0)
             for step in range(start, t.steps):
+                raise_if_terminated()  # a SIGTERM whose interrupt a weakref callback swallowed (interrupts.py)
                 t0 = time.perf_counter()
                 lr = lr_at(step, t)
                 for g in opt.param_groups:

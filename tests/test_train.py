@@ -531,6 +531,40 @@ def test_sigterm_ends_a_cli_training_run_killed_not_running(tmp_path):
     assert run.data.tags["hmmscope.failure_reason"] == "KeyboardInterrupt: signal 15 (SIGTERM)"
 
 
+def test_a_sigterm_swallowed_by_a_weakref_callback_still_stops_training(uri, monkeypatch):
+    """SIGTERM's handler raises where Python is; inside a weakref callback (the garbage collector runs them between
+    any two bytecodes) Python prints "Exception ignored" and goes on. In CI a `hmmscope train` kept training for
+    over 60 s after its SIGTERM so. The handler also records the signal and the training loop raises it at the next
+    step: the run ends KILLED there (before: it trained to the end, FINISHED)."""
+    import gc
+    import weakref
+
+    from hmmscope.interrupts import on_sigterm
+
+    class Box:
+        pass
+
+    def swallow(step: int, metrics) -> None:
+        if step == 2:  # the signal arrives while a weakref callback runs: its KeyboardInterrupt is swallowed
+            box = Box()
+            ref = weakref.ref(box, lambda _: on_sigterm(signal.SIGTERM, None))
+            del box
+            gc.collect()
+            assert ref() is None
+
+    lost = []  # where Python reports what it swallowed ("Exception ignored in: ...")
+    monkeypatch.setattr(sys, "unraisablehook", lost.append)
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+        train(small(**{"train.steps": 40, "train.eval_every": 2}), tracking_uri=uri, experiment="swallowed",
+              run_name="swallowed", progress=False, on_eval=swallow)
+    assert [type(u.exc_value) for u in lost] == [KeyboardInterrupt]  # the first interrupt was indeed lost
+    (run,) = tracking.search_runs(uri, "swallowed")
+    assert run.info.status == "KILLED" and run.data.metrics["train/epoch"] < 1 and run.data.tags[
+        "hmmscope.failure_reason"] == "KeyboardInterrupt: signal 15 (SIGTERM)"
+    steps = [m.step for m in tracking.client(uri).get_metric_history(run.info.run_id, "val/loss")]
+    assert max(steps) == 2  # stopped at the step after the signal, not at 40
+
+
 def test_sigterm_interrupts_restores_the_old_handler():
     old = signal.getsignal(signal.SIGTERM)
     with pytest.raises(KeyboardInterrupt, match="SIGTERM"):

@@ -476,10 +476,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.gpu is not None:
         pin_gpu(a.gpu)
 
-    def on_term(signum, frame):  # run_sweep stops its workers with SIGTERM: hand the trial back, then exit
-        raise KeyboardInterrupt(f"signal {signum}")
+    from ..interrupts import on_sigterm
 
-    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGTERM, on_sigterm)  # run_sweep stops its workers with SIGTERM: hand the trial back, exit
     if os.environ.get("HMMSCOPE_THREADS"):
         import torch
 

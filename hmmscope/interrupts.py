@@ -1,0 +1,47 @@
+"""SIGTERM as Ctrl-C, and an interrupt Python swallowed raised again.
+
+`kill PID`, `timeout` and a sweep stopping its workers send SIGTERM; inside `sigterm_interrupts` (and in a sweep
+worker, `on_sigterm`) it raises KeyboardInterrupt, so a run ends KILLED and a trial is handed back, as with Ctrl-C.
+A signal handler's exception is raised in whatever Python code runs when the signal arrives. If that is a weakref
+callback or a __del__ (the garbage collector runs them between any two bytecodes), Python prints "Exception ignored
+in: ..." and goes on: the interrupt is lost, and a training run kept going for minutes after SIGTERM (seen in CI).
+So the handler also records the signal, and long loops call `raise_if_terminated()` at each step: a recorded signal
+whose exception has not reached them raises there. Standard library only.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+_PENDING: list[int] = []  # signals received whose KeyboardInterrupt may not have propagated
+
+
+def on_sigterm(signum, frame) -> None:
+    """The SIGTERM handler: record the signal, then raise KeyboardInterrupt where the program is."""
+    _PENDING.append(signum)
+    raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+
+
+def raise_if_terminated() -> None:
+    """Raise KeyboardInterrupt if a SIGTERM was received (its first exception may have been swallowed); once."""
+    if _PENDING:
+        signum = _PENDING[-1]
+        _PENDING.clear()
+        raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """While inside (main thread only): SIGTERM raises KeyboardInterrupt, as Ctrl-C does; the old handler comes back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        _PENDING.clear()
