@@ -835,7 +835,9 @@ def test_sweep_on_a_journal_file_with_a_killed_worker(tmp_path, monkeypatch):
     (failed,) = [r for r in rows if r["state"] == "FAIL"]
     assert failed["number"] == beat[0]["number"] and failed["reason"].startswith("stale")
     (retry,) = [r for r in rows if r["retried_from"] is not None]
-    assert retry["retried_from"] == failed["number"] and retry["params"] == failed["params"]
+    # the same grid cell: the killed trial may have died between two suggestions (under load), so it holds a
+    # part of the cell's params, each equal to the retry's
+    assert retry["retried_from"] == failed["number"] and failed["params"].items() <= retry["params"].items()
     assert sorted(p.name for p in path.parent.iterdir()) == ["optuna.log"]  # no lock left behind
 
     runner = CliRunner()
