@@ -66,6 +66,45 @@ experiment = "tty"
 """
 
 
+def in_a_terminal(args: list[str], cwd: Path, columns: int, lines: int, seconds: float) -> str:
+    """`hmmscope *args` in a pseudo-terminal of columns x lines, read to its end (everything it wrote, raw, also
+    kept as cwd/terminal.txt); asserts it exited 0 within `seconds`."""
+    import pty
+
+    exe = Path(sys.executable).parent / "hmmscope"
+    env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, "COLUMNS": str(columns),
+           "LINES": str(lines), "TERM": "xterm-256color", "HMMSCOPE_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([str(exe), *args], cwd=cwd, env=env, stdin=slave, stdout=slave, stderr=slave,
+                            start_new_session=True)
+    os.close(slave)
+    out = b""
+    try:
+        deadline = time.time() + seconds
+        while True:
+            assert time.time() < deadline, f"hmmscope {args[0]} did not finish in {seconds:.0f} s"
+            r, _, _ = select.select([master], [], [], 1.0)
+            if r:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: the terminal's other side closed
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            elif proc.poll() is not None:
+                break
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        os.close(master)
+    raw = out.decode(errors="replace")
+    (cwd / "terminal.txt").write_text(raw)
+    assert proc.returncode == 0, raw[-3000:]
+    return raw
+
+
 def test_progress_prints_lines_above_one_bar_that_ends_at_n_of_n():
     from rich.console import Console
 
@@ -96,40 +135,8 @@ def test_progress_prints_lines_above_one_bar_that_ends_at_n_of_n():
 def test_sweep_run_in_a_real_terminal_keeps_one_bar(tmp_path):
     """`hmmscope sweep run SPEC --workers 2` in a pseudo-terminal: every trial's line (objective, params) and
     both workers' closing lines are on lines of their own; the bar ends at 2/2 and is drawn as one bar."""
-    import pty
-
     (tmp_path / "tty.toml").write_text(SPEC)
-    exe = Path(sys.executable).parent / "hmmscope"
-    env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, "COLUMNS": "160", "LINES": "40",
-           "TERM": "xterm-256color", "HMMSCOPE_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([str(exe), "sweep", "run", "tty.toml", "--workers", "2"], cwd=tmp_path, env=env,
-                            stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
-    os.close(slave)
-    out = b""
-    try:
-        deadline = time.time() + 400
-        while True:
-            assert time.time() < deadline, "sweep run did not finish in 400 s"
-            r, _, _ = select.select([master], [], [], 1.0)
-            if r:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # EIO: the terminal's other side closed
-                    break
-                if not chunk:
-                    break
-                out += chunk
-            elif proc.poll() is not None:
-                break
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        os.close(master)
-    raw = out.decode(errors="replace")
-    (tmp_path / "terminal.txt").write_text(raw)
-    assert proc.returncode == 0, raw[-3000:]
+    raw = in_a_terminal(["sweep", "run", "tty.toml", "--workers", "2"], tmp_path, 160, 40, 400)
     lines = screen(raw)  # what the person sees at the end
     (tmp_path / "screen.txt").write_text("\n".join(lines))
     for n in (0, 1):
@@ -174,40 +181,8 @@ def test_train_in_a_terminal_clears_its_spinner_before_the_run_line(tmp_path):
     """Before: the setup spinner was still on screen when the run line was printed: '... modelrun 3efd...
     started'. Now the spinner is cleared first: the run line starts a line of its own, and the screen ends with
     the summary and the headline, each on its own line."""
-    import pty
-
-    exe = Path(sys.executable).parent / "hmmscope"
-    env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, "COLUMNS": "200", "LINES": "50",
-           "TERM": "xterm-256color", "HMMSCOPE_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([str(exe), "train", "--set", "train.steps=4", "--set", "train.eval_every=4", "--set",
-                             "data.n_train=64", "--set", "data.n_eval=16", "--device", "cpu"],
-                            cwd=tmp_path, env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
-    os.close(slave)
-    out = b""
-    try:
-        deadline = time.time() + 600
-        while True:
-            assert time.time() < deadline, "train did not finish in 600 s"
-            r, _, _ = select.select([master], [], [], 1.0)
-            if r:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:
-                    break
-                if not chunk:
-                    break
-                out += chunk
-            elif proc.poll() is not None:
-                break
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        os.close(master)
-    raw = out.decode(errors="replace")
-    (tmp_path / "terminal.txt").write_text(raw)
-    assert proc.returncode == 0, raw[-3000:]
+    raw = in_a_terminal(["train", "--set", "train.steps=4", "--set", "train.eval_every=4", "--set", "data.n_train=64",
+                         "--set", "data.n_eval=16", "--device", "cpu"], tmp_path, 200, 50, 600)
     lines = screen(raw)
     (run,) = [x for x in lines if "started; browse: hmmscope ui --run" in x]
     assert re.fullmatch(r"run [0-9a-f]{32} started; browse: hmmscope ui --run [0-9a-f]{32}", run), lines
