@@ -98,8 +98,7 @@ from .emergence import prepare as prepare_emergence
 from .episodes import Episodes, training_data
 from .evaluate import _anonymous as anonymous
 from .evaluate import references
-from .interrupts import raise_if_terminated
-from .interrupts import sigterm_interrupts as sigterm_interrupts  # re-exported: the CLI imports it from here
+from .interrupts import raise_if_terminated, sigterm_interrupts
 from .model import Transformer, attention_kernels
 from .progress import training_progress
 
@@ -522,11 +521,11 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                 bar.update(task, completed=done)
                 if log_now:
                     tps = len(losses) * tok_per_step / int_s
-                    run.log_metrics({"train/loss": sum(losses) / len(losses), LOSS_TRAIN: sum(losses) / len(losses),
-                                     "train/lr": lr,
+                    loss_avg = sum(losses) / len(losses)
+                    run.log_metrics({"train/loss": loss_avg, LOSS_TRAIN: loss_avg, "train/lr": lr,
                                      "train/grad_norm": last_gn, "train/tokens_per_s": tps,
                                      "train/epoch": epochs_done(done, len(ep_train), t.batch_size)}, step=done)
-                    bar.update(task, completed=done, loss=sum(losses) / len(losses), tps=tps)
+                    bar.update(task, completed=done, loss=loss_avg, tps=tps)
                     losses.clear()
                     int_s = 0.0
                 if eval_now:

@@ -18,6 +18,7 @@ from hmmscope.checkpoints import checkpoint_config, load_checkpoint, load_model,
 from hmmscope.config import Config, ConfigError, TrainConfig, flatten, override
 from hmmscope.episodes import sample_episodes
 from hmmscope.hmm import make_mixture
+from hmmscope.interrupts import sigterm_interrupts
 from hmmscope.train import (
     DivergedError,
     batch_indices,
@@ -26,7 +27,6 @@ from hmmscope.train import (
     lr_at,
     resolve_device,
     resolve_precision,
-    sigterm_interrupts,
     train,
 )
 

@@ -58,8 +58,8 @@ def headroom_cmd(
                           n_episodes=max(n_episodes, cfg.eval.fit_episodes))
     checks.memory(est, device=str(dev), force=force, what="the headroom's references")
     from ..headroom import headroom
+    from ..interrupts import sigterm_interrupts
     from ..jobs import atomic_write
-    from ..train import sigterm_interrupts
 
     with sigterm_interrupts():
         res = headroom(cfg, n_episodes=n_episodes, em=em, device=str(dev))

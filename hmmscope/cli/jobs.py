@@ -114,8 +114,9 @@ def train_cmd(
     uri = checks.tracking_store(tracking_uri, must_exist=resume is not None)
     from .. import tracking
     from ..deadline import Deadline
+    from ..interrupts import sigterm_interrupts
     from ..jobs import evaluate_model
-    from ..train import resolve_device, sigterm_interrupts, train
+    from ..train import resolve_device, train
 
     dev = resolve_device(cfg.train.device)  # an unavailable device fails before any run is created
     if resume is not None:
@@ -219,8 +220,9 @@ def evaluate_cmd(
     checks.output_dir(out, "--out", explicit=out != Path("out"))
     uri = checks.tracking_store(tracking_uri, must_exist=True)
     from .. import tracking
+    from ..interrupts import sigterm_interrupts
     from ..jobs import evaluate_run
-    from ..train import resolve_device, sigterm_interrupts
+    from ..train import resolve_device
 
     run_id = tracking.resolve_run_id(uri, run_id)  # a unique prefix of the id will do
     cfg = checks.run_config(uri, run_id)
@@ -277,8 +279,9 @@ def analyze_cmd(
 
         target = tracking.resolve_run_id(uri, target)  # a unique prefix of the id will do
     from ..checkpoints import checkpoint_config, read_checkpoint
+    from ..interrupts import sigterm_interrupts
     from ..jobs import analyze_run
-    from ..train import resolve_device, sigterm_interrupts
+    from ..train import resolve_device
 
     cfg = checkpoint_config(read_checkpoint(target, mmap=True)) if is_file else checks.run_config(uri, target)
     dev = resolve_device(device or "auto")
@@ -327,10 +330,11 @@ def run_cmd(
     uri = checks.tracking_store(tracking_uri)
     checks.optuna_storage(None)  # the main job's sweep uses the default storage
     from .. import tracking
+    from ..interrupts import sigterm_interrupts
     from ..jobs import main_job
     from ..report import build_report
     from ..sweep import run_sweep
-    from ..train import resolve_device, sigterm_interrupts
+    from ..train import resolve_device
 
     dev = resolve_device(cfg.train.device)
     for job in ("theory", "train", "analyze"):  # the stages run one after another

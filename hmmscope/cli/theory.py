@@ -106,8 +106,8 @@ def theory(
     uri = checks.tracking_store(tracking_uri) if track else None
     checks.memory(memory_estimate(cfg, "theory"), force=force)
     from .. import tracking
+    from ..interrupts import sigterm_interrupts
     from ..jobs import atomic_write, theory_job
-    from ..train import sigterm_interrupts
 
     n = len(th.gammas) * len(th.ranks) * len(th.rhos) * len(th.n_states)
     plain = not sys.stderr.isatty()  # off a terminal (a file, nohup, Slurm): one line per setting instead of a bar
