@@ -329,6 +329,86 @@ def test_divergence_fails_the_trial_and_the_sweep_continues(tmp_path):
     assert bad.info.status == "FAILED" and "DivergedError" in bad.data.tags["hmmscope.failure_reason"]
 
 
+@pytest.mark.parametrize("where", ["log_params", "link"])
+def test_a_run_cut_off_before_it_was_noted_is_settled_by_its_worker(tmp_path, monkeypatch, where):
+    """CI (netns, a cut link): a trial's run stayed RUNNING after its worker came back. The store was cut off just
+    after the run was created, before the worker had noted it (its first writes, or the trial's link to it,
+    failed), and the run's own end could not be written either. Now the worker also finds the trial's runs that
+    carry its own lease in the store, and ends them FAILED with the reason once the store answers."""
+    from hmmscope.sweep import trial as trial_mod
+    from hmmscope.tracking import runs as runs_mod
+
+    spec, storage, uri = _train_study(tmp_path, f"cut{where}", '"hmm.gamma" = {grid = [0.7]}')
+    out, dropped = [], []  # out: the store is out of reach; dropped: the run's own failure reasons not written
+    real_tags, real_params, real_link = runs_mod.Run.set_tags, runs_mod.Run.log_params, trial_mod._link
+
+    def set_tags(self, tags):
+        if out and "hmmscope.failure_reason" in tags:
+            dropped.append(tags)
+            raise ConnectionError("store out of reach")
+        return real_tags(self, tags)
+
+    def log_params(self, params):
+        if where == "log_params" and not out:
+            out.append(1)
+            raise ConnectionError("store out of reach")
+        return real_params(self, params)
+
+    def link(trial, uri_, run_id, **kw):
+        if where == "link" and not out:
+            out.append(1)
+            raise ConnectionError("storage out of reach")
+        return real_link(trial, uri_, run_id, **kw)
+
+    from hmmscope.sweep import protocol
+    real_finish = protocol.TrialStore.finish
+
+    def finish(self, *a, **kw):  # the store answers again by the time the worker records the trial
+        out.clear()
+        return real_finish(self, *a, **kw)
+
+    monkeypatch.setattr(protocol.TrialStore, "finish", finish)
+    monkeypatch.setattr(runs_mod.Run, "set_tags", set_tags)
+    monkeypatch.setattr(runs_mod.Run, "log_params", log_params)
+    monkeypatch.setattr(trial_mod, "_link", link)
+    log: list[str] = []
+    assert run_worker(f"cut{where}", storage, uri, log=log.append) == 1
+    (row,) = study_status(f"cut{where}", storage)
+    assert row["state"] == "FAIL" and "out of reach" in row["reason"], row
+    (run,) = [r for r in runs(uri) if r.data.tags.get("hmmscope.trial") == str(row["number"])]
+    assert len(dropped) == 5  # its own end: 5 tries, each refused (the run left RUNNING by start_run)
+    assert run.info.status == "FAILED", log
+    assert "out of reach" in run.data.tags["hmmscope.failure_reason"]
+    assert any(f"its run {run.info.run_id} ended FAILED" in m for m in log), log
+
+
+def test_a_run_created_twice_leaves_no_second_run_open(tmp_path, monkeypatch):
+    """MLflow's client retries a POST whose reply was lost (allowed_methods=None): the server may then hold two
+    runs of one create, the first unknown to the worker, RUNNING under its lease. The worker ends it FAILED
+    (naming the run that holds the trial's result) once its trial completes."""
+    from mlflow.tracking import MlflowClient
+
+    spec, storage, uri = _train_study(tmp_path, "twice", '"hmm.gamma" = {grid = [0.7]}')
+    real, lost = MlflowClient.create_run, []
+
+    def create_run(self, experiment_id, *a, **kw):
+        if not lost and "hmmscope.trial" in (kw.get("tags") or {}):
+            lost.append(real(self, experiment_id, *a, **kw).info.run_id)  # created, its reply never arrived
+        return real(self, experiment_id, *a, **kw)
+
+    monkeypatch.setattr(MlflowClient, "create_run", create_run)
+    log: list[str] = []
+    assert run_worker("twice", storage, uri, log=log.append) == 1
+    (row,) = study_status("twice", storage)
+    assert row["state"] == "COMPLETE"
+    by_id = {r.info.run_id: r for r in runs(uri) if r.data.tags.get("hmmscope.trial") == str(row["number"])}
+    assert len(by_id) == 2 and by_id[row["mlflow_run_id"]].info.status == "FINISHED"
+    first = by_id[lost[0]]
+    assert first.info.status == "FAILED", log
+    assert first.data.tags["hmmscope.failure_reason"] == (
+        f"a second run of trial {row['number']}, left open; its result is in run {row['mlflow_run_id']}")
+
+
 def test_a_trials_run_ends_after_its_evaluation_and_its_objective(tmp_path):
     """Before: a trial's training run ended when training stopped, and its Figure 1 evaluation and objective were
     written afterwards (the UI showed 22 s for a trial that took 35 s). Now the run is reopened for them: its

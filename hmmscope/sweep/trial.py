@@ -202,9 +202,9 @@ def run_trial(trial, spec: SweepSpec, uri: str, parent: str, *, lost: threading.
 
 def _opened(trial, uri: str, run_id: str, opened: list[str] | None) -> None:
     """A trial's training run is open: link it (sweep status shows it) and note it (the worker settles it)."""
-    _link(trial, uri, run_id)
-    if opened is not None:
+    if opened is not None:  # noted first: a link that fails (the storage cut off) must not hide the run
         opened.append(run_id)
+    _link(trial, uri, run_id)
 
 
 def _objective(run, spec: SweepSpec, metrics: dict[str, float]) -> float:

@@ -20,7 +20,9 @@ trial.py's. Imports the other sweep modules and tracking (lazily); never the job
   heartbeat sees the trial taken (`TrialStore.heartbeat(lost=...)`) and its training stops at the next evaluation
   (trial.TrialLost); when the storage answers again its result is dropped (`finish` loses), and its run, if still
   RUNNING (its end could not be written) or FINISHED (a result no trial owns), is ended FAILED with the reason
-  (`tracking.settle_run`). Tested with three network namespaces: tests/test_netns_sweep.py.
+  (`tracking.settle_run`). Its runs are those it noted as they opened and those the store holds under its lease
+  with the trial's tags (`tracking.own_runs`: one cut off before it was noted; a second one of a create whose reply
+  was lost and retried). Tested with three network namespaces: tests/test_netns_sweep.py.
 - Interrupts: Ctrl-C or SIGTERM to `run_sweep` sends SIGTERM to its workers (by pid; SIGKILL after 10 s);
   a worker so stopped marks its trial FAIL (user attr fail_reason="interrupted"), enqueues a retry and
   exits; its MLflow run ends KILLED, as does the parent. Running the sweep again resumes it. A worker
@@ -127,13 +129,22 @@ def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int 
             value = steps[max(steps)] if steps else None
         recorded = patient(store.finish, tid, state, value if state in (TrialState.COMPLETE, TrialState.PRUNED) else None,
                            attrs)
-        for rid in opened if state != TrialState.COMPLETE or not recorded else []:
+        done_here = state == TrialState.COMPLETE and recorded
+        kept = opened[-1] if done_here and opened else None  # the run holding the trial's result
+        for rid in _own_runs(uri, spec, trial.number, opened):
             # its own end was not written (the store out of reach), or its result is dropped (the trial was retried
-            # elsewhere): FAILED with the reason, so that no run stays RUNNING and none stands as a second result
-            with contextlib.suppress(Exception):
-                why = (f"{type(err).__name__}: {err}"[:2000] if recorded else
-                       f"TrialLost: trial {trial.number} was failed as stale by another worker, which retries it; "
+            # elsewhere), or a second run of a trial left open (a create whose reply was lost, then retried): FAILED
+            # with the reason, so that no run stays RUNNING and none stands as a second result
+            if rid == kept:
+                continue
+            if done_here:
+                why = f"a second run of trial {trial.number}, left open" + (f"; its result is in run {kept}" if kept else "")
+            elif recorded:
+                why = f"{type(err).__name__}: {err}"[:2000]
+            else:
+                why = (f"TrialLost: trial {trial.number} was failed as stale by another worker, which retries it; "
                        "this run's result is dropped")
+            with contextlib.suppress(Exception):
                 if tracking.settle_run(uri, rid, why, finished_too=not recorded):
                     log(f"trial {trial.number}: its run {rid} ended FAILED ({why[:200]})")
         if not recorded:
@@ -147,6 +158,18 @@ def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int 
         done += 1
     collect_orphans(uri, spec.experiment, log)
     return done
+
+
+def _own_runs(uri: str, spec, number: int, opened: list[str]) -> list[str]:
+    """The runs this worker opened for trial `number`: those noted as they opened, and those the store holds with
+    this process's lease and the trial's tags (one cut off before it was noted: its id lost with a create's reply,
+    or a write failing between the create and the note; CI saw such a run stay RUNNING)."""
+    from .. import tracking
+
+    found: list[str] = []
+    with contextlib.suppress(Exception):  # a store still out of reach: the noted ones only
+        found = tracking.own_runs(uri, spec.experiment, {"hmmscope.study": spec.name, "hmmscope.trial": number})
+    return list(dict.fromkeys([*opened, *found]))
 
 
 STORE_OUTAGE_S = 900.0  # how long a worker waits for its storage to answer again (env HMMSCOPE_STORE_OUTAGE_S)

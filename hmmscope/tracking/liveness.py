@@ -459,6 +459,15 @@ def lost(uri: str, run_id: str) -> str | None:
     return None if st is None else st.get("lost")
 
 
+def own_runs(uri: str, experiment: str, tags: dict[str, Any]) -> list[str]:
+    """Ids of the runs in `experiment` carrying all of `tags` whose lease names this process, whatever their status.
+
+    Finds a run this process opened even where it never learned the run's id, or lost it before noting it (a
+    store cut off while the run was being created or its first writes made): `settle` then ends those still open."""
+    quoted = " and ".join(f"tags.`{k}` = '{str(v)}'" for k, v in tags.items())
+    return [r.info.run_id for r in search_runs(uri, experiment, filter_string=quoted) if _is_me(lease_of(r))]
+
+
 def settle(uri: str, run_id: str, reason: str, status: str = "FAILED", *, finished_too: bool = False) -> bool:
     """End a run this process opened that is still RUNNING under this process's lease (its own end could not be
     written: the store was out of reach when it failed), with `reason` as its failure reason; True if it did.
