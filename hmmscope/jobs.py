@@ -168,18 +168,21 @@ def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int
                  batch_size: int = 64, out: Path | None = None, say: Callable[[str], Any] | None = None) -> EvalMetrics:
     """`evaluate_model` on a run's last checkpoint (a run from elsewhere: `hmmscope evaluate RUN_ID`).
 
-    Bad input (unknown run, no checkpoint, unknown device) raises ValueError before the checkpoint is read."""
+    Bad input (unknown run, no checkpoint, unknown device) raises ValueError before the checkpoint is read.
+    It writes into the run, so it holds the run's lease meanwhile (one writer per run): a run another process
+    writes (a `train --resume` under way) raises RunHeld, naming it, before anything is read or written."""
     from .checkpoints import load_checkpoint, model_from_checkpoint
     from .train import resolve_device
 
     run = tracking.existing_run(uri, run_id)
     _require_checkpoint(run)
     resolve_device(device)
-    with tempfile.TemporaryDirectory() as tmp:
-        ck = load_checkpoint(uri, run_id, tmp)
-    model, cfg = model_from_checkpoint(ck)
-    return evaluate_model(model, cfg, int(ck["step"]), run, device=device, n_episodes=n_episodes,
-                          batch_size=batch_size, out=out, say=say)
+    with tracking.hold_run(uri, run_id):
+        with tempfile.TemporaryDirectory() as tmp:
+            ck = load_checkpoint(uri, run_id, tmp)
+        model, cfg = model_from_checkpoint(ck)
+        return evaluate_model(model, cfg, int(ck["step"]), run, device=device, n_episodes=n_episodes,
+                              batch_size=batch_size, out=out, say=say)
 
 
 # ---------------------------------------------------------------- analysis (Figures 2, 3a, 3b, belief probes)

@@ -2,6 +2,8 @@
 MLflow, and no two commands writing the same path (a real tiny training run in a sqlite store); the main job
 evaluates and analyzes the model it trained in memory, with the numbers of its reloaded checkpoint."""
 
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -66,6 +68,41 @@ def test_evaluate_and_analyze_write_png_and_pdf_under_the_run_folder(run):
     assert {"figure2_shuffle.pdf", "figure3_probes.pdf"} <= _artifacts(uri, an.run_id, "analysis")
     # without `out` nothing is kept on disk (sweep trials), only logged
     assert evaluate_run(uri, rid).files == []
+
+
+_HOLDER = """
+import sys
+from hmmscope import tracking
+with tracking.start_run(sys.argv[1], "j", "", resume=sys.argv[2]):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_evaluate_refuses_a_run_another_process_writes(run):
+    """One writer per run: `evaluate RUN` writes the run's Figure 1 metrics, so while another process writes it (a
+    `train --resume` under way) it is refused before it writes anything. Before, both wrote into the run."""
+    uri, rid, _, _ = run
+    c = tracking.client(uri)
+    before = len(c.get_metric_history(rid, "eval/seen/test_acc"))
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, uri, rid], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(tracking.RunHeld, match=f"still running in process {holder.pid} on "):
+            evaluate_run(uri, rid)
+        assert len(c.get_metric_history(rid, "eval/seen/test_acc")) == before
+    finally:
+        holder.stdin.close()
+        try:
+            holder.wait(timeout=60)
+        finally:
+            if holder.poll() is None:
+                holder.kill()
+                holder.wait()
+    assert holder.returncode == 0 and c.get_run(rid).info.status == "FINISHED"
+    assert len(evaluate_run(uri, rid)) > 0  # free again once its writer ended
+    assert len(c.get_metric_history(rid, "eval/seen/test_acc")) > before
 
 
 def test_theory_jobs_never_share_a_folder(tmp_path):
