@@ -987,3 +987,28 @@ def test_preempted_trial_resumes_from_its_checkpoint(tmp_path):
     assert resumed["step"] == fresh["step"] == 120
     assert all(torch.equal(resumed["model"][k], fresh["model"][k]) for k in fresh["model"])
     assert optuna.load_study(study_name="pre", storage=storage).trials[1].user_attrs["mlflow_run_id"] == run_id
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "soon"])
+def test_a_bad_store_outage_setting_never_makes_a_wait_unbounded(monkeypatch, value):
+    """HMMSCOPE_STORE_OUTAGE_S bounds how long a worker waits for its storage. `nan` made the bound compare false,
+    so a worker cut off for good retried forever (and said "for up to nan s"); inf the same. Now anything but a
+    finite number >= 0 gives the default; 0 gives up at the first transient error."""
+    from hmmscope.sweep import worker
+
+    monkeypatch.setenv("HMMSCOPE_STORE_OUTAGE_S", value)
+    assert worker._Patient(lambda m: None).limit == worker.STORE_OUTAGE_S
+    monkeypatch.setenv("HMMSCOPE_STORE_OUTAGE_S", "0")
+
+    class OperationalError(Exception):  # the name a transient storage error has (SQLAlchemy's)
+        pass
+
+    calls = []
+
+    def down():
+        calls.append(1)
+        raise OperationalError("could not connect to server")
+
+    with pytest.raises(OperationalError):
+        worker._Patient(lambda m: None)(down)
+    assert len(calls) <= 2

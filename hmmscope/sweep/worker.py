@@ -192,9 +192,10 @@ class _Patient:
     def __init__(self, log: Callable[[str], None]):
         self.log = log
         try:
-            self.limit = float(os.environ.get("HMMSCOPE_STORE_OUTAGE_S", STORE_OUTAGE_S))
+            limit = float(os.environ.get("HMMSCOPE_STORE_OUTAGE_S", STORE_OUTAGE_S))
         except ValueError:
-            self.limit = STORE_OUTAGE_S
+            limit = STORE_OUTAGE_S
+        self.limit = limit if math.isfinite(limit) and limit >= 0 else STORE_OUTAGE_S  # nan, inf: never a wait unbounded
 
     def __call__(self, fn, *args):
         t0, wait, said = time.monotonic(), 1.0, False
