@@ -464,8 +464,8 @@ def own_runs(uri: str, experiment: str, tags: dict[str, Any]) -> list[str]:
 
     Finds a run this process opened even where it never learned the run's id, or lost it before noting it (a
     store cut off while the run was being created or its first writes made): `settle` then ends those still open."""
-    quoted = " and ".join(f"tags.`{k}` = '{str(v)}'" for k, v in tags.items())
-    return [r.info.run_id for r in search_runs(uri, experiment, filter_string=quoted) if _is_me(lease_of(r))]
+    where = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    return [r.info.run_id for r in search_runs(uri, experiment, filter_string=where) if _is_me(lease_of(r))]
 
 
 def settle(uri: str, run_id: str, reason: str, status: str = "FAILED", *, finished_too: bool = False) -> bool:
