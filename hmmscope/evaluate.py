@@ -63,9 +63,9 @@ Claims (stats.decide), on unseen tasks at k = k_max: ``retrieval_gap`` (rule "> 
 tasks; needs both task sets), ``icl_gain`` (the model's in-context gain on the same tokens, rule "> 0") and
 ``inference_beyond_counting`` (model CE minus best_counting CE, paired, rule "< 0; requires icl_gain"). The
 regime word (SCIENCE.md 9, ``regime``) follows from them: "retrieval" if the retrieval gap is supported, else
-"inference beyond counting" if that claim is supported, else "counting" where the model is shown not below
-best_counting (the paired CI's lower end >= 0), else "undetermined" (a CI that straddles 0, or below best_counting
-with no in-context gain shown).
+"inference beyond counting" if that claim is supported, else "worse than counting" where the model's CE is above
+best_counting's on its paired CI (lower end > 0), "counting" where it is level (the CI contains 0), else
+"undetermined" (below best_counting with no in-context gain shown).
 
 Cost. The references of one task set are computed once (``eval_set``) and kept; scoring a model on them
 (``score_by_k``, ``figure1_tables``) costs only the model's forward passes, so training can call it at every

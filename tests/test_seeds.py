@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 
 from hmmscope import seeds
-from hmmscope.config import HMMConfig
+from hmmscope.config import DataConfig, HMMConfig
 from hmmscope.episodes import fit_episodes, unseen_episodes
 from hmmscope.hmm import make_mixture
-from hmmscope.config import DataConfig
 
 PKG = Path(__file__).resolve().parents[1] / "hmmscope"
 

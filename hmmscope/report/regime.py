@@ -93,9 +93,10 @@ def regime_section(runs: list, uri: str) -> tuple[Section | None, list[Claim]]:
                             "> 0) and inference_beyond_counting (model minus best fitted counting CE at k = k_max, < 0, "
                             "requires icl_gain), each the mean over seeds with a t interval over seeds (one seed: the "
                             "run's own CI over episodes). Regime: retrieval if the retrieval gap is supported, else "
-                            "inference beyond counting if that claim is supported, else counting where the model is "
-                            "shown not below best counting (its CI's lower end >= 0), else undetermined: a CI that straddles 0 "
-                            "(too few seeds to tell) or no gain shown (SCIENCE.md 9)."))
+                            "inference beyond counting if that claim is supported, else worse than counting where the "
+                            "model's CE is above best counting's on its CI (lower end > 0), counting where it is level "
+                            "(the CI contains 0), else undetermined: below best counting with no in-context gain shown "
+                            "(SCIENCE.md 9)."))
     sec.blocks.append(("table", ["setting", "runs", "regime"], words))
     sec.blocks.append(("table", ["setting", "claim", "seeds", "pooled value", "95% CI", "df", "rule", "verdict"], table))
     return sec, claims
