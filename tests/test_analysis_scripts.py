@@ -497,3 +497,42 @@ def test_task_diversity_fresh_cell_and_regimes(tmp_path):
     assert [x["cell"] for x in r] == ["4", "64", "1024", "fresh"] and r[-1]["retrieval_gap"] == ""
     reg = {x["cell"]: x["regime"] for x in rows(tmp_path / "f" / "task_diversity_regimes.csv")}
     assert reg == {"4": "retrieval", "64": "retrieval", "1024": "counting", "fresh": "inference beyond counting"}
+
+
+def test_verdict_moves_redecides_a_kept_record(tmp_path, capsys):
+    """verdict_moves.py --redecide (issue 34.3): every verdict a record keeps, re-decided from its files under the
+    current stats.decide and regime word, beside the rules before issue 34.3. On the kept task-diversity record the
+    cells whose model - best counting lies wholly above 0 while icl_gain is not supported read 'not supported' (they
+    read 'inconclusive', [0.014, 0.079] at 256 tasks), and the cells above best counting on their CI are 'worse than
+    counting', not 'counting'. Failed before: no --redecide."""
+    vm = script("verdict_moves")
+    rows = vm.redecide(ROOT / "analysis" / "results" / "task-diversity-cpu")
+    got = {(r["src"], r["name"]): r for r in rows}
+    c = got["report.json", "n_tasks=256: inference_beyond_counting"]
+    assert (c["verdict"], c["previous"], c["now"]) == ("inconclusive", "inconclusive", "not supported")
+    w = got["report.json (regime)", "n_tasks=8192"]
+    assert (w["verdict"], w["previous"], w["now"]) == ("counting", "counting", "worse than counting")
+    assert got["report.json (regime)", "n_tasks=4"]["now"] == "retrieval"
+    # a planted record: a requirement that fails stops only "supported"; a CI that straddles 0 is "counting" now
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    claims = [{"name": "a: icl_gain", "rule": "> 0", "ci_lo": -0.1, "ci_hi": 0.2, "verdict": "inconclusive"},
+              {"name": "a: inference_beyond_counting", "rule": "< 0; requires icl_gain", "ci_lo": -0.5, "ci_hi": -0.1,
+               "verdict": "inconclusive"},
+              {"name": "b: icl_gain", "rule": "> 0", "ci_lo": 0.1, "ci_hi": 0.2, "verdict": "supported"},
+              {"name": "b: inference_beyond_counting", "rule": "< 0; requires icl_gain", "ci_lo": -0.5, "ci_hi": 0.1,
+               "verdict": "inconclusive"}]
+    table = ["table", ["setting", "runs", "regime"], [["a", "2", "undetermined"], ["b", "2", "undetermined"]]]
+    (rec / "report.json").write_text(json.dumps({"claims": claims, "sections": [{"blocks": [table]}]}))
+    got = {(r["src"], r["name"]): r for r in vm.redecide(rec)}
+    a = got["report.json", "a: inference_beyond_counting"]
+    assert (a["previous"], a["now"]) == ("inconclusive", "inconclusive")  # on the claimed side: stopped
+    assert got["report.json (regime)", "a"]["now"] == "undetermined"  # below counting, no gain shown
+    b = got["report.json (regime)", "b"]
+    assert (b["previous"], b["now"]) == ("undetermined", "counting")
+    assert vm.main(["--redecide", str(rec)]) == 0
+    out = capsys.readouterr().out
+    assert "1 moved by issue 34.3" in out and "| report.json (regime) | b |" in out
+    assert vm.main(["--redecide", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "\n" not in err
