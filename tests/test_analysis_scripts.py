@@ -537,3 +537,41 @@ def test_verdict_moves_redecides_a_kept_record(tmp_path, capsys):
     assert vm.main(["--redecide", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "\n" not in err
+
+
+def test_fresh_structures_counts_token_level_structures(capsys):
+    """analysis/fresh_structures.py (issue 34.2): a task's observable discrete structure is tau = reveal o sigma o
+    reveal^-1 on its token set, the same under any relabeling of the states; the S = 4, V = 8 sticky family has
+    70 x 24 = 1680 of them, and 20,000 fresh training tasks draw every one, so every unseen task's structure occurs in
+    training. hmm.structures = half-heldout splits the ordered revealing maps, not tau: each tau has 24 ordered maps,
+    about half in each half, so the training stream still draws all 1680 and the unseen tasks' structures with them."""
+    fs = script("fresh_structures")
+    rng = np.random.default_rng(5)
+    V, S, n = 8, 4, 50
+    reveal = np.argsort(rng.random((n, V)), axis=1)[:, :S]
+    sigma = np.argsort(rng.random((n, S)), axis=1)
+    W = np.full((n, S, S), 0.01)
+    np.put_along_axis(W, sigma[..., None], 0.97, axis=2)
+    E = np.eye(V)[reveal] * 0.8 + 0.2 / V
+    pi = np.argsort(rng.random((n, S)), axis=1)  # relabel: state j of the new labeling is state pi[j] of the old
+    inv = np.argsort(pi, axis=1)
+    reveal2 = np.take_along_axis(reveal, pi, axis=1)
+    sigma2 = np.take_along_axis(inv, np.take_along_axis(sigma, pi, axis=1), axis=1)
+    W2 = np.full((n, S, S), 0.01)
+    np.put_along_axis(W2, sigma2[..., None], 0.97, axis=2)
+    E2 = np.eye(V)[reveal2] * 0.8 + 0.2 / V
+    assert (fs.structures(W, E) == fs.structures(W2, E2)).all()
+    # two tasks share a code exactly when their token-level maps (token -> next token) are equal
+    maps = [tuple(sorted((int(reveal[i, s]), int(reveal[i, sigma[i, s]])) for s in range(S))) for i in range(n)]
+    codes = fs.structures(W, E)
+    assert all((codes[i] == codes[j]) == (maps[i] == maps[j]) for i in range(n) for j in range(n))
+    h = __import__("hmmscope.config", fromlist=["x"]).override(
+        __import__("hmmscope.config", fromlist=["x"]).preset("tiny"),
+        {"hmm.n_states": 4, "hmm.rank": 4, "hmm.n_tokens": 8, "hmm.structures": "half-heldout"}).hmm
+    r = fs.summary(h, 20000, 256, 0, "current")
+    assert r["distinct"] == 1680 and r["unseen_seen"] == 256 and r["unseen_min"] > 0
+    assert fs.main(["--n-train", "2000", "--n-unseen", "16", "--seeds", "1"]) == 0
+    assert "1680 token-level structures" in capsys.readouterr().out
+    assert fs.main(["--set", "hmm.family=dirichlet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "\n" not in err
