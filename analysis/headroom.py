@@ -18,7 +18,10 @@ Per cell (the swept keys but the replicate seed), at k = k_max, from each trial'
 - the family-Bayes bound: CE(best counting) - CE(family Bayes at M), draw-averaged, converged or not: a lower bound
   on the room in expectation over the draw of its M tasks (the Bayes predictor minimizes the expected log loss), with
   its CI combined as the room's; empty where family Bayes is degenerate (CE above ln V, or a negative in-context gain);
-- the reading (SCIENCE.md 9): "room" (the room's CI above 0: a legitimate learner beats counting), else "no room"
+- `best_counting_degenerate`: the seeds whose best counting CE at k_max is above a uniform guess (ln V); a room or
+  bound measured from such a reference is not used (SCIENCE.md 9), and the reading says so;
+- the reading (SCIENCE.md 9): "undetermined (best counting degenerate)" where best counting is degenerate in some
+  seed, else "room" (the room's CI above 0: a legitimate learner beats counting), else "no room"
   (family Bayes converged in every seed and no learner beats counting), else "room shown by family Bayes only"
   (its bound's CI above 0, family Bayes not converged), else "undetermined";
 - best counting's, the EM learner's and family Bayes' CE (at M and M/2), the task oracle's, the add-one bigram's, the
@@ -40,7 +43,8 @@ import numpy as np
 from sweepdata import fail, load_sweep, mean_ci, out_dir, parser, save, write_table
 
 BAR = 0.2  # nats/token: the room the inference-regime record asks of its family
-READINGS = ("room", "no room", "room shown by family Bayes only", "undetermined")
+READINGS = ("room", "no room", "room shown by family Bayes only", "undetermined",
+            "undetermined (best counting degenerate)")
 
 
 def _k_max(metrics: dict) -> int:
@@ -61,8 +65,11 @@ def _combined(trials: list[dict], key: str) -> tuple[float, float, float]:
     return mean, mean - h, mean + h
 
 
-def reading(room_lo: float, bound_lo: float, converged: int, n: int) -> str:
-    """The cell's word (module docstring), from the combined CIs and the seeds where family Bayes converged."""
+def reading(room_lo: float, bound_lo: float, converged: int, n: int, bc_degenerate: int = 0) -> str:
+    """The cell's word (module docstring), from the combined CIs, the seeds where family Bayes converged and those
+    whose best counting is degenerate."""
+    if bc_degenerate:
+        return "undetermined (best counting degenerate)"
     if room_lo > 0:
         return "room"
     if n and converged == n:
@@ -92,17 +99,17 @@ def _failed_runs(sw) -> list:
         p = dict(run.data.params)
         key = tuple(p.get(k, "") for k in sw.varied) + (p.get("data.seed", "0"),)
         if key not in done and "headroom/room" not in run.data.metrics:
-            out[key] = dict(run.data.metrics)
+            out[key] = {**run.data.metrics, "_V": float(p.get("hmm.n_tokens", "nan"))}
     return list(out.items())
 
 
 def cells(sw, failed=()) -> list[dict]:
     by = defaultdict(list)
     for t in sw.trials:
-        by[sw.cell(t)].append(t.metrics)
+        by[sw.cell(t)].append({**t.metrics, "_V": float(t.params.get("hmm.n_tokens", "nan"))})
     lost = defaultdict(list)
     for key, m in failed:
-        lost[key[:-1]].append(m)
+        lost[key[:-1]].append(m)  # its "_V" comes with it (_failed_runs)
     rows = []
     for cell in sorted(set(by) | set(lost), key=lambda c: [_num(v) for v in c]):
         trials, gone = by.get(cell, []), lost.get(cell, [])
@@ -113,6 +120,7 @@ def cells(sw, failed=()) -> list[dict]:
         everyone = trials + gone
         b, blo, bhi = _combined(everyone, f"headroom/family_bound/k{km}")
         conv = sum(m.get(f"headroom/family_converged/k{km}") == 1 for m in everyone)
+        bc_bad = sum(m.get(f"headroom/best_counting/ce/k{km}", 0.0) > math.log(m["_V"]) + 1e-9 for m in everyone)
         fam = sum(m.get(f"headroom/set_by_family/k{km}") == 1 for m in trials)
         M = max((int(k.split("_M")[1].split("/")[0]) for m in everyone for k in m
                  if k.startswith("headroom/family_bayes_M")), default=None)
@@ -127,9 +135,10 @@ def cells(sw, failed=()) -> list[dict]:
                "seeds_with_room": f"{sum(m['headroom/room_lo'] > 0 for m in trials)}/{len(everyone)}",
                "no_learner": f"{len(gone)}/{len(everyone)}",
                "converged": f"{conv}/{len(everyone)}", "family_drop": avg(f"headroom/family_drop/k{km}"),
+               "best_counting_degenerate": f"{bc_bad}/{len(everyone)}",
                "bound": b, "bound_lo": blo, "bound_hi": bhi,
                "reading": reading(lo if math.isfinite(lo) else -math.inf, blo if math.isfinite(blo) else -math.inf,
-                                  conv, len(everyone)),
+                                  conv, len(everyone), bc_bad),
                "room_k0": avg("headroom/room/k0", trials),
                "best_counting_ce": avg(f"headroom/best_counting/ce/k{km}"),
                "em_ce": avg(f"headroom/incontext_hmm/ce/k{km}"),
@@ -138,8 +147,8 @@ def cells(sw, failed=()) -> list[dict]:
                "task_oracle_ce": avg(f"headroom/task_oracle/ce/k{km}"),
                "bigram_ce": avg(f"headroom/incontext_bigram/ce/k{km}"),
                "per_seed": " ".join(f"{v:.3f}" for v in room),
-               "meets_bar": bool(math.isfinite(lo) and lo >= BAR),
-               "bound_meets_bar": bool(math.isfinite(blo) and blo >= BAR)}
+               "meets_bar": bool(math.isfinite(lo) and lo >= BAR and not bc_bad),
+               "bound_meets_bar": bool(math.isfinite(blo) and blo >= BAR and not bc_bad)}
         rows.append(row)
     return rows
 
@@ -182,6 +191,8 @@ def plot(sw, rows, out):
                     ax.plot(xi + dx, float(v), ".", color=col, alpha=0.4, ms=3)
                 if r["meets_bar"]:
                     ax.plot(xi + dx, r["room"], "o", mfc="none", mec="k", ms=10)
+                if not r["best_counting_degenerate"].startswith("0/"):
+                    ax.plot(xi + dx, r["room"], "x", color="k", ms=9)
             ok = [(xi, r) for xi, r in zip(x, pts) if math.isfinite(r["bound"])]
             if ok:
                 bx = np.array([xi for xi, _ in ok]) + dx + 0.003
@@ -202,10 +213,10 @@ def plot(sw, rows, out):
         ax.axis("off")
     if line_key:
         axes.flat[0].legend(fontsize=7)
-    fig.suptitle(f"Headroom map ({sw.name}), unseen tasks, 95% CIs. Solid: the room, a lower bound (best legitimate "
+    fig.suptitle(f"Headroom map ({sw.name}), unseen tasks, 95% CIs.\nSolid: the room, a lower bound (best legitimate "
                  "learner: circles the EM learner, squares family Bayes where converged); dashed, hollow diamonds: "
                  f"best counting - family Bayes at M (a lower bound in expectation). Ringed: lower CI >= {BAR} "
-                 f"(dotted line)", fontsize=9, wrap=True)
+                 f"(dotted line); crossed: best counting degenerate (CE above ln V), not a room", fontsize=9, wrap=True)
     fig.tight_layout()
     return save(fig, out, "headroom_map")
 

@@ -575,3 +575,56 @@ def test_fresh_structures_counts_token_level_structures(capsys):
     assert fs.main(["--set", "hmm.family=dirichlet"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "\n" not in err
+
+
+def test_headroom_map_flags_a_degenerate_best_counting():
+    """A cell whose best counting CE at k_max is above ln V (a reference that failed, SCIENCE.md 9) reads
+    "undetermined (best counting degenerate)" whatever its room, and never meets the bar; the other cell reads from
+    its CIs (planted metrics; failed before: the map used such a room as any other)."""
+    hr = script("headroom")
+    from sweepdata import Sweep, Trial
+
+    def metrics(bc, room, lo, hi):
+        return {"headroom/room": room, "headroom/room_lo": lo, "headroom/room_hi": hi, "headroom/room/k2": room,
+                "headroom/best_counting/ce/k2": bc, "headroom/family_converged/k2": 1.0,
+                "headroom/set_by_family/k2": 1.0, "headroom/family_drop/k2": 0.001,
+                "headroom/family_bound/k2": room, "headroom/family_bound/k2_lo": lo,
+                "headroom/family_bound/k2_hi": hi, "headroom/family_bayes/ce/k2": bc - room}
+
+    trials = [Trial(i, f"r{i}", {"hmm.gamma": g, "hmm.n_tokens": "8", "data.seed": str(s)}, metrics(bc, 0.3, 0.25, 0.35))
+              for i, (g, s, bc) in enumerate([("0.6", 0, 2.09), ("0.6", 1, 2.0), ("0.9", 0, 1.5), ("0.9", 1, 1.6)])]
+    sw = Sweep("planted", "", "", "headroom", "headroom/room", ["hmm.gamma"], trials, {})
+    rows = {r["hmm.gamma"]: r for r in hr.cells(sw)}
+    assert rows["0.6"]["best_counting_degenerate"] == "1/2" and rows["0.9"]["best_counting_degenerate"] == "0/2"
+    assert rows["0.6"]["reading"] == "undetermined (best counting degenerate)" and not rows["0.6"]["meets_bar"]
+    assert rows["0.9"]["reading"] == "room" and rows["0.9"]["meets_bar"]
+
+
+def test_report_headroom_section_flags_a_degenerate_best_counting(tmp_path):
+    """hmmscope report's headroom section: a setting whose best counting CE at k_max is above ln V in some run has no
+    power on "room > 0" and reads "undetermined (best counting degenerate)"; the other setting reads from its CI
+    (real MLflow runs with planted metrics; failed before: the section used such a room as any other, and read a
+    converged setting with a 1-df CI that straddles 0 as "no room" where each run's own CI showed room)."""
+    from hmmscope import tracking
+    from hmmscope.report.regime import headroom_section
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    for g, s, bc, room in (("0.6", 0, 2.09, 0.30), ("0.6", 1, 2.00, 0.32), ("0.9", 0, 1.50, 0.30), ("0.9", 1, 1.60, 0.32),
+                           ("0.7", 0, 1.50, 0.10), ("0.7", 1, 1.50, 0.40), ("0.8", 0, 1.50, 0.00), ("0.8", 1, 1.50, 0.20)):
+        with tracking.start_run(uri, "hr", f"g{g}-s{s}") as run:
+            run.log_params({"hmm.gamma": g, "hmm.n_tokens": 8, "data.seed": s})
+            run.log_metrics({"headroom/room": room, "headroom/room_lo": room - 0.05, "headroom/room_hi": room + 0.05,
+                             "headroom/room/k2": room, "headroom/best_counting/ce/k2": bc,
+                             "headroom/family_converged/k2": 1.0, "headroom/set_by_family/k2": 1.0,
+                             "headroom/family_drop/k2": 0.001, "headroom/family_bound/k2": room})
+    sec, claims = headroom_section(tracking.search_runs(uri, "hr"))
+    head, table = next((b[1], b[2]) for b in sec.blocks if b[0] == "table")
+    got = {row[0]: dict(zip(head, row)) for row in table}
+    assert got["gamma=0.6"]["reading"] == "undetermined (best counting degenerate)"
+    assert got["gamma=0.6"]["verdict (> 0)"] == "no power" and got["gamma=0.9"]["reading"] == "room"
+    assert {c.name: c.verdict for c in claims}["gamma=0.9: room above counting"] == "supported"
+    # each run's own CI above 0 while t on 1 df straddles: said as such, not "no room"; a converged setting where one
+    # run beats counting on its own CI is not "no room" either
+    assert got["gamma=0.7"]["verdict (> 0)"] == "inconclusive"
+    assert got["gamma=0.7"]["reading"] == "room in every run (pooled CI inconclusive)"
+    assert got["gamma=0.8"]["reading"] == "undetermined"

@@ -12,6 +12,7 @@ retrieval, inference beyond counting, counting, or undetermined.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import numpy as np
@@ -110,9 +111,13 @@ def headroom_section(runs: list) -> tuple[Section | None, list[Claim]]:
     episodes (and family draws where family Bayes sets it). Beside it: who sets it, family Bayes' drop from M/2 to M and
     in how many runs it converged, the family-Bayes bound (best counting - family Bayes at M, a lower bound on the room
     in expectation whether or not family Bayes converged; pooled the same way) and the reading: "room" (the claim
-    supported), "no room" (family Bayes converged in every run and no learner beats counting), "room shown by family
-    Bayes only" (the bound's CI above 0, family Bayes not converged), else "undetermined". Trials whose room was not
-    measurable (no legitimate learner at k_max) FAIL and are not read here: the header counts them."""
+    supported), "room in every run (pooled CI inconclusive)" (each run's own CI above 0: a t interval on 1 df is wide),
+    "no room" (family Bayes converged in every run and no run's learner beats counting on its own CI), "room shown by
+    family Bayes only" (the bound above 0 pooled or in every run, family Bayes not converged), else "undetermined";
+    where best counting's CE at
+    k_max is above a uniform guess (ln V) in some run, best counting is degenerate (SCIENCE.md 9): the claim has no
+    power and the reading is "undetermined (best counting degenerate)". Trials whose room was not measurable (no
+    legitimate learner at k_max) FAIL and are not read here: the header counts them."""
     rows = [r for r in runs if "headroom/room" in r.data.metrics]
     if not rows:
         return None, []
@@ -139,6 +144,10 @@ def headroom_section(runs: list) -> tuple[Section | None, list[Claim]]:
             return est.value, m.get(f"{key}_lo", NAN), m.get(f"{key}_hi", NAN), np.inf, "", "one seed: its own CI"
 
         value, lo, hi, df, why, how = pooled("headroom/room")
+        bc_bad = sum(r.data.metrics.get(f"headroom/best_counting/ce/k{km}", 0.0)
+                     > math.log(float(r.data.params.get("hmm.n_tokens", "nan"))) + 1e-9 for r in members)
+        if bc_bad:
+            why = f"best counting degenerate (CE above ln V at k_max in {bc_bad} of {len(members)} runs)"
         c = claim(f"{label}: room above counting", "CE(best counting) - CE(best legitimate learner: the EM learner, "
                   f"family Bayes where converged) at k_max, nats/token, a lower bound ({how})",
                   value, lo, hi, rule(">", 0), "positive: a learner beats counting here", df=df, degenerate=why)
@@ -157,8 +166,15 @@ def headroom_section(runs: list) -> tuple[Section | None, list[Claim]]:
         fam = sum(f == 1 for f in by_fam)
         set_by = f"family Bayes {fam}/{len(members)}, EM learner {len(members) - fam}/{len(members)}"
         all_conv = bool(conv) and all(f == 1 for f in conv)
-        word = ("room" if c.verdict == "supported" else "no room" if all_conv else
-                "room shown by family Bayes only" if np.isfinite(blo) and blo > 0 else "undetermined")
+        own = [r.data.metrics for r in members]  # each run's own CIs (over its episodes and family draws)
+        every_room = all(m.get("headroom/room_lo", NAN) > 0 for m in own)
+        any_room = any(m.get("headroom/room_lo", NAN) > 0 for m in own)
+        every_bound = all(m.get(f"headroom/family_bound/k{km}_lo", NAN) > 0 for m in own)
+        word = ("undetermined (best counting degenerate)" if bc_bad else "room" if c.verdict == "supported" else
+                "room in every run (pooled CI inconclusive)" if every_room else
+                "no room" if all_conv and not any_room else
+                "room shown by family Bayes only" if (np.isfinite(blo) and blo > 0) or every_bound else
+                "undetermined")
         table.append([label, str(len(members)), _f(value), _ci(lo, hi), _f(df), c.verdict, set_by,
                       _f(avg["best_counting"]), _f(avg["incontext_hmm"]), _f(avg["family_bayes"]),
                       _f(float(np.mean(half))) if half else "-", _f(float(np.mean(drops))) if drops else "-",
@@ -172,9 +188,11 @@ def headroom_section(runs: list) -> tuple[Section | None, list[Claim]]:
                             "'converged' the runs where family Bayes converged. The family-Bayes bound is best "
                             "counting minus family Bayes at M whether or not it converged: a lower bound on the room "
                             "in expectation over the draw of its M tasks, pooled the same way. Reading: room (a "
-                            "learner beats counting: the claim supported), no room (family Bayes converged in every "
-                            "run and no learner beats counting), room shown by family Bayes only (its bound above 0 "
-                            "on its CI, not converged), else undetermined. Degenerate references (CE above ln V, or a "
+                            "learner beats counting: the claim supported), room in every run (each run's own CI above "
+                            "0, the pooled 1-df CI not), no room (family Bayes converged in every run and no run's "
+                            "learner beats counting on its own CI), room shown by family Bayes only (its bound above 0 "
+                            "pooled or in every run, not converged), else undetermined. Degenerate references (CE "
+                            "above ln V, or a "
                             "negative in-context gain) are never used; a trial with no legitimate learner at k_max "
                             "fails (its objective is not measurable) and is counted in the header, not here."))
     sec.blocks.append(("table", ["setting", "seeds", "room", "95% CI", "df", "verdict (> 0)", "set by",
