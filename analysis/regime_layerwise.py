@@ -114,8 +114,8 @@ def _from_runs(args, cells: list[int]) -> int:
     import pandas as pd
 
     from hmmscope.config import ConfigError
-    from hmmscope.episodes import probe_tasks
-    from hmmscope.sweep_spec import load_spec
+    from hmmscope.data.episodes import probe_tasks
+    from hmmscope.sweep.spec import load_spec
 
     try:
         if args.trials is None or args.spec is None:

@@ -359,7 +359,7 @@ def sweep_memory(spec, *, workers: int, force: bool = False) -> None:
         worst = need(pt)
     device = "cpu"
     if spec.kind == "train" and any(w == "device" for _, w in worst.values()):
-        from .train import resolve_device
+        from .training.train import resolve_device
 
         device = str(resolve_device(spec.trial_config({"seed": spec.seeds[0]} | {
             p.key: p.grid[0] if p.grid is not None else p.low for p in spec.space}).train.device))

@@ -125,7 +125,7 @@ class TheoryConfig:
     lengths: tuple[int, ...] = (1, 2, 4, 6, 8, 12, 16, 24, 32)
     n_histories: int = 1000  # per HMM draw
     burn_in: int = 200
-    draws: int = 5  # independent HMM draws per setting: the unit of the rate CIs and exponent fits (theory.py)
+    draws: int = 5  # independent HMM draws per setting: the unit of the rate CIs and exponent fits (theory/theorem1.py)
     floor: float = 1e-10  # eps below this is numerical noise and left out of the fit
     gamma_m: int = 2  # m for the m-step observability (0 = skip)
     seed: int = 0
@@ -133,7 +133,7 @@ class TheoryConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Figure 1's references beyond the oracles (SCIENCE.md 8, 9; evaluate.py)."""
+    """Figure 1's references beyond the oracles (SCIENCE.md 8, 9; measure/evaluate.py)."""
 
     family_tasks: int = 256  # M: tasks of the family-Bayes reference (stream "family"); 0 = off
     fit_episodes: int = 256  # episodes of fit tasks (stream "fit") choosing the fair counting baselines; 0 = off

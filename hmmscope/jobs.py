@@ -73,7 +73,7 @@ def _folder(path: Path | None) -> Iterator[Path]:
 
 def _require_checkpoint(run: tracking.Run) -> None:
     """ValueError naming the path looked for when the run has no checkpoint (before any work)."""
-    from .checkpoints import CKPT_DIR, CKPT_NAME
+    from .training.checkpoints import CKPT_DIR, CKPT_NAME
 
     try:
         run.require(f"{CKPT_DIR}/{CKPT_NAME}")
@@ -103,7 +103,7 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
     hmm.n_tasks = 0); unseen tasks: as many episodes of fresh tasks (episodes.unseen_episodes); references: the
     family-Bayes reference over eval.family_tasks tasks (with its CE at M/4 and M/2), the counting baselines (add-one,
     and the n-gram / CTW fitted on eval.fit_episodes fit-task episodes, with best_counting; their chosen settings
-    logged as params counting.*) and the EM learner with eval.em_states states (evaluate.py). The claims (retrieval
+    logged as params counting.*) and the EM learner with eval.em_states states (measure/evaluate.py). The claims (retrieval
     gap, icl_gain, inference_beyond_counting) go to the run's table claims.json (with the headline counts
     claims/<verdict>), the regime word to the tag hmmscope.regime, Figure 1's wall time to eval/figure1_s (and to
     `say`, a line). With `out`, the same files are also kept in out/<run name>-<id8>/evaluation/ (`run_folder`) and
@@ -112,13 +112,13 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
 
     import torch
 
-    from .baselines import HMMLearner
     from .config import em_states
-    from .episodes import sample_episodes, unseen_episodes
-    from .evaluate import figure1, plot_figure1, references
-    from .fixed_memory import memory_comparison
-    from .hmm import make_mixture
-    from .train import resolve_device
+    from .data.episodes import sample_episodes, unseen_episodes
+    from .data.hmm import make_mixture
+    from .measure.evaluate import figure1, plot_figure1, references
+    from .measure.fixed_memory import memory_comparison
+    from .oracles.baselines import HMMLearner
+    from .training.train import resolve_device
 
     t0 = time.perf_counter()
     run_id = run.run_id
@@ -171,8 +171,8 @@ def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int
     Bad input (unknown run, no checkpoint, unknown device) raises ValueError before the checkpoint is read.
     It writes into the run, so it holds the run's lease meanwhile (one writer per run): a run another process
     writes (a `train --resume` under way) raises RunHeld, naming it, before anything is read or written."""
-    from .checkpoints import load_checkpoint, model_from_checkpoint
-    from .train import resolve_device
+    from .training.checkpoints import load_checkpoint, model_from_checkpoint
+    from .training.train import resolve_device
 
     run = tracking.existing_run(uri, run_id)
     _require_checkpoint(run)
@@ -252,11 +252,11 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
 
     import torch
 
-    from .episodes import probe_episodes, sample_episodes, unseen_episodes
-    from .hmm import make_mixture
-    from .probes import run_probes
-    from .shuffle import shuffle_test
-    from .train import resolve_device
+    from .data.episodes import probe_episodes, sample_episodes, unseen_episodes
+    from .data.hmm import make_mixture
+    from .measure.probes import run_probes
+    from .measure.shuffle import shuffle_test
+    from .training.train import resolve_device
 
     if parent_run is None:
         if target is None:
@@ -344,7 +344,7 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
     Bad input (unknown run, no checkpoint, k out of range) raises ValueError before any run is created."""
     import time
 
-    from .checkpoints import load_checkpoint, model_from_checkpoint, read_checkpoint
+    from .training.checkpoints import load_checkpoint, model_from_checkpoint, read_checkpoint
 
     t_start = time.perf_counter()
     if Path(target).suffix == ".pt" or Path(target).is_file():
@@ -372,7 +372,7 @@ def headroom_job(cfg: Config, uri: str, experiment: str, *, parent: str | None =
     """`headroom.headroom` (trains nothing) as one MLflow run: params hmm/data/eval, metrics headroom/*
     (HeadroomResult.metrics), the counting fit's params counting.*, the result as headroom.json. n_episodes defaults to
     data.n_eval (a sweep trial's). Returns (result, run_id); the run opens when the work starts."""
-    from .headroom import headroom
+    from .measure.headroom import headroom
 
     n = n_episodes or cfg.data.n_eval
     with tracking.start_run(uri, experiment, run_name, parent=parent,
@@ -467,7 +467,7 @@ def theory_job(th, out: Path, *, uri: str | None, experiment: str, parent: str |
     """Run the sweep, write theory.png / theory.pdf / theory.json under `out` (the folder itself: callers give
     each job its own, see `new_folder`), log to MLflow if `uri` (a run `run_name` with extra `tags` and the
     one-line `note`; see log_theory; `on_start(run id)` as soon as it is open). Returns (result, run_id)."""
-    from .theory import plot_theory, run_theory
+    from .theory.theorem1 import plot_theory, run_theory
 
     def work():
         result = run_theory(th, progress=progress)
@@ -562,8 +562,8 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
     links the sweep's parent run and its answer (comparison/objective.png), as Markdown the UI renders.
     """
     from .config import flatten
-    from .sweep_spec import parse_spec
-    from .train import train
+    from .sweep.spec import parse_spec
+    from .training.train import train
 
     sweep_spec = parse_spec(MAIN_SWEEP, "hmmscope.jobs.MAIN_SWEEP")
     note = (f"Main job: Theorem 1 theory sweep, training + Figure 1, layerwise analysis, and the training sweep "

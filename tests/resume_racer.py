@@ -54,7 +54,7 @@ def main() -> None:
     import hmmscope.checks  # noqa: F401  (every import before the forks: the children start alike, at once)
     import hmmscope.cli.app  # noqa: F401
     import hmmscope.jobs  # noqa: F401
-    import hmmscope.train  # noqa: F401
+    import hmmscope.training.train  # noqa: F401
 
     tmp = Path(tempfile.mkdtemp(prefix="resume-racer-"))
     results = []

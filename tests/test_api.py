@@ -4,23 +4,17 @@ import subprocess
 import sys
 
 import hmmscope
-import hmmscope.observability  # noqa: F401  (loaded on first use: the first test reads it from sys.modules)
 
 
 def test_public_names_resolve_to_their_objects():
-    from hmmscope import episodes, hmm, inference
+    from hmmscope.data import episodes, hmm
+    from hmmscope.oracles import inference, observability
 
-    obs_module = sys.modules["hmmscope.observability"]
     assert hmmscope.HMM is hmm.HMM and hmmscope.predictive is inference.predictive
     assert hmmscope.sample_episodes is episodes.sample_episodes
-    assert hmmscope.observability is obs_module.observability  # the function, not its submodule
+    assert hmmscope.observability is observability.observability  # the function, from oracles/observability.py
     assert callable(hmmscope.observability)
     assert set(hmmscope.__all__) <= set(dir(hmmscope))
-
-
-def test_observability_stays_the_function_after_importing_its_submodule():
-    code = "import hmmscope.observability, hmmscope; print(callable(hmmscope.observability))"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "True"
 
 
 def test_import_does_not_load_torch():
@@ -40,24 +34,26 @@ def test_import_is_light():
     assert _run(code.format("hmmscope", heavy)) == "[]"
     cli = set(eval(_run(code.format("hmmscope.cli", heavy))))
     assert not {m for m in cli if not m.startswith("hmmscope.")} - {"numpy"}, cli
-    assert {"hmmscope.cli.app", "hmmscope.cli.sweep"} <= cli and "hmmscope.observability" not in cli, cli
+    assert {"hmmscope.cli.app", "hmmscope.cli.sweep"} <= cli and "hmmscope.oracles.observability" not in cli, cli
 
 
 def test_observability_is_the_function_whichever_is_imported_first():
-    """The lazy `hmmscope.observability` stays the function when the submodule is loaded after it, and a value set
-    on the package (a monkeypatch) is kept; the other lazy names are the submodule's objects."""
+    """The lazy `hmmscope.observability` is the function whether its module is loaded before or after it, and a value
+    set on the package (a monkeypatch) is kept; the other lazy names are the module's objects."""
     code = ("import sys, hmmscope\n"
             "f = hmmscope.observability\n"
-            "from hmmscope.observability import Observability, gamma_m\n"
-            "m = sys.modules['hmmscope.observability']\n"
+            "from hmmscope.oracles.observability import Observability, gamma_m\n"
+            "m = sys.modules['hmmscope.oracles.observability']\n"
             "ok = [f is m.observability, hmmscope.observability is f, hmmscope.gamma_m is gamma_m,\n"
-            "      hmmscope.Observability is Observability, 'hmmscope.theory' not in sys.modules]\n"
-            "import hmmscope.theory\n"
+            "      hmmscope.Observability is Observability, 'hmmscope.theory.theorem1' not in sys.modules]\n"
+            "import hmmscope.theory.theorem1\n"
             "ok.append(hmmscope.observability is f)\n"
             "hmmscope.observability = len\n"
             "ok.append(hmmscope.observability is len)\n"
             "print(ok)")
     assert _run(code) == str([True] * 7)
+    code = "import hmmscope.oracles.observability, hmmscope; print(callable(hmmscope.observability))"
+    assert _run(code) == "True"
 
 
 def test_no_import_cycles():
@@ -97,7 +93,7 @@ def test_no_import_cycles():
     for m in sorted(graph):
         if m not in state:
             visit(m, [m])
-    assert {"hmmscope.cli.app", "hmmscope.servers", "hmmscope.cli.common"} <= set(mods)
+    assert {"hmmscope.cli.app", "hmmscope.ui.servers", "hmmscope.cli.common"} <= set(mods)
     assert "hmmscope.cli.common" in graph["hmmscope.cli.jobs"] and "hmmscope.checks" in graph["hmmscope.cli.jobs"]
     assert cycles == []
 

@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from hmmscope import baselines, em_learner
-from hmmscope.baselines import (
+from hmmscope.config import DataConfig, HMMConfig
+from hmmscope.data.episodes import Episodes, layout, sample_episodes, truncate_demos
+from hmmscope.data.hmm import make_mixture
+from hmmscope.oracles import baselines, em_learner
+from hmmscope.oracles.baselines import (
     EMFit,
     HMMLearner,
     fit_hmm_em,
@@ -19,9 +22,6 @@ from hmmscope.baselines import (
     incontext_ngram,
     incontext_unigram,
 )
-from hmmscope.config import DataConfig, HMMConfig
-from hmmscope.episodes import Episodes, layout, sample_episodes, truncate_demos
-from hmmscope.hmm import make_mixture
 
 # ---------------------------------------------------------------- counting baselines
 

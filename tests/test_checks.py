@@ -185,7 +185,7 @@ def test_host_memory_is_plausible():
 
 
 def test_sweep_memory_counts_workers_and_the_largest_point(monkeypatch):
-    from hmmscope.sweep_spec import parse_spec
+    from hmmscope.sweep.spec import parse_spec
 
     text = ('[sweep]\nname = "m"\nsampler = "grid"\n[fixed]\n"train.device" = "cpu"\n'
             '[space]\n"data.n_train" = {grid = [64, 100000000000]}\n')

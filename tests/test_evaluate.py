@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from hmmscope.baselines import fit_counting, incontext_bigram, incontext_unigram
 from hmmscope.config import DataConfig, HMMConfig
-from hmmscope.episodes import Episodes, family_tasks, fit_episodes, layout, sample_episodes, unseen_episodes
-from hmmscope.evaluate import (
+from hmmscope.data.episodes import Episodes, family_tasks, fit_episodes, layout, sample_episodes, unseen_episodes
+from hmmscope.data.hmm import make_mixture
+from hmmscope.measure.evaluate import (
     PREDICTORS,
     REGIMES,
     build_figure1,
@@ -26,11 +26,11 @@ from hmmscope.evaluate import (
     score_by_k,
     truncate_demos,
 )
-from hmmscope.fixed_memory import memory_comparison, receptive_field
-from hmmscope.hmm import make_mixture
-from hmmscope.inference import memory_error, mixture_oracle, task_oracle
+from hmmscope.measure.fixed_memory import memory_comparison, receptive_field
+from hmmscope.oracles.baselines import fit_counting, incontext_bigram, incontext_unigram
+from hmmscope.oracles.inference import memory_error, mixture_oracle, task_oracle
 from hmmscope.stats import claim, decide, rule
-from hmmscope.train import oracle_metrics
+from hmmscope.training.train import oracle_metrics
 
 V = 5
 DATA = DataConfig(n_demos=3, l_demo=6, l_test=9, seed=3)
@@ -349,7 +349,7 @@ def test_receptive_field_of_a_windowed_transformer(n_layers, window):
     """Perturb the token just outside / just inside R = n_layers (w - 1) + 1 of a real banded Transformer: the
     logits at t change for tokens t - R + 1 .. t and never for t - R (nor for any earlier token)."""
     from hmmscope.config import ModelConfig
-    from hmmscope.model import Transformer
+    from hmmscope.model.transformer import Transformer
 
     R = receptive_field(n_layers, window)
     assert R == n_layers * (window - 1) + 1 and receptive_field(n_layers, 0) == 0

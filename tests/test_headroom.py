@@ -1,4 +1,4 @@
-"""hmmscope.headroom and `hmmscope headroom`: the room above counting before any training (SCIENCE.md 9)."""
+"""hmmscope.measure.headroom and `hmmscope headroom`: the room above counting before any training (SCIENCE.md 9)."""
 
 import json
 import math
@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 from hmmscope.cli import app
 from hmmscope.config import Config, override
-from hmmscope.episodes import family_tasks, fit_episodes, truncate_demos, unseen_episodes
-from hmmscope.headroom import headroom
-from hmmscope.inference import mixture_oracle
+from hmmscope.data.episodes import family_tasks, fit_episodes, truncate_demos, unseen_episodes
+from hmmscope.measure.headroom import headroom
+from hmmscope.oracles.inference import mixture_oracle
 
 torch.set_num_threads(1)
 runner = CliRunner()
@@ -28,7 +28,7 @@ def test_headroom_is_best_counting_minus_family_bayes_on_the_same_tokens():
     """Known answer by recomputation: the room at each k is the per-episode CE of the fitted best counting baseline
     minus family Bayes' over the first M family tasks, on the test tokens Figure 1 scores, averaged over the unseen
     episodes; family Bayes at M/4 and M/2 is the oracle over the first M/4 and M/2 of the same tasks."""
-    from hmmscope.baselines import fit_counting
+    from hmmscope.oracles.baselines import fit_counting
 
     cfg = _cfg()
     res = headroom(cfg, n_episodes=24, em=False)

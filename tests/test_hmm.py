@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hmmscope.config import HMMConfig, config_hash
-from hmmscope.hmm import HMM, dobrushin, make_hmm, make_mixture, mixing_rate, stationary_distribution
+from hmmscope.data.hmm import HMM, dobrushin, make_hmm, make_mixture, mixing_rate, stationary_distribution
 
 
 def _random_hmm_arrays(S=4, V=3, seed=0):

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from hmmscope import inference
 from hmmscope.config import DataConfig, HMMConfig
-from hmmscope.episodes import layout, sample_episodes
-from hmmscope.hmm import HMM, Mixture, make_hmm, make_mixture
-from hmmscope.inference import (
+from hmmscope.data.episodes import layout, sample_episodes
+from hmmscope.data.hmm import HMM, Mixture, make_hmm, make_mixture
+from hmmscope.oracles import inference
+from hmmscope.oracles.inference import (
     MemoryErrorResult,
     filter_factored,
     memory_error,

@@ -9,10 +9,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hmmscope import checkpoints, tracking
+from hmmscope import tracking
 from hmmscope.config import Config, TheoryConfig, override
 from hmmscope.jobs import analyze_run, evaluate_run, main_job, new_folder, run_folder, theory_job
-from hmmscope.train import train
+from hmmscope.training import checkpoints
+from hmmscope.training.train import train
 
 torch.set_num_threads(1)
 
@@ -212,7 +213,7 @@ def test_analysis_run_lives_as_long_as_its_work_and_a_crash_leaves_it_failed(run
     """The analysis run opens when the work starts: its MLflow duration is the work's own (it used to open
     after the work: 1.9 s against 39.7 s); a crash in the probes leaves it FAILED with the shuffle test's
     metrics, logged as soon as that phase ended."""
-    from hmmscope import probes
+    from hmmscope.measure import probes
 
     uri, rid, tmp, _ = run
     an = analyze_run(uri, rid, n_episodes=16, ks=(1,), n_perms=1, probe_tasks=4, min_per_task=4)

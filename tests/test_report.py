@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from hmmscope import tracking
-from hmmscope.probes import TargetScores, probe_claims
+from hmmscope.measure.probes import TargetScores, probe_claims
 from hmmscope.report import Section, _layerwise_section, build_report, claim_side, render_html, render_md, report_to_dict
 from hmmscope.stats import Claim, check_claims
 
@@ -583,7 +583,7 @@ def test_theory_draws_read_back_from_the_runs(tmp_path):
 
     from hmmscope.config import TheoryConfig
     from hmmscope.jobs import log_theory
-    from hmmscope.theory import run_theory
+    from hmmscope.theory.theorem1 import run_theory
 
     uri, storage = f"sqlite:///{tmp_path}/mlflow.db", f"sqlite:///{tmp_path}/optuna.db"
     res = run_theory(TheoryConfig(gammas=(0.3, 0.45, 0.6), ranks=(2,), n_states=(6,), n_tokens=8,

@@ -6,11 +6,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hmmscope.probes import TargetScores, probe_claims
+from hmmscope.measure.probes import TargetScores, probe_claims
+from hmmscope.measure.shuffle import layer_claims
 from hmmscope.report import _layerwise_section
-from hmmscope.shuffle import layer_claims
 from hmmscope.stats import VERDICTS, Claim, check_claims, claim, decide, holm, parse_rule, rule
-from hmmscope.theory import RateFit, bound_claims, exponent_fits, fit_rank_intercept
+from hmmscope.theory.theorem1 import RateFit, bound_claims, exponent_fits, fit_rank_intercept
 
 NAN = float("nan")
 

@@ -26,7 +26,7 @@ from hmmscope.sweep import (
     worker_command,
     worker_env,
 )
-from hmmscope.sweep_spec import SweepSpec, load_spec
+from hmmscope.sweep.spec import SweepSpec, load_spec
 
 torch.set_num_threads(1)
 os.environ["HMMSCOPE_THREADS"] = "1"
@@ -537,7 +537,7 @@ def test_sigterm_stops_workers_and_gives_trials_back(tmp_path):
     text = f'[sweep]\nname = "term"\nexperiment = "sw"\n{fixed}\n[space]\n"hmm.gamma" = {{grid = [0.5, 0.9]}}\n'
     p = write(tmp_path, text, "term.toml")
     storage, uri = stores(tmp_path)
-    code = (f"from hmmscope.sweep import run_sweep\nfrom hmmscope.sweep_spec import load_spec\n"
+    code = (f"from hmmscope.sweep import run_sweep\nfrom hmmscope.sweep.spec import load_spec\n"
             f"run_sweep(load_spec({str(p)!r}), workers=2, storage={storage!r}, uri={uri!r})\n")
     proc = subprocess.Popen([sys.executable, "-c", code], env=worker_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -671,7 +671,7 @@ def test_sweep_runs_compare_side_by_side_over_http(tmp_path, mlflow_server):
 
 def test_main_job_sweep_is_the_shipped_smoke_spec():
     from hmmscope.jobs import MAIN_SWEEP
-    from hmmscope.sweep_spec import parse_spec
+    from hmmscope.sweep.spec import parse_spec
 
     shipped = load_spec(Path(__file__).resolve().parents[1] / "sweeps" / "smoke.toml")
     assert parse_spec(MAIN_SWEEP, "main").hash == shipped.hash
@@ -946,7 +946,7 @@ def test_preempted_trial_resumes_from_its_checkpoint(tmp_path):
     last checkpoint (not from step 0) and ends with exactly the objective and weights of an uninterrupted trial."""
     import optuna
 
-    from hmmscope.train import read_checkpoint
+    from hmmscope.training.train import read_checkpoint
 
     fixed = TRAIN_FIXED.replace('"train.steps" = 10', '"train.steps" = 120').replace(
         '"train.eval_every" = 5', '"train.eval_every" = 60').replace('"train.ckpt_every" = 10', '"train.ckpt_every" = 4')

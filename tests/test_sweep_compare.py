@@ -15,7 +15,7 @@ from scipy import stats as st
 from hmmscope import tracking
 from hmmscope.sweep import create_study, run_sweep
 from hmmscope.sweep.compare import log_comparison
-from hmmscope.sweep_spec import load_spec
+from hmmscope.sweep.spec import load_spec
 
 os.environ["HMMSCOPE_THREADS"] = "1"
 

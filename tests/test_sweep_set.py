@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from hmmscope.cli import app
 from hmmscope.config import ConfigError
-from hmmscope.sweep_spec import load_spec, parse_spec, with_sets
+from hmmscope.sweep.spec import load_spec, parse_spec, with_sets
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "sweeps" / "smoke.toml"

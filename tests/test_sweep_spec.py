@@ -8,7 +8,7 @@ import pytest
 
 from hmmscope.config import ConfigError
 from hmmscope.sweep import ATTR_HASH, create_study, spec_of_study
-from hmmscope.sweep_spec import PRUNE_PROXY, TRAIN_OBJECTIVES, _labels, legacy_hash, parse_spec
+from hmmscope.sweep.spec import PRUNE_PROXY, TRAIN_OBJECTIVES, _labels, legacy_hash, parse_spec
 
 BASE = """
 [sweep]

@@ -463,7 +463,7 @@ def _rows(bench_json: Path) -> list[dict]:
 
 def make_plan(s: Session, args, ends: dict, bench_json: Path) -> dict:
     """The step variant and the step count (module docstring, 'plan'), printed and returned."""
-    from hmmscope.bench_variants import choose_variant, parse_variant
+    from hmmscope.training.bench_variants import choose_variant, parse_variant
 
     window = ends["train"] - s.now()
     rows = _rows(bench_json)

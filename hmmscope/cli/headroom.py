@@ -1,6 +1,6 @@
 """`hmmscope headroom`: the room a family and an episode layout leave above counting, before any training.
 
-Owns: the command's options, checks and printed output. The work is hmmscope.headroom's (SCIENCE.md 9).
+Owns: the command's options, checks and printed output. The work is hmmscope.measure.headroom's (SCIENCE.md 9).
 
 Must not import, at module level, anything beyond typer, the standard library, `hmmscope.config`,
 `hmmscope.checks` and `cli.common`: numpy, torch and the library are imported inside the command body.
@@ -51,15 +51,15 @@ def headroom_cmd(
         raise ConfigError(f"--n-episodes must be in [2, {1 << 20}], got {n_episodes}")
     if json_path is not None:
         checks.output_file(json_path, "--json", suffix=".json")
-    from ..train import resolve_device
+    from ..training.train import resolve_device
 
     dev = resolve_device(device)
     est = memory_estimate(override(cfg, {"hmm.n_tasks": max(1, cfg.eval.family_tasks)}), "bench-oracle",
                           n_episodes=max(n_episodes, cfg.eval.fit_episodes))
     checks.memory(est, device=str(dev), force=force, what="the headroom's references")
-    from ..headroom import headroom
     from ..interrupts import sigterm_interrupts
     from ..jobs import atomic_write
+    from ..measure.headroom import headroom
 
     with sigterm_interrupts():
         res = headroom(cfg, n_episodes=n_episodes, em=em, device=str(dev))

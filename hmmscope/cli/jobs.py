@@ -101,7 +101,7 @@ def train_cmd(
     Prints its run id and browse line at once; then, on a terminal, a bar, else a plain progress line every
     HMMSCOPE_PROGRESS_S seconds (default 30) and one per phase; at the end one headline line (the model vs the
     oracles and the best counting baseline, and the regime)."""
-    from ..deadline import process_age_s  # the standard library only
+    from ..training.deadline import process_age_s  # the standard library only
 
     t_cmd = time.monotonic() - process_age_s()  # the deadline counts from the process's start (imports included)
     cfg = build_config(preset_, config, set_, {"train.device": device})
@@ -113,10 +113,10 @@ def train_cmd(
     checks.output_dir(out, "--out", explicit=out != Path("out"))
     uri = checks.tracking_store(tracking_uri, must_exist=resume is not None)
     from .. import tracking
-    from ..deadline import Deadline
     from ..interrupts import sigterm_interrupts
     from ..jobs import evaluate_model
-    from ..train import resolve_device, train
+    from ..training.deadline import Deadline
+    from ..training.train import resolve_device, train
 
     dev = resolve_device(cfg.train.device)  # an unavailable device fails before any run is created
     if resume is not None:
@@ -222,7 +222,7 @@ def evaluate_cmd(
     from .. import tracking
     from ..interrupts import sigterm_interrupts
     from ..jobs import evaluate_run
-    from ..train import resolve_device
+    from ..training.train import resolve_device
 
     run_id = tracking.resolve_run_id(uri, run_id)  # a unique prefix of the id will do
     cfg = checks.run_config(uri, run_id)
@@ -278,10 +278,10 @@ def analyze_cmd(
         from .. import tracking
 
         target = tracking.resolve_run_id(uri, target)  # a unique prefix of the id will do
-    from ..checkpoints import checkpoint_config, read_checkpoint
     from ..interrupts import sigterm_interrupts
     from ..jobs import analyze_run
-    from ..train import resolve_device
+    from ..training.checkpoints import checkpoint_config, read_checkpoint
+    from ..training.train import resolve_device
 
     cfg = checkpoint_config(read_checkpoint(target, mmap=True)) if is_file else checks.run_config(uri, target)
     dev = resolve_device(device or "auto")
@@ -334,7 +334,7 @@ def run_cmd(
     from ..jobs import main_job
     from ..report import build_report
     from ..sweep import run_sweep
-    from ..train import resolve_device
+    from ..training.train import resolve_device
 
     dev = resolve_device(cfg.train.device)
     for job in ("theory", "train", "analyze"):  # the stages run one after another

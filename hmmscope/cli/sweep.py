@@ -124,7 +124,7 @@ def sweep_run_cmd(
                                                    "keys train.device and train.compile.")] = None,
 ) -> None:
     """Create or resume the study and run it to the end with local workers."""
-    from ..sweep_spec import load_spec, with_sets
+    from ..sweep.spec import load_spec, with_sets
 
     s = with_sets(load_spec(bundled_spec(spec)), parse_sets(set_))
     if print_config:

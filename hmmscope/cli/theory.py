@@ -59,8 +59,8 @@ def generate(
         raise ConfigError(f"--n must be >= 1, got {n}")
     checks.output_file(out, "output", suffix=".npz")
     checks.memory(memory_estimate(cfg, "generate", n_episodes=n), force=force)
-    from ..episodes import sample_episodes, save_episodes
-    from ..hmm import make_mixture
+    from ..data.episodes import sample_episodes, save_episodes
+    from ..data.hmm import make_mixture
 
     mix = make_mixture(cfg.hmm)
     ep = sample_episodes(mix, cfg.data, n, split=split.value)

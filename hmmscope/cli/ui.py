@@ -6,10 +6,10 @@ servers answer; a sweep: first its answer, the comparison figure on its parent r
 its trials table, whose view (objective and swept params as columns) it saves first as MLflow's shared view;
 with --optuna-dashboard, the study's own page; a failed server's message and the end of its log). A folder
 with no store is refused unless `--create`. Starting, watching and stopping the servers (process groups,
-PR_SET_PDEATHSIG, signals, the log file) is `hmmscope.servers`.
+PR_SET_PDEATHSIG, signals, the log file) is `hmmscope.ui.servers`.
 
 Must not import, at module level, anything beyond typer, the standard library, `hmmscope.checks`,
-`hmmscope.config` and `cli.common`: `hmmscope.servers`, `tracking` and `sweep` are imported inside the body.
+`hmmscope.config` and `cli.common`: `hmmscope.ui.servers`, `tracking` and `sweep` are imported inside the body.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _free_port(preferred: int) -> int:
     """`preferred` if it is free on 127.0.0.1, else one the system hands out."""
     import socket
 
-    from .. import servers as srv
+    from ..ui import servers as srv
 
     if srv.port_free(preferred):
         return preferred
@@ -73,7 +73,7 @@ def ui_cmd(
     goes to a log file (shown if one fails). The servers stop with this command: Ctrl-C, SIGTERM, SIGHUP, or
     its death (Linux).
     """
-    from .. import servers as srv
+    from ..ui import servers as srv
 
     if sum(x is not None for x in (run, sweep, experiment)) > 1:
         raise ConfigError("give at most one of --run, --sweep, --experiment")

@@ -183,7 +183,7 @@ def _answer(uri: str, t: _Trials, study, storage: str | None, claims: list[Claim
             figs: dict) -> Section:
     """The report's first section (module docstring): the objective per setting and encoding, its figures, and
     one sentence per verdict."""
-    from ..sweep_spec import SweepSpec
+    from ..sweep.spec import SweepSpec
 
     sec = Section("Answer")
     unit = metric_units(t.objective)

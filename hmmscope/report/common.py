@@ -36,7 +36,7 @@ Block = tuple  # ("h", level, text) | ("p", text) | ("table", headers, rows) | (
 METRIC_DIRECTION = {"eval/seen/test_acc": +1, "eval/seen/excess_ce": -1, "eval/seen/kl_mix": -1,
                     "eval/test_acc": +1, "eval/excess_ce": -1, "eval/kl_mix": -1}
 # the side of 0 a layerwise claim's value lies on when the claim holds (names as logged: safe_key'd)
-# (the statistics of probes.py and shuffle.py; the runs' logged rules decide the pooled verdicts)
+# (the statistics of measure/probes/ and measure/shuffle.py; the runs' logged rules decide the pooled verdicts)
 _CLAIM_SIDE = [(r"upper layers change less", -1), (r"_beats_control$", +1), (r"_beats_baseline$", +1),
                (r"_beats_token_stats$", +1), (r"rises_then_falls$", +1), (r"peak_moves_up$", +1),
                (r"acc_falls_with_k$", -1), (r"state_before_task(_reach\d+|_layer0)?$", +1)]

@@ -135,7 +135,7 @@ def _objective_name(study) -> str:
     except Exception:  # older Optuna, or no names set
         pass
     from ..sweep import ATTR_TEXT
-    from ..sweep_spec import parse_spec
+    from ..sweep.spec import parse_spec
 
     try:
         return parse_spec(study.user_attrs[ATTR_TEXT], "study").objective

@@ -1,6 +1,6 @@
 """The regime of each setting of a training sweep (SCIENCE.md 8, 9): Figure 1's claims pooled over seeds.
 
-Every training run logs Figure 1's claims in its claims.json (evaluate.py): ``retrieval_gap`` (with a training
+Every training run logs Figure 1's claims in its claims.json (measure/evaluate.py): ``retrieval_gap`` (with a training
 mixture), ``icl_gain`` and ``inference_beyond_counting`` (unseen tasks, k = k_max, with the fitted counting
 baselines). Here they are pooled per setting (the swept params but the replicate seeds) as the layerwise claims are:
 the mean over seeds of each seed's mean over its runs, with a t interval on G - 1 df (stats.t_mean: the seed is the
@@ -17,7 +17,7 @@ from collections import defaultdict
 import numpy as np
 
 from .. import tracking
-from ..evaluate import regime
+from ..measure.evaluate import regime
 from ..stats import Claim, claim, parse_rule, rule, t_mean
 from .common import NAN, Section, _ci, _f
 

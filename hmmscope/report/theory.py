@@ -33,7 +33,7 @@ def _draw_range(s: dict) -> str:
 
 
 def _theory_section(settings: list, out_dir: Path, figs: dict) -> tuple[Section, list[Claim]]:
-    from ..theory import sweep_fits
+    from ..theory.theorem1 import sweep_fits
 
     sec, claims = Section("Theory: decay of eps(L) (Theorem 1)"), []
     settings = sorted(settings, key=lambda s: (s["n_states"], s["rank"], s["rho"], s["gamma"]))

@@ -63,9 +63,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..config import ConfigError
-from ..servers import die_with_parent
-from ..sweep_spec import SweepSpec
+from ..ui.servers import die_with_parent
 from .protocol import TrialStore
+from .spec import SweepSpec
 from .status import best_trial, collect_orphans, counts
 from .storage import default_storage, safe_url, storage_url
 from .study import ATTR_PARENT, create_study, load_study, spec_of_study
