@@ -273,13 +273,6 @@ def tokens_memory(n_seqs: int, length: int, bench: str) -> dict[str, tuple[int, 
 # ---------------------------------------------------------------- runs and sweeps
 
 
-def experiment_name(name: str) -> str:
-    """An MLflow experiment name: 1-200 printable characters."""
-    if not name or len(name) > 200 or not name.isprintable() or name != name.strip():
-        raise ConfigError(f"--experiment {name!r}: give 1-200 printable characters (no leading/trailing spaces)")
-    return name
-
-
 def live_run(uri: str, run_id: str, what: str = "MLflow run", *, resume: bool = False):
     """The run `run_id`, if it exists and is not deleted (a deleted run is never evaluated, analyzed or resumed:
     its artifacts would be overwritten and MLflow refuses to log to it half-way); else ConfigError.
@@ -298,20 +291,6 @@ def live_run(uri: str, run_id: str, what: str = "MLflow run", *, resume: bool = 
         raise ConfigError(f"{what} {run_id} is still running in {owner}: one writer per run; wait for it, stop it, "
                           "or run `hmmscope runs gc` once it is gone")
     return run
-
-
-def no_dropped_keys(path, seeded, fixed, sets, space) -> None:
-    """A sweep spec (`path`) gives no value that another would silently replace: a replicate seed key (`seeded`,
-    set per trial from sweep.seeds) in [fixed], [set] or [space]; a key both in [fixed] and in [space]. ConfigError
-    '<file>: <table>.<key>: <why>' otherwise."""
-    for table, keys in (("fixed", fixed), ("set", sets), ("space", space)):
-        for k in keys:
-            if k in seeded:
-                raise ConfigError(f"{path}: {table}.{k}: is set per trial from sweep.seeds (its replicate seed; here it "
-                                  "would be dropped); give the seeds as sweep.seeds")
-            if table == "fixed" and k in space:
-                raise ConfigError(f"{path}: fixed.{k}: is also swept in [space] (its [fixed] value would be dropped); "
-                                  "give it in one place")
 
 
 def run_config(uri: str, run_id: str):

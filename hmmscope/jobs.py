@@ -542,7 +542,7 @@ class MainResult:
     folder: Path | None = None  # out/main-<id8>/: every file this job wrote
 
 
-def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
+def main_job(cfg: Config, uri: str, experiment: str, out: Path, *, sweep_spec: Any,
              sweep: Callable[[Any, Path], tuple[Any, Any]], progress: bool = True,
              on_stage: Callable[[str], None] = lambda s: None,
              on_start: Callable[[str], None] = lambda run_id: None,
@@ -551,10 +551,10 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
 
     Figure 1 and the analysis take the model training hands back, in memory (no checkpoint is read back).
     Theory, training and analysis runs sit under one parent run "main"; the sweep has its own parent
-    run (one child per trial), and its report is logged there. `sweep(spec, report_dir)` runs the
-    training sweep `spec` (a `sweep_spec.SweepSpec` of MAIN_SWEEP) and writes its report under
-    `report_dir`, returning (sweep summary, report): the caller hands it in (the CLI uses `sweep.run_sweep`
-    and `report.build_report`), so this module never imports the sweep layer, which imports it.
+    run (one child per trial), and its report is logged there. `sweep(sweep_spec, report_dir)` runs the
+    training sweep `sweep_spec` (MAIN_SWEEP parsed: a `sweep.spec.SweepSpec`) and writes its report under
+    `report_dir`, returning (sweep summary, report): the caller hands both in (the CLI parses MAIN_SWEEP and uses
+    `sweep.run_sweep` and `report.build_report`), so this module never imports the sweep layer, which imports it.
     Re-running resumes: a finished sweep is not run again. Files go to out/main-<id8>/ (`run_folder`):
     theory/, the training run's folder (evaluation/, analysis/) and <sweep name>/ (the report).
     `on_start(parent run id)` is called as soon as the main run is open; `log(line)`, if given, gets the stages'
@@ -562,10 +562,8 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
     links the sweep's parent run and its answer (comparison/objective.png), as Markdown the UI renders.
     """
     from .config import flatten
-    from .sweep.spec import parse_spec
     from .training.train import train
 
-    sweep_spec = parse_spec(MAIN_SWEEP, "hmmscope.jobs.MAIN_SWEEP")
     note = (f"Main job: Theorem 1 theory sweep, training + Figure 1, layerwise analysis, and the training sweep "
             f"{sweep_spec.name!r} with its report")
     with tracking.start_run(uri, experiment, "main", params=flatten(cfg), tags={"hmmscope.kind": "main"}, config=cfg,

@@ -11,7 +11,8 @@ import torch
 
 from hmmscope import tracking
 from hmmscope.config import Config, TheoryConfig, override
-from hmmscope.jobs import analyze_run, evaluate_run, main_job, new_folder, run_folder, theory_job
+from hmmscope.jobs import MAIN_SWEEP, analyze_run, evaluate_run, main_job, new_folder, run_folder, theory_job
+from hmmscope.sweep.spec import parse_spec
 from hmmscope.training import checkpoints
 from hmmscope.training.train import train
 
@@ -168,8 +169,8 @@ def test_main_job_evaluates_and_analyzes_the_model_in_memory(run, tmp_path, monk
     monkeypatch.setattr(checkpoints, "load_checkpoint", counted_load)
     monkeypatch.setattr(tracking.Run, "download", counted_download)
     # the sweep stage is the caller's (the CLI hands in sweep.run_sweep + report.build_report); here it does nothing
-    res = main_job(cfg, uri, "m", tmp_path / "out", sweep=lambda spec, d: (SimpleNamespace(parent_run_id=""), None),
-                   progress=False)
+    res = main_job(cfg, uri, "m", tmp_path / "out", sweep_spec=parse_spec(MAIN_SWEEP, "main"),
+                   sweep=lambda spec, d: (SimpleNamespace(parent_run_id=""), None), progress=False)
     assert reads == []
     monkeypatch.undo()
     ev = evaluate_run(uri, res.train_id, device="cpu")  # the checkpoint, reloaded: the same numbers
@@ -201,8 +202,8 @@ def test_a_failed_evaluation_in_the_main_job_leaves_its_training_run_failed(run,
 
     monkeypatch.setattr(jobs, "evaluate_model", full_disk)
     with pytest.raises(OSError, match="No space left on device"):
-        main_job(cfg, uri, "full", tmp_path / "out", sweep=lambda spec, d: (SimpleNamespace(parent_run_id=""), None),
-                 progress=False)
+        main_job(cfg, uri, "full", tmp_path / "out", sweep_spec=parse_spec(MAIN_SWEEP, "main"),
+                 sweep=lambda spec, d: (SimpleNamespace(parent_run_id=""), None), progress=False)
     runs = {r.info.run_name: r for r in tracking.search_runs(uri, "full")}
     (tr,) = [r for name, r in runs.items() if name.startswith("train-")]
     assert tr.info.status == "FAILED" and "No space left on device" in tr.data.tags["hmmscope.failure_reason"]

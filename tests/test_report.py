@@ -225,13 +225,14 @@ def test_posenc_figure_never_joins_blocks_and_says_units_and_the_better_side():
     half where RoPE is better is labelled."""
     import pandas as pd
 
-    from hmmscope.report.posenc import _estimate, posenc_figure
+    from hmmscope.report.posenc import posenc_figure
+    from hmmscope.sweep.effects import pos_enc_effect
 
     rows = [{"param:model.pos_enc": pe, "param:hmm.gamma": g, "param:train.seed": sd,
              "metric:eval/excess_ce": 0.2 + 0.5 * g + 0.002 * (pe == "absolute") + 0.01 * sd}
             for pe in ("rope", "absolute") for g in (0.5, 0.9) for sd in (0, 1, 2)]
     dm = pd.DataFrame(rows)
-    est = _estimate(dm, "metric:eval/excess_ce", ["param:hmm.gamma"], "param:train.seed")
+    est = pos_enc_effect(dm, "metric:eval/excess_ce", ["param:hmm.gamma"], "param:train.seed")
     fig = posenc_figure([("eval/excess_ce", dm, ["param:hmm.gamma"], est)], "param:train.seed")
     top, bottom = fig.axes
     for ln in top.get_lines():  # within one block (x = 0 or 1, +- 0.25): never from gamma 0.5 to 0.9

@@ -115,7 +115,7 @@ def test_answers_needs_200_only_when_asked():
 @linux
 def test_a_child_dies_with_its_parent_even_by_sigkill(tmp_path):
     code = ("import subprocess, sys, time\n"
-            "from hmmscope.ui.servers import die_with_parent\n"
+            "from hmmscope.interrupts import die_with_parent\n"
             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], preexec_fn=die_with_parent())\n"
             "print(p.pid, flush=True)\n"
             "time.sleep(120)\n")
@@ -187,7 +187,7 @@ def test_stop_groups_kills_what_ignores_sigterm_after_the_grace_period():
 
 SUPERVISOR = """
 import json, sys
-from hmmscope import servers
+from hmmscope.ui import servers
 name, url, path, argv = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 s = servers.Server(name, tuple(argv), url, path, needs_200=False)
 f = servers.supervise([s], servers.server_env(), ready=lambda: print("ready", flush=True))

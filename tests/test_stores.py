@@ -130,7 +130,7 @@ def test_a_read_only_open_reads_runs_and_writes_nothing(tmp_path, monkeypatch):
     r = _invoke(["runs", "list", "--tracking-uri", uri])
     assert r.exit_code == 0 and "one" in r.stdout, r.output
     ro = tracking.read_only_uri(uri)
-    assert ro.endswith("?mode=ro&uri=true") and tracking.store._sqlite_path(ro) == db
+    assert ro.endswith("?mode=ro&uri=true") and tracking.store.sqlite_path(ro) == db
     with pytest.raises(Exception, match="readonly"):
         tracking.client(ro).create_experiment("nope")
     assert (db.stat().st_size, db.stat().st_mtime_ns, sorted(os.listdir(db.parent))) == before

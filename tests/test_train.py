@@ -106,7 +106,7 @@ def test_run_logs_params_metrics_checkpoint(uri, finished):
     r = tracking.Run(uri, finished.run_id).get()
     assert r.info.status == "FINISHED"
     # a training run's params: its own config sections (never theory.*), the same names for every training run
-    want = {k: tracking._param_value(v) for k, v in flatten(small()).items() if not k.startswith("theory.")}
+    want = {k: tracking.param_value(v) for k, v in flatten(small()).items() if not k.startswith("theory.")}
     assert r.data.params == want and not any(k.startswith("theory.") for k in r.data.params)
     tags = r.data.tags
     assert tags["hmmscope.device"] == "cpu" and int(tags["hmmscope.n_params"]) > 0

@@ -109,7 +109,9 @@ def train_cmd(
         return echo_config(cfg, ("hmm", "data", "model", "train", "eval"))
     if run_name is not None:
         checks.safe_name(run_name, "--run-name")
-    checks.experiment_name(experiment)
+    from ..tracking.store import check_experiment_name
+
+    check_experiment_name(experiment)
     checks.output_dir(out, "--out", explicit=out != Path("out"))
     uri = checks.tracking_store(tracking_uri, must_exist=resume is not None)
     from .. import tracking
@@ -270,7 +272,9 @@ def analyze_cmd(
         raise ConfigError(f"--ks: each k once, got {ks!r}")
     jobs = checks.probe_jobs(parse_jobs(probe_jobs, "--probe-jobs"))
     checks.seed(seed, "--seed")
-    checks.experiment_name(experiment)
+    from ..tracking.store import check_experiment_name
+
+    check_experiment_name(experiment)
     checks.output_dir(out, "--out", explicit=out != Path("out"))
     is_file = Path(target).suffix == ".pt" or Path(target).exists()
     uri = checks.tracking_store(tracking_uri, must_exist=not is_file)
@@ -326,14 +330,17 @@ def run_cmd(
     if print_config:
         return echo_config(cfg)
     checks.output_dir(out, "--out", explicit=out != Path("out"))
-    checks.experiment_name(experiment)
+    from ..tracking.store import check_experiment_name
+
+    check_experiment_name(experiment)
     uri = checks.tracking_store(tracking_uri)
     checks.optuna_storage(None)  # the main job's sweep uses the default storage
     from .. import tracking
     from ..interrupts import sigterm_interrupts
-    from ..jobs import main_job
+    from ..jobs import MAIN_SWEEP, main_job
     from ..report import build_report
     from ..sweep import run_sweep
+    from ..sweep.spec import parse_spec
     from ..training.train import resolve_device
 
     dev = resolve_device(cfg.train.device)
@@ -347,7 +354,8 @@ def run_cmd(
         return sw, build_report(uri, sw.parent_run_id, report_dir, storage=sw.storage)
 
     with sigterm_interrupts():  # off a terminal too: the run id at once, a line per stage, training's progress lines
-        res = main_job(cfg, uri, experiment, out, sweep=sweep_and_report, progress=True,
+        res = main_job(cfg, uri, experiment, out, sweep_spec=parse_spec(MAIN_SWEEP, "hmmscope.jobs.MAIN_SWEEP"),
+                       sweep=sweep_and_report, progress=True,
                        on_stage=lambda s: typer.echo(f"[hmmscope run] {s} ...", err=True),
                        log=None if sys.stderr.isatty() else (lambda m: typer.echo(m, err=True)),
                        on_start=lambda rid: typer.echo(f"main run {rid} started; {tracking.browse_line(uri, run_id=rid)}"))

@@ -102,7 +102,9 @@ def theory(
     out = checks.output_dir(out or new_folder(Path("out"), "theory"), "--out", explicit=out is not None)
     if json_path is not None:
         checks.output_file(json_path, "--json", suffix=".json")
-    checks.experiment_name(experiment)
+    from ..tracking.store import check_experiment_name
+
+    check_experiment_name(experiment)
     uri = checks.tracking_store(tracking_uri) if track else None
     checks.memory(memory_estimate(cfg, "theory"), force=force)
     from .. import tracking

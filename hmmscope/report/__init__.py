@@ -100,7 +100,8 @@ from pathlib import Path
 
 from .. import tracking
 from ..stats import Claim, jsonable
-from .common import METRIC_DIRECTION, Notes, Section, _ci, _f, claim_side, metric_units, underpowered, verdict_sentence
+from ..units import fmt_ci, fmt_num, metric_units
+from .common import METRIC_DIRECTION, Notes, Section, claim_side, underpowered, verdict_sentence
 from .layerwise import _depth_rank_section, _layerwise_section
 from .posenc import _posenc_section
 from .read import _find_parent, _is_theory, _read_trials, _theory_settings, _training_frame, _Trials
@@ -275,7 +276,7 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
                   "or a check that cannot fail) and the reason says why; 'underpowered' in the reason says the "
                   "design cannot answer, and why. Long statistics and reasons are numbered notes below the table."),
             ("table", ["claim", "statistic", "value", "95% CI", "df", "rule", "verdict", "reason"],
-             [[c.name, vnotes.short(c.statistic), _f(c.value), _ci(c.ci_lo, c.ci_hi), _f(c.df), c.rule or "-",
+             [[c.name, vnotes.short(c.statistic), fmt_num(c.value), fmt_ci(c.ci_lo, c.ci_hi), fmt_num(c.df), c.rule or "-",
                c.verdict, vnotes.short(c.reason, sep="; ")] for c in claims]),
             *vnotes.blocks()]))
     try:  # the answer first; a failure here is a note, never the report's

@@ -19,7 +19,8 @@ import numpy as np
 from .. import tracking
 from ..measure.evaluate import regime
 from ..stats import Claim, claim, parse_rule, rule, t_mean
-from .common import NAN, Section, _ci, _f
+from ..units import fmt_ci, fmt_num
+from .common import NAN, Section
 
 NAMES = ("retrieval_gap", "icl_gain", "inference_beyond_counting")
 SEED_PARAMS = ("train.seed", "data.seed")
@@ -84,7 +85,7 @@ def regime_section(runs: list, uri: str) -> tuple[Section | None, list[Claim]]:
             pooled[name] = Claim(name, c.statistic, c.value, c.ci_lo, c.ci_hi, c.verdict, c.reason, c.rule, c.df,
                                  c.degenerate)
             claims.append(c)
-            table.append([label, name, str(est.n), _f(est.value), _ci(lo, hi), _f(df), c.rule, c.verdict])
+            table.append([label, name, str(est.n), fmt_num(est.value), fmt_ci(lo, hi), fmt_num(df), c.rule, c.verdict])
         word = regime(list(pooled.values()))
         words.append([label, str(len(members)), word])
     sec = Section("Regime (Figure 1's claims on unseen tasks, pooled over seeds)")
@@ -138,8 +139,9 @@ def headroom_section(runs: list) -> tuple[Section | None, list[Claim]]:
                  if k.startswith("headroom/family_bayes_M") and k.endswith(f"/ce/k{km}")}
         half = [r.data.metrics[f"headroom/family_bayes_M{max(sizes)}/ce/k{km}"] for r in members
                 if f"headroom/family_bayes_M{max(sizes)}/ce/k{km}" in r.data.metrics] if sizes else []
-        table.append([label, str(est.n), _f(est.value), _ci(lo, hi), _f(df), c.verdict, _f(avg["best_counting"]),
-                      _f(avg["family_bayes"]), _f(float(np.mean(half))) if half else "-", _f(avg["task_oracle"])])
+        table.append([label, str(est.n), fmt_num(est.value), fmt_ci(lo, hi), fmt_num(df), c.verdict,
+                      fmt_num(avg["best_counting"]), fmt_num(avg["family_bayes"]),
+                      fmt_num(float(np.mean(half))) if half else "-", fmt_num(avg["task_oracle"])])
     sec = Section("Headroom above counting (unseen tasks, before any training)")
     sec.blocks.append(("p", "Per setting: the room at k = k_max (best fitted counting minus family Bayes at M tasks, "
                             "paired per unseen episode), pooled over seeds by t; family Bayes at finite M is an upper "

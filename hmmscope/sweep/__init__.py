@@ -1,8 +1,8 @@
 """Sweeps: Optuna studies over config keys, one MLflow run per trial under one parent run (SCIENCE.md 7).
 
-The spec format: see `sweep_spec.py`. The package, by idea (each module's docstring says what it owns
-and what it must not import):
+The package, by idea (each module's docstring says what it owns and what it must not import):
 
+- `spec`: the sweep spec format (TOML), parsed and validated strictly; `sweep run --set` overrides (`with_sets`).
 - `storage`: the storage URLs (SQLite, PostgreSQL, a journal file) and the Optuna storages behind them.
 - `study`: the study, created once with every trial enqueued; its spec as user attrs; its MLflow parent run.
 - `protocol`: every change of a trial's state (claim, finish, heartbeat, stale failure, retry) through one
@@ -14,9 +14,12 @@ and what it must not import):
 - `status`: trial counts, `sweep status`, orphan MLflow runs.
 - `studies`: `sweep list / export / delete`.
 - `compare`: the parent run's comparison figure and pivot table (comparison/), logged when `run_sweep` ends.
+- `effects`: rope - absolute across the trials, paired within blocks, seeds as the unit (the pivot table's and the
+  report's positional-encoding statistics).
 
-Imports run one way: storage <- protocol <- study <- status <- worker, and trial <- worker, compare <- worker. The jobs layer
-never imports this package (it is handed the sweep by the CLI).
+Imports run one way: storage <- protocol <- study <- status <- worker, spec <- study, trial, worker; trial <- worker,
+effects <- compare <- worker. The jobs layer never imports this package (it is handed the sweep and its spec by the
+CLI); the report imports it, never the reverse.
 """
 
 from .protocol import TrialStore

@@ -77,8 +77,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import checks
 from ..config import SEED_MAX, Config, ConfigError, check_name, flatten, load_toml, override, parse_toml, preset, read_text
+from ..tracking.store import check_experiment_name
 
 SWEEP_KEYS = {"name", "base", "config", "kind", "objective", "direction", "sampler", "pruner", "n_trials",
               "seeds", "storage", "analyze", "experiment", "heartbeat_interval", "grace_period", "max_retry",
@@ -373,7 +373,15 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
     check_keys("fixed", fixed)
     sets = data.get("set", {})  # command-line overrides (`with_sets`), after [fixed]
     check_keys("set", sets)
-    checks.no_dropped_keys(path, seed_keys(kind, 0), fixed, sets, space)  # no value given where another replaces it
+    seeded = seed_keys(kind, 0)  # no value given where another would silently replace it:
+    for table, keys in (("fixed", fixed), ("set", sets), ("space", space)):
+        for k in keys:
+            if k in seeded:  # a replicate seed key, set per trial from sweep.seeds
+                raise _err(path, f"{table}.{k}", "is set per trial from sweep.seeds (its replicate seed; here it would "
+                                                 "be dropped); give the seeds as sweep.seeds")
+            if table == "fixed" and k in space:
+                raise _err(path, f"fixed.{k}", "is also swept in [space] (its [fixed] value would be dropped); give it "
+                                               "in one place")
     for k, v in sets.items():
         if k in space:
             raise _err(path, f"set.{k}", "is swept in [space]; --set fixes keys the spec does not sweep")
@@ -439,11 +447,9 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
         params.append(p)
     params_t = tuple(params)
     experiment = get("experiment", str, "hmmscope-sweeps") or "hmmscope-sweeps"
-    from ..checks import experiment_name
-
     try:
-        experiment_name(experiment)  # the rule of --experiment
-    except ConfigError as e:
+        check_experiment_name(experiment)  # the rule of --experiment
+    except ValueError as e:
         raise _err(path, "sweep.experiment", str(e).replace("--experiment ", "", 1)) from None
     spec_kw = dict(kind=kind, objective=objective, direction=direction, sampler=sampler, pruner=pruner,
                    seeds=tuple(seeds), storage=get("storage", str, ""), analyze=get("analyze", bool, False),

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import ConfigError
+from ..interrupts import die_with_parent
 
 START_DEADLINE_S = 180.0  # a server that neither answers nor exits within this long is a failure (stopped)
 STOP_GRACE_S = 15.0  # SIGTERM, then SIGKILL what is left of a group after this long
@@ -81,23 +82,6 @@ def answers(url: str, ok_only: bool = True) -> bool:
         return not ok_only
     except OSError:
         return False
-
-
-def die_with_parent():
-    """preexec_fn (Linux): the child gets SIGTERM when this process dies, even by SIGKILL (PR_SET_PDEATHSIG);
-    a child whose parent is already gone stops at once. None where prctl does not exist."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    libc, parent = ctypes.CDLL(None, use_errno=True), os.getpid()  # loaded here: no imports after fork
-
-    def preexec() -> None:
-        libc.prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
 
 
 def stop_groups(procs: Sequence[subprocess.Popen], grace: float = STOP_GRACE_S) -> None:
