@@ -23,8 +23,7 @@ import torch
 from hmmscope.config import preset
 from hmmscope.data.episodes import sample_episodes
 from hmmscope.data.hmm import make_mixture
-from hmmscope.oracles import inference
-from hmmscope.oracles import mixture_kernel
+from hmmscope.oracles import inference, mixture_kernel
 
 ROOT = Path(__file__).resolve().parents[3]
 
