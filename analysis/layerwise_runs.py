@@ -5,7 +5,7 @@ A record keeps, per analysis run, the tables `hmmscope analyze --out` wrote (run
 probe_claims.csv, probes.csv, ...). From them, and from the sweep's spec (which rebuilds each trial's config, its
 HMM mixture and its probe episodes exactly), this module makes one row per run in the report's training-frame
 layout (`param:*`, `metric:claim/<name>/value|ci_lo|ci_hi`, `verdict:*`, `rule:*`), so that the report's own
-pooling (report.layerwise._layerwise_section: t over seeds) judges them. Every claim is the run's logged row,
+pooling (report.layerwise.layerwise_section: t over seeds) judges them. Every claim is the run's logged row,
 except the claims whose definition issue 26 changed, recomputed per run from what is kept (value only: the
 per-episode hits that a per-run bootstrap CI needs are not kept, so these rows carry no per-run CI or verdict; the
 pooled claim needs only the per-run values):

@@ -294,7 +294,7 @@ def cell_regimes(regime_vals) -> list[dict]:
     inference_beyond_counting = model - best counting < 0 requiring icl_gain), and the regime word they give
     (regimes.regime); beside them, how
     many trials are below best counting on their own paired CI over episodes (trials_below_best_counting)."""
-    from hmmscope.measure.evaluate import regime
+    from hmmscope.measure.regimes import regime
     from hmmscope.stats import claim, rule, t_mean
 
     out = []

@@ -19,7 +19,7 @@ from sweepdata import fail, load_sweep, out_dir, parser, save, write_table
 
 def main(argv=None) -> int:
     from hmmscope import tracking
-    from hmmscope.theory.theorem1 import exponent_fits
+    from hmmscope.theory.fit import exponent_fits
 
     args = parser(__doc__.splitlines()[0]).parse_args(argv)
     sw = load_sweep(args)

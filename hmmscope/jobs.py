@@ -19,6 +19,7 @@ from typing import Any
 
 from . import tracking
 from .config import Config
+from .safe_output import make_dir, write_with
 
 # ---------------------------------------------------------------- output folders
 #
@@ -64,8 +65,6 @@ def _folder(path: Path | None) -> Iterator[Path]:
         with tempfile.TemporaryDirectory() as tmp:
             yield Path(tmp)
     else:
-        from .safe_output import make_dir
-
         yield make_dir(path)
 
 # ---------------------------------------------------------------- evaluation
@@ -115,9 +114,10 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
     from .config import em_states
     from .data.episodes import sample_episodes, unseen_episodes
     from .data.hmm import make_mixture
-    from .measure.evaluate import figure1, plot_figure1, references
+    from .measure.evaluate import figure1, references
+    from .measure.figure1_plot import plot_figure1
     from .measure.fixed_memory import memory_comparison
-    from .oracles.baselines import HMMLearner
+    from .oracles.em_learner import HMMLearner
     from .training.train import resolve_device
 
     t0 = time.perf_counter()
@@ -146,7 +146,7 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
     info = run.get().info
     with _folder(out and run_folder(out, info.run_name, run_id) / "evaluation") as d:
         files = [*res.to_csv(d), *plot_figure1(res, d / "figure1.png", title=_run_title(info.run_name, run_id))]
-        atomic_write(d / "figure1.json", lambda p: p.write_text(
+        write_with(d / "figure1.json", lambda p: p.write_text(
             json.dumps({**res.to_dict(), "memory": extra}, indent=2, default=str)))
         files.append(d / "figure1.json")
         for f in files:
@@ -324,7 +324,7 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
         with _folder(out and run_folder(out, parent_name, rid) / "analysis") as d:
             files = [*sh.to_csv(d), *pr.to_csv(d), *sh.plot(d / "figure2_shuffle.png", title=title),
                      *pr.plot(d / "figure3_probes.png", title=title)]
-            atomic_write(d / "analysis.json", lambda p: p.write_text(json.dumps(
+            write_with(d / "analysis.json", lambda p: p.write_text(json.dumps(
                 {"shuffle": sh.to_dict(), "probes": pr.to_dict(), "seconds": seconds}, indent=2)))
             files.append(d / "analysis.json")
             say(f"tables and figures written ({len(files)} files)")
@@ -458,13 +458,6 @@ def log_theory(result, uri: str, experiment: str, out_files: list[Path], parent:
         return run.run_id
 
 
-def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
-    """write(tmp_path) then rename: a failure leaves no half-written file (hmmscope.safe_output)."""
-    from .safe_output import write_with
-
-    write_with(path, write)
-
-
 def theory_job(th, out: Path, *, uri: str | None, experiment: str, parent: str | None = None,
                progress: Callable[[int, int, str], Any] | None = None, run_name: str = "theory",
                tags: dict[str, Any] | None = None, note: str | None = None,
@@ -478,7 +471,7 @@ def theory_job(th, out: Path, *, uri: str | None, experiment: str, parent: str |
         result = run_theory(th, progress=progress)
         res_json = out / "theory.json"
         figs = plot_theory(result, out / "theory.png")
-        atomic_write(res_json, lambda p: p.write_text(json.dumps(result.to_dict(), indent=2)))
+        write_with(res_json, lambda p: p.write_text(json.dumps(result.to_dict(), indent=2)))
         return result, [*figs, res_json]
 
     if not uri:

@@ -12,16 +12,8 @@ from hmmscope.config import DataConfig, HMMConfig
 from hmmscope.data.episodes import Episodes, layout, sample_episodes, truncate_demos
 from hmmscope.data.hmm import make_mixture
 from hmmscope.oracles import baselines, em_learner
-from hmmscope.oracles.baselines import (
-    EMFit,
-    HMMLearner,
-    fit_hmm_em,
-    incontext_bigram,
-    incontext_ctw,
-    incontext_hmm,
-    incontext_ngram,
-    incontext_unigram,
-)
+from hmmscope.oracles.baselines import incontext_bigram, incontext_ctw, incontext_ngram, incontext_unigram
+from hmmscope.oracles.em_learner import EMFit, HMMLearner, fit_hmm_em, incontext_hmm
 
 # ---------------------------------------------------------------- counting baselines
 

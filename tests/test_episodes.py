@@ -8,16 +8,8 @@ import pytest
 from scipy import stats
 
 from hmmscope.config import DataConfig, HMMConfig, config_hash
-from hmmscope.data.episodes import (
-    Episodes,
-    layout,
-    load_episodes,
-    sample_episodes,
-    sample_sequences,
-    save_episodes,
-    state_distribution_after,
-)
-from hmmscope.data.hmm import make_mixture
+from hmmscope.data.episodes import Episodes, layout, load_episodes, sample_episodes, save_episodes
+from hmmscope.data.hmm import make_mixture, sample_sequences, state_distribution_after
 
 P_MIN = 1e-3
 

@@ -229,7 +229,7 @@ def test_oracles_cuda_match_cpu(data):
 def test_mixture_oracle_cuda_chunks_agree(data):
     """Any chunking of the tasks on CUDA (the automatic one included) gives the same mixture, and the
     automatic chunk is a power of two between 256 and n_tasks (or n_tasks when smaller)."""
-    from hmmscope.oracles.inference import cuda_chunk
+    from hmmscope.oracles.chunks import cuda_chunk
 
     mix, ep = data
     ref, qref = mixture_oracle(mix, ep, posterior_at="test_start", dtype=torch.float64, device="cpu")

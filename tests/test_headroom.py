@@ -76,7 +76,8 @@ def test_the_room_is_never_less_than_what_the_em_learner_shows():
     Failed before: the room was best counting minus family Bayes at M whatever the EM learner showed (tiny preset:
     +0.024 while the EM learner was 0.090 below best counting), and a family Bayes that still fell with M was used."""
     from hmmscope.config import em_states
-    from hmmscope.oracles.baselines import HMMLearner, fit_counting, incontext_hmm
+    from hmmscope.oracles.baselines import fit_counting
+    from hmmscope.oracles.em_learner import HMMLearner, incontext_hmm
 
     cfg = _cfg()
     res = headroom(cfg, n_episodes=24, draws=1)  # family Bayes at M = 64 still falls: not converged

@@ -11,7 +11,10 @@ import pytest
 
 from hmmscope import tracking
 from hmmscope.measure.probes import TargetScores, probe_claims
-from hmmscope.report import Section, _layerwise_section, build_report, claim_side, render_html, render_md, report_to_dict
+from hmmscope.report import build_report, report_to_dict
+from hmmscope.report.common import Section, claim_side
+from hmmscope.report.layerwise import layerwise_section
+from hmmscope.report.render import render_html, render_md
 from hmmscope.stats import Claim, check_claims
 
 EXP = "rep"
@@ -286,7 +289,7 @@ def test_layerwise_pooled(store):
 
 
 def _frame(per_run_claims):
-    """The training-frame columns report._training_frame reads from analysis runs, one row per run."""
+    """The training-frame columns report.read.training_frame reads from analysis runs, one row per run."""
     rows = []
     for i, claims in enumerate(per_run_claims):
         row = {"trial": i}
@@ -313,13 +316,13 @@ def test_pooled_concave_rise_is_not_supported():
         runs.append([c for c in probe_claims(range(5), sc, ks=(1,), n_boot=200, seed=seed)[0]
                      if c.name == "kback1_rises_then_falls"])
         assert runs[-1][0].verdict in ("not supported", "inconclusive", "no power")  # no power: 0 [0, 0]
-    pooled = _layerwise_section(_frame(runs))[1]
+    pooled = layerwise_section(_frame(runs))[1]
     # the runs' statistic is 0 in every run (peak at the last layer, so no fall): degenerate, never "supported"
     assert [c.verdict for c in pooled] == ["no power"] and check_claims(pooled) == []
     # runs logged before decision rules (the quadratic term, q < 0 with CIs straddling 0): not judged
     old = [[Claim("kback1_rises_then_falls", "quadratic term", q, q - 0.02, q + 0.015, "inconclusive", "")]
            for q in (-0.012, -0.01, -0.011, -0.013)]
-    (c,) = _layerwise_section(_frame(old))[1]
+    (c,) = layerwise_section(_frame(old))[1]
     assert c.ci_hi < 0 and c.verdict == "inconclusive" and "no decision rule" in c.reason
 
 
@@ -535,7 +538,7 @@ def test_underpowered_is_said_plainly_and_verdicts_follow_the_ci(thin):
 
 
 def test_underpowered_note():
-    from hmmscope.report import underpowered
+    from hmmscope.report.common import underpowered
 
     assert underpowered(0.5, 0.4, 0.6, "supported", replicates=3) == ""
     assert underpowered(0.01, -0.2, 0.22, "inconclusive", replicates=3).startswith("underpowered: 95% CI width 0.42")

@@ -346,11 +346,11 @@ def test_ui_child_argv_from_a_weird_folder_and_an_injected_uri(tmp_path):
 def test_a_store_path_with_quotes_is_refused_in_one_line(tmp_path):
     """MLflow puts the artifact folder into an SQL string literal when it creates a store: a quote in the path
     broke `hmmscope ui` with a traceback (exit 1). Now one line, before anything is created."""
-    from hmmscope import checks
+    from hmmscope import store_checks
     from hmmscope.config import ConfigError
 
     with pytest.raises(ConfigError, match="quotes") as e:
-        checks.tracking_store(f"sqlite:///{tmp_path}/it's/mlflow.db")
+        store_checks.tracking_store(f"sqlite:///{tmp_path}/it's/mlflow.db")
     assert "\n" not in str(e.value) and not (tmp_path / "it's").exists()
 
 

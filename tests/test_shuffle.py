@@ -9,9 +9,9 @@ import torch
 from hmmscope.config import DataConfig, HMMConfig, ModelConfig
 from hmmscope.data.episodes import layout, sample_episodes
 from hmmscope.data.hmm import make_mixture
-from hmmscope.measure.shuffle import Claim, ShuffleResult, layer_claims, permute_demos, shuffle_test
+from hmmscope.measure.shuffle import ShuffleResult, layer_claims, permute_demos, shuffle_test
 from hmmscope.model.transformer import Transformer, run_with_cache
-from hmmscope.stats import check_claims
+from hmmscope.stats import Claim, check_claims
 
 K, LD, LT = 4, 5, 6
 

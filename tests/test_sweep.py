@@ -948,7 +948,7 @@ def test_preempted_trial_resumes_from_its_checkpoint(tmp_path):
     last checkpoint (not from step 0) and ends with exactly the objective and weights of an uninterrupted trial."""
     import optuna
 
-    from hmmscope.training.train import read_checkpoint
+    from hmmscope.training.checkpoints import read_checkpoint
 
     fixed = TRAIN_FIXED.replace('"train.steps" = 10', '"train.steps" = 120').replace(
         '"train.eval_every" = 5', '"train.eval_every" = 60').replace('"train.ckpt_every" = 10', '"train.ckpt_every" = 4')

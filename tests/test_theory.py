@@ -11,7 +11,8 @@ import pytest
 
 from hmmscope.config import TheoryConfig
 from hmmscope.stats import check_claims
-from hmmscope.theory.theorem1 import RateFit, bound_claims, exponent_fits, fit_decay_rate, fit_exponent, fit_rank_intercept
+from hmmscope.theory.fit import RateFit, exponent_fits, fit_decay_rate, fit_exponent, fit_rank_intercept
+from hmmscope.theory.theorem1 import bound_claims
 
 L = np.array([1, 2, 4, 6, 8, 12, 16, 24, 32])
 
@@ -165,7 +166,7 @@ def test_pooled_gamma_eff_is_the_gamma_regression_not_a_slope_of_zero():
 def test_combine_draws_known_answer():
     from scipy import stats
 
-    from hmmscope.theory.theorem1 import combine_draws
+    from hmmscope.theory.fit import combine_draws
 
     rates = [0.10, 0.12, 0.11, 0.13, 0.09]
     fits = [_ok_fit(r, r - 0.004, r + 0.004) for r in rates]

@@ -70,8 +70,8 @@ def headroom_cmd(
                           n_episodes=max(n_episodes, cfg.eval.fit_episodes))
     checks.memory(est, device=str(dev), force=force, what="the headroom's references")
     from ..interrupts import sigterm_interrupts
-    from ..jobs import atomic_write
     from ..measure.headroom import PLUS_MINUS, SIGN, headroom
+    from ..safe_output import write_with
 
     h, d = cfg.hmm, cfg.data
     t0 = time.monotonic()
@@ -97,6 +97,6 @@ def headroom_cmd(
     if fits:
         typer.echo(f"best counting per k (fitted on {cfg.eval.fit_episodes} fit-task episodes): {fits}")
     if json_path is not None:
-        atomic_write(json_path, lambda p: p.write_text(json.dumps(res.to_dict(), indent=2)))
+        write_with(json_path, lambda p: p.write_text(json.dumps(res.to_dict(), indent=2)))
         typer.echo(f"result: {json_path}")
     typer.echo(res.line())

@@ -20,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from .. import checks
+from .. import checks, store_checks
 from ..config import ConfigError, memory_estimate, train_flops
 from .common import (
     ConfigOpt,
@@ -113,7 +113,7 @@ def train_cmd(
 
     check_experiment_name(experiment)
     checks.output_dir(out, "--out", explicit=out != Path("out"))
-    uri = checks.tracking_store(tracking_uri, must_exist=resume is not None)
+    uri = store_checks.tracking_store(tracking_uri, must_exist=resume is not None)
     from .. import tracking
     from ..interrupts import sigterm_interrupts
     from ..jobs import evaluate_model
@@ -220,7 +220,7 @@ def evaluate_cmd(
     if n_episodes is not None and n_episodes < 1:
         raise ConfigError(f"--n-episodes must be >= 1, got {n_episodes}")
     checks.output_dir(out, "--out", explicit=out != Path("out"))
-    uri = checks.tracking_store(tracking_uri, must_exist=True)
+    uri = store_checks.tracking_store(tracking_uri, must_exist=True)
     from .. import tracking
     from ..interrupts import sigterm_interrupts
     from ..jobs import evaluate_run
@@ -277,7 +277,7 @@ def analyze_cmd(
     check_experiment_name(experiment)
     checks.output_dir(out, "--out", explicit=out != Path("out"))
     is_file = Path(target).suffix == ".pt" or Path(target).exists()
-    uri = checks.tracking_store(tracking_uri, must_exist=not is_file)
+    uri = store_checks.tracking_store(tracking_uri, must_exist=not is_file)
     if not is_file:
         from .. import tracking
 
@@ -333,8 +333,8 @@ def run_cmd(
     from ..tracking.store import check_experiment_name
 
     check_experiment_name(experiment)
-    uri = checks.tracking_store(tracking_uri)
-    checks.optuna_storage(None)  # the main job's sweep uses the default storage
+    uri = store_checks.tracking_store(tracking_uri)
+    store_checks.optuna_storage(None)  # the main job's sweep uses the default storage
     from .. import tracking
     from ..interrupts import sigterm_interrupts
     from ..jobs import MAIN_SWEEP, main_job

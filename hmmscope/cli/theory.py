@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from .. import checks
+from .. import checks, store_checks
 from ..config import ConfigError, flatten, memory_estimate
 from .common import (
     ConfigOpt,
@@ -105,11 +105,12 @@ def theory(
     from ..tracking.store import check_experiment_name
 
     check_experiment_name(experiment)
-    uri = checks.tracking_store(tracking_uri) if track else None
+    uri = store_checks.tracking_store(tracking_uri) if track else None
     checks.memory(memory_estimate(cfg, "theory"), force=force)
     from .. import tracking
     from ..interrupts import sigterm_interrupts
-    from ..jobs import atomic_write, theory_job
+    from ..jobs import theory_job
+    from ..safe_output import write_with
 
     n = len(th.gammas) * len(th.ranks) * len(th.rhos) * len(th.n_states)
     plain = not sys.stderr.isatty()  # off a terminal (a file, nohup, Slurm): one line per setting instead of a bar
@@ -125,7 +126,7 @@ def theory(
                                     on_start=lambda rid: typer.echo(f"theory run {rid} started; "
                                                                     f"{tracking.browse_line(uri, run_id=rid)}"))
     if json_path is not None:
-        atomic_write(json_path, lambda p: p.write_text(json.dumps(result.to_dict(), indent=2)))
+        write_with(json_path, lambda p: p.write_text(json.dumps(result.to_dict(), indent=2)))
     print_theory(result, th)
     typer.echo(f"figures: {out / 'theory.png'}, {out / 'theory.pdf'}  result: {out / 'theory.json'}")
     if run_id is not None:

@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from .. import checks
+from .. import store_checks
 from ..config import ConfigError
 from .common import Spinner, StorageOpt, UriOpt, user_errors
 
@@ -36,7 +36,7 @@ def _free_port(preferred: int) -> int:
         return s.getsockname()[1]
 
 
-def _study_url(base: str, storage: str | None, sweep: str | None) -> str:
+def study_url(base: str, storage: str | None, sweep: str | None) -> str:
     """optuna-dashboard's page of the sweep's study (`/dashboard/studies/<id>`), else its front page."""
     if not sweep:
         return base
@@ -78,12 +78,12 @@ def ui_cmd(
     if sum(x is not None for x in (run, sweep, experiment)) > 1:
         raise ConfigError("give at most one of --run, --sweep, --experiment")
     try:
-        uri = checks.tracking_store(tracking_uri, must_exist=not create)
+        uri = store_checks.tracking_store(tracking_uri, must_exist=not create)
     except ConfigError as e:
         raise ConfigError(f"{e}; run a command that records there first, or give --create to serve an empty "
                           "new store") if not create and "nothing was recorded" in str(e) else e from None
     if optuna:
-        storage = checks.optuna_storage(storage)
+        storage = store_checks.optuna_storage(storage)
     explicit = port is not None
     port = port if explicit else _free_port(5000)
     for p_, what in [(port, "--port")] + ([(dashboard_port, "--dashboard-port")] if optuna else []):
@@ -110,7 +110,7 @@ def ui_cmd(
     servers = [srv.mlflow_ui(uri, port)]
     if optuna:
         servers.append(srv.optuna_dashboard(storage, dashboard_port))
-    shown = [url] + [_study_url(s.url, storage, sweep) for s in servers[1:]]
+    shown = [url] + [study_url(s.url, storage, sweep) for s in servers[1:]]
     failed = srv.supervise(
         servers, srv.server_env(),
         starting=Spinner("starting the MLflow UI" + (" and optuna-dashboard" if optuna else "")),

@@ -1,7 +1,7 @@
 """In-context episodes sampled from a mixture of low-rank HMMs (SCIENCE.md 3).
 
 Layering: this module sits above hmm.py (HMMs, mixtures and their sequence sampler,
-`sample_sequences`, re-exported here); hmm.py never imports it.
+`sample_sequences`); hmm.py never imports it.
 
 Episode layout (T = k (l_demo + 1) + l_test positions, the same for all):
 
@@ -27,11 +27,17 @@ import numpy as np
 
 from ..config import DataConfig, HMMConfig, config_hash, to_dict
 from . import seeds
-from .hmm import _CDF, Mixture, _after_unique, _run, _tables, make_mixture, sample_sequences, state_distribution_after
+from .hmm import (
+    InverseCDF,
+    Mixture,
+    distribution_after,
+    make_mixture,
+    sample_from_states,
+    sampling_tables,
+)
 
 __all__ = ["Episodes", "layout", "sample_episodes", "unseen_episodes", "probe_tasks", "probe_episodes", "truncate_demos",
-           "fit_episodes", "family_tasks", "fresh_training", "training_data", "save_episodes", "load_episodes",
-           "sample_sequences", "state_distribution_after"]
+           "fit_episodes", "family_tasks", "fresh_training", "training_data", "save_episodes", "load_episodes"]
 
 _TAG = 0x45504953  # "EPIS": separates episode streams from other users of data.seed
 _SPLITS = {"train": 1, "eval": 2}
@@ -234,12 +240,12 @@ def _episodes(mix: Mixture, data: DataConfig, task: np.ndarray, rng: np.random.G
     n, V, k, L = len(task), mix.n_tokens, data.n_demos, max(data.l_demo, data.l_test)
     seq_task = np.repeat(task, k + 1).astype(np.intp)  # (n (k+1),): sequence e (k+1) + j, j = k the test
     u0 = rng.random(len(seq_task), dtype=np.float32)
-    s0 = _tables(mix).init.draw(seq_task, u0)  # demos (and "initial" tests) start from mu
+    s0 = sampling_tables(mix).init.draw(seq_task, u0)  # demos (and "initial" tests) start from mu
     if data.test_start == "midstream" and data.burn_in > 0:
         uniq, inv = np.unique(task, return_inverse=True)
-        s0[k::k + 1] = _CDF(_after_unique(mix, uniq, data.burn_in)).draw(inv, u0[k::k + 1])  # mu T^B
+        s0[k::k + 1] = InverseCDF(distribution_after(mix, uniq, data.burn_in)).draw(inv, u0[k::k + 1])  # mu T^B
     dt = np.int16 if max(V + 1, mix.n_states) < 2**15 else np.int32
-    tok, st = _run(mix, seq_task, s0, L, rng, dt)  # (n (k+1), L)
+    tok, st = sample_from_states(mix, seq_task, s0, L, rng, dt)  # (n (k+1), L)
     seg, pos = layout(k, data.l_demo, data.l_test)
     obs = seg >= 0
     tokens, states = np.full((n, len(seg)), V, dt), np.full((n, len(seg)), -1, dt)

@@ -261,7 +261,7 @@ def make_hmm(cfg: HMMConfig, task: int = 0) -> HMM:
 # ---------------------------------------------------------------- sampling
 
 
-class _CDF:
+class InverseCDF:
     """Inverse-CDF sampler for the rows of a stochastic array P (..., K), flattened to rows."""
 
     def __init__(self, P: np.ndarray):
@@ -287,26 +287,26 @@ class _CDF:
 
 @dataclass
 class _Tables:
-    init: _CDF  # rows: task
-    W: _CDF  # rows: task * S + s
-    Q: _CDF  # rows: task * d + z
-    O: _CDF  # rows: task * S + s
+    init: InverseCDF  # rows: task
+    W: InverseCDF  # rows: task * S + s
+    Q: InverseCDF  # rows: task * d + z
+    O: InverseCDF  # rows: task * S + s
 
 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _tables(mix: Mixture) -> _Tables:
+def sampling_tables(mix: Mixture) -> _Tables:
     """Tables built once per Mixture object (do not modify a mixture's arrays in place)."""
     tab = _CACHE.get(mix)
     if tab is None:
-        tab = _CACHE[mix] = _Tables(_CDF(mix.initial), _CDF(mix.W), _CDF(mix.Q), _CDF(mix.emission))
+        tab = _CACHE[mix] = _Tables(InverseCDF(mix.initial), InverseCDF(mix.W), InverseCDF(mix.Q), InverseCDF(mix.emission))
     return tab
 
 
-def _run(mix: Mixture, task: np.ndarray, s0: np.ndarray, length: int, rng: np.random.Generator, dtype):
+def sample_from_states(mix: Mixture, task: np.ndarray, s0: np.ndarray, length: int, rng: np.random.Generator, dtype):
     """Sequences from given first states: (tokens, states) (N, length) in the input order."""
-    tabs, S, d, N = _tables(mix), mix.n_states, mix.rank, len(task)
+    tabs, S, d, N = sampling_tables(mix), mix.n_states, mix.rank, len(task)
     order = np.argsort(task, kind="stable")  # same-task sequences together: local table gathers
     tok, st = np.empty((N, length), dtype), np.empty((N, length), dtype)
     for a in range(0, N, _CHUNK):
@@ -346,20 +346,20 @@ def sample_sequences(mix: Mixture, task_ids: np.ndarray, length: int, rng: np.ra
         raise ValueError(f"length must be >= 0, got {length}")
     u0 = rng.random(N, dtype=np.float32)
     if start is None:
-        s0 = _tables(mix).init.draw(task, u0)
+        s0 = sampling_tables(mix).init.draw(task, u0)
     else:
         start = np.asarray(start, dtype=np.float64)
         if start.shape != (N, S):
             raise ValueError(f"start must have shape ({N}, {S}), got {start.shape}")
         if np.any(start < 0) or not np.allclose(start.sum(1), 1.0, atol=1e-6):
             raise ValueError("start rows must be distributions (non-negative, summing to 1)")
-        s0 = _CDF(start).draw(np.arange(N), u0)
+        s0 = InverseCDF(start).draw(np.arange(N), u0)
     if length == 0:
         return np.empty((N, 0), np.int32), np.empty((N, 0), np.int32)
-    return _run(mix, task, s0, length, rng, np.int32)
+    return sample_from_states(mix, task, s0, length, rng, np.int32)
 
 
-def _after_unique(mix: Mixture, tasks: np.ndarray, steps: int) -> np.ndarray:
+def distribution_after(mix: Mixture, tasks: np.ndarray, steps: int) -> np.ndarray:
     """mu T^steps (m, S) for the given tasks via mu W (Q W)^(steps-1) Q: only d x d powers."""
     p = mix.initial[tasks].astype(np.float64)
     if steps <= 0:
@@ -376,7 +376,7 @@ def state_distribution_after(mix: Mixture, task_ids: np.ndarray, steps: int) -> 
     """Distribution mu T^steps of the hidden state after `steps` transitions from mu, per sequence (N, S)."""
     task = _check_tasks(mix, task_ids)
     uniq, inv = np.unique(task, return_inverse=True)
-    return _after_unique(mix, uniq, int(steps))[inv]
+    return distribution_after(mix, uniq, int(steps))[inv]
 
 
 # ---------------------------------------------------------------- chain properties

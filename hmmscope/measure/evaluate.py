@@ -85,15 +85,15 @@ import torch
 
 from ..data.episodes import Episodes, truncate_demos
 from ..data.hmm import Mixture
-from ..oracles.baselines import DEFAULT_LEARNER, HMMLearner, incontext_bigram, incontext_hmm, incontext_unigram
+from ..oracles.baselines import incontext_bigram, incontext_unigram
+from ..oracles.em_learner import DEFAULT_LEARNER, HMMLearner, incontext_hmm
 from ..oracles.inference import mixture_oracle, nested_mixture_oracles, task_oracle
 from ..stats import jsonable
 from . import regimes
-from .regimes import REGIMES, _paired, regime, regime_claims, retrieval_gap
+from .regimes import paired_ci, regime, regime_claims, retrieval_gap
 
-__all__ = ["model_predictive", "truncate_demos", "eval_set", "EvalSet", "score_by_k", "figure1_tables", "figure1",
-           "Figure1Result", "retrieval_gap", "build_figure1", "plot_figure1",
-           "regime", "references", "REGIMES", "PREDICTORS", "REFERENCES", "BASELINES", "FITTED_COUNTING", "TASKS"]
+__all__ = ["model_predictive", "eval_set", "EvalSet", "score_by_k", "figure1_tables", "figure1", "Figure1Result",
+           "references", "PREDICTORS", "REFERENCES", "BASELINES", "FITTED_COUNTING", "TASKS"]
 
 FITTED_COUNTING = ("incontext_ngram", "incontext_ctw", "best_counting")
 REFERENCES = ("task_oracle", "mixture_oracle", "family_bayes", "incontext_unigram", "incontext_bigram",
@@ -135,7 +135,7 @@ def model_predictive(model: torch.nn.Module, tokens, device="cpu", batch_size: i
 # ---------------------------------------------------------------- statistics
 
 
-def _mean_ci(x: np.ndarray, axis: int = 0):
+def mean_ci(x: np.ndarray, axis: int = 0):
     """Mean and 95% normal CI along axis (NaN half-width when fewer than 2 values)."""
     n = x.shape[axis]
     m = x.mean(axis)
@@ -174,7 +174,7 @@ def _rows(per_token: dict[str, dict[str, np.ndarray]], base: dict, by_position: 
             m["kl_mix"] = nan
         base = {**base, "degenerate": bad.get(name, "")}
         if by_position:  # statistics over episodes at each test position
-            stats = {key: _mean_ci(m[key], 0) for key in _METRICS}
+            stats = {key: mean_ci(m[key], 0) for key in _METRICS}
             for j, p in enumerate(positions):
                 row = {**base, "position": int(p), "predictor": name, "n_episodes": m["acc"].shape[0]}
                 for key in _METRICS:
@@ -184,7 +184,7 @@ def _rows(per_token: dict[str, dict[str, np.ndarray]], base: dict, by_position: 
         else:  # per-episode means, then statistics over episodes
             row = {**base, "predictor": name, "n_episodes": m["acc"].shape[0], "n_tokens": m["acc"].shape[1]}
             for key in _METRICS:
-                mean, lo, hi = _mean_ci(m[key].mean(1))
+                mean, lo, hi = mean_ci(m[key].mean(1))
                 row.update({key: float(mean), f"{key}_lo": float(lo), f"{key}_hi": float(hi)})
             out.append(row)
     return out
@@ -229,7 +229,7 @@ class EvalSet:
         return self.meta.get("mixture_reference", "mixture_oracle")
 
 
-def _anonymous(e: Episodes) -> Episodes:
+def anonymous(e: Episodes) -> Episodes:
     """e with task ids -1: an oracle over tasks other than the episodes' own must not see their ids (the CPU kernel
     orders by them)."""
     return Episodes(e.tokens, e.states, np.full(len(e), -1, np.int64), e.segment, e.position, e.n_tokens, e.n_demos,
@@ -269,7 +269,7 @@ def eval_set(mix: Mixture | None, ep: Episodes, *, tasks: str = "seen", task_mix
         cols = np.flatnonzero(e.test_mask & (np.arange(e.seq_len) >= 1))
         same = np.flatnonzero(e.position[cols] >= 1)
         y = torch.as_tensor(np.asarray(e.tokens[:, cols]).astype(np.int64))
-        anon = e if seen else _anonymous(e)
+        anon = e if seen else anonymous(e)
         preds = {"task_oracle": task_oracle(task_mix, e, dtype=oracle_dtype, device=device)}
         post = None
         if mix is not None:
@@ -277,13 +277,13 @@ def eval_set(mix: Mixture | None, ep: Episodes, *, tasks: str = "seen", task_mix
                                                            dtype=oracle_dtype, device=device)
         if family is not None:
             sizes = sorted({int(m) for m in family_sizes if 1 <= int(m) < family.n_tasks}) if k in conv_ks else []
-            fam = nested_mixture_oracles(family, _anonymous(e), sizes, chunk_tasks=chunk_tasks, dtype=oracle_dtype,
+            fam = nested_mixture_oracles(family, anonymous(e), sizes, chunk_tasks=chunk_tasks, dtype=oracle_dtype,
                                          device=device)  # M and every smaller size in one pass (CPU kernel)
             preds["family_bayes"] = fam[family.n_tasks]
             for m in sizes:
                 p = fam[m][:, cols].to("cpu", torch.float64)
                 tok_ce = (-torch.log(p.gather(-1, y[..., None])[..., 0])).numpy()  # (N, P)
-                mean, lo, hi = _mean_ci(tok_ce.mean(1))
+                mean, lo, hi = mean_ci(tok_ce.mean(1))
                 conv_ep[(m, k)], conv_tok[(m, k)] = tok_ce.mean(1), tok_ce
                 convergence.append({"M": m, "k": k, "ce": float(mean), "ce_lo": float(lo), "ce_hi": float(hi)})
         preds["incontext_unigram"] = incontext_unigram(e)
@@ -302,7 +302,7 @@ def eval_set(mix: Mixture | None, ep: Episodes, *, tasks: str = "seen", task_mix
         smaller = bool(convergence)
         for k in sorted(conv_ks & set(ks)):
             full = by_k[k].references["family_bayes"]["ce"].mean(1)
-            mean, lo, hi = _mean_ci(full)
+            mean, lo, hi = mean_ci(full)
             conv_ep[(int(family.n_tasks), k)] = full
             conv_tok[(int(family.n_tasks), k)] = by_k[k].references["family_bayes"]["ce"]
             if smaller:
@@ -513,7 +513,7 @@ def figure1_tables(model: torch.nn.Module, sets: list[EvalSet], *, device="cpu",
                                 positions=ks.episodes.position[ks.cols], bad=bad)
             model_ce = model_tok[k]["ce"].mean(1)
             for name in (n for n in BASELINES if n in ks.references):
-                diff, lo, hi = _paired(model_ce - ks.references[name]["ce"].mean(1))
+                diff, lo, hi = paired_ci(model_ce - ks.references[name]["ce"].mean(1))
                 paired.append({"tasks": es.tasks, "k": k, "baseline": name, "diff": diff, "diff_lo": lo, "diff_hi": hi,
                                "n_episodes": len(model_ce), "degenerate": bad.get(name, "")})
         gain_tokens = {name: {k: (model_tok[k] if name == "model" else es.by_k[k].references[name]) for k in es.ks}
@@ -521,7 +521,7 @@ def figure1_tables(model: torch.nn.Module, sets: list[EvalSet], *, device="cpu",
         for name, tok in gain_tokens.items():
             g = _gain(es, tok)
             if g is not None:
-                v, lo, hi = _paired(g)
+                v, lo, hi = paired_ci(g)
                 gains.append({"tasks": es.tasks, "predictor": name, "icl_gain": v, "icl_gain_lo": lo, "icl_gain_hi": hi,
                               "k_max": km, "n_episodes": len(g), "n_tokens": int(len(es.by_k[km].same))})
         excess[es.tasks] = (model_tok[km]["ce"] - es.by_k[km].references["task_oracle"]["ce"]).mean(1)
@@ -564,6 +564,3 @@ def figure1(model: torch.nn.Module, mix: Mixture | None, ep: Episodes | None, *,
             "counting": None if counting is None else counting.describe()}
     return figure1_tables(model, sets, device=device, batch_size=batch_size, meta=meta)
 
-
-# Figure 1's drawing (figure1_plot.py), re-exported (fixed memory, evaluate's before: fixed_memory.py)
-from .figure1_plot import build_figure1, plot_figure1  # noqa: E402

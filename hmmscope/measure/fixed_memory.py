@@ -10,7 +10,8 @@ import torch
 
 from ..data.episodes import Episodes
 from ..data.hmm import Mixture
-from ..oracles.inference import memory_error, memory_predictor, mixture_oracle, task_oracle
+from ..oracles.inference import mixture_oracle, task_oracle
+from ..oracles.memory import memory_error, memory_predictor
 
 
 def receptive_field(n_layers: int, window: int) -> int:
@@ -39,9 +40,9 @@ def memory_comparison(model: torch.nn.Module, mix: Mixture, ep: Episodes, window
     history, model), with a 95% CI over episodes. mix_tv: the same for the mixture oracle (the part of the
     model's error that task uncertainty alone forces); with `reference` (fresh tasks: the family-Bayes tasks,
     which are none of the episodes' own) the mixture oracle over those tasks instead of over mix. lmem_tv: the
-    same for the L-memory predictor at L = R (inference.memory_predictor of each episode's own task over the R
+    same for the L-memory predictor at L = R (oracles.memory.memory_predictor of each episode's own task over the R
     tokens before j): eps(R) measured on exactly these tokens, the floor any model with this receptive field
-    and the task's parameters has. eps: eps(R) from inference.memory_error (stationary histories) averaged
+    and the task's parameters has. eps: eps(R) from oracles.memory.memory_error (stationary histories) averaged
     over tasks 0..n_tasks_theory-1 (theory_kw: n_histories, burn_in, seed), eps_se its standard error.
     eps is defined on *stationary* histories: like-for-like only when data.test_start == "midstream" with
     burn_in >= min_burn_in (``comparable``). Even then model_tv also contains the model's task uncertainty
@@ -49,7 +50,7 @@ def memory_comparison(model: torch.nn.Module, mix: Mixture, ep: Episodes, window
     no test position has a test-only receptive field: the dict says so (n_positions 0, comparable False,
     reason) and carries no model_tv / eps.
     """
-    from .evaluate import _mean_ci, model_predictive
+    from .evaluate import mean_ci, model_predictive
 
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
@@ -78,7 +79,7 @@ def memory_comparison(model: torch.nn.Module, mix: Mixture, ep: Episodes, window
         memory_predictor(mix.task(int(t)), ep.tokens[i][None].astype(np.int64).clip(-1, None), R)[0]
         for i, t in enumerate(ep.task_ids)]))[:, cols]  # (N, P, V): each episode's own task, the R tokens before j
     for name, p in (("model_tv", modp), ("mix_tv", mixp), ("lmem_tv", lmem)):
-        m, lo, hi = _mean_ci((0.5 * (p - task).abs().sum(-1)).mean(1).numpy())
+        m, lo, hi = mean_ci((0.5 * (p - task).abs().sum(-1)).mean(1).numpy())
         out.update({name: float(m), f"{name}_lo": float(lo), f"{name}_hi": float(hi)})
     tasks = list(range(min(n_tasks_theory, mix.n_tasks)))
     res = [memory_error(mix.task(i), [R], **kw) for i in tasks]

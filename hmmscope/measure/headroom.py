@@ -173,7 +173,7 @@ def headroom(cfg: Config, *, n_episodes: int = 256, family_tasks: int | None = N
     progress(msg) is called as each phase starts."""
     from ..data.episodes import family_tasks as draw_family
     from ..data.episodes import unseen_episodes
-    from ..oracles.baselines import HMMLearner
+    from ..oracles.em_learner import HMMLearner
     from ..oracles.inference import nested_mixture_oracles
     from .evaluate import eval_set, references
 

@@ -15,7 +15,7 @@ REGIMES = ("retrieval", "inference beyond counting", "counting", "worse than cou
 _Z = 1.96
 
 
-def _paired(d: np.ndarray) -> tuple[float, float, float]:
+def paired_ci(d: np.ndarray) -> tuple[float, float, float]:
     """Mean and 95% normal CI over episodes of per-episode values."""
     d = np.asarray(d, float)
     m = float(d.mean())
@@ -43,12 +43,12 @@ def retrieval_gap(seen: np.ndarray, unseen: np.ndarray):
 def regime_claims(gain: np.ndarray, vs_best: np.ndarray, k_max: int) -> list:
     """icl_gain and inference_beyond_counting (module docstring) from per-episode unseen-task arrays: the model's
     gain on the same tokens and its CE minus best_counting's at k_max (paired, 95% normal CIs)."""
-    g, glo, ghi = _paired(gain)
+    g, glo, ghi = paired_ci(gain)
     c_gain = claim("icl_gain", f"model CE(k = 0) - CE(k = {k_max}) on the same test tokens (positions >= 1), unseen "
                    "tasks, nats/token (paired over episodes, 95% normal CI)", g, glo, ghi, rule(">", 0),
                    "positive: the model's predictions of the same tokens improve with the demonstrations",
                    df=math.inf)
-    v, vlo, vhi = _paired(vs_best)
+    v, vlo, vhi = paired_ci(vs_best)
     c_inf = claim("inference_beyond_counting", f"model CE - best_counting CE at k = {k_max}, unseen tasks, nats/token "
                   "(paired over episodes, 95% normal CI)", v, vlo, vhi, rule("<", 0, ["icl_gain"]),
                   "negative, with an in-context gain: the model infers more from the context than the best fitted "

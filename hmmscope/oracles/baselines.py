@@ -84,8 +84,7 @@ import numpy as np
 import torch
 
 __all__ = ["incontext_unigram", "incontext_bigram", "incontext_ngram", "incontext_ctw", "fit_counting", "CountingFit",
-           "HMMLearner", "DEFAULT_LEARNER", "EMFit", "fit_hmm_em", "incontext_hmm", "COUNTING", "FAIR_COUNTING", "ALPHAS",
-           "ORDERS", "DEPTHS", "EM_STATES_CAP", "EM_CHUNK_BYTES"]
+           "COUNTING", "FAIR_COUNTING", "ALPHAS", "ORDERS", "DEPTHS"]
 
 COUNTING = ("incontext_unigram", "incontext_bigram")
 _BIGRAM_CHUNK_BYTES = 64 << 20  # peak of the bigram's cumulative pair counts per chunk of episodes
@@ -454,15 +453,3 @@ def fit_counting(ep_fit, ks, *, alphas=ALPHAS, orders=ORDERS, depths=DEPTHS) -> 
     meta = getattr(ep_fit, "meta", None) or {}
     return CountingFit(by_k, tuple(rows), {"alphas": list(alphas), "orders": list(orders), "depths": list(depths)},
                        len(ep_fit), meta.get("dataset_hash"))
-
-
-# the EM-fitted HMM learner (em_learner.py), re-exported: `from hmmscope.oracles.baselines import incontext_hmm` keeps working
-from .em_learner import (  # noqa: E402
-    DEFAULT_LEARNER,
-    EM_CHUNK_BYTES,
-    EM_STATES_CAP,
-    EMFit,
-    HMMLearner,
-    fit_hmm_em,
-    incontext_hmm,
-)

@@ -40,8 +40,6 @@ model, training, or anything above them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -49,10 +47,8 @@ import torch
 from ..data.hmm import HMM, Mixture
 from .chunks import ChunkMerge, ChunkMixer, cuda_chunk
 
-__all__ = [
-    "filter_factored", "predictive", "task_oracle", "mixture_oracle",
-    "memory_predictor", "memory_error", "MemoryErrorResult",
-]
+__all__ = ["filter_factored", "predictive", "task_oracle", "mixture_oracle", "nested_mixture_oracles",
+           "stationary_filter"]
 
 
 def _t(x, dtype, device) -> torch.Tensor:
@@ -276,7 +272,7 @@ def _layout(ep):
     return tok.long(), torch.as_tensor(reset), test_pos, test_start, burn_in
 
 
-def _task_params(mix: Mixture, ids, dtype, device):
+def task_params(mix: Mixture, ids, dtype, device):
     """(mu, W, Q, O) of tasks ids in dtype on device (only those tasks are converted, not the whole mixture)."""
     ids = np.asarray(ids, dtype=np.int64)
     return tuple(_t(np.asarray(a)[ids], dtype, device) for a in (mix.initial, mix.W, mix.Q, mix.emission))
@@ -288,7 +284,7 @@ def task_oracle(mix: Mixture, ep, *, dtype=torch.float32, device="cpu") -> torch
     Each demo restarts from mu; the test starts from mu ("initial") or mu T^B ("midstream").
     """
     tok, reset, test_pos, test_start, burn_in = _layout(ep)
-    mu, W, Q, O = _task_params(mix, ep.task_ids, dtype, device)
+    mu, W, Q, O = task_params(mix, ep.task_ids, dtype, device)
     start = _propagate(mu, W, Q, burn_in) if test_start == "midstream" else None
     pred, _ = filter_factored(mu, W, Q, O, tok.to(device), reset=reset, start=start, start_pos=test_pos,
                               dtype=dtype, device=device)
@@ -304,7 +300,7 @@ def task_beliefs(mix: Mixture, ep, *, dtype=torch.float64, device="cpu") -> torc
     Cost O(N T S d); memory N T S.
     """
     tok, reset, test_pos, test_start, burn_in = _layout(ep)
-    mu, W, Q, O = _task_params(mix, ep.task_ids, dtype, device)  # (N, S), (N, S, d), (N, d, S), (N, S, V)
+    mu, W, Q, O = task_params(mix, ep.task_ids, dtype, device)  # (N, S), (N, S, d), (N, d, S), (N, S, V)
     start = _propagate(mu, W, Q, burn_in) if test_start == "midstream" else mu
     tok = tok.to(device)
     N, T = tok.shape
@@ -354,7 +350,7 @@ def mixture_oracle(mix: Mixture, ep, *, chunk_tasks: int | None = None, posterio
         raise ValueError(f"posterior positions must lie in [0, {T}], got {pos}")
     if chunk_tasks is not None and chunk_tasks < 1:
         raise ValueError(f"chunk_tasks must be positive, got {chunk_tasks}")
-    if torch.device(device).type == "cpu" and _numba() is not None:
+    if torch.device(device).type == "cpu" and numba_kernel() is not None:
         threads = torch.get_num_threads()
         try:
             return _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos, posterior_at,
@@ -368,7 +364,7 @@ def mixture_oracle(mix: Mixture, ep, *, chunk_tasks: int | None = None, posterio
     merged = ChunkMerge(N, T, V, dtype, device)
     for lo in range(0, mix.n_tasks, chunk_tasks):
         ids = np.arange(lo, min(lo + chunk_tasks, mix.n_tasks))
-        mu, W, Q, O = _task_params(mix, ids, dtype, device)
+        mu, W, Q, O = task_params(mix, ids, dtype, device)
         K, M = _kernels(W, Q, O)
         Y0 = torch.bmm(mu[:, None], K)  # (C, 1, V*d + V)
         Ys = torch.bmm(_propagate(mu, W, Q, burn_in)[:, None], K) if test_start == "midstream" else None
@@ -387,7 +383,7 @@ def mixture_oracle(mix: Mixture, ep, *, chunk_tasks: int | None = None, posterio
 MIX_TOL = {torch.float32: 1e-7, torch.float64: 1e-13}  # bound on the skipped mass (see mixture_kernel)
 
 
-def _numba():
+def numba_kernel():
     """The compiled mixture kernel module, or None when numba is not installed."""
     try:
         from . import mixture_kernel
@@ -396,7 +392,7 @@ def _numba():
     return mixture_kernel
 
 
-def _step_tables(mu, W, Q, O, start):
+def step_tables(mu, W, Q, O, start):
     """Per task: M_v (C, V, d, d), (Q O)^T (C, V, d), and the first-step latents (C, V, d) and predictions
     (C, V) from mu and from ``start`` (None: same as mu)."""
     C, S, V = O.shape
@@ -429,7 +425,7 @@ def _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos,
     """mixture_oracle on the CPU with the compiled kernel (same outputs; see _mixture_kernel). prefixes: task counts
     m < n_tasks at which the running sums are read off as well (tasks in their own order, none of the episodes' own:
     anonymous episodes only), returned as a third value {m: pred over the first m tasks}."""
-    base = _numba()
+    base = numba_kernel()
     kern = base.for_rank(int(np.shape(mix.W)[-1]))  # the kernel unrolled over the rank (registers)
     import numba
 
@@ -471,9 +467,9 @@ def _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos,
     at_prefix = {}
     for lo, hi in zip([0, *ends[:-1]], ends):
         ids = order[lo:hi]
-        mu, W, Q, Oc = _task_params(mix, ids, dtype, "cpu")
+        mu, W, Q, Oc = task_params(mix, ids, dtype, "cpu")
         start = _propagate(mu, W, Q, burn_in) if test_start == "midstream" else None
-        MM, MpT, Y0, P0, Ys, Ps = (a.numpy() for a in _step_tables(mu, W, Q, Oc, start))
+        MM, MpT, Y0, P0, Ys, Ps = (a.numpy() for a in step_tables(mu, W, Q, Oc, start))
         first = np.where((pos_true >= lo) & (pos_true < lo + len(ids)), pos_true - lo, -1)
         chunk_post = np.full((N, n_snap, len(ids)), -np.inf)  # contiguous: one kernel signature, one compile
         with base.slp_vectorize():  # read only if this call compiles
@@ -512,7 +508,7 @@ def nested_mixture_oracles(mix: Mixture, ep, sizes, *, dtype=torch.float32, devi
     n = mix.n_tasks
     sizes = sorted({int(m) for m in sizes if 1 <= int(m) < n})
     anon = _anonymous_episodes(ep)
-    if torch.device(device).type == "cpu" and _numba() is not None and sizes:
+    if torch.device(device).type == "cpu" and numba_kernel() is not None and sizes:
         tok, reset, test_pos, test_start, burn_in = _layout(anon)
         threads = torch.get_num_threads()
         try:
@@ -535,69 +531,15 @@ def _anonymous_episodes(e):
     return dataclasses.replace(e, task_ids=np.full(len(e.task_ids), -1, np.int64))
 
 
-# ---------------------------------------------------------------- fixed memory
+# ---------------------------------------------------------------- the filter from the stationary distribution
 
 
-def _stationary_filter(hmm: HMM, tokens: torch.Tensor, dtype) -> torch.Tensor:
-    """Prediction after the last token of each row (n, L), filter started from hmm.stationary: (n, V)."""
+def stationary_filter(hmm: HMM, tokens: torch.Tensor, dtype) -> torch.Tensor:
+    """Prediction after the last token of each row (n, L), filter started from hmm.stationary: (n, V). The filter
+    the L-memory predictor and eps(L) run (memory.py), without storing the per-step predictions."""
     W, Q, O, pi = (_t(a, dtype, "cpu") for a in (hmm.W, hmm.Q, hmm.emission, hmm.stationary))
     if _dense(W, Q):
         return _dense_run(pi, W, O, tokens, store=False)[2]
     K, M = _kernels(W[None], Q[None], O[None])
     _, _, final = _run(M, (pi @ K[0])[None, None], tokens[None], hmm.n_tokens, store=False)
     return final[0]
-
-
-def memory_predictor(hmm: HMM, tokens, L: int, *, dtype=torch.float64, chunk: int = 65536) -> np.ndarray:
-    """p_L(o_t | o_{t-L..t-1}) (n, length, V): the filter over the last L tokens only (fewer when
-    t < L), started from hmm.stationary at the window's first token. Never uses tokens >= t."""
-    if L < 0:
-        raise ValueError(f"L must be >= 0, got {L}")
-    tok = torch.as_tensor(np.atleast_2d(np.asarray(tokens)), dtype=torch.long)
-    n, length = tok.shape
-    if L == 0:
-        p0 = np.asarray(hmm.stationary) @ np.asarray(hmm.emission)
-        return np.broadcast_to(p0, (n, length, p0.shape[0])).copy()
-    padded = torch.cat([torch.full((n, L), -1, dtype=torch.long), tok], 1)  # -1 = missing
-    windows = padded.unfold(1, L, 1)[:, :length].reshape(n * length, L)  # window t = tokens[t-L:t]
-    out = torch.cat([_stationary_filter(hmm, windows[i:i + chunk], dtype)
-                     for i in range(0, n * length, chunk)])
-    return out.reshape(n, length, -1).numpy()
-
-
-@dataclass(frozen=True, eq=False)
-class MemoryErrorResult:
-    """eps(L) = E[TV(p(.|o_{1:t}), p_L(.|o_{t-L+1:t}))] with its Monte Carlo standard error.
-
-    tv (n_histories, len(lengths)): the per-history TV values (eps = tv.mean(0)); the histories are
-    shared by all L, so a bootstrap over histories (theory.fit_decay_rate) keeps their correlation.
-    """
-
-    lengths: np.ndarray
-    eps: np.ndarray
-    stderr: np.ndarray
-    n_histories: int
-    burn_in: int
-    tv: np.ndarray | None = None
-
-
-def memory_error(hmm: HMM, lengths: Sequence[int], n_histories: int = 1000, burn_in: int = 200,
-                 seed: int = 0, dtype=torch.float64) -> MemoryErrorResult:
-    """Monte Carlo eps(L) over stationary histories of length burn_in + max(lengths).
-
-    The hidden chain starts from hmm.stationary; the full-history predictive of the next token
-    is the exact filter from hmm.stationary over the whole history, p_L the same filter over its
-    last L tokens; TV = 0.5 * L1 over the V next-token probabilities. Reproducible from seed.
-    """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    H = burn_in + int(lengths.max())
-    tokens, _ = hmm.sample(n_histories, H, seed=seed, start=hmm.stationary)
-    tok = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
-    full = _stationary_filter(hmm, tok, dtype)  # (n, V)
-    eps, se, tvs = [], [], []
-    for L in lengths:
-        tv = 0.5 * (full - _stationary_filter(hmm, tok[:, H - int(L):], dtype)).abs().sum(-1)
-        eps.append(tv.mean().item())
-        se.append(tv.std().item() / np.sqrt(n_histories))
-        tvs.append(tv.double().numpy())
-    return MemoryErrorResult(lengths, np.array(eps), np.array(se), n_histories, burn_in, np.stack(tvs, 1))

@@ -105,7 +105,7 @@ class Section:
     blocks: list = field(default_factory=list)
 
 
-def _num(s: Any) -> Any:
+def param_number(s: Any) -> Any:
     """A param string as a number when it is one."""
     try:
         x = float(s)
@@ -114,7 +114,7 @@ def _num(s: Any) -> Any:
     return int(x) if x.is_integer() and re.fullmatch(r"-?\d+", str(s).strip()) else x
 
 
-def _side_verdict(lo: float, hi: float, side: int, *, df: float | None = None, degenerate: str = "") -> str:
+def side_verdict(lo: float, hi: float, side: int, *, df: float | None = None, degenerate: str = "") -> str:
     """Claim: the quantity lies on `side` of 0 (+1 above, -1 below: stats.decide with '> 0' / '< 0');
     side 0: two-sided 'differs from 0' (supported if decide finds the CI on either side, no power if decide
     says so, else inconclusive)."""

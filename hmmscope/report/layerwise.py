@@ -19,7 +19,7 @@ import numpy as np
 from ..stats import NO_POWER, VERDICTS, Claim, claim, parse_rule, rule, t_mean
 from ..units import fmt_ci, fmt_num, fmt_p
 from .common import NAN, Section, underpowered
-from .posenc import _ols
+from .posenc import ols_fit
 
 
 def _seed_col(df) -> str | None:
@@ -32,7 +32,7 @@ def _pooled_rule(r: str) -> str:
     return NO_POWER if op == NO_POWER else rule(op, t, [f"pooled: {x}" for x in req])
 
 
-def _layerwise_section(df, out_dir: Path | None = None, figs: dict | None = None) -> tuple[Section | None, list[Claim]]:
+def layerwise_section(df, out_dir: Path | None = None, figs: dict | None = None) -> tuple[Section | None, list[Claim]]:
     cols = sorted(c for c in df.columns if c.startswith("metric:claim/") and c.endswith("/value")) if not df.empty else []
     if not cols:
         return None, []
@@ -161,7 +161,7 @@ def _plot_pooled(claims: list[Claim], pooled: list, path: Path) -> list[Path]:
     return save(fig, path)
 
 
-def _depth_rank_section(df, out_dir: Path | None = None, figs: dict | None = None) -> tuple[Section | None, list[Claim]]:
+def depth_rank_section(df, out_dir: Path | None = None, figs: dict | None = None) -> tuple[Section | None, list[Claim]]:
     key = next((k for k in ("metric:eval/seen/excess_ce", "metric:eval/excess_ce") if k in df.columns),
                "metric:eval/seen/excess_ce")  # eval/excess_ce: runs recorded before eval/seen/excess_ce
     need = ["param:model.n_layers", "param:hmm.rank", key]
@@ -186,14 +186,14 @@ def _depth_rank_section(df, out_dir: Path | None = None, figs: dict | None = Non
                                 "(underpowered: 4 coefficients need at least 5 trials)."))
         return sec, claims
     t = "n_layers:log_rank"
-    res, label = _ols("y ~ n_layers * log_rank", d)
+    res, label = ols_fit("y ~ n_layers * log_rank", d)
     ci = res.conf_int(0.05)
     seed_col = _seed_col(d)
     per_seed = {}
     if seed_col:
         for s_, g in d.groupby(seed_col):
             if len(g) >= 5 and g["n_layers"].nunique() >= 2 and g["log_rank"].nunique() >= 2:
-                r_, _ = _ols("y ~ n_layers * log_rank", g)
+                r_, _ = ols_fit("y ~ n_layers * log_rank", g)
                 if r_.df_resid >= 1:
                     per_seed[str(s_)] = r_.params
     two_stage = len(per_seed) >= 2

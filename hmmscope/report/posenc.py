@@ -29,7 +29,7 @@ import numpy as np
 from ..stats import Claim, Estimate, claim, rule
 from ..sweep.effects import block_labels, choose_blocks, level_order, per_level_effects, pos_enc_effect
 from ..units import fmt_ci, fmt_num, fmt_p
-from .common import METRIC_DIRECTION, Notes, Section, _side_verdict, claim_side, underpowered
+from .common import METRIC_DIRECTION, Notes, Section, claim_side, side_verdict, underpowered
 
 VERDICT_ROW = "paired within-block differences, seeds as the unit (t, G - 1 df)"
 
@@ -48,7 +48,7 @@ def _other_factors(d, exclude: set[str]) -> tuple[list[str], dict[str, str]]:
     return out, unusable
 
 
-def _ols(formula: str, data):
+def ols_fit(formula: str, data):
     """OLS with HC3 errors, plain errors when HC3 is not finite; returns (result, cov label)."""
     import statsmodels.formula.api as smf
 
@@ -74,7 +74,7 @@ def _second_opinions(data, y: str, blocks: list[str], seed_col: str | None) -> l
     formula = "y ~ rope" + "".join(f" + C({n})" for n in names.values())
     out = []
     try:
-        ols, label = _ols(formula, data)
+        ols, label = ols_fit(formula, data)
         if ols.df_resid >= 1:
             lo, hi = (float(v) for v in np.asarray(ols.conf_int(0.05).loc["rope"]))
             out.append((f"second opinion: {label} (trials as units)", float(ols.params["rope"]), lo, hi,
@@ -102,7 +102,7 @@ def _power(est: Estimate, verdict: str, n_seeds: int) -> str:
     return underpowered(est.value, est.lo, est.hi, verdict, replicates=n_seeds, unit="seed")
 
 
-def _posenc_section(df, out_dir: Path | None = None, figs: dict | None = None) -> tuple[Section | None, list[Claim]]:
+def posenc_section(df, out_dir: Path | None = None, figs: dict | None = None) -> tuple[Section | None, list[Claim]]:
     if df.empty or "param:model.pos_enc" not in df.columns or df["param:model.pos_enc"].nunique() < 2:
         return None, []
     levels = sorted(df["param:model.pos_enc"].astype(str).unique())
@@ -147,7 +147,7 @@ def _posenc_section(df, out_dir: Path | None = None, figs: dict | None = None) -
                          f"not estimated: {est}"])
             continue
         bl = ", ".join(f[6:] for f in blocks) or "none"
-        v = _side_verdict(est.lo, est.hi, side, df=est.df, degenerate=est.degenerate)
+        v = side_verdict(est.lo, est.hi, side, df=est.df, degenerate=est.degenerate)
         word = ("" if v == "no power" else "RoPE better" if v == "supported" else "RoPE worse" if v == "not supported"
                 else "no detectable difference") if side else \
             ("" if v == "no power" else "differs" if v == "supported" else "no detectable difference")

@@ -17,7 +17,7 @@ from collections import defaultdict
 import numpy as np
 
 from .. import tracking
-from ..measure.evaluate import regime
+from ..measure.regimes import regime
 from ..stats import Claim, claim, parse_rule, rule, t_mean
 from ..units import fmt_ci, fmt_num
 from .common import NAN, Section

@@ -33,7 +33,7 @@ def _draw_range(s: dict) -> str:
     return f"{fmt_num(min(r))} - {fmt_num(max(r))}" if len(r) > 1 else "-"
 
 
-def _theory_section(settings: list, out_dir: Path, figs: dict) -> tuple[Section, list[Claim]]:
+def theory_section(settings: list, out_dir: Path, figs: dict) -> tuple[Section, list[Claim]]:
     from ..theory.theorem1 import sweep_fits
 
     sec, claims = Section("Theory: decay of eps(L) (Theorem 1)"), []
@@ -153,7 +153,7 @@ def _plot_theory(settings, fits, path: Path) -> list[Path]:
     return save(fig, path)
 
 
-def _practice_section(df, out_dir: Path, figs: dict) -> Section | None:
+def practice_section(df, out_dir: Path, figs: dict) -> Section | None:
     need = {"param:model.window", "metric:memory/model_tv"}
     if df.empty or not need <= set(df.columns):
         return None

@@ -15,14 +15,14 @@ from pathlib import Path
 from .. import tracking
 from ..units import fmt_num
 from .common import NAN, Section
-from .read import _Trials, analysis_run
+from .read import Trials, analysis_run
 
 KEY_METRICS = ("eval/seen/test_acc", "eval/seen/excess_ce", "eval/seen/kl_mix", "eval/retrieval_gap",
                "eval/test_acc", "eval/excess_ce", "eval/kl_mix", "memory/model_tv", "memory/eps",
                "theory/exponent/gamma/pooled")  # eval/<name>: runs recorded before eval/seen/<name>
 
 
-def trial_rows(t: _Trials, is_theory, uri: str | None = None) -> tuple[list[dict], list[str], list[str]]:
+def trial_rows(t: Trials, is_theory, uri: str | None = None) -> tuple[list[dict], list[str], list[str]]:
     """(rows, varying param names, metric names) over the COMPLETE trials' runs, by trial number."""
     rows = []
     for r in sorted(t.complete, key=lambda r: t.trial_of.get(r.info.run_id, -1)):

@@ -37,7 +37,7 @@ from .storage import (
 )
 from .studies import StudyRuns, csv_text, delete_study, export_rows, list_studies, study_runs, write_csv
 from .study import ATTR_BASE, ATTR_HASH, ATTR_PARENT, ATTR_PATH, ATTR_TEXT, create_study, load_study, spec_of_study
-from .trial import _theory_metrics, make_prune_hook, resumable_run, run_trial, trial_note, trial_seed
+from .trial import make_prune_hook, resumable_run, run_trial, trial_note, trial_seed
 from .worker import (
     SweepSummary,
     main,
@@ -50,10 +50,6 @@ from .worker import (
     worker_env,
     worker_gpus,
 )
-
-# The names hmmscope/cli.py, hmmscope/report/read.py and tests/test_bad_inputs.py import from here (the first two are
-# owned by other branches this round).
-_safe_url, _load, _counts, _theory_metrics = safe_url, load_study, counts, _theory_metrics
 
 __all__ = [
     "ATTR_BASE", "ATTR_HASH", "ATTR_PARENT", "ATTR_PATH", "ATTR_TEXT", "StudyRuns", "SweepSummary", "TrialStore",

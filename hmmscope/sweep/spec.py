@@ -91,7 +91,7 @@ MAX_GRID = 100_000
 # The metrics a trial returns (sweep.run_trial), hence the objectives a spec may name. Train trials:
 # train.train's final val/* and oracle/*, then jobs.evaluate_run's Figure 1 headline (evaluate.Figure1Result
 # .headline), memory/* when model.window > 0 (evaluate.memory_comparison), and with analyze = true the
-# analysis metrics (jobs._analysis_metrics). Theory trials: sweep._theory_metrics. tests/test_sweep_spec
+# analysis metrics (jobs._analysis_metrics). Theory trials: sweep.trial.theory_metrics. tests/test_sweep_spec
 # checks these sets against the metrics real trials return.
 _FIGURE1 = ("test_acc", "test_ce", "oracle_mix_test_acc", "oracle_mix_test_ce", "oracle_task_test_acc",
             "oracle_task_test_ce", "kl_mix", "kl_task", "excess_ce", "excess_ce_task", "gap_to_mix", "gap_to_task")
@@ -204,7 +204,7 @@ class SweepSpec:
 
     def trial_name(self, params: Mapping[str, Any], seed: int | None = None) -> str:
         """The run name of a trial: what varies, then the seed (module docstring), e.g. `rope-g0.5-s0`."""
-        labels = _labels([p.key for p in self.space])
+        labels = short_labels([p.key for p in self.space])
         parts = [_label_value(labels[p.key], params[p.key]) for p in self.space if p.key in params]
         if seed is None:
             seed = params.get("seed")
@@ -218,7 +218,7 @@ class SweepSpec:
         return override(self.base, upd)
 
 
-def _labels(keys: list[str]) -> dict[str, str]:
+def short_labels(keys: list[str]) -> dict[str, str]:
     """key -> short label (ABBREV by the key's last part); a label two keys share falls back to the last part,
     then to the whole key."""
     def last(k: str) -> str:

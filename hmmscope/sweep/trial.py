@@ -67,7 +67,7 @@ def make_prune_hook(trial, objective: str) -> Callable[[int, dict[str, float]], 
     return on_eval
 
 
-def _theory_metrics(result) -> dict[str, float]:
+def theory_metrics(result) -> dict[str, float]:
     (s,) = result.settings
     f = s.rate_fit
     m = {"theory/dobrushin": s.dobrushin, "theory/rate": f.rate, "theory/rate_lo": f.rate_ci[0],
@@ -164,7 +164,7 @@ def run_trial(trial, spec: SweepSpec, uri: str, parent: str, *, lost: threading.
             result, run_id = jobs.theory_job(cfg.theory, Path(tmp), uri=uri, experiment=spec.experiment,
                                              parent=parent, run_name=name, tags=tags, note=note)
         _link(trial, uri, run_id)
-        metrics = _theory_metrics(result)
+        metrics = theory_metrics(result)
         run = tracking.existing_run(uri, run_id)
         run.log_metrics(metrics)  # the setting's numbers on the trial run itself, for side-by-side comparison
     else:

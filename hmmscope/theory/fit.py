@@ -6,7 +6,7 @@ Decay rate of one HMM draw. `fit_decay_rate`: OLS of log eps(L) = a - r L over t
 by L) where eps > floor and, given stderr, eps > Z_FIT = 4 stderr (Monte Carlo relative SE <= 25%). The
 range stops at the first failing L: a later point back above the floor is noise. Fewer than 3 points ->
 rate NaN, reason "too few points above floor". 95% CI of the rate: given the per-history TV values (`tv`,
-inference.memory_error keeps them), a percentile bootstrap over histories with the L range held fixed
+memory.memory_error keeps them), a percentile bootstrap over histories with the L range held fixed
 (each resample refits the same OLS on the resampled means). The OLS t interval treats the points as
 independent, but the eps(L) of one set of histories share their errors across L (a few slowly forgetting
 histories dominate every large L): at gamma 0.9 (S=128, V=16, d=8, rho=0.02, 16 seeds x 2000 histories

@@ -57,7 +57,6 @@ from ..data import seeds
 from ..data.hmm import make_hmm
 from ..stats import NO_POWER, Claim, claim, jsonable, rule, t_mean
 from .fit import (
-    Z_FIT,
     DrawSummary,
     ExponentFit,
     RankFit,
@@ -65,14 +64,11 @@ from .fit import (
     combine_draws,
     exponent_fits,
     fit_decay_rate,
-    fit_exponent,
     fit_rank_intercept,
 )
 
-__all__ = ["Z_FIT", "Z_SIG", "DRAW_TAG", "Draw", "DrawSummary", "ExponentFit", "RankFit", "RateFit", "Setting",
-           "TheoryResult", "bound_claims", "combine_draws", "draw_seed", "exponent_fits", "fit_decay_rate",
-           "fit_exponent", "fit_rank_intercept", "plot_theory", "run_theory", "setting_claims", "sweep_fits",
-           "theory_figure"]
+__all__ = ["Z_SIG", "DRAW_TAG", "Draw", "Setting", "TheoryResult", "bound_claims", "draw_seed", "plot_theory",
+           "run_theory", "setting_claims", "sweep_fits", "theory_figure"]
 
 Z_SIG = 2.0  # the bound check's pointwise CI: eps +- Z_SIG * stderr
 NAN = float("nan")
@@ -369,7 +365,7 @@ def run_theory(cfg: TheoryConfig, *, progress: Callable[[int, int, str], Any] | 
                time_limit: float = 10.0, gamma_m_time_limit: float = 3.0, n_boot: int = 2000) -> TheoryResult:
     """The whole Theorem 1 sweep over n_states x ranks x rhos x gammas, `cfg.draws` HMMs per setting
     (module docstring); `progress(i, n_settings, label)` after each setting."""
-    from ..oracles.inference import memory_error
+    from ..oracles.memory import memory_error
     from ..oracles.observability import gamma_eff, gamma_m, observability
 
     bad = [(S, d) for S in cfg.n_states for d in cfg.ranks if d > S]

@@ -21,7 +21,7 @@ mlflow at import time (only inside functions), and none imports anything of hmms
 `config` (inside `tags.config_params`); every other module reaches MLflow only through this package.
 """
 
-from .claims import CLAIMS_FILE, claim_headline, claim_keys, read_claims
+from .claims import CLAIMS_FILE, claim_keys, read_claims
 from .liveness import HEARTBEAT_ENV, HEARTBEAT_GRACE, LeaseLost, RunHeld, gc_runs, heartbeat_interval, own_runs, stale_reason
 from .liveness import hold as hold_run
 from .liveness import settle as settle_run
@@ -68,6 +68,7 @@ from .tags import (
     PARAM_MAX,
     THEORY_SECTIONS,
     TRAIN_SECTIONS,
+    claim_headline,
     claims_table,
     config_params,
     git_commit,

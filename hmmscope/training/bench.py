@@ -197,8 +197,8 @@ def bench_oracle(n_tasks=(512, 2048, 8192), n_episodes: int = 16, dtype: str = "
         s, cpu = time.perf_counter() - t0, time.process_time() - c0
         t0, c0 = time.perf_counter(), time.process_time()  # the per-task tables alone: paid once, not per episode
         for lo in range(0, n, 1024):
-            mu, W, Q, O = inference._task_params(mix, np.arange(lo, min(lo + 1024, n)), dt, "cpu")
-            inference._step_tables(mu, W, Q, O, None)
+            mu, W, Q, O = inference.task_params(mix, np.arange(lo, min(lo + 1024, n)), dt, "cpu")
+            inference.step_tables(mu, W, Q, O, None)
         tab, tab_cpu = time.perf_counter() - t0, time.process_time() - c0
         row = {"n_tasks": n, "seconds": s, "cpu_seconds": cpu, "tables_s": tab, "tables_cpu_s": tab_cpu,
                "ns_per_task_token": (s - tab) / (n * n_episodes * ep.tokens.shape[1]) * 1e9,
@@ -206,19 +206,19 @@ def bench_oracle(n_tasks=(512, 2048, 8192), n_episodes: int = 16, dtype: str = "
                "extrapolated_full_cpu_s": tab_cpu + (cpu - tab_cpu) * full_episodes / n_episodes}
         if torch_peer and n == min(n_tasks):  # the torch path on the first few of the same episodes
             k = min(4, n_episodes)
-            saved, inference._numba = inference._numba, lambda: None
+            saved, inference.numba_kernel = inference.numba_kernel, lambda: None
             try:
                 t0 = time.perf_counter()
                 inference.mixture_oracle(mix, ep.subset(slice(0, k)), posterior_at="test_start", dtype=dt)
                 row["torch_path_s_per_episode"] = (time.perf_counter() - t0) / k
             finally:
-                inference._numba = saved
+                inference.numba_kernel = saved
             row["torch_path_ratio"] = row["torch_path_s_per_episode"] / (s / n_episodes)
         rows.append(row)
     if dev.type == "cuda":
         kernel = f"torch path on {torch.cuda.get_device_name(dev)}"
     else:
-        kernel = "numba kernel" if inference._numba() is not None else "torch path (numba not installed)"
+        kernel = "numba kernel" if inference.numba_kernel() is not None else "torch path (numba not installed)"
     return {"rows": rows, "n_episodes": n_episodes, "dtype": dtype, "path": kernel, "device": str(dev),
             "threads": torch.get_num_threads()}
 
@@ -320,7 +320,7 @@ def cpu_bf16_native() -> bool:
     return "BF16" in cap or "AMX" in cap
 
 
-def _step_time(loss_fn, model, opt, steps: int, device, autocast, repeats: int = 2) -> float:
+def step_time(loss_fn, model, opt, steps: int, device, autocast, repeats: int = 2) -> float:
     """Seconds per training step as train.py runs it (forward, backward, clip_grad_norm_, AdamW), best of
     `repeats` after a warm-up; repeats=0: the first call itself, no warm-up (e.g. one that compiles)."""
     import torch
@@ -442,9 +442,9 @@ def bench_train(cfg, device: str = "auto", batch_size: int = 32, seq_len: int = 
     fwd = torch.compile(ours) if compile else ours
     pays: dict[str, float] = {}
     if compile:  # does compiling pay? its one-off cost against the time it saves per step (train.resolve_compile)
-        t_eager = _step_time(lambda: ours(x, y)[1], ours, opt, steps, dev, autocast)
-        t_first = _step_time(lambda: fwd(x, y)[1], ours, opt, 1, dev, autocast, repeats=0)  # compiles
-    t_ours = _step_time(lambda: fwd(x, y)[1], ours, opt, steps, dev, autocast)
+        t_eager = step_time(lambda: ours(x, y)[1], ours, opt, steps, dev, autocast)
+        t_first = step_time(lambda: fwd(x, y)[1], ours, opt, 1, dev, autocast, repeats=0)  # compiles
+    t_ours = step_time(lambda: fwd(x, y)[1], ours, opt, steps, dev, autocast)
     if compile:
         compile_s = max(t_first - t_ours, 0.0)
         pays = {"eager_step_s": t_eager, "compiled_step_s": t_ours, "compile_s": compile_s,
@@ -479,7 +479,7 @@ def bench_train(cfg, device: str = "auto", batch_size: int = 32, seq_len: int = 
                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
         hf = RoFormerForCausalLM(hf_cfg).to(dev)
         hf_opt = torch.optim.AdamW(hf.parameters(), lr=1e-4, weight_decay=0.1)
-        t_peer = _step_time(lambda: hf(input_ids=x, labels=y).loss, hf, hf_opt, steps, dev, autocast)
+        t_peer = step_time(lambda: hf(input_ids=x, labels=y).loss, hf, hf_opt, steps, dev, autocast)
         out.update({"hf_roformer_tokens_per_s": tokens / t_peer, "ratio": t_peer / t_ours})
     return out
 
@@ -494,14 +494,14 @@ def bench_headroom(cfg, n_episodes: int = 256, family_tasks: int | None = None, 
 
     from ..data.episodes import family_tasks as draw_family
     from ..data.episodes import unseen_episodes
-    from ..measure.evaluate import _anonymous
+    from ..measure.evaluate import anonymous
     from ..measure.headroom import headroom
     from ..oracles.inference import mixture_oracle
 
     M = int(cfg.eval.family_tasks if family_tasks is None else family_tasks)
     fam = draw_family(cfg.hmm, cfg.data, M)
     _, uep = unseen_episodes(cfg.hmm, cfg.data, n_episodes)
-    anon = _anonymous(uep)
+    anon = anonymous(uep)
     last = {}
 
     def ours():

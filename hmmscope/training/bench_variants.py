@@ -1,6 +1,6 @@
 """Training-step variants for the GPU session (issue 28): each compile scope x attention kernel timed from the same
 weights, with its one-off compile time, and the choice of the variant that fits most steps in a budget. bench.py
-re-exports these; the step timing itself is bench._step_time."""
+re-exports these; the step timing itself is bench.step_time."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from .bench import _step_time, gemm_rate
+from .bench import gemm_rate, step_time
 
 VARIANT_COMPILE = {"eager": "false", "model": "true", "blocks": "blocks"}  # variant name -> train.compile
 
@@ -36,7 +36,7 @@ def bench_variants(cfg, device: str = "auto", batch_size: int = 32, seq_len: int
     `choose_variant`.
 
     Every variant starts from the same weights (seed 0) on the same batch, and runs the same steps: one first step
-    (timed alone: for a compiled variant it holds the compile), then `_step_time`'s warm-up and `repeats` x `steps`
+    (timed alone: for a compiled variant it holds the compile), then `step_time`'s warm-up and `repeats` x `steps`
     timed steps. Per variant (a row): step_s (best of the repeats), first_step_s, compile_s = first_step_s - step_s
     (the one-off cost, compile included; near 0 for eager), tokens_per_s, tflops, mfu (against the GEMM rate
     measured once here, as bench_train), loss_first (the first step's loss: the forward at the initial weights) and
@@ -117,9 +117,9 @@ def _time_variant(m, vocab: int, comp: str, att: str, x, y, dev, bf16: bool, ste
         return loss
 
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
-    first = _step_time(loss_fn, model, opt, 1, dev, autocast, repeats=0)
+    first = step_time(loss_fn, model, opt, 1, dev, autocast, repeats=0)
     loss_first = float(last[0].detach())
-    step = _step_time(loss_fn, model, opt, steps, dev, autocast, repeats=repeats)
+    step = step_time(loss_fn, model, opt, steps, dev, autocast, repeats=repeats)
     return {"step_s": step, "first_step_s": first, "compile_s": max(first - step, 0.0), "loss_first": loss_first,
             "loss_last": float(last[0].detach()), "flops_per_token": model.flops_per_token(x.shape[1])}
 

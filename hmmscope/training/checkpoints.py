@@ -11,7 +11,7 @@
   on the meta device) before any weight is loaded, its step (an integer >= 0) and its weights (finite): a misfit
   is a one-line ValueError.
   `model_from_checkpoint` / `load_model` give the Transformer (CPU, eval mode) and its Config.
-- `_rng_state` / `_set_rng_state`: the global RNG states a checkpoint carries, so a resumed run continues
+- `_rng_state` / `set_rng_state`: the global RNG states a checkpoint carries, so a resumed run continues
   bitwise (on CPU) as an uninterrupted one.
 
 Imports torch, the config, the model and `tracking`; must not import train (which imports this), jobs,
@@ -44,7 +44,7 @@ def _rng_state() -> dict[str, Any]:
             "python": random.getstate()}
 
 
-def _set_rng_state(s: Mapping[str, Any]) -> None:
+def set_rng_state(s: Mapping[str, Any]) -> None:
     torch.set_rng_state(s["torch"])
     if s.get("cuda") and torch.cuda.is_available() and len(s["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(s["cuda"])

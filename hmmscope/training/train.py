@@ -94,11 +94,9 @@ from ..data.episodes import Episodes, training_data
 from ..interrupts import raise_if_terminated, sigterm_interrupts
 from ..measure.emergence import curves_table
 from ..measure.emergence import prepare as prepare_emergence
-from ..measure.evaluate import _anonymous as anonymous
-from ..measure.evaluate import references
+from ..measure.evaluate import anonymous, references
 from ..model.transformer import Transformer, attention_kernels
-from .checkpoints import _set_rng_state, checkpoint_config, load_checkpoint, save_checkpoint
-from .checkpoints import read_checkpoint as read_checkpoint  # re-exported: cli.py imports it from here
+from .checkpoints import checkpoint_config, load_checkpoint, save_checkpoint, set_rng_state
 from .deadline import Deadline, due, state_bytes
 from .progress import training_progress
 
@@ -389,7 +387,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"run {resume}: its checkpoint's optimizer state does not fit the model ({e})") from None
         start, best = int(ck["step"]), _val_keys(ck["metrics"].get("best", {}))
-        _set_rng_state(ck["rng"])
+        set_rng_state(ck["rng"])
     compiled = resolve_compile(t.compile, device)
     scope = "blocks" if t.compile == "blocks" else "model"
     fwd = model.compile_forward(scope) if compiled else model  # the training step only; evaluation, state dicts: `model`

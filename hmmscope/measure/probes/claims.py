@@ -54,7 +54,7 @@ from scipy import stats as st
 
 from ...data import seeds
 from ...stats import Claim, claim, holm, percentile_ci, rule
-from .residuals import _TAG
+from .residuals import PROBE_TAG
 
 NAN = float("nan")
 
@@ -62,19 +62,19 @@ NAN = float("nan")
 def _halves(n: int, seed: int) -> np.ndarray:
     """(n,) bool: the first of the two seeded cross-fitting halves of the test episodes."""
     out = np.zeros(n, bool)
-    out[seeds.rng(seed, _TAG, 4).permutation(n)[:(n + 1) // 2]] = True
+    out[seeds.rng(seed, PROBE_TAG, 4).permutation(n)[:(n + 1) // 2]] = True
     return out
 
 
-def _boot_weights(n: int, n_boot: int, seed: int) -> np.ndarray:
+def boot_weights(n: int, n_boot: int, seed: int) -> np.ndarray:
     """(n_boot, n) multiplicities of the test episodes in each bootstrap resample."""
-    idx = seeds.rng(seed, _TAG, 2).integers(0, n, (n_boot, n))
+    idx = seeds.rng(seed, PROBE_TAG, 2).integers(0, n, (n_boot, n))
     w = np.zeros((n_boot, n))
     np.add.at(w, (np.arange(n_boot)[:, None], idx), 1.0)
     return w
 
 
-def _ratio(num, den):
+def nan_ratio(num, den):
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
 
@@ -124,12 +124,12 @@ def _slope(x, Y) -> np.ndarray:
     return (np.asarray(Y, float) - np.mean(Y, -1, keepdims=True)) @ xc / (xc @ xc)
 
 
-def _r2_curves(sums, w) -> np.ndarray:
+def r2_curves(sums, w) -> np.ndarray:
     """Variance-weighted R^2 per layer for episode weights w (B, n_test): (B, L). sums: per layer (n, sy, syy, sse)."""
     out = []
     for s in sums:
         n, sy, syy, sse = (w @ a for a in s)
-        out.append(1 - _ratio(sse.sum(-1), (syy - _ratio(sy ** 2, n)).sum(-1)))
+        out.append(1 - nan_ratio(sse.sum(-1), (syy - nan_ratio(sy ** 2, n)).sum(-1)))
     return np.stack(out, -1)
 
 
@@ -166,7 +166,7 @@ def probe_claims(layers, scores: dict[str, TargetScores], *, ks=(1, 2, 3, 4, 5),
     lay = np.asarray(layers)
     L = len(lay)
     n_test = len(next(iter(scores.values())).counts) if scores else len(belief[0][0][0])
-    W = np.vstack([np.ones(n_test), _boot_weights(n_test, n_boot, seed)])  # row 0: the point estimate
+    W = np.vstack([np.ones(n_test), boot_weights(n_test, n_boot, seed)])  # row 0: the point estimate
     A = _halves(n_test, seed)
     WA, WB = W * A, W * ~A
     claims: list[Claim] = []
@@ -183,14 +183,14 @@ def probe_claims(layers, scores: dict[str, TargetScores], *, ks=(1, 2, 3, 4, 5),
     for t, s in scores.items():
         H, Hc, Cn = (np.asarray(x, float) for x in (s.hits, s.control, s.counts))
         n_all, nA, nB = W @ Cn, WA @ Cn, WB @ Cn
-        acc = _ratio(W @ H, n_all[:, None])  # (1 + B, L)
+        acc = nan_ratio(W @ H, n_all[:, None])  # (1 + B, L)
         hA, hB, cA, cB = WA @ H, WB @ H, WA @ Hc, WB @ Hc
-        b, la, lb = _crossfit(_ratio(hA, nA[:, None]), _ratio(hB, nB[:, None]), hA, hB, n_all)
+        b, la, lb = _crossfit(nan_ratio(hA, nA[:, None]), nan_ratio(hB, nB[:, None]), hA, hB, n_all)
         b[(nA == 0) | (nB == 0)] = NAN
         cb = (_take(cA, la) + _take(cB, lb)) / n_all
         cur[t], best[t] = acc, b
         ci[t] = np.array([percentile_ci(acc[1:, l]) for l in range(L)]), \
-            np.array([percentile_ci(_ratio(W[1:] @ Hc[:, l], n_all[1:])) for l in range(L)])
+            np.array([percentile_ci(nan_ratio(W[1:] @ Hc[:, l], n_all[1:])) for l in range(L)])
         peaks = lay[_first(acc)]
         norm = _norm_curve(acc[:1], s.chance)
         summary.append({"target": t, "peak_layer": int(peaks[0]), "peak_lo": percentile_ci(peaks[1:])[0],
@@ -204,7 +204,7 @@ def probe_claims(layers, scores: dict[str, TargetScores], *, ks=(1, 2, 3, 4, 5),
             f"{cb[0]:.3f}, chance {s.chance:.3f}")
     if belief is not None:
         real, ctrl = belief
-        rA, rB, qA, qB = _r2_curves(real, WA), _r2_curves(real, WB), _r2_curves(ctrl, WA), _r2_curves(ctrl, WB)
+        rA, rB, qA, qB = r2_curves(real, WA), r2_curves(real, WB), r2_curves(ctrl, WA), r2_curves(ctrl, WB)
         la, lb = _first(rB), _first(rA)
         d = 0.5 * (_take(rA, la) - np.maximum(_take(qA, la), 0) + _take(rB, lb) - np.maximum(_take(qB, lb), 0))
         add("belief_beats_control", "best-layer R^2 (cross-fitted, mean of halves) - max(control R^2 there, 0)",
@@ -217,7 +217,7 @@ def probe_claims(layers, scores: dict[str, TargetScores], *, ks=(1, 2, 3, 4, 5),
         t = f"kback{k}"
         acc, b, s = cur[t], best[t], scores[t]
         if on_excess:
-            tok = _ratio(W @ np.asarray(token_baseline[k], float), W @ np.asarray(s.counts, float))
+            tok = nan_ratio(W @ np.asarray(token_baseline[k], float), W @ np.asarray(s.counts, float))
             row = next(r for r in summary if r["target"] == t)
             row["token_acc"], row["excess_over_token_stats"] = float(tok[0]), float(b[0] - tok[0])
             excess[k] = b - tok
@@ -225,7 +225,7 @@ def probe_claims(layers, scores: dict[str, TargetScores], *, ks=(1, 2, 3, 4, 5),
                 b - tok, rule(">", 0), f"acc {b[0]:.3f} vs {tok[0]:.3f} from the current token alone (chance "
                                        f"{s.chance:.3f}): what the probe reads of o_(t-{k}) beyond what o_t gives")
         if baseline is not None and k in baseline:
-            base = _ratio(W @ np.asarray(baseline[k], float), W @ np.asarray(s.counts, float))
+            base = nan_ratio(W @ np.asarray(baseline[k], float), W @ np.asarray(s.counts, float))
             next(r for r in summary if r["target"] == t)["baseline_acc"] = float(base[0])
             add(f"{t}_beats_baseline", "best-layer acc (cross-fitted) - (task, current token) baseline acc",
                 b - base, rule(">", 0), f"acc {b[0]:.3f} vs baseline {base[0]:.3f} (chance {s.chance:.3f}): "

@@ -19,9 +19,9 @@ import numpy as np
 
 from ...data import seeds
 from ...stats import percentile_ci
-from .claims import TargetScores, _boot_weights, _r2_curves, _ratio, probe_claims
-from .fits import _control, _Fits, _layer_fits, _lookup_baseline, _majority, _ridge_val, split_episodes
-from .residuals import _TAG, collect_residuals
+from .claims import TargetScores, boot_weights, nan_ratio, probe_claims, r2_curves
+from .fits import LayerInputs, layer_fits, lookup_baseline, majority_rate, ridge_val, shuffled_labels, split_episodes
+from .residuals import PROBE_TAG, collect_residuals
 from .result import ProbeResult
 
 
@@ -43,8 +43,8 @@ def kback_baselines(ep, pos: np.ndarray, is_test: np.ndarray, ks) -> dict[int, t
     for k in ks:
         y = np.where(tpos >= k, tok[rows_ep, np.maximum(pos.ravel() - k, 0)], -1)
         a, b = (y >= 0) & ~test_row, (y >= 0) & test_row
-        task = (_lookup_baseline(task_row * (tok.max() + 1) + cur, y, a, b, cur) == y[b]).astype(float)
-        alone = (_lookup_baseline(cur, y, a, b, cur) == y[b]).astype(float)
+        task = (lookup_baseline(task_row * (tok.max() + 1) + cur, y, a, b, cur) == y[b]).astype(float)
+        alone = (lookup_baseline(cur, y, a, b, cur) == y[b]).astype(float)
         out[k] = (np.bincount(e_row[b], task, n_test), np.bincount(e_row[b], alone, n_test),
                   np.bincount(e_row[b], None, n_test).astype(float))
     return out
@@ -89,10 +89,10 @@ def run_probes(model, mix, ep, *, ks=(1, 2, 3, 4, 5), max_tasks: int = 32, posit
     for k in ks:
         targets[f"kback{k}"] = (np.where(tpos >= k, tok[rows_ep, np.maximum(pos.ravel() - k, 0)], -1), None, False)
     def shuffled(y, use, group, episode_level, name):  # control labels: permuted among the used training rows only
-        rng = seeds.rng(seed, _TAG, 3, zlib.crc32(name.encode()))
+        rng = seeds.rng(seed, PROBE_TAG, 3, zlib.crc32(name.encode()))
         out, m = y.copy(), use & ~test_row
         key = tpos if group is None else group * (int(tpos.max()) + 1) + tpos
-        out[m] = _control(y[m], rows_ep[m], key[m], episode_level, rng)
+        out[m] = shuffled_labels(y[m], rows_ep[m], key[m], episode_level, rng)
         return out
     ctrl_y = {t: shuffled(y, y >= 0, g, epl, t) for t, (y, g, epl) in targets.items()}
     scores: dict[str, TargetScores] = {}
@@ -104,7 +104,7 @@ def run_probes(model, mix, ep, *, ks=(1, 2, 3, 4, 5), max_tasks: int = 32, posit
         fittable[t] = (y, group)
         scores[t] = TargetScores(np.zeros((n_test, nL)), np.zeros((n_test, nL)),
                                  np.bincount(e_row[b], None, n_test).astype(float),
-                                 _majority(y[b], None if group is None else group[b]))
+                                 majority_rate(y[b], None if group is None else group[b]))
         meta_fit[t] = {"n_train": int(a.sum()), "n_test": int(b.sum()), "n_classes": int(len(np.unique(y[a])))}
     Y = Yc = None
     vals: list = [None] * nL
@@ -115,12 +115,12 @@ def run_probes(model, mix, ep, *, ks=(1, 2, 3, 4, 5), max_tasks: int = 32, posit
         Y = np.concatenate([task_beliefs(mix, ep.subset(slice(a, a + 256)), dtype=torch.float32).numpy()[
             np.arange(min(256, N - a))[:, None], pos[a:a + 256]] for a in range(0, N, 256)]).reshape(N * P, -1)
         Yc = Y[shuffled(np.arange(N * P), np.ones(N * P, bool), None, False, "belief")]
-        rng, g = seeds.rng(seed, _TAG, 5), rows_ep[~test_row]
-        vals = [(_ridge_val(g, rng), _ridge_val(g, rng)) for _ in range(nL)]  # drawn here, in layer order
+        rng, g = seeds.rng(seed, PROBE_TAG, 5), rows_ep[~test_row]
+        vals = [(ridge_val(g, rng), ridge_val(g, rng)) for _ in range(nL)]  # drawn here, in layer order
         say(f"belief targets: {N} episodes x {P} positions x {Y.shape[1]} states")
-    fit = _Fits(fittable, ctrl_y, test_row, e_row, n_test, Y, Yc, C, max_iter, tol, tuple(alphas), blas_threads)
+    fit = LayerInputs(fittable, ctrl_y, test_row, e_row, n_test, Y, Yc, C, max_iter, tol, tuple(alphas), blas_threads)
     bel, btab, t_fit, jobs = ([], []), [], 0.0, min(n_jobs, nL)
-    with closing(_layer_fits(res, fit, vals, jobs, warm_start)) as fits:
+    with closing(layer_fits(res, fit, vals, jobs, warm_start)) as fits:
         for li, layer, out in fits:
             for t, (real, control) in out["hits"].items():
                 scores[t].hits[:, li], scores[t].control[:, li] = real, control
@@ -140,17 +140,17 @@ def run_probes(model, mix, ep, *, ks=(1, 2, 3, 4, 5), max_tasks: int = 32, posit
                                        belief=tuple(bel) if Y is not None else None)
     table = []
     for t, s in scores.items():
-        acc, cacc = _ratio(s.hits.sum(0), s.counts.sum()), _ratio(s.control.sum(0), s.counts.sum())
+        acc, cacc = nan_ratio(s.hits.sum(0), s.counts.sum()), nan_ratio(s.control.sum(0), s.counts.sum())
         (alo, ahi), (clo, chi) = ci[t][0].T, ci[t][1].T
         for li, layer in enumerate(res.layers):
             table.append({"target": t, "layer": layer, "acc": acc[li], "acc_lo": alo[li], "acc_hi": ahi[li],
                           "chance": s.chance, "control_acc": cacc[li], "control_lo": clo[li], "control_hi": chi[li],
                           "beats_control": bool(alo[li] > max(chi[li], s.chance)), **meta_fit[t]})
     if Y is not None:
-        W = _boot_weights(n_test, n_boot, seed)
+        W = boot_weights(n_test, n_boot, seed)
         one = np.ones((1, n_test))
-        r2, rb, c2, cb = (_r2_curves(bel[0], one)[0], _r2_curves(bel[0], W), _r2_curves(bel[1], one)[0],
-                          _r2_curves(bel[1], W))
+        r2, rb, c2, cb = (r2_curves(bel[0], one)[0], r2_curves(bel[0], W), r2_curves(bel[1], one)[0],
+                          r2_curves(bel[1], W))
         for li, row in enumerate(btab):
             row.update({"r2": float(r2[li]), "r2_lo": percentile_ci(rb[:, li])[0], "r2_hi": percentile_ci(rb[:, li])[1],
                         "control_r2": float(c2[li]), "control_lo": percentile_ci(cb[:, li])[0],

@@ -42,7 +42,7 @@ from sklearn.linear_model import LogisticRegression, Ridge
 from threadpoolctl import threadpool_limits
 
 from ...data import seeds
-from .residuals import _TAG
+from .residuals import PROBE_TAG
 
 if TYPE_CHECKING:
     from .residuals import Residuals
@@ -54,11 +54,11 @@ def split_episodes(n: int, test_frac: float = 0.25, seed: int = 0) -> np.ndarray
     """(n,) bool: True for held-out episodes (at least one on each side when n >= 2)."""
     n_test = min(max(1, round(test_frac * n)), n - 1)
     out = np.zeros(n, bool)
-    out[seeds.rng(seed, _TAG, 1).permutation(n)[:n_test]] = True
+    out[seeds.rng(seed, PROBE_TAG, 1).permutation(n)[:n_test]] = True
     return out
 
 
-def _control(y, ep_row, key, episode_level: bool, rng) -> np.ndarray:
+def shuffled_labels(y, ep_row, key, episode_level: bool, rng) -> np.ndarray:
     """Shuffled labels: whole episodes' labels permuted (episode_level), else rows within equal keys."""
     if episode_level:
         _, first, inv = np.unique(ep_row, return_index=True, return_inverse=True)
@@ -87,14 +87,14 @@ def _fit_predict(make, X, y, a, b, group) -> np.ndarray:
     return pred
 
 
-def _majority(y, group=None) -> float:
+def majority_rate(y, group=None) -> float:
     """Majority-class rate of y (per group, pooled, when group is given)."""
     if group is None:
         return float(np.bincount(y).max() / len(y))
     return float(sum(np.bincount(y[group == g]).max() for g in np.unique(group)) / len(y))
 
 
-def _lookup_baseline(key, y, a, b, fallback) -> np.ndarray:
+def lookup_baseline(key, y, a, b, fallback) -> np.ndarray:
     """Most frequent y per key on rows a, predicted for rows b; unseen keys: per fallback key, then overall."""
     n_cls = int(y[a].max()) + 1 if a.any() else 1
 
@@ -113,14 +113,14 @@ def _lookup_baseline(key, y, a, b, fallback) -> np.ndarray:
     return pred
 
 
-def _ridge_val(g, rng) -> np.ndarray:
+def ridge_val(g, rng) -> np.ndarray:
     """Rows of a seeded quarter of the training episodes g (at least one): ridge's inner validation split."""
     eps = np.unique(g)
     return np.isin(g, eps[rng.permutation(len(eps))[:max(1, len(eps) // 4)]])
 
 
 def _ridge(Xtr, Ytr, val, Xte, alphas):
-    """Ridge predictions for Xte with alpha chosen on the training rows `val` (_ridge_val), then refitted on all."""
+    """Ridge predictions for Xte with alpha chosen on the training rows `val` (ridge_val), then refitted on all."""
     sse = [((Ridge(alpha=a).fit(Xtr[~val], Ytr[~val]).predict(Xtr[val]) - Ytr[val]) ** 2).sum() for a in alphas]
     best = float(alphas[int(np.argmin(sse))])
     return Ridge(alpha=best).fit(Xtr, Ytr).predict(Xte), best
@@ -134,7 +134,7 @@ def _sums(pred, y, e, n_test: int) -> list[np.ndarray]:
 
 
 @dataclass
-class _Fits:
+class LayerInputs:
     """What every layer's fits need besides its residuals; sent once to each worker process."""
     targets: dict  # name -> (labels (N * P,), -1 = unused; group for per-group probes or None): fittable targets
     ctrl_y: dict  # name -> shuffled-label control labels (N * P,)
@@ -150,7 +150,7 @@ class _Fits:
     blas_threads: int | None
 
 
-def _fit_layer(f: _Fits, X: np.ndarray, vals, clfs: dict | None = None) -> dict:
+def _fit_layer(f: LayerInputs, X: np.ndarray, vals, clfs: dict | None = None) -> dict:
     """One layer's probes on its residuals X (N, P, D); vals = ridge's inner validation rows (real, control),
     clfs = the classifiers carried from layer to layer (warm_start; None: fitted from scratch).
 
@@ -187,11 +187,11 @@ def _fit_layer(f: _Fits, X: np.ndarray, vals, clfs: dict | None = None) -> dict:
     return out
 
 
-_WORKER_FITS: _Fits | None = None  # a worker process's copy (_init_worker)
+_WORKER_FITS: LayerInputs | None = None  # a worker process's copy (_init_worker)
 
 
 def _init_worker(path: str) -> None:
-    """Load the _Fits that `_layer_fits` wrote to `path` (see there why a file)."""
+    """Load the LayerInputs that `layer_fits` wrote to `path` (see there why a file)."""
     import pickle
 
     global _WORKER_FITS
@@ -225,7 +225,7 @@ def _stop_workers(pool) -> None:
         manager.join(STOP_TIMEOUT_S)
 
 
-def _layer_fits(res: Residuals, f: _Fits, vals, n_jobs: int, warm_start: bool):
+def layer_fits(res: Residuals, f: LayerInputs, vals, n_jobs: int, warm_start: bool):
     """(layer index, layer, _fit_layer's dict) for every layer, in layer order.
 
     n_jobs > 1: the fits run in n_jobs spawned worker processes (fork and torch do not mix) while this process

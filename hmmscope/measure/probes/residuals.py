@@ -6,7 +6,7 @@ of them per episode (seeded, without replacement; None = all). `collect_residual
 chunks whose (N, P, D) float32 outputs fit `mem_budget` bytes (stop_early forwards). `model` is a
 Transformer, or a callable fn(tokens (B, T) long, layer, episode_idx (B,)) -> (B, T, D) with n_layers=.
 
-Owns `_TAG`, the tag that separates every probe stream from other users of the seed. Imports torch and
+Owns `PROBE_TAG`, the tag that separates every probe stream from other users of the seed. Imports torch and
 the model only inside functions (the fits' worker processes import this package without torch); must not
 import sklearn or the other probe modules.
 """
@@ -23,7 +23,7 @@ from ...data import seeds
 if TYPE_CHECKING:
     import torch
 
-_TAG = 0x50524F42  # "PROB": separates the probe streams from other users of the seed
+PROBE_TAG = 0x50524F42  # "PROB": separates the probe streams from other users of the seed
 
 
 def sample_positions(ep, per_episode: int | None, seed: int = 0) -> np.ndarray:
@@ -32,7 +32,7 @@ def sample_positions(ep, per_episode: int | None, seed: int = 0) -> np.ndarray:
     N = len(ep.task_ids)
     if per_episode is None or per_episode >= len(cand):
         return np.broadcast_to(cand, (N, len(cand))).copy()
-    r = seeds.rng(seed, _TAG).random((N, len(cand)))
+    r = seeds.rng(seed, PROBE_TAG).random((N, len(cand)))
     return cand[np.sort(np.argsort(r, 1)[:, :per_episode], 1)]
 
 
