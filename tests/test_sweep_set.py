@@ -1,4 +1,4 @@
-"""`hmmscope sweep run SPEC --set key=value` (sweep_spec.with_sets): the same strict override as `train --set`,
+"""`hmmscope sweep run SPEC --set key=value` (sweep.spec.with_sets): the same strict override as `train --set`,
 part of the sweep's identity, stored with the study for its workers; bad input is one line, exit 2, nothing
 written."""
 

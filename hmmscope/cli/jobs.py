@@ -5,8 +5,8 @@ silent stages, and what they print (metrics, claims, figure paths, the MLflow ru
 layerwise analysis and the main job themselves are the library's (`train`, `jobs`, `sweep`, `report`).
 
 Must not import, at module level, anything beyond typer, the standard library, `hmmscope.config`,
-`hmmscope.checks` and the `cli` helpers (`common`, `theory`): torch, mlflow, optuna and the jobs are imported
-inside the command bodies.
+`hmmscope.checks`, `hmmscope.store_checks` and the `cli` helpers (`common`, `theory`): torch, mlflow, optuna and
+the jobs are imported inside the command bodies.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Owns: the command's options, checks and the summary lines it prints. The report itself is `hmmscope.report`.
 
-Must not import, at module level, anything beyond typer, the standard library, `hmmscope.checks` and
-`cli.common`: the report package (statsmodels, matplotlib, mlflow, optuna) is imported inside the command body.
+Must not import, at module level, anything beyond typer, the standard library, `hmmscope.checks`,
+`hmmscope.store_checks` and `cli.common`: the report package (statsmodels, matplotlib, mlflow, optuna) is imported
+inside the command body.
 """
 
 from __future__ import annotations

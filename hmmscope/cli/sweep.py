@@ -2,10 +2,11 @@
 
 Owns: the `sweep` command group (`app`), its commands' options, checks and printed output, and `SweepProgress`
 (the bar on a terminal, plain lines elsewhere, with the ETA). Studies, workers, trials and their MLflow runs are
-the library's: `sweep_spec`, `sweep`, `studies`.
+the library's: `sweep.spec`, `sweep`, `sweep.studies`.
 
-Must not import, at module level, anything beyond typer, the standard library, `hmmscope.checks` and
-`cli.common`: optuna, mlflow, torch and the sweep layer are imported inside the command bodies.
+Must not import, at module level, anything beyond typer, the standard library, `hmmscope.checks`,
+`hmmscope.store_checks` and `cli.common`: optuna, mlflow, torch and the sweep layer are imported inside the command
+bodies.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Owns: these two commands' options, checks and printed output, and `print_theory`
 and the claims; `hmmscope run` prints the same). The work is the library's: `episodes`, `hmm`, `jobs.theory_job`.
 
 Must not import, at module level, anything beyond typer, the standard library, `hmmscope.config`,
-`hmmscope.checks` and `cli.common`: numpy, torch, mlflow and the jobs are imported inside the command bodies.
+`hmmscope.checks`, `hmmscope.store_checks` and `cli.common`: numpy, torch, mlflow and the jobs are imported inside
+the command bodies.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ with --optuna-dashboard, the study's own page; a failed server's message and the
 with no store is refused unless `--create`. Starting, watching and stopping the servers (process groups,
 PR_SET_PDEATHSIG, signals, the log file) is `hmmscope.ui.servers`.
 
-Must not import, at module level, anything beyond typer, the standard library, `hmmscope.checks`,
+Must not import, at module level, anything beyond typer, the standard library, `hmmscope.store_checks`,
 `hmmscope.config` and `cli.common`: `hmmscope.ui.servers`, `tracking` and `sweep` are imported inside the body.
 """
 

@@ -422,7 +422,7 @@ def _log_bounds(Q, O, P0, Ps) -> np.ndarray:
 
 def _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos, posterior_at, *, chunk_tasks,
                         dtype, prefixes=()):
-    """mixture_oracle on the CPU with the compiled kernel (same outputs; see _mixture_kernel). prefixes: task counts
+    """mixture_oracle on the CPU with the compiled kernel (same outputs; see mixture_kernel). prefixes: task counts
     m < n_tasks at which the running sums are read off as well (tasks in their own order, none of the episodes' own:
     anonymous episodes only), returned as a third value {m: pred over the first m tasks}."""
     base = numba_kernel()
