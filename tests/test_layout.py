@@ -7,7 +7,10 @@ else at `hmmscope.a` (its `__init__`). The implicit import of a parent package i
 make one with a package that re-exports it). A top-level unit is `hmmscope.X`: a subpackage with everything under it,
 or one module at the root; the package's own `__init__` is left out of the units (it only names the public API).
 
-Every module of the package and of analysis/ stays under 600 lines; the package's open with a docstring.
+Every module of the package and of analysis/ stays under 600 lines; the package's open with a docstring. No shims
+(in hmmscope/, analysis/ and tests/): a name is imported from the module that defines it (a package's `__init__` may
+gather its modules' names: that is its interface), a name with a leading underscore is never imported from another
+module, and no `noqa: E402` / `noqa: F401` stands outside an `__init__.py`.
 
 Run as a script for the numbers: `python tests/test_layout.py` prints modules, arrows, cycles and root modules.
 """
@@ -15,13 +18,24 @@ Run as a script for the numbers: `python tests/test_layout.py` prints modules, a
 from __future__ import annotations
 
 import ast
+import functools
+import io
+import re
 import sys
+import tokenize
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "hmmscope"
 ROOT_MODULES_MAX = 10
 MODULE_LINES_MAX = 600
+
+
+@functools.cache
+def _source(path: Path) -> tuple[str, ast.Module]:
+    """A file's text and syntax tree, read and parsed once per test process."""
+    text = path.read_text()
+    return text, ast.parse(text, filename=str(path))
 
 
 def module_names(package: Path = PACKAGE) -> dict[str, Path]:
@@ -54,7 +68,7 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     modules = module_names(package)
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
-        tree = ast.parse(path.read_text(), filename=str(path))
+        tree = _source(path)[1]
         for node in ast.walk(tree):
             if not isinstance(node, ast.Import | ast.ImportFrom):
                 continue
@@ -72,6 +86,11 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
 def _prefixes(dotted: str) -> list[str]:
     parts = dotted.split(".")
     return [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+
+
+@functools.lru_cache(maxsize=1)
+def _package_graph() -> dict[str, set[str]]:
+    return import_graph()
 
 
 def unit_of(module: str) -> str | None:
@@ -176,13 +195,13 @@ def test_the_graph_reads_every_kind_of_import(tmp_path):
 
 
 def test_no_import_cycle_between_modules():
-    graph = import_graph()
+    graph = _package_graph()
     found = cycles(graph)
     assert not found, "import cycles between modules:\n" + "\n".join(f"{_path(c, graph)} (all: {c})" for c in found)
 
 
 def test_no_import_cycle_between_top_level_units():
-    graph = unit_graph(import_graph())
+    graph = unit_graph(_package_graph())
     found = cycles(graph)
     assert not found, "import cycles between top-level units:\n" + "\n".join(f"{_path(c, graph)} (all: {c})" for c in found)
 
@@ -199,10 +218,88 @@ def test_every_module_is_one_readable_room():
     assert len(mods) > 40  # the package, not an empty folder
     scripts = sorted((REPO / "analysis").rglob("*.py"))
     long = {str(p.relative_to(REPO)): n for p in mods + scripts
-            if (n := len(p.read_text().splitlines())) > MODULE_LINES_MAX}
+            if (n := len(_source(p)[0].splitlines())) > MODULE_LINES_MAX}
     assert long == {}
-    bare = [str(p.relative_to(REPO)) for p in mods if not ast.get_docstring(ast.parse(p.read_text()))]
+    bare = [str(p.relative_to(REPO)) for p in mods if not ast.get_docstring(_source(p)[1])]
     assert bare == []
+
+
+def defined_names(path: Path) -> set[str]:
+    """The names a module defines at its top level (functions, classes, assignments; also under if / try)."""
+    names: set[str] = set()
+    for node in _source(path)[1].body:
+        for n in [node] if not isinstance(node, ast.If | ast.Try) else ast.walk(node):
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(n.name)
+            elif isinstance(n, ast.Assign | ast.AnnAssign):
+                for t in n.targets if isinstance(n, ast.Assign) else [n.target]:
+                    names |= {x.id for x in ast.walk(t) if isinstance(x, ast.Name)}
+    return names
+
+
+def imports_of_the_package(root: Path = REPO, package: Path = PACKAGE):
+    """(file, line, source module, name) for every `from <hmmscope module> import name` in hmmscope/, analysis/ and
+    tests/ under `root` (relative imports inside the package resolved), at any depth of the file."""
+    modules = module_names(package)
+    for folder in ("hmmscope", "analysis", "tests"):
+        for path in sorted((root / folder).rglob("*.py")):
+            in_package = folder == "hmmscope"
+            me = ".".join(path.relative_to(root).with_suffix("").parts)
+            me = me[: -len(".__init__")] if path.name == "__init__.py" else me
+            for node in ast.walk(_source(path)[1]):
+                if not isinstance(node, ast.ImportFrom) or (node.level and not in_package):
+                    continue
+                source = _imported(node, me, path.name == "__init__.py")[0] if node.level else node.module or ""
+                if source in modules:
+                    for a in node.names:
+                        if f"{source}.{a.name}" not in modules:
+                            yield path.relative_to(root), node.lineno, source, a.name
+
+
+def shims(root: Path = REPO, package: Path = PACKAGE) -> list[str]:
+    """Every import of a private name from another module, of a name from a plain module that does not define it,
+    and every noqa: E402 / F401 outside an __init__.py (module docstring)."""
+    modules = module_names(package)
+    defined = {m: defined_names(p) for m, p in modules.items()}
+    found = []
+    for where, line, source, name in imports_of_the_package(root, package):
+        if name.startswith("_") and not name.startswith("__"):
+            found.append(f"{where}:{line}: imports the private {source}.{name}")
+        elif modules[source].name != "__init__.py" and name not in defined[source]:
+            found.append(f"{where}:{line}: imports {name} from {source}, which only imports it")
+    for folder in ("hmmscope", "analysis", "tests"):
+        for path in sorted((root / folder).rglob("*.py")):
+            if path.name == "__init__.py":
+                continue
+            text = _source(path)[0]
+            if "noqa" not in text:
+                continue
+            for tok in tokenize.generate_tokens(io.StringIO(text).readline):  # comments, not strings with the words
+                if tok.type == tokenize.COMMENT and re.search(r"noqa:[^#]*\b(E402|F401)\b", tok.string):
+                    found.append(f"{path.relative_to(root)}:{tok.start[0]}: {tok.string}")
+    return found
+
+
+def test_the_shim_check_finds_each_kind(tmp_path):
+    """A private name imported across modules, a re-export, and a noqa for one: each is found; a package interface
+    (an __init__ gathering its modules' names) and a name the module defines are not."""
+    pkg = tmp_path / "hmmscope"
+    (pkg / "sub").mkdir(parents=True)
+    for folder in ("analysis", "tests"):
+        (tmp_path / folder).mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from .b import B\n")
+    (pkg / "sub" / "b.py").write_text("B = 1\n_hidden = 2\n")
+    (pkg / "a.py").write_text("from .sub.b import B, _hidden  # noqa: F401\n")
+    (tmp_path / "tests" / "test_x.py").write_text("from hmmscope.a import B\nfrom hmmscope.sub import B as C\n")
+    assert shims(tmp_path, pkg) == ["hmmscope/a.py:1: imports the private hmmscope.sub.b._hidden",
+                                    "tests/test_x.py:1: imports B from hmmscope.a, which only imports it",
+                                    "hmmscope/a.py:1: # noqa: F401"]
+
+
+def test_no_shims():
+    found = shims()
+    assert not found, "imports that are not from the defining module, or shims:\n" + "\n".join(found)
 
 
 if __name__ == "__main__":
