@@ -239,7 +239,7 @@ def test_structure_halves_split_the_revealing_maps_and_heldout_tasks_are_new():
     import itertools
 
     from hmmscope.config import Config, ConfigError, override
-    from hmmscope.hmm import structure_half
+    from hmmscope.data.hmm import structure_half
 
     maps = np.array(list(itertools.permutations(range(8), 4)))
     share = structure_half(maps, 8).mean()
