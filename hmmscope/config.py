@@ -574,8 +574,8 @@ def memory_estimate(cfg: Config, job: str = "train", *, n_episodes: int | None =
         if job == "evaluate":  # figure1: the mixture oracle with model, task-oracle and mixture predictions
             out["oracles"] = (_oracle_bytes(h, d, n, predictors=3), "device")
             # seen and unseen tasks: each k keeps two oracles' predictions and 4 per-token metrics of 6 references
-            # on the scored tokens; the EM learner (baselines.fit_hmm_em, 8 states, 4 restarts) works in chunks of
-            # at most baselines.EM_CHUNK_BYTES (256 MiB)
+            # on the scored tokens; the EM learner (em_learner.fit_hmm_em, 8 states, 4 restarts) works in chunks of
+            # at most em_learner.EM_CHUNK_BYTES (256 MiB)
             out["references (seen + unseen)"] = (2 * 8 * n * d.l_test * (d.n_demos + 1) * (2 * h.n_tokens + 24), "host")
             ev = cfg.eval  # the family-Bayes tasks (its oracle in chunks, as the mixture oracle's), unseen and fit tasks
             out["family, unseen and fit tasks"] = (_mixture_bytes(dataclasses.replace(h, n_tasks=max(1, ev.family_tasks)))

@@ -555,7 +555,7 @@ def test_learner_for_family_caps_the_states():
     assert HMMLearner.for_family(4).n_states == 4
     from hmmscope import config
 
-    assert HMMLearner.for_family(128).n_states == baselines.EM_STATES_CAP == config.EM_STATES_CAP == 8
+    assert HMMLearner.for_family(128).n_states == em_learner.EM_STATES_CAP == config.EM_STATES_CAP == 8
     assert config.em_states(config.Config()) == 8 and config.em_states(config.override(
         config.Config(), {"hmm.n_states": 4})) == 4  # eval.em_states = 0: the family's S, capped
     ln = HMMLearner.for_family(128, cap=32, restarts=2, seed=5)
