@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from hmmscope.sweep import run_sweep
-from hmmscope.sweep_spec import load_spec
+from hmmscope.sweep.spec import load_spec
 
 torch.set_num_threads(1)
 os.environ["HMMSCOPE_THREADS"] = "1"

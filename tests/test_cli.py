@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from hmmscope import tracking
 from hmmscope.cli import app
-from hmmscope.episodes import load_episodes
-from hmmscope.evaluate import BASELINES
-from hmmscope.sweep_spec import TRAIN_OBJECTIVES, VS_OBJECTIVE
+from hmmscope.data.episodes import load_episodes
+from hmmscope.measure.evaluate import BASELINES
+from hmmscope.sweep.spec import TRAIN_OBJECTIVES, VS_OBJECTIVE
 
 runner = CliRunner()
 
