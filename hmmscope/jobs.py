@@ -141,8 +141,8 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
     elif cfg.model.window > 0:  # fresh tasks: on the unseen tasks, family Bayes as the mixture reference
         extra = memory_comparison(model, unseen[0], unseen[1], cfg.model.window, n_layers=cfg.model.n_layers,
                                   device=str(dev), batch_size=batch_size, reference=family, n_tasks_theory=16)
-        metrics.update({f"memory/{k}": float(v) for k, v in extra.items()
-                        if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    metrics.update({f"memory/{k}": float(v) for k, v in extra.items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool)})
     info = run.get().info
     with _folder(out and run_folder(out, info.run_name, run_id) / "evaluation") as d:
         files = [*res.to_csv(d), *plot_figure1(res, d / "figure1.png", title=_run_title(info.run_name, run_id))]
