@@ -40,7 +40,7 @@ def structures(W: np.ndarray, emission: np.ndarray) -> np.ndarray:
 def draw(h, n: int, stream: str, replicate: int, streams: str):
     """(W, emission) of n tasks of stream `stream`, replicate `replicate`, as make_mixture draws them (streams:
     'current', or 'pre-34': the replicate appended as a plain last key)."""
-    from hmmscope import hmm, seeds
+    from hmmscope.data import hmm, seeds
 
     h = dataclasses.replace(h, n_tasks=int(n))
     if streams == "current":

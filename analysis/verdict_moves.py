@@ -102,8 +102,8 @@ def _old_run_verdicts(old: dict) -> dict:
 def main(argv=None) -> int:
     import warnings
 
-    from hmmscope.report.layerwise import _depth_rank_section, _layerwise_section
-    from hmmscope.report.posenc import _posenc_section
+    from hmmscope.report.layerwise import depth_rank_section, layerwise_section
+    from hmmscope.report.posenc import posenc_section
 
     warnings.simplefilter("ignore")
     args = list(argv if argv is not None else sys.argv[1:])
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
         for (n, t), v in runs.items():
             df.loc[df["trial"] == t, f"verdict:{n}"] = v
         new = {}
-        for fn in (_posenc_section, _layerwise_section, _depth_rank_section):
+        for fn in (posenc_section, layerwise_section, depth_rank_section):
             for c in fn(df)[1]:
                 new[c.name] = c
         print(f"## {rec.name}\n")
@@ -295,7 +295,7 @@ def _table_claims(rec: Path) -> list[dict]:
 def _regime_words(rec: Path, claims: list[dict]) -> list[dict]:
     """Regime words a record keeps, recomputed from the re-decided pooled claims: report.json's regime table
     (claims '<setting>: <claim>') and task_diversity_regimes.csv (its own columns)."""
-    from hmmscope.regimes import regime
+    from hmmscope.measure.regimes import regime
     from hmmscope.stats import decide, rule
 
     out = []
@@ -340,7 +340,7 @@ def _inf_ci(mine: list[dict]) -> str:
 def _trial_regimes(rec: Path) -> list[dict]:
     """Per trial of trials.csv: Figure 1's regime claims (each run's own paired CI) re-decided, and the run's regime
     word; the record keeps no per-run verdict text here ('kept' is empty)."""
-    from hmmscope.regimes import regime
+    from hmmscope.measure.regimes import regime
 
     out = []
     for f in sorted(rec.rglob("trials.csv")):

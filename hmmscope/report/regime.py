@@ -1,6 +1,6 @@
 """The regime of each setting of a training sweep (SCIENCE.md 8, 9): Figure 1's claims pooled over seeds.
 
-Every training run logs Figure 1's claims in its claims.json (evaluate.py): ``retrieval_gap`` (with a training
+Every training run logs Figure 1's claims in its claims.json (measure/evaluate.py): ``retrieval_gap`` (with a training
 mixture), ``icl_gain`` and ``inference_beyond_counting`` (unseen tasks, k = k_max, with the fitted counting
 baselines). Here they are pooled per setting (the swept params but the replicate seeds) as the layerwise claims are:
 the mean over seeds of each seed's mean over its runs, with a t interval on G - 1 df (stats.t_mean: the seed is the
@@ -18,9 +18,10 @@ from collections import defaultdict
 import numpy as np
 
 from .. import tracking
-from ..evaluate import regime
+from ..measure.regimes import regime
 from ..stats import Claim, claim, parse_rule, rule, t_mean
-from .common import NAN, Section, _ci, _f
+from ..units import fmt_ci, fmt_num
+from .common import NAN, Section
 
 NAMES = ("retrieval_gap", "icl_gain", "inference_beyond_counting")
 SEED_PARAMS = ("train.seed", "data.seed")
@@ -85,7 +86,7 @@ def regime_section(runs: list, uri: str) -> tuple[Section | None, list[Claim]]:
             pooled[name] = Claim(name, c.statistic, c.value, c.ci_lo, c.ci_hi, c.verdict, c.reason, c.rule, c.df,
                                  c.degenerate)
             claims.append(c)
-            table.append([label, name, str(est.n), _f(est.value), _ci(lo, hi), _f(df), c.rule, c.verdict])
+            table.append([label, name, str(est.n), fmt_num(est.value), fmt_ci(lo, hi), fmt_num(df), c.rule, c.verdict])
         word = regime(list(pooled.values()))
         words.append([label, str(len(members)), word])
     sec = Section("Regime (Figure 1's claims on unseen tasks, pooled over seeds)")
@@ -175,10 +176,10 @@ def headroom_section(runs: list) -> tuple[Section | None, list[Claim]]:
                 "no room" if all_conv and not any_room else
                 "room shown by family Bayes only" if (np.isfinite(blo) and blo > 0) or every_bound else
                 "undetermined")
-        table.append([label, str(len(members)), _f(value), _ci(lo, hi), _f(df), c.verdict, set_by,
-                      _f(avg["best_counting"]), _f(avg["incontext_hmm"]), _f(avg["family_bayes"]),
-                      _f(float(np.mean(half))) if half else "-", _f(float(np.mean(drops))) if drops else "-",
-                      _count(conv), _f(b), _ci(blo, bhi), word, _f(avg["task_oracle"])])
+        table.append([label, str(len(members)), fmt_num(value), fmt_ci(lo, hi), fmt_num(df), c.verdict, set_by,
+                      fmt_num(avg["best_counting"]), fmt_num(avg["incontext_hmm"]), fmt_num(avg["family_bayes"]),
+                      fmt_num(float(np.mean(half))) if half else "-", fmt_num(float(np.mean(drops))) if drops else "-",
+                      _count(conv), fmt_num(b), fmt_ci(blo, bhi), word, fmt_num(avg["task_oracle"])])
     sec = Section("Headroom above counting (unseen tasks, before any training)")
     sec.blocks.append(("p", "Per setting: the room at k = k_max, best fitted counting minus the best legitimate "
                             "learner (the EM learner always; family Bayes at M tasks where it has converged, its drop "
