@@ -43,6 +43,23 @@ def test_phase_ends_and_plan_steps():
     assert paper_once.plan_steps(0.5, 30, fixed_s=90) == 256  # nothing fits: one quantum (train's --deadline stops it)
 
 
+def test_probe_jobs_default_never_exceeds_the_usable_cores(tmp_path):
+    """Issue 37: the one command's analyze failed in 0.4 s with `--probe-jobs 17: at most the 16 usable core(s)`:
+    paper_once.py and session.sh defaulted to cores + 1. Every default is now the usable cores (the CLI's limit)."""
+    cores = len(os.sched_getaffinity(0))
+    assert paper_once.default_probe_jobs() == cores
+    args = paper_once.main_parser().parse_args(["run", "--out", "/tmp/x"])
+    cmd = paper_once.analyze_command(args, "python", "0" * 32, "exp", Path("/tmp/o"))
+    assert int(cmd[cmd.index("--probe-jobs") + 1]) <= cores
+    out = subprocess.run(["bash", "analysis/gpu/session.sh", "probe-jobs"], cwd=ROOT, capture_output=True, text=True,
+                         env={**{k: v for k, v in os.environ.items() if k != "PROBE_JOBS"}, "OUT": str(tmp_path)},
+                         check=True)
+    assert int(out.stdout.strip()) <= cores
+    readme = (ROOT / "analysis" / "gpu" / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| 5 analyze"))
+    assert "--probe-jobs 17" not in row and "--probe-jobs" in row
+
+
 def _start(tmp: Path, *flags: str) -> subprocess.Popen:
     env = {**os.environ, "DRY": "1", "OUT": str(tmp / "out"), "OMP_NUM_THREADS": "1", "HMMSCOPE_THREADS": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)

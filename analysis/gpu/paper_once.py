@@ -432,11 +432,7 @@ def run(args) -> int:
                 s.skip(5, "analyze", f"{left:.0f} s left, --min-phase-s {args.min_phase_s:g}")
             else:
                 p5 = s.phase(5, "analyze")
-                jobs_ = args.probe_jobs or str((os.cpu_count() or 1) + 1)
-                run_one(s, p5, [py, "-c", CLI, "analyze", run_id, "--device", args.device, "--n-episodes",
-                                str(args.analyze_episodes), "--ks", args.ks, "--probe-tasks", str(args.probe_tasks),
-                                "--min-per-task", str(args.min_per_task), "--probe-jobs", jobs_, "--experiment", exp,
-                                "--out", str(p5.dir / "out")], "analyze.log", left)
+                run_one(s, p5, analyze_command(args, py, run_id, exp, p5.dir / "out"), "analyze.log", left)
         # 6: the record
         if "pack" in phases:
             p6 = s.phase(6, "pack")
@@ -451,6 +447,19 @@ def run(args) -> int:
         return 143
     s.say(f"{args.name}: done; files in {out}: {' '.join(sorted(f.name for f in out.iterdir()))}")
     return 0
+
+
+def default_probe_jobs() -> int:
+    """The probes' fit processes when --probe-jobs is not given: the usable cores (`hmmscope analyze` refuses more;
+    issue 37: cores + 1 made the analyze phase fail in 0.4 s on the 16-core device)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def analyze_command(args, py: str, run_id: str, exp: str, out: Path) -> list[str]:
+    """Phase 5's command line: `hmmscope analyze RUN` with the plan's probe set (--probe-jobs: default_probe_jobs)."""
+    return [py, "-c", CLI, "analyze", run_id, "--device", args.device, "--n-episodes", str(args.analyze_episodes),
+            "--ks", args.ks, "--probe-tasks", str(args.probe_tasks), "--min-per-task", str(args.min_per_task),
+            "--probe-jobs", str(args.probe_jobs or default_probe_jobs()), "--experiment", exp, "--out", str(out)]
 
 
 def _rows(bench_json: Path) -> list[dict]:
@@ -687,7 +696,8 @@ def collect(src: Path, dest: Path) -> list[Path]:
 # ---------------------------------------------------------------- command line
 
 
-def main(argv=None) -> int:
+def main_parser(argv=None) -> argparse.ArgumentParser:
+    """The command line of `run`, `record` and `collect` (argv: to read --dry's defaults from; default sys.argv)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="the one command (module docstring)")
@@ -733,7 +743,8 @@ def main(argv=None) -> int:
     r.add_argument("--ks", default="1,2" if dry else "1,2,3")
     r.add_argument("--probe-tasks", type=int, default=4 if dry else 32)
     r.add_argument("--min-per-task", type=int, default=4 if dry else 15)
-    r.add_argument("--probe-jobs", default="1" if dry else None, help="default: CPUs + 1 (the 17 layers at once)")
+    r.add_argument("--probe-jobs", default="1" if dry else None,
+                   help="the probes' fit processes (default: the usable cores, the most `hmmscope analyze` takes)")
     r.add_argument("--family-tasks", type=int, default=None,
                    help="Figure 1's family_bayes task count M (eval.family_tasks; default: the config's, 256 at the paper)")
     r.add_argument("--pack-s", type=float, default=15)
@@ -747,7 +758,11 @@ def main(argv=None) -> int:
     k = sub.add_parser("collect", help="the archives of one command into the repository's record folder")
     k.add_argument("src", help="the folder holding the archives (the device tool's files_at)")
     k.add_argument("dest", help="e.g. analysis/results/paper-gpu-figures")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    a = main_parser(argv).parse_args(argv)
     if a.cmd == "record":
         return record(a)
     if a.cmd == "collect":
