@@ -187,3 +187,45 @@ def test_rehearsal_every_phase_packs_its_files(tmp_path):
     assert _children_gone(kids)
     assert sorted(f.name for f in (tmp2 / "out").iterdir()) == ["1-setup.tar.gz", "2-bench.tar.gz"]
     assert "bench/bench.json" in _members(tmp2 / "out" / "2-bench.tar.gz")
+
+
+def test_record_is_readable_answer_first(tmp_path):
+    """Issue 37 item 2, on the kept H100 record's files: report.md opens with the answer, marks family Bayes
+    DEGENERATE (its CE 2.877 > ln 16), has one metrics row per key (its _lo / _hi as the CI column, with a unit),
+    claims to 4 significant digits, the code version passed in, and the failed phase's error line."""
+    import shutil
+
+    from once_record import metric_rows, render_report, sig
+
+    src = ROOT / "analysis" / "results" / "paper-once-h100"
+    d = tmp_path / "rec"
+    shutil.copytree(src, d)
+    (d / "report.md").unlink()
+    text = render_report(d).read_text()
+    lines = [x for x in text.splitlines() if x.strip()]
+    assert lines[1].startswith("**Figure 1 after 5100 steps**") and "-0.033 [-0.042, -0.025]" in lines[1]
+    assert "level with an EM-fitted HMM" in lines[1] and "0.30 nats/token above the mixture oracle" in lines[1]
+    assert "**family Bayes is DEGENERATE** (CE 2.877 above a uniform guess ln 16 = 2.773" in text
+    assert "**Figures 2-3: not measured** (phase 5 analyze failed after 0.4 s: error: --probe-jobs 17" in text
+    assert "Code version: `a0b8cfa`" in text
+    rows = [x for x in lines if x.startswith("| eval/") or x.startswith("| baseline/")]
+    assert rows and not [x for x in rows if x.split("|")[1].strip().endswith(("_lo", "_hi"))]
+    assert "| eval/unseen/vs_best_counting | -0.03326 | [-0.04165, -0.02488] | nats/token |" in text
+    assert "| baseline/unseen/family_bayes/ce | 2.877 |  | nats/token | DEGENERATE reference |" in text
+    assert "| figure1 | inference_beyond_counting | -0.03326 | [-0.04165, -0.02488] | supported |" in text
+    assert "| 5 analyze | 409.9 | 410.3 | 0.4 | 2 | failed | error: --probe-jobs 17: at most the 16 usable" in text
+    assert [r["name"] for r in metric_rows({"a": 1.0, "a_lo": 0.5, "a_hi": 2.0, "b_lo": 3.0})] == ["a", "b_lo"]
+    assert sig(0.30419800486) == "0.3042" and sig(280853.62) == "280,854" and sig(None) == ""
+
+
+def test_failed_phase_note_is_its_last_error_line(tmp_path):
+    """The phases table of the device's record names why a phase failed (issue 37: the note was empty, the reason
+    only in analyze.log)."""
+    (tmp_path / "out").mkdir()
+    s = paper_once.Session(tmp_path / "out", tmp_path / "rec", time.time(), dict(os.environ))
+    p = s.phase(5, "analyze")
+    paper_once.run_one(s, p, ["sh", "-c", "echo 'analyze: checkpoint loaded, 16 s'; echo 'error: boom' >&2; exit 2"],
+                       "analyze.log", 30)
+    assert p.status == "failed" and p.note == "error: boom (last progress: analyze: checkpoint loaded, 16 s)"
+    (row,) = csv.DictReader(open(tmp_path / "rec" / "phases.csv"))
+    assert row["note"] == p.note
