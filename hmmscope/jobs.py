@@ -276,6 +276,7 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
         raise ValueError(f"probe_jobs must be an integer >= 1, got {probe_jobs!r}")
     say(f"{origin} (step {step}, {cfg.model.n_layers} layers x d_model {cfg.model.d_model})")
     dev = resolve_device(device)
+    model.to(dev)  # once: the shuffle test and the probes' residuals run there (a 0.8 GB copy each way at the paper)
     params = {"analysis.target": target, "analysis.ks": list(ks), "analysis.n_perms": n_perms, "analysis.seed": seed}
     note = f"Layerwise analysis of {'run ' + target if parent else target} (running)"
     # the run opens when the work starts: its duration is the work's, its metrics arrive phase by phase, and a
