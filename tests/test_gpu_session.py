@@ -149,6 +149,7 @@ def test_rehearsal_every_phase_packs_its_files(tmp_path):
     assert {"train/train.log", "train/mlflow.db", "train/artifacts/figures/emergence.png"} <= set(a["train"])
     assert any(k.endswith("evaluation/figure1.json") for k in a["figure1"])
     assert any(k.endswith("analysis/figure3_probes.png") for k in a["analyze"])
+    assert b"torch on cpu)" in a["analyze"]["analyze/analyze.log"]  # the GPU probes' twin (issue 37)
     rec = {k.removeprefix("pack/record/"): v for k, v in a["pack"].items()}
     for f in ("report.md", "claims.csv", "curves.csv", "run.json", "trials.csv", "phases.csv", "bench.json", "plan.json",
               "figures/figure1.png", "figures/figure2_shuffle.png", "figures/figure3_probes.png",
@@ -165,6 +166,8 @@ def test_rehearsal_every_phase_packs_its_files(tmp_path):
     statuses = {p: (r["status"], r["seconds"]) for p, r in phases.items()}
     assert all(phases[p]["status"] == "ok" for p in paper_once.PHASES[:5]), statuses
     report = rec["report.md"].decode()
+    run = json.loads(rec["run.json"])
+    assert run["tags"]["hmmscope.code_version"] not in ("", "unknown") and "Code version: `" in report
     assert "## Speed" in report and "## Claims" in report and f"**{plan['steps']} steps**" in report
     got = {str(f.relative_to(tmp_path / "results")) for f in paper_once.collect(out, tmp_path / "results")}
     assert {"report.md", "claims.csv", "curves.csv", "trials.csv", "phases.csv", "bench.json", "figures/figure1.png",
