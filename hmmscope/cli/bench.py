@@ -203,8 +203,9 @@ def bench_train_cmd(
     = False,
     variants: Annotated[str | None, typer.Option(
         help="Comma-separated training-step variants <compile>[+<attention>] to time one after another from the same "
-             "weights (compile: eager, model, blocks; attention: auto, flash, efficient, cudnn, math), e.g. "
-             "eager,eager+cudnn,blocks: step time, one-off (compile) time, MFU, losses vs the first.")] = None,
+             "weights (compile: eager, model, model-autotune, model-graphs, blocks, blocks-head; attention: auto, "
+             "flash, efficient, cudnn, math), e.g. eager,blocks,blocks-head: step time, one-off (compile) time, MFU, "
+             "losses vs the first.")] = None,
     json_: Annotated[Path | None, typer.Option("--json", help="With --variants: write the rows here (JSON), "
                                                               "rewritten as each variant is done.")] = None,
     threads: ThreadsOpt = None,
