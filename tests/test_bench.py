@@ -188,6 +188,10 @@ def test_bench_variants_compile_scopes_match_eager():
     names = ("eager", "model", "model-autotune", "model-graphs", "blocks", "blocks-head", "blocks-head+math")
     assert [parse_variant(n)[0] for n in names] == ["false", "true", "model-autotune", "model-graphs", "blocks",
                                                     "blocks-head", "blocks-head"]
+    from hmmscope.config import override
+
+    for n in names:  # the plan trains what it picks: train.compile takes every variant's scope
+        assert override(preset("tiny"), {"train.compile": parse_variant(n)[0]}).train.compile == parse_variant(n)[0]
     r = bench_variants(_tiny_model_cfg(), "cpu", batch_size=2, seq_len=16, steps=2, repeats=1, variants=names,
                        compile_kw={"backend": "aot_eager"})
     for row in r["rows"]:
