@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from . import seeds
+
 __all__ = ["HMMLearner", "DEFAULT_LEARNER", "EMFit", "fit_hmm_em", "incontext_hmm", "EM_CHUNK_BYTES", "EM_STATES_CAP"]
 
 _EM_TAG = 0x454D484D  # "EMHM": the EM learner's initializations
@@ -113,7 +115,7 @@ def _init_params(keys, R: int, H: int, V: int, seed: int, dtype) -> tuple[torch.
     (G, R, H, V); group g's from its own stream SeedSequence([seed, _EM_TAG, *keys[g]])."""
     out = [np.empty((len(keys), R) + s) for s in ((H,), (H, H), (H, V))]
     for g, key in enumerate(keys):
-        rng = np.random.default_rng(np.random.SeedSequence([int(seed), _EM_TAG, *(int(x) for x in key)]))
+        rng = seeds.rng(int(seed), _EM_TAG, *(int(x) for x in key))
         for o in out:
             o[g] = rng.standard_exponential(o.shape[1:])
     return tuple(torch.as_tensor(o / o.sum(-1, keepdims=True), dtype=dtype) for o in out)

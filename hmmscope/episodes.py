@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import seeds
 from .config import DataConfig, HMMConfig, config_hash, to_dict
 from .hmm import _CDF, Mixture, _after_unique, _run, _tables, make_mixture, sample_sequences, state_distribution_after
 
@@ -130,7 +131,7 @@ def _mixture_hash(mix: Mixture) -> str:
 
 def sample_episodes(mix: Mixture, data: DataConfig, n: int, split: str = "train") -> Episodes:
     """n episodes of the layout in `data`, seeded by (data.seed, split); same inputs -> same bits."""
-    rng = np.random.default_rng(np.random.SeedSequence([data.seed, _TAG, _split_code(split)]))
+    rng = seeds.rng(data.seed, _TAG, _split_code(split))
     task = rng.choice(mix.n_tasks, size=n, p=np.asarray(mix.prior, np.float64)).astype(np.int64)  # (n,)
     return _episodes(mix, data, task, rng, split)
 
@@ -155,14 +156,19 @@ def fit_episodes(hmm: HMMConfig, data: DataConfig, n: int) -> tuple[Mixture, Epi
     return _own_tasks(hmm, data, n, "fit")
 
 
-def family_tasks(hmm: HMMConfig, data: DataConfig, m: int) -> Mixture:
+def family_tasks(hmm: HMMConfig, data: DataConfig, m: int, draw: int = 0) -> Mixture:
     """The M tasks of the family-Bayes reference (SCIENCE.md 9): make_mixture(n_tasks = m, stream="family",
     replicate=data.seed) with a uniform prior; its mixture oracle approximates the Bayes predictor for a task drawn
-    from the family. The first m' < m of them are the reference at M = m' (inference.mixture_oracle of
-    mix.subset(range(m'))), so its convergence in M is read off one draw."""
+    from the family. The first m' < m of them are the reference at M = m' (inference.nested_mixture_oracles), so
+    its convergence in M is read off one draw. draw j >= 1: another independent draw of M tasks (stream
+    "family-draw<j>"), so that an interval can cover the draw of the family tasks (headroom.py); draw 0 is the one
+    Figure 1 uses."""
     if m < 1:
         raise ValueError(f"m must be >= 1, got {m}")
-    return make_mixture(dataclasses.replace(hmm, n_tasks=int(m)), stream="family", replicate=data.seed)
+    if draw < 0:
+        raise ValueError(f"draw must be >= 0, got {draw}")
+    stream = "family" if draw == 0 else f"family-draw{int(draw)}"
+    return make_mixture(dataclasses.replace(hmm, n_tasks=int(m)), stream=stream, replicate=data.seed)
 
 
 def fresh_training(hmm: HMMConfig, data: DataConfig, n: int, split: str = "train") -> tuple[Mixture, Episodes]:
@@ -179,7 +185,7 @@ def _own_tasks(hmm: HMMConfig, data: DataConfig, n: int, stream: str, split: str
         raise ValueError(f"n must be >= 1, got {n}")
     split = split or stream
     mix = make_mixture(dataclasses.replace(hmm, n_tasks=int(n)), stream=stream, replicate=data.seed)
-    rng = np.random.default_rng(np.random.SeedSequence([data.seed, _TAG, _split_code(split)]))
+    rng = seeds.rng(data.seed, _TAG, _split_code(split))
     ep = _episodes(mix, data, np.arange(n, dtype=np.int64), rng, split)
     ep.meta["tasks"] = stream
     return mix, ep
@@ -206,7 +212,7 @@ def probe_tasks(n_tasks: int, k: int = 32, seed: int = 0) -> np.ndarray:
         raise ValueError(f"k must be >= 1, got {k}")
     if k >= n_tasks:
         return np.arange(n_tasks, dtype=np.int64)
-    rng = np.random.default_rng(np.random.SeedSequence([seed, _TAG, _split_code("probe-tasks")]))
+    rng = seeds.rng(seed, _TAG, _split_code("probe-tasks"))
     return np.sort(rng.choice(n_tasks, size=k, replace=False)).astype(np.int64)
 
 
@@ -217,7 +223,7 @@ def probe_episodes(mix: Mixture, data: DataConfig, n_tasks: int = 32, per_task: 
     trainable at any n_tasks (with 8192 tasks, episodes drawn from the prior meet most tasks once)."""
     if per_task < 1:
         raise ValueError(f"per_task must be >= 1, got {per_task}")
-    rng = np.random.default_rng(np.random.SeedSequence([data.seed, _TAG, _split_code(split)]))
+    rng = seeds.rng(data.seed, _TAG, _split_code(split))
     ep = _episodes(mix, data, np.repeat(probe_tasks(mix.n_tasks, n_tasks, data.seed), per_task), rng, split)
     ep.meta.update({"probe_tasks": int(min(n_tasks, mix.n_tasks)), "per_task": int(per_task)})
     return ep

@@ -32,6 +32,7 @@ from functools import cached_property
 
 import numpy as np
 
+from . import seeds
 from .config import HMMConfig, config_hash
 
 _ATOL = 1e-6
@@ -215,7 +216,8 @@ def make_mixture(cfg: HMMConfig, dtype=np.float64, *, stream: str = "train", rep
     """Draw cfg.n_tasks HMMs from the family with cfg.seed; same config -> same bits.
 
     stream: "train" (the training mixture: SeedSequence([seed, TAG]), unchanged since the first records) or
-    another name: SeedSequence([seed, TAG, tag(stream)] + [replicate]), a stream no training task uses. The
+    another name: seeds.with_replicate([seed, TAG, tag(stream)], replicate), a stream no training task uses (with a
+    replicate r the keys end in (r, 1), so replicate 0 is not the stream without one: seeds.py). The
     streams hmmscope draws (SCIENCE.md 8, 9), each disjoint from the others:
     - "unseen": fresh tasks for evaluation (episodes.unseen_episodes; replicate = data.seed, so each replicate
       seed scores its own unseen tasks and an interval over seeds covers the draw of unseen tasks);
@@ -234,10 +236,8 @@ def make_mixture(cfg: HMMConfig, dtype=np.float64, *, stream: str = "train", rep
     if cfg.n_tasks < 1:
         raise ValueError(f"make_mixture needs n_tasks >= 1, got {cfg.n_tasks} (0 means fresh tasks: "
                          "episodes.fresh_training draws them)")
-    entropy = [cfg.seed, 0x484D4D] + ([] if stream == "train" else [_stream_code(stream)])
-    if replicate is not None:
-        entropy.append(int(replicate))
-    rng = np.random.default_rng(np.random.SeedSequence(entropy))
+    keys = [cfg.seed, 0x484D4D] + ([] if stream == "train" else [_stream_code(stream)])
+    rng = seeds.rng(*seeds.with_replicate(keys, replicate))
     n, S, V, d = cfg.n_tasks, cfg.n_states, cfg.n_tokens, cfg.rank
     if cfg.family == "dirichlet":
         W, Q = _dirichlet_factors(rng, n, S, d, cfg.alpha)
@@ -249,7 +249,7 @@ def make_mixture(cfg: HMMConfig, dtype=np.float64, *, stream: str = "train", rep
     mu = _dirichlet(rng, 1.0, (n, S))
     prior = np.full(n, 1.0 / n)
     h = config_hash(cfg) if stream == "train" else f"{config_hash(cfg)}-{stream}" + (
-        "" if replicate is None else f"-r{int(replicate)}")
+        "" if replicate is None else f"-rep{int(replicate)}")  # "-r<r>" was the stream before seeds.with_replicate
     return Mixture(mu.astype(dtype), W.astype(dtype), Q.astype(dtype), O.astype(dtype), prior, h)
 
 

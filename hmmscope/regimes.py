@@ -11,7 +11,7 @@ import numpy as np
 
 from .stats import claim, rule
 
-REGIMES = ("retrieval", "inference beyond counting", "counting", "undetermined")
+REGIMES = ("retrieval", "inference beyond counting", "counting", "worse than counting", "undetermined")
 _Z = 1.96
 
 
@@ -58,14 +58,14 @@ def regime_claims(gain: np.ndarray, vs_best: np.ndarray, k_max: int) -> list:
 
 
 def regime(claims) -> str:
-    """The regime word (SCIENCE.md 9; module docstring) from claims named retrieval_gap, icl_gain and
-    inference_beyond_counting (stats.Claim, or dicts with name / verdict / ci_lo), per run or pooled over seeds:
-    retrieval if the retrieval gap is supported; else inference beyond counting if that claim is supported; else
-    counting if the model is shown at or above best counting (the paired CI's lower end >= 0: "not below
-    best_counting"); else undetermined (a CI that straddles 0, e.g. too few seeds to tell, or below best counting
-    without an in-context gain shown)."""
+    """The regime word (SCIENCE.md 9) from claims named retrieval_gap, icl_gain and inference_beyond_counting
+    (stats.Claim, or dicts with name / verdict / ci_lo / ci_hi), per run or pooled over seeds: retrieval if the
+    retrieval gap is supported; else inference beyond counting if that claim is supported; else "worse than
+    counting" where the model's CE is above best counting's on its CI (lower end > 0); "counting" where the model is
+    level with best counting (the CI contains 0); else undetermined (below best counting without an in-context gain
+    shown, or no finite CI)."""
     def get(c, a):
-        return c[a] if isinstance(c, Mapping) else getattr(c, a)
+        return c.get(a) if isinstance(c, Mapping) else getattr(c, a, None)
 
     by = {get(c, "name"): c for c in claims}
     if "retrieval_gap" in by and get(by["retrieval_gap"], "verdict") == "supported":
@@ -75,5 +75,27 @@ def regime(claims) -> str:
         return "undetermined"
     if get(inf, "verdict") == "supported":
         return "inference beyond counting"
-    lo = get(inf, "ci_lo")
-    return "counting" if lo is not None and math.isfinite(float(lo)) and float(lo) >= 0 else "undetermined"
+    lo, hi = (float(x) if x is not None else math.nan for x in (get(inf, "ci_lo"), get(inf, "ci_hi")))
+    if math.isfinite(lo) and lo > 0:
+        return "worse than counting"
+    if math.isfinite(lo) and math.isfinite(hi) and lo <= 0 <= hi:
+        return "counting"
+    return "undetermined"
+
+
+def degenerate(ce: Mapping[int, np.ndarray], same: Mapping[int, np.ndarray], n_tokens: int) -> dict[int, str]:
+    """Why a reference is degenerate at each k (SCIENCE.md 9), "" where it is not: ce[k] its per-token CE (N, P) at
+    k, same[k] the columns of the same test tokens at every k. Degenerate at k: its mean CE at k is above a uniform
+    guess (ln V); at every k: its in-context gain on the same tokens (CE at k = 0 minus at k_max) is negative. A
+    degenerate reference is shown as such and never used for a room, an excess or a verdict."""
+    ks = sorted(ce)
+    why: dict[int, str] = {}
+    if ks[0] == 0 and ks[-1] > 0:
+        gain = float((ce[0][:, same[0]].mean(1) - ce[ks[-1]][:, same[ks[-1]]].mean(1)).mean())
+        if gain < 0:
+            why = {k: f"negative in-context gain on the same tokens ({gain:+.3f} from k = 0 to {ks[-1]})" for k in ks}
+    for k in ks:
+        m = float(np.mean(ce[k]))
+        if not why.get(k) and m > math.log(n_tokens) + 1e-9:
+            why[k] = f"CE {m:.3f} above a uniform guess (ln {n_tokens} = {math.log(n_tokens):.3f})"
+    return {k: why.get(k, "") for k in ks}

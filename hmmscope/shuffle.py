@@ -52,6 +52,7 @@ import numpy as np
 import statsmodels.api as sm
 import torch
 
+from . import seeds
 from .episodes import Episodes
 from .episodes import layout as make_layout
 from .stats import Claim, claim, jsonable, rule
@@ -280,7 +281,7 @@ def shuffle_test(model, ep: Episodes, *, n_perms: int = 4, seed: int = 0, device
     qi = torch.as_tensor(np.flatnonzero(seg == k), device=device)
     ki_np = np.flatnonzero((seg >= 0) & (seg < k))
     ki = torch.as_tensor(ki_np, device=device)
-    rng = np.random.default_rng(np.random.SeedSequence([seed, _TAG]))
+    rng = seeds.rng(seed, _TAG)
     perms = np.stack([_draw_perms(rng, E, k) for _ in range(n_perms)])  # (P, E, k)
     sums = np.zeros((4, E, L, H))  # |delta| sum, its count, |logit| sum, its count
     p0 = next(model.parameters())

@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from . import seeds
 from .config import HMMConfig, TheoryConfig
 from .hmm import make_hmm
 from .stats import NO_POWER, Claim, claim, jsonable, rule, t_mean
@@ -82,7 +83,7 @@ def draw_seed(seed: int, j: int) -> int:
     """The seed of HMM draw j of a setting: `seed` for j = 0, else from SeedSequence([seed, DRAW_TAG, j])."""
     if j == 0:
         return int(seed)
-    return int(np.random.SeedSequence([int(seed), DRAW_TAG, int(j)]).generate_state(1)[0])
+    return int(seeds.sequence(int(seed), DRAW_TAG, int(j)).generate_state(1)[0])
 
 
 def bound_claims(lengths, eps, stderr, rate_fit: RateFit, gamma, d: int, mixing_rate: float = NAN, *,

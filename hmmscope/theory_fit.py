@@ -57,6 +57,7 @@ from dataclasses import dataclass
 import numpy as np
 import statsmodels.api as sm
 
+from . import seeds
 from .stats import NO_POWER, Claim, claim, percentile_ci, rule, t_mean
 
 Z_FIT = 4.0  # eps must exceed Z_FIT * stderr (Monte Carlo relative SE <= 25%) to enter a rate fit
@@ -105,7 +106,7 @@ class RateFit:
 def _boot_rates(tv, x, w, n_boot: int, seed: int) -> np.ndarray:
     """Rates refitted on n_boot resamples of the histories (rows of tv (n, K)), x (K,) fixed; NaN if a mean <= 0."""
     n = tv.shape[0]
-    rng = np.random.default_rng(np.random.SeedSequence([seed, _TAG]))
+    rng = seeds.rng(seed, _TAG)
     idx = rng.integers(0, n, (n_boot, n)) + n * np.arange(n_boot)[:, None]
     counts = np.bincount(idx.ravel(), minlength=n_boot * n).reshape(n_boot, n).astype(float)  # (B, n)
     m = counts @ tv / n  # (B, K)

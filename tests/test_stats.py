@@ -39,6 +39,19 @@ def test_requirements_and_parsing():
     c = claim("x", "s", 0.15, 0.1, 0.2, r, "why", {"a": "supported"})
     assert c.verdict == "inconclusive" and "b c" in c.reason and c.rule == r
     assert parse_rule("no power") == ("no power", parse_rule("no power")[1], ()) and math.isnan(parse_rule("no power")[1])
+
+
+def test_a_failed_prerequisite_only_stops_supported():
+    # failed before: a CI wholly on the wrong side read "inconclusive" when a prerequisite failed (train printed
+    # inference_beyond_counting = 0.2681 [0.2227, 0.3135]; rule < 0 ... inconclusive)
+    r = rule("<", 0, ["icl_gain"])
+    assert decide(r, 0.2227, 0.3135, {"icl_gain": "not supported"}) == "not supported"
+    assert decide(r, 0.2227, 0.3135) == "not supported"
+    assert decide(r, -0.3, -0.1, {"icl_gain": "inconclusive"}) == "inconclusive"
+    assert decide(r, -0.1, 0.1, {"icl_gain": "supported"}) == "inconclusive"
+    c = claim("inference_beyond_counting", "s", 0.2681, 0.2227, 0.3135, r, "why", {"icl_gain": "not supported"})
+    assert c.verdict == "not supported" and "inconclusive because" not in c.reason
+    assert check_claims([c], {"icl_gain": "not supported"}) == []
     assert parse_rule(rule("<=", 4.0)) == ("<=", 4.0, ())
     for bad in ("=> 0", "> zero", "> 0; needs a", ""):
         with pytest.raises(ValueError):

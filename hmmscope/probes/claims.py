@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as st
 
+from .. import seeds
 from ..stats import Claim, claim, holm, percentile_ci, rule
 from .residuals import _TAG
 
@@ -61,13 +62,13 @@ NAN = float("nan")
 def _halves(n: int, seed: int) -> np.ndarray:
     """(n,) bool: the first of the two seeded cross-fitting halves of the test episodes."""
     out = np.zeros(n, bool)
-    out[np.random.default_rng(np.random.SeedSequence([seed, _TAG, 4])).permutation(n)[:(n + 1) // 2]] = True
+    out[seeds.rng(seed, _TAG, 4).permutation(n)[:(n + 1) // 2]] = True
     return out
 
 
 def _boot_weights(n: int, n_boot: int, seed: int) -> np.ndarray:
     """(n_boot, n) multiplicities of the test episodes in each bootstrap resample."""
-    idx = np.random.default_rng(np.random.SeedSequence([seed, _TAG, 2])).integers(0, n, (n_boot, n))
+    idx = seeds.rng(seed, _TAG, 2).integers(0, n, (n_boot, n))
     w = np.zeros((n_boot, n))
     np.add.at(w, (np.arange(n_boot)[:, None], idx), 1.0)
     return w

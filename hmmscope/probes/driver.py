@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import seeds
 from ..stats import percentile_ci
 from .claims import TargetScores, _boot_weights, _r2_curves, _ratio, probe_claims
 from .fits import _control, _Fits, _layer_fits, _lookup_baseline, _majority, _ridge_val, split_episodes
@@ -94,7 +95,7 @@ def run_probes(model, mix, ep, *, ks=(1, 2, 3, 4, 5), max_tasks: int = 32, posit
     for k in ks:
         targets[f"kback{k}"] = (np.where(tpos >= k, tok[rows_ep, np.maximum(pos.ravel() - k, 0)], -1), None, False)
     def shuffled(y, use, group, episode_level, name):  # control labels: permuted among the used training rows only
-        rng = np.random.default_rng(np.random.SeedSequence([seed, _TAG, 3, zlib.crc32(name.encode())]))
+        rng = seeds.rng(seed, _TAG, 3, zlib.crc32(name.encode()))
         out, m = y.copy(), use & ~test_row
         key = tpos if group is None else group * (int(tpos.max()) + 1) + tpos
         out[m] = _control(y[m], rows_ep[m], key[m], episode_level, rng)
@@ -120,7 +121,7 @@ def run_probes(model, mix, ep, *, ks=(1, 2, 3, 4, 5), max_tasks: int = 32, posit
         Y = np.concatenate([task_beliefs(mix, ep.subset(slice(a, a + 256)), dtype=torch.float32).numpy()[
             np.arange(min(256, N - a))[:, None], pos[a:a + 256]] for a in range(0, N, 256)]).reshape(N * P, -1)
         Yc = Y[shuffled(np.arange(N * P), np.ones(N * P, bool), None, False, "belief")]
-        rng, g = np.random.default_rng(np.random.SeedSequence([seed, _TAG, 5])), rows_ep[~test_row]
+        rng, g = seeds.rng(seed, _TAG, 5), rows_ep[~test_row]
         vals = [(_ridge_val(g, rng), _ridge_val(g, rng)) for _ in range(nL)]  # drawn here, in layer order
         say(f"belief targets: {N} episodes x {P} positions x {Y.shape[1]} states")
     fit = _Fits(fittable, ctrl_y, test_row, e_row, n_test, Y, Yc, C, max_iter, tol, tuple(alphas), blas_threads,

@@ -45,6 +45,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression, Ridge
 from threadpoolctl import threadpool_limits
 
+from .. import seeds
 from .residuals import _TAG
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def split_episodes(n: int, test_frac: float = 0.25, seed: int = 0) -> np.ndarray
     """(n,) bool: True for held-out episodes (at least one on each side when n >= 2)."""
     n_test = min(max(1, round(test_frac * n)), n - 1)
     out = np.zeros(n, bool)
-    out[np.random.default_rng(np.random.SeedSequence([seed, _TAG, 1])).permutation(n)[:n_test]] = True
+    out[seeds.rng(seed, _TAG, 1).permutation(n)[:n_test]] = True
     return out
 
 

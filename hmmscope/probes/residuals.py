@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import seeds
+
 if TYPE_CHECKING:
     import torch
 
@@ -30,7 +32,7 @@ def sample_positions(ep, per_episode: int | None, seed: int = 0) -> np.ndarray:
     N = len(ep.task_ids)
     if per_episode is None or per_episode >= len(cand):
         return np.broadcast_to(cand, (N, len(cand))).copy()
-    r = np.random.default_rng(np.random.SeedSequence([seed, _TAG, 0])).random((N, len(cand)))
+    r = seeds.rng(seed, _TAG).random((N, len(cand)))
     return cand[np.sort(np.argsort(r, 1)[:, :per_episode], 1)]
 
 
