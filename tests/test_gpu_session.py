@@ -208,7 +208,10 @@ def test_record_is_readable_answer_first(tmp_path):
     lines = [x for x in text.splitlines() if x.strip()]
     assert lines[1].startswith("**Figure 1 after 5100 steps**") and "-0.033 [-0.042, -0.025]" in lines[1]
     assert "level with an EM-fitted HMM" in lines[1] and "0.30 nats/token above the mixture oracle" in lines[1]
-    assert "**family Bayes is DEGENERATE** (CE 2.877 above a uniform guess ln 16 = 2.773" in text
+    assert "**family Bayes is DEGENERATE on unseen tasks** (CE 2.877 above a uniform guess ln 16 = 2.773" in text
+    assert "**mixture oracle is DEGENERATE on unseen tasks** (CE 2.825" in text  # the training tasks' mixture
+    assert "| eval/unseen/excess_ce | -0.1431 |  | nats/token | DEGENERATE reference |" in text
+    assert "| eval/seen/excess_ce | 0.3042 |  | nats/token |  |" in text
     assert "**Figures 2-3: not measured** (phase 5 analyze failed after 0.4 s: error: --probe-jobs 17" in text
     assert "Code version: `a0b8cfa`" in text
     rows = [x for x in lines if x.startswith("| eval/") or x.startswith("| baseline/")]

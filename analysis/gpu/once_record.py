@@ -87,20 +87,40 @@ def metric_rows(metrics: dict) -> list[dict]:
     return rows
 
 
-def degenerate(metrics: dict, n_tokens: int | None) -> dict[str, str]:
-    """reference -> why, for every reference that failed (SCIENCE.md 9: CE above ln V, or a negative in-context gain)."""
+def _ref_ce(metrics: dict, split: str, ref: str):
+    if ref in ("task_oracle", "mixture_oracle"):
+        return metrics.get(f"eval/{split}/oracle_{'task' if ref == 'task_oracle' else 'mix'}_test_ce")
+    return metrics.get(f"baseline/{split}/{ref}/ce")
+
+
+def degenerate(metrics: dict, n_tokens: int | None) -> dict[tuple[str, str], str]:
+    """(split, reference) -> why, for every reference that failed on that task set (SCIENCE.md 9: CE above ln V, or
+    a negative in-context gain). The mixture oracle over the training tasks on unseen tasks is one such at the paper:
+    it knows none of them."""
     out = {}
     for split in ("unseen", "seen"):
         for ref in REFERENCES:
-            ce, gain = metrics.get(f"baseline/{split}/{ref}/ce"), metrics.get(f"baseline/{split}/{ref}/icl_gain")
+            ce, gain = _ref_ce(metrics, split, ref), metrics.get(f"baseline/{split}/{ref}/icl_gain")
             why = []
             if ce is not None and n_tokens and ce > math.log(n_tokens):
                 why.append(f"CE {sig(ce)} above a uniform guess ln {n_tokens} = {sig(math.log(n_tokens))}")
-            if gain is not None and gain < 0 and ref != "mixture_oracle":  # the mixture oracle of seen tasks, on
-                why.append(f"in-context gain {sig(gain)} < 0")               # unseen ones, is no in-context learner
-            if why and ref not in out:
-                out[ref] = f"{'; '.join(why)} ({split} tasks)"
+            if gain is not None and gain < 0:
+                why.append(f"in-context gain {sig(gain)} < 0")
+            if why:
+                out[split, ref] = f"{'; '.join(why)} on {split} tasks"
     return out
+
+
+def _bad_row(name: str, bad: dict) -> bool:
+    """Whether a metric is read against a degenerate reference (its own rows, or the model's excess / KL / gap
+    against that split's mixture oracle)."""
+    for split, ref in bad:
+        if f"/{split}/" in name and (f"/{ref}/" in name or name.endswith(f"/{ref}")):
+            return True
+        if ref == "mixture_oracle" and name.startswith(f"eval/{split}/") and re.search(
+                r"/(excess_ce$|kl_mix|gap_to_mix|oracle_mix_)", name):
+            return True
+    return False
 
 
 def f3(x) -> str:
@@ -139,7 +159,7 @@ def answer(metrics: dict, claims: list[dict], steps, n_tokens: int | None, phase
         else:
             what = f"the model does not infer beyond counting ({f3(v)} {_ci(lo, hi, 3)} nats/token; {c['verdict']})"
         em = f"eval/unseen/vs/incontext_hmm/k{kmax}"
-        if em in metrics and "incontext_hmm" not in bad:
+        if em in metrics and ("unseen", "incontext_hmm") not in bad:
             d, dlo, dhi = metrics[em], metrics.get(em + "_lo"), metrics.get(em + "_hi")
             if dlo is not None and dhi is not None and dlo <= 0 <= dhi:
                 what += f", level with an EM-fitted HMM ({f3(d)} {_ci(dlo, dhi, 3)})"
@@ -154,9 +174,9 @@ def answer(metrics: dict, claims: list[dict], steps, n_tokens: int | None, phase
                 what += (f" (retrieval gap {f3(rg['value'])} {_ci(float(rg['ci_lo']), float(rg['ci_hi']), 3)}: "
                          f"{rg['verdict']})")
         out.append(f"**Figure 1 after {steps} steps** (unseen tasks, k = {kmax}): {what}.")
-    for ref, why in bad.items():
-        out.append(f"**{WHAT.get(ref, ref)} is DEGENERATE** ({why}; SCIENCE.md 9): shown below only as such, never as a "
-                   "reference, an excess or a verdict.")
+    for (split, ref), why in bad.items():
+        out.append(f"**{WHAT.get(ref, ref)} is DEGENERATE on {split} tasks** ({why}; SCIENCE.md 9): shown below only "
+                   "as such, never as a reference, an excess or a verdict.")
     ana = [c for c in claims if c.get("source") == "analysis"]
     if ana:
         tally = ", ".join(f"{sum(c['verdict'] == v for c in ana)} {v}" for v in sorted({c["verdict"] for c in ana}))
@@ -243,15 +263,12 @@ def render_report(d: Path, name: str = "paper-once") -> Path:
               "| predictor | unseen CE | seen CE | model - it, unseen [95% CI] | note |", "| --- | --- | --- | --- | --- |",
               f"| model | {sig(metrics.get('eval/unseen/test_ce'))} | {sig(metrics.get('eval/seen/test_ce'))} | | |"]
         for ref in REFERENCES:
-            ce = {s: metrics.get(f"eval/{s}/oracle_{'task' if ref == 'task_oracle' else 'mix'}_test_ce")
-                  if ref in ("task_oracle", "mixture_oracle") else metrics.get(f"baseline/{s}/{ref}/ce")
-                  for s in ("unseen", "seen")}
+            ce = {s: _ref_ce(metrics, s, ref) for s in ("unseen", "seen")}
             vs = f"eval/unseen/vs/{ref}/k{kmax}"
             diff = f"{sig(metrics[vs])} {_ci(metrics.get(vs + '_lo'), metrics.get(vs + '_hi'))}" if vs in metrics else ""
-            if ref in bad:
-                diff, note = "", f"DEGENERATE: {bad[ref]}"
-            else:
-                note = ""
+            note = "; ".join(f"DEGENERATE: {why}" for (s_, r_), why in bad.items() if r_ == ref)
+            if ("unseen", ref) in bad:
+                diff = ""
             if ce["unseen"] is None and ce["seen"] is None:
                 continue
             L.append(f"| {WHAT[ref]} | {sig(ce['unseen'])} | {sig(ce['seen'])} | {diff} | {note} |")
@@ -267,9 +284,8 @@ def render_report(d: Path, name: str = "paper-once") -> Path:
               "| name | value | 95% CI | unit | note |", "| --- | --- | --- | --- | --- |"]
         for r in metric_rows({k: v for k, v in metrics.items()
                               if k.startswith(("eval/", "baseline/", "oracle/", "val/", "train/wall", "train/eval"))}):
-            ref = next((x for x in bad if f"/{x}/" in r["name"] or r["name"].endswith(f"/{x}")), None)
             L.append(f"| {r['name']} | {sig(r['value'])} | {_ci(r['lo'], r['hi'])} | {r['unit']} | "
-                     f"{'DEGENERATE reference' if ref else ''} |")
+                     f"{'DEGENERATE reference' if _bad_row(r['name'], bad) else ''} |")
         L.append("")
     (d / "report.md").write_text("\n".join(L) + "\n")
     return d / "report.md"
