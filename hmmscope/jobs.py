@@ -242,11 +242,8 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
     counts claims/<verdict>), tables, JSON and figures (PNG + PDF) as artifacts. With `out`, the same files are kept in
     out/<training run name>-<id8>/analysis/ (a checkpoint file: out/<file stem>-<analysis id8>/analysis/).
     Bad input (k out of range, too few episodes, bad probe_jobs) raises ValueError before any run is created.
-    probe_jobs: worker processes for the probes' layer fits (probes.run_probes n_jobs; the same numbers at any
-    value). probe_fits: probes.run_probes' fits (auto: torch on a CUDA device, else scikit-learn's). progress: called
-    with one line per phase as it ends, "analyze: <phase>, <seconds since the start> s"
-    (the probes: one per layer), so a run cut off by a timeout shows where its time went.
-    """
+    probe_jobs, probe_fits: run_probes' n_jobs (the same numbers at any value) and fits (auto: torch on CUDA). progress:
+    one line per phase as it ends, "analyze: <phase>, <seconds since the start> s" (the probes: one per layer)."""
     import time
 
     t_start = time.perf_counter() if t_start is None else t_start

@@ -142,7 +142,7 @@ PAPER_PARAMS = 201_411_584  # hmmscope.n_params of the paper model (run.json)
 
 
 def predict_gpu(episodes: str = "32x15", ks: tuple[int, ...] = (1, 2, 3), measured: int = 1,
-                eval_ms: float = 1.0, scale: str = "") -> None:
+                eval_ms: float = 1.0, scale: str = "") -> float | None:
     """The analyze phase with issue 37's paths on the device, predicted from this CPU (an ESTIMATE, each term
     named): the shuffle test as one forward per batch and the probes' fits in torch on the GPU.
 
