@@ -4,15 +4,9 @@ import dataclasses
 
 import pytest
 
-from hmmscope.bench import (
-    bench_counting,
-    bench_filter,
-    bench_oracle,
-    bench_sample,
-    bench_train,
-)
-from hmmscope.bench_variants import bench_variants, choose_variant, parse_variant
 from hmmscope.config import preset
+from hmmscope.training.bench import bench_counting, bench_filter, bench_oracle, bench_sample, bench_train
+from hmmscope.training.bench_variants import bench_variants, choose_variant, parse_variant
 
 
 def _positive(d, keys):
@@ -167,7 +161,7 @@ def test_mfu_denominator_is_the_machines_large_gemm_not_the_models_tiny_one():
     """Issue 33 item 5 / 37: bench train printed 86-121% MFU on a 2 x 64 model, against a GEMM of the model's own
     tiny shape (0.005 TFLOP/s under load). The denominator is now the best of the model's GEMM and a large square
     one (2048^3), both measured in the same run; bench train and bench train --variants alike."""
-    from hmmscope.bench import LARGE_GEMM
+    from hmmscope.training.bench import LARGE_GEMM
 
     big = f"({LARGE_GEMM}, {LARGE_GEMM}) x ({LARGE_GEMM}, {LARGE_GEMM})"
     r = bench_train(_tiny_model_cfg(), "cpu", batch_size=2, seq_len=16, steps=1, peer=False)

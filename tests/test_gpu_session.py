@@ -11,6 +11,7 @@ command with SIGKILL (its child ends by PR_SET_PDEATHSIG; the archives already t
 from __future__ import annotations
 
 import csv
+import importlib
 import io
 import json
 import os
@@ -26,21 +27,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "analysis" / "gpu"))
-import paper_once  # noqa: E402
+paper_once = importlib.import_module("paper_once")
+paper_plan = importlib.import_module("paper_plan")
+paper_record = importlib.import_module("paper_record")
 
 
 def test_phase_ends_and_plan_steps():
     """The time plan: pack by deadline - pack_s, analyze before it, Figure 1 before that, training first; a phase
     left out takes no time. The step count: floor((window - fixed - compile) / (step x ratio) / quantum) x quantum."""
-    e = paper_once.phase_ends(570, 15, 120, 60)
+    e = paper_plan.phase_ends(570, 15, 120, 60)
     assert e == {"train": 375, "figure1": 435, "analyze": 555, "pack": 555, "deadline": 570}
-    e = paper_once.phase_ends(230, 15, 120, 45, phases=("setup", "bench", "train", "figure1", "pack"))
+    e = paper_plan.phase_ends(230, 15, 120, 45, phases=("setup", "bench", "train", "figure1", "pack"))
     assert e["train"] == 170 and e["figure1"] == e["analyze"] == 215
     # the paper-gpu record: 51 ms per step in bench train, 1.06 x that in training (README.md)
-    assert paper_once.plan_steps(0.051, 325, fixed_s=90, ratio=1.06) == 4096  # 4347 fit
-    assert paper_once.plan_steps(0.040, 325, fixed_s=90, compile_s=20, ratio=1.06) == 4864  # 5070 fit
-    assert paper_once.plan_steps(0.040, 325, fixed_s=90, ratio=1.06, max_steps=4500) == 4352
-    assert paper_once.plan_steps(0.5, 30, fixed_s=90) == 256  # nothing fits: one quantum (train's --deadline stops it)
+    assert paper_plan.plan_steps(0.051, 325, fixed_s=90, ratio=1.06) == 4096  # 4347 fit
+    assert paper_plan.plan_steps(0.040, 325, fixed_s=90, compile_s=20, ratio=1.06) == 4864  # 5070 fit
+    assert paper_plan.plan_steps(0.040, 325, fixed_s=90, ratio=1.06, max_steps=4500) == 4352
+    assert paper_plan.plan_steps(0.5, 30, fixed_s=90) == 256  # nothing fits: one quantum (train's --deadline stops it)
 
 
 def test_probe_jobs_default_never_exceeds_the_usable_cores(tmp_path):
@@ -123,7 +126,7 @@ def test_rehearsal_cut_off_keeps_the_earlier_phases(tmp_path):
     rows = _phases(train, "train")
     assert rows["train"]["status"] == "cut off" and rows["setup"]["status"] == "ok"
     assert "stopped (signal 15): the archives packed so far" in console
-    got = {str(f.relative_to(tmp_path / "rec2")) for f in paper_once.collect(out, tmp_path / "rec2")}
+    got = {str(f.relative_to(tmp_path / "rec2")) for f in paper_record.collect(out, tmp_path / "rec2")}
     assert {"setup/setup.log", "env.txt", "bench/bench.log", "train/train.log", "plan.json", "phases.csv"} <= got
 
 
@@ -138,7 +141,7 @@ def test_rehearsal_every_phase_packs_its_files(tmp_path):
     console = (tmp_path / "console.txt").read_text()
     out = tmp_path / "out"
     names = sorted(f.name for f in out.iterdir())
-    assert names == [f"{i}-{p}.tar.gz" for i, p in enumerate(paper_once.PHASES, 1)], console
+    assert names == [f"{i}-{p}.tar.gz" for i, p in enumerate(paper_plan.PHASES, 1)], console
     assert all((out / n).stat().st_size < 16 << 20 for n in names)
     a = {n.split("-", 1)[1].split(".")[0]: _members(out / n) for n in names}
     assert {"setup/env.txt", "setup/setup.log"} <= set(a["setup"])
@@ -155,7 +158,7 @@ def test_rehearsal_every_phase_packs_its_files(tmp_path):
               "figures/figure1.png", "figures/figure2_shuffle.png", "figures/figure3_probes.png",
               "figures/emergence.png", "store/mlflow.db"):
         assert f in rec, f
-    assert not [k for k in rec if k.endswith(paper_once.WEIGHT_SUFFIXES) or len(rec[k]) >= paper_once.BIG_FILE]
+    assert not [k for k in rec if k.endswith(paper_record.WEIGHT_SUFFIXES) or len(rec[k]) >= paper_record.BIG_FILE]
     claims = list(csv.DictReader(io.StringIO(rec["claims.csv"].decode())))
     assert {c["source"] for c in claims} == {"figure1", "analysis"}
     assert all(c["verdict"] for c in claims)
@@ -164,12 +167,12 @@ def test_rehearsal_every_phase_packs_its_files(tmp_path):
     assert int(trial["steps"]) == plan["steps"] and trial["analysis_run_id"]
     phases = _phases(a["pack"], "pack")
     statuses = {p: (r["status"], r["seconds"]) for p, r in phases.items()}
-    assert all(phases[p]["status"] == "ok" for p in paper_once.PHASES[:5]), statuses
+    assert all(phases[p]["status"] == "ok" for p in paper_plan.PHASES[:5]), statuses
     report = rec["report.md"].decode()
     run = json.loads(rec["run.json"])
     assert run["tags"]["hmmscope.code_version"] not in ("", "unknown") and "Code version: `" in report
     assert "## Speed" in report and "## Claims" in report and f"**{plan['steps']} steps**" in report
-    got = {str(f.relative_to(tmp_path / "results")) for f in paper_once.collect(out, tmp_path / "results")}
+    got = {str(f.relative_to(tmp_path / "results")) for f in paper_record.collect(out, tmp_path / "results")}
     assert {"report.md", "claims.csv", "curves.csv", "trials.csv", "phases.csv", "bench.json", "figures/figure1.png",
             "figures/figure3_probes.png", "figures/emergence.png", "train/train.log", "analyze/analyze.log",
             "tables/evaluation-figure1_by_k.csv"} <= got
@@ -198,13 +201,11 @@ def test_record_is_readable_answer_first(tmp_path):
     claims to 4 significant digits, the code version passed in, and the failed phase's error line."""
     import shutil
 
-    from once_record import metric_rows, render_report, sig
-
     src = ROOT / "analysis" / "results" / "paper-once-h100"
     d = tmp_path / "rec"
     shutil.copytree(src, d)
     (d / "report.md").unlink()
-    text = render_report(d).read_text()
+    text = paper_record.render_report(d).read_text()
     lines = [x for x in text.splitlines() if x.strip()]
     assert lines[1].startswith("**Figure 1 after 5100 steps**") and "-0.033 [-0.042, -0.025]" in lines[1]
     assert "level with an EM-fitted HMM" in lines[1] and "0.30 nats/token above the mixture oracle" in lines[1]
@@ -220,7 +221,8 @@ def test_record_is_readable_answer_first(tmp_path):
     assert "| baseline/unseen/family_bayes/ce | 2.877 |  | nats/token | DEGENERATE reference |" in text
     assert "| figure1 | inference_beyond_counting | -0.03326 | [-0.04165, -0.02488] | supported |" in text
     assert "| 5 analyze | 409.9 | 410.3 | 0.4 | 2 | failed | error: --probe-jobs 17: at most the 16 usable" in text
-    assert [r["name"] for r in metric_rows({"a": 1.0, "a_lo": 0.5, "a_hi": 2.0, "b_lo": 3.0})] == ["a", "b_lo"]
+    assert [r["name"] for r in paper_record.metric_rows({"a": 1.0, "a_lo": 0.5, "a_hi": 2.0, "b_lo": 3.0})] == ["a", "b_lo"]
+    sig = paper_record.sig
     assert sig(0.30419800486) == "0.3042" and sig(280853.62) == "280,854" and sig(None) == ""
 
 
@@ -244,9 +246,9 @@ def test_the_window_rebalanced_for_the_analysis():
     (--probe-fits auto), and in the CPU rehearsal with torch on the CPU (the GPU path's twin)."""
     args = paper_once.main_parser().parse_args(["run", "--out", "/tmp/x"])
     assert args.max_steps == 4096 and args.analyze_s >= 150 and args.fig1_s >= 70
-    e = paper_once.phase_ends(args.deadline, args.pack_s, args.analyze_s, args.fig1_s)
+    e = paper_plan.phase_ends(args.deadline, args.pack_s, args.analyze_s, args.fig1_s)
     window = e["train"] - 48.0  # the H100's bench ended at 48.0 s (console.txt)
-    steps = paper_once.plan_steps(0.03957704940000042, window, fixed_s=args.train_fixed_s, compile_s=11.2238116446,
+    steps = paper_plan.plan_steps(0.03957704940000042, window, fixed_s=args.train_fixed_s, compile_s=11.2238116446,
                                   ratio=args.train_ratio, quantum=args.quantum, max_steps=args.max_steps)
     assert steps == 4096
     cmd = paper_once.analyze_command(args, "python", "0" * 32, "exp", Path("/tmp/o"))

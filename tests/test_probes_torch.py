@@ -1,5 +1,5 @@
-"""The probes' torch fits (hmmscope.probes.torch_fits, issue 37: Figure 3 on the GPU) against scikit-learn's, on the
-CPU: the GPU path's twin. Tolerances (stated in probes/torch_fits.py): ridge predictions to 1e-8 and the same alpha
+"""The probes' torch fits (hmmscope.measure.probes.torch_fits, issue 37: Figure 3 on the GPU) against scikit-learn's,
+on the CPU: the GPU path's twin. Tolerances (stated in probes/torch_fits.py): ridge predictions to 1e-8 and the same alpha
 (closed form in float64 against sklearn's cholesky); logistic-regression predictions on >= 98% of test rows the
 same, accuracies within ACC_TOL = 0.02 per target and layer, R^2 within R2_TOL = 1e-5 (float32 residuals), and
 every claim's verdict the same on planted signals (a claim on a near-tie of layers, e.g. the peak layer of an untrained
@@ -11,10 +11,10 @@ import torch
 from sklearn.linear_model import LogisticRegression, Ridge
 
 from hmmscope.config import DataConfig, HMMConfig
-from hmmscope.episodes import sample_episodes
-from hmmscope.hmm import make_mixture
-from hmmscope.probes import run_probes
-from hmmscope.probes.torch_fits import fit_predict, ridge
+from hmmscope.data.episodes import sample_episodes
+from hmmscope.data.hmm import make_mixture
+from hmmscope.measure.probes import run_probes
+from hmmscope.measure.probes.torch_fits import fit_predict, ridge
 
 ACC_TOL, R2_TOL = 0.02, 1e-5
 

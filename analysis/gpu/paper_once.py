@@ -27,7 +27,7 @@ phase cut off by its limit, or a command killed by the device tool's limit, leav
              eval.family_tasks = M tasks (--family-tasks; the config's 256 at the paper preset).
 5. analyze   `hmmscope analyze RUN`: shuffle test, task / state / k-back and belief probes, claims with CIs and
              verdicts, at most --analyze-s (issue 28: 120 s).
-6. pack      this file's `record` (MLflow): report.md, claims.csv, curves.csv, run.json, trials.csv, phases.csv,
+6. pack      paper_record.py's `record` (MLflow): report.md, claims.csv, curves.csv, run.json, trials.csv, phases.csv,
              bench.json, plan.json, figures/ and a trimmed store (mlflow.db + artifacts, no checkpoint or model
              weights), then the archive.
 
@@ -57,7 +57,6 @@ import os
 import re
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import tarfile
@@ -65,18 +64,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from paper_plan import PHASES, bench_rows, make_plan, phase_ends
+from paper_record import artifact_dir, collect, copy_small_artifacts, last_error, record, store_db_copy
+
 ROOT = Path(__file__).resolve().parents[2]
 CLI = "import sys; from hmmscope.cli import main; sys.argv[0] = 'hmmscope'; main()"
 DRY_SETS = ("model.n_layers=2", "model.d_model=32", "model.d_mlp=64", "model.n_heads=2", "model.max_len=64",
             "data.n_train=256", "data.n_eval=32", "train.batch_size=8", "train.warmup=2", "train.emergence_episodes=8")
 DRY_FAMILY = ("hmm.n_tasks=8", "hmm.n_states=8", "hmm.n_tokens=4", "hmm.rank=2", "data.n_demos=2", "data.l_demo=8",
               "data.l_test=8")  # DRY without --config: the tiny preset's family made smaller (a --config keeps its own)
-BIG_FILE = 8 << 20  # a stored artifact this large (checkpoints, model weights) stays out of the trimmed store
 TAR_FILE_MAX = 12 << 20  # a file this large stays out of an archive (the device tool returns files up to 16 MiB)
-WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
 
-
-from once_plan import PHASES, _rows, make_plan, phase_ends, plan_steps  # noqa: E402, F401 - the plan (re-exported)
 
 # ---------------------------------------------------------------- running and packing phases
 
@@ -190,18 +188,6 @@ class Session:
         return dst
 
 
-def last_error(log: Path) -> str:
-    """A failed or cut-off phase's note: its log's last line that says error (or else its last line), and where a
-    progress line came after the last phase line, that too ('' for no log)."""
-    if not log.is_file():
-        return ""
-    lines = [x.strip() for x in log.read_text(errors="replace").splitlines() if x.strip()]
-    errs = [x for x in lines if x.lower().startswith("error") or "Error:" in x]
-    note = (errs or lines or [""])[-1][:300]
-    steps = [x for x in lines if x not in errs and x.split(":")[0] in ("analyze", "train", "evaluate", "setup")]
-    return note + (f" (last progress: {steps[-1][:200]})" if steps and errs else "")
-
-
 def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
     """SIGTERM to the child's process group, SIGKILL after `grace` seconds."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
@@ -244,40 +230,8 @@ def run_one(s: Session, p: Phase, cmd: list[str], log: str, timeout: float, on_e
 # ---------------------------------------------------------------- the command
 
 
-def _store_db_copy(store: Path, dst: Path) -> None:
-    """A consistent copy of the store's sqlite database (its online backup)."""
-    src = store / "mlflow.db"
-    if src.exists():
-        with sqlite3.connect(src) as a, sqlite3.connect(dst) as b:
-            a.backup(b)
-
-
-def _artifact_dir(store: Path, run_id: str) -> Path | None:
-    """The run's artifact folder in the store (its artifact_uri in mlflow.db; a file:// path beside the database)."""
-    try:
-        with sqlite3.connect(f"file:{store / 'mlflow.db'}?mode=ro", uri=True) as db:
-            row = db.execute("SELECT artifact_uri FROM runs WHERE run_uuid = ?", (run_id,)).fetchone()
-    except sqlite3.Error:
-        row = None
-    if row and str(row[0]).startswith("file://"):
-        from urllib.parse import unquote, urlparse
-
-        return Path(unquote(urlparse(row[0]).path))
-    found = sorted(store.glob(f"artifacts/{run_id}/artifacts")) + sorted(store.glob(f"artifacts/*/{run_id}/artifacts"))
-    return found[0] if found else None
-
-
-def _copy_small_artifacts(store: Path, run_id: str, dst: Path) -> None:
-    """The run's artifacts but checkpoints and model weights (files over BIG_FILE or with a weights suffix)."""
-    src = _artifact_dir(store, run_id)
-    for f in src.rglob("*") if src and src.is_dir() else ():
-        if f.is_file() and f.stat().st_size < BIG_FILE and f.suffix not in WEIGHT_SUFFIXES:
-            (dst / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(f, dst / f.relative_to(src))
-
-
 def _checkpoint(store: Path, run_id: str) -> Path | None:
-    d = _artifact_dir(store, run_id)
+    d = artifact_dir(store, run_id)
     return d / "checkpoints" / "last.pt" if d and (d / "checkpoints" / "last.pt").is_file() else None
 
 
@@ -358,7 +312,7 @@ def run(args) -> int:
         if "setup" in phases and s.phases[0].status != "ok":
             s.say("setup failed: nothing after it can run (setup.log in 1-setup.tar.gz)")
             return 1
-        if "bench" in phases and p2.status == "failed" and not _rows(bench_json) and py != cmd[0]:
+        if "bench" in phases and p2.status == "failed" and not bench_rows(bench_json) and py != cmd[0]:
             s.say("bench: failed under the image's python (bench.log): once more under the venv's")
             first = p2.start
             proc = s.start(p2, [py, *cmd[1:]], "bench-venv.log")
@@ -394,8 +348,8 @@ def run(args) -> int:
                 info["train"] = {"run_id": run_id, "steps_done": int(done[-1][0]) if done else None,
                                  "steps_planned": steps, "stopped_by_deadline": stopped, "rc": p.rc}
                 if run_id:
-                    _store_db_copy(store, p.dir / "mlflow.db")
-                    _copy_small_artifacts(store, run_id, p.dir / "artifacts")
+                    store_db_copy(store, p.dir / "mlflow.db")
+                    copy_small_artifacts(store, run_id, p.dir / "artifacts")
                 s.pack(p)
 
             run_one(s, p3, cmd, "train.log", window + args.train_grace_s, train_done)
@@ -466,14 +420,6 @@ def analyze_command(args, py: str, run_id: str, exp: str, out: Path) -> list[str
             "--ks", args.ks, "--probe-tasks", str(args.probe_tasks), "--min-per-task", str(args.min_per_task),
             "--probe-jobs", str(args.probe_jobs or default_probe_jobs()), "--probe-fits", args.probe_fits,
             "--experiment", exp, "--out", str(out)]
-
-
-def collect(src: Path, dest: Path, code_version: str | None = None) -> list[Path]:
-    """once_record.collect (the archives of one command into the repository's record folder)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from once_record import collect as collect_
-
-    return collect_(src, dest, code_version)
 
 
 # ---------------------------------------------------------------- command line
@@ -555,8 +501,6 @@ def main_parser(argv=None) -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     a = main_parser(argv).parse_args(argv)
     if a.cmd == "record":
-        from once_record import record
-
         return record(a)
     if a.cmd == "collect":
         collect(Path(a.src), Path(a.dest), a.code_version)
