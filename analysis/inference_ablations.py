@@ -76,9 +76,24 @@ def collect(uri: str | None, storage: str | None, out: Path) -> None:
     """runs.csv, curves.csv, layerwise_runs.csv from the four sweeps (module docstring)."""
     from hmmscope import tracking
 
-    runs, curves, claims = [], [], []
-    for study in STUDIES:
-        sw = load_sweep(argparse.Namespace(sweep=f"inference-ablations-{study}", tracking_uri=uri, storage=storage))
+    import optuna
+    from optuna.trial import TrialState
+
+    runs, curves, claims, studies = [], [], [], []
+    store = storage or f"sqlite:///{Path('mlruns').resolve() / 'optuna.db'}"  # as sweepdata.load_sweep
+    known = set(optuna.get_all_study_names(store))
+    for study in STUDIES:  # a study not run (or with no COMPLETE trial yet) is listed in studies.csv, not fatal
+        name = f"inference-ablations-{study}"
+        st = optuna.load_study(study_name=name, storage=store) if name in known else None
+        n_complete = 0 if st is None else sum(t.state == TrialState.COMPLETE for t in st.get_trials(deepcopy=False))
+        studies.append({"study": name, "in_store": st is not None,
+                        "n_trials": 0 if st is None else len({t.number for t in st.get_trials(deepcopy=False)
+                                                              if t.state != TrialState.FAIL}),
+                        "complete": n_complete})
+        if not n_complete:
+            print(f"{name}: not in the store or no COMPLETE trial (listed in studies.csv)", file=sys.stderr)
+            continue
+        sw = load_sweep(argparse.Namespace(sweep=name, tracking_uri=uri, storage=storage))
         client = tracking.client(sw.uri)
         for t in sw.trials:
             run = client.get_run(t.run_id)
@@ -108,6 +123,7 @@ def collect(uri: str | None, storage: str | None, out: Path) -> None:
                                    "pos_enc": row["pos_enc"], "gamma": row["gamma"], "rank": row["rank"],
                                    "window": row["window"], "step": int(e["step"]), "metric": e["metric"],
                                    "value": float(e["value"])})
+    _write(studies, out / "studies.csv")
     _write(runs, out / "runs.csv")
     _write(curves, out / "curves.csv")
     _write(claims, out / "layerwise_runs.csv")
@@ -294,7 +310,7 @@ def effects(runs: list[dict], has_room: dict) -> list[dict]:
              "Theorem 1's d: more to infer, further from the oracle")):
         add(name, _slope(ok, key, sel, ykey), rule_, f"OLS slope within a seed, t over seeds: {what}",
             unit=f"nats/token per unit of {key}")
-    for g in (0.6, 0.8):
+    for g in sorted({r["gamma"] for r in ok if r["window"] > 0}):  # the gammas the context sweep ran
         ctx = [r for r in ok if r["gamma"] == g and r["n_layers"] == 2 and r["pos_enc"] == "rope" and r["rank"] == 4
                and r["window"] > 0]
         for r in ctx:

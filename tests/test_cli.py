@@ -170,6 +170,19 @@ def test_the_headline_reads_figure_1s_keys_and_skips_what_is_absent():
                                    "family Bayes 1.1200, best counting 1.3000; model - best counting -0.0655")
     assert headline({"eval/seen/test_ce": 2.0}) == "result (seen tasks, test CE, nats/token): model 2.0000"
     assert headline({"val/loss": 1.0}) is None
+    # a degenerate reference (SCIENCE.md 9) is shown as such; with no paired difference logged against it, the
+    # regime line leaves the difference out instead of failing on the missing key
+    from hmmscope.cli.jobs import regime_line
+
+    bad = {k: v for k, v in m.items() if not k.startswith("eval/unseen/vs_best_counting")}
+    bad.update({"baseline/unseen/best_counting/degenerate": 1.0, "baseline/unseen/family_bayes/degenerate": 1.0})
+    assert headline(bad, {}) == (
+        "result (unseen tasks, test CE, nats/token): model 1.2345; task oracle 1.1000, mixture oracle (seen tasks) "
+        "1.1500, family Bayes 1.1200 (DEGENERATE, not used), best counting 1.3000 (DEGENERATE, not used)")
+    assert regime_line(bad) == (
+        "regime: undetermined; unseen tasks: model CE 1.234; best counting 1.300 (DEGENERATE, not used); "
+        "family Bayes 1.120 (DEGENERATE, not used); task oracle 1.100 nats/token")
+    assert "model - best counting -0.066 [-0.080, -0.051]" in regime_line(m)
 
 
 def test_train_then_evaluate(store):

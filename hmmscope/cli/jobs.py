@@ -61,7 +61,7 @@ def headline(metrics: dict, tags: dict | None = None) -> str | None:
     mix = "mixture oracle" + (" (seen tasks)" if tasks == "unseen" else "")
     refs = [("task oracle", f"eval/{tasks}/oracle_task_test_ce"), (mix, "eval/seen/oracle_mix_test_ce"),
             ("family Bayes", f"baseline/{tasks}/family_bayes/ce"), ("best counting", f"baseline/{tasks}/best_counting/ce")]
-    got = [f"{name} {metrics[k]:.4f}" for name, k in refs if k in metrics]
+    got = [f"{name} {metrics[k]:.4f}{_flag(metrics, k)}" for name, k in refs if k in metrics]
     line = f"result ({tasks} tasks, test CE, nats/token): model {metrics[f'eval/{tasks}/test_ce']:.4f}"
     line += f"; {', '.join(got)}" if got else ""
     vs = f"eval/{tasks}/vs_best_counting"
@@ -187,6 +187,14 @@ def train_cmd(
     typer.echo(tracking.browse_line(uri, run_id=res.run_id))
 
 
+def _flag(m, key: str) -> str:
+    """' (DEGENERATE, not used)' after a reference flagged degenerate (SCIENCE.md 9: baseline/<tasks>/<name>/degenerate),
+    else ''."""
+    parts = key.split("/")
+    flagged = len(parts) == 4 and parts[0] == "baseline" and m.get("/".join(parts[:3]) + "/degenerate")
+    return " (DEGENERATE, not used)" if flagged else ""
+
+
 def regime_line(m, regime: str | None = None) -> str:
     """One line: the model on unseen tasks against best counting and the family-Bayes reference, and the regime word
     (SCIENCE.md 9), from Figure 1's headline metrics (evaluate.Figure1Result.headline)."""
@@ -195,11 +203,14 @@ def regime_line(m, regime: str | None = None) -> str:
     if "eval/unseen/test_ce" in m:
         parts.append(f"unseen tasks: model CE {m['eval/unseen/test_ce']:.3f}")
     if "baseline/unseen/best_counting/ce" in m:
-        parts.append(f"best counting {m['baseline/unseen/best_counting/ce']:.3f} (model - best counting "
-                     f"{m['eval/unseen/vs_best_counting']:+.3f} [{m['eval/unseen/vs_best_counting_lo']:+.3f}, "
-                     f"{m['eval/unseen/vs_best_counting_hi']:+.3f}])")
+        vs = ("eval/unseen/vs_best_counting", "eval/unseen/vs_best_counting_lo", "eval/unseen/vs_best_counting_hi")
+        parts.append(f"best counting {m['baseline/unseen/best_counting/ce']:.3f}"
+                     + _flag(m, "baseline/unseen/best_counting/ce") + (
+                         f" (model - best counting {m[vs[0]]:+.3f} [{m[vs[1]]:+.3f}, {m[vs[2]]:+.3f}])"
+                         if all(k in m for k in vs) else ""))
     if "baseline/unseen/family_bayes/ce" in m:
-        parts.append(f"family Bayes {m['baseline/unseen/family_bayes/ce']:.3f}")
+        parts.append(f"family Bayes {m['baseline/unseen/family_bayes/ce']:.3f}"
+                     + _flag(m, "baseline/unseen/family_bayes/ce"))
     if "eval/unseen/oracle_task_test_ce" in m:
         parts.append(f"task oracle {m['eval/unseen/oracle_task_test_ce']:.3f} nats/token")
     if "eval/figure1_s" in m:
