@@ -38,7 +38,7 @@ TEST_STARTS = ("initial", "midstream")
 POS_ENCODINGS = ("rope", "absolute", "none", "sinusoidal")
 PRECISIONS = ("auto", "bf16", "fp32")
 SCHEDULES = ("cosine", "constant", "wsd")
-COMPILE = ("auto", "true", "false", "blocks")
+COMPILE = ("auto", "true", "false", "blocks", "blocks-head", "model-autotune", "model-graphs")  # model.COMPILE_SCOPES
 ATTENTION = ("auto", "flash", "efficient", "cudnn", "math")
 
 
@@ -103,8 +103,9 @@ class TrainConfig:
     ckpt_every: int = 500
     emergence_episodes: int = 64  # seen and unseen episodes each for the emergence curves at every evaluation; 0 = off
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    compile: str = "auto"  # auto (on for CUDA, off elsewhere) | true | false | blocks: torch.compile the training step
-    # (inductor): true = the whole model, blocks = each block alone (one compiled graph reused by every layer)
+    compile: str = "auto"  # auto (on for CUDA, off elsewhere) | true | false | blocks | blocks-head | model-autotune |
+    # model-graphs: torch.compile the training step (inductor): true = the whole model, blocks = each block alone (one
+    # compiled graph reused by every layer); the others: model.Transformer.compile_forward's scopes
     attention: str = "auto"  # auto | flash | efficient | cudnn | math: the SDPA kernel of the training step (auto: torch's)
     precision: str = "auto"  # auto (bf16 on CUDA, fp32 elsewhere) | bf16 (autocast) | fp32 (no autocast, no TF32)
     seed: int = 0

@@ -226,7 +226,7 @@ def _analysis_metrics(shuffle, probes) -> dict[str, float]:
 def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None, *, uri: str, target: str | None = None,
                   device: str = "auto", n_episodes: int | None = None, ks: tuple[int, ...] = (1, 2, 3, 4, 5),
                   n_perms: int = 4, seed: int = 0, experiment: str = "hmmscope", probe_tasks: int = 32,
-                  min_per_task: int = 30, out: Path | None = None, probe_jobs: int = 1,
+                  min_per_task: int = 30, out: Path | None = None, probe_jobs: int = 1, probe_fits: str = "auto",
                   progress: Callable[[str], Any] | None = None, origin: str = "model in memory",
                   t_start: float | None = None) -> AnalysisResult:
     """Shuffle test, probes and belief probes for `model` (trained with `cfg`, `step` optimizer steps), in memory.
@@ -242,10 +242,8 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
     counts claims/<verdict>), tables, JSON and figures (PNG + PDF) as artifacts. With `out`, the same files are kept in
     out/<training run name>-<id8>/analysis/ (a checkpoint file: out/<file stem>-<analysis id8>/analysis/).
     Bad input (k out of range, too few episodes, bad probe_jobs) raises ValueError before any run is created.
-    probe_jobs: worker processes for the probes' layer fits (probes.run_probes n_jobs; the same numbers at any
-    value). progress: called with one line per phase as it ends, "analyze: <phase>, <seconds since the start> s"
-    (the probes: one per layer), so a run cut off by a timeout shows where its time went.
-    """
+    probe_jobs, probe_fits: run_probes' n_jobs (the same numbers at any value) and fits (auto: torch on CUDA). progress:
+    one line per phase as it ends, "analyze: <phase>, <seconds since the start> s" (the probes: one per layer)."""
     import time
 
     t_start = time.perf_counter() if t_start is None else t_start
@@ -280,6 +278,7 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
         raise ValueError(f"probe_jobs must be an integer >= 1, got {probe_jobs!r}")
     say(f"{origin} (step {step}, {cfg.model.n_layers} layers x d_model {cfg.model.d_model})")
     dev = resolve_device(device)
+    model.to(dev)  # once: the shuffle test and the probes' residuals run there (a 0.8 GB copy each way at the paper)
     params = {"analysis.target": target, "analysis.ks": list(ks), "analysis.n_perms": n_perms, "analysis.seed": seed}
     note = f"Layerwise analysis of {'run ' + target if parent else target} (running)"
     # the run opens when the work starts: its duration is the work's, its metrics arrive phase by phase, and a
@@ -305,11 +304,11 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
         run.log_params({"analysis.probe_tasks": n_pt, "analysis.probe_episodes": len(pep)})
         say(f"probe episodes drawn ({n_pt} tasks, {len(pep)} episodes)")
         pr = run_probes(model, mix, pep, ks=tuple(ks), seed=seed, device=str(dev), max_tasks=n_pt, n_jobs=probe_jobs,
-                        progress=lambda m: say(f"probes: {m}"))
+                        fits=probe_fits, progress=lambda m: say(f"probes: {m}"))
         t2 = time.perf_counter()
         tm = pr.meta["timings"]
         say(f"probes done ({t2 - t1:.0f} s: residuals {tm['residuals_s']:.0f} s, fits {tm['fits_s']:.0f} s summed over "
-            f"layers in {pr.meta['n_jobs']} process{'es' if pr.meta['n_jobs'] > 1 else ''})")
+            f"layers in {pr.meta['n_jobs']} process{'es' if pr.meta['n_jobs'] > 1 else ''}, {pr.meta['fits']})")
         claims = [*sh.claims, *pr.claims]
         metrics = _analysis_metrics(sh, pr)
         seconds = {"shuffle_s": t1 - t0, "probes_s": t2 - t1}
@@ -340,7 +339,7 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
 def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int | None = None,
                 ks: tuple[int, ...] = (1, 2, 3, 4, 5), n_perms: int = 4, seed: int = 0,
                 experiment: str = "hmmscope", probe_tasks: int = 32, min_per_task: int = 30,
-                out: Path | None = None, probe_jobs: int = 1,
+                out: Path | None = None, probe_jobs: int = 1, probe_fits: str = "auto",
                 progress: Callable[[str], Any] | None = None) -> AnalysisResult:
     """`analyze_model` on a run id's last checkpoint or on a checkpoint file (a run from elsewhere:
     `hmmscope analyze RUN_ID|FILE`); the arguments are analyze_model's.
@@ -362,7 +361,7 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
     return analyze_model(model, cfg, int(ck["step"]), run, uri=uri, target=target, device=device,
                          n_episodes=n_episodes, ks=ks, n_perms=n_perms, seed=seed, experiment=experiment,
                          probe_tasks=probe_tasks, min_per_task=min_per_task, out=out, probe_jobs=probe_jobs,
-                         progress=progress, origin="checkpoint loaded", t_start=t_start)
+                         probe_fits=probe_fits, progress=progress, origin="checkpoint loaded", t_start=t_start)
 
 
 # ---------------------------------------------------------------- headroom (SCIENCE.md 9)

@@ -155,3 +155,39 @@ def test_bench_train_cli_variants_json(tmp_path):
         r = CliRunner().invoke(app, ["bench", "train", *small, *bad])
         assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, (bad, r.output)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v.json"]
+
+
+def test_mfu_denominator_is_the_machines_large_gemm_not_the_models_tiny_one():
+    """Issue 33 item 5 / 37: bench train printed 86-121% MFU on a 2 x 64 model, against a GEMM of the model's own
+    tiny shape (0.005 TFLOP/s under load). The denominator is now the best of the model's GEMM and a large square
+    one (2048^3), both measured in the same run; bench train and bench train --variants alike."""
+    from hmmscope.training.bench import LARGE_GEMM
+
+    big = f"({LARGE_GEMM}, {LARGE_GEMM}) x ({LARGE_GEMM}, {LARGE_GEMM})"
+    r = bench_train(_tiny_model_cfg(), "cpu", batch_size=2, seq_len=16, steps=1, peer=False)
+    rates = r["gemm_rates"]["fp32"]
+    assert set(rates) == {"(32, 32) x (32, 64)", big}
+    assert r["measured_rates"]["fp32"] == max(rates.values()) and r["gemm_shapes"]["fp32"] == max(rates, key=rates.get)
+    assert r["mfu"] == pytest.approx(r["ours_tflops"] * 1e12 / max(rates.values()), rel=1e-12)
+    v = bench_variants(_tiny_model_cfg(), "cpu", batch_size=2, seq_len=16, steps=1, repeats=1, variants=("eager",))
+    assert big in v["gemm_rates"] and v["gemm_rate"] == max(v["gemm_rates"].values())
+    assert v["gemm_shape"] == max(v["gemm_rates"], key=v["gemm_rates"].get)
+
+
+def test_bench_variants_compile_scopes_match_eager():
+    """The candidates for 55% MFU (issue 37), each from the same weights with its loss against eager's: the whole
+    model compiled with max-autotune-no-cudagraphs or reduce-overhead (CUDA graphs), compiled blocks, and compiled
+    blocks with the fused head (norm, unembedding, cross-entropy). Here the CPU twin (backend aot_eager: the
+    graphs, not inductor's kernels): every variant runs and its losses match eager's."""
+    names = ("eager", "model", "model-autotune", "model-graphs", "blocks", "blocks-head", "blocks-head+math")
+    assert [parse_variant(n)[0] for n in names] == ["false", "true", "model-autotune", "model-graphs", "blocks",
+                                                    "blocks-head", "blocks-head"]
+    from hmmscope.config import override
+
+    for n in names:  # the plan trains what it picks: train.compile takes every variant's scope
+        assert override(preset("tiny"), {"train.compile": parse_variant(n)[0]}).train.compile == parse_variant(n)[0]
+    r = bench_variants(_tiny_model_cfg(), "cpu", batch_size=2, seq_len=16, steps=2, repeats=1, variants=names,
+                       compile_kw={"backend": "aot_eager"})
+    for row in r["rows"]:
+        assert row["error"] is None, row
+        assert row["loss_first_rel"] < 1e-5 and row["loss_last_rel"] < 1e-4, row

@@ -129,11 +129,13 @@ def test_cuda_step_variants_train(uri, cpu_ref):
     from torch._dynamo.utils import counters
 
     for sets, tag in (({"train.compile": "blocks", "train.attention": "flash"}, "blocks"),
+                      ({"train.compile": "blocks-head", "train.attention": "auto"}, "blocks-head"),
+                      ({"train.compile": "model-graphs", "train.attention": "auto"}, "model-graphs"),
                       ({"train.compile": "false", "train.attention": "cudnn"}, "false")):
         graphs = counters["stats"]["unique_graphs"]
         res = train(small(**{"train.device": "cuda", "train.precision": "bf16", **sets}), tracking_uri=uri,
                     experiment="gpu", run_name=f"variant-{tag}", progress=False)
-        assert (counters["stats"]["unique_graphs"] > graphs) == (tag == "blocks")
+        assert (counters["stats"]["unique_graphs"] > graphs) == (tag != "false")
         tags = tracking.Run(uri, res.run_id).get().data.tags
         assert tags["hmmscope.compiled"] == tag and tags["hmmscope.attention"] == sets["train.attention"]
         assert res.metrics["val/loss"] == pytest.approx(cpu_ref.metrics["val/loss"], rel=2e-2)
@@ -153,11 +155,13 @@ def test_cuda_bench_variants_and_flash_at_the_paper_head_shape():
 
     cfg = small()
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, device="cuda", precision="auto"))
-    r = bench_variants(cfg, "cuda", batch_size=4, seq_len=40, steps=2, variants=("eager", "eager+flash",
-                                                                                 "eager+cudnn", "blocks"))
+    r = bench_variants(cfg, "cuda", batch_size=4, seq_len=40, steps=2, variants=(
+        "eager", "eager+flash", "eager+cudnn", "blocks", "blocks-head", "model-graphs", "model-autotune"))
     assert r["precision"] == "bf16" and r["gemm_dtype"] == "bfloat16" and r["device_name"]
     ok = [row for row in r["rows"] if row["error"] is None]
-    assert ok[0]["variant"] == "eager" and {"eager", "eager+flash", "blocks"} <= {row["variant"] for row in ok}
+    assert ok[0]["variant"] == "eager" and {"eager", "eager+flash", "blocks", "blocks-head", "model-graphs",
+                                            "model-autotune"} <= {row["variant"] for row in ok}
+    assert r["gemm_rate"] == max(r["gemm_rates"].values()) and len(r["gemm_rates"]) == 2  # the model's and 2048^3
     assert all(row["loss_first_rel"] < 2e-2 and row["mfu"] > 0 for row in ok)
     assert choose_variant(r["rows"], 60.0)[0] is not None
     x = torch.randn(2, 357, 3, 16, 64, device=DEV, dtype=torch.bfloat16, requires_grad=True)  # (B, T, qkv, H, Dh)
@@ -276,6 +280,7 @@ def test_probes_cuda_match_cpu(data):
             assert la == lb and np.allclose(xa, xb, rtol=1e-4, atol=1e-5)
         pa = run_probes(_model(), mix, ep, ks=(1, 2), device=DEV, positions_per_episode=4, n_boot=50)
     pb = run_probes(_model(), mix, ep, ks=(1, 2), device="cpu", positions_per_episode=4, n_boot=50)
+    assert pa.meta["fits"] == "torch on cuda" and pb.meta["fits"] == "sklearn"  # issue 37: the fits on the GPU
     assert [(r["target"], r["layer"]) for r in pa.table] == [(r["target"], r["layer"]) for r in pb.table]
     assert max(abs(x["acc"] - y["acc"]) for x, y in zip(pa.table, pb.table)) <= 0.05
 

@@ -28,21 +28,39 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "analysis" / "gpu"))
 paper_once = importlib.import_module("paper_once")
+paper_plan = importlib.import_module("paper_plan")
 paper_record = importlib.import_module("paper_record")
 
 
 def test_phase_ends_and_plan_steps():
     """The time plan: pack by deadline - pack_s, analyze before it, Figure 1 before that, training first; a phase
     left out takes no time. The step count: floor((window - fixed - compile) / (step x ratio) / quantum) x quantum."""
-    e = paper_once.phase_ends(570, 15, 120, 60)
+    e = paper_plan.phase_ends(570, 15, 120, 60)
     assert e == {"train": 375, "figure1": 435, "analyze": 555, "pack": 555, "deadline": 570}
-    e = paper_once.phase_ends(230, 15, 120, 45, phases=("setup", "bench", "train", "figure1", "pack"))
+    e = paper_plan.phase_ends(230, 15, 120, 45, phases=("setup", "bench", "train", "figure1", "pack"))
     assert e["train"] == 170 and e["figure1"] == e["analyze"] == 215
     # the paper-gpu record: 51 ms per step in bench train, 1.06 x that in training (README.md)
-    assert paper_once.plan_steps(0.051, 325, fixed_s=90, ratio=1.06) == 4096  # 4347 fit
-    assert paper_once.plan_steps(0.040, 325, fixed_s=90, compile_s=20, ratio=1.06) == 4864  # 5070 fit
-    assert paper_once.plan_steps(0.040, 325, fixed_s=90, ratio=1.06, max_steps=4500) == 4352
-    assert paper_once.plan_steps(0.5, 30, fixed_s=90) == 256  # nothing fits: one quantum (train's --deadline stops it)
+    assert paper_plan.plan_steps(0.051, 325, fixed_s=90, ratio=1.06) == 4096  # 4347 fit
+    assert paper_plan.plan_steps(0.040, 325, fixed_s=90, compile_s=20, ratio=1.06) == 4864  # 5070 fit
+    assert paper_plan.plan_steps(0.040, 325, fixed_s=90, ratio=1.06, max_steps=4500) == 4352
+    assert paper_plan.plan_steps(0.5, 30, fixed_s=90) == 256  # nothing fits: one quantum (train's --deadline stops it)
+
+
+def test_probe_jobs_default_never_exceeds_the_usable_cores(tmp_path):
+    """Issue 37: the one command's analyze failed in 0.4 s with `--probe-jobs 17: at most the 16 usable core(s)`:
+    paper_once.py and session.sh defaulted to cores + 1. Every default is now the usable cores (the CLI's limit)."""
+    cores = len(os.sched_getaffinity(0))
+    assert paper_once.default_probe_jobs() == cores
+    args = paper_once.main_parser().parse_args(["run", "--out", "/tmp/x"])
+    cmd = paper_once.analyze_command(args, "python", "0" * 32, "exp", Path("/tmp/o"))
+    assert int(cmd[cmd.index("--probe-jobs") + 1]) <= cores
+    out = subprocess.run(["bash", "analysis/gpu/session.sh", "probe-jobs"], cwd=ROOT, capture_output=True, text=True,
+                         env={**{k: v for k, v in os.environ.items() if k != "PROBE_JOBS"}, "OUT": str(tmp_path)},
+                         check=True)
+    assert int(out.stdout.strip()) <= cores
+    readme = (ROOT / "analysis" / "gpu" / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| 5 analyze"))
+    assert "--probe-jobs 17" not in row and "--probe-jobs" in row
 
 
 def _start(tmp: Path, *flags: str) -> subprocess.Popen:
@@ -123,7 +141,7 @@ def test_rehearsal_every_phase_packs_its_files(tmp_path):
     console = (tmp_path / "console.txt").read_text()
     out = tmp_path / "out"
     names = sorted(f.name for f in out.iterdir())
-    assert names == [f"{i}-{p}.tar.gz" for i, p in enumerate(paper_once.PHASES, 1)], console
+    assert names == [f"{i}-{p}.tar.gz" for i, p in enumerate(paper_plan.PHASES, 1)], console
     assert all((out / n).stat().st_size < 16 << 20 for n in names)
     a = {n.split("-", 1)[1].split(".")[0]: _members(out / n) for n in names}
     assert {"setup/env.txt", "setup/setup.log"} <= set(a["setup"])
@@ -134,6 +152,7 @@ def test_rehearsal_every_phase_packs_its_files(tmp_path):
     assert {"train/train.log", "train/mlflow.db", "train/artifacts/figures/emergence.png"} <= set(a["train"])
     assert any(k.endswith("evaluation/figure1.json") for k in a["figure1"])
     assert any(k.endswith("analysis/figure3_probes.png") for k in a["analyze"])
+    assert b"torch on cpu)" in a["analyze"]["analyze/analyze.log"]  # the GPU probes' twin (issue 37)
     rec = {k.removeprefix("pack/record/"): v for k, v in a["pack"].items()}
     for f in ("report.md", "claims.csv", "curves.csv", "run.json", "trials.csv", "phases.csv", "bench.json", "plan.json",
               "figures/figure1.png", "figures/figure2_shuffle.png", "figures/figure3_probes.png",
@@ -148,8 +167,10 @@ def test_rehearsal_every_phase_packs_its_files(tmp_path):
     assert int(trial["steps"]) == plan["steps"] and trial["analysis_run_id"]
     phases = _phases(a["pack"], "pack")
     statuses = {p: (r["status"], r["seconds"]) for p, r in phases.items()}
-    assert all(phases[p]["status"] == "ok" for p in paper_once.PHASES[:5]), statuses
+    assert all(phases[p]["status"] == "ok" for p in paper_plan.PHASES[:5]), statuses
     report = rec["report.md"].decode()
+    run = json.loads(rec["run.json"])
+    assert run["tags"]["hmmscope.code_version"] not in ("", "unknown") and "Code version: `" in report
     assert "## Speed" in report and "## Claims" in report and f"**{plan['steps']} steps**" in report
     got = {str(f.relative_to(tmp_path / "results")) for f in paper_record.collect(out, tmp_path / "results")}
     assert {"report.md", "claims.csv", "curves.csv", "trials.csv", "phases.csv", "bench.json", "figures/figure1.png",
@@ -172,3 +193,66 @@ def test_rehearsal_every_phase_packs_its_files(tmp_path):
     assert _children_gone(kids)
     assert sorted(f.name for f in (tmp2 / "out").iterdir()) == ["1-setup.tar.gz", "2-bench.tar.gz"]
     assert "bench/bench.json" in _members(tmp2 / "out" / "2-bench.tar.gz")
+
+
+def test_record_is_readable_answer_first(tmp_path):
+    """Issue 37 item 2, on the kept H100 record's files: report.md opens with the answer, marks family Bayes
+    DEGENERATE (its CE 2.877 > ln 16), has one metrics row per key (its _lo / _hi as the CI column, with a unit),
+    claims to 4 significant digits, the code version passed in, and the failed phase's error line."""
+    import shutil
+
+    src = ROOT / "analysis" / "results" / "paper-once-h100"
+    d = tmp_path / "rec"
+    shutil.copytree(src, d)
+    (d / "report.md").unlink()
+    text = paper_record.render_report(d).read_text()
+    lines = [x for x in text.splitlines() if x.strip()]
+    assert lines[1].startswith("**Figure 1 after 5100 steps**") and "-0.033 [-0.042, -0.025]" in lines[1]
+    assert "level with an EM-fitted HMM" in lines[1] and "0.30 nats/token above the mixture oracle" in lines[1]
+    assert "**family Bayes is DEGENERATE on unseen tasks** (CE 2.877 above a uniform guess ln 16 = 2.773" in text
+    assert "**mixture oracle is DEGENERATE on unseen tasks** (CE 2.825" in text  # the training tasks' mixture
+    assert "| eval/unseen/excess_ce | -0.1431 |  | nats/token | DEGENERATE reference |" in text
+    assert "| eval/seen/excess_ce | 0.3042 |  | nats/token |  |" in text
+    assert "**Figures 2-3: not measured** (phase 5 analyze failed after 0.4 s: error: --probe-jobs 17" in text
+    assert "Code version: `a0b8cfa`" in text
+    rows = [x for x in lines if x.startswith("| eval/") or x.startswith("| baseline/")]
+    assert rows and not [x for x in rows if x.split("|")[1].strip().endswith(("_lo", "_hi"))]
+    assert "| eval/unseen/vs_best_counting | -0.03326 | [-0.04165, -0.02488] | nats/token |" in text
+    assert "| baseline/unseen/family_bayes/ce | 2.877 |  | nats/token | DEGENERATE reference |" in text
+    assert "| figure1 | inference_beyond_counting | -0.03326 | [-0.04165, -0.02488] | supported |" in text
+    assert "| 5 analyze | 409.9 | 410.3 | 0.4 | 2 | failed | error: --probe-jobs 17: at most the 16 usable" in text
+    assert [r["name"] for r in paper_record.metric_rows({"a": 1.0, "a_lo": 0.5, "a_hi": 2.0, "b_lo": 3.0})] == ["a", "b_lo"]
+    sig = paper_record.sig
+    assert sig(0.30419800486) == "0.3042" and sig(280853.62) == "280,854" and sig(None) == ""
+
+
+def test_failed_phase_note_is_its_last_error_line(tmp_path):
+    """The phases table of the device's record names why a phase failed (issue 37: the note was empty, the reason
+    only in analyze.log)."""
+    (tmp_path / "out").mkdir()
+    s = paper_once.Session(tmp_path / "out", tmp_path / "rec", time.time(), dict(os.environ))
+    p = s.phase(5, "analyze")
+    paper_once.run_one(s, p, ["sh", "-c", "echo 'analyze: checkpoint loaded, 16 s'; echo 'error: boom' >&2; exit 2"],
+                       "analyze.log", 30)
+    assert p.status == "failed" and p.note == "error: boom (last progress: analyze: checkpoint loaded, 16 s)"
+    (row,) = csv.DictReader(open(tmp_path / "rec" / "phases.csv"))
+    assert row["note"] == p.note
+
+
+def test_the_window_rebalanced_for_the_analysis():
+    """Issue 37: 4096 steps are the paper's budget (at the H100's 39.58 ms blocks step, bench.json of
+    paper-once-h100: 172 s of steps); the defaults cap training there and give Figure 1 its measured 69 s and the
+    analysis 150 s (it was 120: the 2026-11-27 retry was cut at 123 s). The probes fit with torch on the device
+    (--probe-fits auto), and in the CPU rehearsal with torch on the CPU (the GPU path's twin)."""
+    args = paper_once.main_parser().parse_args(["run", "--out", "/tmp/x"])
+    assert args.max_steps == 4096 and args.analyze_s >= 150 and args.fig1_s >= 70
+    e = paper_plan.phase_ends(args.deadline, args.pack_s, args.analyze_s, args.fig1_s)
+    window = e["train"] - 48.0  # the H100's bench ended at 48.0 s (console.txt)
+    steps = paper_plan.plan_steps(0.03957704940000042, window, fixed_s=args.train_fixed_s, compile_s=11.2238116446,
+                                  ratio=args.train_ratio, quantum=args.quantum, max_steps=args.max_steps)
+    assert steps == 4096
+    cmd = paper_once.analyze_command(args, "python", "0" * 32, "exp", Path("/tmp/o"))
+    assert cmd[cmd.index("--probe-fits") + 1] == "auto"
+    dry = paper_once.main_parser(["run", "--dry"]).parse_args(["run", "--dry", "--out", "/tmp/x"])
+    cmd = paper_once.analyze_command(dry, "python", "0" * 32, "exp", Path("/tmp/o"))
+    assert cmd[cmd.index("--probe-fits") + 1] == "torch"

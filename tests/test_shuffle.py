@@ -228,3 +228,23 @@ def test_figure2_artists():
     assert len(caps) == 2 and all(len(c.get_xdata()) == 3 for c in caps)  # error-bar caps at every layer
     assert "95% CI over episodes" in [t.get_text() for t in a.get_legend().get_texts()]
     assert "run xyz" in fig._suptitle.get_text() and list(b.get_xticks()) == [1, 2, 3]
+
+
+def test_one_forward_per_batch_through_every_layer():
+    """Issue 37: at the paper's scale the shuffle test took 37 s on an H100 (4 s planned): under a memory budget
+    that held one layer's scores, it ran one forward per layer per batch (1 + 2 + ... + L block passes). Now
+    each layer's scores are reduced as the forward makes them: one forward per batch, whatever the budget, with
+    the same numbers; the model stays on the device it was given (no copy back and forth)."""
+    ep, m = episodes(n=7), model("rope", n_layers=3)
+    calls = []
+    h = m.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        one_layer = 2 * (1 + 2) * m.cfg.n_heads * (ep.seq_len - 1) ** 2 * 4  # 2 episodes' scores of one layer
+        a = shuffle_test(m, ep, n_perms=2, batch_size=32, max_bytes=one_layer)
+    finally:
+        h.remove()
+    assert len(calls) == 4  # ceil(7 / 2) batches, one forward each (before: 3 per batch)
+    b = shuffle_test(m, ep, n_perms=2, batch_size=32)
+    np.testing.assert_allclose(a.per_episode_head, b.per_episode_head, rtol=1e-5)
+    assert not any(blk.attn.explicit for blk in m.blocks) and not any(
+        mod._forward_hooks for mod in m.modules())

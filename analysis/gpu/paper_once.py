@@ -64,40 +64,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paper_record import artifact_dir, collect, copy_small_artifacts, record, store_db_copy
+from paper_plan import PHASES, bench_rows, make_plan, phase_ends
+from paper_record import artifact_dir, collect, copy_small_artifacts, last_error, record, store_db_copy
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = "import sys; from hmmscope.cli import main; sys.argv[0] = 'hmmscope'; main()"
-PHASES = ("setup", "bench", "train", "figure1", "analyze", "pack")
 DRY_SETS = ("model.n_layers=2", "model.d_model=32", "model.d_mlp=64", "model.n_heads=2", "model.max_len=64",
             "data.n_train=256", "data.n_eval=32", "train.batch_size=8", "train.warmup=2", "train.emergence_episodes=8")
 DRY_FAMILY = ("hmm.n_tasks=8", "hmm.n_states=8", "hmm.n_tokens=4", "hmm.rank=2", "data.n_demos=2", "data.l_demo=8",
               "data.l_test=8")  # DRY without --config: the tiny preset's family made smaller (a --config keeps its own)
 TAR_FILE_MAX = 12 << 20  # a file this large stays out of an archive (the device tool returns files up to 16 MiB)
-
-
-# ---------------------------------------------------------------- the plan (pure: tests/test_gpu_session.py)
-
-
-def phase_ends(deadline: float, pack_s: float, analyze_s: float, fig1_s: float, phases=PHASES) -> dict[str, float]:
-    """The latest end of each late phase, in seconds after the start: pack starts by deadline - pack_s, analyze
-    ends there, Figure 1 ends analyze_s before, training fig1_s before that (a phase left out takes no time)."""
-    pack = deadline - (pack_s if "pack" in phases else 0)
-    analyze = pack
-    fig1 = analyze - (analyze_s if "analyze" in phases else 0)
-    train = fig1 - (fig1_s if "figure1" in phases else 0)
-    return {"train": train, "figure1": fig1, "analyze": analyze, "pack": pack, "deadline": deadline}
-
-
-def plan_steps(step_s: float, window_s: float, *, fixed_s: float, compile_s: float = 0.0, ratio: float = 1.0,
-               quantum: int = 256, max_steps: int | None = None) -> int:
-    """Training steps that fit a window of window_s seconds: floor((window_s - fixed_s - compile_s) / (step_s x
-    ratio) / quantum) x quantum, at least one quantum, at most max_steps. fixed_s: what the train phase spends besides
-    steps (start, data, oracles, evaluations, checkpoint); ratio: a training step's time over the bench's."""
-    fit = max(0.0, window_s - fixed_s - compile_s) / (step_s * ratio)
-    if max_steps is not None:
-        fit = min(fit, max_steps)
-    return max(quantum, int(fit // quantum) * quantum)
 
 
 # ---------------------------------------------------------------- running and packing phases
@@ -177,7 +153,8 @@ class Session:
         proc.log.close()  # type: ignore[attr-defined]
         p.end, p.rc = self.now(), proc.returncode
         p.status = "cut off" if cut else ("ok" if proc.returncode == 0 else "failed")
-        p.note = note or p.note
+        p.note = note or p.note or (last_error(p.dir / Path(proc.log.name).name)  # type: ignore[attr-defined]
+                                    if p.status != "ok" else "")
         self.say(f"phase {p.n} {p.name}: {p.status} (rc {p.rc}) after {p.end - p.start:.1f} s{': ' + p.note if p.note else ''}")
 
     def skip(self, n: int, name: str, why: str) -> Phase:
@@ -335,7 +312,7 @@ def run(args) -> int:
         if "setup" in phases and s.phases[0].status != "ok":
             s.say("setup failed: nothing after it can run (setup.log in 1-setup.tar.gz)")
             return 1
-        if "bench" in phases and p2.status == "failed" and not _rows(bench_json) and py != cmd[0]:
+        if "bench" in phases and p2.status == "failed" and not bench_rows(bench_json) and py != cmd[0]:
             s.say("bench: failed under the image's python (bench.log): once more under the venv's")
             first = p2.start
             proc = s.start(p2, [py, *cmd[1:]], "bench-venv.log")
@@ -399,11 +376,7 @@ def run(args) -> int:
                 s.skip(5, "analyze", f"{left:.0f} s left, --min-phase-s {args.min_phase_s:g}")
             else:
                 p5 = s.phase(5, "analyze")
-                jobs_ = args.probe_jobs or str((os.cpu_count() or 1) + 1)
-                run_one(s, p5, [py, "-c", CLI, "analyze", run_id, "--device", args.device, "--n-episodes",
-                                str(args.analyze_episodes), "--ks", args.ks, "--probe-tasks", str(args.probe_tasks),
-                                "--min-per-task", str(args.min_per_task), "--probe-jobs", jobs_, "--experiment", exp,
-                                "--out", str(p5.dir / "out")], "analyze.log", left)
+                run_one(s, p5, analyze_command(args, py, run_id, exp, p5.dir / "out"), "analyze.log", left)
         # 6: the record
         if "pack" in phases:
             p6 = s.phase(6, "pack")
@@ -411,7 +384,8 @@ def run(args) -> int:
             s.write_phases()
             left = max(5.0, min(args.deadline - s.now(), args.limit - 5 - s.now()))
             cmd = [py, str(Path(__file__).resolve()), "record", "--store", str(store), "--rec", str(rec),
-                   "--name", args.name, "--out", str(p6.dir / "record"), *(["--run", run_id] if run_id else [])]
+                   "--name", args.name, "--out", str(p6.dir / "record"), *(["--run", run_id] if run_id else []),
+                   "--code-version", args.code_version or code_version()]
             run_one(s, p6, cmd, "record.log", max(left, 5.0))
     except Stop as e:
         s.say(f"stopped ({e}): the archives packed so far are in {out}")
@@ -420,52 +394,39 @@ def run(args) -> int:
     return 0
 
 
-def _rows(bench_json: Path) -> list[dict]:
-    """The rows `bench train --variants --json` wrote (none if it wrote nothing, or half a file)."""
+def code_version() -> str:
+    """The commit this checkout is: `git rev-parse HEAD`, else the first word of .whl/code_version (the device copy
+    has no .git: README step 0 writes that file into the carried .whl/), else 'unknown'."""
     try:
-        return json.loads(bench_json.read_text()).get("rows", [])
-    except (OSError, ValueError):
-        return []
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    f = ROOT / ".whl" / "code_version"
+    words = f.read_text().split() if f.is_file() else []
+    return words[0] if words else "unknown"
 
 
-def make_plan(s: Session, args, ends: dict, bench_json: Path) -> dict:
-    """The step variant and the step count (module docstring, 'plan'), printed and returned."""
-    from hmmscope.training.bench_variants import choose_variant, parse_variant
+def default_probe_jobs() -> int:
+    """The probes' fit processes when --probe-jobs is not given: the usable cores (`hmmscope analyze` refuses more;
+    issue 37: cores + 1 made the analyze phase fail in 0.4 s on the 16-core device)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
-    window = ends["train"] - s.now()
-    rows = _rows(bench_json)
-    best, why = choose_variant(rows, max(0.0, window - args.train_fixed_s), ratio=args.train_ratio) if rows else (None, [])
-    for line in why:
-        s.say(f"plan: {line}")
-    if best is None:
-        comp, att = parse_variant("eager")
-        steps = args.steps or args.target_steps
-        plan = {"variant": "eager", "compile": comp, "attention": att, "steps": steps, "measured": False,
-                "formula": f"no bench rows: {'--steps' if args.steps else '--target-steps'} = {steps}, stopped by "
-                           "train's own --deadline if they do not fit"}
-    else:
-        steps = args.steps or plan_steps(best["step_s"], window, fixed_s=args.train_fixed_s, compile_s=best["compile_s"],
-                                         ratio=args.train_ratio, quantum=args.quantum, max_steps=args.max_steps)
-        plan = {"variant": best["variant"], "compile": best["compile"], "attention": best["attention"], "steps": steps,
-                "measured": True, "step_s": best["step_s"], "compile_s": best["compile_s"], "mfu": best["mfu"],
-                "window_s": window, "fixed_s": args.train_fixed_s, "ratio": args.train_ratio, "quantum": args.quantum,
-                "formula": (f"--steps {steps}" if args.steps else
-                            f"floor((window {window:.0f} s - fixed {args.train_fixed_s:g} s - compile "
-                            f"{best['compile_s']:.1f} s) / ({best['step_s'] * 1e3:.2f} ms x {args.train_ratio:g}) / "
-                            f"{args.quantum}) x {args.quantum} = {steps}"
-                            + (f" (capped at --max-steps {args.max_steps})" if args.max_steps and steps == args.max_steps
-                               else ""))}
-    plan["target_steps"] = args.target_steps
-    plan["meets_target"] = plan["steps"] >= args.target_steps
-    s.say(f"plan: {plan['variant']}, {plan['formula']}"
-          + ("" if plan["meets_target"] else f"; BELOW the target {args.target_steps}: the deadline allows no more"))
-    return plan
+
+def analyze_command(args, py: str, run_id: str, exp: str, out: Path) -> list[str]:
+    """Phase 5's command line: `hmmscope analyze RUN` with the plan's probe set (--probe-jobs: default_probe_jobs)."""
+    return [py, "-c", CLI, "analyze", run_id, "--device", args.device, "--n-episodes", str(args.analyze_episodes),
+            "--ks", args.ks, "--probe-tasks", str(args.probe_tasks), "--min-per-task", str(args.min_per_task),
+            "--probe-jobs", str(args.probe_jobs or default_probe_jobs()), "--probe-fits", args.probe_fits,
+            "--experiment", exp, "--out", str(out)]
 
 
 # ---------------------------------------------------------------- command line
 
 
-def main(argv=None) -> int:
+def main_parser(argv=None) -> argparse.ArgumentParser:
+    """The command line of `run`, `record` and `collect` (argv: to read --dry's defaults from; default sys.argv)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="the one command (module docstring)")
@@ -486,8 +447,9 @@ def main(argv=None) -> int:
     r.add_argument("--python", default=None, help="python for phases 3-6 (default /tmp/venv/bin/python; DRY: this one)")
     r.add_argument("--probe-python", default=None, help="python for the bench beside setup (default: this one)")
     r.add_argument("--setup-s", type=float, default=60 if dry else 150, help="cap on setup")
-    r.add_argument("--variants", default="eager,eager+math" if dry else "eager,eager+cudnn,blocks",
-                   help="bench train --variants (the first is the reference)")
+    r.add_argument("--variants", default="eager,eager+math" if dry else "eager,blocks,blocks-head",
+                   help="bench train --variants (the first is the reference; eager+cudnn gained 1.3%% on the H100 and "
+                        "left for blocks-head; model-graphs, model-autotune compile the whole model: over --bench-s)")
     r.add_argument("--bench-steps", type=int, default=3 if dry else 10)
     r.add_argument("--bench-s", type=float, default=45 if dry else 60, help="cap on the bench (from t0)")
     r.add_argument("--train-fixed-s", type=float, default=30 if dry else 90,
@@ -499,21 +461,27 @@ def main(argv=None) -> int:
                         "logged model: 0.8 GB of weights at the paper's size, an estimate)")
     r.add_argument("--steps", type=int, default=None, help="train exactly this many steps (no plan)")
     r.add_argument("--target-steps", type=int, default=64 if dry else 4096, help="the paper's literal count")
-    r.add_argument("--max-steps", type=int, default=400 if dry else 16384)
+    r.add_argument("--max-steps", type=int, default=400 if dry else 4096,
+                   help="the paper's 4096 steps: the time a faster step saves goes to Figures 2-3 (issue 37)")
     r.add_argument("--quantum", type=int, default=16 if dry else 256)
     r.add_argument("--eval-points", type=int, default=12, help="evaluations (emergence curves) over the run")
-    r.add_argument("--fig1-s", type=float, default=45 if dry else 60, help="Figure 1 window (README.md)")
+    r.add_argument("--fig1-s", type=float, default=45 if dry else 75, help="Figure 1 window (README.md: 69.3 s measured)")
     r.add_argument("--fig1-episodes", type=int, default=16 if dry else 256)
-    r.add_argument("--analyze-s", type=float, default=60 if dry else 120)
+    r.add_argument("--analyze-s", type=float, default=60 if dry else 150)
     r.add_argument("--analyze-min-s", type=float, default=30 if dry else 100,
                    help="Figure 1 may run on until analyze would have less than this")
     r.add_argument("--analyze-episodes", type=int, default=16 if dry else 256)
     r.add_argument("--ks", default="1,2" if dry else "1,2,3")
     r.add_argument("--probe-tasks", type=int, default=4 if dry else 32)
     r.add_argument("--min-per-task", type=int, default=4 if dry else 15)
-    r.add_argument("--probe-jobs", default="1" if dry else None, help="default: CPUs + 1 (the 17 layers at once)")
+    r.add_argument("--probe-jobs", default="1" if dry else None,
+                   help="the probes' fit processes (default: the usable cores, the most `hmmscope analyze` takes)")
+    r.add_argument("--probe-fits", default="torch" if dry else "auto",
+                   help="analyze --probe-fits (auto: torch on the GPU; DRY: torch on the CPU, the GPU path's twin)")
     r.add_argument("--family-tasks", type=int, default=None,
                    help="Figure 1's family_bayes task count M (eval.family_tasks; default: the config's, 256 at the paper)")
+    r.add_argument("--code-version", default=None,
+                   help="the commit, set on the runs as hmmscope.code_version (default: code_version())")
     r.add_argument("--pack-s", type=float, default=15)
     r.add_argument("--min-phase-s", type=float, default=10)
     c = sub.add_parser("record", help="phase 6's record (the venv's python)")
@@ -522,14 +490,20 @@ def main(argv=None) -> int:
     c.add_argument("--name", required=True)
     c.add_argument("--out", required=True)
     c.add_argument("--run", default=None)
+    c.add_argument("--code-version", default=None, help="set as hmmscope.code_version where the runs read unknown")
     k = sub.add_parser("collect", help="the archives of one command into the repository's record folder")
     k.add_argument("src", help="the folder holding the archives (the device tool's files_at)")
     k.add_argument("dest", help="e.g. analysis/results/paper-gpu-figures")
-    a = ap.parse_args(argv)
+    k.add_argument("--code-version", default=None, help="the commit the device ran (its copy has no .git)")
+    return ap
+
+
+def main(argv=None) -> int:
+    a = main_parser(argv).parse_args(argv)
     if a.cmd == "record":
         return record(a)
     if a.cmd == "collect":
-        collect(Path(a.src), Path(a.dest))
+        collect(Path(a.src), Path(a.dest), a.code_version)
         return 0
     a.rec = a.rec or f"/tmp/{a.name}"
     return run(a)

@@ -6,6 +6,8 @@ belief ridge), once per value of N_JOBS on the same input: the wall times, and a
 the same numbers. EPISODES: N = N eval episodes, or TxM = the probe episodes of `hmmscope analyze --probe-tasks T
 --min-per-task M` (T tasks, M each; at the default 32x30 the analysis probes 960 episodes).
 Usage: python analysis/gpu/probe_cost.py [EPISODES=128] [KS=1,2,3] [N_LAYERS=2] [N_JOBS=1 (comma-separated)]
+       python analysis/gpu/probe_cost.py predict-gpu [EPISODES=32x15] [KS=1,2,3] [LAYERS=1] [EVAL_MS=1] [SCALE=AxB]
+           (issue 37's paths: `predict_gpu`, output in probe-cost-predict.txt)
 
 The device stand-in (issue 19: the layerwise analysis of one 16-layer x 1024 run in <= 120 s on 16 cores + an H100):
   python analysis/gpu/probe_cost.py predict [EPISODES=32x30] [KS=1,2,3] [MEASURED_LAYERS=1] [JOBS=16]
@@ -133,8 +135,85 @@ def predict(episodes: str = "32x30", ks: tuple[int, ...] = (1, 2, 3), measured: 
           f"{'fits' if total <= 120 else 'does NOT fit'})")
 
 
+# The second call of 2026-11-27 (analysis/results/paper-once-h100/RUN.md): measured on the H100, the basis of
+# predict_gpu's fixed terms and of its fp32 rate.
+H100_MEASURED = {"checkpoint_s": 16.0, "mixture_and_episodes_s": 2.0, "old_shuffle_s": 37.0}
+PAPER_PARAMS = 201_411_584  # hmmscope.n_params of the paper model (run.json)
+
+
+def predict_gpu(episodes: str = "32x15", ks: tuple[int, ...] = (1, 2, 3), measured: int = 1,
+                eval_ms: float = 1.0, scale: str = "") -> float | None:
+    """The analyze phase with issue 37's paths on the device, predicted from this CPU (an ESTIMATE, each term
+    named): the shuffle test as one forward per batch and the probes' fits in torch on the GPU.
+
+    fp32 rate: calibrated on the H100 from the second call's old shuffle test (37 s for 1 + 2 + ... + 16 = 136
+    block passes per batch of 256 x 5 rows x 356 tokens, 2 x 201.4 M parameters per token: 42 TFLOP/s).
+    shuffle: one forward per batch (16 block passes) at that rate. residuals: one forward of the probe episodes.
+    fits: run_probes(fits="torch") on the stand-in residuals here for `measured` layers, counting its objective
+    evaluations and their matmul FLOPs (torch_fits.STATS); on the device each evaluation costs eval_ms of kernel
+    launches and host syncs (an ESTIMATE: an L-BFGS step with its strong-Wolfe line search is ~40 small kernels
+    and a few syncs) plus its FLOPs at the fp32 rate; x 17 layers. scale "AxB": the probe set the FLOPs are
+    scaled to when the measurement ran on a smaller one (the evaluation count kept: L-BFGS iterations are capped
+    at max_iter = 100 and barely grow with rows)."""
+    import math
+
+    import numpy as np
+    import torch
+
+    from hmmscope.config import preset
+    from hmmscope.data.episodes import probe_episodes
+    from hmmscope.data.hmm import make_mixture
+    from hmmscope.measure.probes import run_probes, torch_fits
+
+    torch.set_num_threads(1)
+    cfg = preset("paper")
+    L, T = cfg.model.n_layers, cfg.data.n_demos * (cfg.data.l_demo + 1) + cfg.data.l_test - 1
+    fwd_token = 2 * PAPER_PARAMS
+    old_passes = sum(range(1, L + 1)) / L  # block passes of the old shuffle test, in full forwards
+    rate = 256 * 5 * T * fwd_token * old_passes / H100_MEASURED["old_shuffle_s"]
+    n_tasks, per_task = (int(v) for v in episodes.split("x"))
+    mix = make_mixture(cfg.hmm)
+    ep = probe_episodes(mix, cfg.data, n_tasks, per_task)
+    emb = np.random.default_rng(0).standard_normal((cfg.hmm.n_tokens + 1, cfg.model.d_model)).astype(np.float32)
+
+    def residual(tok, layer, idx):  # the same stand-in as main()
+        noise = np.random.default_rng([layer, int(idx[0])]).standard_normal((*tok.shape, emb.shape[1]))
+        return torch.from_numpy(emb[tok.numpy()] + 0.5 * noise.astype(np.float32))
+
+    torch_fits.STATS.update(evals=0, flops=0.0)
+    c0 = time.process_time()
+    r = run_probes(residual, mix, ep, ks=ks, n_layers=measured, max_tasks=n_tasks, fits="torch", device="cpu",
+                   progress=lambda m: print(f"  {time.process_time() - c0:7.1f} s CPU  {m}", flush=True))
+    evals, flops = torch_fits.STATS["evals"] / measured, torch_fits.STATS["flops"] / measured
+    if scale:
+        a, b = (int(v) for v in scale.split("x"))
+        flops *= a * b / (n_tasks * per_task)
+    n_probe = (int(scale.split("x")[0]) * int(scale.split("x")[1])) if scale else len(ep)
+    pred = {"checkpoint (M, 2nd call)": H100_MEASURED["checkpoint_s"],
+            "mixture + eval episodes (M, 2nd call)": H100_MEASURED["mixture_and_episodes_s"],
+            "shuffle: one forward per batch": 256 * 5 * T * fwd_token / rate,
+            "probe residuals: one forward": n_probe * (T + 1) * fwd_token / rate,
+            f"fits: {L + 1} layers x ({evals:.0f} evals x {eval_ms:g} ms + {flops / 1e9:.0f} GFLOP)":
+                (L + 1) * (evals * eval_ms / 1e3 + flops / rate),
+            "statistics, tables, figures (E)": 5.0}
+    print(f"measured here: {len(ep)} probe episodes ({episodes}), ks={ks}, {measured} layer(s), torch fits on the CPU: "
+          f"{r.meta['timings']['fits_s']:.1f} s of fits ({evals:.0f} objective evaluations, {flops / 1e9:.1f} GFLOP "
+          f"per layer{' scaled to ' + scale if scale else ''}); fp32 rate {rate / 1e12:.0f} TFLOP/s (calibrated)")
+    for k, v in pred.items():
+        print(f"  {k:62s} {v:6.1f} s")
+    total = sum(pred.values())
+    print(f"  {'total':62s} {total:6.1f} s   (target <= 90 s: {'fits' if total <= 90 else 'does NOT fit'}; "
+          f"shuffle target <= 10 s: {'fits' if pred['shuffle: one forward per batch'] <= 10 else 'does NOT fit'})")
+    return None if math.isnan(total) else total
+
+
 if __name__ == "__main__":  # required: run_probes(n_jobs > 1) spawns workers that import this module
     a = sys.argv[1:]
+    if a[:1] == ["predict-gpu"]:
+        p = a[1:]
+        predict_gpu(p[0] if p else "32x15", tuple(int(k) for k in p[1].split(",")) if len(p) > 1 else (1, 2, 3),
+                    int(p[2]) if len(p) > 2 else 1, float(p[3]) if len(p) > 3 else 1.0, p[4] if len(p) > 4 else "")
+        sys.exit(0)
     if a[:1] == ["predict"]:
         p = a[1:]
         predict(p[0] if p else "32x30", tuple(int(k) for k in p[1].split(",")) if len(p) > 1 else (1, 2, 3),

@@ -95,6 +95,10 @@ check() {  # budget: the call's 600 s less the start; each step gets what is lef
   wait
 }
 
+default_probe_jobs() {  # the probes' fit processes: the usable cores, the most `hmmscope analyze` takes (issue 37:
+  nproc                 # cores + 1 made the analyze phase fail at once on the 16-core device)
+}
+
 pack() {  # the record so far into $OUT (called after each phase, so a call cut short still brings it back)
   local rec=$1 name=$2
   hmmscope sweep status "$name" >"$rec/status.txt" 2>&1
@@ -142,7 +146,7 @@ print(' '.join(r['mlflow_run_id'] for r in study_status('$name', default_storage
   [ -n "${ANALYZE_S:-}" ] && an_s=$ANALYZE_S
   local n_ids; n_ids=$(echo $ids | wc -w)
   # the probes' layer fits in worker processes: the CPUs shared among the runs analyzed at once
-  local pj=${PROBE_JOBS:-$(( $(nproc) / (n_ids > 0 ? n_ids : 1) ))}
+  local pj=${PROBE_JOBS:-$(( $(default_probe_jobs) / (n_ids > 0 ? n_ids : 1) ))}
   [ "$pj" = auto ] || [ "$pj" -ge 1 ] 2>/dev/null || pj=1
   echo "analysis: $an_s s for [$ids], --probe-jobs $pj each"
   for id in $ids; do
@@ -174,8 +178,8 @@ chain() {  # one call of a long run chained over calls (README.md, "The chained 
   # NAME (paper-long), STEPS (12288), DEADLINE (s after the call began when all is packed: 570), PACK_S (25),
   # SCHEDULE (cosine, if the config has train.schedule), EVAL_EVERY (STEPS/24), COMPILE (false),
   # EVAL_EPISODES (512), FIG1_S (120: Figure 1 starts only with this much left), ANALYZE_EPISODES (256),
-  # ANALYZE_KS (1,2,3), PROBE_TASKS (32), MIN_PER_TASK (15), PROBE_JOBS (nproc + 1: the 17 layers of the paper model
-  # at once), ANALYZE_MIN_S (150). The probe set 32 x 15 = 480 episodes: predicted 67 s of probes on the device,
+  # ANALYZE_KS (1,2,3), PROBE_TASKS (32), MIN_PER_TASK (15), PROBE_JOBS (nproc: the usable cores, the most analyze
+  # takes), ANALYZE_MIN_S (150). The probe set 32 x 15 = 480 episodes: predicted 67 s of probes on the device,
   # against 132 s at the default 32 x 30 (probe-cost-predict.txt).
   CHAIN_T0=$SECONDS
   local name=${NAME:-paper-long} new=${NEW:?set NEW=1 for the first call of a chain, NEW=0 for the next ones}
@@ -243,7 +247,7 @@ chain() {  # one call of a long run chained over calls (README.md, "The chained 
     if [ "$left" -ge "${ANALYZE_MIN_S:-150}" ]; then
       timeout "$left" hmmscope analyze "$run" --device "$dev" --n-episodes "${ANALYZE_EPISODES:-256}" \
         --ks "${ANALYZE_KS:-1,2,3}" --probe-tasks "${PROBE_TASKS:-32}" --min-per-task "${MIN_PER_TASK:-15}" \
-        --probe-jobs "${PROBE_JOBS:-$(( $(nproc) + 1 ))}" --experiment "$exp" --out "$figs" >"$rec/analyze.log" 2>&1 \
+        --probe-jobs "${PROBE_JOBS:-$(default_probe_jobs)}" --experiment "$exp" --out "$figs" >"$rec/analyze.log" 2>&1 \
         && touch "mlruns/chain-$name.layers"
       echo "analyze: rc=$? at $((SECONDS - CHAIN_T0)) s; last phase: $(grep '^analyze: ' "$rec/analyze.log" | tail -n 1)"
       chain_pack "$rec" "$name" "$run"
@@ -267,5 +271,6 @@ case "${1:-}" in
   chain) setup && chain ;;
   verify) setup && "$PY" analysis/gpu/chain.py verify "$("$PY" analysis/gpu/chain.py state "hmmscope-${NAME:-paper-long}" | cut -d' ' -f1)" ;;
   setup) setup ;;
+  probe-jobs) echo "${PROBE_JOBS:-$(default_probe_jobs)}" ;;  # the default the calls above use (a test reads it)
   *) echo "usage: [DRY=1] bash analysis/gpu/session.sh paper-once [FLAGS] | check | STEPS=N ... paper | NEW=1|0 ... chain | ... verify" >&2; exit 2 ;;
 esac

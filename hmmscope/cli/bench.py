@@ -203,8 +203,9 @@ def bench_train_cmd(
     = False,
     variants: Annotated[str | None, typer.Option(
         help="Comma-separated training-step variants <compile>[+<attention>] to time one after another from the same "
-             "weights (compile: eager, model, blocks; attention: auto, flash, efficient, cudnn, math), e.g. "
-             "eager,eager+cudnn,blocks: step time, one-off (compile) time, MFU, losses vs the first.")] = None,
+             "weights (compile: eager, model, model-autotune, model-graphs, blocks, blocks-head; attention: auto, "
+             "flash, efficient, cudnn, math), e.g. eager,blocks,blocks-head: step time, one-off (compile) time, MFU, "
+             "losses vs the first.")] = None,
     json_: Annotated[Path | None, typer.Option("--json", help="With --variants: write the rows here (JSON), "
                                                               "rewritten as each variant is done.")] = None,
     threads: ThreadsOpt = None,
@@ -248,7 +249,8 @@ def bench_train_cmd(
                f"counted (6 N + attention), {r['ours_tflops']:.3f} TFLOP/s")
     for k, rate in r["measured_rates"].items():
         tag = "  <- MFU" if k == r["mfu_denominator"] else ""
-        typer.echo(f"  {k} GEMM {r['gemm_shape']} measured now: {rate / 1e12:.3f} TFLOP/s; "
+        typer.echo(f"  {k} GEMM {r['gemm_shapes'][k]} measured now: {rate / 1e12:.3f} TFLOP/s (the best of "
+                   f"{', '.join(f'{s} {v / 1e12:.3f}' for s, v in r['gemm_rates'][k].items())}); "
                    f"MFU {100 * r['mfu_all'][k]:.1f}%{tag}")
     if r["cpu_bf16_native"] is False:
         typer.echo("  bf16: this CPU has no native bf16 matmul (no AVX512-BF16/AMX); not measured")

@@ -266,6 +266,9 @@ def analyze_cmd(
     probe_jobs: Annotated[str, typer.Option(
         help="Worker processes for the probes' layer fits: N >= 1, or 'auto' = the CPUs this process may use "
              "(the same numbers at any value).")] = "1",
+    probe_fits: Annotated[str, typer.Option(
+        help="The probes' fits: auto (torch on a CUDA device, else scikit-learn), sklearn (CPU, --probe-jobs "
+             "processes) or torch (on --device; checked against scikit-learn's to a stated tolerance).")] = "auto",
     seed: Annotated[int, typer.Option(help="Seed for permutations, position subsampling and splits.")] = 0,
     device: DeviceOpt = None,
     tracking_uri: UriOpt = None,
@@ -282,6 +285,8 @@ def analyze_cmd(
     if len(set(k_list)) != len(k_list):
         raise ConfigError(f"--ks: each k once, got {ks!r}")
     jobs = checks.probe_jobs(parse_jobs(probe_jobs, "--probe-jobs"))
+    if probe_fits not in ("auto", "sklearn", "torch"):
+        raise ConfigError(f"--probe-fits: auto, sklearn or torch, got {probe_fits!r}")
     checks.seed(seed, "--seed")
     from ..tracking.store import check_experiment_name
 
@@ -312,7 +317,7 @@ def analyze_cmd(
     with sigterm_interrupts():
         res = analyze_run(uri, target, device=device or "auto", n_episodes=n_episodes, ks=tuple(k_list),
                           n_perms=n_perms, seed=seed, experiment=experiment, out=out,
-                          probe_tasks=probe_tasks, min_per_task=min_per_task, probe_jobs=jobs,
+                          probe_tasks=probe_tasks, min_per_task=min_per_task, probe_jobs=jobs, probe_fits=probe_fits,
                           progress=lambda m: typer.echo(m, err=True))
     print_claims(f"claims (analysis run {res.run_id}; shuffle {res.seconds['shuffle_s']:.0f} s, "
                  f"probes {res.seconds['probes_s']:.0f} s)", res.claims)

@@ -24,10 +24,12 @@ Conventions.
 - Permutations: n_perms per episode, uniform over the k! - 1 non-identity orders, from
   default_rng(SeedSequence([seed, tag])), drawn for all episodes before batching (the
   result does not depend on batch_size). Requires k >= 2 and l_test >= 2.
-- Memory: a forward holds B (1 + n_perms) rows, B <= batch_size episodes, cut further so one
-  layer's scores (rows x H x T x T float32) fit in `max_bytes`; layers are read in groups
-  (run_with_cache with stop_early) whose scores fit in `max_bytes` (one layer at a time at
-  the paper's scale: 6 episodes x 5 rows x 16 heads x 357^2 at the 256 MiB default).
+- Memory and passes: a forward holds B (1 + n_perms) rows, B <= batch_size episodes, cut further so
+  one layer's scores (rows x H x T x T float32) fit in `max_bytes` (6 episodes x 5 rows x 16 heads x
+  357^2 at the paper's scale and the 256 MiB default). Each layer's scores are reduced to their sums
+  as the forward makes them (a hook), so one forward per batch runs through every layer (issue 37:
+  a forward per layer and batch took 37 s on an H100 at the paper's scale). The model is moved to
+  `device` and back to its own (no copy when the caller moved it there first, as analyze does).
 
 Claims ("upper layers change less"), from the per-episode layer values r[e, l]:
 1. slope: OLS of r[e,l] on l over all (e, l), episode-clustered SE, t-based 95% CI.
@@ -53,7 +55,6 @@ import torch
 from ..data import seeds
 from ..data.episodes import Episodes
 from ..data.episodes import layout as make_layout
-from ..model.transformer import run_with_cache
 from ..stats import Claim, claim, jsonable, rule
 
 _TAG = 0x53485546  # "SHUF"
@@ -229,6 +230,39 @@ class ShuffleResult:
         return save(self.figure(title), path)
 
 
+def _scores_forward(model, idx: torch.Tensor, reduce) -> None:
+    """One forward of `model` on idx through every layer, each layer's attention on the explicit path, calling
+    reduce(layer, scores) with its pre-softmax scores (rows, H, T, T) as they are made (nothing is cached, so one
+    layer's scores are alive at a time); the logits are not computed. Flags and hooks are restored on return."""
+    blocks = list(model.blocks)
+    saved = [b.attn.explicit for b in blocks]
+    handles = []
+
+    class _Done(Exception):
+        pass
+
+    def hook(l):
+        def fn(_mod, _inp, scores):
+            reduce(l, scores)
+            if l == len(blocks) - 1:
+                raise _Done  # the last layer's scores are all it needs: no MLP, final norm or head
+        return fn
+
+    try:
+        for l, b in enumerate(blocks):
+            b.attn.explicit = True
+            handles.append(b.attn.hook_attn_scores.register_forward_hook(hook(l)))
+        try:
+            model(idx)
+        except _Done:
+            pass
+    finally:
+        for h in handles:
+            h.remove()
+        for b, e in zip(blocks, saved):
+            b.attn.explicit = e
+
+
 @torch.no_grad()
 def shuffle_test(model, ep: Episodes, *, n_perms: int = 4, seed: int = 0, device="cpu", batch_size: int = 32,
                  max_episodes: int | None = None, max_bytes: int = 1 << 28) -> ShuffleResult:
@@ -257,7 +291,7 @@ def shuffle_test(model, ep: Episodes, *, n_perms: int = 4, seed: int = 0, device
         model.to(device).eval()
         torch.backends.cuda.matmul.allow_tf32 = False
         per_ep = (1 + n_perms) * H * (T - 1) ** 2 * 4  # bytes of one layer's scores for one episode
-        bs = max(1, min(batch_size, max_bytes // per_ep))
+        bs = max(1, min(batch_size, max_bytes // per_ep))  # one layer's scores at a time: reduced as they come
         for lo in range(0, E, bs):
             b = np.arange(lo, min(lo + bs, E))
             B, tok = len(b), ep.tokens[b].astype(np.int64)
@@ -268,23 +302,21 @@ def shuffle_test(model, ep: Episodes, *, n_perms: int = 4, seed: int = 0, device
                 kmaps.append(km[:, ki_np])  # (B, nk): new position of each demo key
             idx = torch.as_tensor(np.concatenate(rows)[:, :-1], device=device)  # ((1+P) B, T-1)
             kmap = torch.as_tensor(np.stack(kmaps), device=device)  # (P, B, nk)
-            group = max(1, min(L, max_bytes // (B * per_ep)))
-            for g0 in range(0, L, group):
-                layers = range(g0, min(g0 + group, L))
-                names = [f"blocks.{l}.attn.hook_attn_scores" for l in layers]
-                _, cache = run_with_cache(model, idx, names, stop_early=True)
-                for l, name in zip(layers, names):
-                    s = cache.pop(name).float().view(1 + n_perms, B, H, T - 1, T - 1)[:, :, :, qi]
-                    orig = s[0][..., ki]  # (B, H, nq, nk)
-                    gi = kmap[:, :, None, None, :].expand(n_perms, B, H, len(qi), len(ki))
-                    moved = s[1:].gather(-1, gi)  # (P, B, H, nq, nk): each key's moved copy
-                    ok0 = (orig[:, :1] > -math.inf).expand_as(orig)  # the mask is the same for all heads
-                    ok = ok0 & (moved[:, :, :1] > -math.inf)
-                    dlt = torch.where(ok, (moved - orig).abs(), 0.0)
-                    st = torch.stack([dlt.sum((0, 3, 4)), ok.sum((0, 3, 4)),
-                                      torch.where(ok0, orig.abs(), 0.0).sum((2, 3)), ok0.sum((2, 3))])
-                    sums[:, b, l] = st.double().cpu().numpy()
-                del cache
+            gi = kmap[:, :, None, None, :].expand(n_perms, B, H, len(qi), len(ki))
+            out = torch.empty((L, 4, B, H), dtype=torch.float64, device=device)
+
+            def reduce(l, scores, B=B, gi=gi, out=out):  # one layer's scores as the forward makes them: their sums
+                s = scores.float().view(1 + n_perms, B, H, T - 1, T - 1)[:, :, :, qi]
+                orig = s[0][..., ki]  # (B, H, nq, nk)
+                moved = s[1:].gather(-1, gi)  # (P, B, H, nq, nk): each key's moved copy
+                ok0 = (orig[:, :1] > -math.inf).expand_as(orig)  # the mask is the same for all heads
+                ok = ok0 & (moved[:, :, :1] > -math.inf)
+                dlt = torch.where(ok, (moved - orig).abs(), 0.0)
+                out[l] = torch.stack([dlt.sum((0, 3, 4)), ok.sum((0, 3, 4)),
+                                      torch.where(ok0, orig.abs(), 0.0).sum((2, 3)), ok0.sum((2, 3))]).double()
+
+            _scores_forward(model, idx, reduce)
+            sums[:, b] = out.permute(1, 2, 0, 3).cpu().numpy()  # (4, B, L, H)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
         model.to(home).train(was_training)

@@ -172,11 +172,12 @@ class Transformer(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, loss_mask: torch.Tensor | None = None,
-                *, blocks: Sequence[Callable] | None = None):
+                *, blocks: Sequence[Callable] | None = None, head: Callable | None = None):
         """idx (B, T) long -> (logits (B, T, V), mean cross-entropy over loss_mask positions, or None).
 
         logits[:, t] predicts targets[:, t]; loss_mask (B, T) bool (None = every position). blocks: callables
-        run in place of self.blocks, one per layer (the compiled blocks of `compile_forward`).
+        run in place of self.blocks, one per layer; head: in place of `_head` (final norm, unembedding, loss): the
+        compiled ones of `compile_forward`.
         """
         B, T = idx.shape
         if T > self.cfg.max_len:
@@ -190,6 +191,11 @@ class Transformer(nn.Module):
         rope = (self.rope_cos, self.rope_sin) if self.cfg.pos_enc == "rope" else None
         for block in self.blocks if blocks is None else blocks:
             x = block(x, rope, self.mask)
+        return (self._head if head is None else head)(x, targets, loss_mask)
+
+    def _head(self, x: torch.Tensor, targets: torch.Tensor | None, loss_mask: torch.Tensor | None):
+        """The last residual (B, T, D) -> (logits, loss): final LayerNorm, tied unembedding, cross-entropy."""
+        B, T, _ = x.shape
         logits = self.head(self.ln_f(x))  # (B, T, V)
         if targets is None:
             return logits, None
@@ -228,15 +234,23 @@ class Transformer(nn.Module):
     def compile_forward(self, scope: str = "model", **compile_kw) -> Callable:
         """A torch.compile'd callable with this module's forward signature, for the training step.
 
-        scope "model": torch.compile(self) (one graph over every layer); "blocks": each block compiled alone and
-        run by this (eager) forward through its `blocks` argument. Identical blocks share one compiled graph
-        (dynamo traces parameters as inputs), so the compile time is about one layer's. compile_kw go to
-        torch.compile (e.g. backend). The module is not changed: its own calls stay eager."""
-        if scope == "model":
-            return torch.compile(self, **compile_kw)
-        if scope != "blocks":
-            raise ValueError(f"unknown compile scope {scope!r} (model or blocks)")
-        return functools.partial(self, blocks=[torch.compile(b, **compile_kw) for b in self.blocks])
+        scope (COMPILE_SCOPES) "model": torch.compile(self) (one graph over every layer); "model-autotune": the
+        same with mode max-autotune-no-cudagraphs (inductor benchmarks GEMM and fusion choices: a longer compile);
+        "model-graphs": mode reduce-overhead (CUDA graphs: the step's kernel launches replayed as one; on a CPU,
+        plain compiling); "blocks": each block compiled alone and run by this (eager) forward through its `blocks`
+        argument: identical blocks share one compiled graph (dynamo traces parameters as inputs), so the compile
+        time is about one layer's; "blocks-head": those blocks and the head (final norm, unembedding and
+        cross-entropy: one fused graph, the logits never upcast in memory) compiled too. compile_kw go to
+        torch.compile (e.g. backend; a backend that takes no mode ignores it). The module is not changed: its own
+        calls, its state dict, evaluation and hooks stay eager. (QKV is already one GEMM: Attention.qkv.)"""
+        if scope not in COMPILE_SCOPES:
+            raise ValueError(f"unknown compile scope {scope!r} ({', '.join(COMPILE_SCOPES)})")
+        if scope.startswith("model"):
+            mode = {"model-autotune": "max-autotune-no-cudagraphs", "model-graphs": "reduce-overhead"}.get(scope)
+            return torch.compile(self, **({"mode": mode} if mode else {}), **compile_kw)
+        blocks = [torch.compile(b, **compile_kw) for b in self.blocks]
+        head = torch.compile(self._head, **compile_kw) if scope == "blocks-head" else None
+        return functools.partial(self, blocks=blocks, head=head)
 
     def hook_names(self) -> list[str]:
         return [n for n, m in self.named_modules() if isinstance(m, HookPoint)]
@@ -246,6 +260,7 @@ class Transformer(nn.Module):
 
 
 SDPA_KERNELS = ("flash", "efficient", "cudnn", "math")
+COMPILE_SCOPES = ("model", "model-autotune", "model-graphs", "blocks", "blocks-head")  # Transformer.compile_forward
 
 
 def attention_kernels(name: str, device: torch.device | str) -> Callable[[], AbstractContextManager]:

@@ -94,6 +94,27 @@ def gemm_rate(m: int, k: int, n: int, dtype=None, device="cpu", repeats: int = 3
     return 2 * m * k * n * calls / _best_time(_gemm_fn(m, k, n, dtype, device, calls), repeats)
 
 
+LARGE_GEMM = 2048  # the MFU denominator's large square GEMM (n, n) x (n, n): the machine's matmul limit
+
+
+def mfu_denominator(m: int, k: int, n: int, dtype, device, calls: int = 20) -> tuple[float, str, dict[str, float]]:
+    """The matmul rate MFU is measured against: the best of the model's own GEMM shape (m, k) x (k, n), timed as
+    gemm_rate with `calls` products, and a large square GEMM of LARGE_GEMM (timed with 20 products on a GPU, 2 on a
+    CPU: about a second there), both measured now. A small model's own GEMM runs far below the machine's limit
+    (issue 33: 86-121% "MFU" against a (B T, 64) x (64, 256) product); the large one is the limit. Returns (rate,
+    the shape that set it, {shape: rate})."""
+    import torch
+
+    dev = torch.device(device)
+    rates = {f"({m}, {k}) x ({k}, {n})": gemm_rate(m, k, n, dtype, dev, calls=calls)}
+    big = f"({LARGE_GEMM}, {LARGE_GEMM}) x ({LARGE_GEMM}, {LARGE_GEMM})"
+    if big not in rates:
+        rates[big] = gemm_rate(LARGE_GEMM, LARGE_GEMM, LARGE_GEMM, dtype, dev, repeats=2,
+                               calls=20 if dev.type == "cuda" else 2)
+    shape = max(rates, key=rates.get)
+    return rates[shape], shape, rates
+
+
 def bench_filter(n_seqs: int = 4096, length: int = 256, peer_length: int = 20000, repeats: int = 5,
                  **hmm_kw) -> dict[str, float]:
     """Filter tokens/s, side by side, in one process, on one HMM (128 states, 16 tokens, rank 8 by default).
@@ -412,8 +433,9 @@ def bench_train(cfg, device: str = "auto", batch_size: int = 32, seq_len: int = 
     """Tokens/s and MFU of one training step (forward, backward, clip, AdamW) for `cfg.model`, vs HF RoFormer.
 
     MFU = counted FLOPs (Transformer.flops_per_token: 6 N + attention) per second over the matmul rate
-    measured in the same run on the same device: an fp32 GEMM of the model's MLP shape (B T, d_model) x
-    (d_model, d_mlp) on the CPU (which trains in fp32), bf16 on CUDA (which trains under bf16 autocast);
+    measured in the same run on the same device (`mfu_denominator`: the better of a GEMM of the model's MLP shape
+    (B T, d_model) x (d_model, d_mlp) and a large square one), fp32 on the CPU (which trains in fp32), bf16 on
+    CUDA (which trains under bf16 autocast);
     the other precision is measured and printed too (bf16 on a CPU only where it has native bf16), and
     a GPU's datasheet figure beside it, labelled. The peer is transformers' RoFormerForCausalLM at the
     same shape with the same AdamW step. compile: time torch.compile(model) instead of the eager model, and
@@ -451,9 +473,9 @@ def bench_train(cfg, device: str = "auto", batch_size: int = 32, seq_len: int = 
                 "break_even_steps": compile_s / (t_eager - t_ours) if t_eager > t_ours else float("inf")}
     tokens = batch_size * seq_len
     rows, calls = batch_size * seq_len, max(4, 6 * m.n_layers)
-    rates = {"fp32": gemm_rate(rows, m.d_model, m.d_mlp, torch.float32, dev, calls=calls)}
-    if cuda or cpu_bf16_native():
-        rates["bf16"] = gemm_rate(rows, m.d_model, m.d_mlp, torch.bfloat16, dev, calls=calls)
+    dtypes = {"fp32": torch.float32, **({"bf16": torch.bfloat16} if cuda or cpu_bf16_native() else {})}
+    limits = {k: mfu_denominator(rows, m.d_model, m.d_mlp, dt, dev, calls=calls) for k, dt in dtypes.items()}
+    rates = {k: v[0] for k, v in limits.items()}
     denom = "bf16" if cuda else "fp32"
     flops = ours.flops_per_token(seq_len) * tokens / t_ours
     sheet, sheet_what = _datasheet_bf16(dev)
@@ -462,6 +484,7 @@ def bench_train(cfg, device: str = "auto", batch_size: int = 32, seq_len: int = 
         "device": str(dev), "shape": shape, "compiled": compile,
         "ours_tokens_per_s": tokens / t_ours, "flops_per_token": ours.flops_per_token(seq_len),
         "ours_tflops": flops / 1e12, "gemm_shape": f"({rows}, {m.d_model}) x ({m.d_model}, {m.d_mlp})",
+        "gemm_shapes": {k: v[1] for k, v in limits.items()}, "gemm_rates": {k: v[2] for k, v in limits.items()},
         "measured_rates": rates, "mfu_denominator": denom, "mfu": flops / rates[denom],
         "mfu_all": {k: flops / r for k, r in rates.items()},
         "datasheet_bf16": sheet, "datasheet_what": sheet_what,

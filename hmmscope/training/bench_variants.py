@@ -8,15 +8,18 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from .bench import gemm_rate, step_time
+from .bench import mfu_denominator, step_time
 
-VARIANT_COMPILE = {"eager": "false", "model": "true", "blocks": "blocks"}  # variant name -> train.compile
+VARIANT_COMPILE = {"eager": "false", "model": "true", "model-autotune": "model-autotune", "model-graphs": "model-graphs",
+                   "blocks": "blocks", "blocks-head": "blocks-head"}  # variant name -> train.compile
 
 
 def parse_variant(name: str) -> tuple[str, str]:
     """A training-step variant "<compile>[+<attention>]" -> (train.compile, train.attention).
 
-    compile: eager (none), model (torch.compile of the whole model), blocks (each block compiled, one shared graph);
+    compile: eager (none), model (torch.compile of the whole model), model-autotune (mode max-autotune-no-cudagraphs),
+    model-graphs (mode reduce-overhead: CUDA graphs), blocks (each block compiled, one shared graph), blocks-head
+    (those and the head: final norm, unembedding and cross-entropy fused in one graph);
     attention: auto (torch's kernel choice, the default) or a pinned SDPA kernel: flash, efficient, cudnn, math.
     E.g. "eager", "eager+cudnn", "blocks". ValueError (one line) for anything else."""
     from ..config import ATTENTION
@@ -31,7 +34,7 @@ def parse_variant(name: str) -> tuple[str, str]:
 
 def bench_variants(cfg, device: str = "auto", batch_size: int = 32, seq_len: int = 256, steps: int = 5,
                    variants=("eager",), repeats: int = 2, on_start: Callable[[dict], None] | None = None,
-                   on_row: Callable[[dict], None] | None = None) -> dict[str, Any]:
+                   on_row: Callable[[dict], None] | None = None, compile_kw: dict | None = None) -> dict[str, Any]:
     """Time each training-step variant (`parse_variant`) at one shape, as train.py runs the step, for the pick of
     `choose_variant`.
 
@@ -44,7 +47,7 @@ def bench_variants(cfg, device: str = "auto", batch_size: int = 32, seq_len: int
     variant's (the reference: list eager first). A variant that raises (e.g. a kernel the device lacks) gives a
     row with its one-line `error`; the others still run. on_start(head) is called once the GEMM rate is measured
     (the result less its rows), on_row(row) as each row is done (a caller writes them out, so a timeout keeps the
-    finished rows)."""
+    finished rows). compile_kw go to torch.compile (tests: backend="aot_eager", the CPU twin)."""
     import torch
 
     from .train import resolve_device, resolve_precision
@@ -62,10 +65,10 @@ def bench_variants(cfg, device: str = "auto", batch_size: int = 32, seq_len: int
     tokens = batch_size * seq_len
     rows_, calls = batch_size * seq_len, max(4, 6 * m.n_layers)
     dtype = torch.bfloat16 if bf16 else torch.float32
-    rate = gemm_rate(rows_, m.d_model, m.d_mlp, dtype, dev, calls=calls)
+    rate, gemm_shape, gemm_rates = mfu_denominator(rows_, m.d_model, m.d_mlp, dtype, dev, calls=calls)
     shape = f"{m.n_layers} layers x {m.d_model} x {m.n_heads} heads, batch {batch_size} x {seq_len}"
     out: dict[str, Any] = {"device": str(dev), "shape": shape, "precision": "bf16" if bf16 else "fp32",
-                           "gemm_shape": f"({rows_}, {m.d_model}) x ({m.d_model}, {m.d_mlp})", "gemm_rate": rate,
+                           "gemm_shape": gemm_shape, "gemm_rate": rate, "gemm_rates": gemm_rates,
                            "gemm_dtype": str(dtype).removeprefix("torch."), "steps": steps, "repeats": repeats,
                            "rows": []}
     if cuda:
@@ -77,7 +80,7 @@ def bench_variants(cfg, device: str = "auto", batch_size: int = 32, seq_len: int
         comp, att = parse_variant(name)
         row: dict[str, Any] = {"variant": name, "compile": comp, "attention": att}
         try:
-            row.update(_time_variant(m, vocab, comp, att, x, y, dev, bf16, steps, repeats), error=None)
+            row.update(_time_variant(m, vocab, comp, att, x, y, dev, bf16, steps, repeats, compile_kw), error=None)
             flops = row.pop("flops_per_token") * tokens / row["step_s"]
             row.update({"tokens_per_s": tokens / row["step_s"], "tflops": flops / 1e12, "mfu": flops / rate})
             ref = ref or row
@@ -93,7 +96,8 @@ def bench_variants(cfg, device: str = "auto", batch_size: int = 32, seq_len: int
     return out
 
 
-def _time_variant(m, vocab: int, comp: str, att: str, x, y, dev, bf16: bool, steps: int, repeats: int) -> dict:
+def _time_variant(m, vocab: int, comp: str, att: str, x, y, dev, bf16: bool, steps: int, repeats: int,
+                  compile_kw: dict | None = None) -> dict:
     """One variant's step times and losses (bench_variants); the model and optimizer are freed on return."""
     import contextlib
 
@@ -102,10 +106,11 @@ def _time_variant(m, vocab: int, comp: str, att: str, x, y, dev, bf16: bool, ste
     from ..model.transformer import Transformer, attention_kernels
 
     kernels = attention_kernels(att, dev)
+    compile_kw = compile_kw or {}
     torch.manual_seed(0)
     model = Transformer(m, vocab).to(dev)
     opt = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95))
-    fwd = model.compile_forward("blocks" if comp == "blocks" else "model") if comp != "false" else model
+    fwd = model.compile_forward("model" if comp == "true" else comp, **compile_kw) if comp != "false" else model
     last: list = []
 
     mask = torch.ones_like(y, dtype=torch.bool)  # train.py passes its loss mask: the same graph

@@ -204,7 +204,7 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 
 def resolve_compile(spec: str | bool, device: torch.device) -> bool:
-    """train.compile on `device`: 'auto' -> on for CUDA only; 'true' / 'blocks' on, 'false' off (or a bool) as given.
+    """train.compile on `device`: 'auto' -> on for CUDA only; 'false' off, any other (a compile scope) on; a bool as given.
 
     Why auto is CUDA-only: compiling costs a fixed time per process (tens of seconds for the paper's model),
     paid back only when the steps of one call save more than that: (eager step - compiled step) x steps >
@@ -214,7 +214,7 @@ def resolve_compile(spec: str | bool, device: torch.device) -> bool:
     count; the CUDA figure has not been measured yet (no GPU in the session that wrote this)."""
     if isinstance(spec, bool):
         return spec
-    return device.type == "cuda" if spec == "auto" else spec in ("true", "blocks")
+    return device.type == "cuda" if spec == "auto" else spec != "false"
 
 
 def _indices(idx: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -389,7 +389,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
         start, best = int(ck["step"]), _val_keys(ck["metrics"].get("best", {}))
         set_rng_state(ck["rng"])
     compiled = resolve_compile(t.compile, device)
-    scope = "blocks" if t.compile == "blocks" else "model"
+    scope = "model" if t.compile in ("auto", "true") else t.compile  # a Transformer.compile_forward scope
     fwd = model.compile_forward(scope) if compiled else model  # the training step only; evaluation, state dicts: `model`
     n_params = model.num_params()
     tok_per_step = t.batch_size * (ep_train.seq_len - 1)
@@ -397,7 +397,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
     run_tags = {"hmmscope.dataset_hash": ep_train.meta.get("dataset_hash", ""),
             "hmmscope.eval_dataset_hash": ep_eval.meta.get("dataset_hash", ""),
             "hmmscope.hmm_hash": config_hash(cfg.hmm), "hmmscope.device": str(device), "hmmscope.precision": precision,
-            "hmmscope.compiled": scope if compiled and scope == "blocks" else str(compiled).lower(),
+            "hmmscope.compiled": scope if compiled and scope != "model" else str(compiled).lower(),
             "hmmscope.attention": t.attention, "hmmscope.n_params": n_params,
             # the budget as passes over data.n_train and episodes per training task (SCIENCE.md 8's two readings)
             "hmmscope.epochs": f"{epochs_done(t.steps, len(ep_train), t.batch_size):g}",

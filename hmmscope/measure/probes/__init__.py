@@ -27,6 +27,8 @@ The rooms, in the order of a run (each module's docstring has its part of the me
 - `residuals`: which positions are probed, and the residual streams there, layer by layer (torch, lazily).
 - `fits`: the split, the shuffled-label controls, the classifiers and ridge, one layer's fits, and the
   worker processes that fit layers in parallel (sklearn; never torch: the workers start without it).
+- `torch_fits`: the same fits in torch on any device (closed-form ridge, batched L-BFGS logistic regression;
+  `run_probes(fits=...)`, auto = torch on CUDA), imported by `fits` only inside a torch fit.
 - `claims`: bootstrap CIs, the cross-fitted best layer, and the claims with their verdicts (numpy, scipy).
 - `result`: `ProbeResult`, its tables (CSV), JSON and Figure 3.
 - `driver`: `run_probes`, which builds the targets and wires the four together.

@@ -55,9 +55,12 @@ def run_probes(model, mix, ep, *, ks=(1, 2, 3, 4, 5), max_tasks: int = 32, posit
                max_iter: int = 100, tol: float = 1e-3, fracs=(0.5, 0.9), belief: bool = True,
                alphas=(0.1, 1.0, 10.0, 100.0, 1000.0), layers=None, n_layers: int | None = None,
                batch_size: int = 64, mem_budget: int = 1 << 30, blas_threads: int | None = 1,
-               warm_start: bool = False, n_jobs: int = 1, progress: Callable[[str], Any] | None = None) -> ProbeResult:
+               warm_start: bool = False, n_jobs: int = 1, fits: str = "auto",
+               progress: Callable[[str], Any] | None = None) -> ProbeResult:
     """All probes of the module docstring on every layer; mix is needed for the belief probe (None skips it).
 
+    fits: "sklearn" (scikit-learn on the CPU, in n_jobs processes), "torch" (`torch_fits` on `device`, in this
+    process) or "auto" (torch on a CUDA device, else sklearn).
     n_jobs: worker processes for the layers' fits (module docstring; the same numbers at any n_jobs). progress:
     called with a line of text after the belief targets, after each layer's fits and after the statistics.
     """
@@ -66,6 +69,9 @@ def run_probes(model, mix, ep, *, ks=(1, 2, 3, 4, 5), max_tasks: int = 32, posit
     if warm_start and n_jobs > 1:
         raise ValueError("warm_start=True carries each layer's fit to the next, so the layers fit in order: "
                          f"use n_jobs=1, got {n_jobs}")
+    if fits not in ("auto", "sklearn", "torch"):
+        raise ValueError(f"fits must be auto, sklearn or torch, got {fits!r}")
+    fit_device = str(device) if fits == "torch" or fits == "auto" and str(device).startswith("cuda") else None
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
     res = collect_residuals(model, ep, layers=layers, n_layers=n_layers, positions_per_episode=positions_per_episode,
@@ -118,8 +124,9 @@ def run_probes(model, mix, ep, *, ks=(1, 2, 3, 4, 5), max_tasks: int = 32, posit
         rng, g = seeds.rng(seed, PROBE_TAG, 5), rows_ep[~test_row]
         vals = [(ridge_val(g, rng), ridge_val(g, rng)) for _ in range(nL)]  # drawn here, in layer order
         say(f"belief targets: {N} episodes x {P} positions x {Y.shape[1]} states")
-    fit = LayerInputs(fittable, ctrl_y, test_row, e_row, n_test, Y, Yc, C, max_iter, tol, tuple(alphas), blas_threads)
-    bel, btab, t_fit, jobs = ([], []), [], 0.0, min(n_jobs, nL)
+    fit = LayerInputs(fittable, ctrl_y, test_row, e_row, n_test, Y, Yc, C, max_iter, tol, tuple(alphas), blas_threads,
+                      fit_device)
+    bel, btab, t_fit, jobs = ([], []), [], 0.0, 1 if fit_device else min(n_jobs, nL)
     with closing(layer_fits(res, fit, vals, jobs, warm_start)) as fits:
         for li, layer, out in fits:
             for t, (real, control) in out["hits"].items():
@@ -161,6 +168,6 @@ def run_probes(model, mix, ep, *, ks=(1, 2, 3, 4, 5), max_tasks: int = 32, posit
             "episodes_per_task": {"min": int(cnt[np.isin(uniq, keep)].min()), "max": int(cnt[np.isin(uniq, keep)].max())},
             "test_episodes": np.flatnonzero(is_test).tolist(), "ks": list(ks), "seed": seed, "C": C,
             "max_iter": max_iter, "tol": tol, "n_boot": n_boot, "fracs": list(fracs), "test_frac": test_frac,
-            "n_jobs": jobs,
+            "n_jobs": jobs, "fits": f"torch on {fit_device}" if fit_device else "sklearn",
             "timings": {"residuals_s": res.seconds, "fits_s": t_fit, "total_s": time.perf_counter() - t0}}
     return ProbeResult(table, btab, summary, claims, meta)

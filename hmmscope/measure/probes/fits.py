@@ -24,8 +24,12 @@ joins a worker itself. Two threads joining one child race: the one that loses th
 its join returns as if the child still ran, so the child can stay in `multiprocessing.active_children()`
 after run_probes has raised (the test `test_the_fit_workers_are_reaped_when_the_pool_reaps_them_late`).
 
-Worker processes import this module: it must not import torch (nor anything that does); it imports
-sklearn and the residuals module's tag only.
+Torch fits (`fit_device` set: `torch_fits`, e.g. on the GPU; issue 37): the same split, standardization,
+controls and outputs, the classifiers and ridge fitted in torch on that device, in this process (n_jobs and
+warm_start do not apply); accuracies and R^2 within the tolerances of tests/test_probes_torch.py of scikit-learn's.
+
+Worker processes import this module: it must not import torch (nor anything that does) at module level; it
+imports sklearn and the residuals module's tag only (torch_fits only inside a torch fit).
 """
 
 from __future__ import annotations
@@ -148,6 +152,7 @@ class LayerInputs:
     tol: float
     alphas: tuple
     blas_threads: int | None
+    fit_device: str | None = None  # None: scikit-learn's fits (CPU, worker processes); a device: torch_fits there
 
 
 def _fit_layer(f: LayerInputs, X: np.ndarray, vals, clfs: dict | None = None) -> dict:
@@ -158,6 +163,8 @@ def _fit_layer(f: LayerInputs, X: np.ndarray, vals, clfs: dict | None = None) ->
     control sums, alpha, control alpha) or None, "seconds": the fits' wall time}.
     """
     t0, out = time.perf_counter(), {"hits": {}, "belief": None}
+    if f.fit_device is not None:
+        return _fit_layer_torch(f, X, vals, t0, out)
     with threadpool_limits(f.blas_threads, user_api="blas"), warnings.catch_warnings():  # see module docstring
         warnings.simplefilter("ignore", ConvergenceWarning)
         warnings.simplefilter("ignore", LinAlgWarning)  # ridge at small alpha on the low-rank embedding layer
@@ -183,6 +190,34 @@ def _fit_layer(f: LayerInputs, X: np.ndarray, vals, clfs: dict | None = None) ->
             p1, alpha = _ridge(Xtr, f.Y[tr], vals[0], Xte, f.alphas)
             p2, calpha = _ridge(Xtr, f.Yc[tr], vals[1], Xte, f.alphas)
             out["belief"] = (_sums(p1, Yte, e, f.n_test), _sums(p2, Yte, e, f.n_test), alpha, calpha)
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def _fit_layer_torch(f: LayerInputs, X: np.ndarray, vals, t0: float, out: dict) -> dict:
+    """_fit_layer with torch_fits on f.fit_device (the same standardization, splits, controls and outputs)."""
+    import torch
+
+    from . import torch_fits
+
+    X = torch.as_tensor(X.reshape(len(f.test_row), -1), device=f.fit_device).float()
+    tr = torch.as_tensor(~f.test_row, device=X.device)
+    mu, sd = X[tr].mean(0), X[tr].std(0, correction=0) + 1e-6
+    X = (X - mu) / sd
+    tr_np = ~f.test_row
+    for t, (y, group) in f.targets.items():
+        use = y >= 0
+        a, b = use & tr_np, use & f.test_row
+        hits = []
+        for labels in (y, f.ctrl_y[t]):
+            pred = torch_fits.fit_predict(X, labels, a, b, group, f.C, f.max_iter, f.tol, f.fit_device)
+            hits.append(np.bincount(f.e_row[b], (pred == y[b]).astype(float), f.n_test))
+        out["hits"][t] = tuple(hits)
+    if f.Y is not None:
+        Xtr, Xte, Yte, e = X[tr], X[~tr], f.Y[f.test_row], f.e_row[f.test_row]
+        p1, alpha = torch_fits.ridge(Xtr, f.Y[tr_np], vals[0], Xte, f.alphas, f.fit_device)
+        p2, calpha = torch_fits.ridge(Xtr, f.Yc[tr_np], vals[1], Xte, f.alphas, f.fit_device)
+        out["belief"] = (_sums(p1, Yte, e, f.n_test), _sums(p2, Yte, e, f.n_test), alpha, calpha)
     out["seconds"] = time.perf_counter() - t0
     return out
 
@@ -232,8 +267,8 @@ def layer_fits(res: Residuals, f: LayerInputs, vals, n_jobs: int, warm_start: bo
     collects the next layers' residuals, at most 2 * n_jobs layers in flight; an error or interrupt stops the
     workers (`_stop_workers`).
     """
-    if n_jobs == 1:
-        clfs = {} if warm_start else None
+    if n_jobs == 1 or f.fit_device is not None:  # torch fits run here, on their device
+        clfs = {} if warm_start and f.fit_device is None else None
         for li, (layer, X) in enumerate(res):
             yield li, layer, _fit_layer(f, X, vals[li], clfs)
         return
