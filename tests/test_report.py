@@ -237,7 +237,8 @@ def test_posenc_figure_never_joins_blocks_and_says_units_and_the_better_side():
     for ln in top.get_lines():  # within one block (x = 0 or 1, +- 0.25): never from gamma 0.5 to 0.9
         x = [float(v) for v in ln.get_xdata()]
         assert max(x) - min(x) < 0.5, x
-    assert top.get_ylabel() == "eval/excess_ce (nats/token)" and bottom.get_ylabel() == "rope - absolute (nats/token)"
+    assert top.get_ylabel() == "nats/token" and top.get_title() == "eval/excess_ce"  # the unit; the metric above
+    assert bottom.get_ylabel() == "rope - absolute (nats/token)"
     labels = {t.get_text(): t.get_position()[1] for t in bottom.texts}
     assert labels["RoPE better"] < 0 < labels["RoPE worse"]  # lower CE is better: below zero
     assert est.value == pytest.approx(-0.002)

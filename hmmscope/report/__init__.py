@@ -60,7 +60,9 @@ p is printed beside its df):
   (train.seed, else data.seed, when they vary) are the unit, with G - 1 df for G seeds.
 - Positional encoding: effect = RoPE - absolute, trials restricted to those two levels. The verdict row
   (posenc.py): within-(seed, block) paired differences, blocks = levels of the other swept factors,
-  averaged per seed, t over seeds (stats.paired_effect); one seed: the blocks are the units. A factor
+  averaged per seed, t over seeds (stats.paired_effect); one seed: the blocks are the units. The other swept
+  factors are the design's keys (`read.design_keys`: the spec's [space] keys; with no stored spec, the params that
+  are config keys): never a seed, never what a run fits (SCIENCE.md 9: an older store's counting.* params). A factor
   confounded with pos_enc, or one whose pairs would leave < 2 units, is left out and listed with its
   fate; none drops out silently. Per-level effects (each level of each blocking factor) beside the
   pooled one. OLS HC3 and (>= 2 seeds per cell) a random-intercept mixed model are shown as second
@@ -103,7 +105,7 @@ from ..stats import Claim, jsonable
 from .common import METRIC_DIRECTION, Notes, Section, _ci, _f, claim_side, metric_units, underpowered, verdict_sentence
 from .layerwise import _depth_rank_section, _layerwise_section
 from .posenc import _posenc_section
-from .read import _find_parent, _is_theory, _read_trials, _theory_settings, _training_frame, _Trials
+from .read import _find_parent, _is_theory, _read_trials, _theory_settings, _training_frame, _Trials, design_keys
 from .regime import headroom_section, regime_section
 from .render import render_html, render_md
 from .theory import _practice_section, _theory_section
@@ -179,7 +181,17 @@ OUTPUTS = ("report.md", "report.html", "report.json", "trials.csv",
                                         "posenc_effects", "layerwise_claims", "depth_vs_rank") for ext in ("png", "pdf")))
 
 
-def _answer(uri: str, t: _Trials, study, storage: str | None, claims: list[Claim], out_dir: Path,
+def _spec(study, storage: str | None):
+    """The SweepSpec the study stored, or None (a study hmmscope did not create: no spec stored)."""
+    try:
+        from ..sweep import spec_of_study
+
+        return spec_of_study(study.study_name, storage) if storage else None
+    except Exception:
+        return None
+
+
+def _answer(uri: str, t: _Trials, study, spec, claims: list[Claim], out_dir: Path,
             figs: dict) -> Section:
     """The report's first section (module docstring): the objective per setting and encoding, its figures, and
     one sentence per verdict."""
@@ -188,13 +200,6 @@ def _answer(uri: str, t: _Trials, study, storage: str | None, claims: list[Claim
     sec = Section("Answer")
     unit = metric_units(t.objective)
     n, total = t.counts["complete"], sum(v for k, v in t.counts.items() if k != "retried")
-    spec = None
-    try:
-        from ..sweep import spec_of_study
-
-        spec = spec_of_study(study.study_name, storage) if storage else None
-    except Exception:  # a study hmmscope did not create (no spec stored): the verdicts alone
-        spec = None
     direction = f", {spec.direction}" if isinstance(spec, SweepSpec) else ""
     sec.blocks.append(("p", f"Objective {t.objective}{f' ({unit})' if unit else ''}{direction}; {n} complete trial"
                             f"{'s' if n != 1 else ''} of {total}. Means are over seeds with a 95% t interval (seeds "
@@ -249,9 +254,11 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
     if theory_runs and not settings:
         notes.append("theory trials found but no settings with logged rates")
     df = _training_frame(train_runs, t.children, t.analysis, uri)
+    spec = _spec(study, found_in)
+    design = design_keys(spec, train_runs)  # the spec's [space] keys: never a seed, never what a run fits
     steps = [("theory", lambda: _theory_section(settings, out_dir, figs) if settings else (None, [])),
              ("practice vs theory", lambda: (_practice_section(df, out_dir, figs), [])),
-             ("positional encoding", lambda: _posenc_section(df, out_dir, figs)),
+             ("positional encoding", lambda: _posenc_section(df, out_dir, figs, design)),
              ("regime", lambda: regime_section(train_runs, uri)),
              ("headroom", lambda: headroom_section(train_runs)),
              ("layerwise claims", lambda: _layerwise_section(df, out_dir, figs)),
@@ -279,10 +286,10 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
                c.verdict, vnotes.short(c.reason, sep="; ")] for c in claims]),
             *vnotes.blocks()]))
     try:  # the answer first; a failure here is a note, never the report's
-        sections.insert(0, _answer(uri, t, study, found_in, claims, out_dir, figs))
+        sections.insert(0, _answer(uri, t, study, spec, claims, out_dir, figs))
     except Exception as e:
         notes.append(f"answer: {type(e).__name__}: {e}")
-    rows, varying, metrics = trial_rows(t, _is_theory, uri)
+    rows, varying, metrics = trial_rows(t, _is_theory, uri, design)
     tsec = trials_section(t.objective, rows, varying, metrics)
     if tsec is not None:
         sections.append(tsec)
