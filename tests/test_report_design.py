@@ -142,3 +142,65 @@ def test_verdict_moves_reads_a_records_fitted_columns_as_outputs(reports, capsys
     text = capsys.readouterr().out
     row = next(ln for ln in text.splitlines() if ln.startswith("| RoPE improves eval/seen/excess_ce |"))
     assert row.endswith("|  |") and "supported" in row  # not moved
+
+
+def test_the_first_sentence_is_the_objectives_answer_with_its_sign_everywhere_the_same(reports):
+    """Before: the answer began with test accuracy, and its sentence flipped the sign of the table ("RoPE lower ... by
+    0.00607 [-0.221, 0.233]" beside -0.006065 [-0.2332, 0.2211]); pivot.png repeated the table above it. Now the first
+    line is, in bold, the objective's RoPE - absolute with its unit, CI, seeds and verdict, the same signed numbers as
+    the table, the claim and the figure's pooled point; the verdict lines are sentences with units and replicates,
+    the objective's first; pivot.png is the parent run's alone."""
+    from hmmscope.report.common import value_ci
+
+    rep, out = reports["with-spec"]
+    md = (out / "report.md").read_text()
+    answer = _section(md, "## Answer")
+    first = answer.split("\n\n")[1]
+    c = next(c for c in rep.claims if c.name == "RoPE improves eval/seen/excess_ce")
+    want = f"RoPE - absolute on eval/seen/excess_ce: {value_ci(c.value, c.ci_lo, c.ci_hi, 'nats/token')}, 3 seeds: RoPE better"
+    assert first == f"**{want}**" and rep.answer == want and c.value < 0 and want.split(": ")[1].startswith("-0.0")
+    pooled = next(ln for ln in answer.splitlines() if ln.startswith("| all (pooled)"))
+    assert pooled.split("|")[-2].strip().startswith(f"{c.value:.4g} [{c.ci_lo:.4g}, {c.ci_hi:.4g}]")  # same sign
+    assert f"<p><strong>{want}</strong></p>" in (out / "report.html").read_text()
+    items = [ln[2:] for ln in _section(answer, "### Verdicts in words").splitlines() if ln.startswith("- ")]
+    assert items[0] == want and len(items) == len(rep.claims)
+    assert all(("nats/token" in x or "fraction of test tokens" in x) and "3 seeds" in x for x in items), items
+    assert "pivot.png" not in md and not (out / "pivot.png").exists() and "objective.png" in answer
+    assert rep.summary_lines()[1] == f"answer: {want}"
+
+
+def test_verdict_sentences_of_settings_and_effects_have_units_and_replicates():
+    from hmmscope.report.common import verdict_sentence
+    from hmmscope.stats import Claim
+
+    def c(name, v, lo, hi, verdict, stat=""):
+        return Claim(name, stat, v, lo, hi, verdict, "", "> 0")
+
+    assert verdict_sentence(c("RoPE improves eval/seen/excess_ce", -0.006065, -0.2332, 0.2211, "inconclusive",
+                              "rope - absolute (...); better = lower; 2 seed units")) == \
+        "RoPE - absolute on eval/seen/excess_ce: -0.006 [-0.233, 0.221] nats/token, 2 seeds: no detectable difference"
+    assert verdict_sentence(c("RoPE improves eval/seen/test_acc", 0.0088, 0.005, 0.0126, "supported",
+                              "...; 2 block (one seed) units")) == ("RoPE - absolute on eval/seen/test_acc: 0.00880 "
+                                                                    "[0.00500, 0.01260] fraction of test tokens, one "
+                                                                    "seed (2 blocks as the units): RoPE better")
+    assert verdict_sentence(c("gamma=0.9, pos_enc=rope: retrieval_gap", 0.408, 0.292, 0.524, "supported",
+                              "retrieval_gap: mean over 2 seeds, t interval on 1 df")) == (
+        "gamma = 0.9, pos_enc = rope: retrieval gap (unseen minus seen tasks, model - task oracle) 0.408 [0.292, "
+        "0.524] nats/token, 2 seeds: supported")
+    assert verdict_sentence(c("gamma=0.5, pos_enc=rope: icl_gain", 0.0082, -0.0031, 0.0195, "inconclusive",
+                              "icl_gain of the one run (its own CI over episodes)")).endswith(
+        "0.0082 [-0.0031, 0.0195] nats/token, one run (its CI over episodes): inconclusive")
+
+
+def test_without_pos_enc_the_answer_is_the_best_setting():
+    import pandas as pd
+
+    from hmmscope.sweep.compare import OBJ, answer
+    from hmmscope.sweep_spec import parse_spec
+
+    spec = parse_spec(SPEC.replace("NAME", "g").replace('"model.pos_enc" = {grid = ["rope", "absolute"]}\n', ""))
+    df = pd.DataFrame([{"param:hmm.gamma": g, "param:train.seed": s, OBJ: 0.2 + 0.5 * g + 0.01 * s}
+                       for g in (0.5, 0.9) for s in (0, 1, 2)])
+    assert answer(spec, df) == ("Best of 2 settings on eval/seen/excess_ce (minimize): hmm.gamma = 0.5: 0.4600 "
+                                "[0.4352, 0.4848] nats/token, 3 seeds; next hmm.gamma = 0.9: 0.6600 [0.6352, 0.6848] "
+                                "nats/token")

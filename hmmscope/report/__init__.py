@@ -25,13 +25,15 @@ A sweep is one parent run with one child per trial. A training trial is the trai
 metrics and tags); a theory trial is a theory parent run whose children are the settings (theory/rate,
 rate_lo, rate_hi, log_intercept, gamma_eff).
 
-The report leads with the answer: its first section ("Answer") holds the objective per setting and
-encoding (the sweep parent run's pivot: mean over seeds [95% CI] with units, rope - absolute, the oracle), the
-comparison figures objective.png and pivot.png (`sweep.compare`, re-drawn here from the study; a study with
-no stored hmmscope spec has none), and one sentence per verdict in words (`common.verdict_sentence`: "RoPE
-lower excess CE (seen tasks) by 0.059 nats/token [0.01, 0.108]: supported (RoPE better)"). The sweep's record
-(counts, hashes, code versions), the method and the full tables follow; a method or power text that a table
-would repeat per row is listed once below it (`common.Notes`).
+The report leads with the answer: its first sentence, in bold, is the objective's answer in words with its unit,
+95% CI, replicates and verdict (`sweep.compare.answer`: "RoPE - absolute on eval/seen/excess_ce: -0.006 [-0.233,
+0.221] nats/token, 2 seeds: no detectable difference", the same signed difference as the tables and figures; without
+pos_enc, the best setting); then the objective per setting and encoding (the sweep parent run's pivot: mean over
+seeds [95% CI] with units, rope - absolute, the oracle), its figure objective.png (`sweep.compare`, re-drawn here
+from the study; a study with no stored hmmscope spec has none; the pivot's picture, pivot.png, stays on the parent
+run: here the table is the text), and one sentence per verdict, the objective's first (`common.verdict_sentence`,
+with units, CI and seeds). The sweep's record (counts, hashes, code versions), the method and the full tables
+follow; a method or power text that a table would repeat per row is listed once below it (`common.Notes`).
 
 The report is built once as a list of blocks (heading, paragraph, table, image, list) per section, then
 rendered to Markdown (GitHub pipe tables) and HTML (escaped text, <table>, figures embedded as base64
@@ -124,11 +126,13 @@ class Report:
     claims: list[Claim]
     files: dict[str, str] = field(default_factory=dict)  # md, html, json, trials (csv), figures (local paths)
     notes: list[str] = field(default_factory=list)
+    answer: str = ""  # the objective's answer in one sentence (the report's first line; `sweep.compare.answer`)
 
     def summary_lines(self) -> list[str]:
         h = self.header
         out = [f"sweep {self.sweep} (parent run {self.parent_id}): {h['n_complete']} complete, "
                f"{h['n_failed']} failed, {h['n_pruned']} pruned"]
+        out += [f"answer: {self.answer}"] if self.answer else []
         out += [verdict_sentence(c) for c in self.claims]  # in words; the reasons are in the report
         out += [f"note: {n}" for n in self.notes]
         out += [f"{k}: {v}" for k, v in self.files.items() if k in ("md", "html", "trials")]
@@ -177,7 +181,7 @@ def _header(sweep: str, t: _Trials, n_train: int, n_theory: int) -> tuple[dict, 
 
 # every file `build_report` may write into its folder (the figures: each section's, as PNG and PDF)
 OUTPUTS = ("report.md", "report.html", "report.json", "trials.csv",
-           *(f"{fig}.{ext}" for fig in ("objective", "pivot", "theory_rate_vs_gamma", "practice_vs_theory",
+           *(f"{fig}.{ext}" for fig in ("objective", "theory_rate_vs_gamma", "practice_vs_theory",
                                         "posenc_effects", "layerwise_claims", "depth_vs_rank") for ext in ("png", "pdf")))
 
 
@@ -192,35 +196,45 @@ def _spec(study, storage: str | None):
 
 
 def _answer(uri: str, t: _Trials, study, spec, claims: list[Claim], out_dir: Path,
-            figs: dict) -> Section:
-    """The report's first section (module docstring): the objective per setting and encoding, its figures, and
-    one sentence per verdict."""
+            figs: dict) -> tuple[Section, str]:
+    """The report's first section (module docstring) and its first sentence: the objective's answer in words
+    (`sweep.compare.answer`, in bold), the objective per setting and encoding (the pivot table), its figure, and
+    one sentence per verdict, the objective's first."""
     from ..sweep_spec import SweepSpec
 
     sec = Section("Answer")
     unit = metric_units(t.objective)
     n, total = t.counts["complete"], sum(v for k, v in t.counts.items() if k != "retried")
     direction = f", {spec.direction}" if isinstance(spec, SweepSpec) else ""
+    sentence = ""
+    if spec is not None and n:
+        from ..sweep.compare import answer, trial_frame
+
+        metrics = {r.info.run_id: dict(r.data.metrics) for r in t.complete}
+        df = trial_frame(spec, study, lambda rid: metrics.get(rid) or {})
+        sentence = answer(spec, df) or ""
+    own = next((c for c in claims if c.name == f"RoPE improves {t.objective}"), None)
+    if not sentence and own is not None:  # no stored spec: the objective's own verdict
+        sentence = verdict_sentence(own)
+    if sentence:
+        sec.blocks.append(("strong", sentence))
     sec.blocks.append(("p", f"Objective {t.objective}{f' ({unit})' if unit else ''}{direction}; {n} complete trial"
                             f"{'s' if n != 1 else ''} of {total}. Means are over seeds with a 95% t interval (seeds "
                             "as the unit); rope - absolute < 0 means RoPE is lower."))
     if spec is not None and spec.kind == "train" and n:
-        from ..sweep.compare import FIGURE, PIVOT_FIGURE, figure, pivot, pivot_figure, pivot_rows, trial_frame
+        from ..sweep.compare import FIGURE, figure, pivot, pivot_rows
 
-        metrics = {r.info.run_id: dict(r.data.metrics) for r in t.complete}
-        df = trial_frame(spec, study, lambda rid: metrics.get(rid) or {})
         if not df.empty:
             cols = pivot(spec, df)
             head, body = pivot_rows(cols)
             sec.blocks.append(("table", [h + (f" ({unit})" if unit and "[95% CI]" in h else "") for h in head], body))
-            saved = [*figure(spec, df, out_dir / FIGURE), *pivot_figure(spec, cols, out_dir / PIVOT_FIGURE)]
-            figs.update({"objective": str(saved[0]), "objective_pdf": str(saved[1]), "pivot": str(saved[2]),
-                         "pivot_pdf": str(saved[3])})
-            sec.blocks += [("img", saved[0].name, f"{t.objective} against each swept parameter, per encoding"),
-                           ("img", saved[2].name, f"{t.objective} per setting and encoding, with rope - absolute")]
+            saved = figure(spec, df, out_dir / FIGURE)  # the pivot's picture (pivot.png) is the parent run's alone
+            figs.update({"objective": str(saved[0]), "objective_pdf": str(saved[1])})
+            sec.blocks.append(("img", saved[0].name, f"{t.objective} against each swept parameter, per encoding"))
     if claims:
-        sec.blocks += [("h", 3, "Verdicts in words"), ("ul", [verdict_sentence(c) for c in claims])]
-    return sec
+        first = sorted(claims, key=lambda c: c is not own)  # the objective's verdict first
+        sec.blocks += [("h", 3, "Verdicts in words"), ("ul", [verdict_sentence(c) for c in first])]
+    return sec, sentence
 
 
 def _write(path: Path, text: str) -> None:
@@ -286,15 +300,17 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
                c.verdict, vnotes.short(c.reason, sep="; ")] for c in claims]),
             *vnotes.blocks()]))
     try:  # the answer first; a failure here is a note, never the report's
-        sections.insert(0, _answer(uri, t, study, spec, claims, out_dir, figs))
+        answer_sec, sentence = _answer(uri, t, study, spec, claims, out_dir, figs)
+        sections.insert(0, answer_sec)
     except Exception as e:
+        sentence = ""
         notes.append(f"answer: {type(e).__name__}: {e}")
     rows, varying, metrics = trial_rows(t, _is_theory, uri, design)
     tsec = trials_section(t.objective, rows, varying, metrics)
     if tsec is not None:
         sections.append(tsec)
     title = f"hmmscope report: {header['study']}"
-    rep = Report(header["study"], parent.info.run_id, header, sections, claims, {}, notes)
+    rep = Report(header["study"], parent.info.run_id, header, sections, claims, {}, notes, sentence)
     files = {"md": out_dir / "report.md", "html": out_dir / "report.html", "json": out_dir / "report.json",
              "trials": out_dir / "trials.csv"}
     write_csv(files["trials"], t.objective, rows, varying, metrics)

@@ -1,14 +1,16 @@
 """Shared pieces of the report: the Section block list, number formatting, claim sides, power notes.
 
-A Section is a title and a list of blocks: ("h", level, text) | ("p", text) | ("table", headers, rows) |
-("img", filename, alt) | ("ul", items); render.py turns them into Markdown and HTML.
+A Section is a title and a list of blocks: ("h", level, text) | ("p", text) | ("strong", text: a paragraph in
+bold) | ("table", headers, rows) | ("img", filename, alt) | ("ul", items); render.py turns them into Markdown and
+HTML.
 
 Notes. A table cell that would repeat a long text on every row (the method of an estimate, a power note) holds
 a reference `[n]` instead, and the text is listed once below the table (`Notes`).
 
-Verdicts in words. `verdict_sentence` says a claim in one sentence with its sign in words, units and CI, e.g.
-"RoPE lower excess CE (seen tasks) by 0.059 nats/token [0.01, 0.108]: supported (RoPE better)": the
-report opens with one per verdict.
+Verdicts in words. `verdict_sentence` says a claim in one sentence with its unit, CI and replicates, a RoPE -
+absolute effect as the same signed difference the tables and figures show, e.g. "RoPE - absolute on
+eval/seen/excess_ce: -0.059 [-0.108, -0.010] nats/token, 3 seeds: RoPE better" (`value_ci`: the value and CI to the CI's
+precision): the report's Answer lists one per verdict.
 
 Power. `underpowered(...)` says plainly when a design cannot answer its question: fewer than 2 replicates
 per cell (nothing estimates the noise within a cell), no finite CI, or, for an inconclusive verdict, a
@@ -29,7 +31,8 @@ import numpy as np
 from ..stats import decide, rule
 
 NAN = float("nan")
-Block = tuple  # ("h", level, text) | ("p", text) | ("table", headers, rows) | ("img", filename, alt) | ("ul", items)
+Block = tuple  # ("h", level, text) | ("p", text) | ("strong", text) | ("table", headers, rows) | ("img", filename, alt)
+#               | ("ul", items)
 
 # better direction for "RoPE improves <metric>": +1 higher is better, -1 lower is better (the un-namespaced eval/*
 # keys are those of runs recorded before seen and unseen tasks were evaluated apart: old stores keep them)
@@ -105,25 +108,82 @@ def _g(v: float) -> str:
     return f"{v:.3g}" if math.isfinite(v) else "-"
 
 
+def decimals(lo: float, hi: float) -> int | None:
+    """Decimals that show a 95% CI [lo, hi] to about three digits of its half-width (0.227 -> 3: '-0.006 [-0.233,
+    0.221]'), or None when it has no finite width (then: 3 significant digits)."""
+    half = (hi - lo) / 2 if math.isfinite(lo) and math.isfinite(hi) else math.nan
+    if not math.isfinite(half) or half <= 0:
+        return None
+    return max(0, min(8, 2 - math.floor(math.log10(half))))
+
+
+def value_ci(v: float, lo: float, hi: float, unit: str = "") -> str:
+    """'-0.006 [-0.233, 0.221] nats/token': a value and its 95% CI to the CI's precision (`decimals`), signs kept
+    (the sign of the difference the table and the figure show), then the unit; '(no CI)' when there is none."""
+    d = decimals(lo, hi)
+
+    def num(x: float) -> str:
+        if not math.isfinite(x):
+            return "-"
+        return f"{x:.{d}f}" if d is not None else f"{x:.3g}"
+
+    ci = f" [{num(lo)}, {num(hi)}]" if math.isfinite(lo) and math.isfinite(hi) else " (no CI)"
+    return f"{num(v)}{ci}{' ' + unit if unit else ''}"
+
+
+def replicates(n: int, unit: str) -> str:
+    """'2 seeds', 'one seed (2 blocks as the units)', '1 run': how many units a CI stands on, in words."""
+    if unit == "seed":
+        return f"{n} seed{'s' if n != 1 else ''}"
+    if unit.startswith("block"):
+        return f"one seed ({n} block{'s' if n != 1 else ''} as the units)"
+    return f"{n} {unit}{'s' if n != 1 else ''}"
+
+
+_EFFECT_WORDS = {"supported": "RoPE better", "not supported": "RoPE worse", "inconclusive": "no detectable difference"}
+_SETTING_CLAIMS = {"retrieval_gap": "retrieval gap (unseen minus seen tasks, model - task oracle)",
+                   "icl_gain": "in-context gain on unseen tasks (CE at k = 0 minus at k_max, same tokens)",
+                   "inference_beyond_counting": "model - best counting on unseen tasks",
+                   "room above counting": "room above counting (CE(best counting) - CE(family Bayes))"}
+
+
+def _units_of(c) -> str:
+    """'2 seeds' from a claim's statistic ('...; 2 seed units', 'mean over 3 seeds', 'of the one run'), else ''."""
+    m = re.search(r"(\d+) (seed|block \(one seed\)) units", c.statistic or "")
+    if m:
+        return replicates(int(m.group(1)), m.group(2))
+    m = re.search(r"(?:mean over|t over) (\d+) seeds", c.statistic or "")
+    if m:
+        return replicates(int(m.group(1)), "seed")
+    if re.search(r"one run|one seed", c.statistic or ""):
+        return "one run (its CI over episodes)"
+    return ""
+
+
 def verdict_sentence(c) -> str:
-    """One sentence for a claim (module docstring): a RoPE - absolute effect with its sign in words ('RoPE lower
-    excess CE ... by X unit [lo, hi]', the CI of the magnitude), else the claim's value, CI and unit."""
+    """One sentence for a claim (module docstring), its number with its unit, 95% CI and replicates: a RoPE -
+    absolute effect as the difference the tables and figures show ('RoPE - absolute on eval/seen/excess_ce:
+    -0.006 [-0.233, 0.221] nats/token, 2 seeds: no detectable difference'); a setting's regime claim ('gamma = 0.5,
+    pos_enc = rope: retrieval gap (...) 0.41 [0.29, 0.52] nats/token, 2 seeds: supported'); else the claim's value,
+    CI and unit."""
     name, v, lo, hi = c.name, float(c.value), float(c.ci_lo), float(c.ci_hi)
+    reps = _units_of(c)
     m = re.fullmatch(r"RoPE improves (.+)", name)
     if m and not m.group(1).startswith("claim "):
         key = m.group(1)
-        unit = metric_units(key)
         if not math.isfinite(v):
-            return f"RoPE vs absolute on {metric_words(key)}: not estimated: {c.verdict}"
-        side = METRIC_DIRECTION.get(key, 0)
-        word = {"supported": "RoPE better" if side else "differs", "not supported": "RoPE worse",
-                "inconclusive": "no detectable difference"}.get(c.verdict, "")
-        direction, (a, b) = ("lower", (-hi, -lo)) if v < 0 else ("higher", (lo, hi))
-        unit = f"({unit})" if unit and "/" not in unit else unit  # "nats/token", "(fraction of test tokens)"
-        return (f"RoPE {direction} {metric_words(key)} by {_g(abs(v))}{' ' + unit if unit else ''} "
-                f"[{_g(a)}, {_g(b)}]: {c.verdict}" + (f" ({word})" if word else ""))
+            return f"RoPE - absolute on {key}: not estimated: {c.verdict}"
+        word = _EFFECT_WORDS.get(c.verdict, c.verdict) if METRIC_DIRECTION.get(key, 0) else \
+            {"supported": "differs"}.get(c.verdict, c.verdict)
+        return (f"RoPE - absolute on {key}: {value_ci(v, lo, hi, metric_units(key))}"
+                f"{', ' + reps if reps else ''}: {word}")
+    m = re.fullmatch(r"(.+): (retrieval_gap|icl_gain|inference_beyond_counting|room above counting)", name)
+    if m:
+        setting = ", ".join(part.replace("=", " = ", 1) for part in m.group(1).split(", "))
+        return (f"{setting}: {_SETTING_CLAIMS[m.group(2)]} {value_ci(v, lo, hi, 'nats/token')}"
+                f"{', ' + reps if reps else ''}: {c.verdict}")
     unit = metric_units(name)
-    return f"{name}: {_g(v)}{' ' + unit if unit else ''} [95% CI {_g(lo)}, {_g(hi)}]: {c.verdict}"
+    return f"{name}: {value_ci(v, lo, hi, unit)}{', ' + reps if reps else ''}: {c.verdict}"
 
 
 class Notes:

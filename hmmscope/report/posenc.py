@@ -210,7 +210,7 @@ def _posenc_section(df, out_dir: Path | None = None, figs: dict | None = None,
                          "- (second opinion)"])
         better = {1: "higher", -1: "lower", 0: "different"}[side]
         why = [f"{est.method}; p = {_p(est.p)} (df {_f(est.df)})"]
-        stat = f"rope - absolute ({VERDICT_ROW}); better = {better}"
+        stat = f"rope - absolute ({VERDICT_ROW}); better = {better}; {est.n} {est.unit} units"
         if side:  # the verdict is stats.decide's on the CI beside it
             c = claim(f"RoPE improves {label}", stat, est.value, est.lo, est.hi, rule(">" if side > 0 else "<", 0), "",
                       df=est.df, degenerate=est.degenerate)

@@ -163,6 +163,53 @@ def pivot(spec, df) -> dict[str, list]:
     return cols
 
 
+def answer(spec, df) -> str | None:
+    """The sweep's answer in one sentence, with its unit, 95% CI, replicates and verdict (the report's first line,
+    the last lines of `hmmscope run` and `sweep run`); None with no complete trial.
+
+    With rope and absolute both swept: the pooled rope - absolute on the objective, exactly the pivot's `all` row
+    (blocks by `_choose_blocks`, `_estimate`), e.g. "RoPE - absolute on eval/seen/excess_ce: -0.006 [-0.233, 0.221]
+    nats/token, 2 seeds: no detectable difference"; the verdict is stats.decide's on that CI on the side the spec's
+    direction calls better (minimize: below 0), in words (RoPE better / RoPE worse / no detectable difference / no
+    power). Otherwise the best setting of the swept keys by the spec's direction, its mean over seeds with its
+    95% t interval, beside the runner-up."""
+    from ..report.common import _side_verdict, metric_units, replicates, value_ci
+    from ..report.posenc import _choose_blocks, _estimate
+
+    if df is None or df.empty:
+        return None
+    seed_col, unit = _seed_col(spec), metric_units(spec.objective)
+    line_col, lines = _lines(spec, df)
+    if line_col is not None and {"rope", "absolute"} <= set(lines):
+        d = df[df[line_col].astype(str).isin(["rope", "absolute"])]
+        factors = [f"param:{p.key}" for p in spec.space if p.grid is not None and p.key != POS_ENC
+                   and d[f"param:{p.key}"].astype(str).nunique() >= 2]
+        blocks, _ = _choose_blocks(d, OBJ, factors, seed_col)
+        est = _estimate(d, OBJ, blocks, seed_col)
+        head = f"RoPE - absolute on {spec.objective}"
+        if isinstance(est, str):
+            return f"{head}: not estimated ({est})"
+        side = -1 if spec.direction == "minimize" else 1
+        v = _side_verdict(est.lo, est.hi, side, df=est.df, degenerate=est.degenerate)
+        word = {"supported": "RoPE better", "not supported": "RoPE worse", "inconclusive": "no detectable difference",
+                "no power": f"no power ({est.degenerate or 'no finite CI'})"}[v]
+        return f"{head}: {value_ci(est.value, est.lo, est.hi, unit)}, {replicates(est.n, est.unit)}: {word}"
+    keys = [f"param:{p.key}" for p in spec.space if f"param:{p.key}" in df.columns]
+    cells = []
+    for cell, sub in (df.groupby([df[k].astype(str) for k in keys], sort=False) if keys else [((), df)]):
+        cell = cell if isinstance(cell, tuple) else (cell,)
+        label = ", ".join(f"{k[len('param:'):]} = {v}" for k, v in zip(keys, cell)) or "all trials"
+        cells.append((label, level_mean(sub, seed_col)))
+    cells.sort(key=lambda c: c[1].value if spec.direction == "minimize" else -c[1].value)
+    (label, e), rest = cells[0], cells[1:]
+    text = (f"best of {len(cells)} setting{'s' if len(cells) != 1 else ''} on {spec.objective} ({spec.direction}): "
+            f"{label}: {value_ci(e.value, e.lo, e.hi, unit)}, {replicates(e.n, e.unit)}")
+    if rest:
+        label2, e2 = rest[0]
+        text += f"; next {label2}: {value_ci(e2.value, e2.lo, e2.hi, unit)}"
+    return text[0].upper() + text[1:]
+
+
 def _x(values: list[Any]) -> tuple[list[float], list[str], bool]:
     """(x positions, tick labels, log scale?) of a parameter's levels: numbers on their own axis (log when they
     span more than a factor of 50 and are all > 0), anything else as categories."""
