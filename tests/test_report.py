@@ -221,7 +221,7 @@ def test_verdict_sentences_say_the_sign_in_words():
     assert verdict_sentence(c("RoPE improves eval/seen/kl_mix", 0.02, 0.01, 0.03, "not supported")).endswith(
         ": RoPE worse")
     assert verdict_sentence(Claim("k <= 4", "", 1.73, 1.23, 2.22, "supported", "", "<= 4")) == \
-        "k <= 4: 1.73 [1.23, 2.22]: supported"
+        "k <= 4: 1.730 [1.230, 2.220]: supported"
 
 
 def test_posenc_figure_never_joins_blocks_and_says_units_and_the_better_side():
