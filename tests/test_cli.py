@@ -279,14 +279,32 @@ def test_analyze_end_to_end_and_bad_input(store):
 SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
 
 
+class Ran:
+    """A real `hmmscope` process run to its end in `cwd`, its stdout and stderr written to files (no terminal: what a
+    log file, nohup or Slurm gets): exit_code, stdout, stderr, output (both), as CliRunner's result has them."""
+
+    def __init__(self, cwd: Path, *args: str, timeout: float = 1800):
+        import os
+        import subprocess
+        import sys
+
+        exe = Path(sys.executable).parent / "hmmscope"
+        env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, "HMMSCOPE_THREADS": "1",
+               "OMP_NUM_THREADS": "1"}
+        out, err = cwd / "cli.out", cwd / "cli.err"
+        with out.open("w") as fo, err.open("w") as fe:
+            self.exit_code = subprocess.run([str(exe), *args], cwd=cwd, env=env, stdout=fo, stderr=fe,
+                                            stdin=subprocess.DEVNULL, timeout=timeout).returncode
+        self.stdout, self.stderr = out.read_text(), err.read_text()
+        self.output = self.stdout + self.stderr
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    """The smoke sweep run once with 2 workers in a fresh folder: (folder, the CLI's result)."""
+    """The smoke sweep run once with 2 workers in a fresh folder, as a real process writing to files: (folder, its
+    result)."""
     d = tmp_path_factory.mktemp("smoke")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(d)
-        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
-        yield d, runner.invoke(app, ["sweep", "run", str(SWEEPS / "smoke.toml"), "--workers", "2"])
+    yield d, Ran(d, "sweep", "run", str(SWEEPS / "smoke.toml"), "--workers", "2")
 
 
 def test_smoke_sweep_two_workers_then_report(smoke, monkeypatch):
@@ -294,7 +312,16 @@ def test_smoke_sweep_two_workers_then_report(smoke, monkeypatch):
     monkeypatch.chdir(store)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert r.exit_code == 0, r.output
-    assert r.stdout.splitlines()[-1] == "report: hmmscope report smoke    browse: hmmscope ui --sweep smoke"
+    # it ends with the answer: the report's first sentence, then the report's HTML (before: `report: hmmscope report
+    # smoke`, no answer); off a terminal (here a file)
+    *_, browse, said, html = r.stdout.splitlines()
+    assert browse == "browse: hmmscope ui --sweep smoke" and html == "report: out/smoke/report.html", r.stdout
+    md = (store / "out" / "smoke" / "report.md").read_text()
+    first = md.split("## Answer\n\n", 1)[1].split("\n", 1)[0]
+    assert said == f"sweep smoke: {first.strip('*')}" and said.startswith(
+        "sweep smoke: RoPE - absolute on eval/seen/excess_ce: ") and " nats/token, one seed (2 blocks as the units): " \
+        in said, said
+    assert (store / "out" / "smoke" / "report.html").exists()
     assert r.stdout.splitlines()[0] == "sweep smoke: browse: hmmscope ui --sweep smoke"  # where to look, at once
     assert "smoke: 4 complete, 0 failed, 0 pruned of 4" in r.output
     # progress (stderr is no terminal here: plain lines when the counts change), ending with every trial finished
@@ -304,6 +331,10 @@ def test_smoke_sweep_two_workers_then_report(smoke, monkeypatch):
     assert r.exit_code == 0 and "already complete" in r.output
     r = runner.invoke(app, ["sweep", "status", "smoke"])
     assert r.exit_code == 0 and r.output.count("COMPLETE") == 4
+    r = Ran(store, "sweep", "list")  # plain columns, as runs list and sweep status print them (before: boxes)
+    assert r.exit_code == 0 and not set("│┃━─┏╇┡") & set(r.stdout), r.stdout
+    assert r.stdout.splitlines()[1].split()[:4] == ["study", "kind", "trials", "complete"], r.stdout
+    assert r.stdout.splitlines()[3].split()[:4] == ["smoke", "train", "4", "4"] and r.stdout.endswith("1 study\n")
     trials = [x for x in _runs(tracking.default_tracking_uri()) if x.data.tags.get("hmmscope.kind") == "sweep-train"]
     assert len(trials) == 4
     for t in trials:  # the objectives a spec may name (checked at spec validation) are what a trial logs
@@ -390,7 +421,7 @@ def test_the_printed_ui_command_lands_on_the_sweeps_answer_then_its_trials_in_a_
     ui-sweep-smoke-trials.png, ui-sweep-smoke-trial-metrics.png."""
     store, r = smoke
     assert r.exit_code == 0, r.output
-    cmd = r.stdout.splitlines()[-1].split("browse: ", 1)[1].split()
+    cmd = next(ln for ln in r.stdout.splitlines() if ln.startswith("browse: ")).split("browse: ", 1)[1].split()
     assert cmd[:2] == ["hmmscope", "ui"]
     uri = f"sqlite:///{store}/mlruns/mlflow.db"
     trial_runs = [x for x in _runs(uri) if x.data.tags.get("hmmscope.kind") == "sweep-train"]
@@ -450,19 +481,34 @@ def test_main_job_end_to_end_small(store):
     small = [*TINY_TRAIN, "--set", "data.n_eval=24", "--set", "theory.gammas=[0.5, 0.9]",
              "--set", "theory.n_states=[8]", "--set", "theory.ranks=[2]", "--set", "theory.n_tokens=8",
              "--set", "theory.n_histories=100", "--set", "theory.lengths=[1, 2, 4, 8]", "--set", "theory.gamma_m=0"]
-    r = runner.invoke(app, ["run", *small])
+    r = Ran(store, "run", *small)  # a real process, its output to files: no terminal
     assert r.exit_code == 0, r.output
     assert "Figure 1" in r.output and "upper layers change less" in r.output
     assert "sweep smoke: 4 complete, 0 failed, 0 pruned of 4" in r.output
+    # off a terminal: tables as plain columns (before: a box-drawn 19-column Theorem 1 table, numbers broken across
+    # 6 lines), one short line per claim (before: 300-500 characters each), where the full text is said once
+    assert not set("│┃━─┏╇┡└") & set(r.stdout), r.stdout
+    head = r.stdout.splitlines().index(next(ln for ln in r.stdout.splitlines() if ln.startswith("Theorem 1 sweep")))
+    rows = r.stdout.splitlines()[head + 3:head + 5]  # title, header, rule, then one line per setting
+    assert [x.split()[3] for x in rows] == ["0.5", "0.9"], r.stdout  # S d rho gamma ...: each setting whole
+    claims = [ln for ln in r.stdout.splitlines() if ln.startswith("  [")]
+    assert len(claims) > 20 and max(map(len, claims)) < 200 and not any("statistic:" in c for c in claims)
+    assert "  (each claim's statistic and reason: hmmscope runs show " in r.stdout
+    assert "constrained_layout" not in r.stderr and "Warning" not in r.stderr, r.stderr  # figures laid out
     runs = _runs(tracking.default_tracking_uri())
     (main,) = [x for x in runs if x.info.run_name == "main"]
     kids = {x.info.run_name for x in runs if x.data.tags.get("mlflow.parentRunId") == main.info.run_id}
     assert "theory" in kids and main.info.status == "FINISHED"
     assert "train-rope-L1-g0.5-s0" in kids or any(k.startswith("train-") for k in kids), kids  # says what it is
     # the last lines open the results: hmmscope ui on the main run, then on the sweep (never a raw `mlflow ui
-    # --backend-store-uri`); the first line said where the run is, at once (also off a terminal)
-    assert r.stdout.splitlines()[-2:] == [f"browse: hmmscope ui --run {main.info.run_id}",
-                                          "browse: hmmscope ui --sweep smoke"]
+    # --backend-store-uri`), then the sweep's answer (the report's first sentence) and its report's HTML (before:
+    # its report.md, no answer); the first line said where the run is, at once (also off a terminal)
+    folder = store / "out" / f"main-{main.info.run_id[:8]}"  # everything the main job wrote, in its own folder
+    first = (folder / "smoke" / "report.md").read_text().split("## Answer\n\n", 1)[1].split("\n", 1)[0]
+    assert first.startswith("**RoPE - absolute on eval/seen/excess_ce: ") and first.endswith("**")
+    assert r.stdout.splitlines()[-4:] == [f"browse: hmmscope ui --run {main.info.run_id}",
+                                          "browse: hmmscope ui --sweep smoke", f"sweep smoke: {first.strip('*')}",
+                                          f"report: out/{folder.name}/smoke/report.html"]
     assert r.stdout.splitlines()[0] == f"main run {main.info.run_id} started; browse: hmmscope ui --run {main.info.run_id}"
     assert "mlflow ui" not in r.output and r.stdout.count("hmmscope ui --run") == 2
     # off a terminal the stages say how they go: a line per theory setting and per analysis phase (stderr)
@@ -474,7 +520,6 @@ def test_main_job_end_to_end_small(store):
     assert "[sweep-smoke](#/experiments/" in note
     assert all(x.data.tags.get("hmmscope.kind") for x in runs), [x.info.run_name for x in runs]  # every run its kind
     assert main.data.tags["hmmscope.analysis_run"] and main.data.tags["hmmscope.sweep_run"]
-    folder = store / "out" / f"main-{main.info.run_id[:8]}"  # everything the main job wrote, in its own folder
     assert (folder / "smoke" / "report.html").exists() and (folder / "theory" / "theory.png").exists()
     assert len(list(folder.glob("train-*/evaluation/figure1.p*"))) == 2 and f"out/{folder.name}" in r.output
 

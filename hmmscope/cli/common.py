@@ -199,11 +199,17 @@ def progress():
                     transient=True, disable=not sys.stderr.isatty(), console=console(stderr=True))
 
 
-def print_table(title: str, rows: list[dict[str, Any]]) -> None:
-    """Rows (dicts with the same keys) as a rich table on stdout; nothing for no rows."""
+def print_table(title: str, rows: list[dict[str, Any]], *, plain: bool | None = None) -> None:
+    """Rows (dicts with the same keys) as a rich table on a terminal; off one (a file, a pipe, Slurm) or with `plain`,
+    the title and plain columns (`plain_table`: no box characters, no cell folded across lines); nothing for no
+    rows."""
     from rich.table import Table
 
     if not rows:
+        return
+    if plain if plain is not None else not sys.stdout.isatty():
+        typer.echo(title)
+        typer.echo(plain_table([str(c) for c in rows[0]], [list(r.values()) for r in rows]))
         return
     table = Table(title=title, title_justify="left")
     for col in rows[0]:
@@ -243,13 +249,18 @@ def print_files(files) -> None:
         typer.echo(f"figures: {', '.join(figs)}")
 
 
-def print_claims(title: str, claims) -> None:
-    """One line per claim (never folded, so names stay greppable): verdict, claim, value, 95% CI, the decision
-    rule that gives the verdict from that CI (stats.decide), the statistic, and the reason."""
+def print_claims(title: str, claims, *, full: bool | None = None, where: str | None = None) -> None:
+    """One line per claim (never folded, so names stay greppable): verdict, claim, value, 95% CI and the decision
+    rule that gives the verdict from that CI (stats.decide); with `full` (default: on a terminal) also the statistic
+    and the reason. Off a terminal the short form, and once below, where the full text is (`where`, e.g. `hmmscope
+    runs show ID`; the claims also sit in the run's claims.json and the output folder's JSON)."""
+    full = sys.stdout.isatty() if full is None else full
     typer.echo(title)
     for c in claims:
-        typer.echo(f"  [{c.verdict}] {c.name} = {c.value:.4g} [95% CI {c.ci_lo:.4g}, {c.ci_hi:.4g}]; "
-                   f"rule {c.rule or '-'}; statistic: {c.statistic}; reason: {c.reason}")
+        line = f"  [{c.verdict}] {c.name} = {c.value:.4g} [95% CI {c.ci_lo:.4g}, {c.ci_hi:.4g}]; rule {c.rule or '-'}"
+        typer.echo(line + (f"; statistic: {c.statistic}; reason: {c.reason}" if full else ""))
+    if not full and claims and where:
+        typer.echo(f"  (each claim's statistic and reason: {where})")
 
 
 class Spinner:

@@ -167,7 +167,8 @@ def train_cmd(
     if not verbose:
         typer.echo(f"every metric: hmmscope runs show {res.run_id[:8]}  (or train --verbose)")
     if claims:
-        print_claims("Figure 1 (retrieval gap; unseen tasks: in-context gain, model vs best counting)", claims)
+        print_claims("Figure 1 (retrieval gap; unseen tasks: in-context gain, model vs best counting)", claims,
+                     where=f"hmmscope runs show {res.run_id[:8]}")
         typer.echo(regime_line(metrics, getattr(ev, "regime", None)))
     print_files(files)
     if res.stopped is not None:
@@ -183,6 +184,14 @@ def train_cmd(
                    f"run {res.run_id} FINISHED, tag hmmscope.stopped=deadline); continue with:\n  "
                    f"{shlex.join(again)} [--deadline SECONDS]")
     typer.echo(tracking.browse_line(uri, run_id=res.run_id))
+
+
+def print_answer(study: str, report) -> None:
+    """A sweep's last two lines: its answer in one sentence (the report's first, `sweep.compare.answer`) and the
+    report's HTML (figures embedded)."""
+    if report.answer:
+        typer.echo(f"sweep {study}: {report.answer}")
+    typer.echo(f"report: {report.files.get('html')}")
 
 
 def regime_line(m, regime: str | None = None) -> str:
@@ -235,7 +244,8 @@ def evaluate_cmd(
     line = headline(metrics, tracking.get_run(uri, run_id).data.tags)
     if line:
         typer.echo(line)
-    print_claims("Figure 1 (retrieval gap; unseen tasks: in-context gain, model vs best counting)", metrics.claims)
+    print_claims("Figure 1 (retrieval gap; unseen tasks: in-context gain, model vs best counting)", metrics.claims,
+                 where=f"hmmscope runs show {run_id[:8]}")
     typer.echo(regime_line(metrics))
     print_files(metrics.files)
 
@@ -300,7 +310,7 @@ def analyze_cmd(
                           probe_tasks=probe_tasks, min_per_task=min_per_task, probe_jobs=jobs,
                           progress=lambda m: typer.echo(m, err=True))
     print_claims(f"claims (analysis run {res.run_id}; shuffle {res.seconds['shuffle_s']:.0f} s, "
-                 f"probes {res.seconds['probes_s']:.0f} s)", res.claims)
+                 f"probes {res.seconds['probes_s']:.0f} s)", res.claims, where=f"hmmscope runs show {res.run_id[:8]}")
     print_files(res.files)
 
 
@@ -321,7 +331,9 @@ def run_cmd(
     """The main job: theory sweep, training + Figure 1, layerwise analysis, a small training sweep and its report.
 
     Prints its main run's id and browse line at once (the sweep's when it starts), a line per stage and, off a
-    terminal, training's plain progress lines; at the end the two browse lines: the main run and the sweep."""
+    terminal, training's plain progress lines; at the end the two browse lines (the main run, the sweep), then the
+    sweep's answer in one sentence and its report's HTML. Off a terminal, tables as plain columns and one short
+    line per claim (the full text: `hmmscope runs show ID`)."""
     cfg = build_config(preset_, config, set_, {"train.device": device})
     if print_config:
         return echo_config(cfg)
@@ -360,15 +372,19 @@ def run_cmd(
     typer.echo(f"unseen tasks: model acc {m['eval/unseen/test_acc']:.3f}, task oracle "
                f"{m['eval/unseen/oracle_task_test_acc']:.3f}; in-context bigram "
                f"{m['baseline/unseen/incontext_bigram/acc']:.3f}, in-context HMM {m['baseline/unseen/incontext_hmm/acc']:.3f}")
-    print_claims("Figure 1 (retrieval gap; unseen tasks: in-context gain, model vs best counting)", m.claims)
-    print_theory(res.theory, cfg.theory, detail=False)
-    print_claims(f"layerwise analysis (run {res.analysis.run_id})", res.analysis.claims)
+    print_claims("Figure 1 (retrieval gap; unseen tasks: in-context gain, model vs best counting)", m.claims,
+                 where=f"hmmscope runs show {res.train_id[:8]}")
+    print_theory(res.theory, cfg.theory, detail=False,
+                 where=f"hmmscope runs show {res.theory_id[:8]}" if res.theory_id else None)
+    print_claims(f"layerwise analysis (run {res.analysis.run_id})", res.analysis.claims,
+                 where=f"hmmscope runs show {res.analysis.run_id[:8]}")
     sw = res.sweep
     typer.echo(f"sweep {sw.study_name}: {sw.complete} complete, {sw.failed} failed, {sw.pruned} pruned of "
-               f"{sw.n_trials}; report: {res.report.files.get('md')}")
+               f"{sw.n_trials}")
     typer.echo(f"MLflow: parent run {res.parent_id} (train {res.train_id}, theory {res.theory_id}) in experiment "
                f"{experiment!r}; sweep parent run {sw.parent_run_id}")
     typer.echo(f"files (figures, tables, report): {res.folder}")
     typer.echo(regime_line(m))
     typer.echo(tracking.browse_line(uri, run_id=res.parent_id))
     typer.echo(tracking.browse_line(uri, sweep=sw.study_name))
+    print_answer(sw.study_name, res.report)

@@ -17,7 +17,17 @@ from typing import Annotated
 import typer
 
 from .. import checks
-from .common import ForceOpt, StorageOpt, UriOpt, console, echo_config, parse_sets, plain_table, print_table, user_errors
+from .common import (
+    ForceOpt,
+    StorageOpt,
+    UriOpt,
+    console,
+    echo_config,
+    nonempty_path,
+    parse_sets,
+    plain_table,
+    user_errors,
+)
 
 app = typer.Typer(no_args_is_help=True, help="Optuna sweeps: every trial an MLflow run under one parent run.")
 
@@ -122,8 +132,13 @@ def sweep_run_cmd(
                                                    "refused. Part of the sweep's identity: a study created without "
                                                    "it is not resumed with it (rename the sweep), except the run-time "
                                                    "keys train.device and train.compile.")] = None,
+    report: Annotated[bool, typer.Option("--report/--no-report", help="When every trial is done, write the sweep's "
+                                         "report (hmmscope report) and end with its answer and its HTML.")] = True,
+    out: Annotated[Path | None, typer.Option(parser=nonempty_path, help="The report's folder (default "
+                                             "out/NAME).")] = None,
 ) -> None:
-    """Create or resume the study and run it to the end with local workers."""
+    """Create or resume the study and run it to the end with local workers; then its report: the last two lines are
+    the sweep's answer in one sentence and the report's HTML."""
     from ..sweep_spec import load_spec, with_sets
 
     s = with_sets(load_spec(bundled_spec(spec)), parse_sets(set_))
@@ -134,6 +149,8 @@ def sweep_run_cmd(
                            ("hmm", "data", "model", "train", "eval"))
     storage = checks.optuna_storage(storage or s.storage or None)
     uri = checks.tracking_store(tracking_uri)
+    if report:
+        out = checks.output_dir(out or Path("out") / s.name, "--out", explicit=out is not None)
     checks.workers(workers, force=force)
     checks.sweep_memory(s, workers=workers, force=force)
     from .. import tracking
@@ -148,7 +165,15 @@ def sweep_run_cmd(
         typer.echo(f"sweep {res.study_name} is already complete: nothing to do")
     typer.echo(f"sweep {res.study_name}: {res.complete} complete, {res.failed} failed, {res.pruned} pruned of "
                f"{res.n_trials} ({res.retried} retried); MLflow parent run {res.parent_run_id}")
-    typer.echo(f"report: hmmscope report {res.study_name}    {tracking.browse_line(uri, sweep=res.study_name)}")
+    done = res.finished and not res.failed and not res.crashed_workers
+    if report and done:
+        from ..report import build_report
+        from .jobs import print_answer
+
+        typer.echo(tracking.browse_line(uri, sweep=res.study_name))
+        print_answer(res.study_name, build_report(uri, res.parent_run_id, out, storage=res.storage))
+    else:
+        typer.echo(f"report: hmmscope report {res.study_name}    {tracking.browse_line(uri, sweep=res.study_name)}")
     if res.killed_workers:
         typer.echo(f"warning: {len(res.killed_workers)} worker(s) were killed (exit codes {res.killed_workers}: "
                    "minus the signal); their trials were retried", err=True)
@@ -240,7 +265,9 @@ def sweep_list_cmd(storage: StorageOpt = None) -> None:
     from ..sweep.studies import list_studies
 
     rows = list_studies(url)
-    print_table(f"studies in {_safe_url(url)}", rows)
+    typer.echo(f"studies in {_safe_url(url)}")
+    if rows:  # plain columns, as `runs list` and `sweep status` print them
+        typer.echo(plain_table(list(rows[0]), [list(r.values()) for r in rows]))
     typer.echo(f"{len(rows)} stud{'y' if len(rows) == 1 else 'ies'}")
 
 
