@@ -394,8 +394,12 @@ def test_run_ids_take_a_unique_prefix_of_six_or_more_characters(tmp_path):
     rid = run.run_id
     assert tracking.resolve_run_id(uri, rid[:6]) == rid and tracking.resolve_run_id(uri, rid[:6].upper()) == rid
     assert tracking.get_run(uri, rid[:8]).info.run_id == rid
-    assert tracking.resolve_run_id(uri, rid[:5]) == rid[:5]  # too short to be a prefix: as given, then "no run"
-    assert tracking.get_run(uri, rid[:5]) is None and tracking.resolve_run_id(uri, "not-hex") == "not-hex"
+    with pytest.raises(ValueError, match=rf"run id prefix '{rid[:5]}' is too short: a prefix of a run id needs at "
+                                         "least 6 characters \\(5 given\\)"):  # as git says it
+        tracking.resolve_run_id(uri, rid[:5])
+    with pytest.raises(ValueError, match="too short"):
+        tracking.get_run(uri, rid[:1])
+    assert tracking.resolve_run_id(uri, "not-hex") == "not-hex" and tracking.get_run(uri, "not-hex") is None
     other = ("0" if rid[0] != "0" else "1") * 6
     assert tracking.resolve_run_id(uri, other) == other and tracking.get_run(uri, other) is None
     # a second run whose id shares the first 7 characters (copied row by row in the store itself)

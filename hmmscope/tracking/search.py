@@ -2,7 +2,8 @@
 URLs, `mlflow ui`).
 
 Run ids. Wherever a run id is taken, a unique prefix of at least 6 characters is too, as git takes a commit's
-(`resolve_run_id`); an ambiguous prefix is a one-line ValueError naming the candidates.
+(`resolve_run_id`); an ambiguous prefix is a one-line ValueError naming the candidates, a shorter one a one-line
+ValueError saying that a prefix needs 6 characters.
 
 A sweep's landing URLs (`sweep_urls`). First the answer: the sweep parent run's page, on its artifact
 `comparison/objective.png` (the objective against each swept key, per positional encoding; `sweep.compare`),
@@ -212,8 +213,12 @@ def target_url(uri: str, base: str, *, run_id: str | None = None, sweep: str | N
 def resolve_run_id(uri: str, run_id: str) -> str:
     """The whole id of the run `run_id` names: a whole id as it is; a prefix of at least MIN_PREFIX hex digits
     that one active run's id starts with, as git takes a commit's; anything else as it is (the caller's lookup
-    then says there is no such run). An ambiguous prefix: ValueError naming the candidates."""
+    then says there is no such run). An ambiguous prefix: ValueError naming the candidates; a shorter prefix (1 to
+    MIN_PREFIX - 1 hex digits): ValueError saying that a prefix needs MIN_PREFIX characters."""
     rid = run_id.strip().lower()
+    if re.fullmatch(rf"[0-9a-f]{{1,{MIN_PREFIX - 1}}}", rid):  # as git says of a prefix too short to name one
+        raise ValueError(f"run id prefix {run_id!r} is too short: a prefix of a run id needs at least {MIN_PREFIX} "
+                         f"characters ({len(rid)} given)")
     if not re.fullmatch(rf"[0-9a-f]{{{MIN_PREFIX},31}}", rid):
         return run_id
     try:
