@@ -160,11 +160,12 @@ def test_the_headline_reads_figure_1s_keys_and_skips_what_is_absent():
          "baseline/unseen/family_bayes/ce": 1.12, "baseline/unseen/best_counting/ce": 1.3,
          "eval/unseen/vs_best_counting": -0.0655, "eval/unseen/vs_best_counting_lo": -0.08,
          "eval/unseen/vs_best_counting_hi": -0.051}
+    m["eval/unseen/oracle_mix_test_ce"] = 1.6  # one task set in one line: the mixture oracle scored on unseen tasks
     assert headline(m, {"hmmscope.regime": "inference beyond counting"}) == (
-        "result (unseen tasks, test CE, nats/token): model 1.2345; task oracle 1.1000, mixture oracle (seen tasks) "
-        "1.1500, family Bayes 1.1200, best counting 1.3000; model - best counting -0.0655 [95% CI -0.0800, -0.0510]; "
+        "result (unseen tasks, test CE, nats/token): model 1.2345; task oracle 1.1000, mixture oracle (training tasks) "
+        "1.6000, family Bayes 1.1200, best counting 1.3000; model - best counting -0.0655 [95% CI -0.0800, -0.0510]; "
         "regime: inference beyond counting")
-    fresh = {k: v for k, v in m.items() if k not in ("eval/seen/oracle_mix_test_ce", "eval/unseen/vs_best_counting_lo",
+    fresh = {k: v for k, v in m.items() if k not in ("eval/unseen/oracle_mix_test_ce", "eval/unseen/vs_best_counting_lo",
                                                       "eval/unseen/vs_best_counting_hi")}
     assert headline(fresh, {}) == ("result (unseen tasks, test CE, nats/token): model 1.2345; task oracle 1.1000, "
                                    "family Bayes 1.1200, best counting 1.3000; model - best counting -0.0655")
@@ -173,10 +174,22 @@ def test_the_headline_reads_figure_1s_keys_and_skips_what_is_absent():
 
 
 def test_train_then_evaluate(store):
-    r = runner.invoke(app, ["train", *TINY_TRAIN])
+    r = Ran(store, "train", *TINY_TRAIN, merged=True)  # a real process, stdout and stderr to one file, in order
     assert r.exit_code == 0, r.output
     uri = tracking.default_tracking_uri()
     (run,) = _runs(uri)
+    # the run's id as soon as the run opens, before the data and the references are built (before: after them,
+    # 8.5 s quiet on tiny, minutes at the paper's scale): the setup line comes after it
+    lines = r.stdout.splitlines()
+    assert lines[:2] == [f"run {run.info.run_id} started; browse: hmmscope ui --run {run.info.run_id}",
+                         "train: setting up: data, oracles, model ..."], lines[:3]
+    # the end: the headline, then the claims one short line each (before: 3 wrapped claims and a second `regime:`
+    # line repeating the headline's numbers; the headline put the seen-task mixture oracle in an unseen-task line)
+    end = lines[next(i for i, ln in enumerate(lines) if ln.startswith("result (")):]
+    assert len(end) <= 9 and not [ln for ln in end if ln.startswith("regime:")], end
+    assert end[1].startswith("Figure 1's claims") and all(ln.startswith("  [") and "statistic:" not in ln and
+                                                          len(ln) < 160 for ln in end[2:5]), end
+    assert "(seen tasks)" not in end[0] and "mixture oracle (training tasks) " in end[0]
     assert run.info.status == "FINISHED"
     (out,) = tracking.client(uri).get_run(run.info.run_id).outputs.model_outputs  # the trained model, logged
     assert out.step == 6 and tracking.client(uri).get_logged_model(out.model_id).params["model.d_model"] == "32"
@@ -191,7 +204,8 @@ def test_train_then_evaluate(store):
     (head,) = [ln for ln in r.stdout.splitlines() if ln.startswith("result (")]
     assert head.startswith(f"result (unseen tasks, test CE, nats/token): model {m['eval/unseen/test_ce']:.4f}; "
                            f"task oracle {m['eval/unseen/oracle_task_test_ce']:.4f}")
-    assert "eval/seen/kl_mix" not in r.stdout and f"every metric: hmmscope runs show {run.info.run_id[:8]}" in r.stdout
+    assert "eval/seen/kl_mix" not in r.stdout and (f"every metric, and each claim's statistic and reason: hmmscope runs "
+                                                  f"show {run.info.run_id[:8]}") in r.stdout
     assert run.data.tags["hmmscope.kind"] == "train"
     r2 = runner.invoke(app, ["evaluate", run.info.run_id[:8]])  # a unique prefix of the id will do
     assert r2.exit_code == 0, r2.output
@@ -283,7 +297,7 @@ class Ran:
     """A real `hmmscope` process run to its end in `cwd`, its stdout and stderr written to files (no terminal: what a
     log file, nohup or Slurm gets): exit_code, stdout, stderr, output (both), as CliRunner's result has them."""
 
-    def __init__(self, cwd: Path, *args: str, timeout: float = 1800):
+    def __init__(self, cwd: Path, *args: str, timeout: float = 1800, merged: bool = False):
         import os
         import subprocess
         import sys
@@ -292,8 +306,9 @@ class Ran:
         env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, "HMMSCOPE_THREADS": "1",
                "OMP_NUM_THREADS": "1"}
         out, err = cwd / "cli.out", cwd / "cli.err"
-        with out.open("w") as fo, err.open("w") as fe:
-            self.exit_code = subprocess.run([str(exe), *args], cwd=cwd, env=env, stdout=fo, stderr=fe,
+        with out.open("w") as fo, err.open("w") as fe:  # merged: stderr into the same file, in the order written
+            self.exit_code = subprocess.run([str(exe), *args], cwd=cwd, env=env, stdout=fo,
+                                            stderr=subprocess.STDOUT if merged else fe,
                                             stdin=subprocess.DEVNULL, timeout=timeout).returncode
         self.stdout, self.stderr = out.read_text(), err.read_text()
         self.output = self.stdout + self.stderr

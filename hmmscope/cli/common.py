@@ -267,20 +267,25 @@ class Spinner:
     """A spinner on stderr while something silent runs, on a terminal (nothing with no text). Off a terminal,
     with `plain` (a prefix such as "train"), the text once as a plain line on stderr, `<plain>: <text> ...`, so
     a log file shows the phase; else nothing. A context manager; `stop()` ends it early (idempotent, and clears
-    its line), e.g. before a line is printed or when another display takes over."""
+    its line), e.g. before a line is printed or when another display takes over; with `deferred`, entering it shows
+    nothing until `start()`."""
 
-    def __init__(self, text: str | None, console=None, plain: str | None = None):
-        self.text, self._status, self.plain = text, None, plain
+    def __init__(self, text: str | None, console=None, plain: str | None = None, deferred: bool = False):
+        self.text, self._status, self.plain, self.deferred = text, None, plain, deferred
         self.console = console
 
     def __enter__(self):
+        if not self.deferred:  # deferred: `start()` begins it (e.g. once a line it must follow is printed)
+            self.start()
+        return self
+
+    def start(self) -> None:
         out = self.console or console(stderr=True)
         if self.text and out.is_terminal:
             self._status = out.status(self.text, spinner="dots")
             self._status.__enter__()
         elif self.text and self.plain:
             typer.echo(f"{self.plain}: {self.text} ...", err=True)
-        return self
 
     def stop(self) -> None:
         status, self._status = self._status, None

@@ -51,15 +51,16 @@ RunIdArg = "MLflow run id of a training run (or a unique prefix of it, at least 
 
 def headline(metrics: dict, tags: dict | None = None) -> str | None:
     """Figure 1 in one line: the model's test CE beside the task oracle, the mixture oracle, the family's Bayes
-    predictor and the best counting baseline (nats/token), the model minus the best counting baseline with its
+    predictor and the best counting baseline (nats/token), every one on the same task set (on unseen tasks the
+    mixture oracle over the training tasks is a reference only), the model minus the best counting baseline with its
     95% CI, and the regime the evaluation names (tag hmmscope.regime: retrieval, counting, inference beyond
     counting, undetermined). On unseen tasks (the model's generalization) when measured, else on seen tasks;
     a reference not measured is left out; None when there is no test CE at all."""
     tasks = "unseen" if "eval/unseen/test_ce" in metrics else "seen" if "eval/seen/test_ce" in metrics else None
     if tasks is None:
         return None
-    mix = "mixture oracle" + (" (seen tasks)" if tasks == "unseen" else "")
-    refs = [("task oracle", f"eval/{tasks}/oracle_task_test_ce"), (mix, "eval/seen/oracle_mix_test_ce"),
+    mix = "mixture oracle" + (" (training tasks)" if tasks == "unseen" else "")  # scored on the same tasks
+    refs = [("task oracle", f"eval/{tasks}/oracle_task_test_ce"), (mix, f"eval/{tasks}/oracle_mix_test_ce"),
             ("family Bayes", f"baseline/{tasks}/family_bayes/ce"), ("best counting", f"baseline/{tasks}/best_counting/ce")]
     got = [f"{name} {metrics[k]:.4f}" for name, k in refs if k in metrics]
     line = f"result ({tasks} tasks, test CE, nats/token): model {metrics[f'eval/{tasks}/test_ce']:.4f}"
@@ -98,9 +99,10 @@ def train_cmd(
 ) -> None:
     """Train a transformer on HMM-mixture episodes (one MLflow run; checkpoints as artifacts).
 
-    Prints its run id and browse line at once; then, on a terminal, a bar, else a plain progress line every
-    HMMSCOPE_PROGRESS_S seconds (default 30) and one per phase; at the end one headline line (the model vs the
-    oracles and the best counting baseline, and the regime)."""
+    Prints its run id and browse line as soon as the run opens (before the data and the references); then, on a
+    terminal, a bar, else a plain progress line every HMMSCOPE_PROGRESS_S seconds (default 30) and one per phase; at
+    the end one headline line (the model vs the oracles and the best counting baseline on one task set, and the
+    regime) and Figure 1's claims, one short line each."""
     from ..deadline import process_age_s  # the standard library only
 
     t_cmd = time.monotonic() - process_age_s()  # the deadline counts from the process's start (imports included)
@@ -127,11 +129,11 @@ def train_cmd(
     checks.duration(train_flops(cfg), device=str(dev), force=force, what=f"training {cfg.train.steps:,} steps")
     # a spinner over the silent setup (data, oracles, model, the run), stopped by the step-0 evaluation, which
     # comes just before training's own bar; a resumed run has no such evaluation, and no spinner
-    setup = Spinner("setting up: data, oracles, model" if resume is None else None, plain="train")
+    setup = Spinner("setting up: data, oracles, model" if resume is None else None, plain="train", deferred=True)
 
-    def started(rid: str) -> None:  # the spinner's line cleared first: the id is printed on a line of its own
-        setup.stop()
+    def started(rid: str) -> None:  # the run opens before the setup: its id first, on a line of its own, then the spinner
         typer.echo(f"run {rid} {'resumed' if resume else 'started'}; {tracking.browse_line(uri, run_id=rid)}")
+        setup.start()
 
     # one writer per run: a resume takes the run's lease before any work (of two started together, one runs, the
     # other stops here with one line naming it) and keeps it to the end of the command
@@ -164,12 +166,12 @@ def train_cmd(
     line = headline(metrics, tracking.get_run(uri, res.run_id).data.tags)
     if line:
         typer.echo(line)
+    if claims:  # one short line each: the headline has the numbers and the regime (the statistics: runs show)
+        print_claims("Figure 1's claims (retrieval gap; unseen tasks: in-context gain, model vs best counting)", claims,
+                     full=verbose)
     if not verbose:
-        typer.echo(f"every metric: hmmscope runs show {res.run_id[:8]}  (or train --verbose)")
-    if claims:
-        print_claims("Figure 1 (retrieval gap; unseen tasks: in-context gain, model vs best counting)", claims,
-                     where=f"hmmscope runs show {res.run_id[:8]}")
-        typer.echo(regime_line(metrics, getattr(ev, "regime", None)))
+        typer.echo(f"every metric, and each claim's statistic and reason: hmmscope runs show {res.run_id[:8]}  (or "
+                   "train --verbose)")
     print_files(files)
     if res.stopped is not None:
         again = ["hmmscope", "train", "--preset", str(preset_.value)]
