@@ -16,6 +16,7 @@ from hmmscope.evaluate import BASELINES
 from hmmscope.sweep_spec import TRAIN_OBJECTIVES, VS_OBJECTIVE
 
 runner = CliRunner()
+STAMP, STAMP_RE = "2026-11-27 21:50:03 ", r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d "  # progress lines off a terminal: the time first
 
 COMMANDS = [[], ["theory"], ["generate"], ["train"], ["evaluate"], ["run"], ["bench"], ["bench", "sample"],
             ["bench", "filter"], ["bench", "train"]]
@@ -69,8 +70,9 @@ def test_theory_end_to_end(store):
     assert "decay rate >= g^4, g = gamma_eff" in r.output  # a verdict line per setting is printed
     # where to look, at once; off a terminal, a plain line per setting instead of a bar
     assert r.stdout.splitlines()[0] == f"theory run {parent.info.run_id} started; browse: hmmscope ui --run {parent.info.run_id}"
-    assert [x.split(", ")[0] for x in r.stderr.splitlines() if x.startswith("theory: ")] == \
-        ["theory: 1/2 settings", "theory: 2/2 settings"]
+    assert [x[len(STAMP):].split(", ")[0] for x in r.stderr.splitlines() if x[len(STAMP):].startswith("theory: ")] \
+        == ["theory: 1/2 settings", "theory: 2/2 settings"]
+    assert all(re.match(STAMP_RE, x) for x in r.stderr.splitlines() if "theory: " in x), r.stderr  # when, in a log
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -181,8 +183,8 @@ def test_train_then_evaluate(store):
     # the run's id as soon as the run opens, before the data and the references are built (before: after them,
     # 8.5 s quiet on tiny, minutes at the paper's scale): the setup line comes after it
     lines = r.stdout.splitlines()
-    assert lines[:2] == [f"run {run.info.run_id} started; browse: hmmscope ui --run {run.info.run_id}",
-                         "train: setting up: data, oracles, model ..."], lines[:3]
+    assert lines[0] == f"run {run.info.run_id} started; browse: hmmscope ui --run {run.info.run_id}", lines[:3]
+    assert re.fullmatch(STAMP_RE + r"train: setting up: data, oracles, model \.\.\.", lines[1]), lines[:3]
     # the end: the headline, then the claims one short line each (before: 3 wrapped claims and a second `regime:`
     # line repeating the headline's numbers; the headline put the seen-task mixture oracle in an unseen-task line)
     end = lines[next(i for i, ln in enumerate(lines) if ln.startswith("result (")):]
@@ -257,7 +259,8 @@ def test_analyze_end_to_end_and_bad_input(store):
     assert len(list((store / "out").glob(f"*-{rid[:8]}/analysis/figure*.p*"))) == 4
     # progress: one line per phase on stderr, with the seconds since the start; stdout keeps only the summary
     lines = r.stderr.splitlines()
-    assert all(re.fullmatch(r"analyze: .+, \d+ s", x) for x in lines), r.stderr
+    assert all(re.fullmatch(STAMP_RE + r"analyze: .+, \d+ s", x) for x in lines), r.stderr  # the time first, off a tty
+    lines = [x[len(STAMP):] for x in lines]
     assert [x.split(" (")[0].rsplit(", ", 1)[0] for x in lines] == [
         "analyze: checkpoint loaded",
         f"analyze: analysis run {an.info.run_id} started; browse: hmmscope ui --run {an.info.run_id}", "analyze: mixture",

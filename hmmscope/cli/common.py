@@ -263,6 +263,14 @@ def print_claims(title: str, claims, *, full: bool | None = None, where: str | N
         typer.echo(f"  (each claim's statistic and reason: {where})")
 
 
+def progress_echo(msg: str) -> None:
+    """A progress line on stderr; off a terminal (a log file, nohup, Slurm) with the local date and time first
+    (`progress.stamp`)."""
+    from ..progress import stamp
+
+    typer.echo(msg if sys.stderr.isatty() else stamp(msg), err=True)
+
+
 class Spinner:
     """A spinner on stderr while something silent runs, on a terminal (nothing with no text). Off a terminal,
     with `plain` (a prefix such as "train"), the text once as a plain line on stderr, `<plain>: <text> ...`, so
@@ -285,7 +293,7 @@ class Spinner:
             self._status = out.status(self.text, spinner="dots")
             self._status.__enter__()
         elif self.text and self.plain:
-            typer.echo(f"{self.plain}: {self.text} ...", err=True)
+            progress_echo(f"{self.plain}: {self.text} ...")
 
     def stop(self) -> None:
         status, self._status = self._status, None

@@ -40,6 +40,7 @@ from .common import (
     print_claims,
     print_files,
     print_metrics,
+    progress_echo,
     user_errors,
 )
 from .theory import print_theory
@@ -310,7 +311,7 @@ def analyze_cmd(
         res = analyze_run(uri, target, device=device or "auto", n_episodes=n_episodes, ks=tuple(k_list),
                           n_perms=n_perms, seed=seed, experiment=experiment, out=out,
                           probe_tasks=probe_tasks, min_per_task=min_per_task, probe_jobs=jobs,
-                          progress=lambda m: typer.echo(m, err=True))
+                          progress=progress_echo)
     print_claims(f"claims (analysis run {res.run_id}; shuffle {res.seconds['shuffle_s']:.0f} s, "
                  f"probes {res.seconds['probes_s']:.0f} s)", res.claims, where=f"hmmscope runs show {res.run_id[:8]}")
     print_files(res.files)
@@ -357,13 +358,13 @@ def run_cmd(
 
     def sweep_and_report(spec, report_dir):  # the jobs layer reaches the sweep layer only through this
         typer.echo(f"sweep {spec.name}: {tracking.browse_line(uri, sweep=spec.name)}")
-        sw = run_sweep(spec, workers=workers, uri=uri, log=lambda m: typer.echo(m, err=True))  # workers' lines too
+        sw = run_sweep(spec, workers=workers, uri=uri, log=progress_echo)  # workers' lines too
         return sw, build_report(uri, sw.parent_run_id, report_dir, storage=sw.storage)
 
     with sigterm_interrupts():  # off a terminal too: the run id at once, a line per stage, training's progress lines
         res = main_job(cfg, uri, experiment, out, sweep=sweep_and_report, progress=True,
-                       on_stage=lambda s: typer.echo(f"[hmmscope run] {s} ...", err=True),
-                       log=None if sys.stderr.isatty() else (lambda m: typer.echo(m, err=True)),
+                       on_stage=lambda s: progress_echo(f"[hmmscope run] {s} ..."),
+                       log=None if sys.stderr.isatty() else progress_echo,
                        on_start=lambda rid: typer.echo(f"main run {rid} started; {tracking.browse_line(uri, run_id=rid)}"))
     m = res.eval_metrics
     typer.echo("")

@@ -26,6 +26,7 @@ from .common import (
     nonempty_path,
     parse_sets,
     plain_table,
+    progress_echo,
     user_errors,
 )
 
@@ -39,9 +40,10 @@ class SweepProgress:
     """run_sweep's `progress` callback, called with the trial counts about once a second.
 
     On a terminal: a rich bar on stderr (finished of all trials; done, failed, running; ETA). Otherwise one
-    plain line on stderr each time the counts change. ETA: the trials left over the rate at which trials
-    finished since the first count (a resumed sweep's earlier trials do not count toward the rate);
-    "?" until one has finished. done = complete + pruned; failed = failed for good (retried ones are not).
+    plain line on stderr each time the counts change, with the date and time first (`progress_echo`). ETA: the
+    trials left over the rate at which trials finished since the first count (a resumed sweep's earlier trials do
+    not count toward the rate); "?" until one has finished. done = complete + pruned; failed = failed for good
+    (retried ones are not).
     """
 
     def __init__(self, name: str, n_trials: int, *, tty: bool | None = None, echo=None, clock=None):
@@ -49,7 +51,7 @@ class SweepProgress:
 
         self.name, self.n = name, n_trials
         self.tty = sys.stderr.isatty() if tty is None else tty
-        self.echo = echo or (lambda m: typer.echo(m, err=True))
+        self.echo = echo or progress_echo
         self.clock = clock or time.monotonic
         self.t0, self.base, self.last, self.bar, self.task = 0.0, None, None, None, None
 
@@ -205,7 +207,7 @@ def sweep_worker_cmd(
     spec_of_study(study, storage)  # an unknown study fails here, before any trial
     if gpu is not None:
         pin_gpu(gpu)
-    n = run_worker(study, storage, uri, max_trials=max_trials, log=lambda m: typer.echo(m, err=True))
+    n = run_worker(study, storage, uri, max_trials=max_trials, log=progress_echo)
     typer.echo(f"worker ran {n} trial(s) of {study}")
 
 

@@ -35,6 +35,7 @@ from .common import (
     print_claims,
     print_table,
     progress,
+    progress_echo,
     user_errors,
 )
 
@@ -115,7 +116,7 @@ def theory(
     def step(i: int, total: int, label: str) -> None:
         bar.update(task, completed=i, description=label)
         if plain:
-            typer.echo(f"theory: {i}/{total} settings, {label}", err=True)
+            progress_echo(f"theory: {i}/{total} settings, {label}")
 
     with sigterm_interrupts(), progress() as bar:
         task = bar.add_task("theory", total=n)
