@@ -237,7 +237,7 @@ def objective_figure(spec, df):
     seed_col = _seed_col(spec)
     line_col, lines = _lines(spec, df)
     xs = [p for p in spec.space if line_col is None or p.key != POS_ENC] or list(spec.space)
-    fig = Figure(figsize=(max(4.5, 4.2 * len(xs)), 3.8), layout="constrained")
+    fig = Figure(figsize=(max(5.2, 4.6 * len(xs)), 4.6), layout="constrained")
     axes = fig.subplots(1, max(len(xs), 1), squeeze=False)[0]
     for ax, p in zip(axes, xs):
         col = f"param:{p.key}"
@@ -263,7 +263,7 @@ def objective_figure(spec, df):
             if log:
                 ax.set_xscale("log")
             ax.set_xticks(pos)
-            ax.set_xticklabels(ticks, fontsize=8)
+            ax.set_xticklabels(ticks)
             ax.minorticks_off()
         if ref is not None and isinstance(ref[0], float):
             ax.axhline(ref[0], color="gray", ls=":", lw=1.2, label=ref[1])
@@ -273,12 +273,18 @@ def objective_figure(spec, df):
             ax.plot(pos, [df[df[col].astype(str) == lv][ORACLE].astype(float).mean() for lv in levels], "x--",
                     color="gray", label=f"{ref[1]} (mean over the trials' episodes)")
         ax.set(xlabel=p.key, ylabel=axis_label(spec.objective))
+        ax.tick_params(labelsize=10)
         ax.grid(alpha=0.3)
-        if len(lines) > 1 or p.grid is None or ref is not None:
-            ax.legend(fontsize=8, title=POS_ENC if line_col else None, title_fontsize=8)
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    if len(lines) > 1 or any(p.grid is None for p in xs) or ref is not None:  # below the panels: on no line
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=min(4, len(handles)),
+                   fontsize=9, title=POS_ENC if line_col else None, title_fontsize=9, frameon=False)
     n_seeds = int(df[seed_col].astype(str).nunique()) if len(df) else 0
     fig.suptitle(f"sweep {spec.name}: {spec.objective} ({spec.direction}), {len(df)} trials\n{n_seeds} seed"
-                 f"{'s' if n_seeds != 1 else ''} as dots; mean with 95% CI (t over seeds)", fontsize=9)
+                 f"{'s' if n_seeds != 1 else ''} as dots; mean with 95% CI (t over seeds)", fontsize=10)
     return fig
 
 
