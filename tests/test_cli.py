@@ -382,6 +382,7 @@ def test_results_outside_the_ui_runs_list_show_compare_and_sweep_trials(smoke, m
     assert sorted(zip(df["params.model.pos_enc"], df["params.hmm.gamma"], strict=True)) == [
         ("absolute", "0.5"), ("absolute", "0.9"), ("rope", "0.5"), ("rope", "0.9")]  # strings, as MLflow has them
     assert (df["objective"] == df["metrics.eval/seen/excess_ce"]).all()  # the objective is that metric
+    assert not [c for c in df.columns if "Objective/" in c]  # logged once (before: also as Objective/<key>)
     assert not [c for c in df.columns if c.startswith(("metric:", "param:"))]  # mlflow.search_runs' prefixes
     assert list(df["run_name"]) == [f"{p}-g{g}-s0" for p, g in zip(df["params.model.pos_enc"], df["params.hmm.gamma"],
                                                                    strict=True)]
@@ -435,7 +436,7 @@ def test_the_printed_ui_command_lands_on_the_sweeps_answer_then_its_trials_in_a_
     params (before: all 201 metric and param columns hidden). MLflow 3.17 reads no columns from a URL; the
     trials URL names the sweep's shared view (viewStateShareKey), which holds them.
     A trial's Model metrics tab opens on its loss curves (the Loss section, first; before they sat below ~30
-    baseline/ and eval/ sections). Screenshots: out/test-artifacts/ui-sweep-smoke-answer.png,
+    baseline/ and eval/ sections), and `ui --run` opens that tab. Screenshots: out/test-artifacts/ui-sweep-smoke-answer.png,
     ui-sweep-smoke-trials.png, ui-sweep-smoke-trial-metrics.png."""
     store, r = smoke
     assert r.exit_code == 0, r.output
@@ -454,21 +455,28 @@ def test_the_printed_ui_command_lands_on_the_sweeps_answer_then_its_trials_in_a_
         shown = browser.render(answer, browser.ARTIFACTS, "ui-sweep-smoke-answer")
         dom = (browser.ARTIFACTS / "ui-sweep-smoke-answer.html").read_text()
         text = browser.render(trials, browser.ARTIFACTS, "ui-sweep-smoke-trials")
-        one = trial_runs[0].info  # a trial's metric charts: the loss curves first (MLflow orders sections by name)
-        charts = browser.render(f"{answer.split('#/', 1)[0]}#/experiments/{one.experiment_id}/runs/{one.run_id}/"
-                                "model-metrics?workflowType=machine_learning", browser.ARTIFACTS,
-                                "ui-sweep-smoke-trial-metrics")
+        # a trial's page as `hmmscope ui --run ID` prints it (tracking.target_url): its Model metrics tab (before: its
+        # Overview), the loss curves first (MLflow orders sections by name)
+        one = trial_runs[0].info
+        url = tracking.target_url(uri, answer.split("/#/", 1)[0], run_id=one.run_id[:8])
+        assert url.endswith(f"/runs/{one.run_id}/model-metrics?workflowType=machine_learning"), url
+        charts = browser.render(url, browser.ARTIFACTS, "ui-sweep-smoke-trial-metrics")
     sections = re.findall(r"(\S+) \((\d+)\) Add chart", charts)  # each section's header: name (charts) Add chart
-    assert sections[:2] == [("Loss", "2"), ("Objective/eval/seen", "1")], sections[:5]
+    assert sections[0] == ("Loss", "2") and not [x for x in sections if x[0].startswith("Objective")], sections[:5]
     assert "sweep-smoke" in shown and "comparison/objective.png" in shown, shown[:2000]
     # the artifact viewer shows the PNG itself (an <img> of the artifact, fetched as a blob)
     assert re.search(r'<img[^>]+alt="comparison/objective\.png"[^>]+src="blob:', dom), "no objective.png image shown"
     assert "Run Name" in text and "4 matching runs" in text, text[:2000]
     assert all(n in text for n in names), text[:2000]
-    assert "Sort: Objective/eval/seen/excess_ce" in text, text[:2000]
+    assert "Sort: eval/seen/excess_ce" in text, text[:2000]  # the objective, logged once (no Objective/ copy)
     heads = text.split("Run Name", 1)[1].split("Hide run", 1)[0]  # the header row, before the first run
-    for col in ("Objective/eval/seen/excess_ce", "hmm.gamma", "model.pos_enc"):  # visible columns
+    for col in ("eval/seen/excess_ce", "hmm.gamma", "model.pos_enc"):  # visible columns
         assert col in heads, (col, heads)
+    # each as wide as its header (before: 100 px cut the objective's to 'Objective/eval/s'): the rendered widths
+    dom = (browser.ARTIFACTS / "ui-sweep-smoke-trials.html").read_text()
+    for col, chars in (("metrics.`eval/seen/excess_ce`", 19), ("params.`model.pos_enc`", 13)):
+        (w,) = set(re.findall(rf'role="columnheader"[^>]*col-id="{re.escape(col)}"[^>]*width: (\d+)px', dom))
+        assert int(w) >= 7.5 * chars + 40, (col, w)
     assert "sweep-smoke" not in text.split("Run Name", 1)[1]  # the trials, flat; not the parent folding them
 
 
