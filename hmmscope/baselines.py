@@ -52,8 +52,9 @@ evaluation episodes), for each k: every (order, alpha) n-gram and every (depth, 
 ORDERS / DEPTHS is scored on Figure 1's tokens of the episodes truncated to their last k demos (CE = mean over
 episodes of the per-episode mean of -log p); per k the n-gram and the CTW of lowest CE are kept, and
 best_counting is the lower of the two. Ties go to the simpler setting: lower order / depth, then larger
-alpha, and the n-gram over the CTW. CountingFit.params() gives the choices as flat MLflow params
-(counting.k{k}.ngram_order ...), CountingFit.predict(ep, k) the three predictions on episodes truncated to k.
+alpha, and the n-gram over the CTW. CountingFit.fitted() gives the choices as MLflow metrics and tags (outputs,
+never params: counting/k{k}/ngram_order ..., hmmscope.counting.k{k}.best), CountingFit.predict(ep, k) the three
+predictions on episodes truncated to k.
 The n-gram's counts are computed once per order and reused over the alphas; CTW's estimates depend on alpha,
 so each depth is one pass that carries all 8 alphas at once (its counts are shared).
 
@@ -359,16 +360,19 @@ class CountingFit:
     def ks(self) -> list[int]:
         return sorted(self.by_k)
 
-    def params(self) -> dict:
-        """Flat {name: value} for MLflow params: counting.k{k}.ngram_order, .ngram_alpha, .ngram_fit_ce,
-        .ctw_depth, .ctw_alpha, .ctw_fit_ce, .best (incontext_ngram | incontext_ctw), and counting.fit_episodes."""
-        out = {"counting.fit_episodes": self.n_episodes}
+    def fitted(self) -> dict[str, dict]:
+        """What the fit chose, for MLflow as outputs, never params (SCIENCE.md 9, "Params and outputs"):
+        {"metrics": counting/k{k}/ngram_order, /ngram_alpha, /ngram_fit_ce, /ctw_depth, /ctw_alpha, /ctw_fit_ce and
+        counting/fit_episodes; "tags": hmmscope.counting.k{k}.best (incontext_ngram | incontext_ctw)}."""
+        metrics: dict[str, float] = {"counting/fit_episodes": float(self.n_episodes)}
+        tags: dict[str, str] = {}
         for k in self.ks:
-            b, ng, ctw = f"counting.k{k}", self.by_k[k]["incontext_ngram"], self.by_k[k]["incontext_ctw"]
-            out.update({f"{b}.ngram_order": ng["order"], f"{b}.ngram_alpha": ng["alpha"], f"{b}.ngram_fit_ce": ng["fit_ce"],
-                        f"{b}.ctw_depth": ctw["depth"], f"{b}.ctw_alpha": ctw["alpha"], f"{b}.ctw_fit_ce": ctw["fit_ce"],
-                        f"{b}.best": self.by_k[k]["best_counting"]})
-        return out
+            b, ng, ctw = f"counting/k{k}", self.by_k[k]["incontext_ngram"], self.by_k[k]["incontext_ctw"]
+            metrics.update({f"{b}/ngram_order": ng["order"], f"{b}/ngram_alpha": ng["alpha"],
+                            f"{b}/ngram_fit_ce": ng["fit_ce"], f"{b}/ctw_depth": ctw["depth"],
+                            f"{b}/ctw_alpha": ctw["alpha"], f"{b}/ctw_fit_ce": ctw["fit_ce"]})
+            tags[f"hmmscope.counting.k{k}.best"] = self.by_k[k]["best_counting"]
+        return {"metrics": {k: float(v) for k, v in metrics.items()}, "tags": tags}
 
     def describe(self) -> dict:
         """JSON-ready record (a Figure 1 meta entry): the chosen settings per k, the grid, the fit set."""

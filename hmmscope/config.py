@@ -1,13 +1,10 @@
 """One typed configuration object: defaults -> preset -> TOML file -> overrides.
 
-Every knob lives in a frozen dataclass below. `override` is the only way to change
-one: it walks dotted keys (`hmm.gamma`), rejects unknown keys, wrong types and
-non-finite floats (inf, nan), and re-validates the result, so a bad value fails
-before any work starts. Seeds lie in [0, 2**32 - 1] (numpy's legacy seed range,
-also what torch.manual_seed and SeedSequence take without complaint).
-
-`memory_estimate(cfg, job)` is the peak memory of a job, by term, computed from the
-config alone (no allocation): the CLI refuses a job that cannot fit before it starts.
+Every knob lives in a frozen dataclass below. `override` is the only way to change one: it walks dotted keys
+(`hmm.gamma`), rejects unknown keys, wrong types and non-finite floats (inf, nan), and re-validates the result, so a
+bad value fails before any work starts. Seeds lie in [0, 2**32 - 1] (numpy's legacy seed range, also what
+torch.manual_seed and SeedSequence take without complaint). `memory_estimate(cfg, job)` is the peak memory of a job,
+by term, computed from the config alone (no allocation): the CLI refuses a job that cannot fit before it starts.
 """
 
 from __future__ import annotations
@@ -36,6 +33,7 @@ MAX_TEXT_BYTES = 1 << 20  # a config file or sweep spec is read up to this size
 MAX_TOML_DEPTH = 16  # tables and arrays nested deeper are refused (a config has 2 levels, a spec 4)
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 FAMILIES = ("dirichlet", "sticky")
+STRUCTURES = ("all", "half", "half-heldout")  # hmm.structures (hmm.make_mixture)
 TEST_STARTS = ("initial", "midstream")
 POS_ENCODINGS = ("rope", "absolute", "none", "sinusoidal")
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -57,6 +55,7 @@ class HMMConfig:
     alpha: float = 0.5  # Dirichlet concentration (dirichlet family, and Q rows of sticky)
     rho: float = 0.05  # sticky family: probability of jumping to a random prototype
     seed: int = 0
+    structures: str = "all"  # revealing maps: all | half (one half) | half-heldout (evaluation tasks: the other half)
 
 
 @dataclass(frozen=True)
@@ -175,6 +174,8 @@ def validate(cfg: Config) -> Config:
     _check(0.0 < h.gamma <= 1.0, f"hmm.gamma must be in (0, 1], got {h.gamma}")
     _check(h.alpha > 0, f"hmm.alpha must be > 0, got {h.alpha}")
     _check(0.0 <= h.rho <= 1.0, f"hmm.rho must be in [0, 1], got {h.rho}")
+    _check(h.structures in STRUCTURES and (h.structures == "all" or h.n_states <= h.n_tokens),
+           f"hmm.structures must be one of {STRUCTURES} (a half needs n_states <= n_tokens), got {h.structures!r}")
     for key, v in (("hmm.seed", h.seed), ("data.seed", d.seed), ("train.seed", t.seed), ("theory.seed", th.seed)):
         _check(0 <= v <= SEED_MAX, f"{key} must be in [0, {SEED_MAX}] (numpy's seed range), got {v}")
     _check(d.n_demos >= 0, f"data.n_demos must be >= 0, got {d.n_demos}")

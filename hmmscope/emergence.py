@@ -27,7 +27,8 @@ history (it travels in the checkpoint, so a resumed run draws its whole history)
 - ``emergence/<tasks>/ce/k<k>``, ``emergence/<tasks>/acc/k<k>``: the model at every k (<tasks> = seen | unseen);
 - ``emergence/<tasks>/icl_gain``: the model's gain on the same tokens;
 - ``emergence/unseen/vs_best_counting``: the model's CE minus best_counting's at k_max, unseen tasks;
-- ``emergence/<tasks>/ref/<name>/ce/k<k>`` and ``.../ref/<name>/icl_gain``: the references (constants).
+- ``emergence/<tasks>/ref/<name>/ce/k<k>`` and ``.../ref/<name>/icl_gain``: the references (constants);
+  ``.../ref/<name>/degenerate`` = 1 for a degenerate reference (regimes.degenerate: drawn labelled so).
 Only a few headline series become MLflow metrics (``headline``: icl_gain, ce at k_max and vs_best_counting), so
 a run's metric page opens on the training curves, not on ~70 emergence charts; the full curves are the table
 artifact ``emergence/curves.json`` (``curves_table``: one row per step, task set, predictor and k) and the figure
@@ -126,6 +127,8 @@ def _reference_constants(sets) -> dict[str, float]:
                     for k in es.ks}
             out.update({key(es.tasks, "ce", k, name): v for k, v in ce.items()})
             out[key(es.tasks, "icl_gain", ref=name)] = _gain(same, es.ks)
+            if es.meta.get("degenerate", {}).get(name):  # shown as such, never a reference (SCIENCE.md 9)
+                out[key(es.tasks, "degenerate", ref=name)] = 1.0
     return out
 
 
@@ -216,6 +219,8 @@ def build_emergence(history: list[dict], title: str | None = None):
         curve(ax_gain, [h.get(key(t, "icl_gain"), np.nan) for h in history], "C0", 2.0, "model")
         last = history[-1] if history else {}
         for name, (c, ls, label) in _REF_STYLE.items():
+            if last.get(key(t, "degenerate", ref=name)):
+                label = f"{label} (DEGENERATE: not a reference)"
             v = last.get(key(t, "ce", ks[-1], name)) if ks else None
             if v is not None:
                 ax_ce.axhline(v, color=c, ls=ls, lw=1.2, label=f"{label}, k = {ks[-1]}")

@@ -156,14 +156,19 @@ def fit_episodes(hmm: HMMConfig, data: DataConfig, n: int) -> tuple[Mixture, Epi
     return _own_tasks(hmm, data, n, "fit")
 
 
-def family_tasks(hmm: HMMConfig, data: DataConfig, m: int) -> Mixture:
+def family_tasks(hmm: HMMConfig, data: DataConfig, m: int, draw: int = 0) -> Mixture:
     """The M tasks of the family-Bayes reference (SCIENCE.md 9): make_mixture(n_tasks = m, stream="family",
     replicate=data.seed) with a uniform prior; its mixture oracle approximates the Bayes predictor for a task drawn
-    from the family. The first m' < m of them are the reference at M = m' (inference.mixture_oracle of
-    mix.subset(range(m'))), so its convergence in M is read off one draw."""
+    from the family. The first m' < m of them are the reference at M = m' (inference.nested_mixture_oracles), so
+    its convergence in M is read off one draw. draw j >= 1: another independent draw of M tasks (stream
+    "family-draw<j>"), so that an interval can cover the draw of the family tasks (headroom.py); draw 0 is the one
+    Figure 1 uses."""
     if m < 1:
         raise ValueError(f"m must be >= 1, got {m}")
-    return make_mixture(dataclasses.replace(hmm, n_tasks=int(m)), stream="family", replicate=data.seed)
+    if draw < 0:
+        raise ValueError(f"draw must be >= 0, got {draw}")
+    stream = "family" if draw == 0 else f"family-draw{int(draw)}"
+    return make_mixture(dataclasses.replace(hmm, n_tasks=int(m)), stream=stream, replicate=data.seed)
 
 
 def fresh_training(hmm: HMMConfig, data: DataConfig, n: int, split: str = "train") -> tuple[Mixture, Episodes]:

@@ -83,10 +83,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import regimes
 from .baselines import DEFAULT_LEARNER, HMMLearner, incontext_bigram, incontext_hmm, incontext_unigram
 from .episodes import Episodes, truncate_demos
 from .hmm import Mixture
-from .inference import mixture_oracle, task_oracle
+from .inference import mixture_oracle, nested_mixture_oracles, task_oracle
 from .regimes import REGIMES, _paired, regime, regime_claims, retrieval_gap
 from .stats import jsonable
 
@@ -159,13 +160,19 @@ _METRICS = ("acc", "ce", "kl_mix", "kl_task", "excess_ce", "excess_ce_task")
 
 
 def _rows(per_token: dict[str, dict[str, np.ndarray]], base: dict, by_position: bool, mixture: str,
-          positions=None) -> list[dict]:
-    """Table rows: one per predictor (and per position if by_position), metrics with 95% CIs; excess_ce is
-    against the mixture reference `mixture` (EvalSet.meta["mixture_reference"])."""
+          positions=None, bad: Mapping[str, str] | None = None) -> list[dict]:
+    """Table rows: one per predictor (and per position if by_position), metrics with 95% CIs; excess_ce and kl_mix
+    are against the mixture reference `mixture` (EvalSet.meta["mixture_reference"]), NaN where it is degenerate;
+    bad: {predictor: why it is degenerate at this k} (column "degenerate", "" when it is not)."""
     out = []
+    bad = bad or {}
     for name, m in per_token.items():
-        m = {**m, "excess_ce": m["ce"] - per_token[mixture]["ce"],
+        nan = np.full_like(m["ce"], np.nan)
+        m = {**m, "excess_ce": nan if bad.get(mixture) else m["ce"] - per_token[mixture]["ce"],
              "excess_ce_task": m["ce"] - per_token["task_oracle"]["ce"]}
+        if bad.get(mixture):
+            m["kl_mix"] = nan
+        base = {**base, "degenerate": bad.get(name, "")}
         if by_position:  # statistics over episodes at each test position
             stats = {key: _mean_ci(m[key], 0) for key in _METRICS}
             for j, p in enumerate(positions):
@@ -211,6 +218,7 @@ class EvalSet:
     by_k: dict[int, KSet]
     meta: dict = field(default_factory=dict)
     family_episodes: dict = field(default_factory=dict)  # {(M, k): per-episode family_bayes CE (N,)} (eval_set)
+    family_tokens: dict = field(default_factory=dict)  # {(M, k): per-token family_bayes CE (N, P)} (eval_set)
 
     @property
     def n_episodes(self) -> int:
@@ -253,7 +261,7 @@ def eval_set(mix: Mixture | None, ep: Episodes, *, tasks: str = "seen", task_mix
     ks = sorted(range(ep.n_demos + 1) if ks is None else {int(k) for k in ks})
     hmm_preds = incontext_hmm(ep, ks, learner) if learner is not None else {}
     mixture = "mixture_oracle" if mix is not None else "family_bayes" if family is not None else "task_oracle"
-    convergence, conv_ep = [], {}
+    convergence, conv_ep, conv_tok = [], {}, {}
     conv_ks = {max(ks)} if family_sizes_at is None else {int(k) for k in family_sizes_at}
     by_k = {}
     for k in ks:
@@ -268,16 +276,16 @@ def eval_set(mix: Mixture | None, ep: Episodes, *, tasks: str = "seen", task_mix
             preds["mixture_oracle"], post = mixture_oracle(mix, anon, chunk_tasks=chunk_tasks, posterior_at="test_start",
                                                            dtype=oracle_dtype, device=device)
         if family is not None:
-            preds["family_bayes"] = mixture_oracle(family, _anonymous(e), chunk_tasks=chunk_tasks, dtype=oracle_dtype,
-                                                   device=device)[0]
-            if k in conv_ks:
-                for m in sorted({int(m) for m in family_sizes if 1 <= int(m) < family.n_tasks}):
-                    p = mixture_oracle(family.subset(np.arange(m)), _anonymous(e), chunk_tasks=chunk_tasks,
-                                       dtype=oracle_dtype, device=device)[0][:, cols].to("cpu", torch.float64)
-                    ce = (-torch.log(p.gather(-1, y[..., None])[..., 0])).mean(1).numpy()
-                    mean, lo, hi = _mean_ci(ce)
-                    conv_ep[(m, k)] = ce
-                    convergence.append({"M": m, "k": k, "ce": float(mean), "ce_lo": float(lo), "ce_hi": float(hi)})
+            sizes = sorted({int(m) for m in family_sizes if 1 <= int(m) < family.n_tasks}) if k in conv_ks else []
+            fam = nested_mixture_oracles(family, _anonymous(e), sizes, chunk_tasks=chunk_tasks, dtype=oracle_dtype,
+                                         device=device)  # M and every smaller size in one pass (CPU kernel)
+            preds["family_bayes"] = fam[family.n_tasks]
+            for m in sizes:
+                p = fam[m][:, cols].to("cpu", torch.float64)
+                tok_ce = (-torch.log(p.gather(-1, y[..., None])[..., 0])).numpy()  # (N, P)
+                mean, lo, hi = _mean_ci(tok_ce.mean(1))
+                conv_ep[(m, k)], conv_tok[(m, k)] = tok_ce.mean(1), tok_ce
+                convergence.append({"M": m, "k": k, "ce": float(mean), "ce_lo": float(lo), "ce_hi": float(hi)})
         preds["incontext_unigram"] = incontext_unigram(e)
         preds["incontext_bigram"] = incontext_bigram(e)
         if counting is not None:
@@ -290,19 +298,28 @@ def eval_set(mix: Mixture | None, ep: Episodes, *, tasks: str = "seen", task_mix
         p_true = (float(post.cpu()[torch.arange(len(e)), torch.as_tensor(e.task_ids)].double().mean())
                   if seen and post is not None else float("nan"))
         by_k[k] = KSet(k, e, cols, y, oracles, refs, p_true, same)
-    if family is not None and convergence:
+    if family is not None:
+        smaller = bool(convergence)
         for k in sorted(conv_ks & set(ks)):
             full = by_k[k].references["family_bayes"]["ce"].mean(1)
             mean, lo, hi = _mean_ci(full)
             conv_ep[(int(family.n_tasks), k)] = full
-            convergence.append({"M": int(family.n_tasks), "k": k, "ce": float(mean), "ce_lo": float(lo),
-                                "ce_hi": float(hi)})
+            conv_tok[(int(family.n_tasks), k)] = by_k[k].references["family_bayes"]["ce"]
+            if smaller:
+                convergence.append({"M": int(family.n_tasks), "k": k, "ce": float(mean), "ce_lo": float(lo),
+                                    "ce_hi": float(hi)})
+    V = int(ep.n_tokens)
+    degenerate = {name: regimes.degenerate({k: by_k[k].references[name]["ce"] for k in ks},
+                                           {k: by_k[k].same for k in ks}, V)
+                  for name in by_k[ks[0]].references if name != "task_oracle"}
     meta = {"tasks": tasks, "n_episodes": len(ep), "dataset_hash": ep.meta.get("dataset_hash"),
+            "degenerate": {n: {k: why for k, why in d.items() if why} for n, d in degenerate.items()
+                           if any(d.values())},
             "n_task_params": int(task_mix.n_tasks), "family_tasks": None if family is None else int(family.n_tasks),
             "family_bayes_convergence": convergence, "mixture_reference": mixture,
             "counting": None if counting is None else counting.describe(),
             "incontext_hmm": None if learner is None else learner.describe()}
-    return EvalSet(tasks, ks, by_k, meta, conv_ep)
+    return EvalSet(tasks, ks, by_k, meta, conv_ep, conv_tok)
 
 
 def references(hmm, data, ev, ks=None) -> tuple[Mixture | None, object | None]:
@@ -431,7 +448,10 @@ class Figure1Result:
                                                    if g["predictor"] == "model" else {})})
         for c in (self.meta.get("sets", {}).get("unseen", {}) or {}).get("family_bayes_convergence", []):
             out[f"baseline/unseen/family_bayes/ce_M{c['M']}"] = c["ce"]
-        for r in (r for r in self.paired if r["tasks"] == "unseen"):
+        for tasks, es_meta in self.meta.get("sets", {}).items():  # flagged: shown, never used (SCIENCE.md 9)
+            for name in (es_meta or {}).get("degenerate", {}):
+                out[f"baseline/{tasks}/{name}/degenerate"] = 1.0
+        for r in (r for r in self.paired if r["tasks"] == "unseen" and not r.get("degenerate")):
             key = f"eval/unseen/vs/{r['baseline']}/k{r['k']}"
             out.update({key: r["diff"], key + "_lo": r["diff_lo"], key + "_hi": r["diff_hi"]})
             if r["baseline"] == "best_counting" and r["k"] == self.k_max:
@@ -486,15 +506,16 @@ def figure1_tables(model: torch.nn.Module, sets: list[EvalSet], *, device="cpu",
             ks = es.by_k[k]
             per_token = {"model": model_tok[k], **ks.references}
             base = {"tasks": es.tasks, "k": k, "p_true_task": ks.p_true}
-            by_k += _rows(per_token, base, by_position=False, mixture=es.mixture_reference)
+            bad = {n: d[k] for n, d in es.meta.get("degenerate", {}).items() if d.get(k)}
+            by_k += _rows(per_token, base, by_position=False, mixture=es.mixture_reference, bad=bad)
             if k == km:
                 by_pos += _rows(per_token, base, by_position=True, mixture=es.mixture_reference,
-                                positions=ks.episodes.position[ks.cols])
+                                positions=ks.episodes.position[ks.cols], bad=bad)
             model_ce = model_tok[k]["ce"].mean(1)
             for name in (n for n in BASELINES if n in ks.references):
                 diff, lo, hi = _paired(model_ce - ks.references[name]["ce"].mean(1))
                 paired.append({"tasks": es.tasks, "k": k, "baseline": name, "diff": diff, "diff_lo": lo, "diff_hi": hi,
-                               "n_episodes": len(model_ce)})
+                               "n_episodes": len(model_ce), "degenerate": bad.get(name, "")})
         gain_tokens = {name: {k: (model_tok[k] if name == "model" else es.by_k[k].references[name]) for k in es.ks}
                        for name in ("model", *es.by_k[km].references)}
         for name, tok in gain_tokens.items():
@@ -504,7 +525,8 @@ def figure1_tables(model: torch.nn.Module, sets: list[EvalSet], *, device="cpu",
                 gains.append({"tasks": es.tasks, "predictor": name, "icl_gain": v, "icl_gain_lo": lo, "icl_gain_hi": hi,
                               "k_max": km, "n_episodes": len(g), "n_tokens": int(len(es.by_k[km].same))})
         excess[es.tasks] = (model_tok[km]["ce"] - es.by_k[km].references["task_oracle"]["ce"]).mean(1)
-        if es.tasks == "unseen" and "best_counting" in es.by_k[km].references and _gain(es, model_tok) is not None:
+        if (es.tasks == "unseen" and "best_counting" in es.by_k[km].references and _gain(es, model_tok) is not None
+                and not es.meta.get("degenerate", {}).get("best_counting", {}).get(km)):  # never a verdict from it
             vs = model_tok[km]["ce"].mean(1) - es.by_k[km].references["best_counting"]["ce"].mean(1)
             claims += regime_claims(_gain(es, model_tok), vs, km)
     gap = None

@@ -62,7 +62,8 @@ def build_figure1(result, title: str | None = None):
                 if not r:
                     continue
                 x = [q[xkey] for q in r]
-                a.plot(x, [q[key] for q in r], marker="o", ls=ls, color=c, lw=lw, ms=3, label=label,
+                lab = f"{label} (DEGENERATE)" if any(q.get("degenerate") for q in r) else label  # SCIENCE.md 9
+                a.plot(x, [q[key] for q in r], marker="o", ls=ls, color=c, lw=lw, ms=3, label=lab,
                        zorder=3 if name == "model" else 2)  # the model on top
                 if name == "model":
                     a.fill_between(x, [q[f"{key}_lo"] for q in r], [q[f"{key}_hi"] for q in r], color=c, alpha=0.15)
@@ -78,8 +79,8 @@ def build_figure1(result, title: str | None = None):
                     if name == "model":
                         row[2].fill_between(x, _smooth(np.array([q["acc_lo"] for q in r]), 5),
                                             _smooth(np.array([q["acc_hi"] for q in r]), 5), color=c, alpha=0.15)
-        for name in _PAIRED:
-            r = [q for q in result.paired if q["baseline"] == name and q["tasks"] == t]
+        for name in _PAIRED:  # never against a degenerate reference (SCIENCE.md 9)
+            r = [q for q in result.paired if q["baseline"] == name and q["tasks"] == t and not q.get("degenerate")]
             if name == "task_oracle":  # the model's excess over the ceiling: excess_ce_task by k
                 r = [{"k": q["k"], "diff": q["excess_ce_task"], "diff_lo": q["excess_ce_task_lo"],
                       "diff_hi": q["excess_ce_task_hi"]} for q in result.by_k if q["predictor"] == "model"

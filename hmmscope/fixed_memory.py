@@ -10,7 +10,7 @@ import torch
 
 from .episodes import Episodes
 from .hmm import Mixture
-from .inference import memory_error, mixture_oracle, task_oracle
+from .inference import memory_error, memory_predictor, mixture_oracle, task_oracle
 
 
 def receptive_field(n_layers: int, window: int) -> int:
@@ -26,7 +26,7 @@ def receptive_field(n_layers: int, window: int) -> int:
 
 def memory_comparison(model: torch.nn.Module, mix: Mixture, ep: Episodes, window: int, *, n_layers: int | None = None,
                       n_tasks_theory: int = 4, theory_kw: dict | None = None, device="cpu", batch_size: int = 64,
-                      min_burn_in: int = 100) -> dict:
+                      min_burn_in: int = 100, reference: Mixture | None = None) -> dict:
     """A windowed model's excess error beside eps(L) at its receptive field L = R (SCIENCE.md 4, practice side).
 
     Receptive field. A model of n_layers banded layers of width w predicts token j from the
@@ -37,7 +37,11 @@ def memory_comparison(model: torch.nn.Module, mix: Mixture, ep: Episodes, window
 
     model_tv: mean over episodes of the mean, over test positions j >= R, of TV(task oracle with the full
     history, model), with a 95% CI over episodes. mix_tv: the same for the mixture oracle (the part of the
-    model's error that task uncertainty alone forces). eps: eps(R) from inference.memory_error averaged
+    model's error that task uncertainty alone forces); with `reference` (fresh tasks: the family-Bayes tasks,
+    which are none of the episodes' own) the mixture oracle over those tasks instead of over mix. lmem_tv: the
+    same for the L-memory predictor at L = R (inference.memory_predictor of each episode's own task over the R
+    tokens before j): eps(R) measured on exactly these tokens, the floor any model with this receptive field
+    and the task's parameters has. eps: eps(R) from inference.memory_error (stationary histories) averaged
     over tasks 0..n_tasks_theory-1 (theory_kw: n_histories, burn_in, seed), eps_se its standard error.
     eps is defined on *stationary* histories: like-for-like only when data.test_start == "midstream" with
     burn_in >= min_burn_in (``comparable``). Even then model_tv also contains the model's task uncertainty
@@ -63,9 +67,17 @@ def memory_comparison(model: torch.nn.Module, mix: Mixture, ep: Episodes, window
                 "reason": f"receptive field {R} = {n_layers} x ({window} - 1) + 1 >= l_test = {ep.l_test}: no test "
                           "position sees test tokens only"}
     task = task_oracle(mix, ep, dtype=torch.float64, device=device)[:, cols].cpu()
-    mixp = mixture_oracle(mix, ep, dtype=torch.float64, device=device)[0][:, cols].cpu()
+    if reference is None:
+        mixp = mixture_oracle(mix, ep, dtype=torch.float64, device=device)[0][:, cols].cpu()
+    else:  # tasks that are none of the episodes' own: their ids must not be looked at
+        anon = ep.subset(np.arange(len(ep)))
+        anon.task_ids = np.full(len(ep), -1)
+        mixp = mixture_oracle(reference, anon, dtype=torch.float64, device=device)[0][:, cols].cpu()
     modp = model_predictive(model, ep.tokens, device, batch_size, n_obs=mix.n_tokens, dtype=torch.float64)[:, cols]
-    for name, p in (("model_tv", modp), ("mix_tv", mixp)):
+    lmem = torch.as_tensor(np.stack([
+        memory_predictor(mix.task(int(t)), ep.tokens[i][None].astype(np.int64).clip(-1, None), R)[0]
+        for i, t in enumerate(ep.task_ids)]))[:, cols]  # (N, P, V): each episode's own task, the R tokens before j
+    for name, p in (("model_tv", modp), ("mix_tv", mixp), ("lmem_tv", lmem)):
         m, lo, hi = _mean_ci((0.5 * (p - task).abs().sum(-1)).mean(1).numpy())
         out.update({name: float(m), f"{name}_lo": float(lo), f"{name}_hi": float(hi)})
     tasks = list(range(min(n_tasks_theory, mix.n_tasks)))

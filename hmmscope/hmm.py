@@ -190,12 +190,24 @@ def _sticky_factors(rng, n, S, d, alpha, rho):
     return W, Q
 
 
-def revealing_map(rng: np.random.Generator, n: int, S: int, V: int) -> np.ndarray:
-    """Token index (n, S) each state reveals: injective if S <= V, else each token shared by ~S/V states."""
+def revealing_map(rng: np.random.Generator, n: int, S: int, V: int, half: int | None = None) -> np.ndarray:
+    """Token index (n, S) each state reveals: injective if S <= V, else each token shared by ~S/V states. half (0 or
+    1, S <= V only): every row from that half of the V! / (V - S)! injective maps (`structure_half`), rows of the
+    other half redrawn from rng until none is left."""
     if S <= V:
-        return np.argsort(rng.random((n, V)), axis=1)[:, :S]
+        out = np.argsort(rng.random((n, V)), axis=1)[:, :S]
+        while half is not None and (bad := structure_half(out, V) != half).any():
+            out[bad] = np.argsort(rng.random((int(bad.sum()), V)), axis=1)[:, :S]
+        return out
     base = np.arange(S) % V
     return np.take_along_axis(np.broadcast_to(base, (n, S)), np.argsort(rng.random((n, S)), axis=1), axis=1)
+
+
+def structure_half(reveal: np.ndarray, V: int) -> np.ndarray:
+    """Which half (0 or 1) each revealing map (rows of (n, S) token indices) lies in: a bit of a multiplicative hash
+    of the map's code sum_s reveal[s] V^s, so the halves split the maps about evenly and neither is a simple rule."""
+    code = (np.asarray(reveal, np.uint64) * (np.uint64(V) ** np.arange(reveal.shape[-1], dtype=np.uint64))).sum(-1)
+    return ((code * np.uint64(0x9E3779B1)) >> np.uint64(16)).astype(np.int64) & 1
 
 
 def emission_matrix(reveal: np.ndarray, V: int, gamma: float) -> np.ndarray:
@@ -245,7 +257,10 @@ def make_mixture(cfg: HMMConfig, dtype=np.float64, *, stream: str = "train", rep
         W, Q = _sticky_factors(rng, n, S, d, cfg.alpha, cfg.rho)
     else:
         raise ValueError(f"unknown family {cfg.family!r} (known: dirichlet, sticky)")
-    O = emission_matrix(revealing_map(rng, n, S, V), V, cfg.gamma)
+    # hmm.structures: "half" draws every task's revealing map from half 0; "half-heldout" the training streams from
+    # half 0 and the evaluation streams (unseen, fit, family, other) from half 1, structures training never drew
+    half = None if cfg.structures == "all" else 0 if cfg.structures == "half" or stream in ("train", "fresh") else 1
+    O = emission_matrix(revealing_map(rng, n, S, V, half), V, cfg.gamma)
     mu = _dirichlet(rng, 1.0, (n, S))
     prior = np.full(n, 1.0 / n)
     h = config_hash(cfg) if stream == "train" else f"{config_hash(cfg)}-{stream}" + (

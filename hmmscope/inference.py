@@ -39,6 +39,7 @@ model, training, or anything above them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -424,8 +425,10 @@ def _log_bounds(Q, O, P0, Ps) -> np.ndarray:
 
 
 def _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos, posterior_at, *, chunk_tasks,
-                        dtype):
-    """mixture_oracle on the CPU with the compiled kernel (same outputs; see _mixture_kernel)."""
+                        dtype, prefixes=()):
+    """mixture_oracle on the CPU with the compiled kernel (same outputs; see _mixture_kernel). prefixes: task counts
+    m < n_tasks at which the running sums are read off as well (tasks in their own order, none of the episodes' own:
+    anonymous episodes only), returned as a third value {m: pred over the first m tasks}."""
     base = _numba()
     kern = base.for_rank(int(np.shape(mix.W)[-1]))  # the kernel unrolled over the rank (registers)
     import numba
@@ -461,8 +464,13 @@ def _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos,
     rank = np.empty(n, np.int64)
     rank[order] = np.arange(n)
     pos_true = np.where((true >= 0) & (true < n), rank[np.clip(true, 0, n - 1)], -1)
-    for lo in range(0, n, chunk_tasks):
-        ids = order[lo:lo + chunk_tasks]
+    prefixes = sorted({int(m) for m in prefixes})
+    if prefixes and (len(known) or not 1 <= prefixes[0] <= prefixes[-1] < n):
+        raise ValueError(f"prefixes need anonymous episodes and 1 <= m < n_tasks = {n}, got {prefixes}")
+    ends = sorted(set(range(chunk_tasks, n, chunk_tasks)) | set(prefixes) | {n})
+    at_prefix = {}
+    for lo, hi in zip([0, *ends[:-1]], ends):
+        ids = order[lo:hi]
         mu, W, Q, Oc = _task_params(mix, ids, dtype, "cpu")
         start = _propagate(mu, W, Q, burn_in) if test_start == "midstream" else None
         MM, MpT, Y0, P0, Ys, Ps = (a.numpy() for a in _step_tables(mu, W, Q, Oc, start))
@@ -472,17 +480,59 @@ def _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos,
             kern.mix_chunk(tok_np, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior[ids], first,
                            _log_bounds(Q, Oc, P0, Ps), theta, acc, wsum, mx, chunk_post)
         post[:, :, lo:lo + len(ids)] = chunk_post
+        if hi in prefixes:  # the running sums over the first hi tasks: their own mixture's prediction
+            at_prefix[hi] = _divide(acc, wsum, tok_np, V)
     post = post[:, :, rank]  # back to task order
-    s = wsum[..., None]
-    pred = np.divide(acc, s, out=np.zeros_like(acc), where=s > 0)
-    missing = (tok_np < 0) | (tok_np >= V)
-    pred[missing] = np.nan
+    pred = _divide(acc, wsum, tok_np, V)
     posterior = None
     if pos:
         posterior = torch.softmax(torch.as_tensor(post[:, slots]), -1).to(dtype)
         if isinstance(posterior_at, str) or np.isscalar(posterior_at):
             posterior = posterior[:, 0]
+    if prefixes:
+        return torch.as_tensor(pred).to(dtype), posterior, {m: torch.as_tensor(a).to(dtype) for m, a in at_prefix.items()}
     return torch.as_tensor(pred).to(dtype), posterior
+
+
+def _divide(acc: np.ndarray, wsum: np.ndarray, tok_np: np.ndarray, V: int) -> np.ndarray:
+    """The kernel's running sums as predictions (N, T, V): acc / wsum, NaN rows at non-observation tokens."""
+    s = wsum[..., None]
+    pred = np.divide(acc, s, out=np.zeros_like(acc), where=s > 0)
+    pred[(tok_np < 0) | (tok_np >= V)] = np.nan
+    return pred
+
+
+def nested_mixture_oracles(mix: Mixture, ep, sizes, *, dtype=torch.float32, device="cpu",
+                           chunk_tasks: int | None = None) -> dict[int, torch.Tensor]:
+    """{m: pred (N, T, V)} of the mixture oracle over the first m tasks of mix (mix.subset(arange(m)), prior
+    renormalized), for every m in sizes and for mix.n_tasks, on episodes that are none of these tasks' own (their
+    task ids are not looked at). On the CPU kernel one pass over the n tasks gives them all (the nested mixtures'
+    predictions are its running sums after the first m tasks; a constant prior shift cancels in the ratio); else
+    one mixture_oracle per size."""
+    n = mix.n_tasks
+    sizes = sorted({int(m) for m in sizes if 1 <= int(m) < n})
+    anon = _anonymous_episodes(ep)
+    if torch.device(device).type == "cpu" and _numba() is not None and sizes:
+        tok, reset, test_pos, test_start, burn_in = _layout(anon)
+        threads = torch.get_num_threads()
+        try:
+            pred, _, at = _mixture_oracle_cpu(mix, anon, tok, reset, test_pos, test_start, burn_in, [], None,
+                                              chunk_tasks=max(chunk_tasks or 1024, 1024), dtype=dtype,
+                                              prefixes=sizes)
+        finally:  # numba's OpenMP layer resets the process's OpenMP thread count, which is torch's too
+            torch.set_num_threads(threads)
+        return {**at, n: pred}
+    out = {m: mixture_oracle(mix.subset(np.arange(m)), anon, chunk_tasks=chunk_tasks, dtype=dtype,
+                             device=device)[0] for m in sizes}
+    out[n] = mixture_oracle(mix, anon, chunk_tasks=chunk_tasks, dtype=dtype, device=device)[0]
+    return out
+
+
+def _anonymous_episodes(e):
+    """e with task ids -1 (an oracle over other tasks must not see the episodes' own ids)."""
+    if not hasattr(e, "task_ids") or (np.asarray(e.task_ids) < 0).all():
+        return e
+    return dataclasses.replace(e, task_ids=np.full(len(e.task_ids), -1, np.int64))
 
 
 # ---------------------------------------------------------------- fixed memory

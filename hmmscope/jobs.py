@@ -138,6 +138,9 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
     if cfg.model.window > 0 and mix is not None:
         extra = memory_comparison(model, mix, ep, cfg.model.window, n_layers=cfg.model.n_layers, device=str(dev),
                                   batch_size=batch_size)  # eps at the receptive field n_layers (window - 1) + 1
+    elif cfg.model.window > 0:  # fresh tasks: on the unseen tasks, family Bayes as the mixture reference
+        extra = memory_comparison(model, unseen[0], unseen[1], cfg.model.window, n_layers=cfg.model.n_layers,
+                                  device=str(dev), batch_size=batch_size, reference=family, n_tasks_theory=16)
         metrics.update({f"memory/{k}": float(v) for k, v in extra.items()
                         if isinstance(v, (int, float)) and not isinstance(v, bool)})
     info = run.get().info
@@ -149,8 +152,9 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
         for f in files:
             run.log_artifact(f, "evaluation")
     metrics["eval/figure1_s"] = time.perf_counter() - t0
-    if counting is not None:
-        run.log_params(counting.params())
+    if counting is not None:  # what the fit chose is an output: metrics and tags, never params (SCIENCE.md 9)
+        metrics.update(counting.fitted()["metrics"])
+        run.set_tags(counting.fitted()["tags"])
     run.log_metrics(metrics, step=step)
     run.log_claims(res.claims)
     run.set_tags({"hmmscope.regime": res.regime})
@@ -370,7 +374,8 @@ def headroom_job(cfg: Config, uri: str, experiment: str, *, parent: str | None =
                  tags: dict[str, Any] | None = None, note: str | None = None, device: str = "cpu",
                  n_episodes: int | None = None):
     """`headroom.headroom` (trains nothing) as one MLflow run: params hmm/data/eval, metrics headroom/*
-    (HeadroomResult.metrics), the counting fit's params counting.*, the result as headroom.json. n_episodes defaults to
+    (HeadroomResult.metrics), the counting fit's choices as metrics counting/* and tags hmmscope.counting.* (outputs,
+    never params), the result as headroom.json. n_episodes defaults to
     data.n_eval (a sweep trial's). Returns (result, run_id); the run opens when the work starts."""
     from .headroom import headroom
 
@@ -382,8 +387,8 @@ def headroom_job(cfg: Config, uri: str, experiment: str, *, parent: str | None =
                                          f"{cfg.hmm.n_tokens}, gamma {cfg.hmm.gamma:g}): running",
                             config=cfg) as run:
         res = headroom(cfg, n_episodes=n, device=device)
-        run.log_params(res.params)
-        run.log_metrics(res.metrics())
+        run.log_metrics({**res.metrics(), **res.fitted["metrics"]})
+        run.set_tags(res.fitted["tags"])
         run.log_dict(json.dumps(res.to_dict(), indent=2), "headroom.json")
         run.set_tags({"mlflow.note.content": tracking.note_line(note or res.line())})
     return res, run.run_id

@@ -81,3 +81,21 @@ def regime(claims) -> str:
     if math.isfinite(lo) and math.isfinite(hi) and lo <= 0 <= hi:
         return "counting"
     return "undetermined"
+
+
+def degenerate(ce: Mapping[int, np.ndarray], same: Mapping[int, np.ndarray], n_tokens: int) -> dict[int, str]:
+    """Why a reference is degenerate at each k (SCIENCE.md 9), "" where it is not: ce[k] its per-token CE (N, P) at
+    k, same[k] the columns of the same test tokens at every k. Degenerate at k: its mean CE at k is above a uniform
+    guess (ln V); at every k: its in-context gain on the same tokens (CE at k = 0 minus at k_max) is negative. A
+    degenerate reference is shown as such and never used for a room, an excess or a verdict."""
+    ks = sorted(ce)
+    why: dict[int, str] = {}
+    if ks[0] == 0 and ks[-1] > 0:
+        gain = float((ce[0][:, same[0]].mean(1) - ce[ks[-1]][:, same[ks[-1]]].mean(1)).mean())
+        if gain < 0:
+            why = {k: f"negative in-context gain on the same tokens ({gain:+.3f} from k = 0 to {ks[-1]})" for k in ks}
+    for k in ks:
+        m = float(np.mean(ce[k]))
+        if not why.get(k) and m > math.log(n_tokens) + 1e-9:
+            why[k] = f"CE {m:.3f} above a uniform guess (ln {n_tokens} = {math.log(n_tokens):.3f})"
+    return {k: why.get(k, "") for k in ks}

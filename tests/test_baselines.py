@@ -475,13 +475,15 @@ def test_fit_counting_scores_every_setting_as_figure1_would_and_keeps_the_best()
         assert pred["best_counting"] is pred[got["best_counting"]]
         assert _ce(pred["incontext_ngram"], e) == pytest.approx(got["incontext_ngram"]["fit_ce"], abs=1e-12)
         assert _ce(pred["incontext_ctw"], e) == pytest.approx(got["incontext_ctw"]["fit_ce"], abs=1e-12)
-    p = fit.params()
-    assert p["counting.fit_episodes"] == 9
-    assert {p["counting.k2.best"], p["counting.k0.best"]} <= {"incontext_ngram", "incontext_ctw"}
-    assert p["counting.k2.ngram_order"] == fit.by_k[2]["incontext_ngram"]["order"]
-    assert p["counting.k2.ctw_alpha"] == fit.by_k[2]["incontext_ctw"]["alpha"]
-    assert set(p) == {"counting.fit_episodes"} | {f"counting.k{k}.{n}" for k in (0, 2) for n in (
-        "ngram_order", "ngram_alpha", "ngram_fit_ce", "ctw_depth", "ctw_alpha", "ctw_fit_ce", "best")}
+    f = fit.fitted()  # outputs, never params (SCIENCE.md 9)
+    p, tags = f["metrics"], f["tags"]
+    assert p["counting/fit_episodes"] == 9
+    assert {tags["hmmscope.counting.k2.best"], tags["hmmscope.counting.k0.best"]} <= {"incontext_ngram", "incontext_ctw"}
+    assert p["counting/k2/ngram_order"] == fit.by_k[2]["incontext_ngram"]["order"]
+    assert p["counting/k2/ctw_alpha"] == fit.by_k[2]["incontext_ctw"]["alpha"]
+    assert set(p) == {"counting/fit_episodes"} | {f"counting/k{k}/{n}" for k in (0, 2) for n in (
+        "ngram_order", "ngram_alpha", "ngram_fit_ce", "ctw_depth", "ctw_alpha", "ctw_fit_ce")}
+    assert all(isinstance(v, float) for v in p.values()) and set(tags) == {f"hmmscope.counting.k{k}.best" for k in (0, 2)}
     import json
     json.dumps(fit.describe())
     with pytest.raises(ValueError, match="no counting fit at k = 1"):
