@@ -203,7 +203,7 @@ def _pool(values, labels=None) -> dict:
 
 def cell_rows(runs: list[dict]) -> tuple[list[dict], dict]:
     """ablations.csv rows and {cell: room verdict} (module docstring)."""
-    from hmmscope.regimes import regime
+    from hmmscope.measure.regimes import regime
     from hmmscope.stats import claim, rule
 
     by = defaultdict(list)
@@ -372,7 +372,7 @@ def layerwise(claim_rows: list[dict]) -> list[dict]:
     """layerwise.csv: every logged claim pooled per (n_layers, pos_enc) by the report's own pooling."""
     import pandas as pd
 
-    from hmmscope.report.layerwise import _layerwise_section
+    from hmmscope.report.layerwise import layerwise_section
 
     out = []
     for L, pe in sorted({(r["n_layers"], r["pos_enc"]) for r in claim_rows}):
@@ -384,7 +384,7 @@ def layerwise(claim_rows: list[dict]) -> list[dict]:
                       f"metric:claim/{r['claim']}/value": r["value"], f"metric:claim/{r['claim']}/ci_lo": r["ci_lo"],
                       f"metric:claim/{r['claim']}/ci_hi": r["ci_hi"], f"verdict:{r['claim']}": r["verdict"],
                       f"rule:{r['claim']}": r["rule"]})
-        _, claims = _layerwise_section(pd.DataFrame(list(wide.values())))
+        _, claims = layerwise_section(pd.DataFrame(list(wide.values())))
         for c in claims:
             out.append({"n_layers": int(L), "pos_enc": pe, "claim": c.name[len("pooled: "):], "estimate": c.value,
                         "ci_lo": c.ci_lo, "ci_hi": c.ci_hi, "df": c.df, "rule": c.rule, "verdict": c.verdict,

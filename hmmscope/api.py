@@ -45,12 +45,12 @@ def shown_uri(uri: str) -> str:
 
 
 def _uri(tracking_uri: str | None) -> str:
-    """The store, checked as `checks.tracking_store` checks a store to be read (a missing, empty, corrupt, locked,
+    """The store, checked as `store_checks.tracking_store` checks a store to be read (a missing, empty, corrupt, locked,
     half-created or foreign file; a server that does not answer within its deadline: ValueError, one line), and
     opened read-only (`tracking.read_only_uri`: nothing is created, migrated or written)."""
-    from . import checks, tracking
+    from . import store_checks, tracking
 
-    return tracking.read_only_uri(checks.tracking_store(tracking_uri, must_exist=True, write=False))
+    return tracking.read_only_uri(store_checks.tracking_store(tracking_uri, must_exist=True, write=False))
 
 
 def _run_row(r, experiments: dict[str, str]) -> dict[str, Any]:
@@ -181,7 +181,7 @@ def sweep_trials(name: str, *, storage: str | None = None, tracking_uri: str | N
     from . import tracking
     from .config import ConfigError
     from .sweep import default_storage, load_study
-    from .tracking.tags import _param_value
+    from .tracking.tags import param_value
 
     uri = _uri(tracking_uri)
     try:
@@ -197,7 +197,7 @@ def sweep_trials(name: str, *, storage: str | None = None, tracking_uri: str | N
         r = tracking.get_run(uri, rid) if rid else None
         logged = r.data.params if r is not None else {}
         row: dict[str, Any] = {"number": t.number, "state": t.state.name, "seed": seed,
-                               **{f"params.{k}": logged.get(k, _param_value(v)) for k, v in params.items()},
+                               **{f"params.{k}": logged.get(k, param_value(v)) for k, v in params.items()},
                                "objective": t.value if t.value is not None else math.nan,
                                "run_id": rid, "run_name": ""}
         if r is not None:

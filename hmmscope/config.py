@@ -124,7 +124,7 @@ class TheoryConfig:
     lengths: tuple[int, ...] = (1, 2, 4, 6, 8, 12, 16, 24, 32)
     n_histories: int = 1000  # per HMM draw
     burn_in: int = 200
-    draws: int = 5  # independent HMM draws per setting: the unit of the rate CIs and exponent fits (theory.py)
+    draws: int = 5  # independent HMM draws per setting: the unit of the rate CIs and exponent fits (theory/theorem1.py)
     floor: float = 1e-10  # eps below this is numerical noise and left out of the fit
     gamma_m: int = 2  # m for the m-step observability (0 = skip)
     seed: int = 0
@@ -132,7 +132,7 @@ class TheoryConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Figure 1's references beyond the oracles (SCIENCE.md 8, 9; evaluate.py)."""
+    """Figure 1's references beyond the oracles (SCIENCE.md 8, 9; measure/evaluate.py)."""
 
     family_tasks: int = 256  # M: tasks of the family-Bayes reference (stream "family"); 0 = off
     fit_episodes: int = 256  # episodes of fit tasks (stream "fit") choosing the fair counting baselines; 0 = off
@@ -574,8 +574,8 @@ def memory_estimate(cfg: Config, job: str = "train", *, n_episodes: int | None =
         if job == "evaluate":  # figure1: the mixture oracle with model, task-oracle and mixture predictions
             out["oracles"] = (_oracle_bytes(h, d, n, predictors=3), "device")
             # seen and unseen tasks: each k keeps two oracles' predictions and 4 per-token metrics of 6 references
-            # on the scored tokens; the EM learner (baselines.fit_hmm_em, 8 states, 4 restarts) works in chunks of
-            # at most baselines.EM_CHUNK_BYTES (256 MiB)
+            # on the scored tokens; the EM learner (em_learner.fit_hmm_em, 8 states, 4 restarts) works in chunks of
+            # at most em_learner.EM_CHUNK_BYTES (256 MiB)
             out["references (seen + unseen)"] = (2 * 8 * n * d.l_test * (d.n_demos + 1) * (2 * h.n_tokens + 24), "host")
             ev = cfg.eval  # the family-Bayes tasks (its oracle in chunks, as the mixture oracle's), unseen and fit tasks
             out["family, unseen and fit tasks"] = (_mixture_bytes(dataclasses.replace(h, n_tasks=max(1, ev.family_tasks)))

@@ -8,20 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from hmmscope import baselines, em_learner
-from hmmscope.baselines import (
-    EMFit,
-    HMMLearner,
-    fit_hmm_em,
-    incontext_bigram,
-    incontext_ctw,
-    incontext_hmm,
-    incontext_ngram,
-    incontext_unigram,
-)
 from hmmscope.config import DataConfig, HMMConfig
-from hmmscope.episodes import Episodes, layout, sample_episodes, truncate_demos
-from hmmscope.hmm import make_mixture
+from hmmscope.data.episodes import Episodes, layout, sample_episodes, truncate_demos
+from hmmscope.data.hmm import make_mixture
+from hmmscope.oracles import baselines, em_learner
+from hmmscope.oracles.baselines import incontext_bigram, incontext_ctw, incontext_ngram, incontext_unigram
+from hmmscope.oracles.em_learner import EMFit, HMMLearner, fit_hmm_em, incontext_hmm
 
 # ---------------------------------------------------------------- counting baselines
 
@@ -563,7 +555,7 @@ def test_learner_for_family_caps_the_states():
     assert HMMLearner.for_family(4).n_states == 4
     from hmmscope import config
 
-    assert HMMLearner.for_family(128).n_states == baselines.EM_STATES_CAP == config.EM_STATES_CAP == 8
+    assert HMMLearner.for_family(128).n_states == em_learner.EM_STATES_CAP == config.EM_STATES_CAP == 8
     assert config.em_states(config.Config()) == 8 and config.em_states(config.override(
         config.Config(), {"hmm.n_states": 4})) == 4  # eval.em_states = 0: the family's S, capped
     ln = HMMLearner.for_family(128, cap=32, restarts=2, seed=5)

@@ -9,28 +9,18 @@ import pytest
 import torch
 import torch.nn as nn
 
-from hmmscope.baselines import fit_counting, incontext_bigram, incontext_unigram
 from hmmscope.config import DataConfig, HMMConfig
-from hmmscope.episodes import Episodes, family_tasks, fit_episodes, layout, sample_episodes, unseen_episodes
-from hmmscope.evaluate import (
-    PREDICTORS,
-    REGIMES,
-    build_figure1,
-    eval_set,
-    figure1,
-    figure1_tables,
-    model_predictive,
-    plot_figure1,
-    regime,
-    retrieval_gap,
-    score_by_k,
-    truncate_demos,
-)
-from hmmscope.fixed_memory import memory_comparison, receptive_field
-from hmmscope.hmm import make_mixture
-from hmmscope.inference import memory_error, mixture_oracle, task_oracle
+from hmmscope.data.episodes import Episodes, family_tasks, fit_episodes, layout, sample_episodes, truncate_demos, unseen_episodes
+from hmmscope.data.hmm import make_mixture
+from hmmscope.measure.evaluate import PREDICTORS, eval_set, figure1, figure1_tables, model_predictive, score_by_k
+from hmmscope.measure.figure1_plot import build_figure1, plot_figure1
+from hmmscope.measure.fixed_memory import memory_comparison, receptive_field
+from hmmscope.measure.regimes import REGIMES, regime, retrieval_gap
+from hmmscope.oracles.baselines import fit_counting, incontext_bigram, incontext_unigram
+from hmmscope.oracles.inference import mixture_oracle, task_oracle
+from hmmscope.oracles.memory import memory_error
 from hmmscope.stats import claim, decide, rule
-from hmmscope.train import oracle_metrics
+from hmmscope.training.train import oracle_metrics
 
 V = 5
 DATA = DataConfig(n_demos=3, l_demo=6, l_test=9, seed=3)
@@ -356,7 +346,7 @@ def test_memory_comparison_on_fresh_tasks_has_the_l_memory_predictor_on_the_same
     """Fresh tasks (no training mixture): the L-memory predictor of each episode's own task, on exactly the scored
     test tokens (lmem_tv: eps(R) measured there), and the family reference as the mixture term (its tasks are not
     the episodes'). Failed before: no lmem_tv, and the mixture term could only be the episodes' own mixture."""
-    from hmmscope.inference import memory_predictor
+    from hmmscope.oracles.memory import memory_predictor
 
     data = DataConfig(n_demos=1, l_demo=6, l_test=10, seed=2)
     ep = sample_episodes(mix, data, 12, "eval")
@@ -382,7 +372,7 @@ def test_receptive_field_of_a_windowed_transformer(n_layers, window):
     """Perturb the token just outside / just inside R = n_layers (w - 1) + 1 of a real banded Transformer: the
     logits at t change for tokens t - R + 1 .. t and never for t - R (nor for any earlier token)."""
     from hmmscope.config import ModelConfig
-    from hmmscope.model import Transformer
+    from hmmscope.model.transformer import Transformer
 
     R = receptive_field(n_layers, window)
     assert R == n_layers * (window - 1) + 1 and receptive_field(n_layers, 0) == 0

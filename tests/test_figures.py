@@ -11,7 +11,7 @@ from figure_checks import layout_problems
 
 
 def _history(steps=(0, 400, 800, 1200)):
-    from hmmscope.emergence import _REF_STYLE, key
+    from hmmscope.measure.emergence import REF_STYLE, key
 
     out = []
     for i, s in enumerate(steps):
@@ -20,7 +20,7 @@ def _history(steps=(0, 400, 800, 1200)):
             for k in range(5):
                 h[key(t, "ce", k)] = 2.0 - 0.1 * i - 0.02 * k
             h[key(t, "icl_gain")] = 0.01 * i
-            for name in _REF_STYLE:
+            for name in REF_STYLE:
                 h[key(t, "ce", 4, name)] = 1.5
                 h[key(t, "icl_gain", ref=name)] = 0.1
         out.append(h)
@@ -30,7 +30,7 @@ def _history(steps=(0, 400, 800, 1200)):
 def test_emergence_figure_draws_step_0_apart_and_keeps_titles_and_legends_off_the_curves():
     """Before: the gain panel's title was cut ('same toke'), its legend lay over the curves, and step 0 (drawn at
     1 on the log axis) was joined to step 400 by a solid line, as if measured in between."""
-    from hmmscope.emergence import build_emergence
+    from hmmscope.measure.emergence import build_emergence
 
     fig = build_emergence(_history(), title="run x")
     assert layout_problems(fig) == []
@@ -47,7 +47,7 @@ def test_emergence_figure_draws_step_0_apart_and_keeps_titles_and_legends_off_th
 def test_figure3b_baselines_are_labelled_by_k_not_ten_lines_across_the_curves():
     """Before: 3b carried 10 unlabelled dash-dot lines (a (task, o_t) baseline and a token-statistics one per k)
     and 5 chance lines across its curves. Now they are drawn against k in a panel of their own, labelled."""
-    from hmmscope.probes import ProbeResult
+    from hmmscope.measure.probes import ProbeResult
 
     rows, summary = [], []
     for t in ["task", "state", *(f"kback{k}" for k in range(1, 6))]:
@@ -73,7 +73,8 @@ def test_figure3b_baselines_are_labelled_by_k_not_ten_lines_across_the_curves():
 def test_posenc_effects_fit_with_three_blocking_factors():
     """Before: the blocks' labels smeared into one another along the x axis (18 'factors', counting.* among them),
     the y label was cut and constrained layout gave up (its warning on `run`'s stderr)."""
-    from hmmscope.report.posenc import _estimate, posenc_figure
+    from hmmscope.report.posenc import posenc_figure
+    from hmmscope.sweep.effects import pos_enc_effect
 
     rows = [{"param:model.pos_enc": pe, "param:hmm.gamma": g, "param:model.n_layers": n, "param:train.seed": sd,
              "metric:eval/seen/excess_ce": 0.2 + 0.5 * g + 0.01 * n + 0.01 * (pe == "rope") + 0.003 * sd,
@@ -81,7 +82,7 @@ def test_posenc_effects_fit_with_three_blocking_factors():
             for pe in ("rope", "absolute") for g in (0.5, 0.7, 0.9) for n in (1, 2, 4) for sd in (0, 1)]
     dm = pd.DataFrame(rows)
     blocks = ["param:hmm.gamma", "param:model.n_layers"]
-    plot = [(m, dm, blocks, _estimate(dm, f"metric:{m}", blocks, "param:train.seed"))
+    plot = [(m, dm, blocks, pos_enc_effect(dm, f"metric:{m}", blocks, "param:train.seed"))
             for m in ("eval/seen/test_acc", "eval/seen/excess_ce")]
     fig = posenc_figure(plot, "param:train.seed")
     assert layout_problems(fig) == []
@@ -91,7 +92,7 @@ def test_posenc_effects_fit_with_three_blocking_factors():
 def test_objective_figure_tick_labels_are_readable():
     """Before: 8-point tick labels on a 4.5-inch figure."""
     from hmmscope.sweep.compare import OBJ, objective_figure
-    from hmmscope.sweep_spec import parse_spec
+    from hmmscope.sweep.spec import parse_spec
 
     spec = parse_spec('[sweep]\nname = "o"\nobjective = "eval/seen/excess_ce"\nseeds = [0, 1]\n[space]\n'
                       '"model.pos_enc" = {grid = ["rope", "absolute"]}\n"hmm.gamma" = {grid = [0.5, 0.9]}\n')

@@ -1,4 +1,4 @@
-"""hmmscope.headroom and `hmmscope headroom`: the room above counting before any training (SCIENCE.md 9)."""
+"""hmmscope.measure.headroom and `hmmscope headroom`: the room above counting before any training (SCIENCE.md 9)."""
 
 import json
 import math
@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 from hmmscope.cli import app
 from hmmscope.config import Config, override
-from hmmscope.episodes import family_tasks, fit_episodes, truncate_demos, unseen_episodes
-from hmmscope.headroom import headroom
-from hmmscope.inference import mixture_oracle
+from hmmscope.data.episodes import family_tasks, fit_episodes, truncate_demos, unseen_episodes
+from hmmscope.measure.headroom import headroom
+from hmmscope.oracles.inference import mixture_oracle
 
 torch.set_num_threads(1)
 runner = CliRunner()
@@ -42,7 +42,7 @@ def test_a_converged_family_bayes_sets_the_room_best_counting_minus_family_bayes
     room at each k is the per-episode CE of the fitted best counting baseline minus family Bayes' over the first M
     family tasks, on the test tokens Figure 1 scores; family Bayes at M/4 and M/2 is the oracle over the first M/4
     and M/2 of the same tasks (read off one pass of the CPU kernel)."""
-    from hmmscope.baselines import fit_counting
+    from hmmscope.oracles.baselines import fit_counting
 
     cfg = _cfg()
     res = headroom(cfg, n_episodes=24, em=False, draws=1, tolerance=1.0)
@@ -75,8 +75,9 @@ def test_the_room_is_never_less_than_what_the_em_learner_shows():
     """SCIENCE.md 9: the room is best counting minus the best LEGITIMATE learner; the EM learner always counts.
     Failed before: the room was best counting minus family Bayes at M whatever the EM learner showed (tiny preset:
     +0.024 while the EM learner was 0.090 below best counting), and a family Bayes that still fell with M was used."""
-    from hmmscope.baselines import HMMLearner, fit_counting, incontext_hmm
     from hmmscope.config import em_states
+    from hmmscope.oracles.baselines import fit_counting
+    from hmmscope.oracles.em_learner import HMMLearner, incontext_hmm
 
     cfg = _cfg()
     res = headroom(cfg, n_episodes=24, draws=1)  # family Bayes at M = 64 still falls: not converged
@@ -106,7 +107,7 @@ def test_the_room_s_ci_covers_the_draw_of_the_family_tasks():
     cfg = _cfg()
     res = headroom(cfg, n_episodes=24, em=False, draws=2, tolerance=1.0)
     _, uep = unseen_episodes(cfg.hmm, cfg.data, 24)
-    from hmmscope.baselines import fit_counting
+    from hmmscope.oracles.baselines import fit_counting
 
     fit = fit_counting(fit_episodes(cfg.hmm, cfg.data, 16)[1], range(3))
     e, anon, ce = _tokens_ce(uep, 2)

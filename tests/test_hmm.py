@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hmmscope.config import HMMConfig, config_hash
-from hmmscope.hmm import HMM, dobrushin, make_hmm, make_mixture, mixing_rate, stationary_distribution
+from hmmscope.data.hmm import HMM, dobrushin, make_hmm, make_mixture, mixing_rate, stationary_distribution
 
 
 def _random_hmm_arrays(S=4, V=3, seed=0):
@@ -239,7 +239,7 @@ def test_structure_halves_split_the_revealing_maps_and_heldout_tasks_are_new():
     import itertools
 
     from hmmscope.config import Config, ConfigError, override
-    from hmmscope.hmm import structure_half
+    from hmmscope.data.hmm import structure_half
 
     maps = np.array(list(itertools.permutations(range(8), 4)))
     share = structure_half(maps, 8).mean()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-K = pytest.importorskip("hmmscope._mixture_kernel")  # numba
+K = pytest.importorskip("hmmscope.oracles.mixture_kernel")  # numba
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def test_a_planted_or_corrupt_cache_file_is_never_run_and_is_replaced(cache, tmp
     good = path.read_bytes()
     assert path.parent == cache and hasattr(mod, "mix_chunk")
     marker = tmp_path / "pwned"
-    path.write_text(f"open({str(marker)!r}, 'w').write('ran')\nfrom hmmscope._mixture_kernel import *\n")
+    path.write_text(f"open({str(marker)!r}, 'w').write('ran')\nfrom hmmscope.oracles.mixture_kernel import *\n")
     mod = _load()
     assert not marker.exists() and path.read_bytes() == good and hasattr(mod, "mix_chunk")
     path.write_bytes(b"def broken(:\n\x00\xff garbage")  # a corrupt file: before, a SyntaxError on every run

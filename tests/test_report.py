@@ -10,8 +10,11 @@ import pandas as pd
 import pytest
 
 from hmmscope import tracking
-from hmmscope.probes import TargetScores, probe_claims
-from hmmscope.report import Section, _layerwise_section, build_report, claim_side, render_html, render_md, report_to_dict
+from hmmscope.measure.probes import TargetScores, probe_claims
+from hmmscope.report import build_report, report_to_dict
+from hmmscope.report.common import Section, claim_side
+from hmmscope.report.layerwise import layerwise_section
+from hmmscope.report.render import render_html, render_md
 from hmmscope.stats import Claim, check_claims
 
 EXP = "rep"
@@ -188,7 +191,7 @@ def test_the_report_leads_with_the_answer_in_words(store):
     assert md.index("## Answer") < md.index("## Sweep record") < md.index("## Positional encoding")
     answer = md[md.index("## Answer"):md.index("## Sweep record")]
     c = _claim(rep, "RoPE improves eval/excess_ce")  # planted: rope lower by 0.05
-    from hmmscope.report.common import value_ci
+    from hmmscope.units import value_ci
 
     assert f"- RoPE - absolute on eval/excess_ce: {value_ci(c.value, c.ci_lo, c.ci_hi, 'nats/token')}, 3 seeds: RoPE " \
            "better" in answer and c.value < 0  # the signed difference, as the tables show it
@@ -231,13 +234,14 @@ def test_posenc_figure_never_joins_blocks_and_says_units_and_the_better_side():
     half where RoPE is better is labelled."""
     import pandas as pd
 
-    from hmmscope.report.posenc import _estimate, posenc_figure
+    from hmmscope.report.posenc import posenc_figure
+    from hmmscope.sweep.effects import pos_enc_effect
 
     rows = [{"param:model.pos_enc": pe, "param:hmm.gamma": g, "param:train.seed": sd,
              "metric:eval/excess_ce": 0.2 + 0.5 * g + 0.002 * (pe == "absolute") + 0.01 * sd}
             for pe in ("rope", "absolute") for g in (0.5, 0.9) for sd in (0, 1, 2)]
     dm = pd.DataFrame(rows)
-    est = _estimate(dm, "metric:eval/excess_ce", ["param:hmm.gamma"], "param:train.seed")
+    est = pos_enc_effect(dm, "metric:eval/excess_ce", ["param:hmm.gamma"], "param:train.seed")
     fig = posenc_figure([("eval/excess_ce", dm, ["param:hmm.gamma"], est)], "param:train.seed")
     top, bottom = fig.axes
     for ln in top.get_lines():  # within one block (x = 0 or 1, +- 0.25): never from gamma 0.5 to 0.9
@@ -292,7 +296,7 @@ def test_layerwise_pooled(store):
 
 
 def _frame(per_run_claims):
-    """The training-frame columns report._training_frame reads from analysis runs, one row per run."""
+    """The training-frame columns report.read.training_frame reads from analysis runs, one row per run."""
     rows = []
     for i, claims in enumerate(per_run_claims):
         row = {"trial": i}
@@ -319,13 +323,13 @@ def test_pooled_concave_rise_is_not_supported():
         runs.append([c for c in probe_claims(range(5), sc, ks=(1,), n_boot=200, seed=seed)[0]
                      if c.name == "kback1_rises_then_falls"])
         assert runs[-1][0].verdict in ("not supported", "inconclusive", "no power")  # no power: 0 [0, 0]
-    pooled = _layerwise_section(_frame(runs))[1]
+    pooled = layerwise_section(_frame(runs))[1]
     # the runs' statistic is 0 in every run (peak at the last layer, so no fall): degenerate, never "supported"
     assert [c.verdict for c in pooled] == ["no power"] and check_claims(pooled) == []
     # runs logged before decision rules (the quadratic term, q < 0 with CIs straddling 0): not judged
     old = [[Claim("kback1_rises_then_falls", "quadratic term", q, q - 0.02, q + 0.015, "inconclusive", "")]
            for q in (-0.012, -0.01, -0.011, -0.013)]
-    (c,) = _layerwise_section(_frame(old))[1]
+    (c,) = layerwise_section(_frame(old))[1]
     assert c.ci_hi < 0 and c.verdict == "inconclusive" and "no decision rule" in c.reason
 
 
@@ -541,7 +545,7 @@ def test_underpowered_is_said_plainly_and_verdicts_follow_the_ci(thin):
 
 
 def test_underpowered_note():
-    from hmmscope.report import underpowered
+    from hmmscope.report.common import underpowered
 
     assert underpowered(0.5, 0.4, 0.6, "supported", replicates=3) == ""
     assert underpowered(0.01, -0.2, 0.22, "inconclusive", replicates=3).startswith("underpowered: 95% CI width 0.42")
@@ -590,7 +594,7 @@ def test_theory_draws_read_back_from_the_runs(tmp_path):
 
     from hmmscope.config import TheoryConfig
     from hmmscope.jobs import log_theory
-    from hmmscope.theory import run_theory
+    from hmmscope.theory.theorem1 import run_theory
 
     uri, storage = f"sqlite:///{tmp_path}/mlflow.db", f"sqlite:///{tmp_path}/optuna.db"
     res = run_theory(TheoryConfig(gammas=(0.3, 0.45, 0.6), ranks=(2,), n_states=(6,), n_tokens=8,

@@ -41,11 +41,11 @@ def _fitted(seed: int, gamma: float) -> dict:
 
 def _sweep(uri: str, storage: str, name: str, with_spec: bool) -> None:
     """A sweep as hmmscope lays it out: a parent run, one run per trial (pos_enc x gamma x 3 seeds), a study whose
-    COMPLETE trials name their runs; with `with_spec`, the spec stored with the study (sweep.study._store_spec)."""
+    COMPLETE trials name their runs; with `with_spec`, the spec stored with the study (sweep.study.store_spec)."""
     import optuna
 
-    from hmmscope.sweep.study import _store_spec
-    from hmmscope.sweep_spec import parse_spec
+    from hmmscope.sweep.spec import parse_spec
+    from hmmscope.sweep.study import store_spec
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     rng = np.random.default_rng(1)
@@ -72,7 +72,7 @@ def _sweep(uri: str, storage: str, name: str, with_spec: bool) -> None:
     study.set_user_attr("mlflow_parent_run_id", p.run_id)
     study.set_metric_names(["eval/seen/excess_ce"])
     if with_spec:
-        _store_spec(study, parse_spec(SPEC.replace("NAME", name), f"{name}.toml"))
+        store_spec(study, parse_spec(SPEC.replace("NAME", name), f"{name}.toml"))
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +150,7 @@ def test_the_first_sentence_is_the_objectives_answer_with_its_sign_everywhere_th
     line is, in bold, the objective's RoPE - absolute with its unit, CI, seeds and verdict, the same signed numbers as
     the table, the claim and the figure's pooled point; the verdict lines are sentences with units and replicates,
     the objective's first; pivot.png is the parent run's alone."""
-    from hmmscope.report.common import value_ci
+    from hmmscope.units import value_ci
 
     rep, out = reports["with-spec"]
     md = (out / "report.md").read_text()
@@ -196,7 +196,7 @@ def test_without_pos_enc_the_answer_is_the_best_setting():
     import pandas as pd
 
     from hmmscope.sweep.compare import OBJ, answer
-    from hmmscope.sweep_spec import parse_spec
+    from hmmscope.sweep.spec import parse_spec
 
     spec = parse_spec(SPEC.replace("NAME", "g").replace('"model.pos_enc" = {grid = ["rope", "absolute"]}\n', ""))
     df = pd.DataFrame([{"param:hmm.gamma": g, "param:train.seed": s, OBJ: 0.2 + 0.5 * g + 0.01 * s}

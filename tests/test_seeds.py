@@ -1,4 +1,4 @@
-"""Seed streams (hmmscope/seeds.py, SCIENCE.md 9): no two streams share their randomness through numpy's
+"""Seed streams (hmmscope/data/seeds.py, SCIENCE.md 9): no two streams share their randomness through numpy's
 trailing-zero padding, and every stream hmmscope draws goes through seeds.py."""
 
 import ast
@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hmmscope import seeds
 from hmmscope.config import DataConfig, HMMConfig
-from hmmscope.episodes import fit_episodes, unseen_episodes
-from hmmscope.hmm import make_mixture
+from hmmscope.data import seeds
+from hmmscope.data.episodes import fit_episodes, unseen_episodes
+from hmmscope.data.hmm import make_mixture
 
 PKG = Path(__file__).resolve().parents[1] / "hmmscope"
 
@@ -63,14 +63,14 @@ def test_data_seed_zero_scores_its_own_unseen_and_fit_tasks():
 
 def test_the_probe_positions_keep_their_stream():
     # [seed, TAG, 0] was the stream of [seed, TAG]: writing it without the 0 keeps every probe record's numbers
-    from hmmscope.probes.residuals import _TAG, sample_positions
+    from hmmscope.measure.probes.residuals import PROBE_TAG, sample_positions
 
     class Ep:
         test_mask = np.r_[np.zeros(10, bool), np.ones(20, bool)]
         task_ids = np.zeros(6, int)
 
     got = sample_positions(Ep(), 5, seed=3)
-    r = np.random.default_rng(np.random.SeedSequence([3, _TAG, 0])).random((6, 20))
+    r = np.random.default_rng(np.random.SeedSequence([3, PROBE_TAG, 0])).random((6, 20))
     want = np.flatnonzero(Ep.test_mask)[np.sort(np.argsort(r, 1)[:, :5], 1)]
     assert np.array_equal(got, want)
 

@@ -8,7 +8,7 @@ import pytest
 
 from hmmscope.config import ConfigError
 from hmmscope.sweep import ATTR_HASH, create_study, spec_of_study
-from hmmscope.sweep_spec import PRUNE_PROXY, TRAIN_OBJECTIVES, _labels, legacy_hash, parse_spec
+from hmmscope.sweep.spec import PRUNE_PROXY, TRAIN_OBJECTIVES, legacy_hash, parse_spec, short_labels
 
 BASE = """
 [sweep]
@@ -122,9 +122,9 @@ def test_trial_names_say_what_differs():
 
 
 def test_labels_of_keys_that_share_an_abbreviation_fall_back_to_something_distinct():
-    assert _labels(["hmm.gamma", "theory.gammas"]) == {"hmm.gamma": "gamma", "theory.gammas": "gammas"}
-    assert _labels(["data.seed", "hmm.seed"]) == {"data.seed": "data.seed", "hmm.seed": "hmm.seed"}
-    assert _labels(["model.pos_enc", "hmm.family"]) == {"model.pos_enc": "", "hmm.family": ""}
+    assert short_labels(["hmm.gamma", "theory.gammas"]) == {"hmm.gamma": "gamma", "theory.gammas": "gammas"}
+    assert short_labels(["data.seed", "hmm.seed"]) == {"data.seed": "data.seed", "hmm.seed": "hmm.seed"}
+    assert short_labels(["model.pos_enc", "hmm.family"]) == {"model.pos_enc": "", "hmm.family": ""}
 
 
 # ---------------------------------------------------------------- objectives and pruning

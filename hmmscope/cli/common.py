@@ -102,7 +102,7 @@ def user_errors(fn):
         except MemoryError as e:
             fail(f"out of memory ({_line(e)}); make the job smaller", code=1)
         except RuntimeError as e:
-            train = sys.modules.get("hmmscope.train")
+            train = sys.modules.get("hmmscope.training.train")
             if train is not None and isinstance(e, train.DivergedError):
                 fail(f"training diverged: {e}; run {e.run_id} ended FAILED (try a smaller train.lr)", code=1)
             if type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(e):
@@ -266,7 +266,7 @@ def print_claims(title: str, claims, *, full: bool | None = None, where: str | N
 def progress_echo(msg: str) -> None:
     """A progress line on stderr; off a terminal (a log file, nohup, Slurm) with the local date and time first
     (`progress.stamp`)."""
-    from ..progress import stamp
+    from ..training.progress import stamp
 
     typer.echo(msg if sys.stderr.isatty() else stamp(msg), err=True)
 

@@ -1,6 +1,6 @@
 """`hmmscope headroom`: the room a family and an episode layout leave above counting, before any training.
 
-Owns: the command's options, checks and printed output. The work is hmmscope.headroom's (SCIENCE.md 9).
+Owns: the command's options, checks and printed output. The work is hmmscope.measure.headroom's (SCIENCE.md 9).
 
 Must not import, at module level, anything beyond typer, the standard library, `hmmscope.config`,
 `hmmscope.checks` and `cli.common`: numpy, torch and the library are imported inside the command body.
@@ -63,15 +63,15 @@ def headroom_cmd(
         raise ConfigError(f"--tolerance must be in (0, 1] nats/token, got {tolerance}")
     if json_path is not None:
         checks.output_file(json_path, "--json", suffix=".json")
-    from ..train import resolve_device
+    from ..training.train import resolve_device
 
     dev = resolve_device(device)
     est = memory_estimate(override(cfg, {"hmm.n_tasks": max(1, cfg.eval.family_tasks)}), "bench-oracle",
                           n_episodes=max(n_episodes, cfg.eval.fit_episodes))
     checks.memory(est, device=str(dev), force=force, what="the headroom's references")
-    from ..headroom import PLUS_MINUS, SIGN, headroom
     from ..interrupts import sigterm_interrupts
-    from ..jobs import atomic_write
+    from ..measure.headroom import PLUS_MINUS, SIGN, headroom
+    from ..safe_output import write_with
 
     h, d = cfg.hmm, cfg.data
     t0 = time.monotonic()
@@ -97,6 +97,6 @@ def headroom_cmd(
     if fits:
         typer.echo(f"best counting per k (fitted on {cfg.eval.fit_episodes} fit-task episodes): {fits}")
     if json_path is not None:
-        atomic_write(json_path, lambda p: p.write_text(json.dumps(res.to_dict(), indent=2)))
+        write_with(json_path, lambda p: p.write_text(json.dumps(res.to_dict(), indent=2)))
         typer.echo(f"result: {json_path}")
     typer.echo(res.line())

@@ -150,9 +150,9 @@ def runs_gc_cmd(
 ) -> None:
     """Mark orphan RUNNING runs (their process is gone, or no heartbeat) KILLED, with the reason; remove the temp files
     killed writers left in runs no live process writes (how many, how large)."""
-    from .. import checks, tracking
+    from .. import store_checks, tracking
 
-    uri = checks.tracking_store(tracking_uri, must_exist=True, write=not dry_run)
+    uri = store_checks.tracking_store(tracking_uri, must_exist=True, write=not dry_run)
     c = tracking.client(uri)
     unknown = [e for e in experiment or [] if c.get_experiment_by_name(e) is None]
     if unknown:

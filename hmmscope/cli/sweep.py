@@ -2,10 +2,11 @@
 
 Owns: the `sweep` command group (`app`), its commands' options, checks and printed output, and `SweepProgress`
 (the bar on a terminal, plain lines elsewhere, with the ETA). Studies, workers, trials and their MLflow runs are
-the library's: `sweep_spec`, `sweep`, `studies`.
+the library's: `sweep.spec`, `sweep`, `sweep.studies`.
 
-Must not import, at module level, anything beyond typer, the standard library, `hmmscope.checks` and
-`cli.common`: optuna, mlflow, torch and the sweep layer are imported inside the command bodies.
+Must not import, at module level, anything beyond typer, the standard library, `hmmscope.checks`,
+`hmmscope.store_checks` and `cli.common`: optuna, mlflow, torch and the sweep layer are imported inside the command
+bodies.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from .. import checks
+from .. import checks, store_checks
 from .common import (
     ForceOpt,
     StorageOpt,
@@ -141,7 +142,7 @@ def sweep_run_cmd(
 ) -> None:
     """Create or resume the study and run it to the end with local workers; then its report: the last two lines are
     the sweep's answer in one sentence and the report's HTML."""
-    from ..sweep_spec import load_spec, with_sets
+    from ..sweep.spec import load_spec, with_sets
 
     s = with_sets(load_spec(bundled_spec(spec)), parse_sets(set_))
     if print_config:
@@ -149,8 +150,8 @@ def sweep_run_cmd(
         typer.echo(f"# sweep {s.name} ({s.kind}): the config before each trial's values of {swept}")
         return echo_config(s.trial_config({}), ("theory",) if s.kind == "theory" else
                            ("hmm", "data", "model", "train", "eval"))
-    storage = checks.optuna_storage(storage or s.storage or None)
-    uri = checks.tracking_store(tracking_uri)
+    storage = store_checks.optuna_storage(storage or s.storage or None)
+    uri = store_checks.tracking_store(tracking_uri)
     if report:
         out = checks.output_dir(out or Path("out") / s.name, "--out", explicit=out is not None)
     checks.workers(workers, force=force)
@@ -200,8 +201,8 @@ def sweep_worker_cmd(
 ) -> None:
     """Join a study from this machine (e.g. a GPU box sharing a PostgreSQL storage)."""
     checks.safe_name(study, "study")
-    storage = checks.optuna_storage(storage, must_exist=True)
-    uri = checks.tracking_store(tracking_uri, must_exist=True)
+    storage = store_checks.optuna_storage(storage, must_exist=True)
+    uri = store_checks.tracking_store(tracking_uri, must_exist=True)
     from ..sweep import pin_gpu, run_worker, spec_of_study
 
     spec_of_study(study, storage)  # an unknown study fails here, before any trial
@@ -224,13 +225,13 @@ def sweep_status_cmd(
     It only reads: RUNNING runs whose owner is gone are listed on stderr, and marked KILLED by `hmmscope runs
     gc` or the next `hmmscope sweep run` (as before this command marked them itself)."""
     checks.safe_name(study, "study")
-    url = checks.optuna_storage(storage, must_exist=True, write=False)
+    url = store_checks.optuna_storage(storage, must_exist=True, write=False)
     from .. import tracking
     from ..sweep import spec_of_study, study_status
 
     uri = tracking.resolve_uri(tracking_uri)
     if uri.startswith(("http://", "https://")):  # a server gets its health check, with a total deadline
-        checks.tracking_store(uri, must_exist=True, write=False)
+        store_checks.tracking_store(uri, must_exist=True, write=False)
     rows = study_status(study, url)
     try:
         spec = spec_of_study(study, url)
@@ -262,12 +263,12 @@ def sweep_status_cmd(
 @user_errors
 def sweep_list_cmd(storage: StorageOpt = None) -> None:
     """The studies in the storage, with their trial counts per state."""
-    url = checks.optuna_storage(storage, must_exist=True, write=False)
-    from ..sweep import _safe_url
+    url = store_checks.optuna_storage(storage, must_exist=True, write=False)
+    from ..sweep.storage import safe_url
     from ..sweep.studies import list_studies
 
     rows = list_studies(url)
-    typer.echo(f"studies in {_safe_url(url)}")
+    typer.echo(f"studies in {safe_url(url)}")
     if rows:  # plain columns, as `runs list` and `sweep status` print them
         typer.echo(plain_table(list(rows[0]), [list(r.values()) for r in rows]))
     typer.echo(f"{len(rows)} stud{'y' if len(rows) == 1 else 'ies'}")
@@ -283,7 +284,7 @@ def sweep_export_cmd(
 ) -> None:
     """One CSV row per trial: number, state, value, times, params, user attrs, MLflow run id."""
     checks.safe_name(study, "study")
-    url = checks.optuna_storage(storage, must_exist=True, write=False)
+    url = store_checks.optuna_storage(storage, must_exist=True, write=False)
     out = None if path is None else checks.output_file(path, "output", suffix=".csv")
     from ..sweep.studies import csv_text, export_rows, write_csv
 
@@ -305,13 +306,13 @@ def sweep_delete_cmd(
 ) -> None:
     """Delete the study and its MLflow runs (the sweep's parent run and every trial run below it); asks first."""
     checks.safe_name(study, "study")
-    url = checks.optuna_storage(storage, must_exist=True)
-    uri = checks.tracking_store(tracking_uri, must_exist=True)
-    from ..sweep import _safe_url
+    url = store_checks.optuna_storage(storage, must_exist=True)
+    uri = store_checks.tracking_store(tracking_uri, must_exist=True)
+    from ..sweep.storage import safe_url
     from ..sweep.studies import delete_study, study_runs
 
     found = study_runs(study, url, uri)
-    what = (f"study {study!r} ({found.n_trials} trials) in {_safe_url(url)} and {len(found.run_ids)} MLflow run(s)"
+    what = (f"study {study!r} ({found.n_trials} trials) in {safe_url(url)} and {len(found.run_ids)} MLflow run(s)"
             + (f" in experiment(s) {', '.join(found.experiments)}" if found.experiments else "")
             + (f"; {found.n_running} trial(s) are RUNNING: their workers will fail" if found.n_running else ""))
     if not yes and not typer.confirm(f"Delete {what}?", default=False, err=True):

@@ -1,6 +1,6 @@
 """The regime of each setting of a training sweep (SCIENCE.md 8, 9): Figure 1's claims pooled over seeds.
 
-Every training run logs Figure 1's claims in its claims.json (evaluate.py): ``retrieval_gap`` (with a training
+Every training run logs Figure 1's claims in its claims.json (measure/evaluate.py): ``retrieval_gap`` (with a training
 mixture), ``icl_gain`` and ``inference_beyond_counting`` (unseen tasks, k = k_max, with the fitted counting
 baselines). Here they are pooled per setting (the swept params but the replicate seeds) as the layerwise claims are:
 the mean over seeds of each seed's mean over its runs, with a t interval on G - 1 df (stats.t_mean: the seed is the
@@ -17,9 +17,10 @@ from collections import defaultdict
 import numpy as np
 
 from .. import tracking
-from ..evaluate import regime
+from ..measure.regimes import regime
 from ..stats import Claim, claim, parse_rule, rule, t_mean
-from .common import NAN, Section, _ci, _f
+from ..units import fmt_ci, fmt_num
+from .common import NAN, Section
 
 NAMES = ("retrieval_gap", "icl_gain", "inference_beyond_counting")
 SEED_PARAMS = ("train.seed", "data.seed")
@@ -84,7 +85,7 @@ def regime_section(runs: list, uri: str) -> tuple[Section | None, list[Claim]]:
             pooled[name] = Claim(name, c.statistic, c.value, c.ci_lo, c.ci_hi, c.verdict, c.reason, c.rule, c.df,
                                  c.degenerate)
             claims.append(c)
-            table.append([label, name, str(est.n), _f(est.value), _ci(lo, hi), _f(df), c.rule, c.verdict])
+            table.append([label, name, str(est.n), fmt_num(est.value), fmt_ci(lo, hi), fmt_num(df), c.rule, c.verdict])
         word = regime(list(pooled.values()))
         words.append([label, str(len(members)), word])
     sec = Section("Regime (Figure 1's claims on unseen tasks, pooled over seeds)")
@@ -142,9 +143,10 @@ def headroom_section(runs: list) -> tuple[Section | None, list[Claim]]:
         conv = [r.data.metrics.get(f"headroom/family_converged/k{km}") for r in members]
         by_fam = [r.data.metrics.get(f"headroom/set_by_family/k{km}") for r in members]
         em = float(np.mean([r.data.metrics.get(f"headroom/incontext_hmm/ce/k{km}", NAN) for r in members]))
-        table.append([label, str(est.n), _f(est.value), _ci(lo, hi), _f(df), c.verdict, _f(avg["best_counting"]),
-                      _f(em), _f(avg["family_bayes"]), _f(float(np.mean(half))) if half else "-",
-                      _count(conv), _count(by_fam), _f(avg["task_oracle"])])
+        table.append([label, str(est.n), fmt_num(est.value), fmt_ci(lo, hi), fmt_num(df), c.verdict,
+                      fmt_num(avg["best_counting"]), fmt_num(em), fmt_num(avg["family_bayes"]),
+                      fmt_num(float(np.mean(half))) if half else "-",
+                      _count(conv), _count(by_fam), fmt_num(avg["task_oracle"])])
     sec = Section("Headroom above counting (unseen tasks, before any training)")
     sec.blocks.append(("p", "Per setting: the room at k = k_max, best fitted counting minus the best legitimate "
                             "learner (the EM learner always; family Bayes at M tasks where it has converged, its drop "

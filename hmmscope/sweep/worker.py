@@ -63,9 +63,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..config import ConfigError
-from ..servers import die_with_parent
-from ..sweep_spec import SweepSpec
+from ..interrupts import die_with_parent, on_sigterm
 from .protocol import TrialStore
+from .spec import SweepSpec
 from .status import best_trial, collect_orphans, counts
 from .storage import default_storage, safe_url, storage_url
 from .study import ATTR_PARENT, create_study, load_study, spec_of_study
@@ -499,9 +499,6 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.gpu is not None:
         pin_gpu(a.gpu)
-
-    from ..interrupts import on_sigterm
-
     signal.signal(signal.SIGTERM, on_sigterm)  # run_sweep stops its workers with SIGTERM: hand the trial back, exit
     if os.environ.get("HMMSCOPE_THREADS"):
         import torch

@@ -21,7 +21,7 @@ mlflow at import time (only inside functions), and none imports anything of hmms
 `config` (inside `tags.config_params`); every other module reaches MLflow only through this package.
 """
 
-from .claims import CLAIMS_FILE, claim_headline, claim_keys, read_claims
+from .claims import CLAIMS_FILE, claim_keys, read_claims
 from .liveness import HEARTBEAT_ENV, HEARTBEAT_GRACE, LeaseLost, RunHeld, gc_runs, heartbeat_interval, own_runs, stale_reason
 from .liveness import hold as hold_run
 from .liveness import settle as settle_run
@@ -68,11 +68,12 @@ from .tags import (
     PARAM_MAX,
     THEORY_SECTIONS,
     TRAIN_SECTIONS,
-    _param_value,
+    claim_headline,
     claims_table,
     config_params,
     git_commit,
     note_line,
+    param_value,
     safe_key,
     source_name,
     standard_tags,
@@ -85,7 +86,7 @@ __all__ = [
     "ARTIFACTS", "ArtifactNotFound", "LeaseLost", "RunHeld", "hold_run", "own_runs", "settle_run",
     "CLAIMS_FILE", "CLAIM_COLUMNS", "DB_NAME", "HEARTBEAT_ENV", "HEARTBEAT_GRACE",
     "ML_VIEW", "PARAM_MAX", "ROOT_TAG", "Run", "STORE_DIR", "THEORY_SECTIONS", "TRAIN_SECTIONS", "UI_PORT",
-    "_param_value", "artifact_root", "browse_line", "claim_headline", "claim_keys", "claims_table", "client", "config_toml",
+    "param_value", "artifact_root", "browse_line", "claim_headline", "claim_keys", "claims_table", "client", "config_toml",
     "config_params", "default_tracking_uri", "delete_run", "ensure_store", "existing_run", "experiment_id",
     "experiment_name", "experiment_url", "gc_runs", "get_run", "git_commit", "heartbeat_interval", "note_line",
     "read_claims", "read_only_uri", "relocate", "resolve_uri", "run_url", "safe_key", "search_runs",

@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from .store import ARTIFACTS, _sqlite_path
+from .store import ARTIFACTS, sqlite_path
 
 TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{16}\.tmp$")  # safe_output's temp files
 TMP_PREFIX = "hmmscope-"  # TMPDIR folders of a run's staged artifacts: hmmscope-<run id>-<random>
@@ -37,7 +37,7 @@ def find(uri: str, run_ids: Iterable[str] | None = None) -> dict[str, list[Path]
     """The temp files (and staging folders) left in runs' artifacts, by run id; `run_ids` narrows it."""
     want = None if run_ids is None else set(run_ids)
     out: dict[str, list[Path]] = {}
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     root = db.parent / ARTIFACTS if db is not None else None
     if root is not None and root.is_dir():
         for entry in os.scandir(root):
@@ -97,7 +97,7 @@ def free_locks(uri: str) -> int:
         import fcntl
     except ImportError:
         return 0
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     folder = db.parent / ".leases" if db is not None else None
     if folder is None or not folder.is_dir():
         return 0

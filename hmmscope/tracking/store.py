@@ -66,7 +66,7 @@ def resolve_uri(uri: str | None = None) -> str:
     return uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
 
 
-def _sqlite_path(uri: str) -> Path | None:
+def sqlite_path(uri: str) -> Path | None:
     """The database file of sqlite:///PATH, or of its read-only form sqlite:///file:PATH?mode=ro&uri=true."""
     if not uri.startswith("sqlite:///"):
         return None
@@ -79,20 +79,20 @@ def _sqlite_path(uri: str) -> Path | None:
 def read_only_uri(uri: str) -> str:
     """The URI that opens a sqlite store read-only (SQLite's `mode=ro`: MLflow can neither create nor migrate it,
     nor write a byte); any other URI as it is. Reads of runs and artifacts work on it as on `uri`."""
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is None or uri[len("sqlite:///"):].startswith("file:"):
         return uri
     return f"sqlite:///file:{quote(str(db.absolute()))}?mode=ro&uri=true"
 
 
-def _uri_path(file_uri: str) -> Path:
+def uri_path(file_uri: str) -> Path:
     """file:///a/b -> Path('/a/b') (percent-escapes decoded)."""
     return Path(url2pathname(unquote(urlparse(file_uri).path)))
 
 
 def artifact_root(uri: str) -> str | None:
     """Artifacts sit beside a sqlite database (`<dir>/artifacts`); a server chooses its own."""
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     return (db.parent / ARTIFACTS).resolve().as_uri() if db is not None else None
 
 
@@ -111,7 +111,7 @@ def ensure_store(uri: str) -> None:
     """
     import filelock
 
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is None or (uri in _READY and db.exists()):
         return
     if db.exists() and not writable(db):
@@ -169,7 +169,7 @@ def relocate(uri: str) -> list[tuple[str, str, str]]:
     Returns (experiment id, old root, new root) per rewritten experiment. Call under the store's lock
     (`ensure_store` does).
     """
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is None or not db.exists():
         return []
     root = (db.parent / ARTIFACTS).resolve()
@@ -182,7 +182,7 @@ def relocate(uri: str) -> list[tuple[str, str, str]]:
             tagged = {str(e) for (e,) in con.execute("SELECT experiment_id FROM experiment_tags WHERE key = ?",
                                                      (ROOT_TAG,))}
             for eid, loc in exps:
-                if not loc or loc == want or not loc.startswith("file:") or _uri_path(loc).name != ARTIFACTS:
+                if not loc or loc == want or not loc.startswith("file:") or uri_path(loc).name != ARTIFACTS:
                     continue
                 run_ids = [r for (r,) in con.execute("SELECT run_uuid FROM runs WHERE experiment_id = ?", (eid,))]
                 if str(eid) not in tagged and not any((root / r).is_dir() for r in run_ids):
@@ -201,6 +201,14 @@ def client(uri: str):
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=uri)
+
+
+def check_experiment_name(name: str) -> str:
+    """`name` if MLflow takes it as an experiment name (1-200 printable characters, no leading or trailing space),
+    else ValueError naming the rule (the rule of --experiment and of a sweep spec's sweep.experiment)."""
+    if not name or len(name) > 200 or not name.isprintable() or name != name.strip():
+        raise ValueError(f"--experiment {name!r}: give 1-200 printable characters (no leading/trailing spaces)")
+    return name
 
 
 def experiment_id(uri: str, name: str) -> str:
