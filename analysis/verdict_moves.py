@@ -3,9 +3,10 @@
     python analysis/verdict_moves.py analysis/results/rope-vs-absolute-cpu [analysis/results/depth-vs-rank-cpu ...]
 
 A record keeps trials.csv (one row per COMPLETE trial: the params that vary, every metric, the analysis
-claims as claim/<name>/value|ci_lo|ci_hi) and report.json (the claims with their verdicts and rules, and the
-per-run table of each layerwise claim). This script rebuilds the report's training frame from trials.csv
-(each claim's per-run rule from the record's pooled rule; per-run verdicts recomputed with stats.decide in
+claims as claim/<name>/value|ci_lo|ci_hi; a column that is no config key, such as an older store's counting.*
+params, is what a run fitted and is never read as a param: SCIENCE.md 9) and report.json (the claims with their
+verdicts and rules, and the per-run table of each layerwise claim). This script rebuilds the report's training
+frame from trials.csv (each claim's per-run rule from the record's pooled rule; per-run verdicts recomputed with stats.decide in
 dependency order), runs the report's sections (positional encoding, layerwise claims, depth vs rank) with
 the current code, and prints, per claim, the record's verdict and CI beside the new ones, marking the
 verdicts that move; then the per-run verdicts that move (the report's per-run tables against
@@ -37,6 +38,7 @@ from pathlib import Path
 def _frame(rec: Path, old: dict):
     import pandas as pd
 
+    from hmmscope.report.read import input_keys
     from hmmscope.stats import parse_rule, rule
 
     with open(rec / "trials.csv", newline="") as fh:
@@ -47,7 +49,7 @@ def _frame(rec: Path, old: dict):
             op, t, req = parse_rule(c["rule"])
             rules[c["name"][len("pooled: "):]] = c["rule"] if op == "no power" else rule(
                 op, t, [r[len("pooled: "):] if r.startswith("pooled: ") else r for r in req])
-    out = []
+    out, inputs = [], input_keys()
     for r in rows:
         if r.get("kind") != "train":
             continue
@@ -57,6 +59,8 @@ def _frame(rec: Path, old: dict):
                 continue
             if "/" in k:
                 row[f"metric:{k}"] = float(v) if v not in ("", None) else math.nan
+            elif k not in inputs:  # what a run fitted (an older store's counting.* params): never a param
+                continue
             else:
                 try:
                     x = float(v)

@@ -6,13 +6,17 @@
     api.runs("hmmscope-sweeps", filter_string="metrics.`eval/seen/excess_ce` < 0.3")  # one row per run
     api.run("3efd12")["metrics"]; api.compare([a, b], keys="eval/seen")  # one run (an id prefix will do); side by side
 
-Columns follow `mlflow.search_runs`: `params.<key>`, `metrics.<key>` (last values), `tags.<key>`, beside the
-run's info (RUN_COLUMNS). Every function takes `tracking_uri` (default: --tracking-uri's, i.e.
-MLFLOW_TRACKING_URI or ./mlruns/mlflow.db) and, for sweeps, `storage` (default: ./mlruns/optuna.db); they only
-read (a sqlite store is opened read-only: nothing is created or migrated) and raise ValueError (one line) for a
-store, run or sweep that is not there, an ambiguous run id prefix, or a filter MLflow cannot parse. A run id may
-be a unique prefix of at least 6 characters (`tracking.resolve_run_id`). The `hmmscope runs list/show/compare`
-commands print these same tables.
+Columns follow `mlflow.search_runs` (MLFLOW_COLUMNS: run_id, experiment_id, status, artifact_uri, start_time and
+end_time as UTC timestamps; `metrics.<key>` (last values), `params.<key>` (strings, as MLflow stores them) and
+`tags.<key>`), so a frame from here and one from mlflow.search_runs line up. hmmscope adds its own columns beside
+them (OWN_COLUMNS: run_name, experiment (the name), kind (tag hmmscope.kind), duration_s, parent_id);
+`sweep_trials` adds the Optuna trial's number, state, seed and objective. Every function takes `tracking_uri`
+(default: --tracking-uri's, i.e. MLFLOW_TRACKING_URI or ./mlruns/mlflow.db) and, for sweeps, `storage` (default:
+./mlruns/optuna.db); they only read (a sqlite store is opened read-only: nothing is created or migrated) and raise
+ValueError (one line, naming the store as it was given, never its internal read-only URI) for a store, run or
+sweep that is not there, a run id prefix that is ambiguous or shorter than 6 characters, or a filter MLflow cannot
+parse. A run id may be a unique prefix of at least 6 characters (`tracking.resolve_run_id`). The `hmmscope runs
+list/show/compare` commands print these same tables (`runs list`: LIST_COLUMNS).
 
 Owns: the columns of those tables. Imports pandas, `tracking` and `sweep` inside the functions (importing
 this module loads none of them, nor torch); must not import the CLI or the jobs.
@@ -23,7 +27,21 @@ from __future__ import annotations
 import math
 from typing import Any
 
-RUN_COLUMNS = ("run_id", "run_name", "experiment", "status", "kind", "start_time", "duration_s", "parent_id")
+MLFLOW_COLUMNS = ("run_id", "experiment_id", "status", "artifact_uri", "start_time", "end_time")  # search_runs'
+OWN_COLUMNS = ("run_name", "experiment", "kind", "duration_s", "parent_id")  # hmmscope's, beside them
+RUN_COLUMNS = (*MLFLOW_COLUMNS, *OWN_COLUMNS)
+LIST_COLUMNS = ("run_id", "run_name", "experiment", "status", "kind", "start_time", "duration_s", "parent_id")
+HIDDEN_TAGS = ("hmmscope.lease", "mlflow.hmmscope.lease")  # a run's owner (pid, boot id): bookkeeping, out of sight
+
+
+def shown_uri(uri: str) -> str:
+    """The store as a person named it: a sqlite store opened read-only (`tracking.read_only_uri`,
+    sqlite:///file:<path>?mode=ro&uri=true) back as sqlite:///<path>; any other URI as it is."""
+    import re
+    from urllib.parse import unquote
+
+    m = re.fullmatch(r"sqlite:///file:(.+)\?mode=ro&uri=true", uri)
+    return f"sqlite:///{unquote(m.group(1))}" if m else uri
 
 
 def _uri(tracking_uri: str | None) -> str:
@@ -40,9 +58,11 @@ def _run_row(r, experiments: dict[str, str]) -> dict[str, Any]:
 
     i = r.info
     end = i.end_time or None
-    return {"run_id": i.run_id, "run_name": i.run_name or "", "experiment": experiments.get(i.experiment_id, ""),
-            "status": i.status, "kind": r.data.tags.get("hmmscope.kind", ""),
+    return {"run_id": i.run_id, "experiment_id": i.experiment_id, "status": i.status, "artifact_uri": i.artifact_uri,
             "start_time": pd.to_datetime(i.start_time, unit="ms", utc=True) if i.start_time else pd.NaT,
+            "end_time": pd.to_datetime(end, unit="ms", utc=True) if end else pd.NaT,
+            "run_name": i.run_name or "", "experiment": experiments.get(i.experiment_id, ""),
+            "kind": r.data.tags.get("hmmscope.kind", ""),
             "duration_s": (end - i.start_time) / 1000 if end and i.start_time else math.nan,
             "parent_id": r.data.tags.get("mlflow.parentRunId", "")}
 
@@ -54,11 +74,11 @@ def _one_line(e: Exception) -> str:
 
 def runs(experiment: str | None = None, *, tracking_uri: str | None = None, limit: int | None = None,
          filter_string: str = "", order_by: list[str] | None = None):
-    """One row per active run: RUN_COLUMNS, then `metrics.<key>` (last values), `params.<key>` and `tags.<key>`
-    columns as `mlflow.search_runs` has them; newest first, or by `order_by` (MLflow's syntax, e.g.
-    ["metrics.`eval/seen/excess_ce` ASC"]); `experiment` (a name) and `filter_string` (MLflow's search syntax,
-    e.g. "metrics.`eval/seen/excess_ce` < 0.3 and params.`model.pos_enc` = 'rope'") narrow it; `limit` rows at
-    most."""
+    """One row per active run: `mlflow.search_runs`'s columns (MLFLOW_COLUMNS), hmmscope's own (OWN_COLUMNS), then
+    `metrics.<key>` (last values), `params.<key>` and `tags.<key>` as `mlflow.search_runs` has them; newest first,
+    or by `order_by` (MLflow's syntax, e.g. ["metrics.`eval/seen/excess_ce` ASC"]); `experiment` (a name) and
+    `filter_string` (MLflow's search syntax, e.g. "metrics.`eval/seen/excess_ce` < 0.3 and params.`model.pos_enc` =
+    'rope'") narrow it; `limit` rows at most."""
     import pandas as pd
 
     from . import tracking
@@ -66,7 +86,7 @@ def runs(experiment: str | None = None, *, tracking_uri: str | None = None, limi
     uri = _uri(tracking_uri)
     c = tracking.client(uri)
     if experiment is not None and c.get_experiment_by_name(experiment) is None:
-        raise ValueError(f"no experiment {experiment!r} in {uri}")
+        raise ValueError(f"no experiment {experiment!r} in {shown_uri(uri)}")
     experiments = {e.experiment_id: e.name for e in c.search_experiments()}
     try:
         found = tracking.search_runs(uri, experiment, filter_string=filter_string or "", order_by=order_by)
@@ -88,15 +108,16 @@ def runs(experiment: str | None = None, *, tracking_uri: str | None = None, limi
 
 def run(run_id: str, *, tracking_uri: str | None = None) -> dict[str, Any]:
     """One run: {"info": its RUN_COLUMNS row, "params", "metrics" (last values), "tags" (without MLflow's own
-    mlflow.* bookkeeping but the note), "claims": DataFrame (its claims.json; empty if none)}."""
+    mlflow.* bookkeeping but the note, and without the lease, hmmscope.lease: HIDDEN_TAGS), "claims": DataFrame (its
+    claims.json; empty if none)}."""
     import pandas as pd
 
     from . import tracking
 
     uri = _uri(tracking_uri)
-    r = tracking.get_run(uri, run_id)  # a unique prefix of the id will do; an ambiguous one: ValueError
+    r = tracking.get_run(uri, run_id)  # a unique prefix of the id will do; an ambiguous or short one: ValueError
     if r is None:
-        raise ValueError(f"no run {run_id!r} in {uri}")
+        raise ValueError(f"no run {run_id!r} in {shown_uri(uri)}")
     exp = tracking.client(uri).get_experiment(r.info.experiment_id)
     nums, verdicts, rules = tracking.read_claims(uri, r)
     claims = pd.DataFrame([{"claim": n, "value": nums.get(f"claim/{n}/value", math.nan),
@@ -104,7 +125,8 @@ def run(run_id: str, *, tracking_uri: str | None = None) -> dict[str, Any]:
                             "ci_hi": nums.get(f"claim/{n}/ci_hi", math.nan), "rule": rules.get(n, ""),
                             "verdict": v} for n, v in verdicts.items()],
                           columns=["claim", "value", "ci_lo", "ci_hi", "rule", "verdict"])
-    tags = {k: v for k, v in r.data.tags.items() if not k.startswith("mlflow.") or k == "mlflow.note.content"}
+    tags = {k: v for k, v in r.data.tags.items() if (not k.startswith("mlflow.") or k == "mlflow.note.content")
+            and k not in HIDDEN_TAGS}
     return {"info": _run_row(r, {exp.experiment_id: exp.name}), "params": dict(r.data.params),
             "metrics": dict(r.data.metrics), "tags": tags, "claims": claims}
 
@@ -149,15 +171,17 @@ def compare(run_ids: list[str], *, tracking_uri: str | None = None, differing_on
 
 
 def sweep_trials(name: str, *, storage: str | None = None, tracking_uri: str | None = None):
-    """One row per trial of the sweep `name`: number, state, seed, each swept param (`params.<config key>`, with
-    the value Optuna suggested: a number stays a number), the objective (`objective`, the value Optuna recorded),
-    run_id and run_name of its MLflow run, then the last value of every metric of that run (`metrics.<key>`) and
-    of its analysis run's claims (`metrics.claim/...`), as `mlflow.search_runs` names them."""
+    """One row per trial of the sweep `name`: hmmscope's number, state, seed (the Optuna trial's), each swept param
+    (`params.<config key>`, a string as MLflow stores it: the trial run's own param, else the value Optuna suggested
+    as MLflow would store it), the objective (`objective`, the value Optuna recorded), run_id and run_name of its
+    MLflow run, then the last value of every metric of that run (`metrics.<key>`) and of its analysis run's claims
+    (`metrics.claim/...`), as `mlflow.search_runs` names them."""
     import pandas as pd
 
     from . import tracking
     from .config import ConfigError
     from .sweep import default_storage, load_study
+    from .tracking.tags import param_value
 
     uri = _uri(tracking_uri)
     try:
@@ -169,12 +193,13 @@ def sweep_trials(name: str, *, storage: str | None = None, tracking_uri: str | N
     for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
         params = dict(t.params) or dict(t.system_attrs.get("fixed_params", {}))
         rid = t.user_attrs.get("mlflow_run_id", "")
-        row: dict[str, Any] = {"number": t.number, "state": t.state.name,
-                               "seed": t.user_attrs.get("seed", params.pop("seed", None)),
-                               **{f"params.{k}": v for k, v in params.items()},
+        seed = t.user_attrs.get("seed", params.pop("seed", None))
+        r = tracking.get_run(uri, rid) if rid else None
+        logged = r.data.params if r is not None else {}
+        row: dict[str, Any] = {"number": t.number, "state": t.state.name, "seed": seed,
+                               **{f"params.{k}": logged.get(k, param_value(v)) for k, v in params.items()},
                                "objective": t.value if t.value is not None else math.nan,
                                "run_id": rid, "run_name": ""}
-        r = tracking.get_run(uri, rid) if rid else None
         if r is not None:
             row["run_name"] = r.info.run_name or ""
             row.update({f"metrics.{k}": v for k, v in sorted(r.data.metrics.items())})

@@ -102,11 +102,12 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
     hmm.n_tasks = 0); unseen tasks: as many episodes of fresh tasks (episodes.unseen_episodes); references: the
     family-Bayes reference over eval.family_tasks tasks (with its CE at M/4 and M/2), the counting baselines (add-one,
     and the n-gram / CTW fitted on eval.fit_episodes fit-task episodes, with best_counting; their chosen settings
-    logged as params counting.*) and the EM learner with eval.em_states states (measure/evaluate.py). The claims (retrieval
-    gap, icl_gain, inference_beyond_counting) go to the run's table claims.json (with the headline counts
-    claims/<verdict>), the regime word to the tag hmmscope.regime, Figure 1's wall time to eval/figure1_s (and to
-    `say`, a line). With `out`, the same files are also kept in out/<run name>-<id8>/evaluation/ (`run_folder`) and
-    their paths returned in `.files`; without, they live in a temporary folder only."""
+    logged as metrics counting/* and tags hmmscope.counting.*, never params) and the EM learner with eval.em_states
+    states (measure/evaluate.py). The claims (retrieval gap, icl_gain, inference_beyond_counting) go to the run's
+    table claims.json (with the headline counts claims/<verdict>), the regime word to the tag hmmscope.regime, Figure
+    1's wall time to eval/figure1_s (and to `say`, a line). With `out`, the same files are also kept in out/<run
+    name>-<id8>/evaluation/ (`run_folder`) and their paths returned in `.files`; without, they live in a temporary
+    folder only."""
     import time
 
     import torch

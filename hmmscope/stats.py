@@ -152,6 +152,16 @@ def decide(rule_: str, lo: float, hi: float, verdicts: Mapping[str, str] | None 
     return v
 
 
+def side_verdict(lo: float, hi: float, side: int, *, df: float | None = None, degenerate: str = "") -> str:
+    """Claim: the quantity lies on `side` of 0 (+1 above, -1 below: stats.decide with '> 0' / '< 0');
+    side 0: two-sided 'differs from 0' (supported if decide finds the CI on either side, no power if decide
+    says so, else inconclusive)."""
+    if side == 0:
+        v = [decide(rule(op, 0), lo, hi, df=df, degenerate=degenerate) for op in (">", "<")]
+        return "no power" if "no power" in v else "supported" if "supported" in v else "inconclusive"
+    return decide(rule(">" if side > 0 else "<", 0), lo, hi, df=df, degenerate=degenerate)
+
+
 def claim(name: str, statistic: str, value: float, lo: float, hi: float, rule_: str, reason: str,
           verdicts: Mapping[str, str] | None = None, *, df: float | None = None, degenerate: str = "") -> Claim:
     """A Claim whose verdict is decide(rule_, lo, hi, verdicts, df=df, degenerate=...); a requirement that

@@ -89,3 +89,35 @@ def fmt_p(p: float) -> str:
 def fmt_ci(lo: float, hi: float) -> str:
     """A confidence interval: [lo, hi]."""
     return f"[{fmt_num(lo)}, {fmt_num(hi)}]"
+
+
+def decimals(lo: float, hi: float) -> int | None:
+    """Decimals that show a 95% CI [lo, hi] to about three digits of its half-width (0.227 -> 3: '-0.006 [-0.233,
+    0.221]'), or None when it has no finite width (then: 3 significant digits)."""
+    half = (hi - lo) / 2 if math.isfinite(lo) and math.isfinite(hi) else math.nan
+    if not math.isfinite(half) or half <= 0:
+        return None
+    return max(0, min(8, 2 - math.floor(math.log10(half))))
+
+
+def value_ci(v: float, lo: float, hi: float, unit: str = "") -> str:
+    """'-0.006 [-0.233, 0.221] nats/token': a value and its 95% CI to the CI's precision (`decimals`), signs kept
+    (the sign of the difference the table and the figure show), then the unit; '(no CI)' when there is none."""
+    d = decimals(lo, hi)
+
+    def num(x: float) -> str:
+        if not math.isfinite(x):
+            return "-"
+        return f"{x:.{d}f}" if d is not None else f"{x:.3g}"
+
+    ci = f" [{num(lo)}, {num(hi)}]" if math.isfinite(lo) and math.isfinite(hi) else " (no CI)"
+    return f"{num(v)}{ci}{' ' + unit if unit else ''}"
+
+
+def replicates(n: int, unit: str) -> str:
+    """'2 seeds', 'one seed (2 blocks as the units)', '1 run': how many units a CI stands on, in words."""
+    if unit == "seed":
+        return f"{n} seed{'s' if n != 1 else ''}"
+    if unit.startswith("block"):
+        return f"one seed ({n} block{'s' if n != 1 else ''} as the units)"
+    return f"{n} {unit}{'s' if n != 1 else ''}"

@@ -118,5 +118,8 @@ def render(url: str, shots: Path, name: str, timeout: float = 180) -> str:
     budget, size = "--virtual-time-budget=15000", "--window-size=1400,900"
     dom = _chromium(["--dump-dom", size, budget, url], timeout)
     (shots / f"{name}.html").write_text(dom)
-    _chromium([f"--screenshot={shots / (name + '.png')}", size, budget, url], timeout)
+    # every compositor stage before the capture, and no backgrounded renderer: without them headless chromium 150
+    # never captures a runs table whose column widths a view sets (it waited past any timeout, idle)
+    _chromium([f"--screenshot={shots / (name + '.png')}", size, budget, "--run-all-compositor-stages-before-draw",
+               "--disable-renderer-backgrounding", url], timeout)
     return page_text(dom)

@@ -16,6 +16,7 @@ from hmmscope.measure.evaluate import BASELINES
 from hmmscope.sweep.spec import TRAIN_OBJECTIVES, VS_OBJECTIVE
 
 runner = CliRunner()
+STAMP, STAMP_RE = "2026-11-27 21:50:03 ", r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d "  # progress lines off a terminal: the time first
 
 COMMANDS = [[], ["theory"], ["generate"], ["train"], ["evaluate"], ["run"], ["bench"], ["bench", "sample"],
             ["bench", "filter"], ["bench", "train"]]
@@ -69,8 +70,9 @@ def test_theory_end_to_end(store):
     assert "decay rate >= g^4, g = gamma_eff" in r.output  # a verdict line per setting is printed
     # where to look, at once; off a terminal, a plain line per setting instead of a bar
     assert r.stdout.splitlines()[0] == f"theory run {parent.info.run_id} started; browse: hmmscope ui --run {parent.info.run_id}"
-    assert [x.split(", ")[0] for x in r.stderr.splitlines() if x.startswith("theory: ")] == \
-        ["theory: 1/2 settings", "theory: 2/2 settings"]
+    assert [x[len(STAMP):].split(", ")[0] for x in r.stderr.splitlines() if x[len(STAMP):].startswith("theory: ")] \
+        == ["theory: 1/2 settings", "theory: 2/2 settings"]
+    assert all(re.match(STAMP_RE, x) for x in r.stderr.splitlines() if "theory: " in x), r.stderr  # when, in a log
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -160,11 +162,12 @@ def test_the_headline_reads_figure_1s_keys_and_skips_what_is_absent():
          "baseline/unseen/family_bayes/ce": 1.12, "baseline/unseen/best_counting/ce": 1.3,
          "eval/unseen/vs_best_counting": -0.0655, "eval/unseen/vs_best_counting_lo": -0.08,
          "eval/unseen/vs_best_counting_hi": -0.051}
+    m["eval/unseen/oracle_mix_test_ce"] = 1.6  # one task set in one line: the mixture oracle scored on unseen tasks
     assert headline(m, {"hmmscope.regime": "inference beyond counting"}) == (
-        "result (unseen tasks, test CE, nats/token): model 1.2345; task oracle 1.1000, mixture oracle (seen tasks) "
-        "1.1500, family Bayes 1.1200, best counting 1.3000; model - best counting -0.0655 [95% CI -0.0800, -0.0510]; "
+        "result (unseen tasks, test CE, nats/token): model 1.2345; task oracle 1.1000, mixture oracle (training tasks) "
+        "1.6000, family Bayes 1.1200, best counting 1.3000; model - best counting -0.0655 [95% CI -0.0800, -0.0510]; "
         "regime: inference beyond counting")
-    fresh = {k: v for k, v in m.items() if k not in ("eval/seen/oracle_mix_test_ce", "eval/unseen/vs_best_counting_lo",
+    fresh = {k: v for k, v in m.items() if k not in ("eval/unseen/oracle_mix_test_ce", "eval/unseen/vs_best_counting_lo",
                                                       "eval/unseen/vs_best_counting_hi")}
     assert headline(fresh, {}) == ("result (unseen tasks, test CE, nats/token): model 1.2345; task oracle 1.1000, "
                                    "family Bayes 1.1200, best counting 1.3000; model - best counting -0.0655")
@@ -177,8 +180,8 @@ def test_the_headline_reads_figure_1s_keys_and_skips_what_is_absent():
     bad = {k: v for k, v in m.items() if not k.startswith("eval/unseen/vs_best_counting")}
     bad.update({"baseline/unseen/best_counting/degenerate": 1.0, "baseline/unseen/family_bayes/degenerate": 1.0})
     assert headline(bad, {}) == (
-        "result (unseen tasks, test CE, nats/token): model 1.2345; task oracle 1.1000, mixture oracle (seen tasks) "
-        "1.1500, family Bayes 1.1200 (DEGENERATE, not used), best counting 1.3000 (DEGENERATE, not used)")
+        "result (unseen tasks, test CE, nats/token): model 1.2345; task oracle 1.1000, mixture oracle (training tasks) "
+        "1.6000, family Bayes 1.1200 (DEGENERATE, not used), best counting 1.3000 (DEGENERATE, not used)")
     assert regime_line(bad) == (
         "regime: undetermined; unseen tasks: model CE 1.234; best counting 1.300 (DEGENERATE, not used); "
         "family Bayes 1.120 (DEGENERATE, not used); task oracle 1.100 nats/token")
@@ -186,10 +189,22 @@ def test_the_headline_reads_figure_1s_keys_and_skips_what_is_absent():
 
 
 def test_train_then_evaluate(store):
-    r = runner.invoke(app, ["train", *TINY_TRAIN])
+    r = Ran(store, "train", *TINY_TRAIN, merged=True)  # a real process, stdout and stderr to one file, in order
     assert r.exit_code == 0, r.output
     uri = tracking.default_tracking_uri()
     (run,) = _runs(uri)
+    # the run's id as soon as the run opens, before the data and the references are built (before: after them,
+    # 8.5 s quiet on tiny, minutes at the paper's scale): the setup line comes after it
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"run {run.info.run_id} started; browse: hmmscope ui --run {run.info.run_id}", lines[:3]
+    assert re.fullmatch(STAMP_RE + r"train: setting up: data, oracles, model \.\.\.", lines[1]), lines[:3]
+    # the end: the headline, then the claims one short line each (before: 3 wrapped claims and a second `regime:`
+    # line repeating the headline's numbers; the headline put the seen-task mixture oracle in an unseen-task line)
+    end = lines[next(i for i, ln in enumerate(lines) if ln.startswith("result (")):]
+    assert len(end) <= 9 and not [ln for ln in end if ln.startswith("regime:")], end
+    assert end[1].startswith("Figure 1's claims") and all(ln.startswith("  [") and "statistic:" not in ln and
+                                                          len(ln) < 160 for ln in end[2:5]), end
+    assert "(seen tasks)" not in end[0] and "mixture oracle (training tasks) " in end[0]
     assert run.info.status == "FINISHED"
     (out,) = tracking.client(uri).get_run(run.info.run_id).outputs.model_outputs  # the trained model, logged
     assert out.step == 6 and tracking.client(uri).get_logged_model(out.model_id).params["model.d_model"] == "32"
@@ -204,7 +219,8 @@ def test_train_then_evaluate(store):
     (head,) = [ln for ln in r.stdout.splitlines() if ln.startswith("result (")]
     assert head.startswith(f"result (unseen tasks, test CE, nats/token): model {m['eval/unseen/test_ce']:.4f}; "
                            f"task oracle {m['eval/unseen/oracle_task_test_ce']:.4f}")
-    assert "eval/seen/kl_mix" not in r.stdout and f"every metric: hmmscope runs show {run.info.run_id[:8]}" in r.stdout
+    assert "eval/seen/kl_mix" not in r.stdout and (f"every metric, and each claim's statistic and reason: hmmscope runs "
+                                                  f"show {run.info.run_id[:8]}") in r.stdout
     assert run.data.tags["hmmscope.kind"] == "train"
     r2 = runner.invoke(app, ["evaluate", run.info.run_id[:8]])  # a unique prefix of the id will do
     assert r2.exit_code == 0, r2.output
@@ -256,7 +272,8 @@ def test_analyze_end_to_end_and_bad_input(store):
     assert len(list((store / "out").glob(f"*-{rid[:8]}/analysis/figure*.p*"))) == 4
     # progress: one line per phase on stderr, with the seconds since the start; stdout keeps only the summary
     lines = r.stderr.splitlines()
-    assert all(re.fullmatch(r"analyze: .+, \d+ s", x) for x in lines), r.stderr
+    assert all(re.fullmatch(STAMP_RE + r"analyze: .+, \d+ s", x) for x in lines), r.stderr  # the time first, off a tty
+    lines = [x[len(STAMP):] for x in lines]
     assert [x.split(" (")[0].rsplit(", ", 1)[0] for x in lines] == [
         "analyze: checkpoint loaded",
         f"analyze: analysis run {an.info.run_id} started; browse: hmmscope ui --run {an.info.run_id}", "analyze: mixture",
@@ -292,14 +309,33 @@ def test_analyze_end_to_end_and_bad_input(store):
 SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
 
 
+class Ran:
+    """A real `hmmscope` process run to its end in `cwd`, its stdout and stderr written to files (no terminal: what a
+    log file, nohup or Slurm gets): exit_code, stdout, stderr, output (both), as CliRunner's result has them."""
+
+    def __init__(self, cwd: Path, *args: str, timeout: float = 1800, merged: bool = False):
+        import os
+        import subprocess
+        import sys
+
+        exe = Path(sys.executable).parent / "hmmscope"
+        env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, "HMMSCOPE_THREADS": "1",
+               "OMP_NUM_THREADS": "1"}
+        out, err = cwd / "cli.out", cwd / "cli.err"
+        with out.open("w") as fo, err.open("w") as fe:  # merged: stderr into the same file, in the order written
+            self.exit_code = subprocess.run([str(exe), *args], cwd=cwd, env=env, stdout=fo,
+                                            stderr=subprocess.STDOUT if merged else fe,
+                                            stdin=subprocess.DEVNULL, timeout=timeout).returncode
+        self.stdout, self.stderr = out.read_text(), err.read_text()
+        self.output = self.stdout + self.stderr
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    """The smoke sweep run once with 2 workers in a fresh folder: (folder, the CLI's result)."""
+    """The smoke sweep run once with 2 workers in a fresh folder, as a real process writing to files: (folder, its
+    result)."""
     d = tmp_path_factory.mktemp("smoke")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(d)
-        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
-        yield d, runner.invoke(app, ["sweep", "run", str(SWEEPS / "smoke.toml"), "--workers", "2"])
+    yield d, Ran(d, "sweep", "run", str(SWEEPS / "smoke.toml"), "--workers", "2")
 
 
 def test_smoke_sweep_two_workers_then_report(smoke, monkeypatch):
@@ -307,7 +343,16 @@ def test_smoke_sweep_two_workers_then_report(smoke, monkeypatch):
     monkeypatch.chdir(store)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert r.exit_code == 0, r.output
-    assert r.stdout.splitlines()[-1] == "report: hmmscope report smoke    browse: hmmscope ui --sweep smoke"
+    # it ends with the answer: the report's first sentence, then the report's HTML (before: `report: hmmscope report
+    # smoke`, no answer); off a terminal (here a file)
+    *_, browse, said, html = r.stdout.splitlines()
+    assert browse == "browse: hmmscope ui --sweep smoke" and html == "report: out/smoke/report.html", r.stdout
+    md = (store / "out" / "smoke" / "report.md").read_text()
+    first = md.split("## Answer\n\n", 1)[1].split("\n", 1)[0]
+    assert said == f"sweep smoke: {first.strip('*')}" and said.startswith(
+        "sweep smoke: RoPE - absolute on eval/seen/excess_ce: ") and " nats/token, one seed (2 blocks as the units): " \
+        in said, said
+    assert (store / "out" / "smoke" / "report.html").exists()
     assert r.stdout.splitlines()[0] == "sweep smoke: browse: hmmscope ui --sweep smoke"  # where to look, at once
     assert "smoke: 4 complete, 0 failed, 0 pruned of 4" in r.output
     # progress (stderr is no terminal here: plain lines when the counts change), ending with every trial finished
@@ -317,6 +362,10 @@ def test_smoke_sweep_two_workers_then_report(smoke, monkeypatch):
     assert r.exit_code == 0 and "already complete" in r.output
     r = runner.invoke(app, ["sweep", "status", "smoke"])
     assert r.exit_code == 0 and r.output.count("COMPLETE") == 4
+    r = Ran(store, "sweep", "list")  # plain columns, as runs list and sweep status print them (before: boxes)
+    assert r.exit_code == 0 and not set("│┃━─┏╇┡") & set(r.stdout), r.stdout
+    assert r.stdout.splitlines()[1].split()[:4] == ["study", "kind", "trials", "complete"], r.stdout
+    assert r.stdout.splitlines()[3].split()[:4] == ["smoke", "train", "4", "4"] and r.stdout.endswith("1 study\n")
     trials = [x for x in _runs(tracking.default_tracking_uri()) if x.data.tags.get("hmmscope.kind") == "sweep-train"]
     assert len(trials) == 4
     for t in trials:  # the objectives a spec may name (checked at spec validation) are what a trial logs
@@ -350,11 +399,12 @@ def test_results_outside_the_ui_runs_list_show_compare_and_sweep_trials(smoke, m
     df = api.sweep_trials("smoke")
     assert list(df["number"]) == [0, 1, 2, 3] and set(df["state"]) == {"COMPLETE"}
     assert sorted(zip(df["params.model.pos_enc"], df["params.hmm.gamma"], strict=True)) == [
-        ("absolute", 0.5), ("absolute", 0.9), ("rope", 0.5), ("rope", 0.9)]
+        ("absolute", "0.5"), ("absolute", "0.9"), ("rope", "0.5"), ("rope", "0.9")]  # strings, as MLflow has them
     assert (df["objective"] == df["metrics.eval/seen/excess_ce"]).all()  # the objective is that metric
+    assert not [c for c in df.columns if "Objective/" in c]  # logged once (before: also as Objective/<key>)
     assert not [c for c in df.columns if c.startswith(("metric:", "param:"))]  # mlflow.search_runs' prefixes
-    assert list(df["run_name"]) == [f"{p}-g{g:g}-s0" for p, g in zip(df["params.model.pos_enc"], df["params.hmm.gamma"],
-                                                                     strict=True)]
+    assert list(df["run_name"]) == [f"{p}-g{g}-s0" for p, g in zip(df["params.model.pos_enc"], df["params.hmm.gamma"],
+                                                                   strict=True)]
     runs = api.runs("hmmscope-sweeps")
     assert set(df["run_id"]) <= set(runs["run_id"]) and len(runs) == 5  # the 4 trials and their parent
     # metrics.*, params.* and tags.* columns as mlflow.search_runs has them
@@ -405,11 +455,11 @@ def test_the_printed_ui_command_lands_on_the_sweeps_answer_then_its_trials_in_a_
     params (before: all 201 metric and param columns hidden). MLflow 3.17 reads no columns from a URL; the
     trials URL names the sweep's shared view (viewStateShareKey), which holds them.
     A trial's Model metrics tab opens on its loss curves (the Loss section, first; before they sat below ~30
-    baseline/ and eval/ sections). Screenshots: out/test-artifacts/ui-sweep-smoke-answer.png,
+    baseline/ and eval/ sections), and `ui --run` opens that tab. Screenshots: out/test-artifacts/ui-sweep-smoke-answer.png,
     ui-sweep-smoke-trials.png, ui-sweep-smoke-trial-metrics.png."""
     store, r = smoke
     assert r.exit_code == 0, r.output
-    cmd = r.stdout.splitlines()[-1].split("browse: ", 1)[1].split()
+    cmd = next(ln for ln in r.stdout.splitlines() if ln.startswith("browse: ")).split("browse: ", 1)[1].split()
     assert cmd[:2] == ["hmmscope", "ui"]
     uri = f"sqlite:///{store}/mlruns/mlflow.db"
     trial_runs = [x for x in _runs(uri) if x.data.tags.get("hmmscope.kind") == "sweep-train"]
@@ -424,21 +474,28 @@ def test_the_printed_ui_command_lands_on_the_sweeps_answer_then_its_trials_in_a_
         shown = browser.render(answer, browser.ARTIFACTS, "ui-sweep-smoke-answer")
         dom = (browser.ARTIFACTS / "ui-sweep-smoke-answer.html").read_text()
         text = browser.render(trials, browser.ARTIFACTS, "ui-sweep-smoke-trials")
-        one = trial_runs[0].info  # a trial's metric charts: the loss curves first (MLflow orders sections by name)
-        charts = browser.render(f"{answer.split('#/', 1)[0]}#/experiments/{one.experiment_id}/runs/{one.run_id}/"
-                                "model-metrics?workflowType=machine_learning", browser.ARTIFACTS,
-                                "ui-sweep-smoke-trial-metrics")
+        # a trial's page as `hmmscope ui --run ID` prints it (tracking.target_url): its Model metrics tab (before: its
+        # Overview), the loss curves first (MLflow orders sections by name)
+        one = trial_runs[0].info
+        url = tracking.target_url(uri, answer.split("/#/", 1)[0], run_id=one.run_id[:8])
+        assert url.endswith(f"/runs/{one.run_id}/model-metrics?workflowType=machine_learning"), url
+        charts = browser.render(url, browser.ARTIFACTS, "ui-sweep-smoke-trial-metrics")
     sections = re.findall(r"(\S+) \((\d+)\) Add chart", charts)  # each section's header: name (charts) Add chart
-    assert sections[:2] == [("Loss", "2"), ("Objective/eval/seen", "1")], sections[:5]
+    assert sections[0] == ("Loss", "2") and not [x for x in sections if x[0].startswith("Objective")], sections[:5]
     assert "sweep-smoke" in shown and "comparison/objective.png" in shown, shown[:2000]
     # the artifact viewer shows the PNG itself (an <img> of the artifact, fetched as a blob)
     assert re.search(r'<img[^>]+alt="comparison/objective\.png"[^>]+src="blob:', dom), "no objective.png image shown"
     assert "Run Name" in text and "4 matching runs" in text, text[:2000]
     assert all(n in text for n in names), text[:2000]
-    assert "Sort: Objective/eval/seen/excess_ce" in text, text[:2000]
+    assert "Sort: eval/seen/excess_ce" in text, text[:2000]  # the objective, logged once (no Objective/ copy)
     heads = text.split("Run Name", 1)[1].split("Hide run", 1)[0]  # the header row, before the first run
-    for col in ("Objective/eval/seen/excess_ce", "hmm.gamma", "model.pos_enc"):  # visible columns
+    for col in ("eval/seen/excess_ce", "hmm.gamma", "model.pos_enc"):  # visible columns
         assert col in heads, (col, heads)
+    # each as wide as its header (before: 100 px cut the objective's to 'Objective/eval/s'): the rendered widths
+    dom = (browser.ARTIFACTS / "ui-sweep-smoke-trials.html").read_text()
+    for col, chars in (("metrics.`eval/seen/excess_ce`", 19), ("params.`model.pos_enc`", 13)):
+        (w,) = set(re.findall(rf'role="columnheader"[^>]*col-id="{re.escape(col)}"[^>]*width: (\d+)px', dom))
+        assert int(w) >= 7.5 * chars + 40, (col, w)
     assert "sweep-smoke" not in text.split("Run Name", 1)[1]  # the trials, flat; not the parent folding them
 
 
@@ -469,19 +526,34 @@ def test_main_job_end_to_end_small(store):
     small = [*TINY_TRAIN, "--set", "data.n_eval=24", "--set", "theory.gammas=[0.5, 0.9]",
              "--set", "theory.n_states=[8]", "--set", "theory.ranks=[2]", "--set", "theory.n_tokens=8",
              "--set", "theory.n_histories=100", "--set", "theory.lengths=[1, 2, 4, 8]", "--set", "theory.gamma_m=0"]
-    r = runner.invoke(app, ["run", *small])
+    r = Ran(store, "run", *small)  # a real process, its output to files: no terminal
     assert r.exit_code == 0, r.output
     assert "Figure 1" in r.output and "upper layers change less" in r.output
     assert "sweep smoke: 4 complete, 0 failed, 0 pruned of 4" in r.output
+    # off a terminal: tables as plain columns (before: a box-drawn 19-column Theorem 1 table, numbers broken across
+    # 6 lines), one short line per claim (before: 300-500 characters each), where the full text is said once
+    assert not set("│┃━─┏╇┡└") & set(r.stdout), r.stdout
+    head = r.stdout.splitlines().index(next(ln for ln in r.stdout.splitlines() if ln.startswith("Theorem 1 sweep")))
+    rows = r.stdout.splitlines()[head + 3:head + 5]  # title, header, rule, then one line per setting
+    assert [x.split()[3] for x in rows] == ["0.5", "0.9"], r.stdout  # S d rho gamma ...: each setting whole
+    claims = [ln for ln in r.stdout.splitlines() if ln.startswith("  [")]
+    assert len(claims) > 20 and max(map(len, claims)) < 200 and not any("statistic:" in c for c in claims)
+    assert "  (each claim's statistic and reason: hmmscope runs show " in r.stdout
+    assert "constrained_layout" not in r.stderr and "Warning" not in r.stderr, r.stderr  # figures laid out
     runs = _runs(tracking.default_tracking_uri())
     (main,) = [x for x in runs if x.info.run_name == "main"]
     kids = {x.info.run_name for x in runs if x.data.tags.get("mlflow.parentRunId") == main.info.run_id}
     assert "theory" in kids and main.info.status == "FINISHED"
     assert "train-rope-L1-g0.5-s0" in kids or any(k.startswith("train-") for k in kids), kids  # says what it is
     # the last lines open the results: hmmscope ui on the main run, then on the sweep (never a raw `mlflow ui
-    # --backend-store-uri`); the first line said where the run is, at once (also off a terminal)
-    assert r.stdout.splitlines()[-2:] == [f"browse: hmmscope ui --run {main.info.run_id}",
-                                          "browse: hmmscope ui --sweep smoke"]
+    # --backend-store-uri`), then the sweep's answer (the report's first sentence) and its report's HTML (before:
+    # its report.md, no answer); the first line said where the run is, at once (also off a terminal)
+    folder = store / "out" / f"main-{main.info.run_id[:8]}"  # everything the main job wrote, in its own folder
+    first = (folder / "smoke" / "report.md").read_text().split("## Answer\n\n", 1)[1].split("\n", 1)[0]
+    assert first.startswith("**RoPE - absolute on eval/seen/excess_ce: ") and first.endswith("**")
+    assert r.stdout.splitlines()[-4:] == [f"browse: hmmscope ui --run {main.info.run_id}",
+                                          "browse: hmmscope ui --sweep smoke", f"sweep smoke: {first.strip('*')}",
+                                          f"report: out/{folder.name}/smoke/report.html"]
     assert r.stdout.splitlines()[0] == f"main run {main.info.run_id} started; browse: hmmscope ui --run {main.info.run_id}"
     assert "mlflow ui" not in r.output and r.stdout.count("hmmscope ui --run") == 2
     # off a terminal the stages say how they go: a line per theory setting and per analysis phase (stderr)
@@ -493,7 +565,6 @@ def test_main_job_end_to_end_small(store):
     assert "[sweep-smoke](#/experiments/" in note
     assert all(x.data.tags.get("hmmscope.kind") for x in runs), [x.info.run_name for x in runs]  # every run its kind
     assert main.data.tags["hmmscope.analysis_run"] and main.data.tags["hmmscope.sweep_run"]
-    folder = store / "out" / f"main-{main.info.run_id[:8]}"  # everything the main job wrote, in its own folder
     assert (folder / "smoke" / "report.html").exists() and (folder / "theory" / "theory.png").exists()
     assert len(list(folder.glob("train-*/evaluation/figure1.p*"))) == 2 and f"out/{folder.name}" in r.output
 

@@ -188,9 +188,18 @@ def _check_figure1_artists(res):
     oracles' ceiling inside their y-range, log V in the CE panel, every predictor drawn, only the model's band and a
     few smoothed lines in the position panel (issue 29.7), the paired differences with a zero line, the run in the
     title."""
+    from figure_checks import layout_problems
+
     fig = build_figure1(res, title="run abc (12345678)")
     assert "run abc (12345678)" in fig._suptitle.get_text()
     assert len(fig.axes) == 4 * len(res.tasks)
+    # no title cut at the edge ("... model better" lost its ")"), no legend over a panel (the unseen accuracy-vs-k
+    # legend hid the task oracle's line; the position panel's covered the model): the predictors' legend is below
+    # the figure, once (issue 38.7)
+    assert layout_problems(fig) == []
+    (legend,) = fig.legends
+    shown = [t.get_text() for t in legend.get_texts()]
+    assert len(shown) == len(set(shown)) and f"chance (1/V = {1 / V:.3g})" in shown and "model" in shown
     for i, tasks in enumerate(res.tasks):
         acc_k, ce_k, acc_pos, diff = fig.axes[4 * i: 4 * i + 4]
         assert acc_k.get_title().startswith(f"{tasks} tasks")
@@ -198,7 +207,6 @@ def _check_figure1_artists(res):
         for ax in (acc_k, acc_pos):
             chance = [ln for ln in ax.get_lines() if ln.get_label().startswith("chance")]
             assert len(chance) == 1 and np.allclose(chance[0].get_ydata(), 1 / V)
-            assert any(t.get_text().startswith("chance") for t in ax.get_legend().get_texts())
             lo, hi = ax.get_ylim()
             assert lo <= 1 / V and hi >= top  # the mixture / task oracle ceiling is in view
         assert any(np.allclose(ln.get_ydata(), np.log(V)) for ln in ce_k.get_lines())

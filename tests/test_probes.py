@@ -153,11 +153,11 @@ def test_figure3_legends_with_five_ks():
     belief = [{"layer": l, "r2": 0.1 * l, "r2_lo": 0.1 * l - 0.02, "r2_hi": 0.1 * l + 0.02, "control_r2": 0.0}
               for l in range(4)]
     fig = ProbeResult(rows, belief, summary, [], {"n_episodes": 40}).figure(title="run q")
-    a3, b3, belief_ax = fig.axes
-    texts = {ax: [t.get_text() for t in ax.get_legend().get_texts()] for ax in (a3, b3, belief_ax)}
-    for ax in (a3, b3):
-        assert "chance (majority class)" in texts[ax] and "shuffled-label control" in texts[ax]
-    assert "(task, o_t) baseline" in texts[b3] and "chance (R^2 = 0)" in texts[belief_ax]
+    a3, b3, by_k, belief_ax = fig.axes  # 3b's chance and baselines: one number per k, in a panel of their own
+    texts = {ax: [t.get_text() for t in ax.get_legend().get_texts()] for ax in (a3, b3, by_k, belief_ax)}
+    assert "chance (majority class)" in texts[a3] and "chance (majority class)" in texts[by_k]
+    assert "shuffled-label control" in texts[a3] and "shuffled-label control" in texts[b3]
+    assert "(task, o_t) baseline" in texts[by_k] and "chance (R^2 = 0)" in texts[belief_ax]
     assert [x for x in texts[b3] if x.startswith("k = ")] == [f"k = {k}" for k in range(1, 6)]
     bars = [c for c in b3.containers if c.get_label().startswith("k = ")]
     colours = [tuple(c.lines[0].get_color()) for c in bars]

@@ -191,34 +191,40 @@ def test_the_report_leads_with_the_answer_in_words(store):
     assert md.index("## Answer") < md.index("## Sweep record") < md.index("## Positional encoding")
     answer = md[md.index("## Answer"):md.index("## Sweep record")]
     c = _claim(rep, "RoPE improves eval/excess_ce")  # planted: rope lower by 0.05
-    lo, hi = -c.ci_hi, -c.ci_lo
-    assert f"- RoPE lower excess CE by {abs(c.value):.3g} nats/token [{lo:.3g}, {hi:.3g}]: supported (RoPE better)" \
-        in answer
+    from hmmscope.units import value_ci
+
+    assert f"- RoPE - absolute on eval/excess_ce: {value_ci(c.value, c.ci_lo, c.ci_hi, 'nats/token')}, 3 seeds: RoPE " \
+           "better" in answer and c.value < 0  # the signed difference, as the tables show it
     acc = _claim(rep, "RoPE improves eval/test_acc")
-    assert f"- RoPE higher test accuracy by {acc.value:.3g} (fraction of test tokens)" in answer
+    assert f"- RoPE - absolute on eval/test_acc: {value_ci(acc.value, acc.ci_lo, acc.ci_hi)} fraction of test tokens" \
+        in answer
     assert answer.count("\n- ") == len(rep.claims)  # one sentence per verdict
     sec = md[md.index("## Positional encoding"):md.index("## Layerwise")]
     table = [ln for ln in sec.split("\n") if ln.startswith("| eval/")]
     assert table and all(len(ln) < 400 for ln in table)  # no paragraph per row
     method = next(x for x in sec.split("\n") if x.startswith("- [1] "))[len("- [1] "):]
     assert sec.count(method) == 1 and sec.count("| verdict [1] |") >= 2  # the method: once, below the table
-    assert f"RoPE lower excess CE by {abs(c.value):.3g} nats/token" in "\n".join(rep.summary_lines())  # the CLI too
+    assert f"RoPE - absolute on eval/excess_ce: {value_ci(c.value, c.ci_lo, c.ci_hi, 'nats/token')}" in "\n".join(
+        rep.summary_lines())  # the CLI too
 
 
 def test_verdict_sentences_say_the_sign_in_words():
+    """The signed difference rope - absolute, as the tables and figures show it (before: 'RoPE lower ... by' with the
+    CI of the magnitude, the table's sign flipped); test_report_design.py has the rest."""
     from hmmscope.report.common import verdict_sentence
     from hmmscope.stats import Claim
 
     def c(name, v, lo, hi, verdict):
-        return Claim(name, "rope - absolute", v, lo, hi, verdict, "", "< 0")
+        return Claim(name, "rope - absolute; 3 seed units", v, lo, hi, verdict, "", "< 0")
 
     assert verdict_sentence(c("RoPE improves eval/seen/excess_ce", -0.059, -0.108, -0.010, "supported")) == \
-        "RoPE lower excess CE (seen tasks) by 0.059 nats/token [0.01, 0.108]: supported (RoPE better)"
+        "RoPE - absolute on eval/seen/excess_ce: -0.0590 [-0.1080, -0.0100] nats/token, 3 seeds: RoPE better"
     assert verdict_sentence(c("RoPE improves eval/seen/excess_ce", 0.0118, -0.11, 0.134, "inconclusive")) == \
-        "RoPE higher excess CE (seen tasks) by 0.0118 nats/token [-0.11, 0.134]: inconclusive (no detectable difference)"
+        "RoPE - absolute on eval/seen/excess_ce: 0.012 [-0.110, 0.134] nats/token, 3 seeds: no detectable difference"
     assert verdict_sentence(c("RoPE improves eval/seen/kl_mix", 0.02, 0.01, 0.03, "not supported")).endswith(
-        ": not supported (RoPE worse)")
-    assert verdict_sentence(c("k <= 4", 1.73, 1.23, 2.22, "supported")) == "k <= 4: 1.73 [95% CI 1.23, 2.22]: supported"
+        ": RoPE worse")
+    assert verdict_sentence(Claim("k <= 4", "", 1.73, 1.23, 2.22, "supported", "", "<= 4")) == \
+        "k <= 4: 1.730 [1.230, 2.220]: supported"
 
 
 def test_posenc_figure_never_joins_blocks_and_says_units_and_the_better_side():
@@ -241,7 +247,8 @@ def test_posenc_figure_never_joins_blocks_and_says_units_and_the_better_side():
     for ln in top.get_lines():  # within one block (x = 0 or 1, +- 0.25): never from gamma 0.5 to 0.9
         x = [float(v) for v in ln.get_xdata()]
         assert max(x) - min(x) < 0.5, x
-    assert top.get_ylabel() == "eval/excess_ce (nats/token)" and bottom.get_ylabel() == "rope - absolute (nats/token)"
+    assert top.get_ylabel() == "nats/token" and top.get_title() == "eval/excess_ce"  # the unit; the metric above
+    assert bottom.get_ylabel() == "rope - absolute (nats/token)"
     labels = {t.get_text(): t.get_position()[1] for t in bottom.texts}
     assert labels["RoPE better"] < 0 < labels["RoPE worse"]  # lower CE is better: below zero
     assert est.value == pytest.approx(-0.002)

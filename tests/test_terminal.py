@@ -145,7 +145,9 @@ def test_sweep_run_in_a_real_terminal_keeps_one_bar(tmp_path):
     assert len([x for x in lines if re.fullmatch(r"worker \d+: ran \d+ trials", x)]) == 2
     (bar,) = [x for x in lines if x.startswith("sweep tty ") and "/2" in x]  # ONE bar: no stale copies
     assert " 2/2 " in bar and "2 done, 0 failed, 0 running" in bar
-    assert lines[-2].startswith("sweep tty: 2 complete, 0 failed") and lines[-1].endswith("hmmscope ui --sweep tty")
+    assert lines[-4].startswith("sweep tty: 2 complete, 0 failed") and lines[-3].endswith("hmmscope ui --sweep tty")
+    assert lines[-2].startswith("sweep tty: Best of ") and lines[-1] == "report: out/tty/report.html", lines[-4:]
+    assert not re.match(r"\d{4}-\d\d-\d\d ", bar)  # on a terminal: no time stamps
 
 
 def test_train_off_a_terminal_prints_its_run_then_plain_progress_lines(tmp_path):
@@ -168,12 +170,18 @@ def test_train_off_a_terminal_prints_its_run_then_plain_progress_lines(tmp_path)
     assert re.fullmatch(r"run ([0-9a-f]{32}) started; browse: hmmscope ui --run \1", first), first
     assert "\x1b" not in stdout + stderr and "\r" not in stdout + stderr  # plain text: no bar, no spinner
     lines = stderr.splitlines()
-    assert lines[0] == "train: setting up: data, oracles, model ..."
-    steps = [re.fullmatch(r"train: step (\d+)/400, loss \d+\.\d{4}, [\d,]+ tokens/s, ETA (\d+:\d\d:\d\d|\?)", ln)
-             for ln in lines if ln.startswith("train: step ")]
+    # each progress line with the local date and time first (before: none; Slurm and nohup logs add none)
+    stamp = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) "
+    assert re.fullmatch(stamp + r"train: setting up: data, oracles, model \.\.\.", lines[0]), lines[0]
+    steps = [re.fullmatch(stamp + r"train: step (\d+)/400, loss \d+\.\d{4}, [\d,]+ tokens/s, ETA (\d+:\d\d:\d\d|\?)", ln)
+             for ln in lines if "train: step " in ln]
     assert len(steps) >= 2 and all(steps), lines
-    done = [int(m.group(1)) for m in steps]
-    assert done == sorted(done) and done[-1] == 400 and steps[-1].group(2) == "0:00:00"
+    done = [int(m.group(2)) for m in steps]
+    assert done == sorted(done) and done[-1] == 400 and steps[-1].group(3) == "0:00:00"
+    import datetime as dt
+
+    times = [dt.datetime.fromisoformat(m.group(1)) for m in steps]
+    assert times == sorted(times) and abs((dt.datetime.now() - times[-1]).total_seconds()) < 600  # local, now-ish
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="python's pty module on Linux")

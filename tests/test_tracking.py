@@ -302,13 +302,6 @@ def test_each_run_kind_logs_its_own_config_sections():
     assert len(theory) == 14 and "theory.draws" in theory and all(k.startswith("theory.") for k in theory)
 
 
-def test_objective_key_sorts_before_every_metric_key_we_log():
-    keys = ["claim/x/value", "eval/excess_ce", "memory/model_tv", "oracle/loss", "probe/task/layer1/acc",
-            "shuffle/layer0/norm_change", "sweep/complete", "theory/rate", "train/loss", "val/excess_ce", "analysis/s"]
-    for objective in ("eval/excess_ce", "theory/rate", "val/loss", "claim/x/value"):
-        assert sorted([*keys, tracking.objective_key(objective)])[0] == f"Objective/{objective}"
-
-
 def test_claims_are_a_logged_table_mlflow_can_load(tmp_path, monkeypatch):
     from hmmscope.stats import Claim
 
@@ -394,8 +387,12 @@ def test_run_ids_take_a_unique_prefix_of_six_or_more_characters(tmp_path):
     rid = run.run_id
     assert tracking.resolve_run_id(uri, rid[:6]) == rid and tracking.resolve_run_id(uri, rid[:6].upper()) == rid
     assert tracking.get_run(uri, rid[:8]).info.run_id == rid
-    assert tracking.resolve_run_id(uri, rid[:5]) == rid[:5]  # too short to be a prefix: as given, then "no run"
-    assert tracking.get_run(uri, rid[:5]) is None and tracking.resolve_run_id(uri, "not-hex") == "not-hex"
+    with pytest.raises(ValueError, match=rf"run id prefix '{rid[:5]}' is too short: a prefix of a run id needs at "
+                                         "least 6 characters \\(5 given\\)"):  # as git says it
+        tracking.resolve_run_id(uri, rid[:5])
+    with pytest.raises(ValueError, match="too short"):
+        tracking.get_run(uri, rid[:1])
+    assert tracking.resolve_run_id(uri, "not-hex") == "not-hex" and tracking.get_run(uri, "not-hex") is None
     other = ("0" if rid[0] != "0" else "1") * 6
     assert tracking.resolve_run_id(uri, other) == other and tracking.get_run(uri, other) is None
     # a second run whose id shares the first 7 characters (copied row by row in the store itself)
@@ -433,10 +430,13 @@ def test_a_sweeps_trials_view_is_mlflows_shared_view_with_the_objective_as_a_col
     tag = json.loads(tracking.client(uri).get_experiment(eid).tags["mlflow.sharedViewState.hmmscope-sweep-s1"])
     assert tag["name"] == "sweep s1: trials" and isinstance(tag["createdAt"], int)
     state = json.loads(tag["state"])
+    cols = ["metrics.`eval/seen/excess_ce`", "params.`hmm.gamma`", "params.`model.pos_enc`", "params.`train.seed`"]
     assert state == {"searchFilter": f"tags.mlflow.parentRunId = '{pid}'",
-                     "orderByKey": "metrics.`Objective/eval/seen/excess_ce`", "orderByAsc": True,
-                     "selectedColumns": ["metrics.`Objective/eval/seen/excess_ce`", "params.`hmm.gamma`",
-                                         "params.`model.pos_enc`", "params.`train.seed`"]}
+                     "orderByKey": "metrics.`eval/seen/excess_ce`", "orderByAsc": True,  # the objective, logged once
+                     "selectedColumns": cols,
+                     "columnOrder": ["attributes.`Run Name`", "runDateAndNestInfo", "duration", *cols],
+                     "columnWidths": {c: tracking.search.column_width(c) for c in cols}}
+    assert state["columnWidths"][cols[0]] >= 7.5 * len("eval/seen/excess_ce") + 40  # the whole header shows
     assert tracking.sweep_urls(uri, base, "s1")[1] == \
         f"{base}/#/experiments/{eid}/runs?workflowType=machine_learning&viewStateShareKey=hmmscope-sweep-s1"
     before = tracking.client(uri).get_experiment(eid).tags["mlflow.sharedViewState.hmmscope-sweep-s1"]

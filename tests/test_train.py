@@ -335,7 +335,8 @@ def test_compile_knob():
     assert small(**{"train.compile": True}).train.compile == "true"
     assert small(**{"train.compile": "false"}).train.compile == "false"
     assert from_flat({**flatten(small()), "train.compile": False}).train.compile == "false"
-    with pytest.raises(ConfigError, match=r"train.compile must be one of \('auto', 'true', 'false', 'blocks'\), got 'yes'"):
+    with pytest.raises(ConfigError, match=r"train.compile must be one of \('auto', 'true', 'false', 'blocks', 'blocks-head', "
+                                          r"'model-autotune', 'model-graphs'\), got 'yes'"):
         small(**{"train.compile": "yes"})
 
 

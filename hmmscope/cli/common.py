@@ -199,11 +199,17 @@ def progress():
                     transient=True, disable=not sys.stderr.isatty(), console=console(stderr=True))
 
 
-def print_table(title: str, rows: list[dict[str, Any]]) -> None:
-    """Rows (dicts with the same keys) as a rich table on stdout; nothing for no rows."""
+def print_table(title: str, rows: list[dict[str, Any]], *, plain: bool | None = None) -> None:
+    """Rows (dicts with the same keys) as a rich table on a terminal; off one (a file, a pipe, Slurm) or with `plain`,
+    the title and plain columns (`plain_table`: no box characters, no cell folded across lines); nothing for no
+    rows."""
     from rich.table import Table
 
     if not rows:
+        return
+    if plain if plain is not None else not sys.stdout.isatty():
+        typer.echo(title)
+        typer.echo(plain_table([str(c) for c in rows[0]], [list(r.values()) for r in rows]))
         return
     table = Table(title=title, title_justify="left")
     for col in rows[0]:
@@ -243,33 +249,51 @@ def print_files(files) -> None:
         typer.echo(f"figures: {', '.join(figs)}")
 
 
-def print_claims(title: str, claims) -> None:
-    """One line per claim (never folded, so names stay greppable): verdict, claim, value, 95% CI, the decision
-    rule that gives the verdict from that CI (stats.decide), the statistic, and the reason."""
+def print_claims(title: str, claims, *, full: bool | None = None, where: str | None = None) -> None:
+    """One line per claim (never folded, so names stay greppable): verdict, claim, value, 95% CI and the decision
+    rule that gives the verdict from that CI (stats.decide); with `full` (default: on a terminal) also the statistic
+    and the reason. Off a terminal the short form, and once below, where the full text is (`where`, e.g. `hmmscope
+    runs show ID`; the claims also sit in the run's claims.json and the output folder's JSON)."""
+    full = sys.stdout.isatty() if full is None else full
     typer.echo(title)
     for c in claims:
-        typer.echo(f"  [{c.verdict}] {c.name} = {c.value:.4g} [95% CI {c.ci_lo:.4g}, {c.ci_hi:.4g}]; "
-                   f"rule {c.rule or '-'}; statistic: {c.statistic}; reason: {c.reason}")
+        line = f"  [{c.verdict}] {c.name} = {c.value:.4g} [95% CI {c.ci_lo:.4g}, {c.ci_hi:.4g}]; rule {c.rule or '-'}"
+        typer.echo(line + (f"; statistic: {c.statistic}; reason: {c.reason}" if full else ""))
+    if not full and claims and where:
+        typer.echo(f"  (each claim's statistic and reason: {where})")
+
+
+def progress_echo(msg: str) -> None:
+    """A progress line on stderr; off a terminal (a log file, nohup, Slurm) with the local date and time first
+    (`progress.stamp`)."""
+    from ..training.progress import stamp
+
+    typer.echo(msg if sys.stderr.isatty() else stamp(msg), err=True)
 
 
 class Spinner:
     """A spinner on stderr while something silent runs, on a terminal (nothing with no text). Off a terminal,
     with `plain` (a prefix such as "train"), the text once as a plain line on stderr, `<plain>: <text> ...`, so
     a log file shows the phase; else nothing. A context manager; `stop()` ends it early (idempotent, and clears
-    its line), e.g. before a line is printed or when another display takes over."""
+    its line), e.g. before a line is printed or when another display takes over; with `deferred`, entering it shows
+    nothing until `start()`."""
 
-    def __init__(self, text: str | None, console=None, plain: str | None = None):
-        self.text, self._status, self.plain = text, None, plain
+    def __init__(self, text: str | None, console=None, plain: str | None = None, deferred: bool = False):
+        self.text, self._status, self.plain, self.deferred = text, None, plain, deferred
         self.console = console
 
     def __enter__(self):
+        if not self.deferred:  # deferred: `start()` begins it (e.g. once a line it must follow is printed)
+            self.start()
+        return self
+
+    def start(self) -> None:
         out = self.console or console(stderr=True)
         if self.text and out.is_terminal:
             self._status = out.status(self.text, spinner="dots")
             self._status.__enter__()
         elif self.text and self.plain:
-            typer.echo(f"{self.plain}: {self.text} ...", err=True)
-        return self
+            progress_echo(f"{self.plain}: {self.text} ...")
 
     def stop(self) -> None:
         status, self._status = self._status, None

@@ -40,6 +40,7 @@ from .common import (
     print_claims,
     print_files,
     print_metrics,
+    progress_echo,
     user_errors,
 )
 from .theory import print_theory
@@ -51,15 +52,16 @@ RunIdArg = "MLflow run id of a training run (or a unique prefix of it, at least 
 
 def headline(metrics: dict, tags: dict | None = None) -> str | None:
     """Figure 1 in one line: the model's test CE beside the task oracle, the mixture oracle, the family's Bayes
-    predictor and the best counting baseline (nats/token), the model minus the best counting baseline with its
+    predictor and the best counting baseline (nats/token), every one on the same task set (on unseen tasks the
+    mixture oracle over the training tasks is a reference only), the model minus the best counting baseline with its
     95% CI, and the regime the evaluation names (tag hmmscope.regime: retrieval, counting, inference beyond
     counting, undetermined). On unseen tasks (the model's generalization) when measured, else on seen tasks;
     a reference not measured is left out; None when there is no test CE at all."""
     tasks = "unseen" if "eval/unseen/test_ce" in metrics else "seen" if "eval/seen/test_ce" in metrics else None
     if tasks is None:
         return None
-    mix = "mixture oracle" + (" (seen tasks)" if tasks == "unseen" else "")
-    refs = [("task oracle", f"eval/{tasks}/oracle_task_test_ce"), (mix, "eval/seen/oracle_mix_test_ce"),
+    mix = "mixture oracle" + (" (training tasks)" if tasks == "unseen" else "")  # scored on the same tasks
+    refs = [("task oracle", f"eval/{tasks}/oracle_task_test_ce"), (mix, f"eval/{tasks}/oracle_mix_test_ce"),
             ("family Bayes", f"baseline/{tasks}/family_bayes/ce"), ("best counting", f"baseline/{tasks}/best_counting/ce")]
     got = [f"{name} {metrics[k]:.4f}{_flag(metrics, k)}" for name, k in refs if k in metrics]
     line = f"result ({tasks} tasks, test CE, nats/token): model {metrics[f'eval/{tasks}/test_ce']:.4f}"
@@ -98,9 +100,10 @@ def train_cmd(
 ) -> None:
     """Train a transformer on HMM-mixture episodes (one MLflow run; checkpoints as artifacts).
 
-    Prints its run id and browse line at once; then, on a terminal, a bar, else a plain progress line every
-    HMMSCOPE_PROGRESS_S seconds (default 30) and one per phase; at the end one headline line (the model vs the
-    oracles and the best counting baseline, and the regime)."""
+    Prints its run id and browse line as soon as the run opens (before the data and the references); then, on a
+    terminal, a bar, else a plain progress line every HMMSCOPE_PROGRESS_S seconds (default 30) and one per phase; at
+    the end one headline line (the model vs the oracles and the best counting baseline on one task set, and the
+    regime) and Figure 1's claims, one short line each."""
     from ..training.deadline import process_age_s  # the standard library only
 
     t_cmd = time.monotonic() - process_age_s()  # the deadline counts from the process's start (imports included)
@@ -129,11 +132,11 @@ def train_cmd(
     checks.duration(train_flops(cfg), device=str(dev), force=force, what=f"training {cfg.train.steps:,} steps")
     # a spinner over the silent setup (data, oracles, model, the run), stopped by the step-0 evaluation, which
     # comes just before training's own bar; a resumed run has no such evaluation, and no spinner
-    setup = Spinner("setting up: data, oracles, model" if resume is None else None, plain="train")
+    setup = Spinner("setting up: data, oracles, model" if resume is None else None, plain="train", deferred=True)
 
-    def started(rid: str) -> None:  # the spinner's line cleared first: the id is printed on a line of its own
-        setup.stop()
+    def started(rid: str) -> None:  # the run opens before the setup: its id first, on a line of its own, then the spinner
         typer.echo(f"run {rid} {'resumed' if resume else 'started'}; {tracking.browse_line(uri, run_id=rid)}")
+        setup.start()
 
     # one writer per run: a resume takes the run's lease before any work (of two started together, one runs, the
     # other stops here with one line naming it) and keeps it to the end of the command
@@ -166,11 +169,12 @@ def train_cmd(
     line = headline(metrics, tracking.get_run(uri, res.run_id).data.tags)
     if line:
         typer.echo(line)
+    if claims:  # one short line each: the headline has the numbers and the regime (the statistics: runs show)
+        print_claims("Figure 1's claims (retrieval gap; unseen tasks: in-context gain, model vs best counting)", claims,
+                     full=verbose)
     if not verbose:
-        typer.echo(f"every metric: hmmscope runs show {res.run_id[:8]}  (or train --verbose)")
-    if claims:
-        print_claims("Figure 1 (retrieval gap; unseen tasks: in-context gain, model vs best counting)", claims)
-        typer.echo(regime_line(metrics, getattr(ev, "regime", None)))
+        typer.echo(f"every metric, and each claim's statistic and reason: hmmscope runs show {res.run_id[:8]}  (or "
+                   "train --verbose)")
     print_files(files)
     if res.stopped is not None:
         again = ["hmmscope", "train", "--preset", str(preset_.value)]
@@ -193,6 +197,14 @@ def _flag(m, key: str) -> str:
     parts = key.split("/")
     flagged = len(parts) == 4 and parts[0] == "baseline" and m.get("/".join(parts[:3]) + "/degenerate")
     return " (DEGENERATE, not used)" if flagged else ""
+
+
+def print_answer(study: str, report) -> None:
+    """A sweep's last two lines: its answer in one sentence (the report's first, `sweep.compare.answer`) and the
+    report's HTML (figures embedded)."""
+    if report.answer:
+        typer.echo(f"sweep {study}: {report.answer}")
+    typer.echo(f"report: {report.files.get('html')}")
 
 
 def regime_line(m, regime: str | None = None) -> str:
@@ -248,7 +260,8 @@ def evaluate_cmd(
     line = headline(metrics, tracking.get_run(uri, run_id).data.tags)
     if line:
         typer.echo(line)
-    print_claims("Figure 1 (retrieval gap; unseen tasks: in-context gain, model vs best counting)", metrics.claims)
+    print_claims("Figure 1 (retrieval gap; unseen tasks: in-context gain, model vs best counting)", metrics.claims,
+                 where=f"hmmscope runs show {run_id[:8]}")
     typer.echo(regime_line(metrics))
     print_files(metrics.files)
 
@@ -318,9 +331,9 @@ def analyze_cmd(
         res = analyze_run(uri, target, device=device or "auto", n_episodes=n_episodes, ks=tuple(k_list),
                           n_perms=n_perms, seed=seed, experiment=experiment, out=out,
                           probe_tasks=probe_tasks, min_per_task=min_per_task, probe_jobs=jobs, probe_fits=probe_fits,
-                          progress=lambda m: typer.echo(m, err=True))
+                          progress=progress_echo)
     print_claims(f"claims (analysis run {res.run_id}; shuffle {res.seconds['shuffle_s']:.0f} s, "
-                 f"probes {res.seconds['probes_s']:.0f} s)", res.claims)
+                 f"probes {res.seconds['probes_s']:.0f} s)", res.claims, where=f"hmmscope runs show {res.run_id[:8]}")
     print_files(res.files)
 
 
@@ -341,7 +354,9 @@ def run_cmd(
     """The main job: theory sweep, training + Figure 1, layerwise analysis, a small training sweep and its report.
 
     Prints its main run's id and browse line at once (the sweep's when it starts), a line per stage and, off a
-    terminal, training's plain progress lines; at the end the two browse lines: the main run and the sweep."""
+    terminal, training's plain progress lines; at the end the two browse lines (the main run, the sweep), then the
+    sweep's answer in one sentence and its report's HTML. Off a terminal, tables as plain columns and one short
+    line per claim (the full text: `hmmscope runs show ID`)."""
     cfg = build_config(preset_, config, set_, {"train.device": device})
     if print_config:
         return echo_config(cfg)
@@ -366,14 +381,14 @@ def run_cmd(
 
     def sweep_and_report(spec, report_dir):  # the jobs layer reaches the sweep layer only through this
         typer.echo(f"sweep {spec.name}: {tracking.browse_line(uri, sweep=spec.name)}")
-        sw = run_sweep(spec, workers=workers, uri=uri, log=lambda m: typer.echo(m, err=True))  # workers' lines too
+        sw = run_sweep(spec, workers=workers, uri=uri, log=progress_echo)  # workers' lines too
         return sw, build_report(uri, sw.parent_run_id, report_dir, storage=sw.storage)
 
     with sigterm_interrupts():  # off a terminal too: the run id at once, a line per stage, training's progress lines
         res = main_job(cfg, uri, experiment, out, sweep_spec=parse_spec(MAIN_SWEEP, "hmmscope.jobs.MAIN_SWEEP"),
                        sweep=sweep_and_report, progress=True,
-                       on_stage=lambda s: typer.echo(f"[hmmscope run] {s} ...", err=True),
-                       log=None if sys.stderr.isatty() else (lambda m: typer.echo(m, err=True)),
+                       on_stage=lambda s: progress_echo(f"[hmmscope run] {s} ..."),
+                       log=None if sys.stderr.isatty() else progress_echo,
                        on_start=lambda rid: typer.echo(f"main run {rid} started; {tracking.browse_line(uri, run_id=rid)}"))
     m = res.eval_metrics
     typer.echo("")
@@ -384,15 +399,19 @@ def run_cmd(
     typer.echo(f"unseen tasks: model acc {m['eval/unseen/test_acc']:.3f}, task oracle "
                f"{m['eval/unseen/oracle_task_test_acc']:.3f}; in-context bigram "
                f"{m['baseline/unseen/incontext_bigram/acc']:.3f}, in-context HMM {m['baseline/unseen/incontext_hmm/acc']:.3f}")
-    print_claims("Figure 1 (retrieval gap; unseen tasks: in-context gain, model vs best counting)", m.claims)
-    print_theory(res.theory, cfg.theory, detail=False)
-    print_claims(f"layerwise analysis (run {res.analysis.run_id})", res.analysis.claims)
+    print_claims("Figure 1 (retrieval gap; unseen tasks: in-context gain, model vs best counting)", m.claims,
+                 where=f"hmmscope runs show {res.train_id[:8]}")
+    print_theory(res.theory, cfg.theory, detail=False,
+                 where=f"hmmscope runs show {res.theory_id[:8]}" if res.theory_id else None)
+    print_claims(f"layerwise analysis (run {res.analysis.run_id})", res.analysis.claims,
+                 where=f"hmmscope runs show {res.analysis.run_id[:8]}")
     sw = res.sweep
     typer.echo(f"sweep {sw.study_name}: {sw.complete} complete, {sw.failed} failed, {sw.pruned} pruned of "
-               f"{sw.n_trials}; report: {res.report.files.get('md')}")
+               f"{sw.n_trials}")
     typer.echo(f"MLflow: parent run {res.parent_id} (train {res.train_id}, theory {res.theory_id}) in experiment "
                f"{experiment!r}; sweep parent run {sw.parent_run_id}")
     typer.echo(f"files (figures, tables, report): {res.folder}")
     typer.echo(regime_line(m))
     typer.echo(tracking.browse_line(uri, run_id=res.parent_id))
     typer.echo(tracking.browse_line(uri, sweep=sw.study_name))
+    print_answer(sw.study_name, res.report)

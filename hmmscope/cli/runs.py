@@ -60,30 +60,64 @@ def runs_list_cmd(
 
     df = _api(api.runs, experiment, tracking_uri=tracking_uri, filter_string=filter_ or "", order_by=order_by)
     keys = list(dict.fromkeys([*(metric or []), *_order_metrics(order_by or [])]))
-    cols = [*api.RUN_COLUMNS, *(f"metrics.{k}" for k in keys)]
+    cols = [*api.LIST_COLUMNS, *(f"metrics.{k}" for k in keys)]
     shown = df.reindex(columns=cols).head(limit)
     typer.echo(plain_table(cols, shown.values.tolist()))
     typer.echo(f"{len(shown)} of {len(df)} run(s)")
+
+
+SHOW_INFO = ("run_id", "run_name", "experiment", "status", "kind", "start_time", "end_time", "duration_s", "parent_id")
+
+
+def _stat(keys, noun: str) -> str:
+    """'256 metrics (eval 120, baseline 80, ...)': how many keys, by their first path part, most first (as git show
+    --stat says which files changed before the diff)."""
+    from collections import Counter
+
+    keys = list(keys)
+    by = Counter(k.split("/", 1)[0] if "/" in k else k.split(".", 1)[0] for k in keys)
+    parts = ", ".join(f"{g} {n}" for g, n in sorted(by.items(), key=lambda x: (-x[1], x[0])))
+    return f"{len(keys)} {noun}" + (f" ({parts})" if parts else "")
 
 
 @app.command("show")
 @user_errors
 def runs_show_cmd(
     run_id: Annotated[str, typer.Argument(help="MLflow run id, or a unique prefix of it (at least 6 characters).")],
+    keys: Annotated[str | None, typer.Option("--keys", "-k", help="Only the params, metrics and tags whose key "
+                                             "matches: a glob (eval/unseen/*, model.*) or, without * ? [, a substring "
+                                             "(excess_ce).")] = None,
     tracking_uri: UriOpt = None,
 ) -> None:
-    """One run: what it is, its params, its metrics (last values), its tags and its claims."""
+    """One run, summary first: what it is, how many params, metrics, tags and claims it has (by group), its claims
+    (one line each), then its params, metrics (last values) and tags, those --keys matches. MLflow's bookkeeping tags
+    (mlflow.*) and the run's lease (hmmscope.lease) are left out."""
     from .. import api
 
     r = _api(api.run, run_id, tracking_uri=tracking_uri)
-    typer.echo(plain_table(["field", "value"], [[k, v] for k, v in r["info"].items()]))
+    info = r["info"]
+    typer.echo(plain_table(["field", "value"], [[k, info[k]] for k in SHOW_INFO]
+                           + ([["note", r["tags"]["mlflow.note.content"]]] if "mlflow.note.content" in r["tags"] else [])))
+    claims = r["claims"]
+    verdicts = claims["verdict"].value_counts() if len(claims) else {}
+    typer.echo(f"\nsummary: {_stat(r['params'], 'params')}, {_stat(r['metrics'], 'metrics')}, {len(r['tags'])} tags, "
+               f"{len(claims)} claims" + (": " + ", ".join(f"{n} {v}" for v, n in verdicts.items()) if len(claims)
+                                          else ""))
+    if len(claims):
+        typer.echo("claims:")
+        for c in claims.itertuples(index=False):
+            typer.echo(f"  [{c.verdict}] {c.claim} = {c.value:.4g} [95% CI {c.ci_lo:.4g}, {c.ci_hi:.4g}]; "
+                       f"rule {c.rule or '-'}")
+    match = api.key_matcher(keys)
+    shown = 0
     for title, d in (("params", r["params"]), ("metrics", r["metrics"]), ("tags", r["tags"])):
-        if d:
+        picked = sorted(k for k in d if match(f"{title}.{k}"))
+        if picked:
+            shown += len(picked)
             typer.echo(f"\n{title}:")
-            typer.echo(plain_table(["key", "value"], [[k, d[k]] for k in sorted(d)]))
-    if len(r["claims"]):
-        typer.echo("\nclaims:")
-        typer.echo(plain_table(list(r["claims"].columns), r["claims"].values.tolist()))
+            typer.echo(plain_table(["key", "value"], [[k, d[k]] for k in picked]))
+    if keys:
+        typer.echo(f"\n{shown} key(s) matching {keys!r}")
 
 
 @app.command("compare")

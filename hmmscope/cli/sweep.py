@@ -18,7 +18,18 @@ from typing import Annotated
 import typer
 
 from .. import checks, store_checks
-from .common import ForceOpt, StorageOpt, UriOpt, console, echo_config, parse_sets, plain_table, print_table, user_errors
+from .common import (
+    ForceOpt,
+    StorageOpt,
+    UriOpt,
+    console,
+    echo_config,
+    nonempty_path,
+    parse_sets,
+    plain_table,
+    progress_echo,
+    user_errors,
+)
 
 app = typer.Typer(no_args_is_help=True, help="Optuna sweeps: every trial an MLflow run under one parent run.")
 
@@ -30,9 +41,10 @@ class SweepProgress:
     """run_sweep's `progress` callback, called with the trial counts about once a second.
 
     On a terminal: a rich bar on stderr (finished of all trials; done, failed, running; ETA). Otherwise one
-    plain line on stderr each time the counts change. ETA: the trials left over the rate at which trials
-    finished since the first count (a resumed sweep's earlier trials do not count toward the rate);
-    "?" until one has finished. done = complete + pruned; failed = failed for good (retried ones are not).
+    plain line on stderr each time the counts change, with the date and time first (`progress_echo`). ETA: the
+    trials left over the rate at which trials finished since the first count (a resumed sweep's earlier trials do
+    not count toward the rate); "?" until one has finished. done = complete + pruned; failed = failed for good
+    (retried ones are not).
     """
 
     def __init__(self, name: str, n_trials: int, *, tty: bool | None = None, echo=None, clock=None):
@@ -40,7 +52,7 @@ class SweepProgress:
 
         self.name, self.n = name, n_trials
         self.tty = sys.stderr.isatty() if tty is None else tty
-        self.echo = echo or (lambda m: typer.echo(m, err=True))
+        self.echo = echo or progress_echo
         self.clock = clock or time.monotonic
         self.t0, self.base, self.last, self.bar, self.task = 0.0, None, None, None, None
 
@@ -123,8 +135,13 @@ def sweep_run_cmd(
                                                    "refused. Part of the sweep's identity: a study created without "
                                                    "it is not resumed with it (rename the sweep), except the run-time "
                                                    "keys train.device and train.compile.")] = None,
+    report: Annotated[bool, typer.Option("--report/--no-report", help="When every trial is done, write the sweep's "
+                                         "report (hmmscope report) and end with its answer and its HTML.")] = True,
+    out: Annotated[Path | None, typer.Option(parser=nonempty_path, help="The report's folder (default "
+                                             "out/NAME).")] = None,
 ) -> None:
-    """Create or resume the study and run it to the end with local workers."""
+    """Create or resume the study and run it to the end with local workers; then its report: the last two lines are
+    the sweep's answer in one sentence and the report's HTML."""
     from ..sweep.spec import load_spec, with_sets
 
     s = with_sets(load_spec(bundled_spec(spec)), parse_sets(set_))
@@ -135,6 +152,8 @@ def sweep_run_cmd(
                            ("hmm", "data", "model", "train", "eval"))
     storage = store_checks.optuna_storage(storage or s.storage or None)
     uri = store_checks.tracking_store(tracking_uri)
+    if report:
+        out = checks.output_dir(out or Path("out") / s.name, "--out", explicit=out is not None)
     checks.workers(workers, force=force)
     checks.sweep_memory(s, workers=workers, force=force)
     from .. import tracking
@@ -149,7 +168,15 @@ def sweep_run_cmd(
         typer.echo(f"sweep {res.study_name} is already complete: nothing to do")
     typer.echo(f"sweep {res.study_name}: {res.complete} complete, {res.failed} failed, {res.pruned} pruned of "
                f"{res.n_trials} ({res.retried} retried); MLflow parent run {res.parent_run_id}")
-    typer.echo(f"report: hmmscope report {res.study_name}    {tracking.browse_line(uri, sweep=res.study_name)}")
+    done = res.finished and not res.failed and not res.crashed_workers
+    if report and done:
+        from ..report import build_report
+        from .jobs import print_answer
+
+        typer.echo(tracking.browse_line(uri, sweep=res.study_name))
+        print_answer(res.study_name, build_report(uri, res.parent_run_id, out, storage=res.storage))
+    else:
+        typer.echo(f"report: hmmscope report {res.study_name}    {tracking.browse_line(uri, sweep=res.study_name)}")
     if res.killed_workers:
         typer.echo(f"warning: {len(res.killed_workers)} worker(s) were killed (exit codes {res.killed_workers}: "
                    "minus the signal); their trials were retried", err=True)
@@ -181,7 +208,7 @@ def sweep_worker_cmd(
     spec_of_study(study, storage)  # an unknown study fails here, before any trial
     if gpu is not None:
         pin_gpu(gpu)
-    n = run_worker(study, storage, uri, max_trials=max_trials, log=lambda m: typer.echo(m, err=True))
+    n = run_worker(study, storage, uri, max_trials=max_trials, log=progress_echo)
     typer.echo(f"worker ran {n} trial(s) of {study}")
 
 
@@ -241,7 +268,9 @@ def sweep_list_cmd(storage: StorageOpt = None) -> None:
     from ..sweep.studies import list_studies
 
     rows = list_studies(url)
-    print_table(f"studies in {safe_url(url)}", rows)
+    typer.echo(f"studies in {safe_url(url)}")
+    if rows:  # plain columns, as `runs list` and `sweep status` print them
+        typer.echo(plain_table(list(rows[0]), [list(r.values()) for r in rows]))
     typer.echo(f"{len(rows)} stud{'y' if len(rows) == 1 else 'ies'}")
 
 

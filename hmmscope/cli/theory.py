@@ -36,6 +36,7 @@ from .common import (
     print_claims,
     print_table,
     progress,
+    progress_echo,
     user_errors,
 )
 
@@ -119,7 +120,7 @@ def theory(
     def step(i: int, total: int, label: str) -> None:
         bar.update(task, completed=i, description=label)
         if plain:
-            typer.echo(f"theory: {i}/{total} settings, {label}", err=True)
+            progress_echo(f"theory: {i}/{total} settings, {label}")
 
     with sigterm_interrupts(), progress() as bar:
         task = bar.add_task("theory", total=n)
@@ -128,15 +129,16 @@ def theory(
                                                                     f"{tracking.browse_line(uri, run_id=rid)}"))
     if json_path is not None:
         write_with(json_path, lambda p: p.write_text(json.dumps(result.to_dict(), indent=2)))
-    print_theory(result, th)
+    print_theory(result, th, where=f"hmmscope runs show {run_id[:8]}" if run_id else str(out / "theory.json"))
     typer.echo(f"figures: {out / 'theory.png'}, {out / 'theory.pdf'}  result: {out / 'theory.json'}")
     if run_id is not None:
         typer.echo(f"MLflow run {run_id} in experiment {experiment!r}; {tracking.browse_line(uri, run_id=run_id)}")
 
 
-def print_theory(result, th, detail: bool = True) -> None:
-    """The per-setting table, the fits' summaries, then the claims (only the sweep-level ones unless `detail`)."""
+def print_theory(result, th, detail: bool = True, where: str | None = None) -> None:
+    """The per-setting table, the fits' summaries, then the claims (only the sweep-level ones unless `detail`); off a
+    terminal the table as plain columns, the claims one short line each (`where`: their full text)."""
     print_table(f"Theorem 1 sweep ({th.family}, V={th.n_tokens}; {result.seconds:.1f} s)", result.table())
     for f in [*result.exponent_fits, *result.rank_fits]:
         typer.echo(f.summary)
-    print_claims("Theorem 1 claims", result.claims(detail))
+    print_claims("Theorem 1 claims", result.claims(detail), where=where)

@@ -176,7 +176,7 @@ def curves_table(history: list[dict]) -> dict[str, list]:
 
 # ---------------------------------------------------------------- figure
 
-_REF_STYLE = {"task_oracle": ("C2", "--", "task oracle"), "mixture_oracle": ("C3", "-", "mixture oracle"),
+REF_STYLE = {"task_oracle": ("C2", "--", "task oracle"), "mixture_oracle": ("C3", "-", "mixture oracle"),
               "family_bayes": ("C1", "-", "family Bayes"),
               "incontext_unigram": ("C7", "-.", "add-one unigram"),
               "incontext_bigram": ("C5", ":", "add-one bigram"),
@@ -186,26 +186,39 @@ _REF_STYLE = {"task_oracle": ("C2", "--", "task oracle"), "mixture_oracle": ("C3
 def build_emergence(history: list[dict], title: str | None = None):
     """The curves figure from history = [{"step": s, <emergence key>: value, ...}, ...] (evaluation steps in
     order, references included): per task set (rows), the model's test CE at every k against the step with the
-    references' CE at k_max as horizontal lines (left), and the in-context gain with the references' (right)."""
+    references' CE at k_max as horizontal lines (left), and the in-context gain with the references' (right). The
+    step axis is logarithmic, step 0 drawn at 1 (its tick says 0) and joined to the next evaluation by a dotted line
+    (nothing was measured in between); each panel's legend sits below it, over no curve."""
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
     steps = np.array([h["step"] for h in history], float)
     tasks = [t for t in TASKS if any(key(t, "icl_gain") in h for h in history)]
     ks = sorted({int(k.rsplit("/k", 1)[1]) for h in history for k in h
                  if k.startswith(f"{PREFIX}/{tasks[0]}/ce/k")}) if tasks else []
-    fig = Figure(figsize=(11, 3.6 * max(1, len(tasks))), layout="constrained")
+    fig = Figure(figsize=(12, 4.4 * max(1, len(tasks)) + 0.4), layout="constrained")
     axes = fig.subplots(max(1, len(tasks)), 2, squeeze=False)
-    x = np.maximum(steps, 1)  # step 0 drawn at 1 on the log axis
+    x = np.maximum(steps, 1)  # step 0 drawn at 1 on the log axis (its tick says 0)
+    zero = len(steps) > 1 and steps[0] == 0  # no evaluation between step 0 and the next: not drawn as a measured line
+
+    def curve(ax, y, color, lw, label):
+        y = np.asarray(y, float)
+        if zero:  # step 0 apart: a dotted join to the next evaluation, the measured curve from there on
+            ax.plot(x[:2], y[:2], ":", color=color, lw=lw * 0.7)
+            ax.plot(x[:1], y[:1], "o", ms=3, color=color)
+            ax.plot(x[1:], y[1:], "-o", ms=3, color=color, lw=lw, label=label)
+        else:
+            ax.plot(x, y, "-o", ms=3, color=color, lw=lw, label=label)
+
     for row, t in zip(axes, tasks):
         ax_ce, ax_gain = row
         cmap = ["C0" if len(ks) == 1 else (0.1, 0.3 + 0.6 * i / max(1, len(ks) - 1), 0.9) for i in range(len(ks))]
         for color, k in zip(cmap, ks):
-            y = [h.get(key(t, "ce", k), np.nan) for h in history]
-            ax_ce.plot(x, y, "-o", ms=3, color=color, lw=2.0 if k == ks[-1] else 1.0, label=f"model, k = {k}")
-        y = [h.get(key(t, "icl_gain"), np.nan) for h in history]
-        ax_gain.plot(x, y, "-o", ms=3, color="C0", lw=2.0, label="model")
+            curve(ax_ce, [h.get(key(t, "ce", k), np.nan) for h in history], color, 2.0 if k == ks[-1] else 1.0,
+                  f"model, k = {k}")
+        curve(ax_gain, [h.get(key(t, "icl_gain"), np.nan) for h in history], "C0", 2.0, "model")
         last = history[-1] if history else {}
-        for name, (c, ls, label) in _REF_STYLE.items():
+        for name, (c, ls, label) in REF_STYLE.items():
             if last.get(key(t, "degenerate", ref=name)):
                 label = f"{label} (DEGENERATE: not a reference)"
             v = last.get(key(t, "ce", ks[-1], name)) if ks else None
@@ -216,11 +229,18 @@ def build_emergence(history: list[dict], title: str | None = None):
                 ax_gain.axhline(g, color=c, ls=ls, lw=1.2, label=label)
         ax_ce.set(title=f"{t} tasks: test-segment CE", xlabel="optimizer step", ylabel="CE (nats / token)",
                   xscale="log")
-        ax_gain.set(title=f"{t} tasks: in-context gain CE(k = 0) - CE(k = {ks[-1] if ks else '?'}), same tokens",
-                    xlabel="optimizer step", ylabel="nats / token", xscale="log")
+        ax_gain.set(title=f"{t} tasks: in-context gain (same tokens)", xlabel="optimizer step",
+                    ylabel=f"CE(k = 0) - CE(k = {ks[-1] if ks else '?'}) (nats / token)", xscale="log")
         ax_gain.axhline(0, color="k", lw=0.5)
         for ax in row:
-            ax.legend(fontsize=7)
+            if zero:
+                ticks = [v for v in ax.get_xticks() if 1 < v <= x.max() * 1.01]
+                ax.set_xticks([1.0, *ticks], ["0", *(f"{v:g}" for v in ticks)])
+                ax.set_xlim(0.8, x.max() * 1.3)
+            h, _ = ax.get_legend_handles_labels()
+            if zero:
+                h.append(Line2D([], [], color="gray", ls=":", label=f"step 0 to {int(steps[1])}: not evaluated between"))
+            ax.legend(handles=h, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     if title:
         fig.suptitle(title)
     return fig

@@ -43,7 +43,9 @@ def build_figure1(result, title: str | None = None):
     hide the trend), and the paired difference model minus reference CE vs k (best counting, family Bayes, add-one
     bigram, task oracle; 95% CIs; below 0 = the model is better). The accuracy panels draw chance (1 / V) and span 0
     to above the highest upper CI, so the oracles' ceiling is in view; the CE panel draws log V (a uniform guess).
-    The title carries the run (`title`), the retrieval gap and the regime."""
+    No legend sits on a panel: the predictors' (one style each, the same in the first three panels) is below the
+    figure, the differences' below their panel. The title carries the run (`title`), the retrieval gap and the
+    regime."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
@@ -97,20 +99,25 @@ def build_figure1(result, title: str | None = None):
             a.set_ylim(0.0, min(1.02, max(top, chance or 0.0) * 1.06 + 0.02))
         if V:
             row[1].axhline(math.log(V), color="gray", ls=":", lw=1.2, label=f"uniform (log V = {math.log(V):.3g})")
-        ceiling = "mixture and task oracles = ceiling" if t == "seen" else "task oracle = ceiling"
+        ceiling = "oracles = ceiling" if t == "seen" else "task oracle = ceiling"
         row[0].set(xlabel="demonstrations k", ylabel="test next-token accuracy", title=f"{t} tasks: accuracy vs k ({ceiling})")
         row[1].set(xlabel="demonstrations k", ylabel="test cross-entropy (nats / token)", title=f"{t} tasks: CE vs k")
         row[2].set(xlabel="test position", ylabel="next-token accuracy (5-position average)",
                    title=f"{t} tasks: accuracy vs position (k = {result.k_max})")
-        row[3].set(xlabel="demonstrations k", ylabel="CE difference (nats / token)",
-                   title=f"{t} tasks: model minus reference (< 0: model better)")
+        row[3].set(xlabel="demonstrations k", ylabel="model minus reference CE (nats / token)",
+                   title=f"{t} tasks: model minus reference (< 0: better)")
         for a in row:
             a.xaxis.set_major_locator(MaxNLocator(integer=True))
             a.grid(alpha=0.3)
-        row[0].legend(fontsize=7, loc="best")
-        row[1].legend(handles=row[1].get_lines()[-1:], fontsize=7, loc="upper right")
-        row[2].legend(fontsize=7, loc="lower right")
-        row[3].legend(fontsize=7, loc="best")
+        # legends outside the panels, where they hide no line: the differences' below their panel, every
+        # predictor's (the same style in the first three panels) once below the figure
+        row[3].legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+    keys: dict[str, object] = {}
+    for a in [ax for r in axes for ax in r[:3]]:
+        for h, lab in zip(*a.get_legend_handles_labels()):
+            keys.setdefault(lab, h)
+    fig.legend(list(keys.values()), list(keys), loc="outside lower center", ncol=min(6, len(keys)), fontsize=9,
+               frameon=False)
     n = result.meta.get("n_episodes")
     head = "Figure 1: in-context next-token prediction" + (f", {title}" if title else "") \
         + (f" ({n} held-out episodes per task set, 95% CIs)" if n else "")

@@ -25,13 +25,15 @@ A sweep is one parent run with one child per trial. A training trial is the trai
 metrics and tags); a theory trial is a theory parent run whose children are the settings (theory/rate,
 rate_lo, rate_hi, log_intercept, gamma_eff).
 
-The report leads with the answer: its first section ("Answer") holds the objective per setting and
-encoding (the sweep parent run's pivot: mean over seeds [95% CI] with units, rope - absolute, the oracle), the
-comparison figures objective.png and pivot.png (`sweep.compare`, re-drawn here from the study; a study with
-no stored hmmscope spec has none), and one sentence per verdict in words (`common.verdict_sentence`: "RoPE
-lower excess CE (seen tasks) by 0.059 nats/token [0.01, 0.108]: supported (RoPE better)"). The sweep's record
-(counts, hashes, code versions), the method and the full tables follow; a method or power text that a table
-would repeat per row is listed once below it (`common.Notes`).
+The report leads with the answer: its first sentence, in bold, is the objective's answer in words with its unit,
+95% CI, replicates and verdict (`sweep.compare.answer`: "RoPE - absolute on eval/seen/excess_ce: -0.006 [-0.233,
+0.221] nats/token, 2 seeds: no detectable difference", the same signed difference as the tables and figures; without
+pos_enc, the best setting); then the objective per setting and encoding (the sweep parent run's pivot: mean over
+seeds [95% CI] with units, rope - absolute, the oracle), its figure objective.png (`sweep.compare`, re-drawn here
+from the study; a study with no stored hmmscope spec has none; the pivot's picture, pivot.png, stays on the parent
+run: here the table is the text), and one sentence per verdict, the objective's first (`common.verdict_sentence`,
+with units, CI and seeds). The sweep's record (counts, hashes, code versions), the method and the full tables
+follow; a method or power text that a table would repeat per row is listed once below it (`common.Notes`).
 
 The report is built once as a list of blocks (heading, paragraph, table, image, list) per section, then
 rendered to Markdown (GitHub pipe tables) and HTML (escaped text, <table>, figures embedded as base64
@@ -60,7 +62,9 @@ p is printed beside its df):
   (train.seed, else data.seed, when they vary) are the unit, with G - 1 df for G seeds.
 - Positional encoding: effect = RoPE - absolute, trials restricted to those two levels. The verdict row
   (posenc.py): within-(seed, block) paired differences, blocks = levels of the other swept factors,
-  averaged per seed, t over seeds (stats.paired_effect); one seed: the blocks are the units. A factor
+  averaged per seed, t over seeds (stats.paired_effect); one seed: the blocks are the units. The other swept
+  factors are the design's keys (`read.design_keys`: the spec's [space] keys; with no stored spec, the params that
+  are config keys): never a seed, never what a run fits (SCIENCE.md 9: an older store's counting.* params). A factor
   confounded with pos_enc, or one whose pairs would leave < 2 units, is left out and listed with its
   fate; none drops out silently. Per-level effects (each level of each blocking factor) beside the
   pooled one. OLS HC3 and (>= 2 seeds per cell) a random-intercept mixed model are shown as second
@@ -104,7 +108,7 @@ from ..units import fmt_ci, fmt_num, metric_units
 from .common import METRIC_DIRECTION, Notes, Section, claim_side, underpowered, verdict_sentence
 from .layerwise import depth_rank_section, layerwise_section
 from .posenc import posenc_section
-from .read import Trials, find_parent, is_theory, read_sweep_trials, theory_settings, training_frame
+from .read import Trials, design_keys, find_parent, is_theory, read_sweep_trials, theory_settings, training_frame
 from .regime import headroom_section, regime_section
 from .render import render_html, render_md
 from .theory import practice_section, theory_section
@@ -123,11 +127,13 @@ class Report:
     claims: list[Claim]
     files: dict[str, str] = field(default_factory=dict)  # md, html, json, trials (csv), figures (local paths)
     notes: list[str] = field(default_factory=list)
+    answer: str = ""  # the objective's answer in one sentence (the report's first line; `sweep.compare.answer`)
 
     def summary_lines(self) -> list[str]:
         h = self.header
         out = [f"sweep {self.sweep} (parent run {self.parent_id}): {h['n_complete']} complete, "
                f"{h['n_failed']} failed, {h['n_pruned']} pruned"]
+        out += [f"answer: {self.answer}"] if self.answer else []
         out += [verdict_sentence(c) for c in self.claims]  # in words; the reasons are in the report
         out += [f"note: {n}" for n in self.notes]
         out += [f"{k}: {v}" for k, v in self.files.items() if k in ("md", "html", "trials")]
@@ -176,47 +182,60 @@ def _header(sweep: str, t: Trials, n_train: int, n_theory: int) -> tuple[dict, S
 
 # every file `build_report` may write into its folder (the figures: each section's, as PNG and PDF)
 OUTPUTS = ("report.md", "report.html", "report.json", "trials.csv",
-           *(f"{fig}.{ext}" for fig in ("objective", "pivot", "theory_rate_vs_gamma", "practice_vs_theory",
+           *(f"{fig}.{ext}" for fig in ("objective", "theory_rate_vs_gamma", "practice_vs_theory",
                                         "posenc_effects", "layerwise_claims", "depth_vs_rank") for ext in ("png", "pdf")))
 
 
-def _answer(uri: str, t: Trials, study, storage: str | None, claims: list[Claim], out_dir: Path,
-            figs: dict) -> Section:
-    """The report's first section (module docstring): the objective per setting and encoding, its figures, and
-    one sentence per verdict."""
+def _spec(study, storage: str | None):
+    """The SweepSpec the study stored, or None (a study hmmscope did not create: no spec stored)."""
+    try:
+        from ..sweep import spec_of_study
+
+        return spec_of_study(study.study_name, storage) if storage else None
+    except Exception:
+        return None
+
+
+def _answer(uri: str, t: Trials, study, spec, claims: list[Claim], out_dir: Path,
+            figs: dict) -> tuple[Section, str]:
+    """The report's first section (module docstring) and its first sentence: the objective's answer in words
+    (`sweep.compare.answer`, in bold), the objective per setting and encoding (the pivot table), its figure, and
+    one sentence per verdict, the objective's first."""
     from ..sweep.spec import SweepSpec
 
     sec = Section("Answer")
     unit = metric_units(t.objective)
     n, total = t.counts["complete"], sum(v for k, v in t.counts.items() if k != "retried")
-    spec = None
-    try:
-        from ..sweep import spec_of_study
-
-        spec = spec_of_study(study.study_name, storage) if storage else None
-    except Exception:  # a study hmmscope did not create (no spec stored): the verdicts alone
-        spec = None
     direction = f", {spec.direction}" if isinstance(spec, SweepSpec) else ""
+    sentence = ""
+    if spec is not None and n:
+        from ..sweep.compare import answer, trial_frame
+
+        metrics = {r.info.run_id: dict(r.data.metrics) for r in t.complete}
+        df = trial_frame(spec, study, lambda rid: metrics.get(rid) or {})
+        sentence = answer(spec, df) or ""
+    own = next((c for c in claims if c.name == f"RoPE improves {t.objective}"), None)
+    if not sentence and own is not None:  # no stored spec: the objective's own verdict
+        sentence = verdict_sentence(own)
+    if sentence:
+        sec.blocks.append(("strong", sentence))
     sec.blocks.append(("p", f"Objective {t.objective}{f' ({unit})' if unit else ''}{direction}; {n} complete trial"
                             f"{'s' if n != 1 else ''} of {total}. Means are over seeds with a 95% t interval (seeds "
                             "as the unit); rope - absolute < 0 means RoPE is lower."))
     if spec is not None and spec.kind == "train" and n:
-        from ..sweep.compare import FIGURE, PIVOT_FIGURE, figure, pivot, pivot_figure, pivot_rows, trial_frame
+        from ..sweep.compare import FIGURE, figure, pivot, pivot_rows
 
-        metrics = {r.info.run_id: dict(r.data.metrics) for r in t.complete}
-        df = trial_frame(spec, study, lambda rid: metrics.get(rid) or {})
         if not df.empty:
             cols = pivot(spec, df)
             head, body = pivot_rows(cols)
             sec.blocks.append(("table", [h + (f" ({unit})" if unit and "[95% CI]" in h else "") for h in head], body))
-            saved = [*figure(spec, df, out_dir / FIGURE), *pivot_figure(spec, cols, out_dir / PIVOT_FIGURE)]
-            figs.update({"objective": str(saved[0]), "objective_pdf": str(saved[1]), "pivot": str(saved[2]),
-                         "pivot_pdf": str(saved[3])})
-            sec.blocks += [("img", saved[0].name, f"{t.objective} against each swept parameter, per encoding"),
-                           ("img", saved[2].name, f"{t.objective} per setting and encoding, with rope - absolute")]
+            saved = figure(spec, df, out_dir / FIGURE)  # the pivot's picture (pivot.png) is the parent run's alone
+            figs.update({"objective": str(saved[0]), "objective_pdf": str(saved[1])})
+            sec.blocks.append(("img", saved[0].name, f"{t.objective} against each swept parameter, per encoding"))
     if claims:
-        sec.blocks += [("h", 3, "Verdicts in words"), ("ul", [verdict_sentence(c) for c in claims])]
-    return sec
+        first = sorted(claims, key=lambda c: c is not own)  # the objective's verdict first
+        sec.blocks += [("h", 3, "Verdicts in words"), ("ul", [verdict_sentence(c) for c in first])]
+    return sec, sentence
 
 
 def _write(path: Path, text: str) -> None:
@@ -250,9 +269,11 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
     if theory_runs and not settings:
         notes.append("theory trials found but no settings with logged rates")
     df = training_frame(train_runs, t.children, t.analysis, uri)
+    spec = _spec(study, found_in)
+    design = design_keys(spec, train_runs)  # the spec's [space] keys: never a seed, never what a run fits
     steps = [("theory", lambda: theory_section(settings, out_dir, figs) if settings else (None, [])),
              ("practice vs theory", lambda: (practice_section(df, out_dir, figs), [])),
-             ("positional encoding", lambda: posenc_section(df, out_dir, figs)),
+             ("positional encoding", lambda: posenc_section(df, out_dir, figs, design)),
              ("regime", lambda: regime_section(train_runs, uri)),
              ("headroom", lambda: headroom_section(train_runs)),
              ("layerwise claims", lambda: layerwise_section(df, out_dir, figs)),
@@ -280,15 +301,17 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
                c.verdict, vnotes.short(c.reason, sep="; ")] for c in claims]),
             *vnotes.blocks()]))
     try:  # the answer first; a failure here is a note, never the report's
-        sections.insert(0, _answer(uri, t, study, found_in, claims, out_dir, figs))
+        answer_sec, sentence = _answer(uri, t, study, spec, claims, out_dir, figs)
+        sections.insert(0, answer_sec)
     except Exception as e:
+        sentence = ""
         notes.append(f"answer: {type(e).__name__}: {e}")
-    rows, varying, metrics = trial_rows(t, is_theory, uri)
+    rows, varying, metrics = trial_rows(t, is_theory, uri, design)
     tsec = trials_section(t.objective, rows, varying, metrics)
     if tsec is not None:
         sections.append(tsec)
     title = f"hmmscope report: {header['study']}"
-    rep = Report(header["study"], parent.info.run_id, header, sections, claims, {}, notes)
+    rep = Report(header["study"], parent.info.run_id, header, sections, claims, {}, notes, sentence)
     files = {"md": out_dir / "report.md", "html": out_dir / "report.html", "json": out_dir / "report.json",
              "trials": out_dir / "trials.csv"}
     write_csv(files["trials"], t.objective, rows, varying, metrics)

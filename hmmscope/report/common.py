@@ -1,14 +1,16 @@
 """Shared pieces of the report: the Section block list, number formatting, claim sides, power notes.
 
-A Section is a title and a list of blocks: ("h", level, text) | ("p", text) | ("table", headers, rows) |
-("img", filename, alt) | ("ul", items); render.py turns them into Markdown and HTML.
+A Section is a title and a list of blocks: ("h", level, text) | ("p", text) | ("strong", text: a paragraph in
+bold) | ("table", headers, rows) | ("img", filename, alt) | ("ul", items); render.py turns them into Markdown and
+HTML.
 
 Notes. A table cell that would repeat a long text on every row (the method of an estimate, a power note) holds
 a reference `[n]` instead, and the text is listed once below the table (`Notes`).
 
-Verdicts in words. `verdict_sentence` says a claim in one sentence with its sign in words, units and CI, e.g.
-"RoPE lower excess CE (seen tasks) by 0.059 nats/token [0.01, 0.108]: supported (RoPE better)": the
-report opens with one per verdict.
+Verdicts in words. `verdict_sentence` says a claim in one sentence with its unit, CI and replicates, a RoPE -
+absolute effect as the same signed difference the tables and figures show, e.g. "RoPE - absolute on
+eval/seen/excess_ce: -0.059 [-0.108, -0.010] nats/token, 3 seeds: RoPE better" (`units.value_ci`: the value and CI to the CI's
+precision): the report's Answer lists one per verdict.
 
 Power. `underpowered(...)` says plainly when a design cannot answer its question: fewer than 2 replicates
 per cell (nothing estimates the noise within a cell), no finite CI, or, for an inconclusive verdict, a
@@ -26,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from ..stats import decide, rule
-from ..units import fmt_num, metric_units, metric_words
+from ..units import fmt_num, metric_units, replicates, value_ci
 
 NAN = float("nan")
-Block = tuple  # ("h", level, text) | ("p", text) | ("table", headers, rows) | ("img", filename, alt) | ("ul", items)
+Block = tuple  # ("h", level, text) | ("p", text) | ("strong", text) | ("table", headers, rows) | ("img", filename, alt)
+#               | ("ul", items)
 
 # better direction for "RoPE improves <metric>": +1 higher is better, -1 lower is better (the un-namespaced eval/*
 # keys are those of runs recorded before seen and unseen tasks were evaluated apart: old stores keep them)
@@ -47,25 +49,50 @@ def _g(v: float) -> str:
     return f"{v:.3g}" if math.isfinite(v) else "-"
 
 
+_EFFECT_WORDS = {"supported": "RoPE better", "not supported": "RoPE worse", "inconclusive": "no detectable difference"}
+_SETTING_CLAIMS = {"retrieval_gap": "retrieval gap (unseen minus seen tasks, model - task oracle)",
+                   "icl_gain": "in-context gain on unseen tasks (CE at k = 0 minus at k_max, same tokens)",
+                   "inference_beyond_counting": "model - best counting on unseen tasks",
+                   "room above counting": "room above counting (CE(best counting) - CE(family Bayes))"}
+
+
+def _units_of(c) -> str:
+    """'2 seeds' from a claim's statistic ('...; 2 seed units', 'mean over 3 seeds', 'of the one run'), else ''."""
+    m = re.search(r"(\d+) (seed|block \(one seed\)) units", c.statistic or "")
+    if m:
+        return replicates(int(m.group(1)), m.group(2))
+    m = re.search(r"(?:mean over|t over) (\d+) seeds", c.statistic or "")
+    if m:
+        return replicates(int(m.group(1)), "seed")
+    if re.search(r"one run|one seed", c.statistic or ""):
+        return "one run (its CI over episodes)"
+    return ""
+
+
 def verdict_sentence(c) -> str:
-    """One sentence for a claim (module docstring): a RoPE - absolute effect with its sign in words ('RoPE lower
-    excess CE ... by X unit [lo, hi]', the CI of the magnitude), else the claim's value, CI and unit."""
+    """One sentence for a claim (module docstring), its number with its unit, 95% CI and replicates: a RoPE -
+    absolute effect as the difference the tables and figures show ('RoPE - absolute on eval/seen/excess_ce:
+    -0.006 [-0.233, 0.221] nats/token, 2 seeds: no detectable difference'); a setting's regime claim ('gamma = 0.5,
+    pos_enc = rope: retrieval gap (...) 0.41 [0.29, 0.52] nats/token, 2 seeds: supported'); else the claim's value,
+    CI and unit."""
     name, v, lo, hi = c.name, float(c.value), float(c.ci_lo), float(c.ci_hi)
+    reps = _units_of(c)
     m = re.fullmatch(r"RoPE improves (.+)", name)
     if m and not m.group(1).startswith("claim "):
         key = m.group(1)
-        unit = metric_units(key)
         if not math.isfinite(v):
-            return f"RoPE vs absolute on {metric_words(key)}: not estimated: {c.verdict}"
-        side = METRIC_DIRECTION.get(key, 0)
-        word = {"supported": "RoPE better" if side else "differs", "not supported": "RoPE worse",
-                "inconclusive": "no detectable difference"}.get(c.verdict, "")
-        direction, (a, b) = ("lower", (-hi, -lo)) if v < 0 else ("higher", (lo, hi))
-        unit = f"({unit})" if unit and "/" not in unit else unit  # "nats/token", "(fraction of test tokens)"
-        return (f"RoPE {direction} {metric_words(key)} by {_g(abs(v))}{' ' + unit if unit else ''} "
-                f"[{_g(a)}, {_g(b)}]: {c.verdict}" + (f" ({word})" if word else ""))
+            return f"RoPE - absolute on {key}: not estimated: {c.verdict}"
+        word = _EFFECT_WORDS.get(c.verdict, c.verdict) if METRIC_DIRECTION.get(key, 0) else \
+            {"supported": "differs"}.get(c.verdict, c.verdict)
+        return (f"RoPE - absolute on {key}: {value_ci(v, lo, hi, metric_units(key))}"
+                f"{', ' + reps if reps else ''}: {word}")
+    m = re.fullmatch(r"(.+): (retrieval_gap|icl_gain|inference_beyond_counting|room above counting)", name)
+    if m:
+        setting = ", ".join(part.replace("=", " = ", 1) for part in m.group(1).split(", "))
+        return (f"{setting}: {_SETTING_CLAIMS[m.group(2)]} {value_ci(v, lo, hi, 'nats/token')}"
+                f"{', ' + reps if reps else ''}: {c.verdict}")
     unit = metric_units(name)
-    return f"{name}: {_g(v)}{' ' + unit if unit else ''} [95% CI {_g(lo)}, {_g(hi)}]: {c.verdict}"
+    return f"{name}: {value_ci(v, lo, hi, unit)}{', ' + reps if reps else ''}: {c.verdict}"
 
 
 class Notes:
@@ -112,16 +139,6 @@ def param_number(s: Any) -> Any:
     except (TypeError, ValueError):
         return s
     return int(x) if x.is_integer() and re.fullmatch(r"-?\d+", str(s).strip()) else x
-
-
-def side_verdict(lo: float, hi: float, side: int, *, df: float | None = None, degenerate: str = "") -> str:
-    """Claim: the quantity lies on `side` of 0 (+1 above, -1 below: stats.decide with '> 0' / '< 0');
-    side 0: two-sided 'differs from 0' (supported if decide finds the CI on either side, no power if decide
-    says so, else inconclusive)."""
-    if side == 0:
-        v = [decide(rule(op, 0), lo, hi, df=df, degenerate=degenerate) for op in (">", "<")]
-        return "no power" if "no power" in v else "supported" if "supported" in v else "inconclusive"
-    return decide(rule(">" if side > 0 else "<", 0), lo, hi, df=df, degenerate=degenerate)
 
 
 def claim_side(name: str, per_run: list[tuple[float, str]] | None = None) -> int:

@@ -4,9 +4,11 @@
 The verdict row of each metric is the few-cluster test: within every (seed, block) cell that holds both
 encodings, the difference rope - absolute; a seed's value is the mean over its blocks; the effect is the
 mean over seeds with a t interval on G - 1 df (one seed: the blocks are the units). Blocks are the levels
-of the other swept factors: a factor whose every level occurs with one encoding only is confounded with
-pos_enc and left out (the effect then includes its difference, and the table says so); the others are
-added while the design keeps >= 2 units; a factor with a different value in every trial is left out.
+of the other design factors (the spec's [space] keys, `read.design_keys`; never a seed, never what a run fitted
+from data, such as an older store's counting.* params: SCIENCE.md 9): a factor whose every level occurs with one
+encoding only is confounded with pos_enc and left out (the effect then includes its difference, and the table
+says so); the others are added while the design keeps >= 2 units; a factor with a different value in every trial
+is left out.
 Nothing is estimated for a blocking factor, so one gamma level or gamma levels that differ by seed cost
 no degree of freedom. Per-level effects (rope - absolute at each level of each blocking factor, same
 method) sit beside the pooled one for the eval metrics, and a figure shows both.
@@ -26,19 +28,23 @@ from pathlib import Path
 
 import numpy as np
 
-from ..stats import Claim, Estimate, claim, rule
+from ..stats import Claim, Estimate, claim, rule, side_verdict
 from ..sweep.effects import block_labels, choose_blocks, level_order, per_level_effects, pos_enc_effect
 from ..units import fmt_ci, fmt_num, fmt_p
-from .common import METRIC_DIRECTION, Notes, Section, claim_side, side_verdict, underpowered
+from .common import METRIC_DIRECTION, Notes, Section, claim_side, underpowered
 
 VERDICT_ROW = "paired within-block differences, seeds as the unit (t, G - 1 df)"
 
 
-def _other_factors(d, exclude: set[str]) -> tuple[list[str], dict[str, str]]:
-    """(swept factors that may block, {factor: why it cannot}); seeds are replicates, not factors."""
+def _other_factors(d, exclude: set[str], allowed=None) -> tuple[list[str], dict[str, str]]:
+    """(swept factors that may block, {factor: why it cannot}); seeds are replicates, not factors. `allowed`: the
+    design's keys (`read.design_keys`: the spec's [space] keys), when given the only params that may block: what a
+    run fits (an older store's counting.* params) never does."""
     out, unusable = [], {}
     for c in d.columns:
         if not c.startswith("param:") or c in exclude or c.endswith("seed") or c.split(".")[-1].endswith("seed"):
+            continue
+        if allowed is not None and c[len("param:"):] not in allowed:
             continue
         vals = d[c].astype(str)
         if 2 <= vals.nunique() < len(d):
@@ -102,7 +108,10 @@ def _power(est: Estimate, verdict: str, n_seeds: int) -> str:
     return underpowered(est.value, est.lo, est.hi, verdict, replicates=n_seeds, unit="seed")
 
 
-def posenc_section(df, out_dir: Path | None = None, figs: dict | None = None) -> tuple[Section | None, list[Claim]]:
+def posenc_section(df, out_dir: Path | None = None, figs: dict | None = None,
+                   factors=None) -> tuple[Section | None, list[Claim]]:
+    """The section and its claims; `factors`: the design's keys that may block (`read.design_keys`), None: every
+    param that varies."""
     if df.empty or "param:model.pos_enc" not in df.columns or df["param:model.pos_enc"].nunique() < 2:
         return None, []
     levels = sorted(df["param:model.pos_enc"].astype(str).unique())
@@ -114,7 +123,7 @@ def posenc_section(df, out_dir: Path | None = None, figs: dict | None = None) ->
     seed_col = next((c for c in ("param:train.seed", "param:data.seed") if c in d.columns and d[c].nunique() > 1),
                     None)
     n_seeds = int(d[seed_col].nunique()) if seed_col else 1
-    factors, unusable = _other_factors(d, {"param:model.pos_enc"})
+    factors, unusable = _other_factors(d, {"param:model.pos_enc"}, None if factors is None else set(factors))
     metrics = [m for m in METRIC_DIRECTION if f"metric:{m}" in d.columns]
     claim_cols = sorted(c for c in d.columns if c.startswith("metric:claim/") and c.endswith("/value"))
     sec.blocks.append(("p", f"Effect = RoPE - absolute; {len(d)} trials, {n_seeds} seed{'s' if n_seeds > 1 else ''} "
@@ -161,7 +170,7 @@ def posenc_section(df, out_dir: Path | None = None, figs: dict | None = None) ->
                          "- (second opinion)"])
         better = {1: "higher", -1: "lower", 0: "different"}[side]
         why = [f"{est.method}; p = {fmt_p(est.p)} (df {fmt_num(est.df)})"]
-        stat = f"rope - absolute ({VERDICT_ROW}); better = {better}"
+        stat = f"rope - absolute ({VERDICT_ROW}); better = {better}; {est.n} {est.unit} units"
         if side:  # the verdict is stats.decide's on the CI beside it
             c = claim(f"RoPE improves {label}", stat, est.value, est.lo, est.hi, rule(">" if side > 0 else "<", 0), "",
                       df=est.df, degenerate=est.degenerate)
@@ -220,13 +229,18 @@ def posenc_figure(plot: list, seed_col: str | None):
     shaded and labelled. Every axis names its unit (nats/token, fraction of test tokens)."""
     from matplotlib.figure import Figure
 
-    from ..units import axis_label, metric_units
+    from ..units import metric_units
 
-    fig = Figure(figsize=(4.4 * len(plot), 7.4), layout="constrained")
+    labels = {j: [", ".join(f"{b[6:].split('.')[-1]}={v}" for b, v in zip(blocks, k)) or "all"
+                  for k in (block_labels(dm, blocks) or [()] * len(dm))] for j, (_, dm, blocks, _) in enumerate(plot)}
+    n_blocks = max(len(set(v)) for v in labels.values())
+    longest = max(len(x) for v in labels.values() for x in v)
+    tilt = n_blocks * longest > 36  # block labels that would not fit side by side: tilted
+    fig = Figure(figsize=(max(4.4, 0.9 + 0.55 * (n_blocks + 1)) * len(plot), 7.6 + (0.9 if tilt else 0.0)),
+                 layout="constrained")
     axes = fig.subplots(2, len(plot), squeeze=False)
-    for j, (name, dm, blocks, est) in enumerate(plot):
-        lab = [", ".join(f"{b[6:].split('.')[-1]}={v}" for b, v in zip(blocks, k)) or "all"
-               for k in (block_labels(dm, blocks) or [()] * len(dm))]
+    for j, (name, dm, _, est) in enumerate(plot):
+        lab = labels[j]
         dm = dm.assign(_block=lab)
         order = sorted(set(lab), key=lambda s: [level_order(x.split("=")[-1]) for x in s.split(", ")])
         ax = axes[0][j]
@@ -253,10 +267,10 @@ def posenc_figure(plot: list, seed_col: str | None):
                 yr = sub[sub["param:model.pos_enc"] == "rope"][f"metric:{name}"].astype(float)
                 if len(ya) and len(yr):
                     ax.plot([i - 0.15, i + 0.15], [ya.mean(), yr.mean()], "-", color="gray", lw=0.7, alpha=0.6)
-        ax.set(xticks=range(len(order)), xlim=(-0.6, len(order) - 0.4), title=name, ylabel=axis_label(name))
-        ax.set_xticklabels(order, fontsize=7)
+        unit = metric_units(name)
+        ax.set(xticks=range(len(order)), xlim=(-0.6, len(order) - 0.4), title=name, ylabel=unit or name)
+        ax.set_xticklabels(order, fontsize=8, **({"rotation": 30, "ha": "right"} if tilt else {}))
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=7, title="dots: trials; bars: means", title_fontsize=7)
         ax = axes[1][j]
         for i, b in enumerate(order):
             sub = dm[dm["_block"] == b]
@@ -283,10 +297,18 @@ def posenc_figure(plot: list, seed_col: str | None):
             ax.axhspan(0, side * span * 1.05, color="C2", alpha=0.07, lw=0)
             for y, txt in ((side * span * 0.95, "RoPE better"), (-side * span * 0.95, "RoPE worse")):
                 ax.text(-0.55, y, txt, ha="left", va="center", fontsize=7, color="dimgray")
-        unit = metric_units(name)
         ax.set(xticks=range(k + 1), xlim=(-0.6, k + 0.6), ylabel=f"rope - absolute{f' ({unit})' if unit else ''}",
-               title=f"effect, 95% CI ({est.n} {est.unit} units)")
-        ax.set_xticklabels([*order, "pooled"], fontsize=7)
+               title=f"rope - absolute, 95% CI ({est.n} {est.unit} units)")
+        ax.set_xticklabels([*order, "pooled"], fontsize=8, **({"rotation": 30, "ha": "right"} if tilt else {}))
+    from matplotlib.lines import Line2D
+
+    keys = [Line2D([], [], ls="", marker="o", color="C1", label="absolute (a trial)"),
+            Line2D([], [], ls="", marker="o", color="C0", label="rope (a trial)"),
+            Line2D([], [], color="k", lw=2.5, label="mean of an encoding"),
+            Line2D([], [], color="gray", lw=0.7, label="a seed's two encodings"),
+            Line2D([], [], ls="", marker="o", color="C2", label="rope - absolute per block, 95% CI"),
+            Line2D([], [], ls="", marker="D", color="k", label="pooled (the verdict), 95% CI")]
+    fig.legend(handles=keys, loc="outside lower center", ncol=3, fontsize=8, frameon=False)  # below: hides no data
     fig.suptitle("RoPE vs absolute: per block (top: each encoding; bottom: rope - absolute) and pooled, seeds as "
                  "the unit")
     return fig

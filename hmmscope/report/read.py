@@ -145,6 +145,28 @@ def _objective_name(study) -> str:
         return "objective"
 
 
+SEED_KEYS = ("train.seed", "data.seed", "theory.seed")  # replicates (sweep.spec.seed_keys): never design factors
+
+
+def input_keys() -> frozenset[str]:
+    """Every config key (`config.flatten` of the defaults): what a run's params may hold as an input."""
+    from ..config import Config, flatten
+
+    return frozenset(flatten(Config()))
+
+
+def design_keys(spec, runs: list) -> list[str]:
+    """The keys a report may treat as design factors (blocks, per-level effects, the trials table's columns):
+    the spec's [space] keys when the study stored its spec (`spec` a SweepSpec); else the params of `runs` that
+    are config keys. Never a seed (the replicates) and never what a run fits from data (SCIENCE.md 9, params and
+    outputs): older stores logged the counting baselines' chosen settings as params counting.k<k>.*, which are
+    no config keys, so they never enter (they change with the seed: outcomes as covariates)."""
+    if spec is not None and getattr(spec, "space", None) is not None:
+        return [p.key for p in spec.space if p.key not in SEED_KEYS]
+    inputs = input_keys()
+    return sorted({k for r in runs for k in r.data.params if k in inputs and k not in SEED_KEYS})
+
+
 def is_theory(r) -> bool:
     return r.data.tags.get("hmmscope.kind") in ("theory", "sweep-theory") or (any(k.startswith("theory.") for k in r.data.params)
                                                              and not any(k.startswith("eval/") for k in r.data.metrics))

@@ -24,6 +24,8 @@ def render_md(title: str, sections: list[Section]) -> str:
                 out += [f"{'#' * b[1]} {b[2]}", ""]
             elif b[0] == "p":
                 out += [b[1], ""]
+            elif b[0] == "strong":
+                out += [f"**{b[1]}**", ""]
             elif b[0] == "table":
                 cell = lambda x: str(x).replace("|", "\\|").replace("\n", " ")  # noqa: E731
                 out.append("| " + " | ".join(cell(h) for h in b[1]) + " |")
@@ -57,6 +59,8 @@ def render_html(title: str, sections: list[Section], base_dir: Path | None = Non
                 out.append(f"<h{b[1]}>{e(b[2])}</h{b[1]}>")
             elif b[0] == "p":
                 out.append(f"<p>{e(b[1])}</p>")
+            elif b[0] == "strong":
+                out.append(f"<p><strong>{e(b[1])}</strong></p>")
             elif b[0] == "table":
                 out.append("<table><thead><tr>" + "".join(f"<th>{e(str(h))}</th>" for h in b[1]) + "</tr></thead><tbody>")
                 out += ["<tr>" + "".join(f"<td>{e(str(x))}</td>" for x in r) + "</tr>" for r in b[2]]

@@ -161,6 +161,53 @@ def pivot(spec, df) -> dict[str, list]:
     return cols
 
 
+def answer(spec, df) -> str | None:
+    """The sweep's answer in one sentence, with its unit, 95% CI, replicates and verdict (the report's first line,
+    the last lines of `hmmscope run` and `sweep run`); None with no complete trial.
+
+    With rope and absolute both swept: the pooled rope - absolute on the objective, exactly the pivot's `all` row
+    (blocks by `effects.choose_blocks`, `effects.pos_enc_effect`), e.g. "RoPE - absolute on eval/seen/excess_ce:
+    -0.006 [-0.233, 0.221] nats/token, 2 seeds: no detectable difference"; the verdict is stats.decide's on that CI
+    on the side the spec's direction calls better (minimize: below 0), in words (RoPE better / RoPE worse / no
+    detectable difference / no power). Otherwise the best setting of the swept keys by the spec's direction, its
+    mean over seeds with its 95% t interval, beside the runner-up."""
+    from ..stats import side_verdict
+    from ..units import metric_units, replicates, value_ci
+
+    if df is None or df.empty:
+        return None
+    seed_col, unit = _seed_col(spec), metric_units(spec.objective)
+    line_col, lines = _lines(spec, df)
+    if line_col is not None and {"rope", "absolute"} <= set(lines):
+        d = df[df[line_col].astype(str).isin(["rope", "absolute"])]
+        factors = [f"param:{p.key}" for p in spec.space if p.grid is not None and p.key != POS_ENC
+                   and d[f"param:{p.key}"].astype(str).nunique() >= 2]
+        blocks, _ = choose_blocks(d, OBJ, factors, seed_col)
+        est = pos_enc_effect(d, OBJ, blocks, seed_col)
+        head = f"RoPE - absolute on {spec.objective}"
+        if isinstance(est, str):
+            return f"{head}: not estimated ({est})"
+        side = -1 if spec.direction == "minimize" else 1
+        v = side_verdict(est.lo, est.hi, side, df=est.df, degenerate=est.degenerate)
+        word = {"supported": "RoPE better", "not supported": "RoPE worse", "inconclusive": "no detectable difference",
+                "no power": f"no power ({est.degenerate or 'no finite CI'})"}[v]
+        return f"{head}: {value_ci(est.value, est.lo, est.hi, unit)}, {replicates(est.n, est.unit)}: {word}"
+    keys = [f"param:{p.key}" for p in spec.space if f"param:{p.key}" in df.columns]
+    cells = []
+    for cell, sub in (df.groupby([df[k].astype(str) for k in keys], sort=False) if keys else [((), df)]):
+        cell = cell if isinstance(cell, tuple) else (cell,)
+        label = ", ".join(f"{k[len('param:'):]} = {v}" for k, v in zip(keys, cell)) or "all trials"
+        cells.append((label, level_mean(sub, seed_col)))
+    cells.sort(key=lambda c: c[1].value if spec.direction == "minimize" else -c[1].value)
+    (label, e), rest = cells[0], cells[1:]
+    text = (f"best of {len(cells)} setting{'s' if len(cells) != 1 else ''} on {spec.objective} ({spec.direction}): "
+            f"{label}: {value_ci(e.value, e.lo, e.hi, unit)}, {replicates(e.n, e.unit)}")
+    if rest:
+        label2, e2 = rest[0]
+        text += f"; next {label2}: {value_ci(e2.value, e2.lo, e2.hi, unit)}"
+    return text[0].upper() + text[1:]
+
+
 def _x(values: list[Any]) -> tuple[list[float], list[str], bool]:
     """(x positions, tick labels, log scale?) of a parameter's levels: numbers on their own axis (log when they
     span more than a factor of 50 and are all > 0), anything else as categories."""
@@ -188,7 +235,7 @@ def objective_figure(spec, df):
     seed_col = _seed_col(spec)
     line_col, lines = _lines(spec, df)
     xs = [p for p in spec.space if line_col is None or p.key != POS_ENC] or list(spec.space)
-    fig = Figure(figsize=(max(4.5, 4.2 * len(xs)), 3.8), layout="constrained")
+    fig = Figure(figsize=(max(5.2, 4.6 * len(xs)), 4.6), layout="constrained")
     axes = fig.subplots(1, max(len(xs), 1), squeeze=False)[0]
     for ax, p in zip(axes, xs):
         col = f"param:{p.key}"
@@ -214,7 +261,7 @@ def objective_figure(spec, df):
             if log:
                 ax.set_xscale("log")
             ax.set_xticks(pos)
-            ax.set_xticklabels(ticks, fontsize=8)
+            ax.set_xticklabels(ticks)
             ax.minorticks_off()
         if ref is not None and isinstance(ref[0], float):
             ax.axhline(ref[0], color="gray", ls=":", lw=1.2, label=ref[1])
@@ -224,12 +271,18 @@ def objective_figure(spec, df):
             ax.plot(pos, [df[df[col].astype(str) == lv][ORACLE].astype(float).mean() for lv in levels], "x--",
                     color="gray", label=f"{ref[1]} (mean over the trials' episodes)")
         ax.set(xlabel=p.key, ylabel=axis_label(spec.objective))
+        ax.tick_params(labelsize=10)
         ax.grid(alpha=0.3)
-        if len(lines) > 1 or p.grid is None or ref is not None:
-            ax.legend(fontsize=8, title=POS_ENC if line_col else None, title_fontsize=8)
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    if len(lines) > 1 or any(p.grid is None for p in xs) or ref is not None:  # below the panels: on no line
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=min(4, len(handles)),
+                   fontsize=9, title=POS_ENC if line_col else None, title_fontsize=9, frameon=False)
     n_seeds = int(df[seed_col].astype(str).nunique()) if len(df) else 0
     fig.suptitle(f"sweep {spec.name}: {spec.objective} ({spec.direction}), {len(df)} trials\n{n_seeds} seed"
-                 f"{'s' if n_seeds != 1 else ''} as dots; mean with 95% CI (t over seeds)", fontsize=9)
+                 f"{'s' if n_seeds != 1 else ''} as dots; mean with 95% CI (t over seeds)", fontsize=10)
     return fig
 
 

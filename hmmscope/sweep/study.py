@@ -125,7 +125,7 @@ def create_study(spec: SweepSpec, url: str, uri: str):
             points = [({}, spec.seeds[i % len(spec.seeds)]) for i in range(spec.n_trials)]
         for i, (pt, seed) in enumerate(points):
             study.enqueue_trial(pt, user_attrs={"slot": i, "seed": seed}, skip_if_exists=False)
-        _store_spec(study, spec)  # the hash last: marks the study complete
+        store_spec(study, spec)  # the hash last: marks the study complete
     else:
         _wait_complete(study)
         have = study.user_attrs.get(ATTR_HASH)
@@ -139,7 +139,7 @@ def create_study(spec: SweepSpec, url: str, uri: str):
             study.set_user_attr(ATTR_HASH, spec.hash)  # a study stored with the legacy hash: the same sweep
         if _readable(study) and (study.user_attrs.get(ATTR_TEXT) != spec.text
                                  or study.user_attrs.get(ATTR_BASE) != flatten(spec.base)):
-            _store_spec(study, spec)  # same sweep, new run-time keys (device, heartbeat, ...): workers use these
+            store_spec(study, spec)  # same sweep, new run-time keys (device, heartbeat, ...): workers use these
     parent = study.user_attrs.get(ATTR_PARENT)
     if parent is None:
         parent = _new_parent(spec, url, uri, TrialStore.of(study, url))
@@ -185,7 +185,7 @@ def _readable(study) -> bool:
     return True
 
 
-def _store_spec(study, spec: SweepSpec) -> None:
+def store_spec(study, spec: SweepSpec) -> None:
     """Store the spec with the study (its text, path, base config, then its identity hash)."""
     study.set_user_attr(ATTR_TEXT, spec.text)
     study.set_user_attr(ATTR_PATH, spec.path)

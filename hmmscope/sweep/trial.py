@@ -9,8 +9,8 @@ checkpoint. The only sweep module that calls `trial.suggest_*`. Imports the jobs
   it is open (so `sweep status` shows a RUNNING trial's run), named after what varies
   (`SweepSpec.trial_name`, e.g. "rope-g0.5-s0"), tagged hmmscope.trial (the trial number) /
   hmmscope.study / hmmscope.sweep_parent / hmmscope.seed, with its kind's params (training: hmm/data/
-  model/train; theory: theory), a one-line mlflow.note.content, and the objective also as the metric
-  `Objective/<objective>` (first in the MLflow UI's metric lists). The trial links back: user attrs
+  model/train; theory: theory), a one-line mlflow.note.content, and the objective as a metric under the key the
+  spec names, once (`_objective`). The trial links back: user attrs
   mlflow_run_id, mlflow_experiment_id and mlflow_run_url (`tracking.run_url` on a server store; on a local
   store, where no UI port is known, the `hmmscope ui --run ID` command that prints it); with analyze, also
   mlflow_analysis_run_id/... for the analysis run. A training trial's run is reopened for its Figure 1 evaluation
@@ -208,12 +208,14 @@ def _opened(trial, uri: str, run_id: str, opened: list[str] | None) -> None:
 
 
 def _objective(run, spec: SweepSpec, metrics: dict[str, float]) -> float:
-    """The trial's objective from its metrics, also logged on its run as `Objective/<objective>`."""
-    from .. import tracking
-
+    """The trial's objective from its metrics. It is logged on the trial's run once, under the key the spec names:
+    by the evaluation (eval/*, val/*, memory/*), the theory or headroom job; an analysis objective (a claim, a probe
+    or shuffle metric of the analysis run) is logged on the trial's run here. (Runs before issue 38 also logged it
+    as `Objective/<objective>`, a second copy that api and runs compare showed twice.)"""
     if spec.objective not in metrics:
         raise KeyError(f"objective {spec.objective!r} is not among the trial's metrics "
                        f"({', '.join(sorted(metrics)[:20])}, ...)")
     value = float(metrics[spec.objective])
-    run.log_metrics({tracking.objective_key(spec.objective): value})
+    if spec.objective not in run.get().data.metrics:
+        run.log_metrics({spec.objective: value})
     return value

@@ -73,7 +73,6 @@ from .tags import (
     config_params,
     git_commit,
     note_line,
-    objective_key,
     param_value,
     safe_key,
     source_name,
@@ -90,7 +89,7 @@ __all__ = [
     "param_value", "artifact_root", "browse_line", "claim_headline", "claim_keys", "claims_table", "client", "config_toml",
     "config_params", "default_tracking_uri", "delete_run", "ensure_store", "existing_run", "experiment_id",
     "experiment_name", "experiment_url", "gc_runs", "get_run", "git_commit", "heartbeat_interval", "note_line",
-    "objective_key", "read_claims", "read_only_uri", "relocate", "resolve_uri", "run_url", "safe_key", "search_runs",
+    "read_claims", "read_only_uri", "relocate", "resolve_uri", "run_url", "safe_key", "search_runs",
     "source_name", "stale_reason", "standard_tags", "start_run", "sweep_parent", "target_url", "train_run_name", "ui_base",
     "ui_command", "writable",
 ]

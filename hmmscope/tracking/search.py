@@ -2,7 +2,8 @@
 URLs, `mlflow ui`).
 
 Run ids. Wherever a run id is taken, a unique prefix of at least 6 characters is too, as git takes a commit's
-(`resolve_run_id`); an ambiguous prefix is a one-line ValueError naming the candidates.
+(`resolve_run_id`); an ambiguous prefix is a one-line ValueError naming the candidates, a shorter one a one-line
+ValueError saying that a prefix needs 6 characters.
 
 A sweep's landing URLs (`sweep_urls`). First the answer: the sweep parent run's page, on its artifact
 `comparison/objective.png` (the objective against each swept key, per positional encoding; `sweep.compare`),
@@ -14,7 +15,7 @@ columns are UI state (`selectedColumns`), kept in the browser's local storage, o
 the URL parameter `viewStateShareKey=KEY` makes the page read the experiment tag `mlflow.sharedViewState.KEY`
 (MLflow's own tag, the one its "Share" / "Saved views" menu writes: an envelope {name, createdAt, updatedAt,
 state} whose `state` is the JSON of the facets and the UI state). `save_sweep_view` writes that tag for a
-sweep (columns: the metric Objective/<objective>, each swept param, the seed param); the view then
+sweep (columns: the objective's metric, each swept param, the seed param, each as wide as its header); the view then
 also appears by name ("sweep NAME: trials") in the runs page's saved-views menu. Without the tag (a read-only
 store), the URL carries the facets alone and the columns stay MLflow's defaults.
 
@@ -31,7 +32,7 @@ import shlex
 import time
 
 from .store import artifact_root, client
-from .tags import objective_key, safe_key
+from .tags import safe_key
 
 UI_PORT = 5000  # `hmmscope ui`'s port when it is free and none is given (else any free one)
 ML_VIEW = "workflowType=machine_learning"  # MLflow 3's experiment pages open the GenAI view without it
@@ -115,23 +116,37 @@ def sweep_view_key(sweep: str) -> str:
 
 def sweep_columns(parent) -> list[str]:
     """The runs-table columns of a sweep's trials (canonical keys as MLflow's UI names them): the objective as
-    the trials log it (`Objective/<objective>`), each swept param, the replicate seed's param."""
+    the trials log it (once, under the key the spec names), each swept param, the replicate seed's param."""
     p = parent.data.params
-    cols = [f"metrics.`{objective_key(p['sweep.objective'])}`"] if p.get("sweep.objective") else []
+    cols = [f"metrics.`{p['sweep.objective']}`"] if p.get("sweep.objective") else []
     cols += [f"params.`{k[len('sweep.space.'):]}`" for k in sorted(p) if k.startswith("sweep.space.")]
-    seed = "theory.seed" if p.get("sweep.kind") == "theory" else "train.seed"
+    seed = {"theory": "theory.seed", "headroom": "data.seed"}.get(p.get("sweep.kind", ""), "train.seed")
     return cols + [f"params.`{seed}`"]
+
+
+# the runs table's columns before the sweep's own (MLflow 3.17's column ids: run name, created, duration)
+LEADING_COLUMNS = ("attributes.`Run Name`", "runDateAndNestInfo", "duration")
+
+
+def column_width(col: str) -> int:
+    """Pixels that show a column's whole header (`metrics.`eval/seen/excess_ce`` -> eval/seen/excess_ce) in MLflow's
+    runs table (13 px font: about 7.5 px a character, plus the sort icon and padding); never under its default 100."""
+    name = col.split("`")[1] if "`" in col else col
+    return max(100, round(7.5 * len(name)) + 44)
 
 
 def sweep_view(parent) -> dict:
     """The state of a sweep's trials view: the parent's direct children (listed flat, not folded under the
-    parent), best first by the objective, its objective and swept params as visible columns (module docstring)."""
+    parent), best first by the objective, its objective and swept params as visible columns (module docstring),
+    each wide enough for its whole header (`columnOrder` and `columnWidths`, which MLflow applies together: before,
+    100 px cut the objective's header to 'Objective/eval/s')."""
     p = parent.data.params
     objective, direction = p.get("sweep.objective"), p.get("sweep.direction")
-    state = {"searchFilter": f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
-             "selectedColumns": sweep_columns(parent)}
+    cols = sweep_columns(parent)
+    state = {"searchFilter": f"tags.mlflow.parentRunId = '{parent.info.run_id}'", "selectedColumns": cols,
+             "columnOrder": [*LEADING_COLUMNS, *cols], "columnWidths": {c: column_width(c) for c in cols}}
     if objective:
-        state.update(orderByKey=f"metrics.`{objective_key(objective)}`", orderByAsc=direction != "maximize")
+        state.update(orderByKey=f"metrics.`{objective}`", orderByAsc=direction != "maximize")
     return state
 
 
@@ -183,14 +198,15 @@ def sweep_urls(uri: str, base: str, sweep: str) -> tuple[str, str]:
     else:
         view = sweep_view(p)
         trials = experiment_url(base, eid, view["searchFilter"],
-                                order_by=p.data.params.get("sweep.objective") and objective_key(p.data.params["sweep.objective"]),
+                                order_by=p.data.params.get("sweep.objective"),
                                 ascending=view.get("orderByAsc", True))
     return answer, trials
 
 
 def target_url(uri: str, base: str, *, run_id: str | None = None, sweep: str | None = None,
                experiment: str | None = None) -> str:
-    """The URL of what a person asked to see: a run's page (a unique prefix of its id will do), a sweep's
+    """The URL of what a person asked to see: a run's page on its Model metrics tab (a unique prefix of its id will
+    do; the loss curves are its first charts, tracking.runs' Loss/*; a run with no metrics: its overview), a sweep's
     answer (`sweep_urls`: its comparison figure on its parent run), an experiment's runs table; the UI's front
     page if nothing is named. ValueError (one line) if the run, sweep or experiment is not in the store."""
     c = client(uri)
@@ -198,7 +214,8 @@ def target_url(uri: str, base: str, *, run_id: str | None = None, sweep: str | N
         r = get_run(uri, run_id)
         if r is None:
             raise ValueError(f"no run {run_id!r} in {uri}")
-        return f"{base}/#/experiments/{r.info.experiment_id}/runs/{r.info.run_id}?{ML_VIEW}"
+        tab = "/model-metrics" if r.data.metrics else ""  # its charts (the loss first); a run with none: its overview
+        return f"{base}/#/experiments/{r.info.experiment_id}/runs/{r.info.run_id}{tab}?{ML_VIEW}"
     if sweep:
         return sweep_urls(uri, base, sweep)[0]
     if experiment:
@@ -212,8 +229,12 @@ def target_url(uri: str, base: str, *, run_id: str | None = None, sweep: str | N
 def resolve_run_id(uri: str, run_id: str) -> str:
     """The whole id of the run `run_id` names: a whole id as it is; a prefix of at least MIN_PREFIX hex digits
     that one active run's id starts with, as git takes a commit's; anything else as it is (the caller's lookup
-    then says there is no such run). An ambiguous prefix: ValueError naming the candidates."""
+    then says there is no such run). An ambiguous prefix: ValueError naming the candidates; a shorter prefix (1 to
+    MIN_PREFIX - 1 hex digits): ValueError saying that a prefix needs MIN_PREFIX characters."""
     rid = run_id.strip().lower()
+    if re.fullmatch(rf"[0-9a-f]{{1,{MIN_PREFIX - 1}}}", rid):  # as git says of a prefix too short to name one
+        raise ValueError(f"run id prefix {run_id!r} is too short: a prefix of a run id needs at least {MIN_PREFIX} "
+                         f"characters ({len(rid)} given)")
     if not re.fullmatch(rf"[0-9a-f]{{{MIN_PREFIX},31}}", rid):
         return run_id
     try:

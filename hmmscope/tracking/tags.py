@@ -8,9 +8,8 @@ as params only the config sections of its kind (`config_params`: a training run 
 a theory run theory). Claims go into a logged table `claims.json` (`Run.log_claims`: MLflow's
 `log_table` format, listed in the tag `mlflow.loggedArtifacts`), one row per claim with its value,
 CI, rule, verdict and reason (`claims_table`; headline counts and reading back: the `claims` module).
-The MLflow UI lists a run's metrics in key order (JavaScript's default sort, i.e. code-unit order:
-upper case before lower case), so a sweep trial's objective is also logged as
-`Objective/<objective key>` (`objective_key`), which sorts before every lower-case metric key.
+A sweep trial's objective is logged once, under the key its spec names (runs before issue 38 also carried a second
+copy, `Objective/<objective key>`, which `api` and `runs compare` showed twice).
 
 Part of `tracking`, the one package that talks to MLflow; this module itself never calls it (pure
 functions, git and the process's argv). Imports `config` only inside config_params; must not import the
@@ -112,11 +111,6 @@ def train_run_name(cfg: Any) -> str:
     """A training run's default name, saying what it is: train-<pos_enc>-L<layers>-g<gamma>-s<seed>,
     e.g. train-rope-L4-g0.8-s0."""
     return f"train-{cfg.model.pos_enc}-L{cfg.model.n_layers}-g{cfg.hmm.gamma:g}-s{cfg.train.seed}"
-
-
-def objective_key(objective: str) -> str:
-    """The metric key that carries a sweep objective's value; it sorts first in the MLflow UI."""
-    return safe_key(f"Objective/{objective}")
 
 
 CLAIM_COLUMNS = ("claim", "value", "ci_lo", "ci_hi", "rule", "verdict", "reason", "statistic")

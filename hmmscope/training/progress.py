@@ -3,8 +3,9 @@
 `training_progress(enabled)` returns what `train` drives step by step (rich's Progress interface: `add_task`,
 `update`, a context manager): on a terminal a transient rich bar on stderr (step, loss, tokens/s, elapsed, ETA);
 off one `PlainProgress`, one plain line on stderr at the first logged step, then at most one every
-HMMSCOPE_PROGRESS_S seconds (default 30) and one at the last step: 'train: step S/N, loss L, T tokens/s, ETA
-h:mm:ss' (the ETA from this call's own rate); nothing when not `enabled` (a sweep's workers).
+HMMSCOPE_PROGRESS_S seconds (default 30) and one at the last step: '<date time> train: step S/N, loss L, T tokens/s,
+ETA h:mm:ss' (the ETA from this call's own rate; `stamp`: the local date and time first, as every progress line off a
+terminal has it); nothing when not `enabled` (a sweep's workers).
 
 Imports rich only inside `training_progress`; nothing of hmmscope.
 """
@@ -18,6 +19,12 @@ import time
 from typing import Any
 
 PROGRESS_ENV = "HMMSCOPE_PROGRESS_S"  # seconds between plain progress lines off a terminal (default 30)
+
+
+def stamp(msg: str) -> str:
+    """A progress line as a log file keeps it: the local date and time first, `2026-11-27 21:50:03 train: step ...`
+    (Slurm and nohup logs carry no times of their own)."""
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}"
 
 
 def progress_every() -> float:
@@ -57,8 +64,8 @@ class PlainProgress:
         done = completed - self.start
         left = (self.total - completed) * (now - self.t0) / done if done > 0 else math.nan
         eta = "?" if not math.isfinite(left) else f"{int(left) // 3600}:{int(left) // 60 % 60:02d}:{int(left) % 60:02d}"
-        print(f"train: step {completed}/{self.total}, loss {self.fields.get('loss', math.nan):.4f}, "
-              f"{self.fields.get('tps', 0.0):,.0f} tokens/s, ETA {eta}", file=sys.stderr, flush=True)
+        print(stamp(f"train: step {completed}/{self.total}, loss {self.fields.get('loss', math.nan):.4f}, "
+                    f"{self.fields.get('tps', 0.0):,.0f} tokens/s, ETA {eta}"), file=sys.stderr, flush=True)
 
 
 def training_progress(enabled: bool):

@@ -341,7 +341,8 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
     hmmscope.stopped_at_step, and the result's `stopped` is "deadline"; no final evaluation is made (the
     step's own, if due, is). Resuming it goes on bitwise (on CPU); reaching train.steps then sets
     hmmscope.stopped = "done".
-    on_start(run_id) is called as soon as the run is open, before the first step (the CLI prints where it is).
+    on_start(run_id) is called as soon as the run is open, before the data, the references and the model are built
+    (the CLI prints where it is; at the paper's scale the setup takes minutes).
     """
     t_start = time.perf_counter()
     device = resolve_device(cfg.train.device)
@@ -361,60 +362,59 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
         torch.backends.cudnn.allow_tf32 = precision == "bf16"
     log_every = log_every or min(50, max(1, t.steps // 100))
 
-    mix, ep_train, ep_eval, _ = training_data(cfg.hmm, cfg.data)  # mix None with fresh tasks (hmm.n_tasks = 0)
-    tokens = torch.as_tensor(ep_train.tokens.astype(np.int64), device=device)  # (N, T)
-    loss_mask = torch.as_tensor(ep_train.target_mask[:-1], device=device).expand(t.batch_size, -1)
-    t_em = time.perf_counter()
-    family, counting = (references(cfg.hmm, cfg.data, cfg.eval) if cfg.train.emergence_episodes > 0 or mix is None
-                        else (None, None))
-    # oracle/*: the mixture oracle over the training tasks; with fresh tasks the family-Bayes reference (if on)
-    oracle_mix = mix if mix is not None else family
-    oracle = ({f"oracle/{k}": v for k, v in oracle_metrics(oracle_mix, ep_eval if mix is not None else anonymous(
-        ep_eval), device).items()} if oracle_mix is not None else {})
-    emergence = prepare_emergence(cfg, mix, ep_eval, device=device, family=family, counting=counting)
-    em_setup_s = time.perf_counter() - t_em  # the references, once per run (and per resume)
-
-    torch.manual_seed(t.seed)
-    np.random.seed(t.seed)
-    random.seed(t.seed)
-    model = Transformer(cfg.model, ep_train.vocab_size).to(device)
-    opt = model.configure_optimizers(t.weight_decay, t.lr, (t.beta1, t.beta2))
-    start, best = 0, {}
-    if ck is not None:
-        model.load_state_dict(ck["model"])
-        try:
-            opt.load_state_dict(ck["optimizer"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"run {resume}: its checkpoint's optimizer state does not fit the model ({e})") from None
-        start, best = int(ck["step"]), _val_keys(ck["metrics"].get("best", {}))
-        set_rng_state(ck["rng"])
-    compiled = resolve_compile(t.compile, device)
-    scope = "model" if t.compile in ("auto", "true") else t.compile  # a Transformer.compile_forward scope
-    fwd = model.compile_forward(scope) if compiled else model  # the training step only; evaluation, state dicts: `model`
-    n_params = model.num_params()
-    tok_per_step = t.batch_size * (ep_train.seq_len - 1)
-
-    run_tags = {"hmmscope.dataset_hash": ep_train.meta.get("dataset_hash", ""),
-            "hmmscope.eval_dataset_hash": ep_eval.meta.get("dataset_hash", ""),
-            "hmmscope.hmm_hash": config_hash(cfg.hmm), "hmmscope.device": str(device), "hmmscope.precision": precision,
-            "hmmscope.compiled": scope if compiled and scope != "model" else str(compiled).lower(),
-            "hmmscope.attention": t.attention, "hmmscope.n_params": n_params,
-            # the budget as passes over data.n_train and episodes per training task (SCIENCE.md 8's two readings)
-            "hmmscope.epochs": f"{epochs_done(t.steps, len(ep_train), t.batch_size):g}",
-            "hmmscope.episodes_per_task": f"{t.steps * t.batch_size / training_tasks(cfg.hmm, cfg.data):g}",
-            "hmmscope.tasks": "fresh" if mix is None else "mixture"}
     name = run_name or tracking.train_run_name(cfg)
     params = None if resume else tracking.config_params(cfg, tracking.TRAIN_SECTIONS)
     with sigterm_interrupts(), tracking.start_run(tracking_uri, experiment, name, parent=parent, resume=resume,
                                                   params=params,
-                                                  tags=None if resume else {"hmmscope.kind": "train", **run_tags,
-                                                                            **(tags or {})},
+                                                  tags=None if resume else {"hmmscope.kind": "train", **(tags or {})},
                                                   note=None if resume else (note or describe(cfg)),
                                                   config=cfg, system_metrics=True) as run:
+        if on_start is not None:  # the run's id as soon as it exists: before the data, the references and the model
+            on_start(run.run_id)
+        mix, ep_train, ep_eval, _ = training_data(cfg.hmm, cfg.data)  # mix None with fresh tasks (hmm.n_tasks = 0)
+        tokens = torch.as_tensor(ep_train.tokens.astype(np.int64), device=device)  # (N, T)
+        loss_mask = torch.as_tensor(ep_train.target_mask[:-1], device=device).expand(t.batch_size, -1)
+        t_em = time.perf_counter()
+        family, counting = (references(cfg.hmm, cfg.data, cfg.eval) if cfg.train.emergence_episodes > 0 or mix is None
+                            else (None, None))
+        # oracle/*: the mixture oracle over the training tasks; with fresh tasks the family-Bayes reference (if on)
+        oracle_mix = mix if mix is not None else family
+        oracle = ({f"oracle/{k}": v for k, v in oracle_metrics(oracle_mix, ep_eval if mix is not None else anonymous(
+            ep_eval), device).items()} if oracle_mix is not None else {})
+        emergence = prepare_emergence(cfg, mix, ep_eval, device=device, family=family, counting=counting)
+        em_setup_s = time.perf_counter() - t_em  # the references, once per run (and per resume)
+
+        torch.manual_seed(t.seed)
+        np.random.seed(t.seed)
+        random.seed(t.seed)
+        model = Transformer(cfg.model, ep_train.vocab_size).to(device)
+        opt = model.configure_optimizers(t.weight_decay, t.lr, (t.beta1, t.beta2))
+        start, best = 0, {}
+        if ck is not None:
+            model.load_state_dict(ck["model"])
+            try:
+                opt.load_state_dict(ck["optimizer"])
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"run {resume}: its checkpoint's optimizer state does not fit the model ({e})") from None
+            start, best = int(ck["step"]), _val_keys(ck["metrics"].get("best", {}))
+            set_rng_state(ck["rng"])
+        compiled = resolve_compile(t.compile, device)
+        scope = "model" if t.compile in ("auto", "true") else t.compile  # a Transformer.compile_forward scope
+        fwd = model.compile_forward(scope) if compiled else model  # the training step only; evaluation, state dicts: `model`
+        n_params = model.num_params()
+        tok_per_step = t.batch_size * (ep_train.seq_len - 1)
+
+        run_tags = {"hmmscope.dataset_hash": ep_train.meta.get("dataset_hash", ""),
+                    "hmmscope.eval_dataset_hash": ep_eval.meta.get("dataset_hash", ""),
+                    "hmmscope.hmm_hash": config_hash(cfg.hmm), "hmmscope.device": str(device), "hmmscope.precision": precision,
+                    "hmmscope.compiled": scope if compiled and scope != "model" else str(compiled).lower(),
+                    "hmmscope.attention": t.attention, "hmmscope.n_params": n_params,
+                    # the budget as passes over data.n_train and episodes per training task (SCIENCE.md 8's two readings)
+                    "hmmscope.epochs": f"{epochs_done(t.steps, len(ep_train), t.batch_size):g}",
+                    "hmmscope.episodes_per_task": f"{t.steps * t.batch_size / training_tasks(cfg.hmm, cfg.data):g}",
+                    "hmmscope.tasks": "fresh" if mix is None else "mixture"}
         run.set_tags({**run_tags, **({"hmmscope.resumed_from_step": start, "hmmscope.target_steps": t.steps}
                                      if resume else {})})
-        if on_start is not None:
-            on_start(run.run_id)
         if not resume:  # the episodes as MLflow dataset inputs: content hash as digest, the generator as source
             for split, e in (("train", ep_train), ("eval", ep_eval)):
                 run.log_dataset(f"episodes-{split}", e.meta.get("dataset_hash", ""), split,

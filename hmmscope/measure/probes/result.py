@@ -48,23 +48,24 @@ class ProbeResult:
         return out
 
     def figure(self, title: str | None = None):
-        """Figures 3a (task vs state), 3b (k-back curves) and the belief R^2, by layer (0 = embedding), with
-        95% CIs. A colour per target (3b: a sequential map, light k = 1 to dark k = K), a style per kind of
-        line: solid = probe, dotted = shuffled-label control, dashed = chance (majority class, per target),
-        dash-dot = the (task, o_t) baseline, dash-dot-dot = o_t alone (token statistics); the style key is in each
-        legend, which sits below its panel."""
+        """Figures 3a (task vs state), 3b (k-back curves, and their best layer against the baselines by k) and the
+        belief R^2, by layer (0 = embedding), with 95% CIs. A colour per target (3b: a sequential map, light k = 1 to
+        dark k = K), a style per kind of line: solid = probe, dotted = shuffled-label control, dashed = chance
+        (majority class, per target), dash-dot = the (task, o_t) baseline, dash-dot-dot = o_t alone (token
+        statistics). 3b's baselines are one number per k: drawn against k in a panel of their own beside it, each
+        labelled (before: 10 unlabelled horizontal lines across the curves); the style key is in each legend, which
+        sits below its panel."""
         from matplotlib import colormaps
         from matplotlib.figure import Figure
         from matplotlib.lines import Line2D
         from matplotlib.ticker import MaxNLocator
 
-        fig = Figure(figsize=(17, 6), layout="constrained")
-        axes = fig.subplots(1, 3)
+        fig = Figure(figsize=(22, 6.2), layout="constrained")
+        axes = fig.subplots(1, 4, width_ratios=[1, 1, 0.7, 1])
         by: dict[str, list[dict]] = {}
         for r in self.table:
             by.setdefault(r["target"], []).append(r)
-        base = {s["target"]: s.get("baseline_acc") for s in self.summary}
-        tokb = {s["target"]: s.get("token_acc") for s in self.summary}
+        summ = {s["target"]: s for s in self.summary}
         kb = sorted((t for t in by if t.startswith("kback")), key=lambda t: int(t[5:]))
         cmap = colormaps["viridis"]
         kcol = {t: cmap(0.85 - 0.75 * i / max(1, len(kb) - 1)) for i, t in enumerate(kb)}
@@ -84,23 +85,38 @@ class ProbeResult:
                     ax.plot(x, acc, "o-" if t != "state_pooled" else "o--", color=c, lw=1.8, ms=4, label=lab)
                     ax.fill_between(x, lo, hi, color=c, alpha=0.18)
                 ax.plot(x, [r["control_acc"] for r in rows], ":", color=c, lw=1)
-                ax.axhline(rows[0]["chance"], ls="--", color=c, lw=0.8, alpha=0.8)
-                if base.get(t) is not None:
-                    ax.axhline(base[t], ls="-.", color=c, lw=1, alpha=0.8)
-                if tokb.get(t) is not None:
-                    ax.axhline(tokb[t], ls=_TOKEN_LS, color=c, lw=1, alpha=0.8)
+                if t not in kcol:  # 3b's chance and baselines: by k, in the next panel
+                    ax.axhline(rows[0]["chance"], ls="--", color=c, lw=0.8, alpha=0.8)
             ax.set(xlabel="layer (0 = embedding)", ylabel="held-out accuracy", title=ptitle)
             if targets:
-                keys = [Line2D([], [], color="gray", ls=":", lw=1, label="shuffled-label control"),
-                        Line2D([], [], color="gray", ls="--", lw=0.8, label="chance (majority class)")]
-                if ax is axes[1] and any(base.get(t) is not None for t in targets):
-                    keys.append(Line2D([], [], color="gray", ls="-.", lw=1, label="(task, o_t) baseline"))
-                if ax is axes[1] and any(tokb.get(t) is not None for t in targets):
-                    keys.append(Line2D([], [], color="gray", ls=_TOKEN_LS, lw=1, label="o_t alone (token statistics)"))
+                keys = [Line2D([], [], color="gray", ls=":", lw=1, label="shuffled-label control")]
+                if ax is axes[0]:
+                    keys.append(Line2D([], [], color="gray", ls="--", lw=0.8, label="chance (majority class)"))
                 h, _ = ax.get_legend_handles_labels()
                 ax.legend(handles=[*h, *keys], fontsize=8, ncol=2 if len(h) + len(keys) > 5 else 1,
                           loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
-        ax, rows = axes[2], self.belief_table
+        ax = axes[2]  # 3b by k: the probe at its best layer against what no memory of o_(t-k) gives
+        if kb:
+            ks = [int(t[5:]) for t in kb]
+
+            def col(key):
+                return [float(summ.get(t, {}).get(key, np.nan) if summ.get(t, {}).get(key) is not None else np.nan)
+                        for t in kb]
+
+            best = col("best_acc")
+            if np.isfinite(best).any():
+                ax.plot(ks, best, "-", color="k", lw=1.2, zorder=1)
+                ax.scatter(ks, best, c=[kcol[t] for t in kb], s=40, zorder=2, label="probe, best layer (cross-fitted)")
+            for key, ls, lab in (("baseline_acc", "-.", "(task, o_t) baseline"),
+                                 ("token_acc", _TOKEN_LS, "o_t alone (token statistics)")):
+                if np.isfinite(col(key)).any():
+                    ax.plot(ks, col(key), ls=ls, marker="s", ms=3, color="dimgray", lw=1.2, label=lab)
+            chance = [float(by[t][0]["chance"]) for t in kb]
+            ax.plot(ks, chance, ls="--", color="gray", lw=0.8, label="chance (majority class)")
+            ax.set_xticks(ks)
+            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
+        ax.set(xlabel="k (steps back)", ylabel="held-out accuracy", title="Fig. 3b by k: best layer vs baselines")
+        ax, rows = axes[3], self.belief_table
         if rows:
             x = [r["layer"] for r in rows]
             ax.plot(x, [r["r2"] for r in rows], "o-", label="belief probe")
