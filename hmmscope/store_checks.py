@@ -384,8 +384,9 @@ def tracking_store(uri: str | None, *, must_exist: bool = False, write: bool = T
     """The resolved MLflow tracking URI (option, else MLFLOW_TRACKING_URI, else ./mlruns), checked."""
     from . import tracking
 
-    uri = tracking.resolve_uri(uri)
+    uri = tracking.resolve_uri(uri)  # ValueError where the working folder's path is no sqlite URL's (tracking.store)
     what = "MLflow store"
+    tracking.store.check_sqlite_url(uri)
     db = _sqlite_path(uri, "tracking URI")
     scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
     if db is not None:
@@ -405,8 +406,11 @@ def tracking_store(uri: str | None, *, must_exist: bool = False, write: bool = T
 
 
 def default_storage_url() -> str:
-    """The default Optuna storage, sqlite:///<cwd>/mlruns/optuna.db (as sweep.default_storage, not created)."""
-    return f"sqlite:///{(Path('mlruns') / 'optuna.db').resolve()}"
+    """The default Optuna storage, sqlite:///<cwd>/mlruns/optuna.db (as sweep.default_storage, not created); ValueError
+    where the working folder's path is no sqlite URL's (`tracking.store.sqlite_url`)."""
+    from .tracking.store import sqlite_url
+
+    return sqlite_url((Path("mlruns") / "optuna.db").resolve(), "Optuna storage")
 
 
 def _journal_file(p: Path, *, must_exist: bool, write: bool) -> None:
@@ -439,8 +443,10 @@ def optuna_storage(url: str | None, *, must_exist: bool = False, write: bool = T
     """The Optuna storage URL (default: ./mlruns/optuna.db), checked; a study to be read needs must_exist.
     A journal file comes back as journal:///ABSOLUTE/PATH (sweep/storage.py)."""
     from .sweep.storage import journal_path
+    from .tracking.store import check_sqlite_url
 
     url = url or default_storage_url()
+    check_sqlite_url(url, "Optuna storage")
     journal = journal_path(url)
     if journal is not None:
         _journal_file(journal, must_exist=must_exist, write=write)

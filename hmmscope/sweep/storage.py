@@ -99,8 +99,9 @@ def safe_url(url: str) -> str:
 
 def default_storage() -> str:
     """sqlite:///<cwd>/mlruns/optuna.db, its schema created once under a file lock."""
-    db = (Path("mlruns") / "optuna.db").resolve()
-    url = f"sqlite:///{db}"
+    from ..tracking.store import sqlite_url
+
+    url = sqlite_url((Path("mlruns") / "optuna.db").resolve(), "Optuna storage")  # ValueError: no URL names it
     ensure_storage(url)
     return url
 

@@ -96,7 +96,11 @@ def browse_line(uri: str, *, run_id: str | None = None, sweep: str | None = None
         return f"browse: {base}"
     opt = (f" --run {run_id}" if run_id else f" --sweep {sweep}" if sweep else
            f" --experiment {shlex.quote(experiment)}" if experiment else "")
-    if uri != default_tracking_uri():
+    try:
+        default = default_tracking_uri()
+    except ValueError:  # the working folder's path is no sqlite URL's: this store is not its default
+        default = None
+    if uri != default:
         opt += f" --tracking-uri {shlex.quote(uri)}"
     return f"browse: hmmscope ui{opt}"
 
