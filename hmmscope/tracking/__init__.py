@@ -22,7 +22,17 @@ mlflow at import time (only inside functions), and none imports anything of hmms
 """
 
 from .claims import CLAIMS_FILE, claim_headline, claim_keys, read_claims
-from .liveness import HEARTBEAT_ENV, HEARTBEAT_GRACE, LeaseLost, RunHeld, gc_runs, heartbeat_interval, own_runs, stale_reason
+from .liveness import (
+    HEARTBEAT_ENV,
+    HEARTBEAT_GRACE,
+    LeaseLost,
+    LeaseUnavailable,
+    RunHeld,
+    gc_runs,
+    heartbeat_interval,
+    own_runs,
+    stale_reason,
+)
 from .liveness import hold as hold_run
 from .liveness import settle as settle_run
 from .runs import ArtifactNotFound, Run, config_toml, delete_run, existing_run, experiment_name, start_run
@@ -83,7 +93,7 @@ from .tags import (
 __all__ = [
     "ANSWER", "SHARED_VIEW", "resolve_run_id", "run_link", "save_sweep_view", "sweep_columns", "sweep_urls", "sweep_view",
     "sweep_view_key",
-    "ARTIFACTS", "ArtifactNotFound", "LeaseLost", "RunHeld", "hold_run", "own_runs", "settle_run",
+    "ARTIFACTS", "ArtifactNotFound", "LeaseLost", "LeaseUnavailable", "RunHeld", "hold_run", "own_runs", "settle_run",
     "CLAIMS_FILE", "CLAIM_COLUMNS", "DB_NAME", "HEARTBEAT_ENV", "HEARTBEAT_GRACE",
     "ML_VIEW", "PARAM_MAX", "ROOT_TAG", "Run", "STORE_DIR", "THEORY_SECTIONS", "TRAIN_SECTIONS", "UI_PORT",
     "_param_value", "artifact_root", "browse_line", "claim_headline", "claim_keys", "claims_table", "client", "config_toml",

@@ -99,21 +99,30 @@ def free_locks(uri: str) -> int:
         return 0
     db = _sqlite_path(uri)
     folder = db.parent / ".leases" if db is not None else None
-    if folder is None or not folder.is_dir():
+    if folder is None:
+        return 0
+    try:  # the folder itself, never through a link (liveness._lease_folder writes nothing through one either)
+        dfd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
         return 0
     n = 0
-    for p in folder.glob("*.lock"):
-        try:
-            fd = os.open(p, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.stat(p, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
-                os.unlink(p)
-                n += 1
-        except OSError:
-            pass  # held: its run is open
-        finally:
-            os.close(fd)
+    try:
+        for name in os.listdir(dfd):
+            if not name.endswith(".lock"):
+                continue
+            try:
+                fd = os.open(name, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0), dir_fd=dfd)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if os.stat(name, dir_fd=dfd, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                    os.unlink(name, dir_fd=dfd)
+                    n += 1
+            except OSError:
+                pass  # held: its run is open; or another user's, in a shared store's sticky folder
+            finally:
+                os.close(fd)
+    finally:
+        os.close(dfd)
     return n

@@ -306,44 +306,111 @@ def _lock_owner(path: Path) -> str:
     return f"another process (it holds {path})"
 
 
-def _lock_file(path: Path, run_id: str) -> int | None:
-    """An exclusive, non-blocking OS lock (flock) on `path`, held through the returned descriptor until it is closed
-    (so a killed holder releases it); RunHeld naming the holder if another process has it. None where no lock can
-    be had (no fcntl: Windows; a read-only store): the lease tag then decides alone."""
+class LeaseUnavailable(ValueError):
+    """No OS lock can be had for a run's lease in a store that takes them (its lease folder is a file, a link, someone
+    else's private folder, or on a filesystem without locks): no writer runs without it. The message names the folder
+    and why, in one line; a ValueError, so the CLI prints it and exits 2."""
+
+
+def _unavailable(run_id: str, why: str) -> LeaseUnavailable:
+    return LeaseUnavailable(f"cannot take the lease of MLflow run {run_id} (one writer per run needs its lock): {why}")
+
+
+def _lease_folder(folder: Path, run_id: str) -> int:
+    """A descriptor of the lease folder `<store folder>/.leases`, opened as a real folder (never through a link);
+    created when missing with the store folder's access: private (0700) for a private store, and for a store others
+    may write (its folder group- or world-writable) their read and write bits plus the sticky bit (each may add lock
+    files; none may remove another's). LeaseUnavailable when it cannot be had."""
+    import stat
+
+    try:
+        store_mode = os.stat(folder.parent).st_mode
+    except OSError as e:
+        raise _unavailable(run_id, f"cannot read the store folder {folder.parent} ({e.strerror or e})") from None
+    shared = store_mode & 0o022
+    mode = 0o700 | (store_mode & 0o077) | (stat.S_ISVTX if shared else 0)
+    created = False
+    try:
+        os.mkdir(folder, 0o700)
+        created = True
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise _unavailable(run_id, f"cannot create {folder} ({e.strerror or e})") from None
+    try:
+        dfd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+                      | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        if os.path.islink(folder):
+            why = (f"{folder} is a symlink (to {os.path.realpath(folder)}); lock files are written only inside the "
+                   "store: remove the link")
+        elif os.path.lexists(folder) and not os.path.isdir(folder):
+            why = f"{folder} is not a folder (a file is in its place): remove it"
+        else:
+            why = f"cannot open {folder} ({e.strerror or e})"
+        raise _unavailable(run_id, why) from None
+    if created:
+        try:
+            os.fchmod(dfd, mode)
+        except OSError:
+            pass
+    return dfd
+
+
+def _lock_file(path: Path, run_id: str) -> tuple[int, int] | None:
+    """An exclusive, non-blocking OS lock (flock) on the lock file `path` (in the lease folder, `_lease_folder`),
+    held through the returned descriptor until it is closed (so a killed holder releases it): (lock fd, folder fd).
+    RunHeld naming the holder if another process has it; LeaseUnavailable (naming the folder) when no lock can be had
+    (a file or a link in the folder's place, a folder this user may not write, a filesystem without locks): a writer
+    never runs on the lease tag alone where the store takes locks. None only where the OS has no flock (Windows)."""
     import json
+    import stat
 
     try:
         import fcntl
     except ImportError:
         return None
+    dfd = _lease_folder(path.parent, run_id)
     try:
-        path.parent.mkdir(mode=0o700, exist_ok=True)
-    except OSError:
-        return None
-    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    for _ in range(20):
-        try:
-            fd = os.open(path, flags, 0o600)
-        except OSError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise RunHeld(_held_msg(run_id, _lock_owner(path))) from None
-        except OSError:  # a filesystem without locks: the lease tag decides alone
-            os.close(fd)
-            return None
-        try:
-            same = os.fstat(fd).st_ino == os.stat(path, follow_symlinks=False).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            os.ftruncate(fd, 0)
-            os.write(fd, json.dumps(_identity()).encode())
-            return fd
-        os.close(fd)  # its last holder removed it meanwhile: lock the new file
-    raise RunHeld(_held_msg(run_id, _lock_owner(path)))
+        mode = 0o600 | (stat.S_IMODE(os.fstat(dfd).st_mode) & 0o066)  # a shared store's users open each other's
+        name = path.name
+        base = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        for _ in range(20):
+            try:
+                fd = os.open(name, base | os.O_CREAT | os.O_EXCL, mode, dir_fd=dfd)
+                with contextlib.suppress(OSError):
+                    os.fchmod(fd, mode)  # past the umask
+            except FileExistsError:
+                try:
+                    fd = os.open(name, base, dir_fd=dfd)
+                except FileNotFoundError:
+                    continue  # its holder removed it meanwhile
+                except OSError as e:
+                    raise _unavailable(run_id, f"cannot open {path} ({e.strerror or e})") from None
+            except OSError as e:
+                raise _unavailable(run_id, f"cannot create a lock file in {path.parent} ({e.strerror or e})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise RunHeld(_held_msg(run_id, _lock_owner(path))) from None
+            except OSError as e:
+                os.close(fd)
+                raise _unavailable(run_id, f"the filesystem of {path.parent} takes no locks ({e.strerror or e})") \
+                    from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(name, dir_fd=dfd, follow_symlinks=False).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                os.ftruncate(fd, 0)
+                os.write(fd, json.dumps(_identity()).encode())
+                return fd, dfd
+            os.close(fd)  # its last holder removed it meanwhile: lock the new file
+        raise RunHeld(_held_msg(run_id, _lock_owner(path)))
+    except BaseException:
+        os.close(dfd)
+        raise
 
 
 def _claim_by_tag(uri: str, run_id: str) -> str:
@@ -367,7 +434,8 @@ def _claim_by_tag(uri: str, run_id: str) -> str:
 
 
 def _acquire(uri: str, run_id: str, fresh: bool) -> dict[str, Any]:
-    st: dict[str, Any] = {"count": 1, "fd": None, "path": None, "nonce": None, "lost": None, "cleaned": (0, 0)}
+    st: dict[str, Any] = {"count": 1, "fd": None, "dfd": None, "path": None, "nonce": None, "lost": None,
+                          "cleaned": (0, 0)}
     db = _sqlite_path(uri)
     if db is None:
         if not fresh:
@@ -375,7 +443,7 @@ def _acquire(uri: str, run_id: str, fresh: bool) -> dict[str, Any]:
             st["cleaned"] = leftovers.remove(leftovers.find(uri, [run_id]).get(run_id, []))
         return st
     st["path"] = db.parent / LEASE_DIR / f"{run_id}.lock"
-    st["fd"] = _lock_file(st["path"], run_id)
+    st["fd"], st["dfd"] = _lock_file(st["path"], run_id) or (None, None)
     if fresh:
         return st
     try:  # under the lock: no other process of this version checks or sets the lease meanwhile
@@ -394,14 +462,16 @@ def _acquire(uri: str, run_id: str, fresh: bool) -> dict[str, Any]:
 
 
 def _release(st: dict[str, Any]) -> None:
-    fd, path = st.get("fd"), st.get("path")
+    fd, dfd, path = st.get("fd"), st.get("dfd"), st.get("path")
     if fd is None:
         return
     with contextlib.suppress(OSError):  # removed while still locked: a later locker checks it locked the file in place
-        if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
-            os.unlink(path)
+        if os.stat(path.name, dir_fd=dfd, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+            os.unlink(path.name, dir_fd=dfd)  # in the folder it was locked in, never through a link
     os.close(fd)
-    st["fd"] = None
+    if dfd is not None:
+        os.close(dfd)
+    st["fd"] = st["dfd"] = None
 
 
 @contextlib.contextmanager
