@@ -576,13 +576,16 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
         th, theory_id = theory_job(cfg.theory, out / "theory", uri=uri, experiment=experiment, parent=parent.run_id,
                                    progress=log and (lambda i, n, label: log(f"theory: {i}/{n} settings, {label}")))
         on_stage("training")
-        tr = train(cfg, tracking_uri=uri, experiment=experiment, run_name=tracking.train_run_name(cfg), parent=parent.run_id,
-                   progress=progress)
-        on_stage("evaluating (Figure 1)")
-        # the model in hand: no checkpoint read back. The training run is reopened for its evaluation, so a failed
-        # one (a full disk) leaves it FAILED with the reason, not FINISHED without its Figure 1 (as `train` does)
-        with tracking.start_run(uri, experiment, "", resume=tr.run_id) as train_run:
-            ev = evaluate_model(tr.model, tr.config, tr.steps, train_run, device=cfg.train.device, out=out)
+        keep = contextlib.ExitStack()  # the training run's lease from its start to its evaluation's end
+        with keep:
+            tr = train(cfg, tracking_uri=uri, experiment=experiment, run_name=tracking.train_run_name(cfg),
+                       parent=parent.run_id, progress=progress,
+                       on_start=lambda rid: keep.enter_context(tracking.hold_run(uri, rid)))
+            on_stage("evaluating (Figure 1)")
+            # the model in hand: no checkpoint read back. The training run is reopened for its evaluation, so a failed
+            # one (a full disk) leaves it FAILED with the reason, not FINISHED without its Figure 1 (as `train` does)
+            with tracking.start_run(uri, experiment, "", resume=tr.run_id) as train_run:
+                ev = evaluate_model(tr.model, tr.config, tr.steps, train_run, device=cfg.train.device, out=out)
         parent.log_metrics(ev)
         on_stage("layerwise analysis (Figures 2, 3a, 3b)")
         an = analyze_model(tr.model, tr.config, tr.steps, train_run, uri=uri, device=cfg.train.device, out=out,

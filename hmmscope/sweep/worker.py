@@ -72,6 +72,30 @@ from .study import ATTR_PARENT, create_study, load_study, spec_of_study
 from .trial import run_trial
 
 
+class SweepDeleted(RuntimeError):
+    """The sweep's study was deleted while this process ran it: one line, no traceback; its runs are ended."""
+
+
+def _gone(e: BaseException, study_name: str, url: str) -> bool:
+    """Is `e` the storage's answer for a study that is no longer there (Optuna: KeyError 'Record does not exist.' on
+    an RDB storage, a KeyError on a journal)? Asked of the storage, by the study's name."""
+    if not isinstance(e, KeyError):
+        return False
+    import optuna
+
+    from .storage import open_storage
+
+    try:
+        return study_name not in optuna.get_all_study_names(open_storage(url, create=False))
+    except Exception:  # the storage itself out of reach: not a deleted study
+        return False
+
+
+def _deleted(study_name: str, url: str) -> SweepDeleted:
+    return SweepDeleted(f"sweep {study_name!r} was deleted while it ran (its study is no longer in {safe_url(url)}); "
+                        "its runs were ended")
+
+
 def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int | None = None,
                log: Callable[[str], None] | None = None) -> int:
     """Pull WAITING trials of the study and run them until none are left (or max_trials); returns trials run."""
@@ -117,6 +141,11 @@ def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int 
                 try:
                     if store.finish(tid, TrialState.FAIL, attrs={"fail_reason": "interrupted"}):
                         store.retry(tid, spec.max_retry, interrupted=True)  # not a crash: no budget used
+                except KeyError as e:  # the study is gone: no trial to hand back
+                    if not _gone(e, study_name, url):
+                        raise
+                    _settle(uri, spec, trial.number, opened, f"its sweep {study_name!r} was deleted while it ran", log)
+                    raise _deleted(study_name, url) from None
                 finally:
                     if main_thread:
                         signal.signal(signal.SIGTERM, old)
@@ -127,8 +156,14 @@ def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int 
         if state == TrialState.PRUNED:  # as Study.tell does: a pruned trial's value is its last reported one
             steps = patient(store.storage.get_trial, tid).intermediate_values
             value = steps[max(steps)] if steps else None
-        recorded = patient(store.finish, tid, state, value if state in (TrialState.COMPLETE, TrialState.PRUNED) else None,
-                           attrs)
+        try:
+            recorded = patient(store.finish, tid, state,
+                               value if state in (TrialState.COMPLETE, TrialState.PRUNED) else None, attrs)
+        except KeyError as e:  # the study was deleted under this worker: its runs end, then one line
+            if not _gone(e, study_name, url):
+                raise
+            _settle(uri, spec, trial.number, opened, f"its sweep {study_name!r} was deleted while it ran", log)
+            raise _deleted(study_name, url) from None
         done_here = state == TrialState.COMPLETE and recorded
         kept = opened[-1] if done_here and opened else None  # the run holding the trial's result
         for rid in _own_runs(uri, spec, trial.number, opened):
@@ -170,6 +205,16 @@ def _own_runs(uri: str, spec, number: int, opened: list[str]) -> list[str]:
     with contextlib.suppress(Exception):  # a store still out of reach: the noted ones only
         found = tracking.own_runs(uri, spec.experiment, {"hmmscope.study": spec.name, "hmmscope.trial": number})
     return list(dict.fromkeys([*opened, *found]))
+
+
+def _settle(uri: str, spec, number: int, opened: list[str], why: str, log: Callable[[str], None]) -> None:
+    """End FAILED every run this worker opened for trial `number` that is still RUNNING (in the trash too)."""
+    from .. import tracking
+
+    for rid in _own_runs(uri, spec, number, opened):
+        with contextlib.suppress(Exception):
+            if tracking.settle_run(uri, rid, why):
+                log(f"trial {number}: its run {rid} ended FAILED ({why})")
 
 
 STORE_OUTAGE_S = 900.0  # how long a worker waits for its storage to answer again (env HMMSCOPE_STORE_OUTAGE_S)
@@ -394,9 +439,20 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
             while any(p.poll() is None for p in procs):
                 time.sleep(1.0)
                 if progress is not None:
-                    progress(counts(study), spec.n_trials)
+                    try:
+                        progress(counts(study), spec.n_trials)
+                    except KeyError as e:  # the study deleted under this sweep: its workers are stopped below
+                        if _gone(e, spec.name, storage):
+                            raise _deleted(spec.name, storage) from None
+                        raise
             for r in readers:  # every line a worker wrote is out before the summary
                 r.join(timeout=10)
+            try:
+                counts(study)
+            except KeyError as e:  # deleted under it, its workers ended first (no progress callback to see it)
+                if _gone(e, spec.name, storage):
+                    raise _deleted(spec.name, storage) from None
+                raise
         except BaseException:
             for p in procs:
                 if p.poll() is None:
@@ -509,6 +565,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(int(os.environ["HMMSCOPE_THREADS"]))
     try:
         n = run_worker(a.study, a.storage, a.uri, max_trials=a.max_trials)
+    except SweepDeleted as e:
+        print(f"worker {os.getpid()}: {e}", file=sys.stderr, flush=True)
+        return 1
     except KeyboardInterrupt:
         print(f"worker {os.getpid()}: interrupted; its trial was put back", file=sys.stderr, flush=True)
         return 130

@@ -212,9 +212,26 @@ def clear_orphaned(c, run_id: str) -> None:
             c.delete_tag(run_id, "hmmscope.failure_reason")
 
 
+def end_run(c, run_id: str, status: str, reason: str | None = None, end_time: int | None = None) -> None:
+    """End the run `run_id` with `status` (and the tag hmmscope.failure_reason = `reason`, written first), in the trash
+    too: MLflow writes only to active runs, so a deleted one (its sweep deleted under its writer) is restored, ended
+    and deleted again, and never stays RUNNING where nothing looks."""
+    deleted = c.get_run(run_id).info.lifecycle_stage == "deleted"
+    if deleted:
+        c.restore_run(run_id)
+    try:
+        if reason is not None:
+            c.set_tag(run_id, "hmmscope.failure_reason", reason[:5000])
+        c.set_terminated(run_id, status, end_time=end_time)
+    finally:
+        if deleted:
+            c.delete_run(run_id)
+
+
 def gc_runs(uri: str, *, experiments: list[str] | None = None, dry_run: bool = False,
             now: float | None = None) -> list[tuple[Any, str]]:
-    """Find orphan RUNNING runs (`stale_reason`) and, unless `dry_run`, mark them KILLED with the reason.
+    """Find orphan RUNNING runs (`stale_reason`), in the trash too, and, unless `dry_run`, mark them KILLED with the
+    reason.
 
     `experiments`: names to search (default: every experiment). Returns (run, reason) per orphan.
     """
@@ -231,7 +248,7 @@ def gc_runs(uri: str, *, experiments: list[str] | None = None, dry_run: bool = F
     if not ids:
         return []
     found = []
-    for r in search_runs(uri, experiment_ids=ids, filter_string="attributes.status = 'RUNNING'"):
+    for r in search_runs(uri, experiment_ids=ids, filter_string="attributes.status = 'RUNNING'", deleted=True):
         why = stale_reason(r, now=now)
         if why is not None:
             found.append((r, why))
@@ -242,8 +259,7 @@ def gc_runs(uri: str, *, experiments: list[str] | None = None, dry_run: bool = F
             end = None
             with contextlib.suppress(KeyError, ValueError, TypeError):
                 end = int(float(lease_of(r)["beat"]) * 1000)
-            c.set_tag(r.info.run_id, "hmmscope.failure_reason", f"orphaned: {why}")
-            c.set_terminated(r.info.run_id, "KILLED", end_time=end)
+            end_run(c, r.info.run_id, "KILLED", f"orphaned: {why}", end_time=end)
     return found
 
 
@@ -535,7 +551,8 @@ def own_runs(uri: str, experiment: str, tags: dict[str, Any]) -> list[str]:
     Finds a run this process opened even where it never learned the run's id, or lost it before noting it (a
     store cut off while the run was being created or its first writes made): `settle` then ends those still open."""
     where = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
-    return [r.info.run_id for r in search_runs(uri, experiment, filter_string=where) if _is_me(lease_of(r))]
+    return [r.info.run_id for r in search_runs(uri, experiment, filter_string=where, deleted=True)
+            if _is_me(lease_of(r))]
 
 
 def settle(uri: str, run_id: str, reason: str, status: str = "FAILED", *, finished_too: bool = False) -> bool:
@@ -547,6 +564,5 @@ def settle(uri: str, run_id: str, reason: str, status: str = "FAILED", *, finish
     r = c.get_run(run_id)
     if r.info.status not in (("RUNNING", "FINISHED") if finished_too else ("RUNNING",)) or not _is_me(lease_of(r)):
         return False
-    c.set_tag(run_id, "hmmscope.failure_reason", reason[:5000])
-    c.set_terminated(run_id, status)
+    end_run(c, run_id, status, reason)
     return True
