@@ -79,6 +79,46 @@ def regular_or_absent(p: Path, what: str) -> None:
                           "read and written as a file")
 
 
+# A store's failures that waiting does not cure: said at once, never waited out as an outage
+PERMANENT_FAULTS = ("database or disk is full", "no space left on device", "disk quota exceeded",
+                    "attempt to write a readonly database", "read-only file system")
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+    """`e` and the exceptions behind it (__cause__, __context__, a DB-API error's `orig`), outermost first."""
+    out: list[BaseException] = []
+    todo = [e]
+    while todo and len(out) < 20:
+        x = todo.pop(0)
+        if x is None or any(x is y for y in out):
+            continue
+        out.append(x)
+        todo += [getattr(x, "orig", None), x.__cause__, x.__context__]
+    return out
+
+
+def permanent_fault(e: BaseException) -> str | None:
+    """The store's own reason when `e` is a fault waiting does not cure (a full disk, a read-only store), else None."""
+    for x in _chain(e):
+        text = str(x).lower()
+        for f in PERMANENT_FAULTS:
+            if f in text:
+                return f
+    return None
+
+
+def store_reason(e: BaseException) -> str:
+    """One line for a store's failure, with the store's own reason: the innermost database error's first line (sqlite3
+    'database or disk is full', not SQLAlchemy's or MLflow's wrapping 'raised as a result of Query-invoked autoflush'),
+    after the outer exception's type."""
+    chain = _chain(e)
+    inner = [x for x in chain if type(x).__module__.split(".")[0] in ("sqlite3", "psycopg2", "psycopg", "pymysql")]
+    root = inner[-1] if inner else chain[-1]
+    lines = str(root).strip().splitlines()
+    why = lines[0] if lines else type(root).__name__
+    return f"{type(e).__name__}: {why}" if root is e else f"{type(e).__name__}: {type(root).__name__}: {why}"
+
+
 def hide_password(url: str) -> str:
     """The URL with its password (everything between `user:` and the last @ of the authority) as ***."""
     return re.sub(r"//([^:/@]+):[^/]*@", r"//\1:***@", url)
@@ -148,7 +188,8 @@ def _sqlite_tables(db: Path, what: str) -> set[str] | None:
         except sqlite3.Error as e:  # an SQLite header, then a schema that cannot be read: truncated, overwritten
             if _busy(e):
                 raise _locked(db, what) from None
-            raise ConfigError(f"{what} {db} is corrupt ({str(e).splitlines()[0][:120]}); restore it from a backup "
+            why = (str(e).splitlines() or [type(e).__name__])[0][:120]
+            raise ConfigError(f"{what} {db} is corrupt ({why}); restore it from a backup "
                               "or move it away") from None
         try:  # every page read once: a malformed page or a truncated file is found here, not mid-run
             bad = [r[0] for r in con.execute("pragma quick_check(3)") if r[0] != "ok"]
@@ -159,7 +200,7 @@ def _sqlite_tables(db: Path, what: str) -> set[str] | None:
     finally:
         con.close()
     if bad:
-        raise ConfigError(f"{what} {db} is corrupt ({bad[0].splitlines()[0][:120]}); restore it from a backup "
+        raise ConfigError(f"{what} {db} is corrupt ({(bad[0].splitlines() or ['?'])[0][:120]}); restore it from a backup "
                           "or move it away")
     return tables
 

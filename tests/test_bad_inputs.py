@@ -140,6 +140,11 @@ def project(tmp_path_factory):
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "last.pt").write_bytes((root / "nan.pt").read_bytes())
             nanrun.log_artifact(Path(tmp) / "last.pt", "checkpoints")
+    with tracking.start_run(uri, "hmmscope", "zero-checkpoint") as zero:  # a checkpoint whose write was cut off
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "last.pt").touch()
+            zero.log_artifact(Path(tmp) / "last.pt", "checkpoints")
+    (root / "zero.pt").touch()
     storage = f"sqlite:///{root}/mlruns/optuna.db"
     create_study(parse_spec(spec_text("known"), root / "known.toml"), storage, uri)
     bad = root / "corrupt" / "studies.db"  # a malformed page under an intact header and schema
@@ -165,7 +170,7 @@ def project(tmp_path_factory):
         ro.mkdir()
         ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
     foreign = _foreign_server(tmp_path_factory.mktemp("foreign"))
-    return {"deleted_run": gone.run_id, "nan_run": nanrun.run_id, "foreign": foreign, "outside": outside,
+    return {"deleted_run": gone.run_id, "nan_run": nanrun.run_id, "zero_run": zero.run_id, "foreign": foreign, "outside": outside,
             "root": root, "uri": uri, "storage": storage, "misfit_run": run.run_id, "readonly": ro,
             "port": _free_port()}
 
@@ -281,6 +286,16 @@ CASES = [
       id="storage: journal:///dev/null"),
     P(["analyze", "nan.pt"], "not finite", id="checkpoint file: NaN weights"),
     P(["analyze", "{nan_run}"], "not finite", id="run: NaN weights, before any analysis run"),
+    # issue 36, item 6: a 0-byte checkpoint crashed evaluate and train --resume (IndexError)
+    P(["evaluate", "{zero_run}"], "is empty (0 bytes", id="run: a 0-byte checkpoint, evaluate"),
+    P(["train", "--config", "tiny.toml", "--resume", "{zero_run}"], "is empty (0 bytes",
+      id="run: a 0-byte checkpoint, train --resume"),
+    P(["analyze", "zero.pt"], "is empty (0 bytes", id="checkpoint file: 0 bytes"),
+    # issue 36, item 9: error lines of 12-240 KB echoing the input; a path with a newline printed raw (two lines)
+    P(["train", "--config", "tiny.toml", "--set", "hmm.gamma=" + "9" * 200_000], "characters ...]",
+      id="a 200 KB value: the error line is bounded"),
+    P(["train", "--config", "no\nsuch.toml"], "no\\nsuch.toml", id="a path holding a newline, escaped"),
+    P(["train", "--config", "no\x1b[31msuch.toml"], "no\\x1b[31msuch.toml", id="a path holding an escape sequence"),
 ]
 
 ENV_CASES = [  # (environment, args, needle): read at the command's start
@@ -324,6 +339,7 @@ def _case(project, monkeypatch, args, needle):
     assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
     assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
     assert needle in lines[0], lines[0]
+    assert len(lines[0]) < 1000 and lines[0].isprintable(), lines[0][:2000]
     assert "Traceback" not in r.output
     new = sorted(after["files"].keys() - before["files"].keys())
     changed = sorted(k for k in before["files"] if after["files"].get(k) != before["files"][k])

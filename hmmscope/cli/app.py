@@ -18,7 +18,7 @@ import typer
 from typer.core import TyperGroup
 
 from . import bench, headroom, jobs, report, runs, sweep, theory, ui
-from .common import fail
+from .common import fail, one_line
 
 
 class OneLineErrors(TyperGroup):
@@ -40,7 +40,7 @@ class OneLineErrors(TyperGroup):
                 sys.exit(e.exit_code)
             ctx = getattr(e, "ctx", None)
             hint = f" (see: {ctx.command_path} --help)" if ctx is not None and e.exit_code == 2 else ""
-            msg = " ".join(str(e.format_message()).split())
+            msg = one_line(" ".join(str(e.format_message()).split()))
             typer.echo(f"error: {msg}{hint}", err=True)
             sys.exit(e.exit_code)
         if rv == 130:

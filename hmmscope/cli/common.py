@@ -64,9 +64,26 @@ StorageOpt = Annotated[str | None, typer.Option("--storage", help="Optuna storag
 # ---------------------------------------------------------------- bad input
 
 
+MAX_LINE = 600  # characters of an error line: an echoed input is cut in its middle, its start and its reason kept
+
+
+def one_line(msg: str, limit: int = MAX_LINE) -> str:
+    """`msg` as one printable line: control characters escaped (a path holding a newline or an escape sequence prints
+    as `\\n`, `\\x1b`), and at most `limit` characters: a long one keeps its start and its end (where the reason is),
+    with how much was cut between."""
+    import unicodedata
+
+    text = "".join(ch if ch == " " or unicodedata.category(ch)[0] != "C" else
+                   (repr(ch)[1:-1] if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}") for ch in str(msg))
+    if len(text) <= limit:
+        return text
+    head, tail = limit * 2 // 3, limit // 3
+    return f"{text[:head]} [... {len(text) - head - tail} characters ...] {text[-tail:]}"
+
+
 def fail(msg: str, code: int = 2) -> None:
-    """One line on stderr, then exit (2 = bad input)."""
-    typer.echo(f"error: {msg}", err=True)
+    """One line on stderr (`one_line`: escaped, bounded), then exit (2 = bad input)."""
+    typer.echo(f"error: {one_line(msg)}", err=True)
     raise typer.Exit(code)
 
 
@@ -111,7 +128,9 @@ def user_errors(fn):
         except Exception as e:  # the store failed under us (a server answering 500, a database gone): one line
             if not _store_error(e):
                 raise
-            fail(f"the store failed: {type(e).__name__}: {_line(e)[:400]}")
+            from ..store_checks import store_reason
+
+            fail(f"the store failed: {store_reason(e)}")
 
     return wrapper
 

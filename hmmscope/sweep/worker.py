@@ -222,7 +222,12 @@ STORE_OUTAGE_S = 900.0  # how long a worker waits for its storage to answer agai
 
 def _transient(e: BaseException) -> bool:
     """A storage error that a new connection may not have: the database unreachable, a connection dropped (SQLAlchemy's
-    OperationalError / InterfaceError, or Optuna's StorageInternalError wrapping one)."""
+    OperationalError / InterfaceError, or Optuna's StorageInternalError wrapping one). Not a full disk or a read-only
+    store (`store_checks.permanent_fault`): waiting does not cure those, so they are said at once."""
+    from ..store_checks import permanent_fault
+
+    if permanent_fault(e) is not None:
+        return False
     names = {c.__name__ for c in type(e).__mro__}
     return bool(names & {"OperationalError", "InterfaceError", "StorageInternalError"}) or \
         getattr(e, "connection_invalidated", False)
@@ -567,6 +572,14 @@ def main(argv: list[str] | None = None) -> int:
         n = run_worker(a.study, a.storage, a.uri, max_trials=a.max_trials)
     except SweepDeleted as e:
         print(f"worker {os.getpid()}: {e}", file=sys.stderr, flush=True)
+        return 1
+    except Exception as e:  # the storage or the store failed (a full disk): one line, not a traceback
+        from ..cli.common import _store_error
+        from ..store_checks import store_reason
+
+        if not _store_error(e):
+            raise
+        print(f"worker {os.getpid()}: error: the store failed: {store_reason(e)}", file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:
         print(f"worker {os.getpid()}: interrupted; its trial was put back", file=sys.stderr, flush=True)

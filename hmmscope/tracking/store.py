@@ -143,6 +143,11 @@ def _mlflow_creates_no_folder_for_sqlite_uris() -> None:
     make = utils._make_parent_dirs_if_sqlite
     if getattr(make, "hmmscope", False):
         return
+    import logging
+
+    # MLflow logs every database error with its traceback at ERROR before it raises it (a full disk: dozens of lines
+    # per write); the error itself reaches the caller, which says it in one line
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
     def make_parent_dirs(db_uri: str) -> None:
         if not db_uri.startswith("sqlite:///file:"):
