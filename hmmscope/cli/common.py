@@ -88,6 +88,10 @@ def fail(msg: str, code: int = 2) -> None:
 
 
 def _line(e: BaseException) -> str:
+    """The error's message for one line: ours (ConfigError) whole, as a user's input in it may hold a newline
+    (`one_line` escapes it); another library's first line."""
+    if isinstance(e, ConfigError) and str(e).strip():
+        return str(e).strip()
     lines = str(e).strip().splitlines()
     return lines[0] if lines else type(e).__name__
 
