@@ -21,7 +21,6 @@ sweep or the CLI.
 from __future__ import annotations
 
 import random
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -163,5 +162,5 @@ def model_from_checkpoint(ck: dict) -> tuple[Transformer, Config]:
 
 def load_model(tracking_uri: str, run_id: str) -> tuple[Transformer, Config]:
     """The trained Transformer (CPU, eval mode) and Config of run_id, from its last checkpoint."""
-    with tempfile.TemporaryDirectory() as tmp:
+    with tracking.run_temp_dir(run_id) as tmp:  # named after its run: `runs gc` finds it after a SIGKILL
         return model_from_checkpoint(load_checkpoint(tracking_uri, run_id, tmp))

@@ -178,7 +178,7 @@ def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int
     _require_checkpoint(run)
     resolve_device(device)
     with tracking.hold_run(uri, run_id):
-        with tempfile.TemporaryDirectory() as tmp:
+        with tracking.run_temp_dir(run_id) as tmp:  # named after its run: `runs gc` finds it after a SIGKILL
             ck = load_checkpoint(uri, run_id, tmp)
         model, cfg = model_from_checkpoint(ck)
         return evaluate_model(model, cfg, int(ck["step"]), run, device=device, n_episodes=n_episodes,
@@ -352,7 +352,7 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
     else:
         run = tracking.existing_run(uri, target)
         _require_checkpoint(run)
-        with tempfile.TemporaryDirectory() as tmp:
+        with tracking.run_temp_dir(target) as tmp:  # named after its run: `runs gc` finds it after a SIGKILL
             ck = load_checkpoint(uri, target, tmp)
     model, cfg = model_from_checkpoint(ck)
     return analyze_model(model, cfg, int(ck["step"]), run, uri=uri, target=target, device=device,

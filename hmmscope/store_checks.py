@@ -206,6 +206,16 @@ def _sqlite_tables(db: Path, what: str) -> set[str] | None:
 
 
 @functools.lru_cache(maxsize=1)
+def _mlflow_revisions() -> frozenset[str]:
+    """Every schema revision the installed MLflow's migrations know (empty if they cannot be read)."""
+    _mlflow_head()
+    return frozenset(_REVISIONS)
+
+
+_REVISIONS: set[str] = set()
+
+
+@functools.lru_cache(maxsize=1)
 def _mlflow_head() -> str | None:
     """The head revision of the installed MLflow's schema, read from its migration files' `revision` and
     `down_revision` lines (milliseconds; alembic's own ScriptDirectory takes seconds); None if that is not one head."""
@@ -224,6 +234,7 @@ def _mlflow_head() -> str | None:
         if d:
             downs |= set(re.findall(r"['\"]([0-9a-z_]+)['\"]", d.group(1)))
     heads = revs - downs
+    _REVISIONS.update(revs)
     return next(iter(heads)) if len(heads) == 1 else None
 
 
@@ -263,6 +274,13 @@ def _mlflow_schema(db: Path, tables: set[str], what: str) -> None:
         raise ConfigError(f"{what} {db} was left half-created (its schema stopped at revision {rev or 'none'}"
                           f"{', with ' + tmp[0] + ' left over' if tmp else ''}; e.g. a full disk while it was "
                           f"created); {how}")
+    known = _mlflow_revisions()
+    if known and rev not in known:  # written by a newer MLflow: an upgrade here would not know it
+        import mlflow
+
+        raise ConfigError(f"{what} {db} has a newer schema (revision {rev}, unknown to this MLflow {mlflow.__version__}, "
+                          f"whose newest is {head}): it was written by a newer MLflow; use that one (pip install -U "
+                          "mlflow), or another store")
     raise ConfigError(f"{what} {db} has an older schema (revision {rev}; this MLflow needs {head}): back it up, then "
                       f"`mlflow db upgrade sqlite:///{db}`")
 
@@ -293,10 +311,12 @@ def _sqlite_file(db: Path, what: str, table: str, *, must_exist: bool, write: bo
 
 def _artifacts_inside(db: Path) -> None:
     """The artifact folder beside an MLflow store (`<folder>/artifacts`, where runs, checkpoints and models are
-    written) resolves inside the store's folder: a link out of it is refused, as one out of out/ is."""
+    written) and its `models/` (MLflow's logged models) resolve inside the store's folder: a link out of either is
+    refused, as one out of out/ is, before any work (a linked `artifacts/models` was found only after training)."""
     from . import safe_output
 
-    safe_output.check_dest(db.parent / "artifacts" / safe_output.PROBE, root=db.parent)
+    for folder in (db.parent / "artifacts", db.parent / "artifacts" / "models"):  # runs' artifacts; logged models
+        safe_output.check_dest(folder / safe_output.PROBE, root=db.parent)
 
 
 def _sqlite_path(url: str, what: str) -> Path | None:

@@ -122,6 +122,7 @@ def project(tmp_path_factory):
     nan = {k: v.clone() for k, v in model.state_dict().items()}
     next(v for v in nan.values() if v.is_floating_point()).fill_(float("nan"))
     torch.save({**ck, "config": flatten(cfg), "model": nan}, root / "nan.pt")
+    (root / "cut.toml").write_text(spec_text("cut").split("[space]")[0])  # a spec whose file was cut short
     (root / "fixedswept.toml").write_text(spec_text("fs").replace('[space]', '"hmm.gamma" = 0.3\n[space]'))
     (root / "seedswept.toml").write_text(spec_text("ss").replace('[space]\n', '[space]\n"train.seed" = {grid = [3, 4]}\n'))
     uri = f"sqlite:///{root}/mlruns/mlflow.db"
@@ -296,6 +297,10 @@ CASES = [
       id="a 200 KB value: the error line is bounded"),
     P(["train", "--config", "no\nsuch.toml"], "no\\nsuch.toml", id="a path holding a newline, escaped"),
     P(["train", "--config", "no\x1b[31msuch.toml"], "no\\x1b[31msuch.toml", id="a path holding an escape sequence"),
+    # issue 36, item 8: ui served `tsw` for --sweep "t'sw", the front page for --sweep ''
+    P(["ui", "--sweep", "t'sw"], "safe name", id="ui --sweep with a quote"),
+    P(["ui", "--sweep", ""], "safe name", id="ui --sweep ''"),
+    P(["sweep", "run", "cut.toml"], "[space]", id="spec: cut off before its [space]"),
 ]
 
 ENV_CASES = [  # (environment, args, needle): read at the command's start
@@ -303,6 +308,13 @@ ENV_CASES = [  # (environment, args, needle): read at the command's start
     P({"HMMSCOPE_THREADS": "-1"}, ["runs", "list"], "HMMSCOPE_THREADS", id="HMMSCOPE_THREADS=-1"),
     P({"PYTHONWARNINGS": "error"}, ["train", "--config", "tiny.toml"], "PYTHONWARNINGS=error",
       id="PYTHONWARNINGS=error"),
+    # issue 36, item 8: every numeric setting has a stated range (before: 1e-300 s heartbeats, a 1e308 s lease)
+    P({"HMMSCOPE_RUN_HEARTBEAT_S": "1e-300"}, ["train", "--config", "tiny.toml"], "[0.1, 3600]",
+      id="HMMSCOPE_RUN_HEARTBEAT_S=1e-300"),
+    P({"HMMSCOPE_RUN_HEARTBEAT_S": "1e308"}, ["runs", "gc"], "HMMSCOPE_RUN_HEARTBEAT_S", id="HMMSCOPE_RUN_HEARTBEAT_S=1e308"),
+    P({"HMMSCOPE_STORE_OUTAGE_S": "1e308"}, ["sweep", "run", "spec.toml"], "[0, 86400]", id="HMMSCOPE_STORE_OUTAGE_S=1e308"),
+    P({"HMMSCOPE_PROGRESS_S": "0"}, ["train", "--config", "tiny.toml"], "HMMSCOPE_PROGRESS_S", id="HMMSCOPE_PROGRESS_S=0"),
+    P({"HMMSCOPE_THREADS": "100000"}, ["train", "--config", "tiny.toml"], "[1, 4096]", id="HMMSCOPE_THREADS=100000"),
 ]
 
 

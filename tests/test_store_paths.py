@@ -168,3 +168,31 @@ def test_report_on_a_0_byte_store_is_one_line_and_writes_no_schema(tmp_path, mon
         assert "mlflow.db" in line and "empty" in line, line
         assert db.stat().st_size == 0 and sorted(os.listdir(db.parent)) == ["mlflow.db"]
     assert _tree(tmp_path) == ["mlruns", "mlruns/mlflow.db"]
+
+
+def test_a_store_of_a_newer_mlflow_is_called_newer(tmp_path, monkeypatch):
+    """Issue 36, item 9: a schema revision this MLflow does not know was called 'older' (with `mlflow db upgrade`)."""
+    import sqlite3
+
+    uri = _store(tmp_path / "proj")
+    db = tmp_path / "proj" / "mlruns" / "mlflow.db"
+    with sqlite3.connect(db) as c:
+        c.execute("update alembic_version set version_num = 'ffffffffffff'")
+    line = _one_line(_invoke(["runs", "list", "--tracking-uri", uri], tmp_path, monkeypatch))
+    assert "newer schema" in line and "ffffffffffff" in line and "older" not in line, line
+
+
+def test_a_linked_models_folder_is_refused_before_training(tmp_path, monkeypatch):
+    """Issue 36, item 9: `mlruns/artifacts/models` linked out of the store was refused only when the logged model was
+    written, after training and Figure 1."""
+    _store(tmp_path)
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    (tmp_path / "mlruns" / "artifacts").mkdir(exist_ok=True)
+    (tmp_path / "mlruns" / "artifacts" / "models").symlink_to(outside, target_is_directory=True)
+    (tmp_path / "tiny.toml").write_text("[train]\nsteps = 2\ndevice = \"cpu\"\n")
+    runs = len(tracking.search_runs(f"sqlite:///{tmp_path}/mlruns/mlflow.db", "hmmscope"))
+    line = _one_line(_invoke(["train", "--config", "tiny.toml"], tmp_path, monkeypatch))
+    assert "models" in line and "symlink" in line, line
+    assert len(tracking.search_runs(f"sqlite:///{tmp_path}/mlruns/mlflow.db", "hmmscope")) == runs == 0
+    assert list(outside.iterdir()) == []

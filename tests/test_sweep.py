@@ -989,14 +989,18 @@ def test_preempted_trial_resumes_from_its_checkpoint(tmp_path):
     assert optuna.load_study(study_name="pre", storage=storage).trials[1].user_attrs["mlflow_run_id"] == run_id
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-1", "soon"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "soon", "1e308"])
 def test_a_bad_store_outage_setting_never_makes_a_wait_unbounded(monkeypatch, value):
     """HMMSCOPE_STORE_OUTAGE_S bounds how long a worker waits for its storage. `nan` made the bound compare false,
-    so a worker cut off for good retried forever (and said "for up to nan s"); inf the same. Now anything but a
-    finite number >= 0 gives the default; 0 gives up at the first transient error."""
+    so a worker cut off for good retried forever (and said "for up to nan s"); inf the same; 1e308 was taken (issue
+    36, item 8). Now anything outside its stated range [0, 86400] is refused, naming it; 0 gives up at the first
+    transient error."""
     from hmmscope.sweep import worker
 
     monkeypatch.setenv("HMMSCOPE_STORE_OUTAGE_S", value)
+    with pytest.raises(ValueError, match=r"HMMSCOPE_STORE_OUTAGE_S=.*\[0, 86400\]"):
+        worker._Patient(lambda m: None)
+    monkeypatch.setenv("HMMSCOPE_STORE_OUTAGE_S", "")
     assert worker._Patient(lambda m: None).limit == worker.STORE_OUTAGE_S
     monkeypatch.setenv("HMMSCOPE_STORE_OUTAGE_S", "0")
 

@@ -77,6 +77,10 @@ def ui_cmd(
 
     if sum(x is not None for x in (run, sweep, experiment)) > 1:
         raise ConfigError("give at most one of --run, --sweep, --experiment")
+    if sweep is not None:  # a name as `sweep run` takes it: never rewritten into another sweep's, never empty
+        checks.safe_name(sweep, "--sweep")
+    if experiment is not None:
+        checks.experiment_name(experiment)
     try:
         uri = checks.tracking_store(tracking_uri, must_exist=not create)
     except ConfigError as e:

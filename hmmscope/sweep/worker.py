@@ -67,7 +67,7 @@ from ..servers import die_with_parent
 from ..sweep_spec import SweepSpec
 from .protocol import TrialStore
 from .status import best_trial, collect_orphans, counts
-from .storage import default_storage, safe_url, storage_url
+from .storage import STORE_OUTAGE_S, default_storage, outage_limit, safe_url, storage_url  # noqa: F401
 from .study import ATTR_PARENT, create_study, load_study, spec_of_study
 from .trial import run_trial
 
@@ -217,7 +217,6 @@ def _settle(uri: str, spec, number: int, opened: list[str], why: str, log: Calla
                 log(f"trial {number}: its run {rid} ended FAILED ({why})")
 
 
-STORE_OUTAGE_S = 900.0  # how long a worker waits for its storage to answer again (env HMMSCOPE_STORE_OUTAGE_S)
 
 
 def _transient(e: BaseException) -> bool:
@@ -241,11 +240,7 @@ class _Patient:
 
     def __init__(self, log: Callable[[str], None]):
         self.log = log
-        try:
-            limit = float(os.environ.get("HMMSCOPE_STORE_OUTAGE_S", STORE_OUTAGE_S))
-        except ValueError:
-            limit = STORE_OUTAGE_S
-        self.limit = limit if math.isfinite(limit) and limit >= 0 else STORE_OUTAGE_S  # nan, inf: never a wait unbounded
+        self.limit = outage_limit()  # a stated range (storage.STORE_OUTAGE_RANGE): nan, inf refused
 
     def __call__(self, fn, *args):
         t0, wait, said = time.monotonic(), 1.0, False

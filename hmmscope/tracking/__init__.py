@@ -22,6 +22,7 @@ mlflow at import time (only inside functions), and none imports anything of hmms
 """
 
 from .claims import CLAIMS_FILE, claim_headline, claim_keys, read_claims
+from .leftovers import run_temp_dir
 from .liveness import (
     HEARTBEAT_ENV,
     HEARTBEAT_GRACE,
@@ -93,6 +94,7 @@ from .tags import (
 __all__ = [
     "ANSWER", "SHARED_VIEW", "resolve_run_id", "run_link", "save_sweep_view", "sweep_columns", "sweep_urls", "sweep_view",
     "sweep_view_key",
+    "run_temp_dir",
     "ARTIFACTS", "ArtifactNotFound", "LeaseLost", "LeaseUnavailable", "RunHeld", "hold_run", "own_runs", "settle_run",
     "CLAIMS_FILE", "CLAIM_COLUMNS", "DB_NAME", "HEARTBEAT_ENV", "HEARTBEAT_GRACE",
     "ML_VIEW", "PARAM_MAX", "ROOT_TAG", "Run", "STORE_DIR", "THEORY_SECTIONS", "TRAIN_SECTIONS", "UI_PORT",

@@ -52,13 +52,30 @@ LEASE_TAG = "hmmscope.lease"
 LEGACY_LEASE_TAG = "mlflow.hmmscope.lease"  # runs recorded before the rename: read, never written
 
 
-def heartbeat_interval() -> float:
-    """Seconds between a run's heartbeats (env HMMSCOPE_RUN_HEARTBEAT_S, default 30)."""
+HEARTBEAT_RANGE = (0.1, 3600.0)  # seconds: faster is a store write storm per run, slower a lease that never expires
+
+
+def env_seconds(name: str, default: float, lo: float, hi: float, what: str) -> float:
+    """A number of seconds from the environment variable `name` (unset or empty: `default`); ValueError (one line:
+    the variable, its value, its range) for anything but a number in [lo, hi]."""
+    raw = os.environ.get(name, "")
+    if raw.strip() == "":
+        return default
     try:
-        v = float(os.environ.get(HEARTBEAT_ENV, "30"))
+        v = float(raw)
     except ValueError:
-        v = 30.0
-    return v if math.isfinite(v) and v > 0 else 30.0
+        v = math.nan
+    if not lo <= v <= hi:  # nan too
+        raise ValueError(f"{name}={raw[:40]!r}: give seconds in [{lo:g}, {hi:g}] ({what}), or unset it "
+                         f"(default {default:g})")
+    return v
+
+
+def heartbeat_interval() -> float:
+    """Seconds between a run's heartbeats (env HMMSCOPE_RUN_HEARTBEAT_S, default 30, in HEARTBEAT_RANGE; ValueError
+    outside it)."""
+    return env_seconds(HEARTBEAT_ENV, 30.0, *HEARTBEAT_RANGE, "the heartbeat of an open run; a lease expires after "
+                       f"{HEARTBEAT_GRACE} of them")
 
 
 def _proc_start(pid: int) -> str | None:

@@ -193,6 +193,9 @@ def ensure_store(uri: str) -> None:
     db.parent.mkdir(parents=True, exist_ok=True)
     with filelock.FileLock(str(db.parent / ".init.lock")):
         if not db.exists() or db.stat().st_size == 0:
+            for p in db.parent.glob(f".{db.name}.*.creating*"):  # a killed creation's (under the lock: none is live)
+                if p.is_file() and not p.is_symlink():
+                    p.unlink(missing_ok=True)
             _create(db)
         client(uri).search_experiments(max_results=1)  # checks the schema
         relocate(uri)
