@@ -5,7 +5,7 @@ A record keeps, per analysis run, the tables `hmmscope analyze --out` wrote (run
 probe_claims.csv, probes.csv, ...). From them, and from the sweep's spec (which rebuilds each trial's config, its
 HMM mixture and its probe episodes exactly), this module makes one row per run in the report's training-frame
 layout (`param:*`, `metric:claim/<name>/value|ci_lo|ci_hi`, `verdict:*`, `rule:*`), so that the report's own
-pooling (report.layerwise._layerwise_section: t over seeds) judges them. Every claim is the run's logged row,
+pooling (report.layerwise.layerwise_section: t over seeds) judges them. Every claim is the run's logged row,
 except the claims whose definition issue 26 changed, recomputed per run from what is kept (value only: the
 per-episode hits that a per-run bootstrap CI needs are not kept, so these rows carry no per-run CI or verdict; the
 pooled claim needs only the per-run values):
@@ -90,9 +90,9 @@ def _baselines(spec, trial: dict, n_episodes: int, probe_tasks: int, min_per_tas
                positions: int = 32, test_frac: float = 0.25) -> dict:
     """Per k: (task-baseline acc, token-statistics acc, scored rows) on the run's rebuilt probe episodes (the
     episodes, positions and split of jobs.analyze_model + probes.run_probes with these settings)."""
-    from hmmscope.episodes import probe_episodes
-    from hmmscope.hmm import make_mixture
-    from hmmscope.probes import kback_baselines, sample_positions, split_episodes
+    from hmmscope.data.episodes import probe_episodes
+    from hmmscope.data.hmm import make_mixture
+    from hmmscope.measure.probes import kback_baselines, sample_positions, split_episodes
 
     seed_r = int(_f(trial.get("train.seed", trial.get("data.seed", 0))))
     cfg = spec.trial_config({"hmm.n_tasks": int(_f(trial["hmm.n_tasks"])), "seed": seed_r})
@@ -110,7 +110,7 @@ def _baselines(spec, trial: dict, n_episodes: int, probe_tasks: int, min_per_tas
 def run_row(d: Path, trial: dict, spec, *, n_episodes: int, probe_tasks: int = 32, min_per_task: int = 30,
             seed: int = 0) -> tuple[dict, list[dict], dict]:
     """(training-frame row, k-back rows, state-before-task row) of one run folder (module docstring)."""
-    from hmmscope.probes.claims import state_before_task_values
+    from hmmscope.measure.probes.claims import state_before_task_values
     from hmmscope.stats import parse_rule, rule
     from hmmscope.tracking import safe_key
 
@@ -184,7 +184,7 @@ def token_recurrence(spec, n_tasks: int, ks=range(6), *, tasks=None, stationary:
     """Exact P(o_(t+1) = o_(t-k)) for k in ks, averaged over the tasks (default all) of the spec's mixture with
     n_tasks tasks (seed 0's config: hmm.seed is shared by the seeds): in the test segment (the state distribution
     of each position from the test's start distribution, pairs inside the segment), or at stationarity."""
-    from hmmscope.hmm import make_mixture
+    from hmmscope.data.hmm import make_mixture
 
     cfg = spec.trial_config({"hmm.n_tasks": n_tasks, "seed": 0})
     if cfg.data.test_start != "initial":

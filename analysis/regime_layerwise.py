@@ -80,16 +80,16 @@ def main(argv=None) -> int:
         return 2
 
     from hmmscope import tracking
-    from hmmscope.report.read import _find_parent, _is_theory, _read_trials, _training_frame
+    from hmmscope.report.read import find_parent, is_theory, read_sweep_trials, training_frame
 
     uri = tracking.resolve_uri(args.tracking_uri)
     try:
-        parent, study, _ = _find_parent(uri, args.sweep, args.storage)
+        parent, study, _ = find_parent(uri, args.sweep, args.storage)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    t = _read_trials(uri, parent, study)
-    df = _training_frame([r for r in t.complete if not _is_theory(r)], t.children, t.analysis, uri)
+    t = read_sweep_trials(uri, parent, study)
+    df = training_frame([r for r in t.complete if not is_theory(r)], t.children, t.analysis, uri)
     if "analysis_id" not in df.columns:
         print(f"error: sweep {args.sweep!r} has no analysis runs (run `hmmscope analyze RUN_ID` on its trials)",
               file=sys.stderr)
@@ -114,8 +114,8 @@ def _from_runs(args, cells: list[int]) -> int:
     import pandas as pd
 
     from hmmscope.config import ConfigError
-    from hmmscope.episodes import probe_tasks
-    from hmmscope.sweep_spec import load_spec
+    from hmmscope.data.episodes import probe_tasks
+    from hmmscope.sweep.spec import load_spec
 
     try:
         if args.trials is None or args.spec is None:
@@ -165,7 +165,7 @@ def _from_runs(args, cells: list[int]) -> int:
 
 def _pool(subs: dict, runs: dict, sweep: str, out: Path, note: str, plot: bool = True) -> None:
     """Pool each cell's runs through the report's layerwise section; write the md, csv, json and figures."""
-    from hmmscope.report.layerwise import _layerwise_section
+    from hmmscope.report.layerwise import layerwise_section
     from hmmscope.report.render import render_md
     from hmmscope.stats import jsonable
 
@@ -174,7 +174,7 @@ def _pool(subs: dict, runs: dict, sweep: str, out: Path, note: str, plot: bool =
     sections, rows = [], []
     for n, sub in subs.items():
         figs: dict = {}
-        sec, claims = _layerwise_section(sub, None, figs)
+        sec, claims = layerwise_section(sub, None, figs)
         seeds = sorted(sub["param:train.seed"].astype(int))
         sec.title = f"n_tasks = {n}: layerwise claims pooled over {len(sub)} runs (seeds {seeds})"
         if "metric:eval/retrieval_gap" in sub:

@@ -29,7 +29,7 @@ from collections import defaultdict
 import numpy as np
 from sweepdata import label, load_sweep, mean_ci, out_dir, parser, write_table
 
-from hmmscope.sweep_spec import seed_keys
+from hmmscope.sweep.spec import seed_keys
 
 
 def main(argv=None) -> int:

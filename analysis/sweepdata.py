@@ -100,7 +100,7 @@ def load_sweep(args) -> Sweep:
     from optuna.trial import TrialState
 
     from hmmscope import tracking
-    from hmmscope.sweep_spec import parse_spec
+    from hmmscope.sweep.spec import parse_spec
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     uri = tracking.resolve_uri(args.tracking_uri)

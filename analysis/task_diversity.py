@@ -290,10 +290,11 @@ RULES = {"retrieval_gap": (">", []), "icl_gain": (">", []), "inference_beyond_co
 
 def cell_regimes(regime_vals) -> list[dict]:
     """Per cell, Figure 1's regime claims pooled over seeds (t on G - 1 df, the seed as the unit, as the report's
-    regime section) with each claim's rule (evaluate.py: retrieval_gap > 0, icl_gain > 0, inference_beyond_counting =
-    model - best counting < 0 requiring icl_gain), and the regime word they give (evaluate.regime); beside them, how
+    regime section) with each claim's rule (hmmscope/measure/regimes.py: retrieval_gap > 0, icl_gain > 0,
+    inference_beyond_counting = model - best counting < 0 requiring icl_gain), and the regime word they give
+    (regimes.regime); beside them, how
     many trials are below best counting on their own paired CI over episodes (trials_below_best_counting)."""
-    from hmmscope.evaluate import regime
+    from hmmscope.measure.regimes import regime
     from hmmscope.stats import claim, rule, t_mean
 
     out = []

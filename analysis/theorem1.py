@@ -1,7 +1,7 @@
 """Theorem 1 across a theory sweep: the fitted decay rate of eps(L) against gamma, one series per rank d,
 with its 95% CI (t over the setting's HMM draws; one draw: its bootstrap CI), each draw's rate as a faint
 dot (the theory/draw/* metric histories), the chain's mixing floor -log|lambda_2|, and the fitted exponent
-k of rate ~ gamma^k (hmmscope.theory.exponent_fits, the estimator `hmmscope report` uses: per-draw slopes
+k of rate ~ gamma^k (hmmscope.theory.theorem1.exponent_fits, the estimator `hmmscope report` uses: per-draw slopes
 with one intercept per (S, d, rho) group, t over draws), per rank and pooled. Theorem 1's bound decays like
 exp(-gamma^4 L): it is loose wherever k < 4 with the CI below 4.
 
@@ -19,7 +19,7 @@ from sweepdata import fail, load_sweep, out_dir, parser, save, write_table
 
 def main(argv=None) -> int:
     from hmmscope import tracking
-    from hmmscope.theory import exponent_fits
+    from hmmscope.theory.fit import exponent_fits
 
     args = parser(__doc__.splitlines()[0]).parse_args(argv)
     sw = load_sweep(args)

@@ -89,8 +89,8 @@ def _old_run_verdicts(old: dict) -> dict:
 def main(argv=None) -> int:
     import warnings
 
-    from hmmscope.report.layerwise import _depth_rank_section, _layerwise_section
-    from hmmscope.report.posenc import _posenc_section
+    from hmmscope.report.layerwise import depth_rank_section, layerwise_section
+    from hmmscope.report.posenc import posenc_section
 
     warnings.simplefilter("ignore")
     recs = [Path(a) for a in (argv if argv is not None else sys.argv[1:])]
@@ -104,7 +104,7 @@ def main(argv=None) -> int:
         for (n, t), v in runs.items():
             df.loc[df["trial"] == t, f"verdict:{n}"] = v
         new = {}
-        for fn in (_posenc_section, _layerwise_section, _depth_rank_section):
+        for fn in (posenc_section, layerwise_section, depth_rank_section):
             for c in fn(df)[1]:
                 new[c.name] = c
         print(f"## {rec.name}\n")

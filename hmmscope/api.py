@@ -27,12 +27,12 @@ RUN_COLUMNS = ("run_id", "run_name", "experiment", "status", "kind", "start_time
 
 
 def _uri(tracking_uri: str | None) -> str:
-    """The store, checked as `checks.tracking_store` checks a store to be read (a missing, empty, corrupt, locked,
+    """The store, checked as `store_checks.tracking_store` checks a store to be read (a missing, empty, corrupt, locked,
     half-created or foreign file; a server that does not answer within its deadline: ValueError, one line), and
     opened read-only (`tracking.read_only_uri`: nothing is created, migrated or written)."""
-    from . import checks, tracking
+    from . import store_checks, tracking
 
-    return tracking.read_only_uri(checks.tracking_store(tracking_uri, must_exist=True, write=False))
+    return tracking.read_only_uri(store_checks.tracking_store(tracking_uri, must_exist=True, write=False))
 
 
 def _run_row(r, experiments: dict[str, str]) -> dict[str, Any]:

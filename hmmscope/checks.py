@@ -8,7 +8,7 @@ a database through a read-only open, a server through one short health check.
 - Names (sweeps, studies, runs): 1-100 characters from [A-Za-z0-9._-], starting with a letter or a
   digit, so a name never becomes a path outside the output root (`report ../x` is refused).
 - Seeds: integers in [0, 2**32 - 1], numpy's legacy range (np.random.seed and torch.manual_seed).
-- Stores (store_checks.py, re-exported here): the MLflow tracking URI (sqlite:///FILE, http(s)://HOST:PORT,
+- Stores (`store_checks.tracking_store` / `optuna_storage`, which the CLI calls): the MLflow tracking URI (sqlite:///FILE, http(s)://HOST:PORT,
   or a SQLAlchemy database URL)
   and the Optuna storage (a SQLAlchemy database URL, or a journal file: sweep/storage.py). Commands that
   only read (evaluate, report, sweep status/worker) need the store to exist; commands that write need it
@@ -30,16 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .config import RUNTIME_BYTES, SEED_MAX, Config, ConfigError, check_name, flatten, from_flat, memory_estimate
-from .store_checks import (  # noqa: F401  (the store checks, re-exported: the CLI calls them from here)
-    CONNECT_TIMEOUT_S,
-    HEALTH_DEADLINE_S,
-    HEALTH_TIMEOUT_S,
-    _creatable,
-    default_storage_url,
-    hide_password,
-    optuna_storage,
-    tracking_store,
-)
+from .store_checks import creatable
 
 PEAK_FLOPS_PER_CORE = 2e11  # float32 FLOP/s no CPU core exceeds (AVX-512: 2 FMA units x 16 lanes x 2 x 3+ GHz ~ 1.9e11)
 PEAK_FLOPS_GPU = 4e15  # FLOP/s no single GPU reaches on this model's matmuls (H100/H200 dense bf16: ~1e15)
@@ -109,7 +100,7 @@ def output_dir(path: str | Path, what: str, *, explicit: bool = False) -> Path:
         if not os.access(p, os.W_OK | os.X_OK):
             raise ConfigError(f"{what} {p} is not writable")
     else:
-        _creatable(p, what)
+        creatable(p, what)
     if explicit:
         from . import safe_output
 
@@ -129,7 +120,7 @@ def output_file(path: str | Path, what: str, suffix: str | None = None, *, expli
         raise ConfigError(f"{what} must end in {suffix}, got {p}")
     if os.path.lexists(p) and p.is_dir():
         raise ConfigError(f"{what} {p} is a folder, not a file")
-    _creatable(p, what)  # its folder (existing or not) takes a new file: the write goes to a temp file, renamed
+    creatable(p, what)  # its folder (existing or not) takes a new file: the write goes to a temp file, renamed
     _links(p, explicit)
     return p
 
@@ -149,11 +140,6 @@ def input_file(path: str | Path, what: str) -> Path:
     if not os.access(p, os.R_OK):
         raise ConfigError(f"{what} {p} is not readable")
     return p
-
-
-# ---------------------------------------------------------------- stores: MLflow tracking URI, Optuna storage
-# in store_checks.py (files, locks, MLflow's schema, health checks with a total deadline), imported above: the CLI
-# calls checks.tracking_store / checks.optuna_storage
 
 
 # ---------------------------------------------------------------- memory
@@ -273,13 +259,6 @@ def tokens_memory(n_seqs: int, length: int, bench: str) -> dict[str, tuple[int, 
 # ---------------------------------------------------------------- runs and sweeps
 
 
-def experiment_name(name: str) -> str:
-    """An MLflow experiment name: 1-200 printable characters."""
-    if not name or len(name) > 200 or not name.isprintable() or name != name.strip():
-        raise ConfigError(f"--experiment {name!r}: give 1-200 printable characters (no leading/trailing spaces)")
-    return name
-
-
 def live_run(uri: str, run_id: str, what: str = "MLflow run", *, resume: bool = False):
     """The run `run_id`, if it exists and is not deleted (a deleted run is never evaluated, analyzed or resumed:
     its artifacts would be overwritten and MLflow refuses to log to it half-way); else ConfigError.
@@ -298,20 +277,6 @@ def live_run(uri: str, run_id: str, what: str = "MLflow run", *, resume: bool = 
         raise ConfigError(f"{what} {run_id} is still running in {owner}: one writer per run; wait for it, stop it, "
                           "or run `hmmscope runs gc` once it is gone")
     return run
-
-
-def no_dropped_keys(path, seeded, fixed, sets, space) -> None:
-    """A sweep spec (`path`) gives no value that another would silently replace: a replicate seed key (`seeded`,
-    set per trial from sweep.seeds) in [fixed], [set] or [space]; a key both in [fixed] and in [space]. ConfigError
-    '<file>: <table>.<key>: <why>' otherwise."""
-    for table, keys in (("fixed", fixed), ("set", sets), ("space", space)):
-        for k in keys:
-            if k in seeded:
-                raise ConfigError(f"{path}: {table}.{k}: is set per trial from sweep.seeds (its replicate seed; here it "
-                                  "would be dropped); give the seeds as sweep.seeds")
-            if table == "fixed" and k in space:
-                raise ConfigError(f"{path}: fixed.{k}: is also swept in [space] (its [fixed] value would be dropped); "
-                                  "give it in one place")
 
 
 def run_config(uri: str, run_id: str):
@@ -359,7 +324,7 @@ def sweep_memory(spec, *, workers: int, force: bool = False) -> None:
         worst = need(pt)
     device = "cpu"
     if spec.kind == "train" and any(w == "device" for _, w in worst.values()):
-        from .train import resolve_device
+        from .training.train import resolve_device
 
         device = str(resolve_device(spec.trial_config({"seed": spec.seeds[0]} | {
             p.key: p.grid[0] if p.grid is not None else p.low for p in spec.space}).train.device))

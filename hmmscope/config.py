@@ -1,13 +1,10 @@
 """One typed configuration object: defaults -> preset -> TOML file -> overrides.
 
-Every knob lives in a frozen dataclass below. `override` is the only way to change
-one: it walks dotted keys (`hmm.gamma`), rejects unknown keys, wrong types and
-non-finite floats (inf, nan), and re-validates the result, so a bad value fails
-before any work starts. Seeds lie in [0, 2**32 - 1] (numpy's legacy seed range,
-also what torch.manual_seed and SeedSequence take without complaint).
-
-`memory_estimate(cfg, job)` is the peak memory of a job, by term, computed from the
-config alone (no allocation): the CLI refuses a job that cannot fit before it starts.
+Every knob lives in a frozen dataclass below. `override` is the only way to change one: it walks dotted keys
+(`hmm.gamma`), rejects unknown keys, wrong types and non-finite floats (inf, nan), and re-validates the result, so a
+bad value fails before any work starts. Seeds lie in [0, 2**32 - 1] (numpy's legacy seed range, also what
+torch.manual_seed and SeedSequence take without complaint). `memory_estimate(cfg, job)` is the peak memory of a job,
+by term, computed from the config alone (no allocation): the CLI refuses a job that cannot fit before it starts.
 """
 
 from __future__ import annotations
@@ -36,6 +33,7 @@ MAX_TEXT_BYTES = 1 << 20  # a config file or sweep spec is read up to this size
 MAX_TOML_DEPTH = 16  # tables and arrays nested deeper are refused (a config has 2 levels, a spec 4)
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 FAMILIES = ("dirichlet", "sticky")
+STRUCTURES = ("all", "half", "half-heldout")  # hmm.structures (hmm.make_mixture)
 TEST_STARTS = ("initial", "midstream")
 POS_ENCODINGS = ("rope", "absolute", "none", "sinusoidal")
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -57,6 +55,7 @@ class HMMConfig:
     alpha: float = 0.5  # Dirichlet concentration (dirichlet family, and Q rows of sticky)
     rho: float = 0.05  # sticky family: probability of jumping to a random prototype
     seed: int = 0
+    structures: str = "all"  # revealing maps: all | half (one half) | half-heldout (evaluation tasks: the other half)
 
 
 @dataclass(frozen=True)
@@ -125,7 +124,7 @@ class TheoryConfig:
     lengths: tuple[int, ...] = (1, 2, 4, 6, 8, 12, 16, 24, 32)
     n_histories: int = 1000  # per HMM draw
     burn_in: int = 200
-    draws: int = 5  # independent HMM draws per setting: the unit of the rate CIs and exponent fits (theory.py)
+    draws: int = 5  # independent HMM draws per setting: the unit of the rate CIs and exponent fits (theory/theorem1.py)
     floor: float = 1e-10  # eps below this is numerical noise and left out of the fit
     gamma_m: int = 2  # m for the m-step observability (0 = skip)
     seed: int = 0
@@ -133,7 +132,7 @@ class TheoryConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Figure 1's references beyond the oracles (SCIENCE.md 8, 9; evaluate.py)."""
+    """Figure 1's references beyond the oracles (SCIENCE.md 8, 9; measure/evaluate.py)."""
 
     family_tasks: int = 256  # M: tasks of the family-Bayes reference (stream "family"); 0 = off
     fit_episodes: int = 256  # episodes of fit tasks (stream "fit") choosing the fair counting baselines; 0 = off
@@ -175,6 +174,8 @@ def validate(cfg: Config) -> Config:
     _check(0.0 < h.gamma <= 1.0, f"hmm.gamma must be in (0, 1], got {h.gamma}")
     _check(h.alpha > 0, f"hmm.alpha must be > 0, got {h.alpha}")
     _check(0.0 <= h.rho <= 1.0, f"hmm.rho must be in [0, 1], got {h.rho}")
+    _check(h.structures in STRUCTURES and (h.structures == "all" or h.n_states <= h.n_tokens),
+           f"hmm.structures must be one of {STRUCTURES} (a half needs n_states <= n_tokens), got {h.structures!r}")
     for key, v in (("hmm.seed", h.seed), ("data.seed", d.seed), ("train.seed", t.seed), ("theory.seed", th.seed)):
         _check(0 <= v <= SEED_MAX, f"{key} must be in [0, {SEED_MAX}] (numpy's seed range), got {v}")
     _check(d.n_demos >= 0, f"data.n_demos must be >= 0, got {d.n_demos}")
@@ -573,8 +574,8 @@ def memory_estimate(cfg: Config, job: str = "train", *, n_episodes: int | None =
         if job == "evaluate":  # figure1: the mixture oracle with model, task-oracle and mixture predictions
             out["oracles"] = (_oracle_bytes(h, d, n, predictors=3), "device")
             # seen and unseen tasks: each k keeps two oracles' predictions and 4 per-token metrics of 6 references
-            # on the scored tokens; the EM learner (baselines.fit_hmm_em, 8 states, 4 restarts) works in chunks of
-            # at most baselines.EM_CHUNK_BYTES (256 MiB)
+            # on the scored tokens; the EM learner (em_learner.fit_hmm_em, 8 states, 4 restarts) works in chunks of
+            # at most em_learner.EM_CHUNK_BYTES (256 MiB)
             out["references (seen + unseen)"] = (2 * 8 * n * d.l_test * (d.n_demos + 1) * (2 * h.n_tokens + 24), "host")
             ev = cfg.eval  # the family-Bayes tasks (its oracle in chunks, as the mixture oracle's), unseen and fit tasks
             out["family, unseen and fit tasks"] = (_mixture_bytes(dataclasses.replace(h, n_tasks=max(1, ev.family_tasks)))

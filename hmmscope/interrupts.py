@@ -1,4 +1,4 @@
-"""SIGTERM as Ctrl-C, and an interrupt Python swallowed raised again.
+"""SIGTERM as Ctrl-C, an interrupt Python swallowed raised again, and children that die with their parent.
 
 `kill PID`, `timeout` and a sweep stopping its workers send SIGTERM; inside `sigterm_interrupts` (and in a sweep
 worker, `on_sigterm`) it raises KeyboardInterrupt, so a run ends KILLED and a trial is handed back, as with Ctrl-C.
@@ -6,12 +6,17 @@ A signal handler's exception is raised in whatever Python code runs when the sig
 callback or a __del__ (the garbage collector runs them between any two bytecodes), Python prints "Exception ignored
 in: ..." and goes on: the interrupt is lost, and a training run kept going for minutes after SIGTERM (seen in CI).
 So the handler also records the signal, and long loops call `raise_if_terminated()` at each step: a recorded signal
-whose exception has not reached them raises there. Standard library only.
+whose exception has not reached them raises there.
+
+Children (`die_with_parent`, a preexec_fn): a sweep's worker processes and `hmmscope ui`'s servers get SIGTERM when
+the process that started them dies, even by SIGKILL (Linux). Standard library only.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,3 +50,20 @@ def sigterm_interrupts() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGTERM, old)
         _PENDING.clear()
+
+
+def die_with_parent():
+    """preexec_fn (Linux): the child gets SIGTERM when this process dies, even by SIGKILL (PR_SET_PDEATHSIG);
+    a child whose parent is already gone stops at once. None where prctl does not exist."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    libc, parent = ctypes.CDLL(None, use_errno=True), os.getpid()  # loaded here: no imports after fork
+
+    def preexec() -> None:
+        libc.prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec

@@ -19,6 +19,7 @@ from typing import Any
 
 from . import tracking
 from .config import Config
+from .safe_output import make_dir, write_with
 
 # ---------------------------------------------------------------- output folders
 #
@@ -64,8 +65,6 @@ def _folder(path: Path | None) -> Iterator[Path]:
         with tempfile.TemporaryDirectory() as tmp:
             yield Path(tmp)
     else:
-        from .safe_output import make_dir
-
         yield make_dir(path)
 
 # ---------------------------------------------------------------- evaluation
@@ -73,7 +72,7 @@ def _folder(path: Path | None) -> Iterator[Path]:
 
 def _require_checkpoint(run: tracking.Run) -> None:
     """ValueError naming the path looked for when the run has no checkpoint (before any work)."""
-    from .checkpoints import CKPT_DIR, CKPT_NAME
+    from .training.checkpoints import CKPT_DIR, CKPT_NAME
 
     try:
         run.require(f"{CKPT_DIR}/{CKPT_NAME}")
@@ -103,7 +102,7 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
     hmm.n_tasks = 0); unseen tasks: as many episodes of fresh tasks (episodes.unseen_episodes); references: the
     family-Bayes reference over eval.family_tasks tasks (with its CE at M/4 and M/2), the counting baselines (add-one,
     and the n-gram / CTW fitted on eval.fit_episodes fit-task episodes, with best_counting; their chosen settings
-    logged as params counting.*) and the EM learner with eval.em_states states (evaluate.py). The claims (retrieval
+    logged as params counting.*) and the EM learner with eval.em_states states (measure/evaluate.py). The claims (retrieval
     gap, icl_gain, inference_beyond_counting) go to the run's table claims.json (with the headline counts
     claims/<verdict>), the regime word to the tag hmmscope.regime, Figure 1's wall time to eval/figure1_s (and to
     `say`, a line). With `out`, the same files are also kept in out/<run name>-<id8>/evaluation/ (`run_folder`) and
@@ -112,13 +111,14 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
 
     import torch
 
-    from .baselines import HMMLearner
     from .config import em_states
-    from .episodes import sample_episodes, unseen_episodes
-    from .evaluate import figure1, plot_figure1, references
-    from .fixed_memory import memory_comparison
-    from .hmm import make_mixture
-    from .train import resolve_device
+    from .data.episodes import sample_episodes, unseen_episodes
+    from .data.hmm import make_mixture
+    from .measure.evaluate import figure1, references
+    from .measure.figure1_plot import plot_figure1
+    from .measure.fixed_memory import memory_comparison
+    from .oracles.em_learner import HMMLearner
+    from .training.train import resolve_device
 
     t0 = time.perf_counter()
     run_id = run.run_id
@@ -138,19 +138,23 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
     if cfg.model.window > 0 and mix is not None:
         extra = memory_comparison(model, mix, ep, cfg.model.window, n_layers=cfg.model.n_layers, device=str(dev),
                                   batch_size=batch_size)  # eps at the receptive field n_layers (window - 1) + 1
-        metrics.update({f"memory/{k}": float(v) for k, v in extra.items()
-                        if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    elif cfg.model.window > 0:  # fresh tasks: on the unseen tasks, family Bayes as the mixture reference
+        extra = memory_comparison(model, unseen[0], unseen[1], cfg.model.window, n_layers=cfg.model.n_layers,
+                                  device=str(dev), batch_size=batch_size, reference=family, n_tasks_theory=16)
+    metrics.update({f"memory/{k}": float(v) for k, v in extra.items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool)})
     info = run.get().info
     with _folder(out and run_folder(out, info.run_name, run_id) / "evaluation") as d:
         files = [*res.to_csv(d), *plot_figure1(res, d / "figure1.png", title=_run_title(info.run_name, run_id))]
-        atomic_write(d / "figure1.json", lambda p: p.write_text(
+        write_with(d / "figure1.json", lambda p: p.write_text(
             json.dumps({**res.to_dict(), "memory": extra}, indent=2, default=str)))
         files.append(d / "figure1.json")
         for f in files:
             run.log_artifact(f, "evaluation")
     metrics["eval/figure1_s"] = time.perf_counter() - t0
-    if counting is not None:
-        run.log_params(counting.params())
+    if counting is not None:  # what the fit chose is an output: metrics and tags, never params (SCIENCE.md 9)
+        metrics.update(counting.fitted()["metrics"])
+        run.set_tags(counting.fitted()["tags"])
     run.log_metrics(metrics, step=step)
     run.log_claims(res.claims)
     run.set_tags({"hmmscope.regime": res.regime})
@@ -171,8 +175,8 @@ def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int
     Bad input (unknown run, no checkpoint, unknown device) raises ValueError before the checkpoint is read.
     It writes into the run, so it holds the run's lease meanwhile (one writer per run): a run another process
     writes (a `train --resume` under way) raises RunHeld, naming it, before anything is read or written."""
-    from .checkpoints import load_checkpoint, model_from_checkpoint
-    from .train import resolve_device
+    from .training.checkpoints import load_checkpoint, model_from_checkpoint
+    from .training.train import resolve_device
 
     run = tracking.existing_run(uri, run_id)
     _require_checkpoint(run)
@@ -252,11 +256,11 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
 
     import torch
 
-    from .episodes import probe_episodes, sample_episodes, unseen_episodes
-    from .hmm import make_mixture
-    from .probes import run_probes
-    from .shuffle import shuffle_test
-    from .train import resolve_device
+    from .data.episodes import probe_episodes, sample_episodes, unseen_episodes
+    from .data.hmm import make_mixture
+    from .measure.probes import run_probes
+    from .measure.shuffle import shuffle_test
+    from .training.train import resolve_device
 
     if parent_run is None:
         if target is None:
@@ -320,7 +324,7 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
         with _folder(out and run_folder(out, parent_name, rid) / "analysis") as d:
             files = [*sh.to_csv(d), *pr.to_csv(d), *sh.plot(d / "figure2_shuffle.png", title=title),
                      *pr.plot(d / "figure3_probes.png", title=title)]
-            atomic_write(d / "analysis.json", lambda p: p.write_text(json.dumps(
+            write_with(d / "analysis.json", lambda p: p.write_text(json.dumps(
                 {"shuffle": sh.to_dict(), "probes": pr.to_dict(), "seconds": seconds}, indent=2)))
             files.append(d / "analysis.json")
             say(f"tables and figures written ({len(files)} files)")
@@ -344,7 +348,7 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
     Bad input (unknown run, no checkpoint, k out of range) raises ValueError before any run is created."""
     import time
 
-    from .checkpoints import load_checkpoint, model_from_checkpoint, read_checkpoint
+    from .training.checkpoints import load_checkpoint, model_from_checkpoint, read_checkpoint
 
     t_start = time.perf_counter()
     if Path(target).suffix == ".pt" or Path(target).is_file():
@@ -370,9 +374,10 @@ def headroom_job(cfg: Config, uri: str, experiment: str, *, parent: str | None =
                  tags: dict[str, Any] | None = None, note: str | None = None, device: str = "cpu",
                  n_episodes: int | None = None):
     """`headroom.headroom` (trains nothing) as one MLflow run: params hmm/data/eval, metrics headroom/*
-    (HeadroomResult.metrics), the counting fit's params counting.*, the result as headroom.json. n_episodes defaults to
+    (HeadroomResult.metrics), the counting fit's choices as metrics counting/* and tags hmmscope.counting.* (outputs,
+    never params), the result as headroom.json. n_episodes defaults to
     data.n_eval (a sweep trial's). Returns (result, run_id); the run opens when the work starts."""
-    from .headroom import headroom
+    from .measure.headroom import headroom
 
     n = n_episodes or cfg.data.n_eval
     with tracking.start_run(uri, experiment, run_name, parent=parent,
@@ -382,8 +387,8 @@ def headroom_job(cfg: Config, uri: str, experiment: str, *, parent: str | None =
                                          f"{cfg.hmm.n_tokens}, gamma {cfg.hmm.gamma:g}): running",
                             config=cfg) as run:
         res = headroom(cfg, n_episodes=n, device=device)
-        run.log_params(res.params)
-        run.log_metrics(res.metrics())
+        run.log_metrics({**res.metrics(), **res.fitted["metrics"]})
+        run.set_tags(res.fitted["tags"])
         run.log_dict(json.dumps(res.to_dict(), indent=2), "headroom.json")
         run.set_tags({"mlflow.note.content": tracking.note_line(note or res.line())})
     return res, run.run_id
@@ -453,13 +458,6 @@ def log_theory(result, uri: str, experiment: str, out_files: list[Path], parent:
         return run.run_id
 
 
-def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
-    """write(tmp_path) then rename: a failure leaves no half-written file (hmmscope.safe_output)."""
-    from .safe_output import write_with
-
-    write_with(path, write)
-
-
 def theory_job(th, out: Path, *, uri: str | None, experiment: str, parent: str | None = None,
                progress: Callable[[int, int, str], Any] | None = None, run_name: str = "theory",
                tags: dict[str, Any] | None = None, note: str | None = None,
@@ -467,13 +465,13 @@ def theory_job(th, out: Path, *, uri: str | None, experiment: str, parent: str |
     """Run the sweep, write theory.png / theory.pdf / theory.json under `out` (the folder itself: callers give
     each job its own, see `new_folder`), log to MLflow if `uri` (a run `run_name` with extra `tags` and the
     one-line `note`; see log_theory; `on_start(run id)` as soon as it is open). Returns (result, run_id)."""
-    from .theory import plot_theory, run_theory
+    from .theory.theorem1 import plot_theory, run_theory
 
     def work():
         result = run_theory(th, progress=progress)
         res_json = out / "theory.json"
         figs = plot_theory(result, out / "theory.png")
-        atomic_write(res_json, lambda p: p.write_text(json.dumps(result.to_dict(), indent=2)))
+        write_with(res_json, lambda p: p.write_text(json.dumps(result.to_dict(), indent=2)))
         return result, [*figs, res_json]
 
     if not uri:
@@ -542,7 +540,7 @@ class MainResult:
     folder: Path | None = None  # out/main-<id8>/: every file this job wrote
 
 
-def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
+def main_job(cfg: Config, uri: str, experiment: str, out: Path, *, sweep_spec: Any,
              sweep: Callable[[Any, Path], tuple[Any, Any]], progress: bool = True,
              on_stage: Callable[[str], None] = lambda s: None,
              on_start: Callable[[str], None] = lambda run_id: None,
@@ -551,10 +549,10 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
 
     Figure 1 and the analysis take the model training hands back, in memory (no checkpoint is read back).
     Theory, training and analysis runs sit under one parent run "main"; the sweep has its own parent
-    run (one child per trial), and its report is logged there. `sweep(spec, report_dir)` runs the
-    training sweep `spec` (a `sweep_spec.SweepSpec` of MAIN_SWEEP) and writes its report under
-    `report_dir`, returning (sweep summary, report): the caller hands it in (the CLI uses `sweep.run_sweep`
-    and `report.build_report`), so this module never imports the sweep layer, which imports it.
+    run (one child per trial), and its report is logged there. `sweep(sweep_spec, report_dir)` runs the
+    training sweep `sweep_spec` (MAIN_SWEEP parsed: a `sweep.spec.SweepSpec`) and writes its report under
+    `report_dir`, returning (sweep summary, report): the caller hands both in (the CLI parses MAIN_SWEEP and uses
+    `sweep.run_sweep` and `report.build_report`), so this module never imports the sweep layer, which imports it.
     Re-running resumes: a finished sweep is not run again. Files go to out/main-<id8>/ (`run_folder`):
     theory/, the training run's folder (evaluation/, analysis/) and <sweep name>/ (the report).
     `on_start(parent run id)` is called as soon as the main run is open; `log(line)`, if given, gets the stages'
@@ -562,10 +560,8 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *,
     links the sweep's parent run and its answer (comparison/objective.png), as Markdown the UI renders.
     """
     from .config import flatten
-    from .sweep_spec import parse_spec
-    from .train import train
+    from .training.train import train
 
-    sweep_spec = parse_spec(MAIN_SWEEP, "hmmscope.jobs.MAIN_SWEEP")
     note = (f"Main job: Theorem 1 theory sweep, training + Figure 1, layerwise analysis, and the training sweep "
             f"{sweep_spec.name!r} with its report")
     with tracking.start_run(uri, experiment, "main", params=flatten(cfg), tags={"hmmscope.kind": "main"}, config=cfg,

@@ -10,7 +10,9 @@ assigns one.
 Verdicts (VERDICTS):
 - supported: the CI lies on the claimed side of the threshold;
 - not supported: the CI lies on the other side;
-- inconclusive: the CI straddles the threshold or is not finite, or a required claim is not supported;
+- inconclusive: the CI straddles the threshold or is not finite, or it lies on the claimed side while a
+  required claim is not supported (a failed prerequisite can only stop "supported": a CI wholly on the
+  other side reads "not supported" whatever the prerequisites say, SCIENCE.md 9);
 - no power: the check cannot fail whatever the data (rule "no power"; the reason says why, e.g. a
   bound that exceeds 1 at every measured point, or an exponent bound that any rate ignoring the
   regressor would pass), or the interval is not an interval (`no_power_reason`): the statistic is
@@ -26,8 +28,9 @@ Rules are short strings, so they travel unchanged through MLflow tags, CSV and J
     "<= t"  supported if ci_hi <= t, not supported if ci_lo >  t
     "no power"
 
-A rule may end in "; requires A, B": then the verdict is "inconclusive" unless the claims named A and
-B are "supported" (e.g. "the state is decodable before the task" needs both to be decodable at all);
+A rule may end in "; requires A, B": then the verdict cannot be "supported" unless the claims named A and
+B are "supported" (e.g. "the state is decodable before the task" needs both to be decodable at all): it is
+"inconclusive" where the CI alone would support it, and "not supported" where the CI is on the other side;
 `decide` takes the verdicts of the other claims for this. `check_claims` recomputes every verdict
 from its row and returns the rows that disagree (the tests enumerate every claim kind with it).
 
@@ -133,18 +136,20 @@ def decide(rule_: str, lo: float, hi: float, verdicts: Mapping[str, str] | None 
     op, t, requires = parse_rule(rule_)
     if op == NO_POWER or no_power_reason(lo, hi, df, degenerate):
         return NO_POWER
-    if requires and any((verdicts or {}).get(r) != "supported" for r in requires):
-        return "inconclusive"
     lo, hi = float(lo), float(hi)
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return "inconclusive"
     if op == ">":
-        return "supported" if lo > t else "not supported" if hi <= t else "inconclusive"
-    if op == ">=":
-        return "supported" if lo >= t else "not supported" if hi < t else "inconclusive"
-    if op == "<":
-        return "supported" if hi < t else "not supported" if lo >= t else "inconclusive"
-    return "supported" if hi <= t else "not supported" if lo > t else "inconclusive"  # "<="
+        v = "supported" if lo > t else "not supported" if hi <= t else "inconclusive"
+    elif op == ">=":
+        v = "supported" if lo >= t else "not supported" if hi < t else "inconclusive"
+    elif op == "<":
+        v = "supported" if hi < t else "not supported" if lo >= t else "inconclusive"
+    else:  # "<="
+        v = "supported" if hi <= t else "not supported" if lo > t else "inconclusive"
+    if v == "supported" and requires and any((verdicts or {}).get(r) != "supported" for r in requires):
+        return "inconclusive"  # a failed prerequisite only stops "supported"
+    return v
 
 
 def claim(name: str, statistic: str, value: float, lo: float, hi: float, rule_: str, reason: str,

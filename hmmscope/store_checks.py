@@ -1,6 +1,6 @@
 """Checks of the stores a command is given, before any work: the MLflow tracking URI and the Optuna storage.
 
-Owns what `checks.tracking_store` / `checks.optuna_storage` (re-exported there) judge, reading only: nothing here
+Owns what `tracking_store` / `optuna_storage` judge (the CLI and the API call them), reading only: nothing here
 creates, migrates or locks a store.
 
 - Files. Every store path (an SQLite database, its -journal / -wal / -shm files beside it, a journal file and its
@@ -23,6 +23,7 @@ Must not import `checks` (which imports this), torch, or mlflow / optuna at modu
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import re
 import stat
@@ -42,7 +43,7 @@ SQLITE_SIDECARS = ("-journal", "-wal", "-shm")  # files SQLite opens beside a da
 # ---------------------------------------------------------------- paths
 
 
-def _creatable(p: Path, what: str) -> None:
+def creatable(p: Path, what: str) -> None:
     """A path that does not exist yet can be created: its nearest existing ancestor is a writable folder."""
     for anc in Path(os.path.abspath(p)).parents:
         if os.path.lexists(anc):
@@ -57,7 +58,7 @@ def _new_file(p: Path, what: str) -> None:
     """A store file the user named, to be created: in a creatable folder, not through a planted special file."""
     from . import safe_output
 
-    _creatable(p, what)
+    creatable(p, what)
     safe_output.trust(p)
     safe_output.check_dest(p)
 
@@ -77,46 +78,6 @@ def regular_or_absent(p: Path, what: str) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError(f"{what} {p} is a special file (FIFO, device or socket), not a regular file: a store is "
                           "read and written as a file")
-
-
-# A store's failures that waiting does not cure: said at once, never waited out as an outage
-PERMANENT_FAULTS = ("database or disk is full", "no space left on device", "disk quota exceeded",
-                    "attempt to write a readonly database", "read-only file system")
-
-
-def _chain(e: BaseException) -> list[BaseException]:
-    """`e` and the exceptions behind it (__cause__, __context__, a DB-API error's `orig`), outermost first."""
-    out: list[BaseException] = []
-    todo = [e]
-    while todo and len(out) < 20:
-        x = todo.pop(0)
-        if x is None or any(x is y for y in out):
-            continue
-        out.append(x)
-        todo += [getattr(x, "orig", None), x.__cause__, x.__context__]
-    return out
-
-
-def permanent_fault(e: BaseException) -> str | None:
-    """The store's own reason when `e` is a fault waiting does not cure (a full disk, a read-only store), else None."""
-    for x in _chain(e):
-        text = str(x).lower()
-        for f in PERMANENT_FAULTS:
-            if f in text:
-                return f
-    return None
-
-
-def store_reason(e: BaseException) -> str:
-    """One line for a store's failure, with the store's own reason: the innermost database error's first line (sqlite3
-    'database or disk is full', not SQLAlchemy's or MLflow's wrapping 'raised as a result of Query-invoked autoflush'),
-    after the outer exception's type."""
-    chain = _chain(e)
-    inner = [x for x in chain if type(x).__module__.split(".")[0] in ("sqlite3", "psycopg2", "psycopg", "pymysql")]
-    root = inner[-1] if inner else chain[-1]
-    lines = str(root).strip().splitlines()
-    why = lines[0] if lines else type(root).__name__
-    return f"{type(e).__name__}: {why}" if root is e else f"{type(e).__name__}: {type(root).__name__}: {why}"
 
 
 def hide_password(url: str) -> str:
@@ -264,7 +225,7 @@ def _mlflow_schema(db: Path, tables: set[str], what: str) -> None:
         if rev == head and not tmp:
             return
     from mlflow.store.db.base_sql_model import Base
-    from mlflow.store.tracking import dbmodels  # noqa: F401  (registers the tables MLflow expects)
+    importlib.import_module("mlflow.store.tracking.dbmodels")  # registers the tables MLflow expects
 
     missing = set(Base.metadata.tables) - tables
     if tmp or rev is None or missing:
@@ -300,7 +261,7 @@ def _sqlite_file(db: Path, what: str, table: str, *, must_exist: bool, write: bo
         if write:  # SQLite writes the file and a journal beside it
             if not os.access(db, os.W_OK):
                 raise ConfigError(f"{what} {db} is not writable")
-            _creatable(db, what)
+            creatable(db, what)
     elif must_exist:
         raise ConfigError(f"no {what} at {db} (nothing was recorded there yet)")
     else:
@@ -493,7 +454,7 @@ def _journal_file(p: Path, *, must_exist: bool, write: bool) -> None:
         if write:  # appends, and lock files beside it
             if not os.access(p, os.W_OK):
                 raise ConfigError(f"{what} {p} is not writable")
-            _creatable(p.with_name(p.name + ".lock"), what)
+            creatable(p.with_name(p.name + ".lock"), what)
     elif must_exist:
         raise ConfigError(f"no {what} at {p} (nothing was recorded there yet)")
     else:

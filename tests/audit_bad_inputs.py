@@ -145,8 +145,8 @@ def prepare(root: Path) -> dict[str, str]:
     from hmmscope import tracking
     from hmmscope.config import load_toml
     from hmmscope.sweep import create_study
-    from hmmscope.sweep_spec import parse_spec
-    from hmmscope.train import train
+    from hmmscope.sweep.spec import parse_spec
+    from hmmscope.training.train import train
 
     torch.set_num_threads(1)
     proj = root / "proj"
@@ -192,10 +192,10 @@ def prepare(root: Path) -> dict[str, str]:
     tracking.client(uri).delete_run(gone.run_id)
     import json as json_
 
-    from hmmscope.tracking.liveness import LEASE_TAG, _identity
+    from hmmscope.tracking.liveness import LEASE_TAG, identity
     c = tracking.client(uri)  # a run held by this (audit) process: alive for every case, its lease fresh
     held = c.create_run(tracking.experiment_id(uri, "hmmscope"), run_name="held", tags={LEASE_TAG: json_.dumps(
-        {**_identity(), "beat": time.time() + 86400, "interval": 30})}).info.run_id
+        {**identity(), "beat": time.time() + 86400, "interval": 30})}).info.run_id
     storage = f"sqlite:///{proj}/mlruns/optuna.db"
     sp = parse_spec(spec(name="known"), proj / "known.toml")
     (proj / "known.toml").write_text(sp.text)

@@ -12,6 +12,7 @@ database connection must not cross a fork).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -49,12 +50,8 @@ def child(release: int, args: list[str], out: Path) -> None:
 
 def main() -> None:
     uri, run_id, rounds, out_json, config = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4]), sys.argv[5]
-    import mlflow.tracking  # noqa: F401
-
-    import hmmscope.checks  # noqa: F401  (every import before the forks: the children start alike, at once)
-    import hmmscope.cli.app  # noqa: F401
-    import hmmscope.jobs  # noqa: F401
-    import hmmscope.train  # noqa: F401
+    for module in ("mlflow.tracking", "hmmscope.checks", "hmmscope.cli.app", "hmmscope.jobs", "hmmscope.training.train"):
+        importlib.import_module(module)  # every import before the forks: the children start alike, at once
 
     tmp = Path(tempfile.mkdtemp(prefix="resume-racer-"))
     results = []

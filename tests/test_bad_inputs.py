@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from hmmscope import tracking
 from hmmscope.cli import app
 from hmmscope.config import flatten, load_toml
-from hmmscope.model import Transformer
+from hmmscope.model.transformer import Transformer
 
 runner = CliRunner()
 
@@ -102,7 +102,7 @@ def _foreign_server(folder: Path) -> str:
 def project(tmp_path_factory):
     """The prepared project (built once): see the module docstring. Returns {name: value} for the cases."""
     from hmmscope.sweep import create_study
-    from hmmscope.sweep_spec import parse_spec
+    from hmmscope.sweep.spec import parse_spec
 
     root = tmp_path_factory.mktemp("project")
     (root / "tiny.toml").write_text(TINY)
@@ -363,12 +363,12 @@ def _case(project, monkeypatch, args, needle):
 
 def test_theory_objectives_are_what_a_theory_trial_returns():
     from hmmscope.config import TheoryConfig
-    from hmmscope.sweep import _theory_metrics
-    from hmmscope.sweep_spec import GAMMA_M_OBJECTIVES, THEORY_OBJECTIVES
-    from hmmscope.theory import run_theory
+    from hmmscope.sweep.spec import GAMMA_M_OBJECTIVES, THEORY_OBJECTIVES
+    from hmmscope.sweep.trial import theory_metrics
+    from hmmscope.theory.theorem1 import run_theory
 
     for m in (0, 2):
         th = TheoryConfig(gammas=(0.7,), ranks=(2,), rhos=(0.05,), n_states=(4,), n_tokens=4, n_histories=64,
                           lengths=(1, 2, 3, 4), burn_in=10, gamma_m=m)
-        got = set(_theory_metrics(run_theory(th)))
+        got = set(theory_metrics(run_theory(th)))
         assert got == THEORY_OBJECTIVES | (GAMMA_M_OBJECTIVES if m else set())

@@ -8,20 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from hmmscope import baselines, em_learner
-from hmmscope.baselines import (
-    EMFit,
-    HMMLearner,
-    fit_hmm_em,
-    incontext_bigram,
-    incontext_ctw,
-    incontext_hmm,
-    incontext_ngram,
-    incontext_unigram,
-)
 from hmmscope.config import DataConfig, HMMConfig
-from hmmscope.episodes import Episodes, layout, sample_episodes, truncate_demos
-from hmmscope.hmm import make_mixture
+from hmmscope.data.episodes import Episodes, layout, sample_episodes, truncate_demos
+from hmmscope.data.hmm import make_mixture
+from hmmscope.oracles import baselines, em_learner
+from hmmscope.oracles.baselines import incontext_bigram, incontext_ctw, incontext_ngram, incontext_unigram
+from hmmscope.oracles.em_learner import EMFit, HMMLearner, fit_hmm_em, incontext_hmm
 
 # ---------------------------------------------------------------- counting baselines
 
@@ -475,13 +467,15 @@ def test_fit_counting_scores_every_setting_as_figure1_would_and_keeps_the_best()
         assert pred["best_counting"] is pred[got["best_counting"]]
         assert _ce(pred["incontext_ngram"], e) == pytest.approx(got["incontext_ngram"]["fit_ce"], abs=1e-12)
         assert _ce(pred["incontext_ctw"], e) == pytest.approx(got["incontext_ctw"]["fit_ce"], abs=1e-12)
-    p = fit.params()
-    assert p["counting.fit_episodes"] == 9
-    assert {p["counting.k2.best"], p["counting.k0.best"]} <= {"incontext_ngram", "incontext_ctw"}
-    assert p["counting.k2.ngram_order"] == fit.by_k[2]["incontext_ngram"]["order"]
-    assert p["counting.k2.ctw_alpha"] == fit.by_k[2]["incontext_ctw"]["alpha"]
-    assert set(p) == {"counting.fit_episodes"} | {f"counting.k{k}.{n}" for k in (0, 2) for n in (
-        "ngram_order", "ngram_alpha", "ngram_fit_ce", "ctw_depth", "ctw_alpha", "ctw_fit_ce", "best")}
+    f = fit.fitted()  # outputs, never params (SCIENCE.md 9)
+    p, tags = f["metrics"], f["tags"]
+    assert p["counting/fit_episodes"] == 9
+    assert {tags["hmmscope.counting.k2.best"], tags["hmmscope.counting.k0.best"]} <= {"incontext_ngram", "incontext_ctw"}
+    assert p["counting/k2/ngram_order"] == fit.by_k[2]["incontext_ngram"]["order"]
+    assert p["counting/k2/ctw_alpha"] == fit.by_k[2]["incontext_ctw"]["alpha"]
+    assert set(p) == {"counting/fit_episodes"} | {f"counting/k{k}/{n}" for k in (0, 2) for n in (
+        "ngram_order", "ngram_alpha", "ngram_fit_ce", "ctw_depth", "ctw_alpha", "ctw_fit_ce")}
+    assert all(isinstance(v, float) for v in p.values()) and set(tags) == {f"hmmscope.counting.k{k}.best" for k in (0, 2)}
     import json
     json.dumps(fit.describe())
     with pytest.raises(ValueError, match="no counting fit at k = 1"):
@@ -561,7 +555,7 @@ def test_learner_for_family_caps_the_states():
     assert HMMLearner.for_family(4).n_states == 4
     from hmmscope import config
 
-    assert HMMLearner.for_family(128).n_states == baselines.EM_STATES_CAP == config.EM_STATES_CAP == 8
+    assert HMMLearner.for_family(128).n_states == em_learner.EM_STATES_CAP == config.EM_STATES_CAP == 8
     assert config.em_states(config.Config()) == 8 and config.em_states(config.override(
         config.Config(), {"hmm.n_states": 4})) == 4  # eval.em_states = 0: the family's S, capped
     ln = HMMLearner.for_family(128, cap=32, restarts=2, seed=5)

@@ -4,15 +4,9 @@ import dataclasses
 
 import pytest
 
-from hmmscope.bench import (
-    bench_counting,
-    bench_filter,
-    bench_oracle,
-    bench_sample,
-    bench_train,
-)
-from hmmscope.bench_variants import bench_variants, choose_variant, parse_variant
 from hmmscope.config import preset
+from hmmscope.training.bench import bench_counting, bench_filter, bench_oracle, bench_sample, bench_train
+from hmmscope.training.bench_variants import bench_variants, choose_variant, parse_variant
 
 
 def _positive(d, keys):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hmmscope import checks
+from hmmscope import checks, store_checks
 from hmmscope.config import GIB, ConfigError, memory_estimate, preset
 
 ROOT_BYPASSES_MODES = os.geteuid() == 0
@@ -82,9 +82,9 @@ def test_tracking_store_checks_write_nothing(tmp_path, monkeypatch):
     with sqlite3.connect(tmp_path / "optuna-like.db") as c:
         c.execute("create table studies (x)")
     before = _listing(tmp_path)
-    assert checks.tracking_store(None).endswith("/mlruns/mlflow.db")  # creatable: fine to write
+    assert store_checks.tracking_store(None).endswith("/mlruns/mlflow.db")  # creatable: fine to write
     with pytest.raises(ConfigError, match=r"no MLflow store at .*mlruns/mlflow.db"):
-        checks.tracking_store(None, must_exist=True)
+        store_checks.tracking_store(None, must_exist=True)
     port = _free_port()
     cases = [("bogus://x", "unknown scheme 'bogus'"), ("not a url", "a plain folder is not an MLflow store"),
              ("file:///tmp/x", "a plain folder is not an MLflow store"),
@@ -98,7 +98,7 @@ def test_tracking_store_checks_write_nothing(tmp_path, monkeypatch):
              (f"mysql://u:secret@127.0.0.1:{port}/db", "mysql")]
     for uri, needle in cases:
         with pytest.raises(ConfigError) as e:
-            checks.tracking_store(uri)
+            store_checks.tracking_store(uri)
         msg = str(e.value)
         assert needle in msg and "\n" not in msg and "secret" not in msg, (uri, msg)
     assert _listing(tmp_path) == before
@@ -118,7 +118,7 @@ def test_postgres_url_without_its_driver_names_the_driver(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_psycopg2)
     monkeypatch.delitem(sys.modules, "psycopg2", raising=False)
     port = _free_port()
-    for check in (checks.tracking_store, checks.optuna_storage):
+    for check in (store_checks.tracking_store, store_checks.optuna_storage):
         with pytest.raises(ConfigError, match=r"the driver for 'postgresql\+psycopg2' is not installed") as e:
             check(f"postgresql+psycopg2://u:secret@127.0.0.1:{port}/db")
         assert "secret" not in str(e.value) and "\n" not in str(e.value)
@@ -129,31 +129,31 @@ def test_unreachable_server_fails_fast(tmp_path):
 
     t0 = time.perf_counter()
     with pytest.raises(ConfigError, match="not reachable"):
-        checks.tracking_store(f"http://127.0.0.1:{_free_port()}")
-    assert time.perf_counter() - t0 < 5 * checks.HEALTH_TIMEOUT_S  # one short check, no retries
+        store_checks.tracking_store(f"http://127.0.0.1:{_free_port()}")
+    assert time.perf_counter() - t0 < 5 * store_checks.HEALTH_TIMEOUT_S  # one short check, no retries
 
 
 def test_tracking_store_accepts_a_real_server(mlflow_server):
-    assert checks.tracking_store(mlflow_server, must_exist=True) == mlflow_server
+    assert store_checks.tracking_store(mlflow_server, must_exist=True) == mlflow_server
 
 
 def test_optuna_storage(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     before = _listing(tmp_path)
-    assert checks.optuna_storage(None) == checks.default_storage_url()
+    assert store_checks.optuna_storage(None) == store_checks.default_storage_url()
     with pytest.raises(ConfigError, match="no Optuna storage at"):
-        checks.optuna_storage(None, must_exist=True, write=False)
+        store_checks.optuna_storage(None, must_exist=True, write=False)
     with pytest.raises(ConfigError, match="unknown scheme 'bogus'"):
-        checks.optuna_storage("bogus://x")
+        store_checks.optuna_storage("bogus://x")
     with pytest.raises(ConfigError, match="is not a URL"):
-        checks.optuna_storage("not a url")
+        store_checks.optuna_storage("not a url")
     with pytest.raises(ConfigError, match=re.escape(PG_CLOSED_PORT)):
-        checks.optuna_storage(f"postgresql+psycopg2://u@127.0.0.1:{_free_port()}/db")
+        store_checks.optuna_storage(f"postgresql+psycopg2://u@127.0.0.1:{_free_port()}/db")
     assert _listing(tmp_path) == before
     from hmmscope.sweep import ensure_storage
 
-    ensure_storage(checks.default_storage_url())
-    assert checks.optuna_storage(None, must_exist=True, write=False) == checks.default_storage_url()
+    ensure_storage(store_checks.default_storage_url())
+    assert store_checks.optuna_storage(None, must_exist=True, write=False) == store_checks.default_storage_url()
 
 
 def test_fits_names_the_dominant_term_and_the_pools():
@@ -185,7 +185,7 @@ def test_host_memory_is_plausible():
 
 
 def test_sweep_memory_counts_workers_and_the_largest_point(monkeypatch):
-    from hmmscope.sweep_spec import parse_spec
+    from hmmscope.sweep.spec import parse_spec
 
     text = ('[sweep]\nname = "m"\nsampler = "grid"\n[fixed]\n"train.device" = "cpu"\n'
             '[space]\n"data.n_train" = {grid = [64, 100000000000]}\n')
@@ -213,5 +213,5 @@ def test_a_corrupt_sqlite_store_is_named_in_one_line(tmp_path):
     raw[4096 * 3: 4096 * 3 + 200] = b"\xff" * 200  # a page in the middle of the table
     db.write_bytes(bytes(raw))
     with pytest.raises(ConfigError, match="is corrupt") as e:
-        checks.tracking_store(f"sqlite:///{db}")
+        store_checks.tracking_store(f"sqlite:///{db}")
     assert str(db) in str(e.value) and "\n" not in str(e.value)

@@ -154,7 +154,7 @@ def test_check_name_refuses_unsafe_names(name):
                                 {"model.d_model": 48, "model.n_heads": 3, "model.pos_enc": "none", "model.d_mlp": 20},
                                 {"hmm.n_tokens": 40, "model.window": 8}])
 def test_model_params_counts_the_transformer(kw):
-    from hmmscope.model import Transformer
+    from hmmscope.model.transformer import Transformer
 
     cfg = override(Config(), kw)
     model = Transformer(cfg.model, cfg.hmm.n_tokens + 1)

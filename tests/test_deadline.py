@@ -1,4 +1,4 @@
-"""The training deadline (hmmscope.deadline, train(deadline=), `hmmscope train --deadline`): a run stopped by a
+"""The training deadline (hmmscope.training.deadline, train(deadline=), `hmmscope train --deadline`): a run stopped by a
 wall-clock deadline and resumed equals an uninterrupted one bitwise on the CPU (weights and every logged
 train/loss and val/* value); the stop's arithmetic on a fake clock; the CLI stops, says how to go on, and
 leaves Figure 1 to the last segment."""
@@ -10,10 +10,10 @@ import torch
 from typer.testing import CliRunner
 
 from hmmscope import tracking
-from hmmscope.checkpoints import load_model
 from hmmscope.config import Config, override
-from hmmscope.deadline import Deadline, due, process_age_s, state_bytes
-from hmmscope.train import train
+from hmmscope.training.checkpoints import load_model
+from hmmscope.training.deadline import Deadline, due, process_age_s, state_bytes
+from hmmscope.training.train import train
 
 torch.set_num_threads(1)
 
@@ -46,7 +46,7 @@ def test_due_and_state_bytes():
 def test_process_age():
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, "-c", "import time; time.sleep(0.6); from hmmscope.deadline import "
+    out = subprocess.run([sys.executable, "-c", "import time; time.sleep(0.6); from hmmscope.training.deadline import "
                           "process_age_s; print(process_age_s())"], capture_output=True, text=True, check=True)
     assert 0.55 <= float(out.stdout) < 30
     assert 0 <= process_age_s()

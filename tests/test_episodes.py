@@ -8,16 +8,8 @@ import pytest
 from scipy import stats
 
 from hmmscope.config import DataConfig, HMMConfig, config_hash
-from hmmscope.episodes import (
-    Episodes,
-    layout,
-    load_episodes,
-    sample_episodes,
-    sample_sequences,
-    save_episodes,
-    state_distribution_after,
-)
-from hmmscope.hmm import make_mixture
+from hmmscope.data.episodes import Episodes, layout, load_episodes, sample_episodes, save_episodes
+from hmmscope.data.hmm import make_mixture, sample_sequences, state_distribution_after
 
 P_MIN = 1e-3
 
@@ -284,7 +276,7 @@ def test_save_is_atomic(mix3, tmp_path, monkeypatch):
 
 def test_probe_episodes_fixed_task_subset():
     """A seeded subset of min(k, n_tasks) tasks, per_task episodes each, its own stream; at 8192 tasks too."""
-    from hmmscope.episodes import probe_episodes, probe_tasks
+    from hmmscope.data.episodes import probe_episodes, probe_tasks
 
     big = make_mixture(HMMConfig(n_tasks=8192, n_states=3, n_tokens=4, rank=2, seed=0))
     data = DataConfig(n_demos=1, l_demo=3, l_test=4, seed=5)
@@ -308,7 +300,8 @@ def test_hmm_does_not_import_episodes():
     import subprocess
     import sys
 
-    code = "import sys, hmmscope.hmm as h; h.make_hmm(h.HMMConfig()).sample(2, 3); print('hmmscope.episodes' in sys.modules)"
+    code = ("import sys, hmmscope.data.hmm as h; h.make_hmm(h.HMMConfig()).sample(2, 3); "
+            "print('hmmscope.data.episodes' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -316,7 +309,7 @@ def test_hmm_does_not_import_episodes():
 def test_unseen_tasks_never_appear_in_training_episodes():
     """By PARAMETERS, not ids: no unseen task (mu, W, Q, O) equals the task of any training episode (or any
     training task), for both families; the unseen episodes use task i in episode i and their own streams."""
-    from hmmscope.episodes import unseen_episodes
+    from hmmscope.data.episodes import unseen_episodes
 
     for family in ("sticky", "dirichlet"):
         hc = HMMConfig(family=family, n_tasks=6, n_states=5, n_tokens=4, rank=2, seed=3)
@@ -365,7 +358,7 @@ def test_training_fit_family_and_unseen_tasks_come_from_disjoint_streams():
     tasks and unseen evaluation tasks are four disjoint seed streams. Checked by PARAMETERS (mu, W, Q: the continuous
     parts; O is discrete-valued and can repeat by chance), never by ids, for both families; each stream but the
     training mixture's follows data.seed (a replicate draws new unseen, fit, family and fresh tasks)."""
-    from hmmscope.episodes import family_tasks, fit_episodes, fresh_training, training_data, unseen_episodes
+    from hmmscope.data.episodes import family_tasks, fit_episodes, fresh_training, training_data, unseen_episodes
 
     def continuous(m):
         return [np.concatenate([m.initial[i].ravel(), m.W[i].ravel(), m.Q[i].ravel()]).tobytes() for i in range(m.n_tasks)]

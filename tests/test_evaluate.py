@@ -9,28 +9,18 @@ import pytest
 import torch
 import torch.nn as nn
 
-from hmmscope.baselines import fit_counting, incontext_bigram, incontext_unigram
 from hmmscope.config import DataConfig, HMMConfig
-from hmmscope.episodes import Episodes, family_tasks, fit_episodes, layout, sample_episodes, unseen_episodes
-from hmmscope.evaluate import (
-    PREDICTORS,
-    REGIMES,
-    build_figure1,
-    eval_set,
-    figure1,
-    figure1_tables,
-    model_predictive,
-    plot_figure1,
-    regime,
-    retrieval_gap,
-    score_by_k,
-    truncate_demos,
-)
-from hmmscope.fixed_memory import memory_comparison, receptive_field
-from hmmscope.hmm import make_mixture
-from hmmscope.inference import memory_error, mixture_oracle, task_oracle
+from hmmscope.data.episodes import Episodes, family_tasks, fit_episodes, layout, sample_episodes, truncate_demos, unseen_episodes
+from hmmscope.data.hmm import make_mixture
+from hmmscope.measure.evaluate import PREDICTORS, eval_set, figure1, figure1_tables, model_predictive, score_by_k
+from hmmscope.measure.figure1_plot import build_figure1, plot_figure1
+from hmmscope.measure.fixed_memory import memory_comparison, receptive_field
+from hmmscope.measure.regimes import REGIMES, regime, retrieval_gap
+from hmmscope.oracles.baselines import fit_counting, incontext_bigram, incontext_unigram
+from hmmscope.oracles.inference import mixture_oracle, task_oracle
+from hmmscope.oracles.memory import memory_error
 from hmmscope.stats import claim, decide, rule
-from hmmscope.train import oracle_metrics
+from hmmscope.training.train import oracle_metrics
 
 V = 5
 DATA = DataConfig(n_demos=3, l_demo=6, l_test=9, seed=3)
@@ -344,12 +334,37 @@ def test_memory_comparison(mix):
     assert "eps" not in far
 
 
+def test_memory_comparison_on_fresh_tasks_has_the_l_memory_predictor_on_the_same_tokens(mix):
+    """Fresh tasks (no training mixture): the L-memory predictor of each episode's own task, on exactly the scored
+    test tokens (lmem_tv: eps(R) measured there), and the family reference as the mixture term (its tasks are not
+    the episodes'). Failed before: no lmem_tv, and the mixture term could only be the episodes' own mixture."""
+    from hmmscope.oracles.memory import memory_predictor
+
+    data = DataConfig(n_demos=1, l_demo=6, l_test=10, seed=2)
+    ep = sample_episodes(mix, data, 12, "eval")
+    fam = make_mixture(HMMConfig(n_tasks=8, n_states=6, n_tokens=V, rank=3, gamma=0.7, rho=0.05, seed=9))
+    out = memory_comparison(OracleModel(mix, ep), mix, ep, 3, n_layers=2, n_tasks_theory=1, reference=fam,
+                            theory_kw={"n_histories": 32, "burn_in": 20, "seed": 5})
+    R = out["receptive_field"]
+    cols = np.flatnonzero(ep.test_mask & (ep.position >= R) & (np.arange(ep.seq_len) >= 1))
+    task = task_oracle(mix, ep, dtype=torch.float64)[:, cols]
+    tv = []
+    for i in range(len(ep)):
+        p = torch.as_tensor(memory_predictor(mix.task(int(ep.task_ids[i])), ep.tokens[i][None].astype(np.int64), R)[0])
+        tv.append(float((0.5 * (p[cols] - task[i]).abs().sum(-1)).mean()))
+    assert out["lmem_tv"] == pytest.approx(np.mean(tv), rel=1e-9) and out["lmem_tv"] > 0
+    anon = ep.subset(np.arange(len(ep)))
+    anon.task_ids = np.full(len(ep), -1)
+    fb = mixture_oracle(fam, anon, dtype=torch.float64)[0][:, cols]
+    assert out["mix_tv"] == pytest.approx(float((0.5 * (fb - task).abs().sum(-1)).mean(1).mean()), rel=1e-9)
+
+
 @pytest.mark.parametrize("n_layers, window", [(3, 4), (2, 5)])
 def test_receptive_field_of_a_windowed_transformer(n_layers, window):
     """Perturb the token just outside / just inside R = n_layers (w - 1) + 1 of a real banded Transformer: the
     logits at t change for tokens t - R + 1 .. t and never for t - R (nor for any earlier token)."""
     from hmmscope.config import ModelConfig
-    from hmmscope.model import Transformer
+    from hmmscope.model.transformer import Transformer
 
     R = receptive_field(n_layers, window)
     assert R == n_layers * (window - 1) + 1 and receptive_field(n_layers, 0) == 0
@@ -407,7 +422,17 @@ def test_fresh_tasks_figure1_has_no_seen_rows():
     h = res.headline()
     assert not any(k.startswith("eval/seen/") or "oracle_mix" in k or "retrieval" in k for k in h)
     m, f = res.row("model", tasks="unseen"), res.row("family_bayes", tasks="unseen")
-    assert m["excess_ce"] == pytest.approx(m["ce"] - f["ce"], abs=1e-12) and f["excess_ce"] == 0.0
+    # family Bayes over 16 tasks is degenerate here, so never an excess (SCIENCE.md 9;
+    # failed before: excess_ce = model - family Bayes was reported)
+    assert f["degenerate"], f  # its in-context gain or its CE at some k (regimes.degenerate)
+    assert math.isnan(m["excess_ce"]) and math.isnan(m["kl_mix"]) and "eval/unseen/excess_ce" not in h
+    assert h["baseline/unseen/family_bayes/degenerate"] == 1.0
+    assert not any(k.startswith("eval/unseen/vs/family_bayes") for k in h)
+    big = figure1(FixedModel(np.zeros(V + 1)), None, None, unseen=(umix, uep), family=family_tasks(HC, DATA, 512),
+                  learner=None, batch_size=24)
+    m2, f2 = big.row("model", tasks="unseen"), big.row("family_bayes", tasks="unseen")
+    assert not f2["degenerate"] and m2["excess_ce"] == pytest.approx(m2["ce"] - f2["ce"], abs=1e-12)
+    assert f2["excess_ce"] == 0.0 and "baseline/unseen/family_bayes/degenerate" not in big.headline()
     conv = {c["M"]: c["ce"] for c in res.meta["sets"]["unseen"]["family_bayes_convergence"]}
     assert set(conv) == {4, 8, 16} and conv[16] == pytest.approx(f["ce"], rel=1e-12)
     assert h["baseline/unseen/family_bayes/ce_M4"] == conv[4]
@@ -443,9 +468,11 @@ def _c(name, lo, hi, verdicts=None, requires=()):
     ((0.2, 0.4), (0.1, 0.2), (-0.2, -0.1), "retrieval"),  # a supported retrieval gap decides first
     ((-0.01, 0.02), (0.1, 0.2), (-0.2, -0.1), "inference beyond counting"),
     (None, (0.1, 0.2), (-0.2, -0.1), "inference beyond counting"),  # fresh tasks: no retrieval gap at all
-    ((-0.01, 0.02), (0.1, 0.2), (0.05, 0.1), "counting"),  # above best counting
-    ((-0.01, 0.02), (0.1, 0.2), (-0.05, 0.02), "undetermined"),  # straddles best counting: cannot tell
-    ((-0.01, 0.02), (0.1, 0.2), (0.0, 0.02), "counting"),  # at or above best counting
+    # failed before: a model above best counting on its CI was called "counting" (SCIENCE.md 9)
+    ((-0.01, 0.02), (0.1, 0.2), (0.05, 0.1), "worse than counting"),  # above best counting on its CI
+    ((-0.01, 0.02), (0.1, 0.2), (0.2227, 0.3135), "worse than counting"),
+    ((-0.01, 0.02), (0.1, 0.2), (-0.05, 0.02), "counting"),  # level with best counting: the CI straddles 0
+    ((-0.01, 0.02), (0.1, 0.2), (0.0, 0.02), "counting"),  # the CI touches 0: level
     ((-0.01, 0.02), (-0.01, 0.01), (-0.2, -0.1), "undetermined"),  # below counting, but no gain shown
 ])
 def test_regime_words(gap, gain, vs, word):
@@ -454,5 +481,5 @@ def test_regime_words(gap, gain, vs, word):
     if gap is not None:
         claims.insert(0, _c("retrieval_gap", *gap))
     assert regime(claims) == word and word in REGIMES
-    assert regime([{"name": c.name, "verdict": c.verdict, "ci_lo": c.ci_lo} for c in claims]) == word
+    assert regime([{"name": c.name, "verdict": c.verdict, "ci_lo": c.ci_lo, "ci_hi": c.ci_hi} for c in claims]) == word
     assert regime([]) == "undetermined"

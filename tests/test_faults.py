@@ -276,7 +276,7 @@ def _train_run(proj: Path, monkeypatch) -> str:
     import tomllib
 
     from hmmscope.config import override, preset
-    from hmmscope.train import train
+    from hmmscope.training.train import train
 
     monkeypatch.chdir(proj)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -333,7 +333,7 @@ def _read_only(cmd: str, ro: Path) -> list[str]:
 
 def test_read_only_store_serves_read_only_commands(tmp_path, template, monkeypatch):
     from hmmscope.sweep import create_study, run_worker
-    from hmmscope.sweep_spec import load_spec
+    from hmmscope.sweep.spec import load_spec
 
     proj = _project(tmp_path, template, "p", THEORY_SPEC.format(name="ro", ranks="[2]"))
     storage, uri = _stores(proj)
@@ -382,7 +382,7 @@ def test_sigkilled_sweep_takes_its_workers_with_it(tmp_path):
     `sweep run` is SIGKILLed (before: they ran on, detached in their own sessions, beside any resume)."""
     (tmp_path / "s.toml").write_text(TRAIN_SPEC.format(name="pdeath", steps=2) + '"hmm.gamma" = {grid = [0.5]}\n')
     storage, uri = f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/mlflow.db"
-    code = ("import hmmscope.sweep.worker as w\nfrom hmmscope.sweep_spec import load_spec\n"
+    code = ("import hmmscope.sweep.worker as w\nfrom hmmscope.sweep.spec import load_spec\n"
             "w.worker_command = lambda *a, **k: ['sleep', '300']\n"
             f"w.run_sweep(load_spec({str(tmp_path / 's.toml')!r}), workers=2, storage={storage!r}, uri={uri!r})\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -444,7 +444,7 @@ def test_a_sweep_with_failed_cells_says_so_and_exits_non_zero(tmp_path, template
     from optuna.trial import TrialState
 
     from hmmscope.sweep import TrialStore, create_study
-    from hmmscope.sweep_spec import load_spec
+    from hmmscope.sweep.spec import load_spec
 
     proj = _project(tmp_path, template, "failed", TRAIN_SPEC.format(name="failed", steps=2).replace(
         'seeds = [0, 1]', 'seeds = [0]').replace('["rope", "absolute"]', '["rope"]'))
@@ -479,7 +479,7 @@ def _complete(p: Path) -> bool:
     import json
     import tomllib
 
-    from hmmscope.checkpoints import read_checkpoint
+    from hmmscope.training.checkpoints import read_checkpoint
 
     data = p.read_bytes()
     try:
@@ -525,9 +525,9 @@ def test_a_full_disk_mid_training_fails_the_run_keeps_the_last_checkpoint_and_re
     step-8 checkpoint and left half of the step-16 one under its name: nothing to resume from."""
     import io
 
-    from hmmscope.checkpoints import load_model, read_checkpoint
     from hmmscope.config import Config, override
-    from hmmscope.train import train
+    from hmmscope.training.checkpoints import load_model, read_checkpoint
+    from hmmscope.training.train import train
 
     torch = pytest.importorskip("torch")
     torch.set_num_threads(1)

@@ -20,16 +20,16 @@ import pytest
 import torch
 
 from hmmscope import tracking
-from hmmscope.checkpoints import load_model, read_checkpoint
 from hmmscope.config import Config, override
-from hmmscope.episodes import sample_episodes
-from hmmscope.hmm import make_mixture
-from hmmscope.inference import mixture_oracle, task_oracle
+from hmmscope.data.episodes import sample_episodes
+from hmmscope.data.hmm import make_mixture
 from hmmscope.jobs import analyze_run, evaluate_run
-from hmmscope.model import Transformer, run_with_cache
-from hmmscope.probes import collect_residuals, run_probes
-from hmmscope.shuffle import shuffle_test
-from hmmscope.train import evaluate_loss, oracle_metrics, train
+from hmmscope.measure.probes import collect_residuals, run_probes
+from hmmscope.measure.shuffle import shuffle_test
+from hmmscope.model.transformer import Transformer, run_with_cache
+from hmmscope.oracles.inference import mixture_oracle, task_oracle
+from hmmscope.training.checkpoints import load_model, read_checkpoint
+from hmmscope.training.train import evaluate_loss, oracle_metrics, train
 
 gpu = pytest.mark.gpu
 
@@ -149,7 +149,7 @@ def test_cuda_bench_variants_and_flash_at_the_paper_head_shape():
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from hmmscope.bench_variants import bench_variants, choose_variant
+    from hmmscope.training.bench_variants import bench_variants, choose_variant
 
     cfg = small()
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, device="cuda", precision="auto"))
@@ -229,7 +229,7 @@ def test_oracles_cuda_match_cpu(data):
 def test_mixture_oracle_cuda_chunks_agree(data):
     """Any chunking of the tasks on CUDA (the automatic one included) gives the same mixture, and the
     automatic chunk is a power of two between 256 and n_tasks (or n_tasks when smaller)."""
-    from hmmscope.inference import cuda_chunk
+    from hmmscope.oracles.chunks import cuda_chunk
 
     mix, ep = data
     ref, qref = mixture_oracle(mix, ep, posterior_at="test_start", dtype=torch.float64, device="cpu")
@@ -244,7 +244,7 @@ def test_mixture_oracle_cuda_chunks_agree(data):
 
 @gpu
 def test_bench_oracle_cuda_rows():
-    from hmmscope.bench import bench_oracle
+    from hmmscope.training.bench import bench_oracle
 
     r = bench_oracle((8,), n_episodes=4, full_episodes=8, device="cuda", chunks=(None, 2))
     assert [row["chunk_tasks"] for row in r["rows"]] == [8, 2] and r["device"].startswith("cuda")

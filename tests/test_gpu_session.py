@@ -11,6 +11,7 @@ command with SIGKILL (its child ends by PR_SET_PDEATHSIG; the archives already t
 from __future__ import annotations
 
 import csv
+import importlib
 import io
 import json
 import os
@@ -26,7 +27,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "analysis" / "gpu"))
-import paper_once  # noqa: E402
+paper_once = importlib.import_module("paper_once")
+paper_record = importlib.import_module("paper_record")
 
 
 def test_phase_ends_and_plan_steps():
@@ -106,7 +108,7 @@ def test_rehearsal_cut_off_keeps_the_earlier_phases(tmp_path):
     rows = _phases(train, "train")
     assert rows["train"]["status"] == "cut off" and rows["setup"]["status"] == "ok"
     assert "stopped (signal 15): the archives packed so far" in console
-    got = {str(f.relative_to(tmp_path / "rec2")) for f in paper_once.collect(out, tmp_path / "rec2")}
+    got = {str(f.relative_to(tmp_path / "rec2")) for f in paper_record.collect(out, tmp_path / "rec2")}
     assert {"setup/setup.log", "env.txt", "bench/bench.log", "train/train.log", "plan.json", "phases.csv"} <= got
 
 
@@ -137,7 +139,7 @@ def test_rehearsal_every_phase_packs_its_files(tmp_path):
               "figures/figure1.png", "figures/figure2_shuffle.png", "figures/figure3_probes.png",
               "figures/emergence.png", "store/mlflow.db"):
         assert f in rec, f
-    assert not [k for k in rec if k.endswith(paper_once.WEIGHT_SUFFIXES) or len(rec[k]) >= paper_once.BIG_FILE]
+    assert not [k for k in rec if k.endswith(paper_record.WEIGHT_SUFFIXES) or len(rec[k]) >= paper_record.BIG_FILE]
     claims = list(csv.DictReader(io.StringIO(rec["claims.csv"].decode())))
     assert {c["source"] for c in claims} == {"figure1", "analysis"}
     assert all(c["verdict"] for c in claims)
@@ -149,7 +151,7 @@ def test_rehearsal_every_phase_packs_its_files(tmp_path):
     assert all(phases[p]["status"] == "ok" for p in paper_once.PHASES[:5]), statuses
     report = rec["report.md"].decode()
     assert "## Speed" in report and "## Claims" in report and f"**{plan['steps']} steps**" in report
-    got = {str(f.relative_to(tmp_path / "results")) for f in paper_once.collect(out, tmp_path / "results")}
+    got = {str(f.relative_to(tmp_path / "results")) for f in paper_record.collect(out, tmp_path / "results")}
     assert {"report.md", "claims.csv", "curves.csv", "trials.csv", "phases.csv", "bench.json", "figures/figure1.png",
             "figures/figure3_probes.png", "figures/emergence.png", "train/train.log", "analyze/analyze.log",
             "tables/evaluation-figure1_by_k.csv"} <= got

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hmmscope.config import HMMConfig, config_hash
-from hmmscope.hmm import HMM, dobrushin, make_hmm, make_mixture, mixing_rate, stationary_distribution
+from hmmscope.data.hmm import HMM, dobrushin, make_hmm, make_mixture, mixing_rate, stationary_distribution
 
 
 def _random_hmm_arrays(S=4, V=3, seed=0):
@@ -229,3 +229,39 @@ def test_training_stream_is_bit_identical_to_before_and_other_streams_differ(fam
         assert np.allclose(np.sort(np.unique(m.emission.round(12))), np.sort(np.unique(train.emission.round(12))))
     with pytest.raises(ValueError, match="stream"):
         make_mixture(cfg, stream="")
+
+
+def test_structure_halves_split_the_revealing_maps_and_heldout_tasks_are_new():
+    """hmm.structures (issue 34.2: fresh tasks are new only in their continuous parameters unless their discrete
+    structure, the revealing map, is held out): the halves split the 8!/4! = 1680 maps of S = 4, V = 8 about evenly;
+    "half" draws every task from half 0; "half-heldout" draws the training streams from half 0 and the evaluation
+    streams from half 1, so no evaluated task's map occurs in training."""
+    import itertools
+
+    from hmmscope.config import Config, ConfigError, override
+    from hmmscope.data.hmm import structure_half
+
+    maps = np.array(list(itertools.permutations(range(8), 4)))
+    share = structure_half(maps, 8).mean()
+    assert len(maps) == 1680 and 0.4 < share < 0.6
+    cfg = HMMConfig(n_tasks=300, n_states=4, n_tokens=8, rank=4, seed=3)
+
+    def reveal(c, **kw):
+        return make_mixture(c, **kw).emission.argmax(-1)  # (n, S): gamma > 1/V, so the revealed token is the argmax
+
+    assert np.array_equal(reveal(cfg), reveal(dataclasses.replace(cfg, structures="all")))
+    half = dataclasses.replace(cfg, structures="half")
+    for kw in ({}, {"stream": "unseen", "replicate": 1}, {"stream": "family", "replicate": 0}):
+        assert (structure_half(reveal(half, **kw), 8) == 0).all()
+    held = dataclasses.replace(cfg, structures="half-heldout")
+    train = reveal(held)
+    assert (structure_half(train, 8) == 0).all() and np.array_equal(train, reveal(half))
+    assert (structure_half(reveal(held, stream="fresh", replicate=0), 8) == 0).all()
+    for stream in ("unseen", "fit", "family"):
+        ev = reveal(held, stream=stream, replicate=2)
+        assert (structure_half(ev, 8) == 1).all()
+        assert not {tuple(r) for r in ev} & {tuple(r) for r in train}
+    with pytest.raises(ConfigError, match="hmm.structures"):
+        override(Config(), {"hmm.structures": "odd"})
+    with pytest.raises(ConfigError, match="n_states <= n_tokens"):
+        override(Config(), {"hmm.structures": "half", "hmm.n_states": 16, "hmm.n_tokens": 8})

@@ -7,18 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from hmmscope import inference
 from hmmscope.config import DataConfig, HMMConfig
-from hmmscope.episodes import layout, sample_episodes
-from hmmscope.hmm import HMM, Mixture, make_hmm, make_mixture
-from hmmscope.inference import (
-    MemoryErrorResult,
-    filter_factored,
-    memory_error,
-    memory_predictor,
-    mixture_oracle,
-    task_oracle,
-)
+from hmmscope.data.episodes import layout, sample_episodes
+from hmmscope.data.hmm import HMM, Mixture, make_hmm, make_mixture
+from hmmscope.oracles import inference
+from hmmscope.oracles.inference import filter_factored, mixture_oracle, task_oracle
+from hmmscope.oracles.memory import MemoryErrorResult, memory_error, memory_predictor
 
 F64 = torch.float64
 
@@ -366,15 +360,15 @@ def test_dense_path_matches_factor_path(dtype, tol):
 
 def _kernel_and_torch(mix, ep, **kw):
     got = mixture_oracle(mix, ep, **kw)
-    saved, inference._numba = inference._numba, lambda: None
+    saved, inference.numba_kernel = inference.numba_kernel, lambda: None
     try:
         ref = mixture_oracle(mix, ep, **kw)
     finally:
-        inference._numba = saved
+        inference.numba_kernel = saved
     return got, ref
 
 
-@pytest.mark.skipif(inference._numba() is None, reason="numba not installed: the torch path is the only one")
+@pytest.mark.skipif(inference.numba_kernel() is None, reason="numba not installed: the torch path is the only one")
 def test_mixture_kernel_keeps_torchs_thread_count():
     """numba's OpenMP layer resets the process's OpenMP thread count (torch's too): training after the oracle
     ran on every core, whatever HMMSCOPE_THREADS said, and a resumed run was not bitwise the uninterrupted one."""
@@ -392,7 +386,7 @@ def test_mixture_kernel_keeps_torchs_thread_count():
         torch.set_num_threads(before)
 
 
-@pytest.mark.skipif(inference._numba() is None, reason="numba not installed: the torch path is the only one")
+@pytest.mark.skipif(inference.numba_kernel() is None, reason="numba not installed: the torch path is the only one")
 def test_mixture_kernel_matches_torch_path_with_skipping():
     """The compiled CPU kernel against the torch path (the one CUDA runs). gamma = 0.95 and long demos
     make the posterior collapse, so the kernel's bounded skipping and chain stopping do fire."""
@@ -418,13 +412,13 @@ def test_mixture_kernel_matches_torch_path_with_skipping():
     torch.testing.assert_close(d.double(), b, rtol=0, atol=1e-5, equal_nan=True)
 
 
-@pytest.mark.skipif(inference._numba() is None, reason="numba not installed: the torch path is the only one")
+@pytest.mark.skipif(inference.numba_kernel() is None, reason="numba not installed: the torch path is the only one")
 @pytest.mark.parametrize("rank", [5, 17])  # the kernel unrolled over the rank; above MAX_UNROLL the generic one
 def test_mixture_kernel_matches_torch_path_with_missing_tokens(rank):
     """Kernel against the torch path on episodes with restarts at every demo, a midstream test start,
     missing tokens inside the demos and the test (no evidence: the chain does not advance, NaN rows),
     unknown task ids (no task is run first) and posteriors at several positions, missing ones included."""
-    kern = inference._numba()
+    kern = inference.numba_kernel()
     assert (kern.for_rank(rank) is kern) == (not kern.MIN_UNROLL <= rank <= kern.MAX_UNROLL)
     mix = make_mixture(HMMConfig(n_tasks=11, n_states=20, n_tokens=5, rank=rank, gamma=0.9, seed=3))
     ep = sample_episodes(mix, DataConfig(n_demos=3, l_demo=9, l_test=12, test_start="midstream", burn_in=2), 6)
@@ -447,10 +441,10 @@ def test_mixture_kernel_matches_torch_path_with_missing_tokens(rank):
 
 
 @pytest.mark.slow  # an uncached compile (~10-20 s)
-@pytest.mark.skipif(inference._numba() is None, reason="numba not installed: the torch path is the only one")
+@pytest.mark.skipif(inference.numba_kernel() is None, reason="numba not installed: the torch path is the only one")
 def test_mixture_kernel_without_a_writable_cache_folder(tmp_path, monkeypatch):
     """No writable cache folder for the rank-specialized copy: it is compiled in memory (uncached), same outputs."""
-    kern = inference._numba()
+    kern = inference.numba_kernel()
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # mkdir under a file fails

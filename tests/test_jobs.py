@@ -9,10 +9,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hmmscope import checkpoints, tracking
+from hmmscope import tracking
 from hmmscope.config import Config, TheoryConfig, override
-from hmmscope.jobs import analyze_run, evaluate_run, main_job, new_folder, run_folder, theory_job
-from hmmscope.train import train
+from hmmscope.jobs import MAIN_SWEEP, analyze_run, evaluate_run, main_job, new_folder, run_folder, theory_job
+from hmmscope.sweep.spec import parse_spec
+from hmmscope.training import checkpoints
+from hmmscope.training.train import train
 
 torch.set_num_threads(1)
 
@@ -167,8 +169,8 @@ def test_main_job_evaluates_and_analyzes_the_model_in_memory(run, tmp_path, monk
     monkeypatch.setattr(checkpoints, "load_checkpoint", counted_load)
     monkeypatch.setattr(tracking.Run, "download", counted_download)
     # the sweep stage is the caller's (the CLI hands in sweep.run_sweep + report.build_report); here it does nothing
-    res = main_job(cfg, uri, "m", tmp_path / "out", sweep=lambda spec, d: (SimpleNamespace(parent_run_id=""), None),
-                   progress=False)
+    res = main_job(cfg, uri, "m", tmp_path / "out", sweep_spec=parse_spec(MAIN_SWEEP, "main"),
+                   sweep=lambda spec, d: (SimpleNamespace(parent_run_id=""), None), progress=False)
     assert reads == []
     monkeypatch.undo()
     ev = evaluate_run(uri, res.train_id, device="cpu")  # the checkpoint, reloaded: the same numbers
@@ -200,8 +202,8 @@ def test_a_failed_evaluation_in_the_main_job_leaves_its_training_run_failed(run,
 
     monkeypatch.setattr(jobs, "evaluate_model", full_disk)
     with pytest.raises(OSError, match="No space left on device"):
-        main_job(cfg, uri, "full", tmp_path / "out", sweep=lambda spec, d: (SimpleNamespace(parent_run_id=""), None),
-                 progress=False)
+        main_job(cfg, uri, "full", tmp_path / "out", sweep_spec=parse_spec(MAIN_SWEEP, "main"),
+                 sweep=lambda spec, d: (SimpleNamespace(parent_run_id=""), None), progress=False)
     runs = {r.info.run_name: r for r in tracking.search_runs(uri, "full")}
     (tr,) = [r for name, r in runs.items() if name.startswith("train-")]
     assert tr.info.status == "FAILED" and "No space left on device" in tr.data.tags["hmmscope.failure_reason"]
@@ -212,7 +214,7 @@ def test_analysis_run_lives_as_long_as_its_work_and_a_crash_leaves_it_failed(run
     """The analysis run opens when the work starts: its MLflow duration is the work's own (it used to open
     after the work: 1.9 s against 39.7 s); a crash in the probes leaves it FAILED with the shuffle test's
     metrics, logged as soon as that phase ended."""
-    from hmmscope import probes
+    from hmmscope.measure import probes
 
     uri, rid, tmp, _ = run
     an = analyze_run(uri, rid, n_episodes=16, ks=(1,), n_perms=1, probe_tasks=4, min_per_task=4)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-K = pytest.importorskip("hmmscope._mixture_kernel")  # numba
+K = pytest.importorskip("hmmscope.oracles.mixture_kernel")  # numba
 
 
 @pytest.fixture
@@ -167,7 +167,7 @@ def test_signed_entries_are_reused_by_the_next_process(tmp_path):
         import sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_kernel_cache import _call_bounds
-        from hmmscope import _mixture_kernel as K
+        from hmmscope.oracles import mixture_kernel as K
         mod = K.for_rank(4)
         _call_bounds(mod)
         print(sum(mod._bounds.stats.cache_hits.values()))

@@ -127,7 +127,7 @@ def _race(tmp_path: Path, rounds: int) -> None:
     each round exactly one trains (exit 0) and the other exits 2 with one line naming the winner's process; every
     metric step of the run is logged once."""
     from hmmscope.config import load_toml
-    from hmmscope.train import train
+    from hmmscope.training.train import train
 
     (tmp_path / "tiny.toml").write_text(TINY)
     uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"

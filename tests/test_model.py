@@ -1,4 +1,5 @@
-"""Tests for hmmscope.model: causality, windows, RoPE, fused vs explicit attention, hooks and cache, loss, optimizer."""
+"""Tests for hmmscope.model.transformer: causality, windows, RoPE, fused vs explicit attention, hooks and cache, loss,
+optimizer."""
 
 import math
 
@@ -7,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from hmmscope.config import ModelConfig
-from hmmscope.model import HookPoint, Transformer, apply_rope, resid_names, rope_tables, run_with_cache
+from hmmscope.model.transformer import HookPoint, Transformer, apply_rope, resid_names, rope_tables, run_with_cache
 
 V, T = 11, 16
 POS = ("rope", "absolute", "none", "sinusoidal")
@@ -358,7 +359,7 @@ def test_compile_blocks_one_graph_for_every_layer():
 def test_attention_kernels_pin_sdpa():
     """train.attention: flash is torch's own choice on the CPU (the same numbers); math the reference kernel (float
     rounding); efficient / cudnn exist on CUDA only (ValueError here, before any work); each call a fresh context."""
-    from hmmscope.model import attention_kernels
+    from hmmscope.model.transformer import attention_kernels
 
     m, x = make("rope"), tokens()
     ref, _ = m(x)

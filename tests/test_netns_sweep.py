@@ -126,7 +126,7 @@ def test_a_sweep_across_hosts_survives_a_cut_link(tmp_path):
 
     from hmmscope import tracking
     from hmmscope.sweep import create_study, quiet_optuna
-    from hmmscope.sweep_spec import parse_spec
+    from hmmscope.sweep.spec import parse_spec
 
     quiet_optuna()
     pgroot = Path(tempfile.mkdtemp(prefix="hmmscope-netns-pg-"))  # in TMPDIR itself: the postgres user reaches it

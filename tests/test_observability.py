@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from hmmscope.config import HMMConfig
-from hmmscope.hmm import HMM, emission_matrix, make_hmm
-from hmmscope.observability import gamma_eff, gamma_m, m_step_emission, observability
+from hmmscope.data.hmm import HMM, emission_matrix, make_hmm
+from hmmscope.oracles.observability import gamma_eff, gamma_m, m_step_emission, observability
 
 
 def ratio(x, O):

@@ -9,11 +9,9 @@ import pytest
 import torch
 
 from hmmscope.config import DataConfig, HMMConfig, ModelConfig
-from hmmscope.episodes import layout, sample_episodes
-from hmmscope.hmm import HMM, Mixture, make_mixture
-from hmmscope.inference import task_beliefs
-from hmmscope.model import Transformer, resid_names, run_with_cache
-from hmmscope.probes import (
+from hmmscope.data.episodes import layout, sample_episodes
+from hmmscope.data.hmm import HMM, Mixture, make_mixture
+from hmmscope.measure.probes import (
     ProbeResult,
     TargetScores,
     collect_residuals,
@@ -22,6 +20,8 @@ from hmmscope.probes import (
     sample_positions,
     split_episodes,
 )
+from hmmscope.model.transformer import Transformer, resid_names, run_with_cache
+from hmmscope.oracles.inference import task_beliefs
 from hmmscope.stats import check_claims
 
 F64 = torch.float64
@@ -415,7 +415,7 @@ def test_token_statistics_baseline_is_what_the_current_token_gives(data):
     """Features = one-hot(o_t) only: the probe can read o_(t-1) only through what o_t predicts of it, which is what
     the token-statistics lookup gets; the probe's excess over it is ~0 (never supported), and kback_baselines, which
     needs no model, gives the hits run_probes used."""
-    from hmmscope.probes import kback_baselines
+    from hmmscope.measure.probes import kback_baselines
 
     mix, ep = data
 
@@ -441,7 +441,7 @@ def test_token_statistics_baseline_is_what_the_current_token_gives(data):
 def test_task_probe_at_8192_tasks():
     """Paper-scale n_tasks: dedicated probe episodes from a fixed subset of 32 tasks, >= 30 episodes each, so the
     task probe is trained on every task it is tested on (with prior-drawn episodes most tasks appear once)."""
-    from hmmscope.episodes import probe_episodes
+    from hmmscope.data.episodes import probe_episodes
 
     mix = make_mixture(HMMConfig(n_tasks=8192, n_states=3, n_tokens=4, rank=2, gamma=0.5, seed=0))
     data = DataConfig(n_demos=1, l_demo=4, l_test=6, seed=1)
@@ -473,7 +473,7 @@ def _numbers(r: ProbeResult) -> str:
 
 def test_parallel_layer_fits_give_the_same_numbers():
     """n_jobs=2 (spawned workers) gives exactly the numbers of n_jobs=1: same split, controls, fits, ridge splits."""
-    from hmmscope.episodes import probe_episodes
+    from hmmscope.data.episodes import probe_episodes
 
     torch.manual_seed(0)
     mix = make_mixture(HMMConfig(n_tasks=6, n_states=8, n_tokens=6, rank=4, gamma=0.6, seed=1))

@@ -1,4 +1,4 @@
-"""hmmscope.servers with real processes and real sockets: free ports, health checks, children that die with their
+"""hmmscope.ui.servers with real processes and real sockets: free ports, health checks, children that die with their
 parent, whole process groups stopped, and `supervise` (clean stop on SIGTERM, a server that exits before or after
 it answers). Every process a test starts is stopped by its pid, and checked gone. The full `hmmscope ui` with a
 real MLflow server is tests/test_ui.py."""
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hmmscope import servers, tracking
+from hmmscope import tracking
+from hmmscope.ui import servers
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG is Linux's")
 
@@ -140,7 +141,7 @@ def test_answers_needs_200_only_when_asked():
 @linux
 def test_a_child_dies_with_its_parent_even_by_sigkill(tmp_path):
     code = ("import subprocess, sys, time\n"
-            "from hmmscope.servers import die_with_parent\n"
+            "from hmmscope.interrupts import die_with_parent\n"
             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], preexec_fn=die_with_parent())\n"
             "print(p.pid, flush=True)\n"
             "time.sleep(120)\n")
@@ -212,7 +213,7 @@ def test_stop_groups_kills_what_ignores_sigterm_after_the_grace_period():
 
 SUPERVISOR = """
 import json, sys
-from hmmscope import servers
+from hmmscope.ui import servers
 name, url, path, argv = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 s = servers.Server(name, tuple(argv), url, path, needs_200=False)
 f = servers.supervise([s], servers.server_env(), ready=lambda: print("ready", flush=True))
@@ -304,7 +305,7 @@ def test_server_command_lines(tmp_path):
     storage = f"sqlite:///{tmp_path}/optuna.db"
     dash = servers.optuna_dashboard(storage, 8081)
     assert dash.argv[0] == sys.executable  # optuna-dashboard's app behind the Host/Origin guard (dashboard_guard)
-    assert dash.argv[1:] == ("-m", "hmmscope.dashboard_guard", "--host=127.0.0.1", "--port=8081", "--", storage)
+    assert dash.argv[1:] == ("-m", "hmmscope.ui.dashboard_guard", "--host=127.0.0.1", "--port=8081", "--", storage)
     assert (dash.url, dash.path, dash.needs_200) == ("http://127.0.0.1:8081", "/", False)
     env = servers.server_env()
     assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false" and env["PATH"] == os.environ["PATH"]
@@ -371,11 +372,11 @@ def test_ui_child_argv_from_a_weird_folder_and_an_injected_uri(tmp_path):
 def test_a_store_path_with_quotes_is_refused_in_one_line(tmp_path):
     """MLflow puts the artifact folder into an SQL string literal when it creates a store: a quote in the path
     broke `hmmscope ui` with a traceback (exit 1). Now one line, before anything is created."""
-    from hmmscope import checks
+    from hmmscope import store_checks
     from hmmscope.config import ConfigError
 
     with pytest.raises(ConfigError, match="quotes") as e:
-        checks.tracking_store(f"sqlite:///{tmp_path}/it's/mlflow.db")
+        store_checks.tracking_store(f"sqlite:///{tmp_path}/it's/mlflow.db")
     assert "\n" not in str(e.value) and not (tmp_path / "it's").exists()
 
 

@@ -1,4 +1,4 @@
-"""Tests for hmmscope.shuffle: demo permutation, key matching, the shuffle statistic and its verdicts."""
+"""Tests for hmmscope.measure.shuffle: demo permutation, key matching, the shuffle statistic and its verdicts."""
 
 import json
 
@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from hmmscope.config import DataConfig, HMMConfig, ModelConfig
-from hmmscope.episodes import layout, sample_episodes
-from hmmscope.hmm import make_mixture
-from hmmscope.model import Transformer, run_with_cache
-from hmmscope.shuffle import Claim, ShuffleResult, layer_claims, permute_demos, shuffle_test
-from hmmscope.stats import check_claims
+from hmmscope.data.episodes import layout, sample_episodes
+from hmmscope.data.hmm import make_mixture
+from hmmscope.measure.shuffle import ShuffleResult, layer_claims, permute_demos, shuffle_test
+from hmmscope.model.transformer import Transformer, run_with_cache
+from hmmscope.stats import Claim, check_claims
 
 K, LD, LT = 4, 5, 6
 

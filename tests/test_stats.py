@@ -6,11 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hmmscope.probes import TargetScores, probe_claims
-from hmmscope.report import _layerwise_section
-from hmmscope.shuffle import layer_claims
+from hmmscope.measure.probes import TargetScores, probe_claims
+from hmmscope.measure.shuffle import layer_claims
+from hmmscope.report.layerwise import layerwise_section
 from hmmscope.stats import VERDICTS, Claim, check_claims, claim, decide, holm, parse_rule, rule
-from hmmscope.theory import RateFit, bound_claims, exponent_fits, fit_rank_intercept
+from hmmscope.theory.fit import RateFit, exponent_fits, fit_rank_intercept
+from hmmscope.theory.theorem1 import bound_claims
 
 NAN = float("nan")
 
@@ -39,6 +40,19 @@ def test_requirements_and_parsing():
     c = claim("x", "s", 0.15, 0.1, 0.2, r, "why", {"a": "supported"})
     assert c.verdict == "inconclusive" and "b c" in c.reason and c.rule == r
     assert parse_rule("no power") == ("no power", parse_rule("no power")[1], ()) and math.isnan(parse_rule("no power")[1])
+
+
+def test_a_failed_prerequisite_only_stops_supported():
+    # failed before: a CI wholly on the wrong side read "inconclusive" when a prerequisite failed (train printed
+    # inference_beyond_counting = 0.2681 [0.2227, 0.3135]; rule < 0 ... inconclusive)
+    r = rule("<", 0, ["icl_gain"])
+    assert decide(r, 0.2227, 0.3135, {"icl_gain": "not supported"}) == "not supported"
+    assert decide(r, 0.2227, 0.3135) == "not supported"
+    assert decide(r, -0.3, -0.1, {"icl_gain": "inconclusive"}) == "inconclusive"
+    assert decide(r, -0.1, 0.1, {"icl_gain": "supported"}) == "inconclusive"
+    c = claim("inference_beyond_counting", "s", 0.2681, 0.2227, 0.3135, r, "why", {"icl_gain": "not supported"})
+    assert c.verdict == "not supported" and "inconclusive because" not in c.reason
+    assert check_claims([c], {"icl_gain": "not supported"}) == []
     assert parse_rule(rule("<=", 4.0)) == ("<=", 4.0, ())
     for bad in ("=> 0", "> zero", "> 0; needs a", ""):
         with pytest.raises(ValueError):
@@ -143,7 +157,7 @@ def _pooled_kinds():
                         f"metric:claim/{c.name}/ci_hi": c.ci_hi, f"verdict:{c.name}": c.verdict,
                         f"rule:{c.name}": c.rule})
         rows.append(row)
-    return [_layerwise_section(pd.DataFrame(rows))[1]]
+    return [layerwise_section(pd.DataFrame(rows))[1]]
 
 
 @pytest.mark.parametrize("kind", ["probes", "shuffle", "theory", "report pooling"])
@@ -187,7 +201,7 @@ def test_pooled_identical_integers_are_degenerate():
              "metric:claim/state_before_task_reach50/ci_lo": 1.0, "metric:claim/state_before_task_reach50/ci_hi": 1.0,
              "verdict:state_before_task_reach50": "supported", "rule:state_before_task_reach50": "> 0"}
             for i in range(12)]
-    (c,) = _layerwise_section(pd.DataFrame(rows))[1]
+    (c,) = layerwise_section(pd.DataFrame(rows))[1]
     assert c.value == 1 and (c.ci_lo, c.ci_hi) == (1, 1) and c.verdict == "no power" and c.df == 2
     assert "all 3 seed values equal 1" in c.reason and check_claims([c]) == []
 
@@ -258,14 +272,14 @@ def _coverage_of_verdict_path(n: int, seed: int, sb: float = 0.02) -> float:
     positional-encoding section, the verdict path) covers the true effect 0."""
     import warnings
 
-    from hmmscope.report.posenc import _posenc_section
+    from hmmscope.report.posenc import posenc_section
 
     rng = np.random.default_rng(seed)
     hit = 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for _ in range(n):
-            c = next(c for c in _posenc_section(_null_sweep(rng, sb=sb))[1] if c.name == "RoPE improves eval/excess_ce")
+            c = next(c for c in posenc_section(_null_sweep(rng, sb=sb))[1] if c.name == "RoPE improves eval/excess_ce")
             hit += c.ci_lo <= 0 <= c.ci_hi
     return hit / n
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from hmmscope import checks, store_checks, tracking
+from hmmscope import store_checks, tracking
 from hmmscope.cli import app
 from hmmscope.config import ConfigError
 
@@ -130,7 +130,7 @@ def test_a_read_only_open_reads_runs_and_writes_nothing(tmp_path, monkeypatch):
     r = _invoke(["runs", "list", "--tracking-uri", uri])
     assert r.exit_code == 0 and "one" in r.stdout, r.output
     ro = tracking.read_only_uri(uri)
-    assert ro.endswith("?mode=ro&uri=true") and tracking.store._sqlite_path(ro) == db
+    assert ro.endswith("?mode=ro&uri=true") and tracking.store.sqlite_path(ro) == db
     with pytest.raises(Exception, match="readonly"):
         tracking.client(ro).create_experiment("nope")
     assert (db.stat().st_size, db.stat().st_mtime_ns, sorted(os.listdir(db.parent))) == before
@@ -188,7 +188,7 @@ def test_half_created_store_says_how_to_remove_or_repair_it(tmp_path):
         c.execute("create table _alembic_tmp_endpoints (x integer)")
     with pytest.raises(ConfigError, match=r"half-created .*_alembic_tmp_endpoints.*1 run\(s\).*DROP TABLE "
                                           r"_alembic_tmp_endpoints.*mlflow db upgrade"):
-        checks.tracking_store(uri, must_exist=True, write=False)
+        store_checks.tracking_store(uri, must_exist=True, write=False)
     empty = tmp_path / "empty" / "mlflow.db"
     empty.parent.mkdir()
     with sqlite3.connect(empty) as c:  # what a creation cut short leaves: some of the tables, an old revision
@@ -197,7 +197,7 @@ def test_half_created_store_says_how_to_remove_or_repair_it(tmp_path):
         c.execute("create table alembic_version (version_num text)")
         c.execute("insert into alembic_version values ('451aebb31d03')")
     with pytest.raises(ConfigError, match=rf"half-created .*revision 451aebb31d03.*holds no runs: remove it \(`rm {empty}`\)"):
-        checks.tracking_store(f"sqlite:///{empty}", write=True)
+        store_checks.tracking_store(f"sqlite:///{empty}", write=True)
 
 
 # ---------------------------------------------------------------- servers that never answer, drip, or fail writes
@@ -282,7 +282,7 @@ def test_a_full_disk_while_the_store_is_created_leaves_no_store(tmp_path, monkey
         assert [p for p in os.listdir(disk) if not p.endswith(".lock")] == []  # no store, no temp file
         subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)
         tracking.ensure_store(uri)
-        assert checks.tracking_store(uri, must_exist=True) == uri
+        assert store_checks.tracking_store(uri, must_exist=True) == uri
         # what the earlier, in-place creation left on a full disk is recognized, with what to do
         full = tmp_path / "full"
         _tmpfs(full, "400k")
@@ -292,7 +292,7 @@ def test_a_full_disk_while_the_store_is_created_leaves_no_store(tmp_path, monkey
         with pytest.raises(Exception, match="full"):
             MlflowClient(tracking_uri=old).search_experiments()
         with pytest.raises(ConfigError, match=rf"half-created.*holds no runs: remove it \(`rm {full}/old.db`\)"):
-            checks.tracking_store(old, must_exist=True, write=False)
+            store_checks.tracking_store(old, must_exist=True, write=False)
     finally:
         for d in (disk, tmp_path / "full"):
             subprocess.run(["umount", "-l", str(d)], check=False, capture_output=True)

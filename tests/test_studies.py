@@ -12,8 +12,8 @@ from hmmscope import tracking
 from hmmscope.cli import app
 from hmmscope.config import ConfigError
 from hmmscope.sweep import create_study, run_worker
+from hmmscope.sweep.spec import load_spec
 from hmmscope.sweep.studies import delete_study, export_rows, list_studies, study_runs
-from hmmscope.sweep_spec import load_spec
 
 runner = CliRunner()
 

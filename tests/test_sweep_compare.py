@@ -15,7 +15,7 @@ from scipy import stats as st
 from hmmscope import tracking
 from hmmscope.sweep import create_study, run_sweep
 from hmmscope.sweep.compare import log_comparison
-from hmmscope.sweep_spec import load_spec
+from hmmscope.sweep.spec import load_spec
 
 os.environ["HMMSCOPE_THREADS"] = "1"
 
@@ -141,19 +141,20 @@ def test_pivot_numbers_are_the_trials_own(stores):
 
 
 def test_pivot_agrees_with_the_report_per_level_effects(stores):
-    """The differences are the report's (report.posenc per-level rows and pooled verdict row), not a copy."""
+    """The differences are the report's (its per-level rows and pooled verdict row): sweep.effects, which report.posenc
+    uses too."""
     import pandas as pd
 
-    from hmmscope.report.posenc import _choose_blocks, _estimate, per_level_effects
     from hmmscope.sweep.compare import OBJ, pivot, trial_frame
+    from hmmscope.sweep.effects import choose_blocks, per_level_effects, pos_enc_effect
 
     spec, study, _, _ = planted_study(stores, "planted2", [0, 1])
     df = trial_frame(spec, study)
     cols = pivot(spec, df)
-    blocks, _ = _choose_blocks(df, OBJ, ["param:hmm.gamma"], "param:train.seed")
+    blocks, _ = choose_blocks(df, OBJ, ["param:hmm.gamma"], "param:train.seed")
     assert blocks == ["param:hmm.gamma"]
     want = [e.value for _, _, e in per_level_effects(df, OBJ, blocks, "param:train.seed")]
-    want.append(_estimate(df, OBJ, blocks, "param:train.seed").value)
+    want.append(pos_enc_effect(df, OBJ, blocks, "param:train.seed").value)
     assert cols["rope - absolute"] == pytest.approx(want, rel=1e-12)
     assert isinstance(df, pd.DataFrame) and len(df) == 8
 

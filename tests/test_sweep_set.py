@@ -1,4 +1,4 @@
-"""`hmmscope sweep run SPEC --set key=value` (sweep_spec.with_sets): the same strict override as `train --set`,
+"""`hmmscope sweep run SPEC --set key=value` (sweep.spec.with_sets): the same strict override as `train --set`,
 part of the sweep's identity, stored with the study for its workers; bad input is one line, exit 2, nothing
 written."""
 
@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from hmmscope.cli import app
 from hmmscope.config import ConfigError
-from hmmscope.sweep_spec import load_spec, parse_spec, with_sets
+from hmmscope.sweep.spec import load_spec, parse_spec, with_sets
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "sweeps" / "smoke.toml"

@@ -9,7 +9,7 @@ import pytest
 
 from hmmscope.config import ConfigError
 from hmmscope.sweep import ATTR_HASH, create_study, spec_of_study
-from hmmscope.sweep_spec import PRUNE_PROXY, TRAIN_OBJECTIVES, _labels, legacy_hash, parse_spec
+from hmmscope.sweep.spec import PRUNE_PROXY, TRAIN_OBJECTIVES, legacy_hash, parse_spec, short_labels
 
 BASE = """
 [sweep]
@@ -123,9 +123,9 @@ def test_trial_names_say_what_differs():
 
 
 def test_labels_of_keys_that_share_an_abbreviation_fall_back_to_something_distinct():
-    assert _labels(["hmm.gamma", "theory.gammas"]) == {"hmm.gamma": "gamma", "theory.gammas": "gammas"}
-    assert _labels(["data.seed", "hmm.seed"]) == {"data.seed": "data.seed", "hmm.seed": "hmm.seed"}
-    assert _labels(["model.pos_enc", "hmm.family"]) == {"model.pos_enc": "", "hmm.family": ""}
+    assert short_labels(["hmm.gamma", "theory.gammas"]) == {"hmm.gamma": "gamma", "theory.gammas": "gammas"}
+    assert short_labels(["data.seed", "hmm.seed"]) == {"data.seed": "data.seed", "hmm.seed": "hmm.seed"}
+    assert short_labels(["model.pos_enc", "hmm.family"]) == {"model.pos_enc": "", "hmm.family": ""}
 
 
 # ---------------------------------------------------------------- objectives and pruning
@@ -217,7 +217,7 @@ def test_what_those_checks_leave_alone_still_parses(tmp_path):
     s = parse_spec(_space('"train.lr" = {low = 0.1, high = 0.5, step = 0.1}\n"model.pos_enc" = {choices = ["rope", '
                           '"absolute"]}', 'sampler = "random"\nn_trials = 4'), "up.toml")
     assert [p.key for p in s.space] == ["train.lr", "model.pos_enc"]
-    from hmmscope.sweep_spec import load_spec
+    from hmmscope.sweep.spec import load_spec
 
     (tmp_path / "bom.toml").write_bytes(b"\xef\xbb\xbf" + _space('"hmm.gamma" = {grid = [0.5]}').encode())
     assert load_spec(tmp_path / "bom.toml").name == "up"

@@ -123,7 +123,7 @@ def test_what_a_sigkilled_evaluate_leaves_is_removed_by_runs_gc(tmp_path, monkey
     tmpdir = tmp_path / "tmpdir"
     tmpdir.mkdir()
     env = {"TMPDIR": str(tmpdir)}
-    r = _signalled(tmp_path, ["evaluate", rid], "hmmscope.checkpoints", "read_checkpoint", signal.SIGKILL, env)
+    r = _signalled(tmp_path, ["evaluate", rid], "hmmscope.training.checkpoints", "read_checkpoint", signal.SIGKILL, env)
     assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
     left = [p.name for p in tmpdir.iterdir()]
     assert left and all(n.startswith(f"hmmscope-{rid}-") for n in left), left  # the staged copy, named for its run

@@ -1,4 +1,4 @@
-"""Theorem 1 fits and verdicts (hmmscope.theory): synthetic recovery, floors, verdict logic, end to end."""
+"""Theorem 1 fits and verdicts (hmmscope.theory.theorem1): synthetic recovery, floors, verdict logic, end to end."""
 
 from __future__ import annotations
 
@@ -11,14 +11,8 @@ import pytest
 
 from hmmscope.config import TheoryConfig
 from hmmscope.stats import check_claims
-from hmmscope.theory import (
-    RateFit,
-    bound_claims,
-    exponent_fits,
-    fit_decay_rate,
-    fit_exponent,
-    fit_rank_intercept,
-)
+from hmmscope.theory.fit import RateFit, exponent_fits, fit_decay_rate, fit_exponent, fit_rank_intercept
+from hmmscope.theory.theorem1 import bound_claims
 
 L = np.array([1, 2, 4, 6, 8, 12, 16, 24, 32])
 
@@ -172,7 +166,7 @@ def test_pooled_gamma_eff_is_the_gamma_regression_not_a_slope_of_zero():
 def test_combine_draws_known_answer():
     from scipy import stats
 
-    from hmmscope.theory import combine_draws
+    from hmmscope.theory.fit import combine_draws
 
     rates = [0.10, 0.12, 0.11, 0.13, 0.09]
     fits = [_ok_fit(r, r - 0.004, r + 0.004) for r in rates]
@@ -306,9 +300,9 @@ def test_rate_ci_covers_under_correlated_histories():
 _HAVE = all(importlib.util.find_spec(f"hmmscope.{m}") is not None for m in ("inference", "observability"))
 
 
-@pytest.mark.skipif(not _HAVE, reason="hmmscope.inference / hmmscope.observability not written yet")
+@pytest.mark.skipif(not _HAVE, reason="hmmscope.oracles.inference / hmmscope.oracles.observability not written yet")
 def test_run_theory_end_to_end(tmp_path):
-    from hmmscope.theory import draw_seed, plot_theory, run_theory
+    from hmmscope.theory.theorem1 import draw_seed, plot_theory, run_theory
 
     cfg = TheoryConfig(gammas=(0.5, 0.9), ranks=(2,), n_states=(6,), n_tokens=8, lengths=(1, 2, 3, 4, 6),
                        n_histories=64, burn_in=20, gamma_m=2, draws=3)
@@ -338,8 +332,8 @@ def test_run_theory_end_to_end(tmp_path):
     assert res.settings[0].draws[1].dobrushin == res.settings[1].draws[1].dobrushin
     # gamma_eff is computed once per draw and scaled (gamma(Q O) = gamma * gamma(Q E)): equal to a direct computation
     from hmmscope.config import HMMConfig
-    from hmmscope.hmm import make_hmm
-    from hmmscope.observability import gamma_eff
+    from hmmscope.data.hmm import make_hmm
+    from hmmscope.oracles.observability import gamma_eff
 
     for j in (0, 2):
         h = make_hmm(HMMConfig(family="sticky", n_tasks=1, n_states=6, n_tokens=8, rank=2, gamma=0.9, alpha=0.5,
@@ -365,9 +359,9 @@ def test_run_theory_end_to_end(tmp_path):
 
 
 def test_run_theory_rejects_rank_above_states():
-    pytest.importorskip("hmmscope.inference", reason="hmmscope.inference not written yet")
-    pytest.importorskip("hmmscope.observability", reason="hmmscope.observability not written yet")
-    from hmmscope.theory import run_theory
+    pytest.importorskip("hmmscope.oracles.inference", reason="hmmscope.oracles.inference not written yet")
+    pytest.importorskip("hmmscope.oracles.observability", reason="hmmscope.oracles.observability not written yet")
+    from hmmscope.theory.theorem1 import run_theory
 
     with pytest.raises(ValueError, match="ranks"):
         run_theory(TheoryConfig(ranks=(8,), n_states=(4,)))
@@ -376,7 +370,7 @@ def test_run_theory_rejects_rank_above_states():
 def _synthetic_result():
     """Two (S, d, rho) groups x 3 gammas, eps(L) = 0.5 exp(-r L) with r = 0.5 gamma^2 and a floor at L = 24, so
     the last point of every setting is left out of its rate fit; gamma_eff = 0.8 gamma."""
-    from hmmscope.theory import Setting, TheoryResult
+    from hmmscope.theory.theorem1 import Setting, TheoryResult
 
     Ls = [1, 2, 4, 8, 24]
     settings, fits = [], []
@@ -398,7 +392,7 @@ def _synthetic_result():
 
 def test_theory_figure_artists(tmp_path):
     """Fit lines in their points' colour, gamma and gamma_eff on separate panels, points left out of a fit hollow."""
-    from hmmscope.theory import plot_theory, theory_figure
+    from hmmscope.theory.theorem1 import plot_theory, theory_figure
 
     res = _synthetic_result()
     assert all(s.rate_fit.ok and 24 not in s.rate_fit.used_lengths for s in res.settings)
@@ -434,7 +428,7 @@ def test_theory_figure_reads_gamma_plainly_and_the_reference_never_squashes_the_
     """Before: gamma ticks read 3x10^-1, and the reference gamma^4 (drawn from the smallest gamma up to 1) set the
     rate panels' y range, squashing the data (worst on gamma_eff). Now the ticks are the levels as plain numbers,
     the reference spans the data's x range and is clipped to the y range the data set."""
-    from hmmscope.theory import theory_figure
+    from hmmscope.theory.theorem1 import theory_figure
 
     res = _synthetic_result()
     fig = theory_figure(res)

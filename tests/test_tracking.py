@@ -502,7 +502,7 @@ def test_model_is_a_logged_model_of_the_runs_experiment(tmp_path):
     from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
     from hmmscope.config import preset
-    from hmmscope.model import Transformer
+    from hmmscope.model.transformer import Transformer
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     cfg = preset("tiny")

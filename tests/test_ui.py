@@ -174,7 +174,7 @@ def test_the_optuna_dashboard_url_opens_the_sweeps_study(tmp_path):
     page (/dashboard/studies/<id>), which a real optuna-dashboard serves, its API naming that study."""
     import optuna
 
-    from hmmscope.cli.ui import _study_url
+    from hmmscope.cli.ui import study_url
 
     storage = f"sqlite:///{tmp_path}/optuna.db"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -182,9 +182,9 @@ def test_the_optuna_dashboard_url_opens_the_sweeps_study(tmp_path):
     sid = optuna.create_study(study_name="mine", storage=storage)._study_id
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    url = _study_url(base, storage, "mine")
+    url = study_url(base, storage, "mine")
     assert url == f"{base}/dashboard/studies/{sid}" and sid == 2
-    assert _study_url(base, storage, "nope") == base and _study_url(base, storage, None) == base
+    assert study_url(base, storage, "nope") == base and study_url(base, storage, None) == base
     exe = Path(sys.executable).parent / "optuna-dashboard"
     proc = subprocess.Popen([str(exe), "--host=127.0.0.1", f"--port={port}", "--", storage],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

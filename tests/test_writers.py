@@ -26,7 +26,7 @@ from hmmscope import tracking
 from hmmscope.cli import app
 from hmmscope.sweep import create_study, load_study
 from hmmscope.sweep.protocol import TrialStore
-from hmmscope.sweep_spec import load_spec
+from hmmscope.sweep.spec import load_spec
 
 runner = CliRunner()
 HOLD = ("import sys, time\nfrom hmmscope import tracking\n"

@@ -76,7 +76,7 @@ def test_artifacts_linked_out_of_the_store_are_refused(tmp_path, monkeypatch):
 def test_report_checks_every_output_before_its_first_file(tmp_path, monkeypatch):
     """Before: `report` wrote out/NAME/trials.csv, then refused a planted out/NAME/report.md link."""
     from hmmscope.sweep import create_study
-    from hmmscope.sweep_spec import parse_spec
+    from hmmscope.sweep.spec import parse_spec
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"

@@ -37,9 +37,9 @@ def main(episodes: str = "128", ks: tuple[int, ...] = (1, 2, 3), n_layers: int =
     import torch
 
     from hmmscope.config import preset
-    from hmmscope.episodes import probe_episodes, sample_episodes
-    from hmmscope.hmm import make_mixture
-    from hmmscope.probes import run_probes
+    from hmmscope.data.episodes import probe_episodes, sample_episodes
+    from hmmscope.data.hmm import make_mixture
+    from hmmscope.measure.probes import run_probes
 
     torch.set_num_threads(1)
     cfg = preset("paper")
@@ -87,9 +87,9 @@ def predict(episodes: str = "32x30", ks: tuple[int, ...] = (1, 2, 3), measured: 
     import torch
 
     from hmmscope.config import model_params, preset
-    from hmmscope.episodes import probe_episodes
-    from hmmscope.hmm import make_mixture
-    from hmmscope.probes import run_probes
+    from hmmscope.data.episodes import probe_episodes
+    from hmmscope.data.hmm import make_mixture
+    from hmmscope.measure.probes import run_probes
 
     torch.set_num_threads(1)
     cfg = preset("paper")

@@ -9,7 +9,7 @@
 | `sweep` | `sweep run / worker / status / list / export / delete`, `SweepProgress` |
 | `runs` | `runs gc` |
 | `report` | `report` |
-| `ui` | `ui` (the servers themselves: `hmmscope.servers`) |
+| `ui` | `ui` (the servers themselves: `hmmscope.ui.servers`) |
 | `bench` | `bench sample / filter / oracle / train` |
 
 Each command module is a thin layer: it parses, checks, calls the library, prints. None imports torch, mlflow,

@@ -89,9 +89,9 @@ def _check_environment() -> None:
         if not 1 <= n <= MAX_THREADS:
             fail(f"HMMSCOPE_THREADS={threads[:40]!r}: give an integer in [1, {MAX_THREADS}] (torch's CPU threads), or "
                  "unset it")
-    from .. import progress
     from ..sweep.storage import outage_limit
     from ..tracking.liveness import heartbeat_interval
+    from ..training import progress
 
     for read in (heartbeat_interval, outage_limit, progress.progress_every):  # each with its stated range
         try:

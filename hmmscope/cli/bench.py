@@ -2,10 +2,10 @@
 ratios.
 
 Owns: the `bench` command group (`app`), its options and their checks, the thread setting of a benchmark, and
-the lines each benchmark prints. The timings themselves are `hmmscope.bench`.
+the lines each benchmark prints. The timings themselves are `hmmscope.training.bench`.
 
 Must not import, at module level, anything beyond typer, the standard library, `hmmscope.config`,
-`hmmscope.checks` and `cli.common`: torch, numba, hmmlearn, transformers and `hmmscope.bench` are imported
+`hmmscope.checks` and `cli.common`: torch, numba, hmmlearn, transformers and `hmmscope.training.bench` are imported
 inside the command bodies.
 """
 
@@ -35,7 +35,7 @@ def bench_sample_cmd(
     checks.memory(checks.tokens_memory(n_seqs, length, "sample"), force=force)
     if paper:
         checks.memory(memory_estimate(preset("paper"), "generate"), force=force, what="the paper-scale dataset")
-    from ..bench import bench_paper_dataset, bench_sample
+    from ..training.bench import bench_paper_dataset, bench_sample
 
     r = bench_sample(n_seqs=n_seqs, length=length)
     typer.echo(f"sample: hmmscope {r['ours_tokens_per_s']:,.0f} tokens/s ({n_seqs} x {length}), "
@@ -74,7 +74,7 @@ def bench_filter_cmd(
 ) -> None:
     """Filter tokens/s on one 128-state, 16-token HMM: dense vs hmmlearn, low-rank vs dense, each vs its GEMM limit."""
     checks.memory(checks.tokens_memory(n_seqs, length, "filter"), force=force)
-    from ..bench import bench_filter
+    from ..training.bench import bench_filter
 
     _bench_threads(threads)
     r = bench_filter(n_seqs=n_seqs, length=length, peer_length=peer_length)
@@ -113,8 +113,8 @@ def bench_oracle_cmd(
     force: ForceOpt = False,
 ) -> None:
     """Mixture-oracle cost vs n_tasks at the paper's shape (128 states, 16 tokens, rank 8, 358 tokens)."""
-    from ..bench import bench_oracle
-    from ..train import resolve_device
+    from ..training.bench import bench_oracle
+    from ..training.train import resolve_device
 
     dev = resolve_device(device)
     if dev.type not in ("cpu", "cuda"):
@@ -171,11 +171,11 @@ def bench_counting_cmd(
 ) -> None:
     """The fair counting baselines (n-gram order 3, CTW depth 3) and their fit vs the add-one bigram, same episodes."""
     # peak: the int16 episodes, the n-gram's counts and each predictor's float64 output (V = 16: 128 B per token
-    # each, about 4 alive at once) beside the counting code's fixed chunk buffers (baselines.py, under 256 MiB)
+    # each, about 4 alive at once) beside the counting code's fixed chunk buffers (oracles/baselines.py, under 256 MiB)
     tokens = n_episodes * 358
     checks.memory({"runtime": (RUNTIME_BYTES, "host"), "counting buffers": (256 << 20, "host"),
                    f"{n_episodes} x 358 tokens": (4 * 128 * tokens, "host")}, force=force)
-    from ..bench import bench_counting
+    from ..training.bench import bench_counting
 
     r = bench_counting(n_episodes=n_episodes, rounds=rounds)
     typer.echo(f"counting baselines, {n_episodes} episodes x {r['seq_len']} tokens, V = {r['n_tokens']}; "
@@ -217,7 +217,7 @@ def bench_train_cmd(
         return echo_config(cfg, ("hmm", "data", "model", "train"))
     names = None
     if variants is not None:
-        from ..bench_variants import parse_variant
+        from ..training.bench_variants import parse_variant
 
         names = [v.strip() for v in variants.split(",")]
         for v in names:
@@ -228,8 +228,8 @@ def bench_train_cmd(
         if names is None:
             raise ValueError("--json writes the --variants rows: give --variants")
         checks.output_file(json_, "--json", ".json")
-    from ..bench import bench_train
-    from ..train import resolve_device
+    from ..training.bench import bench_train
+    from ..training.train import resolve_device
 
     dev = resolve_device(cfg.train.device)
     need = memory_estimate(cfg, "bench-train", batch_size=batch_size, seq=seq_len)
@@ -297,7 +297,7 @@ def bench_headroom_cmd(
                           n_episodes=max(n_episodes, cfg.eval.fit_episodes))
     checks.memory(est, force=force, what="the headroom's references")
     _bench_threads(threads)
-    from ..bench import bench_headroom
+    from ..training.bench import bench_headroom
 
     r = bench_headroom(cfg, n_episodes=n_episodes, em=em, repeats=repeats)
     typer.echo(f"headroom ({cfg.hmm.family}, S {cfg.hmm.n_states}, V {cfg.hmm.n_tokens}, M {r['family_tasks']}, "
@@ -311,7 +311,7 @@ def _bench_variants(cfg, names: list[str], batch_size: int, seq_len: int, steps:
     import json
 
     from .. import safe_output
-    from ..bench_variants import bench_variants
+    from ..training.bench_variants import bench_variants
 
     head: dict = {}
 

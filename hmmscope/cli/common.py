@@ -96,14 +96,6 @@ def _line(e: BaseException) -> str:
     return lines[0] if lines else type(e).__name__
 
 
-_STORE_ERRORS = ("MlflowException", "SQLAlchemyError", "DatabaseError", "RequestException", "StorageInternalError")
-
-
-def _store_error(e: BaseException) -> bool:
-    """An error of MLflow, SQLAlchemy, sqlite3, requests or Optuna's storages (by class name: no imports here)."""
-    return any(c.__name__ in _STORE_ERRORS for c in type(e).__mro__)
-
-
 def user_errors(fn):
     """Turn bad input (ConfigError / ValueError / OSError) into a one-line error and exit code 2.
 
@@ -123,17 +115,17 @@ def user_errors(fn):
         except MemoryError as e:
             fail(f"out of memory ({_line(e)}); make the job smaller", code=1)
         except RuntimeError as e:
-            train = sys.modules.get("hmmscope.train")
+            train = sys.modules.get("hmmscope.training.train")
             if train is not None and isinstance(e, train.DivergedError):
                 fail(f"training diverged: {e}; run {e.run_id} ended FAILED (try a smaller train.lr)", code=1)
             if type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(e):
                 fail(f"out of memory ({_line(e)[:200]}); make the job smaller", code=1)
             raise
         except Exception as e:  # the store failed under us (a server answering 500, a database gone): one line
-            if not _store_error(e):
-                raise
-            from ..store_checks import store_reason
+            from ..tracking.faults import store_error, store_reason
 
+            if not store_error(e):
+                raise
             fail(f"the store failed: {store_reason(e)}")
 
     return wrapper

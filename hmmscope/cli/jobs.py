@@ -5,8 +5,8 @@ silent stages, and what they print (metrics, claims, figure paths, the MLflow ru
 layerwise analysis and the main job themselves are the library's (`train`, `jobs`, `sweep`, `report`).
 
 Must not import, at module level, anything beyond typer, the standard library, `hmmscope.config`,
-`hmmscope.checks` and the `cli` helpers (`common`, `theory`): torch, mlflow, optuna and the jobs are imported
-inside the command bodies.
+`hmmscope.checks`, `hmmscope.store_checks` and the `cli` helpers (`common`, `theory`): torch, mlflow, optuna and
+the jobs are imported inside the command bodies.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from .. import checks
+from .. import checks, store_checks
 from ..config import ConfigError, memory_estimate, train_flops
 from .common import (
     ConfigOpt,
@@ -101,7 +101,7 @@ def train_cmd(
     Prints its run id and browse line at once; then, on a terminal, a bar, else a plain progress line every
     HMMSCOPE_PROGRESS_S seconds (default 30) and one per phase; at the end one headline line (the model vs the
     oracles and the best counting baseline, and the regime)."""
-    from ..deadline import process_age_s  # the standard library only
+    from ..training.deadline import process_age_s  # the standard library only
 
     t_cmd = time.monotonic() - process_age_s()  # the deadline counts from the process's start (imports included)
     cfg = build_config(preset_, config, set_, {"train.device": device})
@@ -109,14 +109,16 @@ def train_cmd(
         return echo_config(cfg, ("hmm", "data", "model", "train", "eval"))
     if run_name is not None:
         checks.safe_name(run_name, "--run-name")
-    checks.experiment_name(experiment)
+    from ..tracking.store import check_experiment_name
+
+    check_experiment_name(experiment)
     checks.output_dir(out, "--out", explicit=out != Path("out"))
-    uri = checks.tracking_store(tracking_uri, must_exist=resume is not None)
+    uri = store_checks.tracking_store(tracking_uri, must_exist=resume is not None)
     from .. import tracking
-    from ..deadline import Deadline
     from ..interrupts import sigterm_interrupts
     from ..jobs import evaluate_model
-    from ..train import resolve_device, train
+    from ..training.deadline import Deadline
+    from ..training.train import resolve_device, train
 
     dev = resolve_device(cfg.train.device)  # an unavailable device fails before any run is created
     if resume is not None:
@@ -223,11 +225,11 @@ def evaluate_cmd(
     if n_episodes is not None and n_episodes < 1:
         raise ConfigError(f"--n-episodes must be >= 1, got {n_episodes}")
     checks.output_dir(out, "--out", explicit=out != Path("out"))
-    uri = checks.tracking_store(tracking_uri, must_exist=True)
+    uri = store_checks.tracking_store(tracking_uri, must_exist=True)
     from .. import tracking
     from ..interrupts import sigterm_interrupts
     from ..jobs import evaluate_run
-    from ..train import resolve_device
+    from ..training.train import resolve_device
 
     run_id = tracking.resolve_run_id(uri, run_id)  # a unique prefix of the id will do
     cfg = checks.run_config(uri, run_id)
@@ -275,18 +277,20 @@ def analyze_cmd(
         raise ConfigError(f"--ks: each k once, got {ks!r}")
     jobs = checks.probe_jobs(parse_jobs(probe_jobs, "--probe-jobs"))
     checks.seed(seed, "--seed")
-    checks.experiment_name(experiment)
+    from ..tracking.store import check_experiment_name
+
+    check_experiment_name(experiment)
     checks.output_dir(out, "--out", explicit=out != Path("out"))
     is_file = Path(target).suffix == ".pt" or Path(target).exists()
-    uri = checks.tracking_store(tracking_uri, must_exist=not is_file)
+    uri = store_checks.tracking_store(tracking_uri, must_exist=not is_file)
     if not is_file:
         from .. import tracking
 
         target = tracking.resolve_run_id(uri, target)  # a unique prefix of the id will do
-    from ..checkpoints import checkpoint_config, read_checkpoint
     from ..interrupts import sigterm_interrupts
     from ..jobs import analyze_run
-    from ..train import resolve_device
+    from ..training.checkpoints import checkpoint_config, read_checkpoint
+    from ..training.train import resolve_device
 
     cfg = checkpoint_config(read_checkpoint(target, mmap=True)) if is_file else checks.run_config(uri, target)
     dev = resolve_device(device or "auto")
@@ -331,15 +335,18 @@ def run_cmd(
     if print_config:
         return echo_config(cfg)
     checks.output_dir(out, "--out", explicit=out != Path("out"))
-    checks.experiment_name(experiment)
-    uri = checks.tracking_store(tracking_uri)
-    checks.optuna_storage(None)  # the main job's sweep uses the default storage
+    from ..tracking.store import check_experiment_name
+
+    check_experiment_name(experiment)
+    uri = store_checks.tracking_store(tracking_uri)
+    store_checks.optuna_storage(None)  # the main job's sweep uses the default storage
     from .. import tracking
     from ..interrupts import sigterm_interrupts
-    from ..jobs import main_job
+    from ..jobs import MAIN_SWEEP, main_job
     from ..report import build_report
     from ..sweep import run_sweep
-    from ..train import resolve_device
+    from ..sweep.spec import parse_spec
+    from ..training.train import resolve_device
 
     dev = resolve_device(cfg.train.device)
     for job in ("theory", "train", "analyze"):  # the stages run one after another
@@ -352,7 +359,8 @@ def run_cmd(
         return sw, build_report(uri, sw.parent_run_id, report_dir, storage=sw.storage)
 
     with sigterm_interrupts():  # off a terminal too: the run id at once, a line per stage, training's progress lines
-        res = main_job(cfg, uri, experiment, out, sweep=sweep_and_report, progress=True,
+        res = main_job(cfg, uri, experiment, out, sweep_spec=parse_spec(MAIN_SWEEP, "hmmscope.jobs.MAIN_SWEEP"),
+                       sweep=sweep_and_report, progress=True,
                        on_stage=lambda s: typer.echo(f"[hmmscope run] {s} ...", err=True),
                        log=None if sys.stderr.isatty() else (lambda m: typer.echo(m, err=True)),
                        on_start=lambda rid: typer.echo(f"main run {rid} started; {tracking.browse_line(uri, run_id=rid)}"))

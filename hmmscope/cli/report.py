@@ -2,8 +2,9 @@
 
 Owns: the command's options, checks and the summary lines it prints. The report itself is `hmmscope.report`.
 
-Must not import, at module level, anything beyond typer, the standard library, `hmmscope.checks` and
-`cli.common`: the report package (statsmodels, matplotlib, mlflow, optuna) is imported inside the command body.
+Must not import, at module level, anything beyond typer, the standard library, `hmmscope.checks`,
+`hmmscope.store_checks` and `cli.common`: the report package (statsmodels, matplotlib, mlflow, optuna) is imported
+inside the command body.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from .. import checks
+from .. import checks, store_checks
 from .common import UriOpt, nonempty_path, user_errors
 
 
@@ -30,11 +31,11 @@ def report_cmd(
     """Statistical report of a sweep (Markdown + HTML, figures), also logged to the sweep's parent run."""
     checks.safe_name(sweep, "sweep")
     out = checks.output_dir(out or Path("out") / sweep, "--out", explicit=out is not None)
-    uri = checks.tracking_store(tracking_uri, must_exist=True)
+    uri = store_checks.tracking_store(tracking_uri, must_exist=True)
     from ..report import build_report
 
     if storage is not None:
-        storage = checks.optuna_storage(storage, must_exist=True, write=False)
+        storage = store_checks.optuna_storage(storage, must_exist=True, write=False)
     rep = build_report(uri, sweep, out, storage=storage)
     for line in rep.summary_lines():
         typer.echo(line)

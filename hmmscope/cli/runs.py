@@ -118,13 +118,13 @@ def runs_gc_cmd(
     """Mark orphan RUNNING runs (their process is gone, or no heartbeat), in the trash too, KILLED, with the reason;
     remove the temp files killed writers left (how many, how large): in runs no live process writes, their copies under
     TMPDIR, under ./out, and a store's interrupted first creation."""
-    from .. import checks, tracking
+    from .. import store_checks, tracking
     from ..config import ConfigError
     from ..tracking import leftovers
 
     verb = "would remove" if dry_run else "removed"
     try:
-        uri = checks.tracking_store(tracking_uri, must_exist=True, write=not dry_run)
+        uri = store_checks.tracking_store(tracking_uri, must_exist=True, write=not dry_run)
     except ConfigError as e:  # no store yet: what a killed first creation of it left goes all the same
         n, size = leftovers.remove_creations(tracking.resolve_uri(tracking_uri), dry_run=dry_run)
         if not n or "nothing was recorded" not in str(e):

@@ -2,10 +2,11 @@
 
 Owns: the `sweep` command group (`app`), its commands' options, checks and printed output, and `SweepProgress`
 (the bar on a terminal, plain lines elsewhere, with the ETA). Studies, workers, trials and their MLflow runs are
-the library's: `sweep_spec`, `sweep`, `studies`.
+the library's: `sweep.spec`, `sweep`, `sweep.studies`.
 
-Must not import, at module level, anything beyond typer, the standard library, `hmmscope.checks` and
-`cli.common`: optuna, mlflow, torch and the sweep layer are imported inside the command bodies.
+Must not import, at module level, anything beyond typer, the standard library, `hmmscope.checks`,
+`hmmscope.store_checks` and `cli.common`: optuna, mlflow, torch and the sweep layer are imported inside the command
+bodies.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from .. import checks
+from .. import checks, store_checks
 from ..config import ConfigError
 from .common import (
     ForceOpt,
@@ -136,7 +137,7 @@ def sweep_run_cmd(
                                                    "keys train.device and train.compile.")] = None,
 ) -> None:
     """Create or resume the study and run it to the end with local workers."""
-    from ..sweep_spec import load_spec, with_sets
+    from ..sweep.spec import load_spec, with_sets
 
     s = with_sets(load_spec(bundled_spec(spec)), parse_sets(set_))
     if print_config:
@@ -144,8 +145,8 @@ def sweep_run_cmd(
         typer.echo(f"# sweep {s.name} ({s.kind}): the config before each trial's values of {swept}")
         return echo_config(s.trial_config({}), ("theory",) if s.kind == "theory" else
                            ("hmm", "data", "model", "train", "eval"))
-    storage = checks.optuna_storage(storage or s.storage or None)
-    uri = checks.tracking_store(tracking_uri)
+    storage = store_checks.optuna_storage(storage or s.storage or None)
+    uri = store_checks.tracking_store(tracking_uri)
     checks.workers(workers, force=force)
     checks.sweep_memory(s, workers=workers, force=force)
     from .. import tracking
@@ -158,9 +159,9 @@ def sweep_run_cmd(
         with SweepProgress(s.name, s.n_trials) as bar:
             res = run_sweep(s, workers=workers, storage=storage, uri=uri, log=bar.log, progress=bar,
                             retry_failed=retry_failed)
+            bar({"complete": res.complete, "pruned": res.pruned, "failed": res.failed, "running": 0}, res.n_trials)
     except SweepDeleted as e:  # its workers stopped and its runs ended: one line
         fail(str(e), 1)
-        bar({"complete": res.complete, "pruned": res.pruned, "failed": res.failed, "running": 0}, res.n_trials)
     if res.already_complete:
         typer.echo(f"sweep {res.study_name} is already complete: nothing to do")
     typer.echo(f"sweep {res.study_name}: {res.complete} complete, {res.failed} failed, {res.pruned} pruned of "
@@ -190,8 +191,8 @@ def sweep_worker_cmd(
 ) -> None:
     """Join a study from this machine (e.g. a GPU box sharing a PostgreSQL storage)."""
     checks.safe_name(study, "study")
-    storage = checks.optuna_storage(storage, must_exist=True)
-    uri = checks.tracking_store(tracking_uri, must_exist=True)
+    storage = store_checks.optuna_storage(storage, must_exist=True)
+    uri = store_checks.tracking_store(tracking_uri, must_exist=True)
     from ..sweep import pin_gpu, run_worker, spec_of_study
 
     spec_of_study(study, storage)  # an unknown study fails here, before any trial
@@ -219,13 +220,13 @@ def sweep_status_cmd(
     It only reads: RUNNING runs whose owner is gone are listed on stderr, and marked KILLED by `hmmscope runs
     gc` or the next `hmmscope sweep run` (as before this command marked them itself)."""
     checks.safe_name(study, "study")
-    url = checks.optuna_storage(storage, must_exist=True, write=False)
+    url = store_checks.optuna_storage(storage, must_exist=True, write=False)
     from .. import tracking
     from ..sweep import spec_of_study, study_status
 
     uri = tracking.resolve_uri(tracking_uri)
     if uri.startswith(("http://", "https://")):  # a server gets its health check, with a total deadline
-        checks.tracking_store(uri, must_exist=True, write=False)
+        store_checks.tracking_store(uri, must_exist=True, write=False)
     rows = study_status(study, url)
     try:
         spec = spec_of_study(study, url)
@@ -257,12 +258,12 @@ def sweep_status_cmd(
 @user_errors
 def sweep_list_cmd(storage: StorageOpt = None) -> None:
     """The studies in the storage, with their trial counts per state."""
-    url = checks.optuna_storage(storage, must_exist=True, write=False)
-    from ..sweep import _safe_url
+    url = store_checks.optuna_storage(storage, must_exist=True, write=False)
+    from ..sweep.storage import safe_url
     from ..sweep.studies import list_studies
 
     rows = list_studies(url)
-    print_table(f"studies in {_safe_url(url)}", rows)
+    print_table(f"studies in {safe_url(url)}", rows)
     typer.echo(f"{len(rows)} stud{'y' if len(rows) == 1 else 'ies'}")
 
 
@@ -276,7 +277,7 @@ def sweep_export_cmd(
 ) -> None:
     """One CSV row per trial: number, state, value, times, params, user attrs, MLflow run id."""
     checks.safe_name(study, "study")
-    url = checks.optuna_storage(storage, must_exist=True, write=False)
+    url = store_checks.optuna_storage(storage, must_exist=True, write=False)
     out = None if path is None else checks.output_file(path, "output", suffix=".csv")
     from ..sweep.studies import csv_text, export_rows, write_csv
 
@@ -298,16 +299,16 @@ def sweep_delete_cmd(
 ) -> None:
     """Delete the study and its MLflow runs (the sweep's parent run and every trial run below it); asks first."""
     checks.safe_name(study, "study")
-    url = checks.optuna_storage(storage, must_exist=True)
-    uri = checks.tracking_store(tracking_uri, must_exist=True)
-    from ..sweep import _safe_url
+    url = store_checks.optuna_storage(storage, must_exist=True)
+    uri = store_checks.tracking_store(tracking_uri, must_exist=True)
+    from ..sweep.storage import safe_url
     from ..sweep.studies import delete_study, live_writers, study_runs
 
     found = study_runs(study, url, uri)
     why = live_writers(found, uri)  # a sweep still written is not deleted: before anything is asked or deleted
     if why is not None:
         raise ConfigError(why)
-    what = (f"study {study!r} ({found.n_trials} trials) in {_safe_url(url)} and {len(found.run_ids)} MLflow run(s)"
+    what = (f"study {study!r} ({found.n_trials} trials) in {safe_url(url)} and {len(found.run_ids)} MLflow run(s)"
             + (f" in experiment(s) {', '.join(found.experiments)}" if found.experiments else "")
             + (f"; {found.n_running} trial(s) are RUNNING, their workers gone" if found.n_running else ""))
     if not yes and not typer.confirm(f"Delete {what}?", default=False, err=True):

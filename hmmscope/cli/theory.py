@@ -4,7 +4,8 @@ Owns: these two commands' options, checks and printed output, and `print_theory`
 and the claims; `hmmscope run` prints the same). The work is the library's: `episodes`, `hmm`, `jobs.theory_job`.
 
 Must not import, at module level, anything beyond typer, the standard library, `hmmscope.config`,
-`hmmscope.checks` and `cli.common`: numpy, torch, mlflow and the jobs are imported inside the command bodies.
+`hmmscope.checks`, `hmmscope.store_checks` and `cli.common`: numpy, torch, mlflow and the jobs are imported inside
+the command bodies.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from .. import checks
+from .. import checks, store_checks
 from ..config import ConfigError, flatten, memory_estimate
 from .common import (
     ConfigOpt,
@@ -59,8 +60,8 @@ def generate(
         raise ConfigError(f"--n must be >= 1, got {n}")
     checks.output_file(out, "output", suffix=".npz")
     checks.memory(memory_estimate(cfg, "generate", n_episodes=n), force=force)
-    from ..episodes import sample_episodes, save_episodes
-    from ..hmm import make_mixture
+    from ..data.episodes import sample_episodes, save_episodes
+    from ..data.hmm import make_mixture
 
     mix = make_mixture(cfg.hmm)
     ep = sample_episodes(mix, cfg.data, n, split=split.value)
@@ -102,12 +103,15 @@ def theory(
     out = checks.output_dir(out or new_folder(Path("out"), "theory"), "--out", explicit=out is not None)
     if json_path is not None:
         checks.output_file(json_path, "--json", suffix=".json")
-    checks.experiment_name(experiment)
-    uri = checks.tracking_store(tracking_uri) if track else None
+    from ..tracking.store import check_experiment_name
+
+    check_experiment_name(experiment)
+    uri = store_checks.tracking_store(tracking_uri) if track else None
     checks.memory(memory_estimate(cfg, "theory"), force=force)
     from .. import tracking
     from ..interrupts import sigterm_interrupts
-    from ..jobs import atomic_write, theory_job
+    from ..jobs import theory_job
+    from ..safe_output import write_with
 
     n = len(th.gammas) * len(th.ranks) * len(th.rhos) * len(th.n_states)
     plain = not sys.stderr.isatty()  # off a terminal (a file, nohup, Slurm): one line per setting instead of a bar
@@ -123,7 +127,7 @@ def theory(
                                     on_start=lambda rid: typer.echo(f"theory run {rid} started; "
                                                                     f"{tracking.browse_line(uri, run_id=rid)}"))
     if json_path is not None:
-        atomic_write(json_path, lambda p: p.write_text(json.dumps(result.to_dict(), indent=2)))
+        write_with(json_path, lambda p: p.write_text(json.dumps(result.to_dict(), indent=2)))
     print_theory(result, th)
     typer.echo(f"figures: {out / 'theory.png'}, {out / 'theory.pdf'}  result: {out / 'theory.json'}")
     if run_id is not None:

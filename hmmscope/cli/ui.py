@@ -6,10 +6,10 @@ servers answer; a sweep: first its answer, the comparison figure on its parent r
 its trials table, whose view (objective and swept params as columns) it saves first as MLflow's shared view;
 with --optuna-dashboard, the study's own page; a failed server's message and the end of its log). A folder
 with no store is refused unless `--create`. Starting, watching and stopping the servers (process groups,
-PR_SET_PDEATHSIG, signals, the log file) is `hmmscope.servers`.
+PR_SET_PDEATHSIG, signals, the log file) is `hmmscope.ui.servers`.
 
-Must not import, at module level, anything beyond typer, the standard library, `hmmscope.checks`,
-`hmmscope.config` and `cli.common`: `hmmscope.servers`, `tracking` and `sweep` are imported inside the body.
+Must not import, at module level, anything beyond typer, the standard library, `hmmscope.store_checks`,
+`hmmscope.config` and `cli.common`: `hmmscope.ui.servers`, `tracking` and `sweep` are imported inside the body.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from .. import checks
+from .. import store_checks
 from ..config import ConfigError
 from .common import Spinner, StorageOpt, UriOpt, user_errors
 
@@ -27,7 +27,7 @@ def _free_port(preferred: int) -> int:
     """`preferred` if it is free on 127.0.0.1, else one the system hands out."""
     import socket
 
-    from .. import servers as srv
+    from ..ui import servers as srv
 
     if srv.port_free(preferred):
         return preferred
@@ -36,7 +36,7 @@ def _free_port(preferred: int) -> int:
         return s.getsockname()[1]
 
 
-def _study_url(base: str, storage: str | None, sweep: str | None) -> str:
+def study_url(base: str, storage: str | None, sweep: str | None) -> str:
     """optuna-dashboard's page of the sweep's study (`/dashboard/studies/<id>`), else its front page."""
     if not sweep:
         return base
@@ -73,21 +73,23 @@ def ui_cmd(
     goes to a log file (shown if one fails). The servers stop with this command: Ctrl-C, SIGTERM, SIGHUP, or
     its death (Linux).
     """
-    from .. import servers as srv
+    from .. import checks
+    from ..tracking.store import check_experiment_name
+    from ..ui import servers as srv
 
     if sum(x is not None for x in (run, sweep, experiment)) > 1:
         raise ConfigError("give at most one of --run, --sweep, --experiment")
     if sweep is not None:  # a name as `sweep run` takes it: never rewritten into another sweep's, never empty
         checks.safe_name(sweep, "--sweep")
     if experiment is not None:
-        checks.experiment_name(experiment)
+        check_experiment_name(experiment)
     try:
-        uri = checks.tracking_store(tracking_uri, must_exist=not create)
+        uri = store_checks.tracking_store(tracking_uri, must_exist=not create)
     except ConfigError as e:
         raise ConfigError(f"{e}; run a command that records there first, or give --create to serve an empty "
                           "new store") if not create and "nothing was recorded" in str(e) else e from None
     if optuna:
-        storage = checks.optuna_storage(storage)
+        storage = store_checks.optuna_storage(storage)
     explicit = port is not None
     port = port if explicit else _free_port(5000)
     for p_, what in [(port, "--port")] + ([(dashboard_port, "--dashboard-port")] if optuna else []):
@@ -114,7 +116,7 @@ def ui_cmd(
     servers = [srv.mlflow_ui(uri, port)]
     if optuna:
         servers.append(srv.optuna_dashboard(storage, dashboard_port))
-    shown = [url] + [_study_url(s.url, storage, sweep) for s in servers[1:]]
+    shown = [url] + [study_url(s.url, storage, sweep) for s in servers[1:]]
     failed = srv.supervise(
         servers, srv.server_env(),
         starting=Spinner("starting the MLflow UI" + (" and optuna-dashboard" if optuna else "")),

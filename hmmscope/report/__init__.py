@@ -100,13 +100,14 @@ from pathlib import Path
 
 from .. import tracking
 from ..stats import Claim, jsonable
-from .common import METRIC_DIRECTION, Notes, Section, _ci, _f, claim_side, metric_units, underpowered, verdict_sentence
-from .layerwise import _depth_rank_section, _layerwise_section
-from .posenc import _posenc_section
-from .read import _find_parent, _is_theory, _read_trials, _theory_settings, _training_frame, _Trials
+from ..units import fmt_ci, fmt_num, metric_units
+from .common import METRIC_DIRECTION, Notes, Section, claim_side, underpowered, verdict_sentence
+from .layerwise import depth_rank_section, layerwise_section
+from .posenc import posenc_section
+from .read import Trials, find_parent, is_theory, read_sweep_trials, theory_settings, training_frame
 from .regime import headroom_section, regime_section
 from .render import render_html, render_md
-from .theory import _practice_section, _theory_section
+from .theory import practice_section, theory_section
 from .trials import trial_rows, trials_section, write_csv
 
 __all__ = ["build_report", "Report", "Section", "report_to_dict", "render_md", "render_html", "claim_side",
@@ -141,7 +142,7 @@ def report_to_dict(report: Report) -> dict:
     return jsonable(report)
 
 
-def _header(sweep: str, t: _Trials, n_train: int, n_theory: int) -> tuple[dict, Section]:
+def _header(sweep: str, t: Trials, n_train: int, n_theory: int) -> tuple[dict, Section]:
     p = t.parent
     hashes = {k: v for k, v in {**p.data.params, **p.data.tags}.items() if "hash" in k.lower()}
     versions = sorted({r.data.tags.get("hmmscope.code_version", "unknown") for r in t.complete})
@@ -179,11 +180,11 @@ OUTPUTS = ("report.md", "report.html", "report.json", "trials.csv",
                                         "posenc_effects", "layerwise_claims", "depth_vs_rank") for ext in ("png", "pdf")))
 
 
-def _answer(uri: str, t: _Trials, study, storage: str | None, claims: list[Claim], out_dir: Path,
+def _answer(uri: str, t: Trials, study, storage: str | None, claims: list[Claim], out_dir: Path,
             figs: dict) -> Section:
     """The report's first section (module docstring): the objective per setting and encoding, its figures, and
     one sentence per verdict."""
-    from ..sweep_spec import SweepSpec
+    from ..sweep.spec import SweepSpec
 
     sec = Section("Answer")
     unit = metric_units(t.objective)
@@ -234,28 +235,28 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
     """
     uri = tracking.resolve_uri(uri)
     out_dir = Path(out_dir)
-    parent, study, found_in = _find_parent(uri, sweep, storage)
+    parent, study, found_in = find_parent(uri, sweep, storage)
     from ..safe_output import check_dest, make_dir
 
     for name in OUTPUTS:  # every file it may write, checked before the first (a planted link: nothing written)
         check_dest(out_dir / name)
     make_dir(out_dir)  # after the sweep is found: an unknown sweep writes nothing
-    t = _read_trials(uri, parent, study)
-    theory_runs = [r for r in t.complete if _is_theory(r)]
-    train_runs = [r for r in t.complete if not _is_theory(r)]
+    t = read_sweep_trials(uri, parent, study)
+    theory_runs = [r for r in t.complete if is_theory(r)]
+    train_runs = [r for r in t.complete if not is_theory(r)]
     header, head_sec = _header(sweep, t, len(train_runs), len(theory_runs))
     sections, claims, figs, notes = [head_sec], [], {}, list(t.notes)
-    settings = _theory_settings(theory_runs, t.children, uri)
+    settings = theory_settings(theory_runs, t.children, uri)
     if theory_runs and not settings:
         notes.append("theory trials found but no settings with logged rates")
-    df = _training_frame(train_runs, t.children, t.analysis, uri)
-    steps = [("theory", lambda: _theory_section(settings, out_dir, figs) if settings else (None, [])),
-             ("practice vs theory", lambda: (_practice_section(df, out_dir, figs), [])),
-             ("positional encoding", lambda: _posenc_section(df, out_dir, figs)),
+    df = training_frame(train_runs, t.children, t.analysis, uri)
+    steps = [("theory", lambda: theory_section(settings, out_dir, figs) if settings else (None, [])),
+             ("practice vs theory", lambda: (practice_section(df, out_dir, figs), [])),
+             ("positional encoding", lambda: posenc_section(df, out_dir, figs)),
              ("regime", lambda: regime_section(train_runs, uri)),
              ("headroom", lambda: headroom_section(train_runs)),
-             ("layerwise claims", lambda: _layerwise_section(df, out_dir, figs)),
-             ("depth vs rank", lambda: _depth_rank_section(df, out_dir, figs))]
+             ("layerwise claims", lambda: layerwise_section(df, out_dir, figs)),
+             ("depth vs rank", lambda: depth_rank_section(df, out_dir, figs))]
     for title, fn in steps:
         try:
             s, c = fn()
@@ -275,14 +276,14 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
                   "or a check that cannot fail) and the reason says why; 'underpowered' in the reason says the "
                   "design cannot answer, and why. Long statistics and reasons are numbered notes below the table."),
             ("table", ["claim", "statistic", "value", "95% CI", "df", "rule", "verdict", "reason"],
-             [[c.name, vnotes.short(c.statistic), _f(c.value), _ci(c.ci_lo, c.ci_hi), _f(c.df), c.rule or "-",
+             [[c.name, vnotes.short(c.statistic), fmt_num(c.value), fmt_ci(c.ci_lo, c.ci_hi), fmt_num(c.df), c.rule or "-",
                c.verdict, vnotes.short(c.reason, sep="; ")] for c in claims]),
             *vnotes.blocks()]))
     try:  # the answer first; a failure here is a note, never the report's
         sections.insert(0, _answer(uri, t, study, found_in, claims, out_dir, figs))
     except Exception as e:
         notes.append(f"answer: {type(e).__name__}: {e}")
-    rows, varying, metrics = trial_rows(t, _is_theory, uri)
+    rows, varying, metrics = trial_rows(t, is_theory, uri)
     tsec = trials_section(t.objective, rows, varying, metrics)
     if tsec is not None:
         sections.append(tsec)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..stats import decide, rule
+from ..units import fmt_num, metric_units, metric_words
 
 NAN = float("nan")
 Block = tuple  # ("h", level, text) | ("p", text) | ("table", headers, rows) | ("img", filename, alt) | ("ul", items)
@@ -36,69 +37,10 @@ Block = tuple  # ("h", level, text) | ("p", text) | ("table", headers, rows) | (
 METRIC_DIRECTION = {"eval/seen/test_acc": +1, "eval/seen/excess_ce": -1, "eval/seen/kl_mix": -1,
                     "eval/test_acc": +1, "eval/excess_ce": -1, "eval/kl_mix": -1}
 # the side of 0 a layerwise claim's value lies on when the claim holds (names as logged: safe_key'd)
-# (the statistics of probes.py and shuffle.py; the runs' logged rules decide the pooled verdicts)
+# (the statistics of measure/probes/ and measure/shuffle.py; the runs' logged rules decide the pooled verdicts)
 _CLAIM_SIDE = [(r"upper layers change less", -1), (r"_beats_control$", +1), (r"_beats_baseline$", +1),
                (r"_beats_token_stats$", +1), (r"rises_then_falls$", +1), (r"peak_moves_up$", +1),
                (r"acc_falls_with_k$", -1), (r"state_before_task(_reach\d+|_layer0)?$", +1)]
-
-
-def metric_units(key: str) -> str:
-    """The unit of a metric, for axis labels and tables: nats/token for cross-entropies, KLs and their
-    differences, 'fraction of test tokens' for accuracies, '1/L' for eps(L)'s decay rate; '' if unknown."""
-    k = key.rsplit("/", 1)[-1]
-    parts = set(k.split("_"))
-    if key.startswith("theory/"):
-        return "1/L (per token of memory)" if k in ("rate", "rate_lo", "rate_hi") else ""
-    if "acc" in parts or k.startswith("gap_to_"):
-        return "fraction of test tokens"
-    if parts & {"ce", "loss", "kl"} or k.startswith(("retrieval_gap", "vs_best_counting")):
-        return "nats/token"
-    if k == "p_true_task":
-        return "probability"
-    if "norm_change" in key:
-        return "relative logit change"
-    return ""
-
-
-def axis_label(key: str) -> str:
-    """`key (unit)`, or the key alone when its unit is unknown."""
-    u = metric_units(key)
-    return f"{key} ({u})" if u else key
-
-
-def oracle_reference(objective: str) -> tuple[float | str, str] | None:
-    """The oracle beside an objective on a figure: (a constant, label) for a quantity the oracle sets to 0 by
-    definition (excess CE, KL, the retrieval gap), (the trials' metric key that holds the oracle's value,
-    label) for the model's own CE or accuracy; None when no oracle applies."""
-    tasks = "unseen" if "/unseen/" in objective else "seen"
-    k = objective.rsplit("/", 1)[-1]
-    if k in ("excess_ce", "kl_mix"):
-        return 0.0, f"mixture oracle ({k} = 0)"
-    if k in ("excess_ce_task", "kl_task"):
-        return 0.0, f"task oracle ({k} = 0)"
-    if k.startswith("retrieval_gap"):
-        return 0.0, "no retrieval gap (0)"
-    which = "task" if tasks == "unseen" else "mix"
-    name = "task oracle" if which == "task" else "mixture oracle"
-    if objective.startswith("eval/") and k in ("test_acc", "test_ce"):
-        return f"eval/{tasks}/oracle_{which}_{k}", name
-    legacy = {"val/test_acc": "eval/seen/oracle_mix_test_acc", "val/test_loss": "eval/seen/oracle_mix_test_ce",
-              "val/loss": "oracle/loss", "val/acc": "oracle/acc"}
-    return (legacy[objective], "mixture oracle") if objective in legacy else None
-
-
-_WORDS = {"excess_ce": "excess CE", "excess_ce_task": "excess CE over the task oracle", "kl_mix":
-          "KL to the mixture oracle", "kl_task": "KL to the task oracle", "test_acc": "test accuracy",
-          "test_ce": "test CE", "retrieval_gap": "retrieval gap"}
-
-
-def metric_words(key: str) -> str:
-    """A metric key in words: eval/seen/excess_ce -> 'excess CE (seen tasks)'; unknown keys as they are."""
-    parts = key.split("/")
-    words = _WORDS.get(parts[-1], parts[-1] if len(parts) > 1 else key)
-    if words == parts[-1]:
-        return key
-    return f"{words} ({parts[1]} tasks)" if len(parts) == 3 and parts[1] in ("seen", "unseen") else words
 
 
 def _g(v: float) -> str:
@@ -163,23 +105,7 @@ class Section:
     blocks: list = field(default_factory=list)
 
 
-def _f(v: Any, digits: int = 4) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, (float, np.floating)):
-        return "-" if not math.isfinite(v) else f"{v:.{digits}g}"
-    return str(v)
-
-
-def _p(p: float) -> str:
-    return "< 1e-16" if p == 0 else _f(p, 3)
-
-
-def _ci(lo: float, hi: float) -> str:
-    return f"[{_f(lo)}, {_f(hi)}]"
-
-
-def _num(s: Any) -> Any:
+def param_number(s: Any) -> Any:
     """A param string as a number when it is one."""
     try:
         x = float(s)
@@ -188,7 +114,7 @@ def _num(s: Any) -> Any:
     return int(x) if x.is_integer() and re.fullmatch(r"-?\d+", str(s).strip()) else x
 
 
-def _side_verdict(lo: float, hi: float, side: int, *, df: float | None = None, degenerate: str = "") -> str:
+def side_verdict(lo: float, hi: float, side: int, *, df: float | None = None, degenerate: str = "") -> str:
     """Claim: the quantity lies on `side` of 0 (+1 above, -1 below: stats.decide with '> 0' / '< 0');
     side 0: two-sided 'differs from 0' (supported if decide finds the CI on either side, no power if decide
     says so, else inconclusive)."""
@@ -219,6 +145,6 @@ def underpowered(value: float, lo: float, hi: float, verdict: str, *, threshold:
     elif verdict == "inconclusive" and math.isfinite(value):
         eff, width = abs(value - threshold), hi - lo
         if width > eff:
-            why.append(f"95% CI width {_f(width, 3)} > |effect| {_f(eff, 3)}: only an effect beyond about "
-                       f"{_f(width / 2, 3)} (the CI half-width) could be resolved with these replicates")
+            why.append(f"95% CI width {fmt_num(width, 3)} > |effect| {fmt_num(eff, 3)}: only an effect beyond about "
+                       f"{fmt_num(width / 2, 3)} (the CI half-width) could be resolved with these replicates")
     return "underpowered: " + "; ".join(why) if why else ""

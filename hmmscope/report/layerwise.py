@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from ..stats import NO_POWER, VERDICTS, Claim, claim, parse_rule, rule, t_mean
-from .common import NAN, Section, _ci, _f, _p, underpowered
-from .posenc import _ols
+from ..units import fmt_ci, fmt_num, fmt_p
+from .common import NAN, Section, underpowered
+from .posenc import ols_fit
 
 
 def _seed_col(df) -> str | None:
@@ -31,7 +32,7 @@ def _pooled_rule(r: str) -> str:
     return NO_POWER if op == NO_POWER else rule(op, t, [f"pooled: {x}" for x in req])
 
 
-def _layerwise_section(df, out_dir: Path | None = None, figs: dict | None = None) -> tuple[Section | None, list[Claim]]:
+def layerwise_section(df, out_dir: Path | None = None, figs: dict | None = None) -> tuple[Section | None, list[Claim]]:
     cols = sorted(c for c in df.columns if c.startswith("metric:claim/") and c.endswith("/value")) if not df.empty else []
     if not cols:
         return None, []
@@ -79,7 +80,7 @@ def _layerwise_section(df, out_dir: Path | None = None, figs: dict | None = None
             ivw, ivw_se = NAN, NAN
         pooled.append((name, n, m, plo, phi, ivw, ivw_se, counts, rules, df_, degen, est))
         for i in range(n):
-            per_run.append([name, str(sub["trial"].iloc[i]), _f(v[i]), _ci(lo[i], hi[i]), verd[i] or "-"])
+            per_run.append([name, str(sub["trial"].iloc[i]), fmt_num(v[i]), fmt_ci(lo[i], hi[i]), verd[i] or "-"])
     claims: dict[str, Claim] = {}
     pending = list(pooled)
     while pending:  # claims whose requirements are decided first
@@ -111,8 +112,8 @@ def _layerwise_section(df, out_dir: Path | None = None, figs: dict | None = None
                              unit=est.unit if est is not None else "replicate")
         if power:
             claims[f"pooled: {name}"] = c = dataclasses.replace(c, reason=f"{c.reason}; {power}")
-        rows.append([name, str(n), f"{est.n} {est.unit}" if est is not None else "1 run", _f(m), _ci(plo, phi),
-                     _f(df_), f"{_f(ivw)} ± {_f(1.96 * ivw_se)}", "/".join(str(counts[k]) for k in VERDICTS),
+        rows.append([name, str(n), f"{est.n} {est.unit}" if est is not None else "1 run", fmt_num(m), fmt_ci(plo, phi),
+                     fmt_num(df_), f"{fmt_num(ivw)} ± {fmt_num(1.96 * ivw_se)}", "/".join(str(counts[k]) for k in VERDICTS),
                      c.rule or "-", power or degen or "ok", c.verdict])
     sec.blocks += [("table", ["claim", "runs", "units", "pooled mean", "95% CI", "df", "IVW ± 1.96 SE",
                               "per-run supported/not/inconclusive/no power", "rule", "power", "pooled verdict"], rows),
@@ -160,7 +161,7 @@ def _plot_pooled(claims: list[Claim], pooled: list, path: Path) -> list[Path]:
     return save(fig, path)
 
 
-def _depth_rank_section(df, out_dir: Path | None = None, figs: dict | None = None) -> tuple[Section | None, list[Claim]]:
+def depth_rank_section(df, out_dir: Path | None = None, figs: dict | None = None) -> tuple[Section | None, list[Claim]]:
     key = next((k for k in ("metric:eval/seen/excess_ce", "metric:eval/excess_ce") if k in df.columns),
                "metric:eval/seen/excess_ce")  # eval/excess_ce: runs recorded before eval/seen/excess_ce
     need = ["param:model.n_layers", "param:hmm.rank", key]
@@ -174,8 +175,8 @@ def _depth_rank_section(df, out_dir: Path | None = None, figs: dict | None = Non
     d["log_rank"] = np.log(d["param:hmm.rank"].astype(float))
     rows = []
     for (nl, rk), g in d.groupby(["param:model.n_layers", "param:hmm.rank"], sort=True):
-        rows.append([_f(nl), _f(rk), str(len(g)), _f(g["y"].mean()),
-                     _f(g["y"].std(ddof=1) if len(g) > 1 else NAN)])
+        rows.append([fmt_num(nl), fmt_num(rk), str(len(g)), fmt_num(g["y"].mean()),
+                     fmt_num(g["y"].std(ddof=1) if len(g) > 1 else NAN)])
     reps = int(d.groupby(["param:model.n_layers", "param:hmm.rank"]).size().min())
     sec = Section("Depth vs rank", [("p", f"{key[len('metric:'):]} by (n_layers, rank): cell means over trials."),
                                     ("table", ["n_layers", "rank", "runs", "mean excess CE", "sd"], rows)])
@@ -185,24 +186,25 @@ def _depth_rank_section(df, out_dir: Path | None = None, figs: dict | None = Non
                                 "(underpowered: 4 coefficients need at least 5 trials)."))
         return sec, claims
     t = "n_layers:log_rank"
-    res, label = _ols("y ~ n_layers * log_rank", d)
+    res, label = ols_fit("y ~ n_layers * log_rank", d)
     ci = res.conf_int(0.05)
     seed_col = _seed_col(d)
     per_seed = {}
     if seed_col:
         for s_, g in d.groupby(seed_col):
             if len(g) >= 5 and g["n_layers"].nunique() >= 2 and g["log_rank"].nunique() >= 2:
-                r_, _ = _ols("y ~ n_layers * log_rank", g)
+                r_, _ = ols_fit("y ~ n_layers * log_rank", g)
                 if r_.df_resid >= 1:
                     per_seed[str(s_)] = r_.params
     two_stage = len(per_seed) >= 2
     crow = []
     for term in res.params.index:
         lo, hi = float(ci.loc[term][0]), float(ci.loc[term][1])
-        row = [term, _f(float(res.params[term])), _ci(lo, hi), _p(float(res.pvalues[term])), _f(float(res.df_resid))]
+        row = [term, fmt_num(float(res.params[term])), fmt_ci(lo, hi), fmt_p(float(res.pvalues[term])),
+               fmt_num(float(res.df_resid))]
         if two_stage:
             e = t_mean([p[term] for p in per_seed.values()], list(per_seed), unit="seed")
-            row += [_f(e.value), _ci(e.lo, e.hi), _p(e.p), _f(e.df)]
+            row += [fmt_num(e.value), fmt_ci(e.lo, e.hi), fmt_p(e.p), fmt_num(e.df)]
         crow.append(row)
     heads = ["term", f"coef ({label})", "95% CI", "p", "df"]
     if two_stage:
@@ -216,11 +218,11 @@ def _depth_rank_section(df, out_dir: Path | None = None, figs: dict | None = Non
     else:
         lo, hi = (float(x) for x in ci.loc[t])
         c_val, df_, degen = float(res.params[t]), float(res.df_resid), ""
-        stat = f"interaction n_layers:log(rank) ({label}, df {_f(df_)})"
+        stat = f"interaction n_layers:log(rank) ({label}, df {fmt_num(df_)})"
         how = ("No seed holds enough trials for its own fit (or one seed): the trials are the units, OLS "
-               f"with {_f(df_)} residual df.")
+               f"with {fmt_num(df_)} residual df.")
     sec.blocks += [("p", f"{label}: excess_ce ~ n_layers + log(rank) + n_layers:log(rank), {len(d)} trials, "
-                         f"R^2 = {_f(float(res.rsquared), 3)}. A negative interaction means extra layers help more "
+                         f"R^2 = {fmt_num(float(res.rsquared), 3)}. A negative interaction means extra layers help more "
                          f"at higher rank. {how}"),
                    ("table", heads, crow)]
     c = claim("depth helps more at higher rank", stat, c_val, lo, hi, rule("<", 0),
@@ -250,7 +252,7 @@ def _plot_depth(d, path: Path, ylabel: str) -> list[Path]:
         c = f"C{i % 10}"
         ax.plot(g["n_layers"], g["y"], ".", color=c, alpha=0.6)
         m = g.groupby("n_layers")["y"].mean()
-        ax.plot(m.index, m.values, "o-", color=c, label=f"rank {_f(rk)}")
+        ax.plot(m.index, m.values, "o-", color=c, label=f"rank {fmt_num(rk)}")
     ax.set(xlabel="n_layers", ylabel=ylabel, title="depth vs rank")
     ax.legend(fontsize=7)
     return save(fig, path)

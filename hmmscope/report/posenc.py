@@ -26,8 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..stats import Claim, Estimate, claim, paired_effect, rule
-from .common import METRIC_DIRECTION, Notes, Section, _ci, _f, _p, _side_verdict, claim_side, underpowered
+from ..stats import Claim, Estimate, claim, rule
+from ..sweep.effects import block_labels, choose_blocks, level_order, per_level_effects, pos_enc_effect
+from ..units import fmt_ci, fmt_num, fmt_p
+from .common import METRIC_DIRECTION, Notes, Section, claim_side, side_verdict, underpowered
 
 VERDICT_ROW = "paired within-block differences, seeds as the unit (t, G - 1 df)"
 
@@ -46,7 +48,7 @@ def _other_factors(d, exclude: set[str]) -> tuple[list[str], dict[str, str]]:
     return out, unusable
 
 
-def _ols(formula: str, data):
+def ols_fit(formula: str, data):
     """OLS with HC3 errors, plain errors when HC3 is not finite; returns (result, cov label)."""
     import statsmodels.formula.api as smf
 
@@ -56,37 +58,6 @@ def _ols(formula: str, data):
         if not np.all(np.isfinite(np.asarray(res.bse))):
             return smf.ols(formula, data).fit(), "plain OLS (HC3 not finite: a leverage-1 point)"
     return res, "OLS, HC3"
-
-
-def _blocks(d, cols):
-    return [tuple(str(v) for v in r) for r in d[cols].itertuples(index=False)] if cols else None
-
-
-def _estimate(d, y: str, blocks: list[str], seed_col: str | None) -> Estimate | str:
-    return paired_effect(d[y].astype(float).to_numpy(), (d["param:model.pos_enc"] == "rope").to_numpy(),
-                         d[seed_col].astype(str).to_numpy() if seed_col else None, _blocks(d, blocks))
-
-
-def _choose_blocks(d, y: str, factors: list[str], seed_col: str | None):
-    """(blocks, {factor: fate}): confounded factors out; others in while the paired design keeps >= 2 units."""
-    rope = d["param:model.pos_enc"] == "rope"
-    fate, blocks = {}, []
-    if rope.nunique() < 2:
-        return blocks, fate
-    for f in factors:
-        lv = d[f].astype(str)
-        if lv.nunique() < 2:  # one level among the trials with this metric: nothing to block on
-            continue
-        if all(rope[lv == v].nunique() == 1 for v in lv.unique()):
-            fate[f] = "left out: confounded with pos_enc (every level occurs with one encoding only)"
-            continue
-        got = _estimate(d, y, [*blocks, f], seed_col)
-        if isinstance(got, Estimate) and got.n >= 2 and "paired" in got.method:
-            blocks.append(f)
-            fate[f] = "paired within (a block)"
-        else:
-            fate[f] = "left out: no seed holds both encodings within its levels"
-    return blocks, fate
 
 
 def _second_opinions(data, y: str, blocks: list[str], seed_col: str | None) -> list[tuple]:
@@ -103,11 +74,11 @@ def _second_opinions(data, y: str, blocks: list[str], seed_col: str | None) -> l
     formula = "y ~ rope" + "".join(f" + C({n})" for n in names.values())
     out = []
     try:
-        ols, label = _ols(formula, data)
+        ols, label = ols_fit(formula, data)
         if ols.df_resid >= 1:
             lo, hi = (float(v) for v in np.asarray(ols.conf_int(0.05).loc["rope"]))
             out.append((f"second opinion: {label} (trials as units)", float(ols.params["rope"]), lo, hi,
-                        float(ols.pvalues["rope"]), _f(float(ols.df_resid))))
+                        float(ols.pvalues["rope"]), fmt_num(float(ols.df_resid))))
     except Exception:  # a singular design: no second opinion
         pass
     if seed_col:
@@ -127,22 +98,11 @@ def _second_opinions(data, y: str, blocks: list[str], seed_col: str | None) -> l
     return out
 
 
-def per_level_effects(dm, m: str, blocks: list[str], seed_col: str | None) -> list[tuple[str, str, Estimate | str]]:
-    """[(factor, level, rope - absolute there)] for each level of each blocking factor, the other blocks paired
-    within (`_estimate`): the report's per-level rows, and the sweep parent run's pivot table (sweep/compare.py)."""
-    out = []
-    for f in blocks:
-        for lv in sorted(dm[f].astype(str).unique(), key=_sort_key):
-            sub = dm[dm[f].astype(str) == lv]
-            out.append((f, lv, _estimate(sub, m, [b for b in blocks if b != f], seed_col)))
-    return out
-
-
 def _power(est: Estimate, verdict: str, n_seeds: int) -> str:
     return underpowered(est.value, est.lo, est.hi, verdict, replicates=n_seeds, unit="seed")
 
 
-def _posenc_section(df, out_dir: Path | None = None, figs: dict | None = None) -> tuple[Section | None, list[Claim]]:
+def posenc_section(df, out_dir: Path | None = None, figs: dict | None = None) -> tuple[Section | None, list[Claim]]:
     if df.empty or "param:model.pos_enc" not in df.columns or df["param:model.pos_enc"].nunique() < 2:
         return None, []
     levels = sorted(df["param:model.pos_enc"].astype(str).unique())
@@ -177,30 +137,30 @@ def _posenc_section(df, out_dir: Path | None = None, figs: dict | None = None) -
             side, label = METRIC_DIRECTION[name], name
         left = [f"{f[6:]} ({why})" for f, why in unusable.items()]
         dm = d[d[m].notna()]
-        blocks, fm = _choose_blocks(dm, m, factors, seed_col) if not dm.empty else ([], {})
+        blocks, fm = choose_blocks(dm, m, factors, seed_col) if not dm.empty else ([], {})
         for f, why in fm.items():
             fate.setdefault(f, set()).add(why)
         left = [f"{f[6:]} ({why[len('left out: '):]})" for f, why in fm.items() if why.startswith("left")] + left
-        est = _estimate(dm, m, blocks, seed_col) if not dm.empty else "no trial has this metric"
+        est = pos_enc_effect(dm, m, blocks, seed_col) if not dm.empty else "no trial has this metric"
         if isinstance(est, str):
             rows.append([label, "not estimated", "-", "-", "-", "-", "-", "-", ", ".join(left) or "-", "-",
                          f"not estimated: {est}"])
             continue
         bl = ", ".join(f[6:] for f in blocks) or "none"
-        v = _side_verdict(est.lo, est.hi, side, df=est.df, degenerate=est.degenerate)
+        v = side_verdict(est.lo, est.hi, side, df=est.df, degenerate=est.degenerate)
         word = ("" if v == "no power" else "RoPE better" if v == "supported" else "RoPE worse" if v == "not supported"
                 else "no detectable difference") if side else \
             ("" if v == "no power" else "differs" if v == "supported" else "no detectable difference")
         power = _power(est, v, n_seeds)
-        rows.append([label, f"verdict {notes.ref(est.method)}", _f(est.value), _ci(est.lo, est.hi), _p(est.p),
-                     _f(est.df), f"{est.n} {est.unit}", bl, ", ".join(left) or "none",
+        rows.append([label, f"verdict {notes.ref(est.method)}", fmt_num(est.value), fmt_ci(est.lo, est.hi), fmt_p(est.p),
+                     fmt_num(est.df), f"{est.n} {est.unit}", bl, ", ".join(left) or "none",
                      f"underpowered {notes.ref(power)}" if power else notes.short(est.degenerate) or "ok",
                      v + (f" ({word})" if word else "")])
         for lab, b, lo, hi, p, dft in _second_opinions(dm, m, blocks, seed_col):
-            rows.append([label, lab, _f(b), _ci(lo, hi), _p(p), dft, "-", bl, ", ".join(left) or "none", "-",
+            rows.append([label, lab, fmt_num(b), fmt_ci(lo, hi), fmt_p(p), dft, "-", bl, ", ".join(left) or "none", "-",
                          "- (second opinion)"])
         better = {1: "higher", -1: "lower", 0: "different"}[side]
-        why = [f"{est.method}; p = {_p(est.p)} (df {_f(est.df)})"]
+        why = [f"{est.method}; p = {fmt_p(est.p)} (df {fmt_num(est.df)})"]
         stat = f"rope - absolute ({VERDICT_ROW}); better = {better}"
         if side:  # the verdict is stats.decide's on the CI beside it
             c = claim(f"RoPE improves {label}", stat, est.value, est.lo, est.hi, rule(">" if side > 0 else "<", 0), "",
@@ -217,10 +177,10 @@ def _posenc_section(df, out_dir: Path | None = None, figs: dict | None = None) -
             if isinstance(e, str):
                 level_rows.append([name, f"{f[6:]} = {lv}", "not estimated", "-", "-", "-", "-", level_notes.short(e)])
             else:
-                level_rows.append([name, f"{f[6:]} = {lv}", _f(e.value), _ci(e.lo, e.hi), _p(e.p), _f(e.df),
+                level_rows.append([name, f"{f[6:]} = {lv}", fmt_num(e.value), fmt_ci(e.lo, e.hi), fmt_p(e.p), fmt_num(e.df),
                                    f"{e.n} {e.unit}", level_notes.ref(e.degenerate or e.method)])
-        level_rows.append([name, "pooled (the verdict row)", _f(est.value), _ci(est.lo, est.hi), _p(est.p),
-                           _f(est.df), f"{est.n} {est.unit}", level_notes.ref(est.method)])
+        level_rows.append([name, "pooled (the verdict row)", fmt_num(est.value), fmt_ci(est.lo, est.hi), fmt_p(est.p),
+                           fmt_num(est.df), f"{est.n} {est.unit}", level_notes.ref(est.method)])
     sec.blocks.append(("table", ["metric", "model", "effect (rope - abs)", "95% CI", "p", "df", "units",
                                  "blocks (paired within)", "left out (why)", "power", "verdict (RoPE improves)"], rows))
     sec.blocks += notes.blocks()
@@ -243,13 +203,6 @@ def _posenc_section(df, out_dir: Path | None = None, figs: dict | None = None) -
     return sec, claims
 
 
-def _sort_key(v: str):
-    try:
-        return (0, float(v), v)
-    except ValueError:
-        return (1, 0.0, v)
-
-
 def _plot_posenc(plot: list, seed_col: str | None, path: Path) -> list[Path]:
     """`posenc_figure` as PNG + PDF at `path`."""
     from ..figures import save
@@ -267,15 +220,15 @@ def posenc_figure(plot: list, seed_col: str | None):
     shaded and labelled. Every axis names its unit (nats/token, fraction of test tokens)."""
     from matplotlib.figure import Figure
 
-    from .common import axis_label, metric_units
+    from ..units import axis_label, metric_units
 
     fig = Figure(figsize=(4.4 * len(plot), 7.4), layout="constrained")
     axes = fig.subplots(2, len(plot), squeeze=False)
     for j, (name, dm, blocks, est) in enumerate(plot):
         lab = [", ".join(f"{b[6:].split('.')[-1]}={v}" for b, v in zip(blocks, k)) or "all"
-               for k in (_blocks(dm, blocks) or [()] * len(dm))]
+               for k in (block_labels(dm, blocks) or [()] * len(dm))]
         dm = dm.assign(_block=lab)
-        order = sorted(set(lab), key=lambda s: [_sort_key(x.split("=")[-1]) for x in s.split(", ")])
+        order = sorted(set(lab), key=lambda s: [level_order(x.split("=")[-1]) for x in s.split(", ")])
         ax = axes[0][j]
         seeds = dm[seed_col].astype(str) if seed_col else None
         for i, b in enumerate(order):
@@ -307,7 +260,7 @@ def posenc_figure(plot: list, seed_col: str | None):
         ax = axes[1][j]
         for i, b in enumerate(order):
             sub = dm[dm["_block"] == b]
-            e = _estimate(sub, f"metric:{name}", [], seed_col)
+            e = pos_enc_effect(sub, f"metric:{name}", [], seed_col)
             if isinstance(e, str):
                 continue
             ax.plot([i] * len(e.units), [u[1] for u in e.units], ".", color="gray", alpha=0.7)

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import tracking
-from .common import NAN, _num
+from .common import NAN, param_number
 
 
 @dataclass
-class _Trials:
+class Trials:
     parent: Any
     complete: list  # the one MLflow run of each COMPLETE trial, by trial number
     counts: dict  # trial states from the study: complete, failed, pruned, running, waiting, retried
@@ -49,23 +49,25 @@ def _load_study(name: str, url: str, explicit: bool):
     """The study `name` in storage `url`; None if that storage does not hold it (or, unless `explicit`,
     cannot be read)."""
     from ..config import ConfigError
-    from ..sweep import _load, _safe_url
+    from ..sweep.storage import safe_url
+    from ..sweep.study import load_study
 
     try:
-        return _load(name, url)
+        return load_study(name, url)
     except ConfigError:
         return None
     except Exception as e:
         if explicit:
-            raise ValueError(f"cannot read storage {_safe_url(url)}: "
+            raise ValueError(f"cannot read storage {safe_url(url)}: "
                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
         return None
 
 
-def _find_parent(uri: str, sweep: str, storage: str | None = None):
+def find_parent(uri: str, sweep: str, storage: str | None = None):
     """(parent run, study, storage URL) of sweep `sweep` (study name, parent run id or a unique prefix of it of at
     least 6 characters); ValueError if unknown."""
-    from ..sweep import ATTR_PARENT, _safe_url
+    from ..sweep.storage import safe_url
+    from ..sweep.study import ATTR_PARENT
 
     parent, name = None, sweep
     if re.fullmatch(r"[0-9a-f]{6,32}", sweep):  # a parent run id, or a unique prefix of one (>= 6 characters)
@@ -84,7 +86,7 @@ def _find_parent(uri: str, sweep: str, storage: str | None = None):
         if study is not None:
             break
     else:
-        where = ", ".join(_safe_url(u) for u in urls) or "no storage found (pass --storage URL)"
+        where = ", ".join(safe_url(u) for u in urls) or "no storage found (pass --storage URL)"
         raise ValueError(f"unknown sweep {sweep!r}: no sweep study {name!r} (looked in {where})")
     pid = study.user_attrs.get(ATTR_PARENT)
     if parent is None:
@@ -92,15 +94,15 @@ def _find_parent(uri: str, sweep: str, storage: str | None = None):
         if parent is None:
             raise ValueError(f"sweep {sweep!r}: its parent run {pid} is not in {uri}")
     elif parent.info.run_id != pid:
-        raise ValueError(f"run {sweep} is not the parent run of study {name!r} in {_safe_url(url)} ({pid})")
+        raise ValueError(f"run {sweep} is not the parent run of study {name!r} in {safe_url(url)} ({pid})")
     return parent, study, url
 
 
-def _read_trials(uri: str, parent, study) -> _Trials:
+def read_sweep_trials(uri: str, parent, study) -> Trials:
     """Count the study's trials by state; read the one recorded MLflow run of each COMPLETE trial."""
     from optuna.trial import TrialState
 
-    from ..sweep import _counts
+    from ..sweep.status import counts
 
     runs = tracking.search_runs(uri, experiment_ids=[parent.info.experiment_id])
     by_id = {r.info.run_id: r for r in runs}
@@ -122,7 +124,7 @@ def _read_trials(uri: str, parent, study) -> _Trials:
         trial_of[rid], value_of[rid] = t.number, (t.value if t.value is not None else NAN)
         if t.user_attrs.get("mlflow_analysis_run_id"):
             analysis[rid] = t.user_attrs["mlflow_analysis_run_id"]
-    return _Trials(parent, complete, _counts(study), children, analysis, notes, trial_of, value_of,
+    return Trials(parent, complete, counts(study), children, analysis, notes, trial_of, value_of,
                    _objective_name(study))
 
 
@@ -134,8 +136,8 @@ def _objective_name(study) -> str:
             return str(names[0])
     except Exception:  # older Optuna, or no names set
         pass
-    from ..sweep import ATTR_TEXT
-    from ..sweep_spec import parse_spec
+    from ..sweep.spec import parse_spec
+    from ..sweep.study import ATTR_TEXT
 
     try:
         return parse_spec(study.user_attrs[ATTR_TEXT], "study").objective
@@ -143,7 +145,7 @@ def _objective_name(study) -> str:
         return "objective"
 
 
-def _is_theory(r) -> bool:
+def is_theory(r) -> bool:
     return r.data.tags.get("hmmscope.kind") in ("theory", "sweep-theory") or (any(k.startswith("theory.") for k in r.data.params)
                                                              and not any(k.startswith("eval/") for k in r.data.metrics))
 
@@ -157,7 +159,7 @@ def analysis_run(r, children: dict, analysis: dict | None = None):
     return ana[0] if ana else None  # newest first (search order)
 
 
-def _training_frame(runs: list, children: dict, analysis: dict | None = None, uri: str | None = None):
+def training_frame(runs: list, children: dict, analysis: dict | None = None, uri: str | None = None):
     """One row per training trial: numeric-ified params, metrics, analysis claims (claim/<name>/*, read from
     the analysis run's claims.json by `tracking.read_claims`; `uri` is the store, needed for that table).
 
@@ -169,7 +171,7 @@ def _training_frame(runs: list, children: dict, analysis: dict | None = None, ur
     rows = []
     for r in runs:
         row: dict[str, Any] = {"run_id": r.info.run_id, "trial": r.data.tags.get("hmmscope.trial", "")}
-        row.update({f"param:{k}": _num(v) for k, v in r.data.params.items()})
+        row.update({f"param:{k}": param_number(v) for k, v in r.data.params.items()})
         row.update({f"metric:{k}": v for k, v in r.data.metrics.items()})
         a = analysis_run(r, children, analysis)
         if a is not None:
@@ -197,7 +199,7 @@ def _draws(uri: str | None, run_id: str) -> list[dict]:
     return [{"index": i, **{k: by[i].get(k, NAN) for k in _DRAW_KEYS}} for i in sorted(by)]
 
 
-def _theory_settings(theory_runs: list, children: dict, uri: str | None = None) -> list[dict]:
+def theory_settings(theory_runs: list, children: dict, uri: str | None = None) -> list[dict]:
     """One dict per theory-setting run: params, the setting's metrics and, when it logged more than one HMM
     draw (theory/draws > 1), its draws (`_draws`; needs `uri`), else draws = []."""
     out = []
@@ -208,7 +210,7 @@ def _theory_settings(theory_runs: list, children: dict, uri: str | None = None) 
                 continue
 
             def g(k, d=NAN, p=p):
-                v = _num(p.get(k, d))
+                v = param_number(p.get(k, d))
                 return float(v) if isinstance(v, (int, float)) else d
             out.append({"run_id": s.info.run_id, "n_states": int(g("hmm.n_states", 0)), "rank": int(g("hmm.rank", 0)),
                         "rho": g("hmm.rho", 0.0), "gamma": g("hmm.gamma"), "seed": g("hmm.seed", 0.0),

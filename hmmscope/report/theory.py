@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from ..stats import Claim
-from .common import NAN, Section, _ci, _f
+from ..units import fmt_ci, fmt_num
+from .common import NAN, Section
 
 
 def _points(s: dict) -> list[dict]:
@@ -21,29 +22,29 @@ def _points(s: dict) -> list[dict]:
     if not s["draws"]:
         return [{**base, "gamma_eff": s["gamma_eff"], "rate": s["rate"], "rate_lo": s["rate_lo"],
                  "rate_hi": s["rate_hi"], "mixing_rate": s["mixing_rate"], "log_intercept": s["log_intercept"],
-                 "draw": _f(s["seed"])}]
+                 "draw": fmt_num(s["seed"])}]
     return [{**base, **{k: d[k] for k in ("gamma_eff", "rate", "rate_lo", "rate_hi", "mixing_rate", "log_intercept")},
-             "draw": _f(d["seed"], 12) if math.isfinite(d["seed"]) else f"{_f(s['seed'])}:{d['index']}"}
+             "draw": fmt_num(d["seed"], 12) if math.isfinite(d["seed"]) else f"{fmt_num(s['seed'])}:{d['index']}"}
             for d in s["draws"]]
 
 
 def _draw_range(s: dict) -> str:
     r = [d["rate"] for d in s["draws"] if math.isfinite(d["rate"])]
-    return f"{_f(min(r))} - {_f(max(r))}" if len(r) > 1 else "-"
+    return f"{fmt_num(min(r))} - {fmt_num(max(r))}" if len(r) > 1 else "-"
 
 
-def _theory_section(settings: list, out_dir: Path, figs: dict) -> tuple[Section, list[Claim]]:
-    from ..theory import sweep_fits
+def theory_section(settings: list, out_dir: Path, figs: dict) -> tuple[Section, list[Claim]]:
+    from ..theory.theorem1 import sweep_fits
 
     sec, claims = Section("Theory: decay of eps(L) (Theorem 1)"), []
     settings = sorted(settings, key=lambda s: (s["n_states"], s["rank"], s["rho"], s["gamma"]))
     n_draws = sorted({s["n_draws"] for s in settings})
     rows = []
     for s in settings:
-        rows.append([_f(s["n_states"]), _f(s["rank"]), _f(s["rho"]), _f(s["gamma"]), _f(s["gamma_eff"]),
-                     str(s["n_draws"]), _f(s["rate"]), _ci(s["rate_lo"], s["rate_hi"]), _f(s["rate_df"]),
-                     _f(s["rate_mc_se"], 2), _f(s["rate_between_sd"], 2), _draw_range(s), _f(s["mixing_rate"]),
-                     _f(s["rate"] - s["mixing_rate"]), _f(s["log_intercept"])])
+        rows.append([fmt_num(s["n_states"]), fmt_num(s["rank"]), fmt_num(s["rho"]), fmt_num(s["gamma"]), fmt_num(s["gamma_eff"]),
+                     str(s["n_draws"]), fmt_num(s["rate"]), fmt_ci(s["rate_lo"], s["rate_hi"]), fmt_num(s["rate_df"]),
+                     fmt_num(s["rate_mc_se"], 2), fmt_num(s["rate_between_sd"], 2), _draw_range(s), fmt_num(s["mixing_rate"]),
+                     fmt_num(s["rate"] - s["mixing_rate"]), fmt_num(s["log_intercept"])])
     multi = n_draws != [1]
     sec.blocks += [("p", "Decay rate r of log eps(L) = a - r L per setting, beside the chain's own mixing rate "
                          "m = -log|lambda_2(T)| (theory/mixing_rate): with no information in the emissions eps(L) "
@@ -62,8 +63,8 @@ def _theory_section(settings: list, out_dir: Path, figs: dict) -> tuple[Section,
     exps, ranks = sweep_fits(pts)
     erows = []
     for f in exps:
-        erows.append([f.scope, f.y_name, f.x_name, _f(f.k), _ci(*f.k_ci), _f(f.df), _f(f.mc_se, 2),
-                      _f(f.between_sd, 2), str(f.n_draws), str(f.n_used),
+        erows.append([f.scope, f.y_name, f.x_name, fmt_num(f.k), fmt_ci(*f.k_ci), fmt_num(f.df), fmt_num(f.mc_se, 2),
+                      fmt_num(f.between_sd, 2), str(f.n_draws), str(f.n_used),
                       "(same regression)" if f.same_as else f.verdict, f.reason])
         if f.same_as is None:
             c = f.claim()
@@ -89,7 +90,8 @@ def _theory_section(settings: list, out_dir: Path, figs: dict) -> tuple[Section,
             "gamma_eff = gamma(Q O) = gamma * gamma(Q E) exactly.)"))
     rrows = []
     for f in ranks:
-        rrows.append([f.scope, _f(f.slope), _ci(*f.slope_ci), _f(f.df), str(f.n_used), f.method, f.verdict, f.reason])
+        rrows.append([f.scope, fmt_num(f.slope), fmt_ci(*f.slope_ci), fmt_num(f.df), str(f.n_used), f.method, f.verdict,
+                      f.reason])
         c = f.claim()
         claims.append(dataclasses.replace(c, name=f"theory: {c.name}"))
     sec.blocks.append(("h", 3, "Rank dependence of the intercept (bound: slope <= 1 in log d)"))
@@ -99,8 +101,8 @@ def _theory_section(settings: list, out_dir: Path, figs: dict) -> tuple[Section,
     groups = {p["group"] for p in pts}
     for f in exps:
         if f.x_name == "gamma" and (f.scope == "pooled" or len(groups) == 1):
-            sec.blocks.append(("p", f"The bound's exponent on {f.y_name} ({f.scope}): k = {_f(f.k, 3)} "
-                                    f"{_ci(*f.k_ci)}, df = {_f(f.df)}; {f.reason} (claim k <= 4: {f.verdict})."))
+            sec.blocks.append(("p", f"The bound's exponent on {f.y_name} ({f.scope}): k = {fmt_num(f.k, 3)} "
+                                    f"{fmt_ci(*f.k_ci)}, df = {fmt_num(f.df)}; {f.reason} (claim k <= 4: {f.verdict})."))
     saved = _plot_theory(settings, exps, out_dir / "theory_rate_vs_gamma.png")
     if saved:
         figs["theory"], figs["theory_pdf"] = (str(p) for p in saved)
@@ -139,11 +141,11 @@ def _plot_theory(settings, fits, path: Path) -> list[Path]:
         for f in fits:
             if f.x_name == "gamma" and f.y_name == "rate" and math.isfinite(f.k) and f.scope == scope:
                 gg = np.geomspace(g.min(), g.max(), 50)
-                ax.plot(gg, np.exp(f.intercept) * gg ** f.k, "--", color=c, label=f"fit k={f.k:.2f} {_ci(*f.k_ci)}")
+                ax.plot(gg, np.exp(f.intercept) * gg ** f.k, "--", color=c, label=f"fit k={f.k:.2f} {fmt_ci(*f.k_ci)}")
     gg = np.geomspace(min(s["gamma"] for s in good), max(s["gamma"] for s in good), 50)
     for f in fits:
         if f.x_name == "gamma" and f.y_name == "rate" and math.isfinite(f.k) and f.scope == "pooled" and len(groups) > 1:
-            ax.plot(gg, np.exp(f.intercept) * gg ** f.k, "k--", label=f"pooled fit k={f.k:.2f} {_ci(*f.k_ci)}")
+            ax.plot(gg, np.exp(f.intercept) * gg ** f.k, "k--", label=f"pooled fit k={f.k:.2f} {fmt_ci(*f.k_ci)}")
     if any(s["draws"] for s in good):
         ax.plot([], [], ".", color="gray", alpha=0.4, label="one HMM draw")
     ax.set(xscale="log", yscale="log", xlabel="gamma", ylabel="decay rate r (95% CI)", title="rate vs gamma")
@@ -151,7 +153,7 @@ def _plot_theory(settings, fits, path: Path) -> list[Path]:
     return save(fig, path)
 
 
-def _practice_section(df, out_dir: Path, figs: dict) -> Section | None:
+def practice_section(df, out_dir: Path, figs: dict) -> Section | None:
     need = {"param:model.window", "metric:memory/model_tv"}
     if df.empty or not need <= set(df.columns):
         return None
@@ -172,11 +174,11 @@ def _practice_section(df, out_dir: Path, figs: dict) -> Section | None:
         gam, rank = setting.get("param:hmm.gamma", "-"), setting.get("param:hmm.rank", "-")
         tv = g["metric:memory/model_tv"]
         e = g[eps].mean() if eps else NAN
-        wins = ", ".join(_f(w) for w in sorted(set(g["param:model.window"])))
-        rows.append([_f(gam), _f(rank), wins, _f(L), str(len(g)), _f(tv.mean()),
-                     _f(tv.std(ddof=1) if len(g) > 1 else NAN), _f(e),
-                     _f(tv.mean() / e if e and math.isfinite(e) else NAN, 3)])
-        series[f"gamma={_f(gam)} d={_f(rank)}"].append((L, tv.mean(), e))
+        wins = ", ".join(fmt_num(w) for w in sorted(set(g["param:model.window"])))
+        rows.append([fmt_num(gam), fmt_num(rank), wins, fmt_num(L), str(len(g)), fmt_num(tv.mean()),
+                     fmt_num(tv.std(ddof=1) if len(g) > 1 else NAN), fmt_num(e),
+                     fmt_num(tv.mean() / e if e and math.isfinite(e) else NAN, 3)])
+        series[f"gamma={fmt_num(gam)} d={fmt_num(rank)}"].append((L, tv.mean(), e))
     sec = Section("Practice vs theory: windowed transformers", [
         ("p", "Excess error of a transformer with banded attention (memory/model_tv, mean over runs) beside the "
               "L-memory predictor's eps(L) (memory/eps) per (gamma, d). A stack of n_layers banded layers of width w "

@@ -13,15 +13,16 @@ import csv
 from pathlib import Path
 
 from .. import tracking
-from .common import NAN, Section, _f
-from .read import _Trials, analysis_run
+from ..units import fmt_num
+from .common import NAN, Section
+from .read import Trials, analysis_run
 
 KEY_METRICS = ("eval/seen/test_acc", "eval/seen/excess_ce", "eval/seen/kl_mix", "eval/retrieval_gap",
                "eval/test_acc", "eval/excess_ce", "eval/kl_mix", "memory/model_tv", "memory/eps",
                "theory/exponent/gamma/pooled")  # eval/<name>: runs recorded before eval/seen/<name>
 
 
-def trial_rows(t: _Trials, is_theory, uri: str | None = None) -> tuple[list[dict], list[str], list[str]]:
+def trial_rows(t: Trials, is_theory, uri: str | None = None) -> tuple[list[dict], list[str], list[str]]:
     """(rows, varying param names, metric names) over the COMPLETE trials' runs, by trial number."""
     rows = []
     for r in sorted(t.complete, key=lambda r: t.trial_of.get(r.info.run_id, -1)):
@@ -65,7 +66,7 @@ def trials_section(objective: str, rows: list[dict], varying: list[str], metrics
     key = [m for m in KEY_METRICS if m in metrics and m != objective]
     head = ["trial", "run id", *varying, f"objective: {objective}", *key]
     table = [[str(row["trial"]), row["run_id"][:8], *(str(row["params"].get(k, "-")) for k in varying),
-              _f(row["objective"]), *(_f(row["metrics"].get(m)) for m in key)] for row in rows]
+              fmt_num(row["objective"]), *(fmt_num(row["metrics"].get(m)) for m in key)] for row in rows]
     return Section("Trials", [("p", f"One row per COMPLETE trial ({len(rows)}): the params that vary across them, "
                                     f"the objective as the study recorded it, key metrics. Every metric of every "
                                     f"trial, with full run ids: trials.csv."),

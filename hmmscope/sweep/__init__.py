@@ -1,8 +1,8 @@
 """Sweeps: Optuna studies over config keys, one MLflow run per trial under one parent run (SCIENCE.md 7).
 
-The spec format: see `sweep_spec.py`. The package, by idea (each module's docstring says what it owns
-and what it must not import):
+The package, by idea (each module's docstring says what it owns and what it must not import):
 
+- `spec`: the sweep spec format (TOML), parsed and validated strictly; `sweep run --set` overrides (`with_sets`).
 - `storage`: the storage URLs (SQLite, PostgreSQL, a journal file) and the Optuna storages behind them.
 - `study`: the study, created once with every trial enqueued; its spec as user attrs; its MLflow parent run.
 - `protocol`: every change of a trial's state (claim, finish, heartbeat, stale failure, retry) through one
@@ -14,9 +14,12 @@ and what it must not import):
 - `status`: trial counts, `sweep status`, orphan MLflow runs.
 - `studies`: `sweep list / export / delete`.
 - `compare`: the parent run's comparison figure and pivot table (comparison/), logged when `run_sweep` ends.
+- `effects`: rope - absolute across the trials, paired within blocks, seeds as the unit (the pivot table's and the
+  report's positional-encoding statistics).
 
-Imports run one way: storage <- protocol <- study <- status <- worker, and trial <- worker, compare <- worker. The jobs layer
-never imports this package (it is handed the sweep by the CLI).
+Imports run one way: storage <- protocol <- study <- status <- worker, spec <- study, trial, worker; trial <- worker,
+effects <- compare <- worker. The jobs layer never imports this package (it is handed the sweep and its spec by the
+CLI); the report imports it, never the reverse.
 """
 
 from .protocol import TrialStore
@@ -34,7 +37,7 @@ from .storage import (
 )
 from .studies import StudyRuns, csv_text, delete_study, export_rows, list_studies, study_runs, write_csv
 from .study import ATTR_BASE, ATTR_HASH, ATTR_PARENT, ATTR_PATH, ATTR_TEXT, create_study, load_study, spec_of_study
-from .trial import _theory_metrics, make_prune_hook, resumable_run, run_trial, trial_note, trial_seed
+from .trial import make_prune_hook, resumable_run, run_trial, trial_note, trial_seed
 from .worker import (
     SweepDeleted,
     SweepSummary,
@@ -48,10 +51,6 @@ from .worker import (
     worker_env,
     worker_gpus,
 )
-
-# The names hmmscope/cli.py, hmmscope/report/read.py and tests/test_bad_inputs.py import from here (the first two are
-# owned by other branches this round).
-_safe_url, _load, _counts, _theory_metrics = safe_url, load_study, counts, _theory_metrics
 
 __all__ = [
     "ATTR_BASE", "ATTR_HASH", "ATTR_PARENT", "ATTR_PATH", "ATTR_TEXT", "StudyRuns", "SweepSummary", "TrialStore",

@@ -10,21 +10,21 @@ What they show. The trials are the study's COMPLETE trials with a finite value (
   its trials there (the other swept keys averaged over), drawn as a dot; the line joins the means over
   seeds, with a 95% t interval on G - 1 df (`stats.t_mean`, as the report's layerwise pooling does). One
   seed: no interval. A parameter with a continuous range (tpe/random) is drawn as its trials, no means.
-- Units and the oracle: the y axis names the objective's unit (`report.common.metric_units`: nats/token, a
-  fraction of test tokens); the oracle is drawn beside it (`report.common.oracle_reference`): a dotted line at 0
+- Units and the oracle: the y axis names the objective's unit (`units.metric_units`: nats/token, a
+  fraction of test tokens); the oracle is drawn beside it (`units.oracle_reference`): a dotted line at 0
   for a quantity the oracle sets to 0 (excess CE, KL, the retrieval gap), else the oracle's own value at each
   level (the mean of the trials' oracle metric there, e.g. eval/seen/oracle_mix_test_acc for test accuracy,
   read through `metrics_of`) as a dashed grey line; the pivot table gets an `oracle mean` column then.
 - Pivot rows: each level of each swept grid parameter but pos_enc (e.g. `hmm.gamma = 0.5`), then `all`;
   columns: each line's mean with its CI and seed count, and, when rope and absolute are both swept, their
-  difference rope - absolute with its 95% CI exactly as the report computes it (`report.posenc`: blocks
-  chosen by `_choose_blocks`, the per-level effects by `per_level_effects`, the `all` row the report's
+  difference rope - absolute with its 95% CI exactly as the report computes it (`effects`, which the report's
+  `report.posenc` uses: blocks chosen by `choose_blocks`, the per-level effects by `per_level_effects`, the `all` row the report's
   pooled verdict estimate: within-(seed, block) paired differences, t over seeds). A factor the report
   cannot pair within (e.g. confounded with pos_enc) gets its means and the reason instead of a difference.
 
-Imports no sibling module of `sweep` (the worker imports this one, lazily); reuses `report.posenc`,
-`report.common`, `stats` and `figures` inside the functions; talks to MLflow only through the `tracking.Run`
-it is handed.
+Imports `effects` of its siblings (the worker imports this one, lazily), and `units`, `stats` and `figures` inside the
+functions; never the report (which imports the sweep package); talks to MLflow only through the `tracking.Run` it is
+handed.
 """
 
 from __future__ import annotations
@@ -34,11 +34,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .effects import choose_blocks, level_order, per_level_effects, pos_enc_effect
+
 FOLDER = "comparison"
 FIGURE, PIVOT_FIGURE, PIVOT_TABLE = "objective", "pivot", "pivot.json"
 POS_ENC = "model.pos_enc"
 OBJ = "metric:objective"
-ORACLE = "metric:oracle"  # the oracle's value on the trial's episodes (`report.common.oracle_reference`), if any
+ORACLE = "metric:oracle"  # the oracle's value on the trial's episodes (`units.oracle_reference`), if any
 
 
 def _seed_col(spec) -> str:
@@ -52,7 +54,7 @@ def trial_frame(spec, study, metrics_of=None):
     import pandas as pd
     from optuna.trial import TrialState
 
-    from ..report.common import oracle_reference
+    from ..units import oracle_reference
 
     ref = oracle_reference(spec.objective)
     oracle_key = ref[0] if ref is not None and isinstance(ref[0], str) and metrics_of is not None else None
@@ -75,9 +77,7 @@ def trial_frame(spec, study, metrics_of=None):
 
 
 def _sort_key(v: Any):
-    from ..report.posenc import _sort_key
-
-    return _sort_key(str(v))
+    return level_order(str(v))
 
 
 def level_mean(d, seed_col: str):
@@ -111,8 +111,6 @@ def pivot(spec, df) -> dict[str, list]:
     """The pivot table's columns (module docstring): factor, level, per line `<line> mean | ci_lo | ci_hi | seeds`,
     with rope and absolute `rope - absolute`, `diff ci_lo`, `diff ci_hi`, `diff df`, `diff units`, `diff note`,
     and with the oracle's values (`metric:oracle`) `oracle mean`."""
-    from ..report.posenc import _choose_blocks, _estimate, per_level_effects
-
     seed_col = _seed_col(spec)
     line_col, lines = _lines(spec, df)
     diff = line_col is not None and {"rope", "absolute"} <= set(lines)
@@ -123,9 +121,9 @@ def pivot(spec, df) -> dict[str, list]:
     notes: dict[str, str] = {}
     if diff:
         d = df[df[line_col].astype(str).isin(["rope", "absolute"])]
-        blocks, fate = _choose_blocks(d, OBJ, factors, seed_col)
+        blocks, fate = choose_blocks(d, OBJ, factors, seed_col)
         effects = {(f, lv): e for f, lv, e in per_level_effects(d, OBJ, blocks, seed_col)}
-        pooled = _estimate(d, OBJ, blocks, seed_col)
+        pooled = pos_enc_effect(d, OBJ, blocks, seed_col)
         notes = {f: why for f, why in fate.items() if f not in blocks}
     cols: dict[str, list] = {"factor": [], "level": []}
     for ln in lines:
@@ -184,7 +182,7 @@ def objective_figure(spec, df):
     """The objective against each swept parameter (module docstring), a matplotlib Figure."""
     from matplotlib.figure import Figure
 
-    from ..report.common import axis_label, oracle_reference
+    from ..units import axis_label, oracle_reference
 
     ref = oracle_reference(spec.objective)
     seed_col = _seed_col(spec)
@@ -238,13 +236,13 @@ def objective_figure(spec, df):
 def pivot_rows(cols: dict[str, list]) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of the pivot table as text: each line's mean with its 95% CI and seeds, rope - absolute with
     its CI and df (or why it is missing), the oracle's mean: the pivot image's and the report's table."""
-    from ..report.common import _ci, _f
+    from ..units import fmt_ci, fmt_num
 
     def cell(m, lo, hi, extra=""):
         if m is None:
             return "-"
-        ci = _ci(lo if lo is not None else math.nan, hi if hi is not None else math.nan)
-        return f"{_f(m)} {ci if lo is not None else '(no CI)'}{extra}"
+        ci = fmt_ci(lo if lo is not None else math.nan, hi if hi is not None else math.nan)
+        return f"{fmt_num(m)} {ci if lo is not None else '(no CI)'}{extra}"
 
     lines = [c[:-len(" mean")] for c in cols if c.endswith(" mean") and c != "oracle mean"]
     head = ["factor = level", *(f"{ln}: mean [95% CI]" for ln in lines)]
@@ -261,10 +259,10 @@ def pivot_rows(cols: dict[str, list]) -> tuple[list[str], list[list[str]]]:
         if diff:
             df_ = cols["diff df"][i]
             row.append(cell(cols["rope - absolute"][i], cols["diff ci_lo"][i], cols["diff ci_hi"][i],
-                            f", df {_f(df_)}" if df_ is not None else "") if cols["rope - absolute"][i] is not None
+                            f", df {fmt_num(df_)}" if df_ is not None else "") if cols["rope - absolute"][i] is not None
                        else str(cols["diff note"][i])[:60])
         if "oracle mean" in cols:
-            row.append(_f(cols["oracle mean"][i]))
+            row.append(fmt_num(cols["oracle mean"][i]))
         body.append(row)
     return head, body
 
@@ -274,7 +272,7 @@ def pivot_figure(spec, cols: dict[str, list], path: Path) -> list[Path]:
     from matplotlib.figure import Figure
 
     from ..figures import save
-    from ..report.common import metric_units
+    from ..units import metric_units
 
     head, body = pivot_rows(cols)
     chars = sum(max(len(r[j]) for r in [head, *body]) for j in range(len(head)))

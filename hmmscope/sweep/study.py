@@ -33,8 +33,8 @@ import dataclasses
 import time
 
 from ..config import ConfigError, flatten, from_flat
-from ..sweep_spec import SweepSpec, legacy_hash, parse_spec
 from .protocol import TrialStore
+from .spec import SweepSpec, legacy_hash, parse_spec
 from .storage import ensure_storage, open_storage, quiet_optuna, safe_url, storage_kind, storage_url
 
 ATTR_HASH, ATTR_TEXT, ATTR_PATH, ATTR_BASE, ATTR_PARENT = ("spec_hash", "spec_text", "spec_path",

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..sweep_spec import Param, SweepSpec
+from .spec import Param, SweepSpec
 
 
 def _suggest(trial, p: Param) -> Any:
@@ -67,7 +67,7 @@ def make_prune_hook(trial, objective: str) -> Callable[[int, dict[str, float]], 
     return on_eval
 
 
-def _theory_metrics(result) -> dict[str, float]:
+def theory_metrics(result) -> dict[str, float]:
     (s,) = result.settings
     f = s.rate_fit
     m = {"theory/dobrushin": s.dobrushin, "theory/rate": f.rate, "theory/rate_lo": f.rate_ci[0],
@@ -108,7 +108,7 @@ def _link(trial, uri: str, run_id: str, prefix: str = "mlflow") -> None:
 def resumable_run(trial, spec: SweepSpec, uri: str, parent: str) -> str | None:
     """The unfinished training run, with a checkpoint, of the trial this one retries (module docstring)."""
     from .. import tracking
-    from ..checkpoints import CKPT_DIR, CKPT_NAME
+    from ..training.checkpoints import CKPT_DIR, CKPT_NAME
 
     history = trial.study._storage.get_trial(trial._trial_id).system_attrs.get("retry_history")
     if spec.kind != "train" or not history:
@@ -154,7 +154,7 @@ def run_trial(trial, spec: SweepSpec, uri: str, parent: str, *, lost: threading.
     note = trial_note(spec, trial.number, params, seed)
     tags = {"hmmscope.trial": trial.number, "hmmscope.study": spec.name, "hmmscope.kind": f"sweep-{spec.kind}",
             "hmmscope.sweep_parent": parent, "hmmscope.seed": seed}
-    if spec.kind == "headroom":  # trains nothing: one run of the references (headroom.py)
+    if spec.kind == "headroom":  # trains nothing: one run of the references (measure/headroom.py)
         result, run_id = jobs.headroom_job(cfg, uri, spec.experiment, parent=parent, run_name=name, tags=tags, note=note)
         _link(trial, uri, run_id)
         metrics = result.metrics()
@@ -164,11 +164,11 @@ def run_trial(trial, spec: SweepSpec, uri: str, parent: str, *, lost: threading.
             result, run_id = jobs.theory_job(cfg.theory, Path(tmp), uri=uri, experiment=spec.experiment,
                                              parent=parent, run_name=name, tags=tags, note=note)
         _link(trial, uri, run_id)
-        metrics = _theory_metrics(result)
+        metrics = theory_metrics(result)
         run = tracking.existing_run(uri, run_id)
         run.log_metrics(metrics)  # the setting's numbers on the trial run itself, for side-by-side comparison
     else:
-        from ..train import train
+        from ..training.train import train
 
         resume = resumable_run(trial, spec, uri, parent)
         if resume is not None:  # the run continues in place: it belongs to this trial from now on

@@ -63,11 +63,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..config import ConfigError
-from ..servers import die_with_parent
-from ..sweep_spec import SweepSpec
+from ..interrupts import die_with_parent, on_sigterm
 from .protocol import TrialStore
+from .spec import SweepSpec
 from .status import best_trial, collect_orphans, counts
-from .storage import STORE_OUTAGE_S, default_storage, outage_limit, safe_url, storage_url  # noqa: F401
+from .storage import default_storage, outage_limit, safe_url, storage_url
 from .study import ATTR_PARENT, create_study, load_study, spec_of_study
 from .trial import run_trial
 
@@ -222,8 +222,8 @@ def _settle(uri: str, spec, number: int, opened: list[str], why: str, log: Calla
 def _transient(e: BaseException) -> bool:
     """A storage error that a new connection may not have: the database unreachable, a connection dropped (SQLAlchemy's
     OperationalError / InterfaceError, or Optuna's StorageInternalError wrapping one). Not a full disk or a read-only
-    store (`store_checks.permanent_fault`): waiting does not cure those, so they are said at once."""
-    from ..store_checks import permanent_fault
+    store (`tracking.faults.permanent_fault`): waiting does not cure those, so they are said at once."""
+    from ..tracking.faults import permanent_fault
 
     if permanent_fault(e) is not None:
         return False
@@ -555,9 +555,6 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.gpu is not None:
         pin_gpu(a.gpu)
-
-    from ..interrupts import on_sigterm
-
     signal.signal(signal.SIGTERM, on_sigterm)  # run_sweep stops its workers with SIGTERM: hand the trial back, exit
     if os.environ.get("HMMSCOPE_THREADS"):
         import torch
@@ -569,10 +566,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"worker {os.getpid()}: {e}", file=sys.stderr, flush=True)
         return 1
     except Exception as e:  # the storage or the store failed (a full disk): one line, not a traceback
-        from ..cli.common import _store_error
-        from ..store_checks import store_reason
+        from ..tracking.faults import store_error, store_reason
 
-        if not _store_error(e):
+        if not store_error(e):
             raise
         print(f"worker {os.getpid()}: error: the store failed: {store_reason(e)}", file=sys.stderr, flush=True)
         return 1

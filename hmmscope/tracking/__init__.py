@@ -11,6 +11,8 @@ The rooms (each module's docstring has the details):
 - `liveness`: host, pid and heartbeat of an open run; orphan runs found (`stale_reason`) and ended (`gc_runs`);
   one writer per run (`hold_run`: the lease taken atomically, an OS lock beside a sqlite store).
 - `claims`: a run's claims as one table plus headline numbers, and read back (`read_claims`).
+- `faults`: a store's failures told apart (`store_error`, `permanent_fault`: a full disk) and said in one line
+  (`store_reason`).
 - `search`: runs read back (`search_runs`, `get_run`, `resolve_run_id`: a unique id prefix) and pointed at (`run_url`,
   `experiment_url`, `target_url`, `sweep_urls`: a sweep's answer and its trials, `save_sweep_view`: the trials
   table's columns as MLflow's shared view, `browse_line`: the one `hmmscope ui` line commands print;
@@ -21,7 +23,7 @@ mlflow at import time (only inside functions), and none imports anything of hmms
 `config` (inside `tags.config_params`); every other module reaches MLflow only through this package.
 """
 
-from .claims import CLAIMS_FILE, claim_headline, claim_keys, read_claims
+from .claims import CLAIMS_FILE, claim_keys, read_claims
 from .leftovers import run_temp_dir
 from .liveness import (
     HEARTBEAT_ENV,
@@ -79,12 +81,13 @@ from .tags import (
     PARAM_MAX,
     THEORY_SECTIONS,
     TRAIN_SECTIONS,
-    _param_value,
+    claim_headline,
     claims_table,
     config_params,
     git_commit,
     note_line,
     objective_key,
+    param_value,
     safe_key,
     source_name,
     standard_tags,
@@ -98,7 +101,7 @@ __all__ = [
     "ARTIFACTS", "ArtifactNotFound", "LeaseLost", "LeaseUnavailable", "RunHeld", "hold_run", "own_runs", "settle_run",
     "CLAIMS_FILE", "CLAIM_COLUMNS", "DB_NAME", "HEARTBEAT_ENV", "HEARTBEAT_GRACE",
     "ML_VIEW", "PARAM_MAX", "ROOT_TAG", "Run", "STORE_DIR", "THEORY_SECTIONS", "TRAIN_SECTIONS", "UI_PORT",
-    "_param_value", "artifact_root", "browse_line", "claim_headline", "claim_keys", "claims_table", "client", "config_toml",
+    "param_value", "artifact_root", "browse_line", "claim_headline", "claim_keys", "claims_table", "client", "config_toml",
     "config_params", "default_tracking_uri", "delete_run", "ensure_store", "existing_run", "experiment_id",
     "experiment_name", "experiment_url", "gc_runs", "get_run", "git_commit", "heartbeat_interval", "note_line",
     "objective_key", "read_claims", "read_only_uri", "relocate", "resolve_uri", "run_url", "safe_key", "search_runs",

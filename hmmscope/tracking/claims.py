@@ -21,7 +21,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from .tags import VERDICTS, claim_headline, safe_key  # noqa: F401  (claim_headline: written with the table)
+from .tags import safe_key
 
 CLAIMS_FILE = "claims.json"
 

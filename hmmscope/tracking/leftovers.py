@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from .store import ARTIFACTS, _sqlite_path
+from .store import ARTIFACTS, sqlite_path
 
 TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{16}(\.[0-9a-f]{4}-\d+-\d+)?\.tmp$")  # safe_output's temp files (safe_output.TEMP)
 CREATING = re.compile(r"^\..+\.[0-9a-f]{12}\.creating(-journal)?$")  # store.create's temp database and its journal
@@ -38,7 +38,7 @@ def find(uri: str, run_ids: Iterable[str] | None = None) -> dict[str, list[Path]
     """The temp files (and staging folders) left in runs' artifacts, by run id; `run_ids` narrows it."""
     want = None if run_ids is None else set(run_ids)
     out: dict[str, list[Path]] = {}
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     root = db.parent / ARTIFACTS if db is not None else None
     if root is not None and root.is_dir():
         for entry in os.scandir(root):
@@ -98,7 +98,7 @@ def free_locks(uri: str) -> int:
         import fcntl
     except ImportError:
         return 0
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     folder = db.parent / ".leases" if db is not None else None
     if folder is None:
         return 0
@@ -136,7 +136,7 @@ def lock_held(uri: str, run_id: str) -> bool:
         import fcntl
     except ImportError:
         return False
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is None:
         return False
     try:
@@ -160,7 +160,7 @@ def remove_creations(uri: str, *, dry_run: bool = False) -> tuple[int, int]:
     creates the store, nothing is touched."""
     import filelock
 
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is None or not db.parent.is_dir():
         return 0, 0
     found = [p for p in db.parent.iterdir() if CREATING.match(p.name) and p.name.startswith(f".{db.name}.")]

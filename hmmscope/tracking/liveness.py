@@ -37,14 +37,11 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import leftovers
 from .search import search_runs
-from .store import _sqlite_path, client
-
-if TYPE_CHECKING:
-    from .runs import Run
+from .store import client, sqlite_path
 
 HEARTBEAT_ENV = "HMMSCOPE_RUN_HEARTBEAT_S"
 HEARTBEAT_GRACE = 5  # heartbeat intervals without a beat before a lease expires
@@ -114,7 +111,7 @@ def _read(path: str) -> str:
         return ""
 
 
-def _identity() -> dict[str, str]:
+def identity() -> dict[str, str]:
     """This process as a lease names it: host, pid, start time, boot id, PID namespace."""
     pid = os.getpid()
     return {"host": socket.gethostname(), "pid": str(pid), "pid_start": _proc_start(pid) or "",
@@ -124,11 +121,11 @@ def _identity() -> dict[str, str]:
 def _lease(interval: float, who: dict[str, str] | None = None, nonce: str | None = None) -> str:
     import json
 
-    return json.dumps({**(who or _identity()), "beat": round(time.time()), "interval": interval,
+    return json.dumps({**(who or identity()), "beat": round(time.time()), "interval": interval,
                        **({"nonce": nonce} if nonce else {})})
 
 
-def _liveness_tags(interval: float, nonce: str | None = None) -> dict[str, str]:
+def liveness_tags(interval: float, nonce: str | None = None) -> dict[str, str]:
     return {LEASE_TAG: _lease(interval, nonce=nonce)}
 
 
@@ -151,29 +148,29 @@ def lease_of(run) -> dict[str, Any] | None:
 
 
 @contextlib.contextmanager
-def _beating(run: Run, interval: float, touch: bool = False) -> Iterator[None]:
+def beating(uri: str, run_id: str, interval: float, touch: bool = False) -> Iterator[None]:
     """Update the run's heartbeat tag every `interval` seconds until the block ends (`touch`: its end time too,
     status RUNNING kept: a resumed run's duration while it runs). Before each beat the lease is read back: one
     that names another writer (this process's lease expired and another took the run over) marks the lease lost
     (`lost`): this process stops beating, and its writes through `Run` raise LeaseLost."""
     stop = threading.Event()
 
-    who = _identity()
-    nonce = _nonce_of(run.uri, run.run_id)
+    who = identity()
+    nonce = nonce_of(uri, run_id)
 
     def beat() -> None:
-        c = client(run.uri)
+        c = client(uri)
         while not stop.wait(interval):
             with contextlib.suppress(Exception):
-                now = lease_of(c.get_run(run.run_id))
+                now = lease_of(c.get_run(run_id))
                 if now is not None and not _is_me(now, nonce):
-                    _mark_lost(run.uri, run.run_id, now)
+                    _mark_lost(uri, run_id, now)
                     return
-                c.set_tag(run.run_id, LEASE_TAG, _lease(interval, who, nonce))
+                c.set_tag(run_id, LEASE_TAG, _lease(interval, who, nonce))
                 if touch:
-                    c.set_terminated(run.run_id, "RUNNING", end_time=int(time.time() * 1000))
+                    c.set_terminated(run_id, "RUNNING", end_time=int(time.time() * 1000))
 
-    th = threading.Thread(target=beat, daemon=True, name=f"mlflow-heartbeat-{run.run_id[:8]}")
+    th = threading.Thread(target=beat, daemon=True, name=f"mlflow-heartbeat-{run_id[:8]}")
     th.start()
     try:
         yield
@@ -184,7 +181,7 @@ def _beating(run: Run, interval: float, touch: bool = False) -> Iterator[None]:
 
 def _same_namespace(lease: dict[str, Any], host: str | None) -> bool:
     """Does the lease's pid name a process of this host, boot and PID namespace (so `_alive` can judge it)?"""
-    me = _identity()
+    me = identity()
     if lease.get("host") != (host or me["host"]):
         return False
     if lease.get("boot") is None and lease.get("pidns") is None:  # older tags: host only, as before
@@ -254,7 +251,7 @@ def gc_runs(uri: str, *, experiments: list[str] | None = None, dry_run: bool = F
     """
     from mlflow.entities import ViewType
 
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is not None and not db.is_file():  # no store, no runs (and do not create one)
         return []
     c = client(uri)
@@ -300,7 +297,7 @@ _HELD_LOCK = threading.Lock()
 
 
 def _key(uri: str, run_id: str) -> tuple[str, str]:
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     return (str(db.resolve()) if db is not None else uri, run_id)
 
 
@@ -308,7 +305,7 @@ def _is_me(lease: dict[str, Any] | None, nonce: str | None = None) -> bool:
     """Does `lease` name this process (and, when this process claimed it with a nonce, carry that nonce)?"""
     if lease is None:
         return False
-    me = _identity()
+    me = identity()
     if any(str(lease.get(k) or "") != me[k] for k in ("host", "pid", "pid_start", "boot", "pidns")):
         return False
     return nonce is None or lease.get("nonce") in (None, nonce)
@@ -437,7 +434,7 @@ def _lock_file(path: Path, run_id: str) -> tuple[int, int] | None:
                 same = False
             if same:
                 os.ftruncate(fd, 0)
-                os.write(fd, json.dumps(_identity()).encode())
+                os.write(fd, json.dumps(identity()).encode())
                 return fd, dfd
             os.close(fd)  # its last holder removed it meanwhile: lock the new file
         raise RunHeld(_held_msg(run_id, _lock_owner(path)))
@@ -469,7 +466,7 @@ def _claim_by_tag(uri: str, run_id: str) -> str:
 def _acquire(uri: str, run_id: str, fresh: bool) -> dict[str, Any]:
     st: dict[str, Any] = {"count": 1, "fd": None, "dfd": None, "path": None, "nonce": None, "lost": None,
                           "cleaned": (0, 0)}
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is None:
         if not fresh:
             st["nonce"] = _claim_by_tag(uri, run_id)
@@ -519,7 +516,7 @@ def hold(uri: str, run_id: str, *, fresh: bool = False) -> Iterator[dict[str, An
     - Any other store (an MLflow server): `_claim_by_tag` (check, write with a nonce, wait SETTLE_S, read back):
       one winner whenever each claimant's read and write are less than SETTLE_S apart; MLflow's REST API offers no
       conditional write, so this is the guarantee there.
-    While a run is open its heartbeat reads the lease back (`_beating`): a lease taken over marks it lost, and
+    While a run is open its heartbeat reads the lease back (`beating`): a lease taken over marks it lost, and
     `Run`'s writes raise LeaseLost. `fresh`: a run this process just created (its lease tag already set): the
     lock only. Yields the hold: its "lost" entry says why the lease was lost, if it was; "cleaned" (count, bytes)
     the run's stale temp files it removed when it took the lease (`leftovers`: the run is ours, so no live process
@@ -545,7 +542,7 @@ def hold(uri: str, run_id: str, *, fresh: bool = False) -> Iterator[dict[str, An
             _release(st)
 
 
-def _nonce_of(uri: str, run_id: str) -> str | None:
+def nonce_of(uri: str, run_id: str) -> str | None:
     st = _HELD.get(_key(uri, run_id))
     return None if st is None else st.get("nonce")
 

@@ -27,17 +27,17 @@ from typing import Any
 from .leftovers import run_temp_dir
 from .liveness import (
     LeaseLost,
-    _beating,
-    _liveness_tags,
-    _nonce_of,
+    beating,
     clear_orphaned,
     end_run,
     heartbeat_interval,
     hold,
+    liveness_tags,
     lost,
+    nonce_of,
 )
-from .store import ARTIFACTS, _sqlite_path, _uri_path, client, ensure_store, experiment_id
-from .tags import _param_value, claim_headline, claims_table, note_line, safe_key, standard_tags
+from .store import ARTIFACTS, client, ensure_store, experiment_id, sqlite_path, uri_path
+from .tags import claim_headline, claims_table, note_line, param_value, safe_key, standard_tags
 
 
 class ArtifactNotFound(FileNotFoundError):
@@ -61,7 +61,7 @@ class Run:
         from mlflow.entities import Param
 
         self._guard()
-        items = [Param(safe_key(k), _param_value(v)) for k, v in params.items()]
+        items = [Param(safe_key(k), param_value(v)) for k, v in params.items()]
         for i in range(0, len(items), 100):
             self._client.log_batch(self.run_id, params=items[i:i + 100])
 
@@ -80,7 +80,7 @@ class Run:
         from mlflow.entities import RunTag
 
         self._guard()
-        self._client.log_batch(self.run_id, tags=[RunTag(safe_key(k), (_param_value(v) if isinstance(v, float) else
+        self._client.log_batch(self.run_id, tags=[RunTag(safe_key(k), (param_value(v) if isinstance(v, float) else
                                                                         str(v))[:5000]) for k, v in tags.items()])
 
     def artifact_uri(self) -> str:
@@ -90,10 +90,10 @@ class Run:
         folder (moved, copied, read-only so not relocated) maps to `<store folder>/artifacts/<run id>/artifacts`.
         """
         recorded = self._client.get_run(self.run_id).info.artifact_uri
-        db = _sqlite_path(self.uri)
+        db = sqlite_path(self.uri)
         if db is None or not recorded.startswith("file:"):
             return recorded
-        p = _uri_path(recorded)
+        p = uri_path(recorded)
         if p.name != "artifacts" or p.parent.name != self.run_id or p.parent.parent.name != ARTIFACTS:
             return recorded  # not the store's own layout: leave it alone
         # not resolved: a link on the way (mlruns/artifacts -> elsewhere) stays visible to the writes' checks
@@ -102,13 +102,13 @@ class Run:
 
     def _local_root(self) -> tuple[str, Path | None]:
         loc = self.artifact_uri()
-        return loc, (_uri_path(loc) if loc.startswith("file:") else None)
+        return loc, (uri_path(loc) if loc.startswith("file:") else None)
 
     def _write_root(self, local: Path) -> Path:
         """The folder a local artifact write must stay inside: a sqlite store's own folder when the artifacts lie
         under it (so `mlruns/artifacts`, or any folder on the way, linked out of it is refused, as out/ is), else the
         run's artifact folder itself."""
-        db = _sqlite_path(self.uri)
+        db = sqlite_path(self.uri)
         if db is not None:
             folder = Path(os.path.abspath(db.parent))
             if folder == Path(os.path.abspath(local)) or folder in Path(os.path.abspath(local)).parents:
@@ -221,7 +221,7 @@ class Run:
         exp = self.get().info.experiment_id
         self._guard()
         lm = self._client.create_logged_model(exp, name=name, source_run_id=self.run_id, model_type="pytorch",
-                                              params={safe_key(k): _param_value(v) for k, v in (params or {}).items()})
+                                              params={safe_key(k): param_value(v) for k, v in (params or {}).items()})
         reqs = [f"torch=={torch.__version__.split('+')[0]}", f"numpy=={numpy.__version__}"]
         quiet = logging.getLogger("mlflow.pytorch")  # its warning about pickle: said in this docstring instead
         level, quiet.level = quiet.level, logging.ERROR
@@ -230,7 +230,7 @@ class Run:
             if loc.startswith("file:"):  # MLflow writes the model's files there itself: no link out of the store
                 from ..safe_output import PROBE, check_dest
 
-                check_dest(_uri_path(loc) / PROBE, root=self._write_root(_uri_path(loc)))
+                check_dest(uri_path(loc) / PROBE, root=self._write_root(uri_path(loc)))
             with _use_tracking_uri(self.uri):
                 mlflow.pytorch.log_model(model, name=name, model_id=lm.model_id, run_id=self.run_id, step=step,
                                          pip_requirements=reqs, serialization_format="pickle")
@@ -322,9 +322,9 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
         if exclusive:  # one writer per run: RunHeld (nothing written) if another has it
             held = lease.enter_context(hold(uri, resume))
         try:
-            # RUNNING again; its end time moves with its heartbeat (liveness._beating), so the UI's duration is right
+            # RUNNING again; its end time moves with its heartbeat (liveness.beating), so the UI's duration is right
             c.set_terminated(resume, "RUNNING", end_time=int(time.time() * 1000))
-            run.set_tags({**_liveness_tags(interval, _nonce_of(uri, resume)),
+            run.set_tags({**liveness_tags(interval, nonce_of(uri, resume)),
                           **({"mlflow.note.content": note_line(note)} if note else {})})
         except BaseException:
             lease.close()
@@ -332,7 +332,7 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
     else:
         std = standard_tags(note)
         all_tags = {"hmmscope.code_version": std.get("mlflow.source.git.commit", "unknown"), **std, **(tags or {}),
-                    **_liveness_tags(interval)}
+                    **liveness_tags(interval)}
         if parent is not None:
             all_tags["mlflow.parentRunId"] = parent.run_id if isinstance(parent, Run) else parent
         r = c.create_run(experiment_id(uri, experiment), run_name=name,
@@ -342,7 +342,7 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
     monitor = _system_monitor(uri, run.run_id, resume is not None) if system_metrics else None
     with lease:  # held until the run's end is written: nobody reopens it in between
         try:
-            with _beating(run, interval, touch=resume is not None):
+            with beating(run.uri, run.run_id, interval, touch=resume is not None):
                 if params:
                     run.log_params(params)
                 if config is not None:
@@ -352,7 +352,7 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
             if held["lost"] is not None or isinstance(e, LeaseLost):
                 raise  # the run belongs to the process that took it over: its status is not ours to set
             status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
-            tries = 5 if _sqlite_path(uri) is not None else 2  # a server's client retries by itself (HTTP_RETRIES)
+            tries = 5 if sqlite_path(uri) is not None else 2  # a server's client retries by itself (HTTP_RETRIES)
             for attempt in range(tries):  # a busy sqlite store ("database is locked") must not leave the run RUNNING
                 try:  # the reason first, the end only after it: never an ended run without its reason (a store
                     # out of reach leaves it RUNNING, for the sweep worker's settle or gc_runs to end with one); a

@@ -111,7 +111,7 @@ def resolve_uri(uri: str | None = None) -> str:
     return uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
 
 
-def _sqlite_path(uri: str) -> Path | None:
+def sqlite_path(uri: str) -> Path | None:
     """The database file of sqlite:///PATH (its percent-escapes decoded, as SQLAlchemy does; `store_checks` refuses a
     URL whose path needs them), or of the read-only form `read_only_uri` writes."""
     if not uri.startswith("sqlite:///"):
@@ -127,7 +127,7 @@ def read_only_uri(uri: str) -> str:
     nor write a byte; `client` keeps MLflow from creating the folder such a URI would name if it were a path); any
     other URI as it is. Reads of runs and artifacts work on it as on `uri`. The path is quoted twice: SQLAlchemy
     decodes the URL once, SQLite its `file:` URI once more (so '#', '?', '%' and spaces in the path stay themselves)."""
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is None or uri[len("sqlite:///"):].startswith("file:"):
         return uri
     return f"sqlite:///file:{quote(quote(str(db.absolute()), safe='/'), safe='/')}?mode=ro&uri=true"
@@ -157,14 +157,14 @@ def _mlflow_creates_no_folder_for_sqlite_uris() -> None:
     utils._make_parent_dirs_if_sqlite = make_parent_dirs
 
 
-def _uri_path(file_uri: str) -> Path:
+def uri_path(file_uri: str) -> Path:
     """file:///a/b -> Path('/a/b') (percent-escapes decoded)."""
     return Path(url2pathname(unquote(urlparse(file_uri).path)))
 
 
 def artifact_root(uri: str) -> str | None:
     """Artifacts sit beside a sqlite database (`<dir>/artifacts`); a server chooses its own."""
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     return (db.parent / ARTIFACTS).resolve().as_uri() if db is not None else None
 
 
@@ -183,7 +183,7 @@ def ensure_store(uri: str) -> None:
     """
     import filelock
 
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is None or (uri in _READY and db.exists()):
         return
     check_sqlite_url(uri)
@@ -243,7 +243,7 @@ def relocate(uri: str) -> list[tuple[str, str, str]]:
     Returns (experiment id, old root, new root) per rewritten experiment. Call under the store's lock
     (`ensure_store` does).
     """
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is None or not db.exists():
         return []
     root = (db.parent / ARTIFACTS).resolve()
@@ -256,7 +256,7 @@ def relocate(uri: str) -> list[tuple[str, str, str]]:
             tagged = {str(e) for (e,) in con.execute("SELECT experiment_id FROM experiment_tags WHERE key = ?",
                                                      (ROOT_TAG,))}
             for eid, loc in exps:
-                if not loc or loc == want or not loc.startswith("file:") or _uri_path(loc).name != ARTIFACTS:
+                if not loc or loc == want or not loc.startswith("file:") or uri_path(loc).name != ARTIFACTS:
                     continue
                 run_ids = [r for (r,) in con.execute("SELECT run_uuid FROM runs WHERE experiment_id = ?", (eid,))]
                 if str(eid) not in tagged and not any((root / r).is_dir() for r in run_ids):
@@ -276,6 +276,14 @@ def client(uri: str):
 
     _mlflow_creates_no_folder_for_sqlite_uris()
     return MlflowClient(tracking_uri=uri)
+
+
+def check_experiment_name(name: str) -> str:
+    """`name` if MLflow takes it as an experiment name (1-200 printable characters, no leading or trailing space),
+    else ValueError naming the rule (the rule of --experiment and of a sweep spec's sweep.experiment)."""
+    if not name or len(name) > 200 or not name.isprintable() or name != name.strip():
+        raise ValueError(f"--experiment {name!r}: give 1-200 printable characters (no leading/trailing spaces)")
+    return name
 
 
 def experiment_id(uri: str, name: str) -> str:

@@ -154,7 +154,7 @@ def _display(v: Any) -> Any:
     return v
 
 
-def _param_value(v: Any) -> str:
+def param_value(v: Any) -> str:
     """A param or tag value as MLflow shows it (text): JSON for lists, dicts, booleans and None; floats rounded
     for display (`_display`; metrics keep full precision)."""
     v = _display(v)

@@ -20,16 +20,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hmmscope import _mixture_kernel, inference
 from hmmscope.config import preset
-from hmmscope.episodes import sample_episodes
-from hmmscope.hmm import make_mixture
+from hmmscope.data.episodes import sample_episodes
+from hmmscope.data.hmm import make_mixture
+from hmmscope.oracles import inference, mixture_kernel
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def _counting_kernel():
-    src = Path(_mixture_kernel.__file__).read_text().split("\n# ------------------------------------------------"
+    src = Path(mixture_kernel.__file__).read_text().split("\n# ------------------------------------------------"
                                                            "---------------- rank-specialized copy")[0]
     edits = [("cache=True", "cache=False"), ("parallel=True", "parallel=False"), ("numba.prange", "range"),
              ("           c, u, cum, R):  # pragma: no cover", "           c, u, cum, R, cnt):"),
@@ -61,7 +61,7 @@ def main() -> None:
         src = subprocess.run(["git", "show", f"{args.rev}:hmmscope/inference.py"], cwd=ROOT, check=True,
                              capture_output=True, text=True).stdout
         inf = types.ModuleType("hmmscope._rev_inference")
-        inf.__package__ = "hmmscope"
+        inf.__package__ = "hmmscope.data"  # its `from .hmm import ...` reads today's hmmscope/data/hmm.py
         sys.modules[inf.__name__] = inf
         exec(compile(src, f"<{args.rev}:inference.py>", "exec"), inf.__dict__)
     kern = _counting_kernel()
@@ -73,7 +73,7 @@ def main() -> None:
             kern.mix_chunk(*a, cnt)
 
         for_rank = staticmethod(lambda d: Counting)
-        slp_vectorize = staticmethod(_mixture_kernel.slp_vectorize)
+        slp_vectorize = staticmethod(mixture_kernel.slp_vectorize)
 
     inf._numba = lambda: Counting
     cfg = preset("paper")

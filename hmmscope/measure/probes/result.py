@@ -1,0 +1,124 @@
+"""The probes' result: `ProbeResult`, its tables (CSV, written atomically), JSON and Figure 3.
+
+Imports matplotlib only inside `figure` (through `figures` for `plot`); must not import torch, sklearn, or
+the fits.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ...stats import Claim, jsonable
+
+_TOKEN_LS = (0, (5, 1.5, 1, 1.5, 1, 1.5))  # dash-dot-dot: the token-statistics baseline
+
+
+@dataclass
+class ProbeResult:
+    table: list[dict]  # one row per (target, layer): classification probes
+    belief_table: list[dict]  # one row per layer: belief R^2
+    summary: list[dict]  # per target: peak layer, best and max accuracy, reach layers, baseline
+    claims: list[Claim]
+    meta: dict = field(default_factory=dict)  # sizes, settings, n_jobs, timings (s; fits_s: summed over layers)
+
+    def to_dict(self) -> dict:
+        return jsonable({"table": self.table, "belief_table": self.belief_table, "summary": self.summary,
+                          "claims": self.claims, "meta": self.meta})
+
+    def to_csv(self, directory) -> list[Path]:
+        from ...safe_output import atomic_open, make_dir
+
+        d = make_dir(directory)
+        out = []
+        for name, rows in (("probes", self.table), ("belief_probes", self.belief_table),
+                           ("probe_summary", self.summary), ("probe_claims", jsonable(self.claims))):
+            path = d / f"{name}.csv"
+            keys = list(dict.fromkeys(k for r in rows for k in r))
+            if not keys:
+                continue
+            with atomic_open(path, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=keys)
+                w.writeheader()
+                w.writerows(rows)
+            out.append(path)
+        return out
+
+    def figure(self, title: str | None = None):
+        """Figures 3a (task vs state), 3b (k-back curves) and the belief R^2, by layer (0 = embedding), with
+        95% CIs. A colour per target (3b: a sequential map, light k = 1 to dark k = K), a style per kind of
+        line: solid = probe, dotted = shuffled-label control, dashed = chance (majority class, per target),
+        dash-dot = the (task, o_t) baseline, dash-dot-dot = o_t alone (token statistics); the style key is in each
+        legend, which sits below its panel."""
+        from matplotlib import colormaps
+        from matplotlib.figure import Figure
+        from matplotlib.lines import Line2D
+        from matplotlib.ticker import MaxNLocator
+
+        fig = Figure(figsize=(17, 6), layout="constrained")
+        axes = fig.subplots(1, 3)
+        by: dict[str, list[dict]] = {}
+        for r in self.table:
+            by.setdefault(r["target"], []).append(r)
+        base = {s["target"]: s.get("baseline_acc") for s in self.summary}
+        tokb = {s["target"]: s.get("token_acc") for s in self.summary}
+        kb = sorted((t for t in by if t.startswith("kback")), key=lambda t: int(t[5:]))
+        cmap = colormaps["viridis"]
+        kcol = {t: cmap(0.85 - 0.75 * i / max(1, len(kb) - 1)) for i, t in enumerate(kb)}
+        panels = [(axes[0], [t for t in ("task", "state", "state_pooled") if t in by], "Fig. 3a: task vs hidden state"),
+                  (axes[1], kb, "Fig. 3b: token k steps back")]
+        for ax, targets, ptitle in panels:
+            for j, t in enumerate(targets):
+                rows = by[t]
+                x, c = [r["layer"] for r in rows], kcol.get(t, f"C{j % 10}")
+                lab = (f"k = {t[5:]}" if t in kcol else t + (" (raw index over tasks)" if t == "state_pooled" else ""))
+                acc, lo, hi = (np.array([r[key] for r in rows], float) for key in ("acc", "acc_lo", "acc_hi"))
+                if t in kcol:  # 3b: error bars dodged sideways, so K overlapping bands do not hide each other
+                    xd = np.asarray(x, float) + 0.08 * (kb.index(t) - (len(kb) - 1) / 2)
+                    ax.errorbar(xd, acc, yerr=np.nan_to_num(np.abs([acc - lo, hi - acc])), fmt="o-", color=c, lw=1.8,
+                                ms=4, capsize=2, elinewidth=1, label=lab)
+                else:
+                    ax.plot(x, acc, "o-" if t != "state_pooled" else "o--", color=c, lw=1.8, ms=4, label=lab)
+                    ax.fill_between(x, lo, hi, color=c, alpha=0.18)
+                ax.plot(x, [r["control_acc"] for r in rows], ":", color=c, lw=1)
+                ax.axhline(rows[0]["chance"], ls="--", color=c, lw=0.8, alpha=0.8)
+                if base.get(t) is not None:
+                    ax.axhline(base[t], ls="-.", color=c, lw=1, alpha=0.8)
+                if tokb.get(t) is not None:
+                    ax.axhline(tokb[t], ls=_TOKEN_LS, color=c, lw=1, alpha=0.8)
+            ax.set(xlabel="layer (0 = embedding)", ylabel="held-out accuracy", title=ptitle)
+            if targets:
+                keys = [Line2D([], [], color="gray", ls=":", lw=1, label="shuffled-label control"),
+                        Line2D([], [], color="gray", ls="--", lw=0.8, label="chance (majority class)")]
+                if ax is axes[1] and any(base.get(t) is not None for t in targets):
+                    keys.append(Line2D([], [], color="gray", ls="-.", lw=1, label="(task, o_t) baseline"))
+                if ax is axes[1] and any(tokb.get(t) is not None for t in targets):
+                    keys.append(Line2D([], [], color="gray", ls=_TOKEN_LS, lw=1, label="o_t alone (token statistics)"))
+                h, _ = ax.get_legend_handles_labels()
+                ax.legend(handles=[*h, *keys], fontsize=8, ncol=2 if len(h) + len(keys) > 5 else 1,
+                          loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
+        ax, rows = axes[2], self.belief_table
+        if rows:
+            x = [r["layer"] for r in rows]
+            ax.plot(x, [r["r2"] for r in rows], "o-", label="belief probe")
+            ax.fill_between(x, [r["r2_lo"] for r in rows], [r["r2_hi"] for r in rows], alpha=0.2)
+            ax.plot(x, [r["control_r2"] for r in rows], ":", label="shuffled-label control")
+            ax.axhline(0.0, ls="--", color="gray", lw=0.8, label="chance (R^2 = 0)")
+            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
+        ax.set(xlabel="layer (0 = embedding)", ylabel="held-out R^2 (variance-weighted)", title="belief probe")
+        for ax in axes:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.grid(alpha=0.3)
+        n = self.meta.get("n_episodes")
+        fig.suptitle("Figure 3: layerwise probes" + (f", {title}" if title else "")
+                     + (f" ({n} episodes, 95% bootstrap CIs)" if n else " (95% bootstrap CIs)"))
+        return fig
+
+    def plot(self, path, title: str | None = None) -> list[Path]:
+        """Write `figure()` as <path>.png and <path>.pdf; returns [png, pdf]."""
+        from ...figures import save
+
+        return save(self.figure(title), path)

@@ -1,0 +1,107 @@
+"""optuna-dashboard behind the guard the MLflow UI has: a foreign Host, and a cross-origin write, are refused (403).
+
+`hmmscope ui --optuna-dashboard` runs `python -m hmmscope.ui.dashboard_guard --host=127.0.0.1 --port=P -- STORAGE`
+(`servers.optuna_dashboard`): optuna-dashboard's own WSGI app (`optuna_dashboard.wsgi`) wrapped in `HostGuard`,
+served by wsgiref's threaded server, as optuna-dashboard's command serves it. optuna-dashboard checks neither
+header: a page on any site could point its own name at 127.0.0.1 (DNS rebinding) and delete studies with requests
+the browser sends as same-origin, carrying `Host: <that name>`. The guard, as MLflow's security middleware:
+
+- Host: only a loopback name (127.0.0.1, localhost, [::1]), with or without a port, is served (the server listens
+  on 127.0.0.1 only, so no other name is a legitimate way to reach it); anything else, or none, is 403.
+- Writes (POST, PUT, PATCH, DELETE): an Origin header that is not a loopback origin is 403, as is a browser's
+  `Sec-Fetch-Site: cross-site` without one; clients that send neither (curl, scripts) are not browsers and pass.
+
+Imports optuna-dashboard only in `main` (the child process); must not import the rest of hmmscope but
+`sweep.storage` (the storage URL forms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterable
+from urllib.parse import urlparse
+
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]", "::1")
+WRITES = ("POST", "PUT", "PATCH", "DELETE")
+
+
+def _host_name(host: str) -> str:
+    """'127.0.0.1:8080' -> '127.0.0.1'; '[::1]:8080' -> '[::1]'; lower case."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[: host.find("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def loopback_host(host: str | None) -> bool:
+    return bool(host) and _host_name(host) in LOOPBACK
+
+
+def loopback_origin(origin: str) -> bool:
+    try:
+        u = urlparse(origin)
+        return u.scheme in ("http", "https") and (u.hostname or "") in LOOPBACK
+    except ValueError:
+        return False
+
+
+def refusal(environ: dict) -> str | None:
+    """Why the request must be refused (a line), or None."""
+    host = environ.get("HTTP_HOST")
+    if not loopback_host(host):
+        return f"Host {host!r} is not a loopback name: this server answers on 127.0.0.1 only (DNS rebinding guard)"
+    if environ.get("REQUEST_METHOD", "GET").upper() in WRITES:
+        origin = environ.get("HTTP_ORIGIN")
+        if origin is not None and not loopback_origin(origin):
+            return f"cross-origin {environ['REQUEST_METHOD']} from {origin!r} refused"
+        if origin is None and environ.get("HTTP_SEC_FETCH_SITE", "").lower() == "cross-site":
+            return f"cross-site {environ['REQUEST_METHOD']} refused"
+    return None
+
+
+class HostGuard:
+    """WSGI middleware: `refusal` -> 403 with the reason as plain text; anything else goes to `app`."""
+
+    def __init__(self, app: Callable):
+        self.app = app
+
+    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        why = refusal(environ)
+        if why is None:
+            return self.app(environ, start_response)
+        body = f"Forbidden: {why}\n".encode()
+        start_response("403 Forbidden", [("Content-Type", "text/plain; charset=utf-8"),
+                                         ("Content-Length", str(len(body)))])
+        return [body]
+
+
+def main(argv: list[str] | None = None) -> None:
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    import optuna_dashboard
+
+    from ..sweep.storage import dashboard_storage
+
+    ap = argparse.ArgumentParser(prog="python -m hmmscope.ui.dashboard_guard")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("storage")
+    a = ap.parse_args(argv)
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args) -> None:  # no per-request lines
+            pass
+
+    app = HostGuard(optuna_dashboard.wsgi(dashboard_storage(a.storage)))
+    httpd = make_server(a.host, a.port, app, server_class=Server, handler_class=Quiet)
+    print(f"optuna-dashboard (Host/Origin guard) on http://{a.host}:{a.port}/", file=sys.stderr, flush=True)
+    httpd.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
