@@ -340,13 +340,15 @@ def test_a_run_cut_off_before_it_was_noted_is_settled_by_its_worker(tmp_path, mo
 
     spec, storage, uri = _train_study(tmp_path, f"cut{where}", '"hmm.gamma" = {grid = [0.7]}')
     out, dropped = [], []  # out: the store is out of reach; dropped: the run's own failure reasons not written
-    real_tags, real_params, real_link = runs_mod.Run.set_tags, runs_mod.Run.log_params, trial_mod._link
+    from mlflow.tracking import MlflowClient
 
-    def set_tags(self, tags):
-        if out and "hmmscope.failure_reason" in tags:
-            dropped.append(tags)
+    real_tag, real_params, real_link = MlflowClient.set_tag, runs_mod.Run.log_params, trial_mod._link
+
+    def set_tag(self, run_id, key, value, *args, **kwargs):  # the run's end writes its reason first (end_run)
+        if out and key == "hmmscope.failure_reason":
+            dropped.append(value)
             raise ConnectionError("store out of reach")
-        return real_tags(self, tags)
+        return real_tag(self, run_id, key, value, *args, **kwargs)
 
     def log_params(self, params):
         if where == "log_params" and not out:
@@ -368,7 +370,7 @@ def test_a_run_cut_off_before_it_was_noted_is_settled_by_its_worker(tmp_path, mo
         return real_finish(self, *a, **kw)
 
     monkeypatch.setattr(protocol.TrialStore, "finish", finish)
-    monkeypatch.setattr(runs_mod.Run, "set_tags", set_tags)
+    monkeypatch.setattr(MlflowClient, "set_tag", set_tag)
     monkeypatch.setattr(runs_mod.Run, "log_params", log_params)
     monkeypatch.setattr(trial_mod, "_link", link)
     log: list[str] = []
@@ -833,8 +835,8 @@ def test_sweep_modules_import_one_way():
 
     import hmmscope.sweep
 
-    may = {"spec": set(), "storage": set(), "protocol": {"storage"}, "study": {"protocol", "spec", "storage"},
-           "trial": {"spec"}, "status": {"study"}, "studies": {"storage", "study"}, "effects": set(),
+    may = {"spec": {"space"}, "space": set(), "storage": set(), "protocol": {"storage"}, "study": {"protocol", "spec", "storage"},
+           "trial": {"spec"}, "status": {"study"}, "studies": {"protocol", "storage", "study"}, "effects": set(),
            "compare": {"effects"}, "worker": {"compare", "protocol", "spec", "status", "storage", "study", "trial"}}
     root = Path(hmmscope.sweep.__file__).parent
     for name, allowed in may.items():
