@@ -74,10 +74,10 @@ TOLERANCE = 0.005  # headroom.TOLERANCE: family Bayes converged when it drops le
 
 def collect(uri: str | None, storage: str | None, out: Path) -> None:
     """runs.csv, curves.csv, layerwise_runs.csv from the four sweeps (module docstring)."""
-    from hmmscope import tracking
-
     import optuna
     from optuna.trial import TrialState
+
+    from hmmscope import tracking
 
     runs, curves, claims, studies = [], [], [], []
     store = storage or f"sqlite:///{Path('mlruns').resolve() / 'optuna.db'}"  # as sweepdata.load_sweep

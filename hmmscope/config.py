@@ -368,7 +368,7 @@ def read_text(path: str | Path, what: str) -> str:
             data = f.read(MAX_TEXT_BYTES + 1)
         if len(data) > MAX_TEXT_BYTES:
             raise ConfigError(f"{what} {path} is larger than {MAX_TEXT_BYTES >> 20} MiB: not a config or spec")
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # a leading UTF-8 BOM (some editors write one) is no text
     except FileNotFoundError:
         raise ConfigError(f"{what} not found: {path}") from None
     except IsADirectoryError:

@@ -183,7 +183,7 @@ def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int
     _require_checkpoint(run)
     resolve_device(device)
     with tracking.hold_run(uri, run_id):
-        with tempfile.TemporaryDirectory() as tmp:
+        with tracking.run_temp_dir(run_id) as tmp:  # named after its run: `runs gc` finds it after a SIGKILL
             ck = load_checkpoint(uri, run_id, tmp)
         model, cfg = model_from_checkpoint(ck)
         return evaluate_model(model, cfg, int(ck["step"]), run, device=device, n_episodes=n_episodes,
@@ -356,7 +356,7 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
     else:
         run = tracking.existing_run(uri, target)
         _require_checkpoint(run)
-        with tempfile.TemporaryDirectory() as tmp:
+        with tracking.run_temp_dir(target) as tmp:  # named after its run: `runs gc` finds it after a SIGKILL
             ck = load_checkpoint(uri, target, tmp)
     model, cfg = model_from_checkpoint(ck)
     return analyze_model(model, cfg, int(ck["step"]), run, uri=uri, target=target, device=device,
@@ -572,13 +572,16 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *, sweep_spec: A
         th, theory_id = theory_job(cfg.theory, out / "theory", uri=uri, experiment=experiment, parent=parent.run_id,
                                    progress=log and (lambda i, n, label: log(f"theory: {i}/{n} settings, {label}")))
         on_stage("training")
-        tr = train(cfg, tracking_uri=uri, experiment=experiment, run_name=tracking.train_run_name(cfg), parent=parent.run_id,
-                   progress=progress)
-        on_stage("evaluating (Figure 1)")
-        # the model in hand: no checkpoint read back. The training run is reopened for its evaluation, so a failed
-        # one (a full disk) leaves it FAILED with the reason, not FINISHED without its Figure 1 (as `train` does)
-        with tracking.start_run(uri, experiment, "", resume=tr.run_id) as train_run:
-            ev = evaluate_model(tr.model, tr.config, tr.steps, train_run, device=cfg.train.device, out=out)
+        keep = contextlib.ExitStack()  # the training run's lease from its start to its evaluation's end
+        with keep:
+            tr = train(cfg, tracking_uri=uri, experiment=experiment, run_name=tracking.train_run_name(cfg),
+                       parent=parent.run_id, progress=progress,
+                       on_start=lambda rid: keep.enter_context(tracking.hold_run(uri, rid)))
+            on_stage("evaluating (Figure 1)")
+            # the model in hand: no checkpoint read back. The training run is reopened for its evaluation, so a failed
+            # one (a full disk) leaves it FAILED with the reason, not FINISHED without its Figure 1 (as `train` does)
+            with tracking.start_run(uri, experiment, "", resume=tr.run_id) as train_run:
+                ev = evaluate_model(tr.model, tr.config, tr.steps, train_run, device=cfg.train.device, out=out)
         parent.log_metrics(ev)
         on_stage("layerwise analysis (Figures 2, 3a, 3b)")
         an = analyze_model(tr.model, tr.config, tr.steps, train_run, uri=uri, device=cfg.train.device, out=out,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import secrets
 import stat
 from collections.abc import Callable, Iterator
@@ -33,6 +34,9 @@ from typing import IO, Any
 from .config import ConfigError
 
 PROBE = ".probe"  # a name inside a folder, to check the folder as a file's destination would be (never created)
+# a temp file's name: `.<name>.<16 hex>.<writer>.tmp`, the writer `<host: 4 hex>-<pid>-<start time in ticks>` (`_writer`),
+# so that one left by a killed writer is told from a live writer's (`dead_writer`); older ones carry no writer
+TEMP = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{16}(?:\.(?P<host>[0-9a-f]{4})-(?P<pid>\d+)-(?P<start>\d+))?\.tmp$")
 _TRUSTED: set[str] = set()  # absolute paths the user named explicitly (files or folders)
 
 
@@ -117,11 +121,65 @@ def _fsync_dir(d: Path) -> None:
             os.close(fd)
 
 
+def _host() -> str:
+    import socket
+    import zlib
+
+    return f"{zlib.crc32(socket.gethostname().encode()) & 0xFFFF:04x}"
+
+
+def _start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux /proc), or None (gone, or no /proc)."""
+    try:
+        st = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rest = st[st.rindex(")") + 2:].split()
+    return None if rest[0] in ("Z", "X") else rest[19]  # a zombie is gone
+
+
+def _writer() -> str:
+    """This process as its temp files' names carry it: host, pid, start time."""
+    pid = os.getpid()
+    return f"{_host()}-{pid}-{_start(pid) or 0}"
+
+
+def dead_writer(name: str) -> bool:
+    """Is `name` a temp file's name whose writer, a process of this host, is gone (so nobody will finish or remove
+    it)? False for an older name without its writer, another host's, or a live writer's."""
+    m = TEMP.match(name)
+    if m is None or m.group("pid") is None or m.group("host") != _host():
+        return False
+    return _start(int(m.group("pid"))) != m.group("start")
+
+
+def stale_temps(folder: str | Path) -> list[Path]:
+    """The temp files under `folder` (walked without following links) whose writers are dead (`dead_writer`)."""
+    out = []
+    for d, _dirs, files in os.walk(folder):
+        out += [Path(d) / f for f in files if dead_writer(f) and not os.path.islink(Path(d) / f)]
+    return out
+
+
+def _clean_siblings(dst: Path) -> None:
+    """Remove the temp files of `dst` that dead writers left beside it (a killed earlier write of the same file)."""
+    with contextlib.suppress(OSError):
+        for e in os.scandir(dst.parent):
+            if e.name.startswith(f".{dst.name}.") and dead_writer(e.name) and e.is_file(follow_symlinks=False):
+                m = TEMP.match(e.name)
+                if m is not None and m.group("name") == dst.name:
+                    with contextlib.suppress(OSError):
+                        os.unlink(e.path)
+
+
 def _new_temp(dst: Path) -> tuple[int, Path]:
-    """An exclusive, never-followed temp file beside `dst`, with an unpredictable name."""
+    """An exclusive, never-followed temp file beside `dst`, with an unpredictable name that names its writer (TEMP);
+    what dead writers of `dst` left beside it is removed."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    _clean_siblings(dst)
+    who = _writer()
     for _ in range(100):
-        tmp = dst.with_name(f".{dst.name}.{secrets.token_hex(8)}.tmp")
+        tmp = dst.with_name(f".{dst.name}.{secrets.token_hex(8)}.{who}.tmp")
         try:
             fd = os.open(tmp, flags, 0o600)
         except FileExistsError:

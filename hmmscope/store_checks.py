@@ -149,7 +149,8 @@ def _sqlite_tables(db: Path, what: str) -> set[str] | None:
         except sqlite3.Error as e:  # an SQLite header, then a schema that cannot be read: truncated, overwritten
             if _busy(e):
                 raise _locked(db, what) from None
-            raise ConfigError(f"{what} {db} is corrupt ({str(e).splitlines()[0][:120]}); restore it from a backup "
+            why = (str(e).splitlines() or [type(e).__name__])[0][:120]
+            raise ConfigError(f"{what} {db} is corrupt ({why}); restore it from a backup "
                               "or move it away") from None
         try:  # every page read once: a malformed page or a truncated file is found here, not mid-run
             bad = [r[0] for r in con.execute("pragma quick_check(3)") if r[0] != "ok"]
@@ -160,9 +161,19 @@ def _sqlite_tables(db: Path, what: str) -> set[str] | None:
     finally:
         con.close()
     if bad:
-        raise ConfigError(f"{what} {db} is corrupt ({bad[0].splitlines()[0][:120]}); restore it from a backup "
+        raise ConfigError(f"{what} {db} is corrupt ({(bad[0].splitlines() or ['?'])[0][:120]}); restore it from a backup "
                           "or move it away")
     return tables
+
+
+@functools.lru_cache(maxsize=1)
+def _mlflow_revisions() -> frozenset[str]:
+    """Every schema revision the installed MLflow's migrations know (empty if they cannot be read)."""
+    _mlflow_head()
+    return frozenset(_REVISIONS)
+
+
+_REVISIONS: set[str] = set()
 
 
 @functools.lru_cache(maxsize=1)
@@ -184,6 +195,7 @@ def _mlflow_head() -> str | None:
         if d:
             downs |= set(re.findall(r"['\"]([0-9a-z_]+)['\"]", d.group(1)))
     heads = revs - downs
+    _REVISIONS.update(revs)
     return next(iter(heads)) if len(heads) == 1 else None
 
 
@@ -223,6 +235,13 @@ def _mlflow_schema(db: Path, tables: set[str], what: str) -> None:
         raise ConfigError(f"{what} {db} was left half-created (its schema stopped at revision {rev or 'none'}"
                           f"{', with ' + tmp[0] + ' left over' if tmp else ''}; e.g. a full disk while it was "
                           f"created); {how}")
+    known = _mlflow_revisions()
+    if known and rev not in known:  # written by a newer MLflow: an upgrade here would not know it
+        import mlflow
+
+        raise ConfigError(f"{what} {db} has a newer schema (revision {rev}, unknown to this MLflow {mlflow.__version__}, "
+                          f"whose newest is {head}): it was written by a newer MLflow; use that one (pip install -U "
+                          "mlflow), or another store")
     raise ConfigError(f"{what} {db} has an older schema (revision {rev}; this MLflow needs {head}): back it up, then "
                       f"`mlflow db upgrade sqlite:///{db}`")
 
@@ -253,10 +272,12 @@ def _sqlite_file(db: Path, what: str, table: str, *, must_exist: bool, write: bo
 
 def _artifacts_inside(db: Path) -> None:
     """The artifact folder beside an MLflow store (`<folder>/artifacts`, where runs, checkpoints and models are
-    written) resolves inside the store's folder: a link out of it is refused, as one out of out/ is."""
+    written) and its `models/` (MLflow's logged models) resolve inside the store's folder: a link out of either is
+    refused, as one out of out/ is, before any work (a linked `artifacts/models` was found only after training)."""
     from . import safe_output
 
-    safe_output.check_dest(db.parent / "artifacts" / safe_output.PROBE, root=db.parent)
+    for folder in (db.parent / "artifacts", db.parent / "artifacts" / "models"):  # runs' artifacts; logged models
+        safe_output.check_dest(folder / safe_output.PROBE, root=db.parent)
 
 
 def _sqlite_path(url: str, what: str) -> Path | None:
@@ -385,8 +406,9 @@ def tracking_store(uri: str | None, *, must_exist: bool = False, write: bool = T
     """The resolved MLflow tracking URI (option, else MLFLOW_TRACKING_URI, else ./mlruns), checked."""
     from . import tracking
 
-    uri = tracking.resolve_uri(uri)
+    uri = tracking.resolve_uri(uri)  # ValueError where the working folder's path is no sqlite URL's (tracking.store)
     what = "MLflow store"
+    tracking.store.check_sqlite_url(uri)
     db = _sqlite_path(uri, "tracking URI")
     scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
     if db is not None:
@@ -406,8 +428,11 @@ def tracking_store(uri: str | None, *, must_exist: bool = False, write: bool = T
 
 
 def default_storage_url() -> str:
-    """The default Optuna storage, sqlite:///<cwd>/mlruns/optuna.db (as sweep.default_storage, not created)."""
-    return f"sqlite:///{(Path('mlruns') / 'optuna.db').resolve()}"
+    """The default Optuna storage, sqlite:///<cwd>/mlruns/optuna.db (as sweep.default_storage, not created); ValueError
+    where the working folder's path is no sqlite URL's (`tracking.store.sqlite_url`)."""
+    from .tracking.store import sqlite_url
+
+    return sqlite_url((Path("mlruns") / "optuna.db").resolve(), "Optuna storage")
 
 
 def _journal_file(p: Path, *, must_exist: bool, write: bool) -> None:
@@ -440,8 +465,10 @@ def optuna_storage(url: str | None, *, must_exist: bool = False, write: bool = T
     """The Optuna storage URL (default: ./mlruns/optuna.db), checked; a study to be read needs must_exist.
     A journal file comes back as journal:///ABSOLUTE/PATH (sweep/storage.py)."""
     from .sweep.storage import journal_path
+    from .tracking.store import check_sqlite_url
 
     url = url or default_storage_url()
+    check_sqlite_url(url, "Optuna storage")
     journal = journal_path(url)
     if journal is not None:
         _journal_file(journal, must_exist=must_exist, write=write)

@@ -122,6 +122,7 @@ def project(tmp_path_factory):
     nan = {k: v.clone() for k, v in model.state_dict().items()}
     next(v for v in nan.values() if v.is_floating_point()).fill_(float("nan"))
     torch.save({**ck, "config": flatten(cfg), "model": nan}, root / "nan.pt")
+    (root / "cut.toml").write_text(spec_text("cut").split("[space]")[0])  # a spec whose file was cut short
     (root / "fixedswept.toml").write_text(spec_text("fs").replace('[space]', '"hmm.gamma" = 0.3\n[space]'))
     (root / "seedswept.toml").write_text(spec_text("ss").replace('[space]\n', '[space]\n"train.seed" = {grid = [3, 4]}\n'))
     uri = f"sqlite:///{root}/mlruns/mlflow.db"
@@ -140,6 +141,11 @@ def project(tmp_path_factory):
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "last.pt").write_bytes((root / "nan.pt").read_bytes())
             nanrun.log_artifact(Path(tmp) / "last.pt", "checkpoints")
+    with tracking.start_run(uri, "hmmscope", "zero-checkpoint") as zero:  # a checkpoint whose write was cut off
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "last.pt").touch()
+            zero.log_artifact(Path(tmp) / "last.pt", "checkpoints")
+    (root / "zero.pt").touch()
     storage = f"sqlite:///{root}/mlruns/optuna.db"
     create_study(parse_spec(spec_text("known"), root / "known.toml"), storage, uri)
     bad = root / "corrupt" / "studies.db"  # a malformed page under an intact header and schema
@@ -165,7 +171,7 @@ def project(tmp_path_factory):
         ro.mkdir()
         ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
     foreign = _foreign_server(tmp_path_factory.mktemp("foreign"))
-    return {"deleted_run": gone.run_id, "nan_run": nanrun.run_id, "foreign": foreign, "outside": outside,
+    return {"deleted_run": gone.run_id, "nan_run": nanrun.run_id, "zero_run": zero.run_id, "foreign": foreign, "outside": outside,
             "root": root, "uri": uri, "storage": storage, "misfit_run": run.run_id, "readonly": ro,
             "port": _free_port()}
 
@@ -281,6 +287,20 @@ CASES = [
       id="storage: journal:///dev/null"),
     P(["analyze", "nan.pt"], "not finite", id="checkpoint file: NaN weights"),
     P(["analyze", "{nan_run}"], "not finite", id="run: NaN weights, before any analysis run"),
+    # issue 36, item 6: a 0-byte checkpoint crashed evaluate and train --resume (IndexError)
+    P(["evaluate", "{zero_run}"], "is empty (0 bytes", id="run: a 0-byte checkpoint, evaluate"),
+    P(["train", "--config", "tiny.toml", "--resume", "{zero_run}"], "is empty (0 bytes",
+      id="run: a 0-byte checkpoint, train --resume"),
+    P(["analyze", "zero.pt"], "is empty (0 bytes", id="checkpoint file: 0 bytes"),
+    # issue 36, item 9: error lines of 12-240 KB echoing the input; a path with a newline printed raw (two lines)
+    P(["train", "--config", "tiny.toml", "--set", "hmm.gamma=" + "x" * 200_000], "characters ...]",
+      id="a 200 KB value: the error line is bounded"),
+    P(["train", "--config", "no\nsuch.toml"], "no\\nsuch.toml", id="a path holding a newline, escaped"),
+    P(["train", "--config", "no\x1b[31msuch.toml"], "no\\x1b[31msuch.toml", id="a path holding an escape sequence"),
+    # issue 36, item 8: ui served `tsw` for --sweep "t'sw", the front page for --sweep ''
+    P(["ui", "--sweep", "t'sw"], "safe name", id="ui --sweep with a quote"),
+    P(["ui", "--sweep", ""], "safe name", id="ui --sweep ''"),
+    P(["sweep", "run", "cut.toml"], "[space]", id="spec: cut off before its [space]"),
 ]
 
 ENV_CASES = [  # (environment, args, needle): read at the command's start
@@ -288,6 +308,13 @@ ENV_CASES = [  # (environment, args, needle): read at the command's start
     P({"HMMSCOPE_THREADS": "-1"}, ["runs", "list"], "HMMSCOPE_THREADS", id="HMMSCOPE_THREADS=-1"),
     P({"PYTHONWARNINGS": "error"}, ["train", "--config", "tiny.toml"], "PYTHONWARNINGS=error",
       id="PYTHONWARNINGS=error"),
+    # issue 36, item 8: every numeric setting has a stated range (before: 1e-300 s heartbeats, a 1e308 s lease)
+    P({"HMMSCOPE_RUN_HEARTBEAT_S": "1e-300"}, ["train", "--config", "tiny.toml"], "[0.1, 3600]",
+      id="HMMSCOPE_RUN_HEARTBEAT_S=1e-300"),
+    P({"HMMSCOPE_RUN_HEARTBEAT_S": "1e308"}, ["runs", "gc"], "HMMSCOPE_RUN_HEARTBEAT_S", id="HMMSCOPE_RUN_HEARTBEAT_S=1e308"),
+    P({"HMMSCOPE_STORE_OUTAGE_S": "1e308"}, ["sweep", "run", "spec.toml"], "[0, 86400]", id="HMMSCOPE_STORE_OUTAGE_S=1e308"),
+    P({"HMMSCOPE_PROGRESS_S": "0"}, ["train", "--config", "tiny.toml"], "HMMSCOPE_PROGRESS_S", id="HMMSCOPE_PROGRESS_S=0"),
+    P({"HMMSCOPE_THREADS": "100000"}, ["train", "--config", "tiny.toml"], "[1, 4096]", id="HMMSCOPE_THREADS=100000"),
 ]
 
 
@@ -324,6 +351,7 @@ def _case(project, monkeypatch, args, needle):
     assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
     assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
     assert needle in lines[0], lines[0]
+    assert len(lines[0]) < 1000 and lines[0].isprintable(), lines[0][:2000]
     assert "Traceback" not in r.output
     new = sorted(after["files"].keys() - before["files"].keys())
     changed = sorted(k for k in before["files"] if after["files"].get(k) != before["files"][k])

@@ -188,9 +188,11 @@ def test_a_sweep_across_hosts_survives_a_cut_link(tmp_path):
                 rs = tracking.search_runs(uri, "netns")
                 return [r for r in rs if status is None or r.info.status == status]
 
-            def w1_mid_trial() -> bool:  # its trial claimed, its training run open
-                return any(t.state == TrialState.RUNNING and t.user_attrs.get("worker", {}).get("pid") == procs["w1"].pid
-                           for t in trials()) and any(r.data.tags.get("hmmscope.trial") for r in runs("RUNNING"))
+            def w1_mid_trial() -> bool:  # its trial claimed, and that trial's own training run open (not any trial's:
+                # under load w2's run could open first, and the cut then came before w1 had a run; issue 36, item 10)
+                mine = [t.number for t in trials() if t.state == TrialState.RUNNING
+                        and t.user_attrs.get("worker", {}).get("pid") == procs["w1"].pid]
+                return bool(mine) and any(r.data.tags.get("hmmscope.trial") == str(mine[0]) for r in runs("RUNNING"))
 
             took["servers"] = time.time() - t0
             start("w1")

@@ -80,6 +80,32 @@ def _read_line(proc, timeout=30.0):
     return box[0].strip()
 
 
+def test_a_port_a_stopped_server_left_in_time_wait_is_free():
+    """Issue 36, item 9: `ui --port P` was refused for a minute after a ui on P stopped (its connections in
+    TIME_WAIT: the probe bound without SO_REUSEADDR, which every server sets)."""
+    import socket
+
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    cli = socket.create_connection(("127.0.0.1", port))
+    conn, _ = srv.accept()
+    conn.close()  # the server closes first: its end of the connection waits in TIME_WAIT on `port`
+    cli.recv(1)
+    cli.close()
+    srv.close()
+    with socket.socket() as plain:  # what the old probe did
+        try:
+            plain.bind(("127.0.0.1", port))
+            in_time_wait = False
+        except OSError:
+            in_time_wait = True
+    assert in_time_wait, "no TIME_WAIT connection was left: the test shows nothing"
+    assert servers.port_free(port)
+
+
 def test_port_free_sees_a_bound_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

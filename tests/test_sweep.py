@@ -340,13 +340,15 @@ def test_a_run_cut_off_before_it_was_noted_is_settled_by_its_worker(tmp_path, mo
 
     spec, storage, uri = _train_study(tmp_path, f"cut{where}", '"hmm.gamma" = {grid = [0.7]}')
     out, dropped = [], []  # out: the store is out of reach; dropped: the run's own failure reasons not written
-    real_tags, real_params, real_link = runs_mod.Run.set_tags, runs_mod.Run.log_params, trial_mod._link
+    from mlflow.tracking import MlflowClient
 
-    def set_tags(self, tags):
-        if out and "hmmscope.failure_reason" in tags:
-            dropped.append(tags)
+    real_tag, real_params, real_link = MlflowClient.set_tag, runs_mod.Run.log_params, trial_mod._link
+
+    def set_tag(self, run_id, key, value, *args, **kwargs):  # the run's end writes its reason first (end_run)
+        if out and key == "hmmscope.failure_reason":
+            dropped.append(value)
             raise ConnectionError("store out of reach")
-        return real_tags(self, tags)
+        return real_tag(self, run_id, key, value, *args, **kwargs)
 
     def log_params(self, params):
         if where == "log_params" and not out:
@@ -368,7 +370,7 @@ def test_a_run_cut_off_before_it_was_noted_is_settled_by_its_worker(tmp_path, mo
         return real_finish(self, *a, **kw)
 
     monkeypatch.setattr(protocol.TrialStore, "finish", finish)
-    monkeypatch.setattr(runs_mod.Run, "set_tags", set_tags)
+    monkeypatch.setattr(MlflowClient, "set_tag", set_tag)
     monkeypatch.setattr(runs_mod.Run, "log_params", log_params)
     monkeypatch.setattr(trial_mod, "_link", link)
     log: list[str] = []
@@ -833,8 +835,8 @@ def test_sweep_modules_import_one_way():
 
     import hmmscope.sweep
 
-    may = {"spec": set(), "storage": set(), "protocol": {"storage"}, "study": {"protocol", "spec", "storage"},
-           "trial": {"spec"}, "status": {"study"}, "studies": {"storage", "study"}, "effects": set(),
+    may = {"spec": {"space"}, "space": set(), "storage": set(), "protocol": {"storage"}, "study": {"protocol", "spec", "storage"},
+           "trial": {"spec"}, "status": {"study"}, "studies": {"protocol", "storage", "study"}, "effects": set(),
            "compare": {"effects"}, "worker": {"compare", "protocol", "spec", "status", "storage", "study", "trial"}}
     root = Path(hmmscope.sweep.__file__).parent
     for name, allowed in may.items():
@@ -991,15 +993,20 @@ def test_preempted_trial_resumes_from_its_checkpoint(tmp_path):
     assert optuna.load_study(study_name="pre", storage=storage).trials[1].user_attrs["mlflow_run_id"] == run_id
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-1", "soon"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "soon", "1e308"])
 def test_a_bad_store_outage_setting_never_makes_a_wait_unbounded(monkeypatch, value):
     """HMMSCOPE_STORE_OUTAGE_S bounds how long a worker waits for its storage. `nan` made the bound compare false,
-    so a worker cut off for good retried forever (and said "for up to nan s"); inf the same. Now anything but a
-    finite number >= 0 gives the default; 0 gives up at the first transient error."""
+    so a worker cut off for good retried forever (and said "for up to nan s"); inf the same; 1e308 was taken (issue
+    36, item 8). Now anything outside its stated range [0, 86400] is refused, naming it; 0 gives up at the first
+    transient error."""
     from hmmscope.sweep import worker
+    from hmmscope.sweep.storage import STORE_OUTAGE_S
 
     monkeypatch.setenv("HMMSCOPE_STORE_OUTAGE_S", value)
-    assert worker._Patient(lambda m: None).limit == worker.STORE_OUTAGE_S
+    with pytest.raises(ValueError, match=r"HMMSCOPE_STORE_OUTAGE_S=.*\[0, 86400\]"):
+        worker._Patient(lambda m: None)
+    monkeypatch.setenv("HMMSCOPE_STORE_OUTAGE_S", "")
+    assert worker._Patient(lambda m: None).limit == STORE_OUTAGE_S
     monkeypatch.setenv("HMMSCOPE_STORE_OUTAGE_S", "0")
 
     class OperationalError(Exception):  # the name a transient storage error has (SQLAlchemy's)

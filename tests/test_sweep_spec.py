@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -113,7 +114,7 @@ def test_trial_names_say_what_differs():
                      '"train.compile" = {choices = [true, false]}\n', "t.toml")
     assert tpe.trial_name({"train.lr": 0.000316227766, "model.n_layers": 2, "train.compile": False}, 1) == \
         "lr0.0003162-L2-nocompile-s1"
-    bare = parse_spec('[sweep]\nname = "bare"\nseeds = [4]\n', "bare.toml")
+    bare = parse_spec('[sweep]\nname = "bare"\nseeds = [4]\n[space]\n', "bare.toml")  # [space] empty on purpose
     assert bare.trial_name({}, 4) == "bare-s4"
     theory = parse_spec('[sweep]\nname = "th"\nkind = "theory"\n[fixed]\n"theory.rhos" = [0.05]\n'
                         '"theory.n_states" = [8]\n[space]\n"theory.gammas" = {grid = [0.5]}\n'
@@ -179,6 +180,47 @@ def test_specs_that_could_never_succeed_are_refused_up_front(text, needle):
     with pytest.raises(ConfigError, match=needle) as e:
         parse_spec(text, "up.toml")
     assert "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------- accepted and silently wrong before (issue 36, item 8)
+
+TRUNCATED = '[sweep]\nname = "cut"\nexperiment = "sw"\n[fixed]\n"train.steps" = 10\n'
+
+
+@pytest.mark.parametrize("text, needle", [
+    (TRUNCATED, "cut off before its [space]"),
+    (_space('"train.lr" = {low = 0.1, high = 0.5, step = 5.0}', 'sampler = "random"\nn_trials = 4'),
+     "every trial would get low = 0.1"),
+    (_space('"train.lr" = {low = 0.1, high = 0.5, step = 0.15}', 'sampler = "random"\nn_trials = 4'),
+     "does not divide high - low"),
+    (_space('"model.n_layers" = {low = 1, high = 8, step = 3}', 'sampler = "random"\nn_trials = 4'),
+     "would end at 7"),
+    (_space('"hmm.gamma" = {grid = [0.5, 0.50000001]}'), "name the same trial ('g0.5'"),
+    (_space('"hmm.gamma" = {grid = [0.5, "0.9"]}'), "'0.9' is a string"),
+    (_space('"model.n_layers" = {choices = [1, "2"]}', 'sampler = "random"\nn_trials = 4'), "'2' is a string"),
+], ids=["cut-before-space", "step-beyond-range", "step-not-dividing", "int-step-not-dividing", "same-trial-name",
+        "string-in-float-grid", "string-in-int-choices"])
+def test_specs_that_ran_silently_wrong_are_refused(text, needle):
+    """Before: a spec cut before [space] ran as a one-point sweep; step 5.0 over 0.1..0.5 gave every trial 0.1; a
+    step that does not divide was cut at the last step that fits; 0.5 and 0.50000001 made two trials named
+    g0.5-s0; a string "0.9" in a float grid was converted silently."""
+    with pytest.raises(ConfigError, match=re.escape(needle)) as e:
+        parse_spec(text, "up.toml")
+    assert "\n" not in str(e.value)
+
+
+def test_what_those_checks_leave_alone_still_parses(tmp_path):
+    """Replicates of the fixed config (no [space], several seeds), an explicit empty [space], a dividing step, a
+    string grid of a string key, and a spec with a UTF-8 BOM (before: 'Invalid statement')."""
+    assert parse_spec(TRUNCATED.replace('experiment = "sw"', 'experiment = "sw"\nseeds = [0, 1]'), "r.toml").n_trials == 2
+    assert parse_spec(TRUNCATED + "[space]\n", "r.toml").n_trials == 1
+    s = parse_spec(_space('"train.lr" = {low = 0.1, high = 0.5, step = 0.1}\n"model.pos_enc" = {choices = ["rope", '
+                          '"absolute"]}', 'sampler = "random"\nn_trials = 4'), "up.toml")
+    assert [p.key for p in s.space] == ["train.lr", "model.pos_enc"]
+    from hmmscope.sweep.spec import load_spec
+
+    (tmp_path / "bom.toml").write_bytes(b"\xef\xbb\xbf" + _space('"hmm.gamma" = {grid = [0.5]}').encode())
+    assert load_spec(tmp_path / "bom.toml").name == "up"
 
 
 def test_a_range_whose_every_value_is_valid_is_accepted():

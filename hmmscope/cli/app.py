@@ -18,7 +18,7 @@ import typer
 from typer.core import TyperGroup
 
 from . import bench, headroom, jobs, report, runs, sweep, theory, ui
-from .common import fail
+from .common import fail, one_line
 
 
 class OneLineErrors(TyperGroup):
@@ -40,7 +40,7 @@ class OneLineErrors(TyperGroup):
                 sys.exit(e.exit_code)
             ctx = getattr(e, "ctx", None)
             hint = f" (see: {ctx.command_path} --help)" if ctx is not None and e.exit_code == 2 else ""
-            msg = " ".join(str(e.format_message()).split())
+            msg = one_line(" ".join(str(e.format_message()).split()))
             typer.echo(f"error: {msg}{hint}", err=True)
             sys.exit(e.exit_code)
         if rv == 130:
@@ -68,10 +68,15 @@ def _show_version(value: bool) -> None:
         raise typer.Exit()
 
 
+MAX_THREADS = 4096  # HMMSCOPE_THREADS at most
+
+
 def _check_environment() -> None:
-    """The environment every command reads, checked before any: HMMSCOPE_THREADS (torch's CPU threads) an integer
-    >= 1; no warnings filter that makes every library's warning an error (PYTHONWARNINGS=error, -W error: MLflow and
-    SQLAlchemy emit deprecation warnings, which would stop a command half-way with a traceback)."""
+    """The environment every command reads, checked before any: HMMSCOPE_THREADS (torch's CPU threads) an integer in
+    [1, MAX_THREADS]; every numeric setting in its stated range (HMMSCOPE_RUN_HEARTBEAT_S, HMMSCOPE_STORE_OUTAGE_S,
+    HMMSCOPE_PROGRESS_S: tracking.liveness.HEARTBEAT_RANGE, sweep.storage.STORE_OUTAGE_RANGE,
+    progress.PROGRESS_RANGE); no warnings filter that makes every library's warning an error (PYTHONWARNINGS=error,
+    -W error: MLflow and SQLAlchemy emit deprecation warnings, which would stop a command half-way with a traceback)."""
     import os
     import warnings
 
@@ -81,8 +86,18 @@ def _check_environment() -> None:
             n = int(threads)
         except ValueError:
             n = 0
-        if n < 1:
-            fail(f"HMMSCOPE_THREADS={threads!r}: give an integer >= 1 (torch's CPU threads), or unset it")
+        if not 1 <= n <= MAX_THREADS:
+            fail(f"HMMSCOPE_THREADS={threads[:40]!r}: give an integer in [1, {MAX_THREADS}] (torch's CPU threads), or "
+                 "unset it")
+    from ..sweep.storage import outage_limit
+    from ..tracking.liveness import heartbeat_interval
+    from ..training import progress
+
+    for read in (heartbeat_interval, outage_limit, progress.progress_every):  # each with its stated range
+        try:
+            read()
+        except ValueError as e:
+            fail(str(e))
     for action, _msg, category, module, _line in warnings.filters:
         if action == "error" and module is None and issubclass(DeprecationWarning, category):
             fail("PYTHONWARNINGS=error (or -W error) makes every library's warnings fatal; MLflow and SQLAlchemy emit "
@@ -90,10 +105,16 @@ def _check_environment() -> None:
 
 
 @app.callback()
-def _root(version: Annotated[bool, typer.Option("--version", callback=_show_version, is_eager=True,
+def _root(ctx: typer.Context,
+          version: Annotated[bool, typer.Option("--version", callback=_show_version, is_eager=True,
                                                 help="Print the version and exit.")] = False) -> None:
     _check_environment()
     _quiet_third_party()
+    from ..interrupts import sigterm_interrupts
+
+    # every command: SIGTERM (`kill`, `timeout`, a scheduler) as Ctrl-C, so its clean-up runs (a temp file being
+    # written is removed, a run ends KILLED) and it exits 130, never killed half-way with files left behind
+    ctx.with_resource(sigterm_interrupts())
 
 
 # --help lists the commands in this order, then the groups in theirs

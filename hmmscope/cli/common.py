@@ -64,23 +64,36 @@ StorageOpt = Annotated[str | None, typer.Option("--storage", help="Optuna storag
 # ---------------------------------------------------------------- bad input
 
 
+MAX_LINE = 600  # characters of an error line: an echoed input is cut in its middle, its start and its reason kept
+
+
+def one_line(msg: str, limit: int = MAX_LINE) -> str:
+    """`msg` as one printable line: control characters escaped (a path holding a newline or an escape sequence prints
+    as `\\n`, `\\x1b`), and at most `limit` characters: a long one keeps its start and its end (where the reason is),
+    with how much was cut between."""
+    import unicodedata
+
+    text = "".join(ch if ch == " " or unicodedata.category(ch)[0] != "C" else
+                   (repr(ch)[1:-1] if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}") for ch in str(msg))
+    if len(text) <= limit:
+        return text
+    head, tail = limit * 2 // 3, limit // 3
+    return f"{text[:head]} [... {len(text) - head - tail} characters ...] {text[-tail:]}"
+
+
 def fail(msg: str, code: int = 2) -> None:
-    """One line on stderr, then exit (2 = bad input)."""
-    typer.echo(f"error: {msg}", err=True)
+    """One line on stderr (`one_line`: escaped, bounded), then exit (2 = bad input)."""
+    typer.echo(f"error: {one_line(msg)}", err=True)
     raise typer.Exit(code)
 
 
 def _line(e: BaseException) -> str:
+    """The error's message for one line: ours (ConfigError) whole, as a user's input in it may hold a newline
+    (`one_line` escapes it); another library's first line."""
+    if isinstance(e, ConfigError) and str(e).strip():
+        return str(e).strip()
     lines = str(e).strip().splitlines()
     return lines[0] if lines else type(e).__name__
-
-
-_STORE_ERRORS = ("MlflowException", "SQLAlchemyError", "DatabaseError", "RequestException", "StorageInternalError")
-
-
-def _store_error(e: BaseException) -> bool:
-    """An error of MLflow, SQLAlchemy, sqlite3, requests or Optuna's storages (by class name: no imports here)."""
-    return any(c.__name__ in _STORE_ERRORS for c in type(e).__mro__)
 
 
 def user_errors(fn):
@@ -109,9 +122,11 @@ def user_errors(fn):
                 fail(f"out of memory ({_line(e)[:200]}); make the job smaller", code=1)
             raise
         except Exception as e:  # the store failed under us (a server answering 500, a database gone): one line
-            if not _store_error(e):
+            from ..tracking.faults import store_error, store_reason
+
+            if not store_error(e):
                 raise
-            fail(f"the store failed: {type(e).__name__}: {_line(e)[:400]}")
+            fail(f"the store failed: {store_reason(e)}")
 
     return wrapper
 

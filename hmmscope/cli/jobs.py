@@ -134,13 +134,18 @@ def train_cmd(
     # comes just before training's own bar; a resumed run has no such evaluation, and no spinner
     setup = Spinner("setting up: data, oracles, model" if resume is None else None, plain="train", deferred=True)
 
+    keep = contextlib.ExitStack()  # a new run's lease, past training's end: Figure 1 and the logged model write into it
+
     def started(rid: str) -> None:  # the run opens before the setup: its id first, on a line of its own, then the spinner
+        if resume is None:
+            keep.enter_context(tracking.hold_run(uri, rid))
         typer.echo(f"run {rid} {'resumed' if resume else 'started'}; {tracking.browse_line(uri, run_id=rid)}")
         setup.start()
 
     # one writer per run: a resume takes the run's lease before any work (of two started together, one runs, the
-    # other stops here with one line naming it) and keeps it to the end of the command
-    with sigterm_interrupts(), tracking.hold_run(uri, resume) if resume else contextlib.nullcontext({}) as held, setup:
+    # other stops here with one line naming it), a new run as it opens, and both keep it to the end of the command
+    with keep, sigterm_interrupts(), tracking.hold_run(uri, resume) if resume else contextlib.nullcontext({}) as held, \
+            setup:
         if held.get("cleaned", (0, 0))[0]:  # the run's temp files its killed writers left (tracking.leftovers)
             from ..tracking.leftovers import describe
 

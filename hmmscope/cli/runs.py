@@ -10,6 +10,7 @@ pandas, `hmmscope.api` and `hmmscope.tracking` are imported inside the command b
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -148,11 +149,22 @@ def runs_gc_cmd(
     dry_run: Annotated[bool, typer.Option(help="List the orphan runs without marking them.")] = False,
     tracking_uri: UriOpt = None,
 ) -> None:
-    """Mark orphan RUNNING runs (their process is gone, or no heartbeat) KILLED, with the reason; remove the temp files
-    killed writers left in runs no live process writes (how many, how large)."""
+    """Mark orphan RUNNING runs (their process is gone, or no heartbeat), in the trash too, KILLED, with the reason;
+    remove the temp files killed writers left (how many, how large): in runs no live process writes, their copies under
+    TMPDIR, under ./out, and a store's interrupted first creation."""
     from .. import store_checks, tracking
+    from ..config import ConfigError
+    from ..tracking import leftovers
 
-    uri = store_checks.tracking_store(tracking_uri, must_exist=True, write=not dry_run)
+    verb = "would remove" if dry_run else "removed"
+    try:
+        uri = store_checks.tracking_store(tracking_uri, must_exist=True, write=not dry_run)
+    except ConfigError as e:  # no store yet: what a killed first creation of it left goes all the same
+        n, size = leftovers.remove_creations(tracking.resolve_uri(tracking_uri), dry_run=dry_run)
+        if not n or "nothing was recorded" not in str(e):
+            raise
+        typer.echo(f"{e}; {verb} {leftovers.describe(n, size)} left by its interrupted creation")
+        return
     c = tracking.client(uri)
     unknown = [e for e in experiment or [] if c.get_experiment_by_name(e) is None]
     if unknown:
@@ -165,14 +177,19 @@ def runs_gc_cmd(
                 [{"run": r.info.run_id, "name": r.info.run_name, "reason": why} for r, why in found])
     typer.echo(f"{len(found)} orphan run(s) {'found' if dry_run else 'marked KILLED'}")
     # what killed writers left half-written (tracking.leftovers): every run but those a live process still writes
-    from ..tracking import leftovers
-
     orphans = {r.info.run_id for r, _ in found}
-    live = {r.info.run_id for r in tracking.search_runs(uri, filter_string="attributes.status = 'RUNNING'")} - orphans
+    live = {r.info.run_id for r in tracking.search_runs(uri, filter_string="attributes.status = 'RUNNING'",
+                                                         deleted=True)} - orphans
     scope = None if not experiment else {r.info.run_id for e in experiment for r in tracking.search_runs(uri, e)}
-    stale = {rid: ps for rid, ps in leftovers.find(uri, scope).items() if rid not in live}
+    stale = {rid: ps for rid, ps in leftovers.find(uri, scope).items()
+             if rid not in live and not leftovers.lock_held(uri, rid)}  # an evaluate under way holds its run's lease
     n, size = leftovers.remove([p for ps in stale.values() for p in ps], dry_run=dry_run)
+    from ..safe_output import stale_temps
+
+    out_n, out_size = leftovers.remove(stale_temps("out"), dry_run=dry_run) if Path("out").is_dir() else (0, 0)
+    c_n, c_size = leftovers.remove_creations(uri, dry_run=dry_run)
     if not dry_run:
         leftovers.free_locks(uri)
-    typer.echo(f"{'would remove' if dry_run else 'removed'} {leftovers.describe(n, size)} left by killed writers "
-               f"({len(stale)} run(s))")
+    typer.echo(f"{verb} {leftovers.describe(n + out_n + c_n, size + out_size + c_size)} left by killed writers "
+               f"({len(stale)} run(s)" + (f", {out_n} under ./out" if out_n else "")
+               + (f", {c_n} of an interrupted store creation" if c_n else "") + ")")

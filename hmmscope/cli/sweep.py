@@ -18,12 +18,14 @@ from typing import Annotated
 import typer
 
 from .. import checks, store_checks
+from ..config import ConfigError
 from .common import (
     ForceOpt,
     StorageOpt,
     UriOpt,
     console,
     echo_config,
+    fail,
     nonempty_path,
     parse_sets,
     plain_table,
@@ -160,10 +162,15 @@ def sweep_run_cmd(
     from ..sweep import run_sweep
 
     typer.echo(f"sweep {s.name}: {tracking.browse_line(uri, sweep=s.name)}")  # where to look, at once
-    with SweepProgress(s.name, s.n_trials) as bar:
-        res = run_sweep(s, workers=workers, storage=storage, uri=uri, log=bar.log, progress=bar,
-                        retry_failed=retry_failed)
-        bar({"complete": res.complete, "pruned": res.pruned, "failed": res.failed, "running": 0}, res.n_trials)
+    from ..sweep import SweepDeleted
+
+    try:
+        with SweepProgress(s.name, s.n_trials) as bar:
+            res = run_sweep(s, workers=workers, storage=storage, uri=uri, log=bar.log, progress=bar,
+                            retry_failed=retry_failed)
+            bar({"complete": res.complete, "pruned": res.pruned, "failed": res.failed, "running": 0}, res.n_trials)
+    except SweepDeleted as e:  # its workers stopped and its runs ended: one line
+        fail(str(e), 1)
     if res.already_complete:
         typer.echo(f"sweep {res.study_name} is already complete: nothing to do")
     typer.echo(f"sweep {res.study_name}: {res.complete} complete, {res.failed} failed, {res.pruned} pruned of "
@@ -208,7 +215,12 @@ def sweep_worker_cmd(
     spec_of_study(study, storage)  # an unknown study fails here, before any trial
     if gpu is not None:
         pin_gpu(gpu)
-    n = run_worker(study, storage, uri, max_trials=max_trials, log=progress_echo)
+    from ..sweep import SweepDeleted
+
+    try:
+        n = run_worker(study, storage, uri, max_trials=max_trials, log=progress_echo)
+    except SweepDeleted as e:
+        fail(str(e), 1)
     typer.echo(f"worker ran {n} trial(s) of {study}")
 
 
@@ -309,12 +321,15 @@ def sweep_delete_cmd(
     url = store_checks.optuna_storage(storage, must_exist=True)
     uri = store_checks.tracking_store(tracking_uri, must_exist=True)
     from ..sweep.storage import safe_url
-    from ..sweep.studies import delete_study, study_runs
+    from ..sweep.studies import delete_study, live_writers, study_runs
 
     found = study_runs(study, url, uri)
+    why = live_writers(found, uri)  # a sweep still written is not deleted: before anything is asked or deleted
+    if why is not None:
+        raise ConfigError(why)
     what = (f"study {study!r} ({found.n_trials} trials) in {safe_url(url)} and {len(found.run_ids)} MLflow run(s)"
             + (f" in experiment(s) {', '.join(found.experiments)}" if found.experiments else "")
-            + (f"; {found.n_running} trial(s) are RUNNING: their workers will fail" if found.n_running else ""))
+            + (f"; {found.n_running} trial(s) are RUNNING, their workers gone" if found.n_running else ""))
     if not yes and not typer.confirm(f"Delete {what}?", default=False, err=True):
         typer.echo("nothing deleted", err=True)
         raise typer.Exit(1)

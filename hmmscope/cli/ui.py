@@ -73,10 +73,16 @@ def ui_cmd(
     goes to a log file (shown if one fails). The servers stop with this command: Ctrl-C, SIGTERM, SIGHUP, or
     its death (Linux).
     """
+    from .. import checks
+    from ..tracking.store import check_experiment_name
     from ..ui import servers as srv
 
     if sum(x is not None for x in (run, sweep, experiment)) > 1:
         raise ConfigError("give at most one of --run, --sweep, --experiment")
+    if sweep is not None:  # a name as `sweep run` takes it: never rewritten into another sweep's, never empty
+        checks.safe_name(sweep, "--sweep")
+    if experiment is not None:
+        check_experiment_name(experiment)
     try:
         uri = store_checks.tracking_store(tracking_uri, must_exist=not create)
     except ConfigError as e:

@@ -29,9 +29,12 @@ the ordering in ``inference._mixture_oracle_cpu``; ``analysis/results/bench/orac
   latent are d scalar locals (registers), the d x d update, z and the prediction are unrolled, and the copy
   is compiled with LLVM's SLP vectorizer on (``slp_vectorize``; numba turns it off by default), which packs
   the unrolled products into AVX2 FMAs. The generic loops kept c in memory: each step waited on stores
-  and reloads. The copy is compiled from the source generated in memory (never from a file) and also written
-  to the user-private folder ``~/.cache/hmmscope/kernels`` (``$XDG_CACHE_HOME``; 0700; checked against the
-  generated source, rewritten when it differs) so numba caches its machine code like this module's;
+  and reloads. The copy is compiled from the source generated in memory (never from a file). Its machine code, and
+  this module's, is cached on disk by numba only in the user-private folder ``~/.cache/hmmscope/kernels``
+  (``$XDG_CACHE_HOME``; 0700, a real folder of this user, checked before every use) through hmmscope's signed cache
+  (``_install_cache``): every entry, numba's index included, is written there with an HMAC under this user's key
+  (``.key``, 0600) and loaded only when it verifies, before anything in it is unpickled; nothing is read from a
+  ``__pycache__``, beside the package, or numba's own user-wide folder;
 - the stopping bounds cum, R (O(T) per chain, a quarter of the time when computed chain by chain) are
   computed for G tasks at once per episode (``_bounds``: the inner loops run over tasks and vectorize).
 """
@@ -52,7 +55,7 @@ import numpy as np
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}  # no 'nnan'/'ninf': log(0) = -inf is meaningful here
 
 
-@numba.njit(fastmath=_FASTMATH, cache=True)
+@numba.njit(fastmath=_FASTMATH)
 def _chain(i, j, tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, theta, acc, wsum, mx, post,
            c, u, cum, R):  # pragma: no cover
     """Run task j's filter over episode i, adding its terms to acc / wsum / mx and its posterior entries;
@@ -134,7 +137,7 @@ def _chain(i, j, tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, theta, acc,
         post[i, s, j] = L
 
 
-@numba.njit(fastmath=_FASTMATH, cache=True)
+@numba.njit(fastmath=_FASTMATH)
 def _bounds(i, j0, n, tok, kind, lq, theta, mx, cum, R):  # pragma: no cover
     """Stopping bounds of tasks j0 .. j0 + n - 1 on episode i, one column each of cum, R (T + 1, G):
     cum[t] = sum over observed s < t of the bound on log p(o_s | o_<s, j); R[t] = min over observed t' >= t of
@@ -175,7 +178,7 @@ G = 16  # tasks whose bounds are computed together (_bounds), per episode of a b
 BLOCK = 8  # episodes per block: a task's tables (V d (d + V) numbers) are reused by them from cache
 
 
-@numba.njit(parallel=True, fastmath=_FASTMATH, cache=True)
+@numba.njit(parallel=True, fastmath=_FASTMATH)
 def mix_chunk(tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, first, lq, theta, acc, wsum, mx, post):  # pragma: no cover
     """Accumulate one chunk of C tasks into acc (N, T, V), wsum and mx (N, T) (float64, in place).
 
@@ -257,84 +260,234 @@ def _specialize(src: str, d: int) -> str:
 
 
 _SPECIAL: dict[int, object] = {}
-_FORMAT = 3  # part of the generated file's name: bump when the way it is loaded changes (stale caches)
+_FORMAT = 4  # part of the cache entries' names: bump when the way they are written or loaded changes (stale caches)
+_KERNELS = ("_chain", "_bounds", "mix_chunk")  # the compiled functions of a kernel module, each with its cache
+_MAGIC = b"hmmscope-numba-cache-1\n"  # the first bytes of every cache entry hmmscope writes
+
+
+def _owned_dir(d: Path) -> bool:
+    """`d` is a real folder (not a link) of this user that nobody else can write (made 0700 when it is ours)."""
+    import stat
+
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():  # a link, a file, someone else's folder
+        return False
+    if st.st_mode & 0o077:
+        os.chmod(d, 0o700)
+    return True
 
 
 def _cache_dir() -> Path | None:
-    """The user-private folder of the specialized copies, `$XDG_CACHE_HOME/hmmscope/kernels` (default ~/.cache):
+    """The user-private folder of the compiled kernels, `$XDG_CACHE_HOME/hmmscope/kernels` (default ~/.cache):
     created 0700; used only when it and `hmmscope/` above it are real folders owned by this user that nobody else can
-    write (made so when they are ours and too open). None otherwise: the copy is compiled in memory, uncached."""
-    import stat
-
+    write (made so when they are ours and too open). None otherwise: the kernels are compiled in memory, uncached."""
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hmmscope" / "kernels"
     try:
         base.parent.parent.mkdir(parents=True, exist_ok=True)
         for d in (base.parent, base):
             with contextlib.suppress(FileExistsError):
                 d.mkdir(mode=0o700)
-            st = os.lstat(d)
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():  # a link, a file, someone else's folder
+            if not _owned_dir(d):
                 return None
-            if st.st_mode & 0o077:
-                os.chmod(d, 0o700)
     except OSError:
         return None
     return base
 
 
-def _cached_file(base: Path, name: str, src: str) -> Path | None:
-    """`base/name.py` holding exactly `src`: a file whose content differs (corrupt, stale, planted) is replaced,
-    atomically (concurrent workers see a whole file or none); None if it cannot be written."""
+def _read_private(path: Path, limit: int) -> bytes | None:
+    """The bytes of `path` if it is a regular file of this user, not a link, no other name (a hard link), nobody else
+    can write it, at most `limit` bytes; else None. Opened without following links, checked on the open file."""
     import stat
 
-    path = base / f"{name}.py"
-    want = src.encode()
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))  # a FIFO must not block
-    except OSError:  # none yet; or a link (ELOOP): replaced below
-        fd = None
-    if fd is not None:
-        try:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                with os.fdopen(fd, "rb", closefd=False) as f:
-                    if f.read(len(want) + 1) == want:
-                        return path
-        finally:
-            os.close(fd)
-    try:
-        tmp = path.with_suffix(f".{os.getpid()}.{os.urandom(4).hex()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(want)
-        os.replace(tmp, path)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
-    return path
+    try:
+        st = os.fstat(fd)
+        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1 or st.st_mode & 0o022
+                or st.st_size > limit):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(limit + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """`data` to `path`, atomically: a new 0600 temp file beside it (O_EXCL, never following a link), then renamed."""
+    tmp = path.with_name(f".{path.name}.{os.urandom(8).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
+                 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _cache_key(base: Path) -> bytes | None:
+    """This user's secret key of the cache folder (`.key`, 32 random bytes, 0600), created once (the first of two
+    processes to link it wins); every cache entry carries its HMAC. None when it cannot be read or made safely."""
+    path = base / ".key"
+    key = _read_private(path, 32)
+    if key is None and not os.path.lexists(path):
+        tmp = path.with_name(f".key.{os.urandom(8).hex()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(32))
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)  # atomic: never a half-written key under its name
+        except OSError:
+            return None
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        key = _read_private(path, 32)
+    return key if key is not None and len(key) == 32 else None
+
+
+def _signed_cache_class():
+    """numba's per-function cache (`numba.core.caching.FunctionCache`) with every entry hmmscope's own: kept in the
+    checked folder `_cache_dir()` (never beside a source file, in a `__pycache__` or numba's user-wide folder), each
+    file written by this class with an HMAC under the folder's key, and read back only when that HMAC verifies, before
+    anything in it is unpickled (numba's own index is a pickle it loads unchecked: a planted one ran code). An entry
+    that does not verify is removed and the function compiled again."""
+    import hashlib
+    import hmac
+    import pickle
+
+    from numba.core import caching
+
+    class Locator(caching._CacheLocator):
+        def __init__(self, base: Path, stamp: str, py_func):
+            self._base, self._stamp = base, stamp
+            self._lineno = py_func.__code__.co_firstlineno
+            self._py_file = py_func.__code__.co_filename  # numba's warnings name it
+
+        def ensure_cache_path(self):
+            if _cache_dir() != self._base:
+                raise OSError(f"the kernel cache folder {self._base} is not this user's private folder any more")
+
+        def get_cache_path(self):
+            return str(self._base)
+
+        def get_source_stamp(self):
+            return self._stamp
+
+        def get_disambiguator(self):
+            return str(self._lineno)
+
+    class Impl(caching.CompileResultCacheImpl):
+        def __init__(self, py_func, base: Path, stamp: str, modname: str):  # numba's locator search skipped
+            self._lineno = py_func.__code__.co_firstlineno
+            self._locator = Locator(base, stamp, py_func)
+            self._filename_base = self.get_filename_base(f"{modname}.{py_func.__qualname__}",
+                                                         getattr(sys, "abiflags", ""))
+
+    class SignedFile(caching.IndexDataCacheFile):
+        key = b""
+
+        def _seal(self, name: str, payload: bytes) -> bytes:
+            mac = hmac.new(self.key, name.encode() + b"\0" + payload, hashlib.sha256).digest()
+            return _MAGIC + mac + payload
+
+        def _open(self, path: str) -> bytes | None:
+            """The verified payload of the entry at `path`; None (and the file removed) when it is not ours."""
+            raw = _read_private(Path(path), 1 << 31)
+            name = os.path.basename(path)
+            n = len(_MAGIC) + 32
+            if raw is not None and raw[:len(_MAGIC)] == _MAGIC and hmac.compare_digest(
+                    raw[len(_MAGIC):n], self._seal(name, raw[n:])[len(_MAGIC):n]):
+                return raw[n:]
+            if os.path.lexists(path):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            return None
+
+        def _load_index(self):
+            payload = self._open(self._index_path)
+            if payload is None:
+                return {}
+            version, stamp, overloads = pickle.loads(payload)
+            return overloads if (version, stamp) == (self._version, self._source_stamp) else {}
+
+        def _save_index(self, overloads):
+            payload = self._dump((self._version, self._source_stamp, overloads))
+            _write_private(Path(self._index_path), self._seal(self._index_name, payload))
+
+        def _load_data(self, name):
+            payload = self._open(self._data_path(name))
+            if payload is None:
+                raise OSError(f"cache entry {name} is missing or not hmmscope's")  # numba: a miss, compiled again
+            return pickle.loads(payload)
+
+        def _save_data(self, name, data):
+            _write_private(Path(self._data_path(name)), self._seal(name, self._dump(data)))
+
+    class SignedCache(caching.FunctionCache):
+        def __init__(self, py_func, base: Path, stamp: str, modname: str, key: bytes):
+            self._name, self._py_func = repr(py_func), py_func
+            self._impl = Impl(py_func, base, stamp, modname)
+            self._cache_path = str(base)
+            self._cache_file = SignedFile(cache_path=str(base), filename_base=self._impl.filename_base,
+                                          source_stamp=stamp)
+            self._cache_file.key = key
+            self.enable()
+
+        def load_overload(self, sig, target_context):
+            try:
+                return super().load_overload(sig, target_context)
+            except Exception:  # an entry that verified and still cannot be rebuilt (another numba, LLVM): compiled
+                return None
+
+        def save_overload(self, sig, data):
+            with contextlib.suppress(OSError):  # a cache that cannot be written: the kernel runs uncached
+                super().save_overload(sig, data)
+
+    return SignedCache
+
+
+def _install_cache(mod, src: str, modname: str) -> bool:
+    """Give the kernel module's compiled functions hmmscope's signed on-disk cache (`_signed_cache_class`) in the
+    checked folder; False (compiled in memory, uncached) when there is no usable folder or key."""
+    base = _cache_dir()
+    key = _cache_key(base) if base is not None else None
+    if key is None:
+        return False
+    cls = _signed_cache_class()
+    stamp = hashlib.sha256(f"{_FORMAT}\n{numba.__version__}\n{src}".encode()).hexdigest()
+    for f in _KERNELS:
+        disp = getattr(mod, f)
+        disp._cache = cls(disp.py_func, base, stamp, modname, key)
+    return True
 
 
 def for_rank(d: int):
     """The kernel module to run at rank d: a copy specialized to d, or this generic module when d is outside
     [MIN_UNROLL, MAX_UNROLL].
 
-    The copy's source is generated here (`_specialize`) and is the only code run: it is compiled from memory. Its
-    file in the user-private cache folder (`_cache_dir`, 0700) exists so that numba can cache its machine code beside
-    it; the file is compared with the generated source first and rewritten when it differs (a corrupt or planted file
-    never runs, and is no error). Without a usable cache folder the copy is compiled in memory, uncached."""
+    The copy's source is generated here (`_specialize`) and is the only code run: it is compiled from memory, and
+    nothing of it is read from a file. Its machine code is cached by numba in the user-private folder (`_cache_dir`,
+    0700) through hmmscope's signed cache (`_install_cache`): an entry is loaded only when its HMAC under this user's
+    key verifies, so a planted, corrupt or foreign entry never runs, and is no error. Without a usable cache folder
+    the copy is compiled in memory, uncached."""
     if not MIN_UNROLL <= d <= MAX_UNROLL:
         return sys.modules[__name__]
     if d not in _SPECIAL:
         src = _specialize(Path(__file__).read_text(), d)
         tag = hashlib.sha256(f"{_FORMAT}\n{src}".encode()).hexdigest()[:12]
         name = f"hmmscope_mixkernel_d{d}_{tag}"
-        base = _cache_dir()
-        path = _cached_file(base, name, src) if base is not None else None
         mod = types.ModuleType(name)
-        sys.modules[name] = mod  # numba's cache finds the module's globals by this name when it reloads
-        if path is not None:
-            mod.__file__ = str(path)  # numba's cache lives beside this file, keyed by its (verified) content's stamp
-            exec(compile(src, str(path), "exec"), mod.__dict__)
-        else:
-            exec(compile(src.replace("cache=True", "cache=False"), name, "exec"), mod.__dict__)
+        sys.modules[name] = mod  # numba finds the module's globals by this name
+        exec(compile(src, f"<hmmscope mixture kernel, rank {d}>", "exec"), mod.__dict__)
+        _install_cache(mod, src, name)
         _SPECIAL[d] = mod
     return _SPECIAL[d]
 
@@ -349,3 +502,15 @@ def slp_vectorize():
         yield
     finally:
         numba.core.config.SLP_VECTORIZE = saved
+
+
+def _install_own_cache() -> None:
+    """This generic module's functions get the same signed cache as the copies (numba's own would sit beside the
+    package or in its user-wide folder, loaded unchecked)."""
+    src = Path(__file__).read_text()
+    tag = hashlib.sha256(f"{_FORMAT}\n{src}".encode()).hexdigest()[:12]
+    with contextlib.suppress(OSError):
+        _install_cache(sys.modules[__name__], src, f"hmmscope_mixkernel_generic_{tag}")
+
+
+_install_own_cache()

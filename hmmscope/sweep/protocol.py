@@ -181,7 +181,8 @@ class TrialStore:
     def heartbeat(self, trial_id: int, interval: float, lost: threading.Event | None = None) -> Iterator[None]:
         """Beat every `interval` seconds from a thread while the block runs. `lost`: set (and the beats stop) once
         the trial is no longer RUNNING: another process failed it as stale (this worker's beats stopped reaching
-        the storage, e.g. its host was cut off) and retries it; its worker must stop and record nothing."""
+        the storage, e.g. its host was cut off) and retries it, or it is no longer there (its study deleted); its
+        worker must stop and record nothing."""
         from optuna.trial import TrialState
 
         stop = threading.Event()
@@ -189,7 +190,11 @@ class TrialStore:
         def beat() -> None:
             while not stop.wait(interval):
                 with contextlib.suppress(Exception):  # a busy or unreachable store: the next beat comes soon
-                    if lost is not None and self.storage.get_trial(trial_id).state != TrialState.RUNNING:
+                    try:
+                        state = self.storage.get_trial(trial_id).state
+                    except KeyError:  # the trial is gone (its study deleted): nothing to beat for
+                        state = None
+                    if lost is not None and state != TrialState.RUNNING:
                         lost.set()
                         return
                     self.beat(trial_id)

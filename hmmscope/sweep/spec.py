@@ -79,6 +79,7 @@ from typing import Any
 
 from ..config import SEED_MAX, Config, ConfigError, check_name, flatten, load_toml, override, parse_toml, preset, read_text
 from ..tracking.store import check_experiment_name
+from .space import check_grid_values, check_range, check_space_given, distinct_labels, range_probe
 
 SWEEP_KEYS = {"name", "base", "config", "kind", "objective", "direction", "sampler", "pruner", "n_trials",
               "seeds", "storage", "analyze", "experiment", "heartbeat_interval", "grace_period", "max_retry",
@@ -251,28 +252,6 @@ def seed_keys(kind: str, seed: int) -> dict[str, int]:
     return {"data.seed": seed} if kind == "headroom" else {"train.seed": seed, "data.seed": seed}
 
 
-RANGE_PROBES = 33  # values of a random/TPE range checked up front (both ends and evenly spaced interior points)
-
-
-def _range_probe(lo, hi, log: bool, step) -> list:
-    """Values a range can suggest, to validate before any trial: every value of a small discrete range, else
-    RANGE_PROBES evenly spaced (geometrically under log) from low to high, ints where both bounds are ints."""
-    ints = isinstance(lo, int) and isinstance(hi, int) and (step is None or isinstance(step, int))
-    if step is not None:
-        n = int((hi - lo) // step) + 1
-        idx = range(n) if n <= 4 * RANGE_PROBES else sorted({round(i * (n - 1) / (RANGE_PROBES - 1))
-                                                            for i in range(RANGE_PROBES)})
-        return [lo + i * step for i in idx]
-    if log:
-        vals = [lo * (hi / lo) ** (i / (RANGE_PROBES - 1)) for i in range(RANGE_PROBES)]
-    else:
-        vals = [lo + (hi - lo) * i / (RANGE_PROBES - 1) for i in range(RANGE_PROBES)]
-    if ints:
-        return sorted({lo, hi, *(min(hi, max(lo, round(v))) for v in vals)}) if hi - lo > 4 * RANGE_PROBES \
-            else list(range(lo, hi + 1))
-    return [lo, *vals[1:-1], hi]
-
-
 def _err(path: str, key: str, msg: str) -> ConfigError:
     return ConfigError(f"{path}: {key}: {msg}")
 
@@ -432,7 +411,8 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
             if step is not None and (not _num(step) or step <= 0 or log):
                 raise _err(path, f"{where}.step", "must be a number > 0 (and not with log=true)")
             p = Param(key, low=lo, high=hi, log=log, step=step)
-            probe = _range_probe(lo, hi, log, step)
+            check_range(path, where, lo, hi, step)
+            probe = range_probe(lo, hi, log, step)
         seen: dict[str, Any] = {}
         for v in probe:  # unknown keys and type/range errors of each value; interior values of a range too
             try:
@@ -444,6 +424,8 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
                 raise _err(path, where, f"{cat[0]} values {seen[repr(got)]!r} and {v!r} are the same value "
                                         f"({got!r}) for {key}")
             seen[repr(got)] = v
+        if cat:
+            check_grid_values(path, where, key, vals, flatten(base_fixed).get(key), cat[0])
         params.append(p)
     params_t = tuple(params)
     experiment = get("experiment", str, "hmmscope-sweeps") or "hmmscope-sweeps"
@@ -467,6 +449,11 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
             raise _err(path, "sweep.n_trials", f"must be an int >= 1 for sampler={sampler!r}, got {n!r}")
         if n > MAX_GRID:  # each trial is a row in the study and a run: the grid's bound holds here too
             raise _err(path, "sweep.n_trials", f"must be at most {MAX_GRID}, got {n}")
+    check_space_given(path, "space" in data, n)  # a spec cut before its [space] is no one-trial sweep
+    labels = short_labels([p.key for p in params_t])
+    for p in params_t:  # each grid value its own trial name
+        if p.grid is not None:
+            distinct_labels(path, f"space.{p.key}", [(v, _label_value(labels[p.key], v)) for v in p.grid])
     spec = SweepSpec(name=name, path=path, text=text, hash=identity_hash(name, spec_kw, n, base),
                      base=base, n_trials=n, **spec_kw)
     if sampler == "grid":  # every combination must be a valid config (e.g. rank <= n_states)

@@ -40,6 +40,19 @@ PG_CONNECT_ARGS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10
                    "keepalives_count": 3, "tcp_user_timeout": 30000}
 
 
+STORE_OUTAGE_S = 900.0  # how long a worker waits for its storage to answer again (env HMMSCOPE_STORE_OUTAGE_S)
+STORE_OUTAGE_RANGE = (0.0, 86400.0)  # 0: give up at the first transient error; a day at most
+
+
+def outage_limit() -> float:
+    """Seconds a sweep worker waits out a storage that does not answer (env HMMSCOPE_STORE_OUTAGE_S, default 900, in
+    STORE_OUTAGE_RANGE; ValueError outside it: nan or inf made the wait unbounded)."""
+    from ..tracking.liveness import env_seconds
+
+    return env_seconds("HMMSCOPE_STORE_OUTAGE_S", STORE_OUTAGE_S, *STORE_OUTAGE_RANGE,
+                       "how long a sweep worker waits for a storage that does not answer")
+
+
 def pg_connect_args(url: str) -> dict[str, Any]:
     """PG_CONNECT_ARGS for a libpq driver (psycopg2, the default, or psycopg); {} for any other (pg8000 takes none)."""
     scheme = url.split("://", 1)[0].lower()
@@ -99,8 +112,9 @@ def safe_url(url: str) -> str:
 
 def default_storage() -> str:
     """sqlite:///<cwd>/mlruns/optuna.db, its schema created once under a file lock."""
-    db = (Path("mlruns") / "optuna.db").resolve()
-    url = f"sqlite:///{db}"
+    from ..tracking.store import sqlite_url
+
+    url = sqlite_url((Path("mlruns") / "optuna.db").resolve(), "Optuna storage")  # ValueError: no URL names it
     ensure_storage(url)
     return url
 

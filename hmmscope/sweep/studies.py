@@ -12,7 +12,10 @@ those (a trial's analysis run, a theory run's settings), found in the experiment
 Deleting. `delete_study` finds every run first, then deletes the runs (MLflow's delete: the runs leave every
 search and the UI; `mlflow gc` purges them for good), then the Optuna study. Runs go first, so a delete cut
 short leaves the study, and running it again finds and deletes what is left. Nothing here asks: the CLI asks
-before it calls `delete_study`, and a refusal calls nothing.
+before it calls `delete_study`, and a refusal calls nothing. A sweep that is still written is never deleted
+(`live_writers`, checked before anything is deleted): a RUNNING trial whose worker still beats (its heartbeat within
+the spec's grace period), a parent run a `sweep run` holds (its lease alive), a run another process holds (a `train
+--resume`: `delete_study` takes each run's lease while it deletes it, so one taken meanwhile stops it too).
 
 Export. One row per trial, in trial order: number, state, value, start and end (ISO 8601, as Optuna records
 them), one column per param ("param.<key>": a WAITING trial shows its enqueued values), one per user attr
@@ -124,6 +127,49 @@ class StudyRuns:
     parent_run: str | None
     run_ids: tuple[str, ...]  # parent first, then the rest (trials and the runs below them)
     experiments: tuple[str, ...]
+    live_trials: tuple[str, ...] = ()  # RUNNING trials whose worker still beats: 'trial N (host:pid)'
+    grace_period: float | None = None  # the spec's: a RUNNING trial without a beat for this long is stale
+
+
+def _live_trials(name: str, storage_url: str) -> tuple[tuple[str, ...], float | None]:
+    """The study's RUNNING trials that are not stale (their worker beat within the spec's grace period), as
+    'trial N (host:pid)', and the grace period; nothing for a study without a stored spec (it cannot be judged)."""
+    from optuna.trial import TrialState
+
+    from .protocol import TrialStore
+    from .study import spec_of_study
+
+    try:
+        spec = spec_of_study(name, storage_url)
+    except ConfigError:
+        return (), None
+    study = load_study(name, storage_url, spec)
+    stale = set(TrialStore.of(study, storage_url, spec.grace_period).stale_trial_ids())
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t._trial_id not in stale:
+            w = t.user_attrs.get("worker") or {}
+            out.append(f"trial {t.number}" + (f" ({w.get('host', '?')}:{w.get('pid', '?')})" if w else ""))
+    return tuple(out), float(spec.grace_period)
+
+
+def live_writers(found: StudyRuns, uri: str) -> str | None:
+    """Why the study cannot be deleted now (one line), or None: workers alive, or its parent run held by a `sweep
+    run` whose lease is alive. (A run another process holds is refused by `delete_study`, which takes each lease.)"""
+    from .. import tracking
+    from ..tracking.liveness import live_owner
+
+    if found.live_trials:
+        return (f"sweep {found.study!r} is still running: {len(found.live_trials)} trial(s) RUNNING whose workers are "
+                f"alive ({', '.join(found.live_trials[:3])}{', ...' if len(found.live_trials) > 3 else ''}: a "
+                f"heartbeat within the last {found.grace_period:g} s); stop its `sweep run` / workers first, or wait")
+    if found.parent_run:
+        run = tracking.get_run(uri, found.parent_run)
+        owner = live_owner(run) if run is not None else None
+        if owner is not None:
+            return (f"sweep {found.study!r} is still running: its parent run {found.parent_run} is held by {owner} "
+                    "(its `sweep run`); stop it first")
+    return None
 
 
 def study_runs(name: str, storage_url: str, uri: str) -> StudyRuns:
@@ -161,15 +207,30 @@ def study_runs(name: str, storage_url: str, uri: str) -> StudyRuns:
         todo += children.get(rid, [])
     names = [tracking.client(uri).get_experiment(e).name for e in exps]
     running = sum(t.state.name == "RUNNING" for t in trials)
-    return StudyRuns(name, len(trials), running, parent, tuple(order), tuple(names))
+    live, grace = _live_trials(name, storage_url)
+    return StudyRuns(name, len(trials), running, parent, tuple(order), tuple(names), live, grace)
 
 
 def delete_study(found: StudyRuns, storage_url: str, uri: str) -> None:
-    """Delete the runs `study_runs` found, then the Optuna study (see the module docstring for the order)."""
+    """Delete the runs `study_runs` found, then the Optuna study (see the module docstring for the order); ConfigError
+    (nothing deleted) when the sweep is still written (`live_writers`), RunHeld when another process holds one of its
+    runs (each run's lease is taken first, and held while the runs are deleted)."""
+    import contextlib
+
     import optuna
 
     from .. import tracking
 
-    for rid in found.run_ids:
-        tracking.delete_run(uri, rid)
-    optuna.delete_study(study_name=found.study, storage=open_storage(storage_url, create=False))
+    why = live_writers(found, uri)
+    if why is not None:
+        raise ConfigError(why)
+    with contextlib.ExitStack() as held:
+        for rid in found.run_ids:
+            if rid != found.parent_run:  # the parent is shared by every `sweep run` of it: no lease (live_writers)
+                try:
+                    held.enter_context(tracking.hold_run(uri, rid))
+                except tracking.RunHeld as e:
+                    raise tracking.RunHeld(f"sweep {found.study!r} is not deleted: {e}") from None
+        for rid in found.run_ids:
+            tracking.delete_run(uri, rid)
+        optuna.delete_study(study_name=found.study, storage=open_storage(storage_url, create=False))

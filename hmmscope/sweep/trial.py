@@ -178,26 +178,40 @@ def run_trial(trial, spec: SweepSpec, uri: str, parent: str, *, lost: threading.
 
         def hook(step: int, metrics: dict[str, float]) -> None:
             if lost is not None and lost.is_set():
-                raise TrialLost(f"trial {trial.number} was failed as stale by another worker, which retries it (this "
-                                "worker's heartbeats stopped reaching the storage); this run stops here")
+                raise TrialLost(f"trial {trial.number} is no longer this worker's: failed as stale by another worker, "
+                                "which retries it (this worker's heartbeats stopped reaching the storage), or its sweep "
+                                "was deleted; this run stops here")
             if prune is not None:
                 prune(step, metrics)
 
-        res = train(cfg, tracking_uri=uri, experiment=spec.experiment, run_name=name, parent=parent,
-                    progress=False, on_eval=hook, tags=tags, note=note, resume=resume,
-                    on_start=lambda rid: _opened(trial, uri, rid, opened))  # status shows it while it trains
-        # the run is reopened for its evaluation (and the objective): it ends after them, as its MLflow duration
-        # says; a failed evaluation leaves it FAILED with the reason. The model in hand: no checkpoint read back
-        with tracking.start_run(uri, spec.experiment, "", resume=res.run_id) as run:
-            metrics = {**res.metrics, **jobs.evaluate_model(res.model, res.config, res.steps, run,
-                                                             device=cfg.train.device)}
-            if spec.analyze:
-                an = jobs.analyze_model(res.model, res.config, res.steps, run, uri=uri, device=cfg.train.device,
-                                        experiment=spec.experiment)
-                metrics.update(an.metrics)
-                _link(trial, uri, an.run_id, prefix="mlflow_analysis")
-            return _objective(run, spec, metrics)
+        keep = contextlib.ExitStack()  # the run's lease from its start to its evaluation's end: one writer throughout
+
+        def started(rid: str) -> None:
+            keep.enter_context(tracking.hold_run(uri, rid))
+            _opened(trial, uri, rid, opened)  # status shows it while it trains
+
+        with keep:
+            res = train(cfg, tracking_uri=uri, experiment=spec.experiment, run_name=name, parent=parent,
+                        progress=False, on_eval=hook, tags=tags, note=note, resume=resume, on_start=started)
+            # the run is reopened for its evaluation (and the objective): it ends after them, as its MLflow duration
+            # says; a failed evaluation leaves it FAILED with the reason. The model in hand: no checkpoint read back
+            return _evaluated(trial, spec, uri, res, cfg)
     return _objective(run, spec, metrics)
+
+
+def _evaluated(trial, spec: SweepSpec, uri: str, res, cfg) -> float:
+    """A trained trial's evaluation (and analysis) in its reopened run; its objective."""
+    from .. import jobs, tracking
+
+    with tracking.start_run(uri, spec.experiment, "", resume=res.run_id) as run:
+        metrics = {**res.metrics, **jobs.evaluate_model(res.model, res.config, res.steps, run,
+                                                         device=cfg.train.device)}
+        if spec.analyze:
+            an = jobs.analyze_model(res.model, res.config, res.steps, run, uri=uri, device=cfg.train.device,
+                                    experiment=spec.experiment)
+            metrics.update(an.metrics)
+            _link(trial, uri, an.run_id, prefix="mlflow_analysis")
+        return _objective(run, spec, metrics)
 
 
 def _opened(trial, uri: str, run_id: str, opened: list[str] | None) -> None:

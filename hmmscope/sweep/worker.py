@@ -67,9 +67,33 @@ from ..interrupts import die_with_parent, on_sigterm
 from .protocol import TrialStore
 from .spec import SweepSpec
 from .status import best_trial, collect_orphans, counts
-from .storage import default_storage, safe_url, storage_url
+from .storage import default_storage, outage_limit, safe_url, storage_url
 from .study import ATTR_PARENT, create_study, load_study, spec_of_study
 from .trial import run_trial
+
+
+class SweepDeleted(RuntimeError):
+    """The sweep's study was deleted while this process ran it: one line, no traceback; its runs are ended."""
+
+
+def _gone(e: BaseException, study_name: str, url: str) -> bool:
+    """Is `e` the storage's answer for a study that is no longer there (Optuna: KeyError 'Record does not exist.' on
+    an RDB storage, a KeyError on a journal)? Asked of the storage, by the study's name."""
+    if not isinstance(e, KeyError):
+        return False
+    import optuna
+
+    from .storage import open_storage
+
+    try:
+        return study_name not in optuna.get_all_study_names(open_storage(url, create=False))
+    except Exception:  # the storage itself out of reach: not a deleted study
+        return False
+
+
+def _deleted(study_name: str, url: str) -> SweepDeleted:
+    return SweepDeleted(f"sweep {study_name!r} was deleted while it ran (its study is no longer in {safe_url(url)}); "
+                        "its runs were ended")
 
 
 def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int | None = None,
@@ -117,6 +141,11 @@ def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int 
                 try:
                     if store.finish(tid, TrialState.FAIL, attrs={"fail_reason": "interrupted"}):
                         store.retry(tid, spec.max_retry, interrupted=True)  # not a crash: no budget used
+                except KeyError as e:  # the study is gone: no trial to hand back
+                    if not _gone(e, study_name, url):
+                        raise
+                    _settle(uri, spec, trial.number, opened, f"its sweep {study_name!r} was deleted while it ran", log)
+                    raise _deleted(study_name, url) from None
                 finally:
                     if main_thread:
                         signal.signal(signal.SIGTERM, old)
@@ -127,8 +156,14 @@ def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int 
         if state == TrialState.PRUNED:  # as Study.tell does: a pruned trial's value is its last reported one
             steps = patient(store.storage.get_trial, tid).intermediate_values
             value = steps[max(steps)] if steps else None
-        recorded = patient(store.finish, tid, state, value if state in (TrialState.COMPLETE, TrialState.PRUNED) else None,
-                           attrs)
+        try:
+            recorded = patient(store.finish, tid, state,
+                               value if state in (TrialState.COMPLETE, TrialState.PRUNED) else None, attrs)
+        except KeyError as e:  # the study was deleted under this worker: its runs end, then one line
+            if not _gone(e, study_name, url):
+                raise
+            _settle(uri, spec, trial.number, opened, f"its sweep {study_name!r} was deleted while it ran", log)
+            raise _deleted(study_name, url) from None
         done_here = state == TrialState.COMPLETE and recorded
         kept = opened[-1] if done_here and opened else None  # the run holding the trial's result
         for rid in _own_runs(uri, spec, trial.number, opened):
@@ -172,12 +207,26 @@ def _own_runs(uri: str, spec, number: int, opened: list[str]) -> list[str]:
     return list(dict.fromkeys([*opened, *found]))
 
 
-STORE_OUTAGE_S = 900.0  # how long a worker waits for its storage to answer again (env HMMSCOPE_STORE_OUTAGE_S)
+def _settle(uri: str, spec, number: int, opened: list[str], why: str, log: Callable[[str], None]) -> None:
+    """End FAILED every run this worker opened for trial `number` that is still RUNNING (in the trash too)."""
+    from .. import tracking
+
+    for rid in _own_runs(uri, spec, number, opened):
+        with contextlib.suppress(Exception):
+            if tracking.settle_run(uri, rid, why):
+                log(f"trial {number}: its run {rid} ended FAILED ({why})")
+
+
 
 
 def _transient(e: BaseException) -> bool:
     """A storage error that a new connection may not have: the database unreachable, a connection dropped (SQLAlchemy's
-    OperationalError / InterfaceError, or Optuna's StorageInternalError wrapping one)."""
+    OperationalError / InterfaceError, or Optuna's StorageInternalError wrapping one). Not a full disk or a read-only
+    store (`tracking.faults.permanent_fault`): waiting does not cure those, so they are said at once."""
+    from ..tracking.faults import permanent_fault
+
+    if permanent_fault(e) is not None:
+        return False
     names = {c.__name__ for c in type(e).__mro__}
     return bool(names & {"OperationalError", "InterfaceError", "StorageInternalError"}) or \
         getattr(e, "connection_invalidated", False)
@@ -191,11 +240,7 @@ class _Patient:
 
     def __init__(self, log: Callable[[str], None]):
         self.log = log
-        try:
-            limit = float(os.environ.get("HMMSCOPE_STORE_OUTAGE_S", STORE_OUTAGE_S))
-        except ValueError:
-            limit = STORE_OUTAGE_S
-        self.limit = limit if math.isfinite(limit) and limit >= 0 else STORE_OUTAGE_S  # nan, inf: never a wait unbounded
+        self.limit = outage_limit()  # a stated range (storage.STORE_OUTAGE_RANGE): nan, inf refused
 
     def __call__(self, fn, *args):
         t0, wait, said = time.monotonic(), 1.0, False
@@ -394,9 +439,20 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
             while any(p.poll() is None for p in procs):
                 time.sleep(1.0)
                 if progress is not None:
-                    progress(counts(study), spec.n_trials)
+                    try:
+                        progress(counts(study), spec.n_trials)
+                    except KeyError as e:  # the study deleted under this sweep: its workers are stopped below
+                        if _gone(e, spec.name, storage):
+                            raise _deleted(spec.name, storage) from None
+                        raise
             for r in readers:  # every line a worker wrote is out before the summary
                 r.join(timeout=10)
+            try:
+                counts(study)
+            except KeyError as e:  # deleted under it, its workers ended first (no progress callback to see it)
+                if _gone(e, spec.name, storage):
+                    raise _deleted(spec.name, storage) from None
+                raise
         except BaseException:
             for p in procs:
                 if p.poll() is None:
@@ -506,6 +562,16 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(int(os.environ["HMMSCOPE_THREADS"]))
     try:
         n = run_worker(a.study, a.storage, a.uri, max_trials=a.max_trials)
+    except SweepDeleted as e:
+        print(f"worker {os.getpid()}: {e}", file=sys.stderr, flush=True)
+        return 1
+    except Exception as e:  # the storage or the store failed (a full disk): one line, not a traceback
+        from ..tracking.faults import store_error, store_reason
+
+        if not store_error(e):
+            raise
+        print(f"worker {os.getpid()}: error: the store failed: {store_reason(e)}", file=sys.stderr, flush=True)
+        return 1
     except KeyboardInterrupt:
         print(f"worker {os.getpid()}: interrupted; its trial was put back", file=sys.stderr, flush=True)
         return 130

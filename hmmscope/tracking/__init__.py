@@ -11,6 +11,8 @@ The rooms (each module's docstring has the details):
 - `liveness`: host, pid and heartbeat of an open run; orphan runs found (`stale_reason`) and ended (`gc_runs`);
   one writer per run (`hold_run`: the lease taken atomically, an OS lock beside a sqlite store).
 - `claims`: a run's claims as one table plus headline numbers, and read back (`read_claims`).
+- `faults`: a store's failures told apart (`store_error`, `permanent_fault`: a full disk) and said in one line
+  (`store_reason`).
 - `search`: runs read back (`search_runs`, `get_run`, `resolve_run_id`: a unique id prefix) and pointed at (`run_url`,
   `experiment_url`, `target_url`, `sweep_urls`: a sweep's answer and its trials, `save_sweep_view`: the trials
   table's columns as MLflow's shared view, `browse_line`: the one `hmmscope ui` line commands print;
@@ -22,7 +24,18 @@ mlflow at import time (only inside functions), and none imports anything of hmms
 """
 
 from .claims import CLAIMS_FILE, claim_keys, read_claims
-from .liveness import HEARTBEAT_ENV, HEARTBEAT_GRACE, LeaseLost, RunHeld, gc_runs, heartbeat_interval, own_runs, stale_reason
+from .leftovers import run_temp_dir
+from .liveness import (
+    HEARTBEAT_ENV,
+    HEARTBEAT_GRACE,
+    LeaseLost,
+    LeaseUnavailable,
+    RunHeld,
+    gc_runs,
+    heartbeat_interval,
+    own_runs,
+    stale_reason,
+)
 from .liveness import hold as hold_run
 from .liveness import settle as settle_run
 from .runs import ArtifactNotFound, Run, config_toml, delete_run, existing_run, experiment_name, start_run
@@ -83,7 +96,8 @@ from .tags import (
 __all__ = [
     "ANSWER", "SHARED_VIEW", "resolve_run_id", "run_link", "save_sweep_view", "sweep_columns", "sweep_urls", "sweep_view",
     "sweep_view_key",
-    "ARTIFACTS", "ArtifactNotFound", "LeaseLost", "RunHeld", "hold_run", "own_runs", "settle_run",
+    "run_temp_dir",
+    "ARTIFACTS", "ArtifactNotFound", "LeaseLost", "LeaseUnavailable", "RunHeld", "hold_run", "own_runs", "settle_run",
     "CLAIMS_FILE", "CLAIM_COLUMNS", "DB_NAME", "HEARTBEAT_ENV", "HEARTBEAT_GRACE",
     "ML_VIEW", "PARAM_MAX", "ROOT_TAG", "Run", "STORE_DIR", "THEORY_SECTIONS", "TRAIN_SECTIONS", "UI_PORT",
     "param_value", "artifact_root", "browse_line", "claim_headline", "claim_keys", "claims_table", "client", "config_toml",

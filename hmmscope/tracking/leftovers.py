@@ -23,7 +23,8 @@ from pathlib import Path
 
 from .store import ARTIFACTS, sqlite_path
 
-TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{16}\.tmp$")  # safe_output's temp files
+TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{16}(\.[0-9a-f]{4}-\d+-\d+)?\.tmp$")  # safe_output's temp files (safe_output.TEMP)
+CREATING = re.compile(r"^\..+\.[0-9a-f]{12}\.creating(-journal)?$")  # store.create's temp database and its journal
 TMP_PREFIX = "hmmscope-"  # TMPDIR folders of a run's staged artifacts: hmmscope-<run id>-<random>
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -99,21 +100,76 @@ def free_locks(uri: str) -> int:
         return 0
     db = sqlite_path(uri)
     folder = db.parent / ".leases" if db is not None else None
-    if folder is None or not folder.is_dir():
+    if folder is None:
+        return 0
+    try:  # the folder itself, never through a link (liveness._lease_folder writes nothing through one either)
+        dfd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
         return 0
     n = 0
-    for p in folder.glob("*.lock"):
-        try:
-            fd = os.open(p, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.stat(p, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
-                os.unlink(p)
-                n += 1
-        except OSError:
-            pass  # held: its run is open
-        finally:
-            os.close(fd)
+    try:
+        for name in os.listdir(dfd):
+            if not name.endswith(".lock"):
+                continue
+            try:
+                fd = os.open(name, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0), dir_fd=dfd)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if os.stat(name, dir_fd=dfd, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                    os.unlink(name, dir_fd=dfd)
+                    n += 1
+            except OSError:
+                pass  # held: its run is open; or another user's, in a shared store's sticky folder
+            finally:
+                os.close(fd)
+    finally:
+        os.close(dfd)
     return n
+
+
+def lock_held(uri: str, run_id: str) -> bool:
+    """Does a live process hold run `run_id`'s lease lock (`<store folder>/.leases/<run id>.lock`, liveness.hold): an
+    `evaluate` writing a run that is not RUNNING, whose staged files are not leftovers?"""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    db = sqlite_path(uri)
+    if db is None:
+        return False
+    try:
+        fd = os.open(db.parent / ".leases" / f"{run_id}.lock", os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # closing drops the shared lock this took
+    return False
+
+
+def remove_creations(uri: str, *, dry_run: bool = False) -> tuple[int, int]:
+    """Remove what a killed first creation of a sqlite store left beside it (`.<db>.<hex>.creating` and its journal,
+    store.create); (how many, bytes). Taken under the store's creation lock, without waiting: while another process
+    creates the store, nothing is touched."""
+    import filelock
+
+    db = sqlite_path(uri)
+    if db is None or not db.parent.is_dir():
+        return 0, 0
+    found = [p for p in db.parent.iterdir() if CREATING.match(p.name) and p.name.startswith(f".{db.name}.")]
+    if not found:
+        return 0, 0
+    try:
+        with filelock.FileLock(str(db.parent / ".init.lock"), timeout=0):
+            found = [p for p in db.parent.iterdir() if CREATING.match(p.name) and p.name.startswith(f".{db.name}.")
+                     and p.is_file() and not p.is_symlink()]
+            return remove(found, dry_run=dry_run)
+    except filelock.Timeout:  # a creation under way
+        return 0, 0

@@ -49,13 +49,30 @@ LEASE_TAG = "hmmscope.lease"
 LEGACY_LEASE_TAG = "mlflow.hmmscope.lease"  # runs recorded before the rename: read, never written
 
 
-def heartbeat_interval() -> float:
-    """Seconds between a run's heartbeats (env HMMSCOPE_RUN_HEARTBEAT_S, default 30)."""
+HEARTBEAT_RANGE = (0.1, 3600.0)  # seconds: faster is a store write storm per run, slower a lease that never expires
+
+
+def env_seconds(name: str, default: float, lo: float, hi: float, what: str) -> float:
+    """A number of seconds from the environment variable `name` (unset or empty: `default`); ValueError (one line:
+    the variable, its value, its range) for anything but a number in [lo, hi]."""
+    raw = os.environ.get(name, "")
+    if raw.strip() == "":
+        return default
     try:
-        v = float(os.environ.get(HEARTBEAT_ENV, "30"))
+        v = float(raw)
     except ValueError:
-        v = 30.0
-    return v if math.isfinite(v) and v > 0 else 30.0
+        v = math.nan
+    if not lo <= v <= hi:  # nan too
+        raise ValueError(f"{name}={raw[:40]!r}: give seconds in [{lo:g}, {hi:g}] ({what}), or unset it "
+                         f"(default {default:g})")
+    return v
+
+
+def heartbeat_interval() -> float:
+    """Seconds between a run's heartbeats (env HMMSCOPE_RUN_HEARTBEAT_S, default 30, in HEARTBEAT_RANGE; ValueError
+    outside it)."""
+    return env_seconds(HEARTBEAT_ENV, 30.0, *HEARTBEAT_RANGE, "the heartbeat of an open run; a lease expires after "
+                       f"{HEARTBEAT_GRACE} of them")
 
 
 def _proc_start(pid: int) -> str | None:
@@ -209,9 +226,26 @@ def clear_orphaned(c, run_id: str) -> None:
             c.delete_tag(run_id, "hmmscope.failure_reason")
 
 
+def end_run(c, run_id: str, status: str, reason: str | None = None, end_time: int | None = None) -> None:
+    """End the run `run_id` with `status` (and the tag hmmscope.failure_reason = `reason`, written first), in the trash
+    too: MLflow writes only to active runs, so a deleted one (its sweep deleted under its writer) is restored, ended
+    and deleted again, and never stays RUNNING where nothing looks."""
+    deleted = c.get_run(run_id).info.lifecycle_stage == "deleted"
+    if deleted:
+        c.restore_run(run_id)
+    try:
+        if reason is not None:
+            c.set_tag(run_id, "hmmscope.failure_reason", reason[:5000])
+        c.set_terminated(run_id, status, end_time=end_time)
+    finally:
+        if deleted:
+            c.delete_run(run_id)
+
+
 def gc_runs(uri: str, *, experiments: list[str] | None = None, dry_run: bool = False,
             now: float | None = None) -> list[tuple[Any, str]]:
-    """Find orphan RUNNING runs (`stale_reason`) and, unless `dry_run`, mark them KILLED with the reason.
+    """Find orphan RUNNING runs (`stale_reason`), in the trash too, and, unless `dry_run`, mark them KILLED with the
+    reason.
 
     `experiments`: names to search (default: every experiment). Returns (run, reason) per orphan.
     """
@@ -228,7 +262,7 @@ def gc_runs(uri: str, *, experiments: list[str] | None = None, dry_run: bool = F
     if not ids:
         return []
     found = []
-    for r in search_runs(uri, experiment_ids=ids, filter_string="attributes.status = 'RUNNING'"):
+    for r in search_runs(uri, experiment_ids=ids, filter_string="attributes.status = 'RUNNING'", deleted=True):
         why = stale_reason(r, now=now)
         if why is not None:
             found.append((r, why))
@@ -239,8 +273,7 @@ def gc_runs(uri: str, *, experiments: list[str] | None = None, dry_run: bool = F
             end = None
             with contextlib.suppress(KeyError, ValueError, TypeError):
                 end = int(float(lease_of(r)["beat"]) * 1000)
-            c.set_tag(r.info.run_id, "hmmscope.failure_reason", f"orphaned: {why}")
-            c.set_terminated(r.info.run_id, "KILLED", end_time=end)
+            end_run(c, r.info.run_id, "KILLED", f"orphaned: {why}", end_time=end)
     return found
 
 
@@ -303,44 +336,111 @@ def _lock_owner(path: Path) -> str:
     return f"another process (it holds {path})"
 
 
-def _lock_file(path: Path, run_id: str) -> int | None:
-    """An exclusive, non-blocking OS lock (flock) on `path`, held through the returned descriptor until it is closed
-    (so a killed holder releases it); RunHeld naming the holder if another process has it. None where no lock can
-    be had (no fcntl: Windows; a read-only store): the lease tag then decides alone."""
+class LeaseUnavailable(ValueError):
+    """No OS lock can be had for a run's lease in a store that takes them (its lease folder is a file, a link, someone
+    else's private folder, or on a filesystem without locks): no writer runs without it. The message names the folder
+    and why, in one line; a ValueError, so the CLI prints it and exits 2."""
+
+
+def _unavailable(run_id: str, why: str) -> LeaseUnavailable:
+    return LeaseUnavailable(f"cannot take the lease of MLflow run {run_id} (one writer per run needs its lock): {why}")
+
+
+def _lease_folder(folder: Path, run_id: str) -> int:
+    """A descriptor of the lease folder `<store folder>/.leases`, opened as a real folder (never through a link);
+    created when missing with the store folder's access: private (0700) for a private store, and for a store others
+    may write (its folder group- or world-writable) their read and write bits plus the sticky bit (each may add lock
+    files; none may remove another's). LeaseUnavailable when it cannot be had."""
+    import stat
+
+    try:
+        store_mode = os.stat(folder.parent).st_mode
+    except OSError as e:
+        raise _unavailable(run_id, f"cannot read the store folder {folder.parent} ({e.strerror or e})") from None
+    shared = store_mode & 0o022
+    mode = 0o700 | (store_mode & 0o077) | (stat.S_ISVTX if shared else 0)
+    created = False
+    try:
+        os.mkdir(folder, 0o700)
+        created = True
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise _unavailable(run_id, f"cannot create {folder} ({e.strerror or e})") from None
+    try:
+        dfd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+                      | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        if os.path.islink(folder):
+            why = (f"{folder} is a symlink (to {os.path.realpath(folder)}); lock files are written only inside the "
+                   "store: remove the link")
+        elif os.path.lexists(folder) and not os.path.isdir(folder):
+            why = f"{folder} is not a folder (a file is in its place): remove it"
+        else:
+            why = f"cannot open {folder} ({e.strerror or e})"
+        raise _unavailable(run_id, why) from None
+    if created:
+        try:
+            os.fchmod(dfd, mode)
+        except OSError:
+            pass
+    return dfd
+
+
+def _lock_file(path: Path, run_id: str) -> tuple[int, int] | None:
+    """An exclusive, non-blocking OS lock (flock) on the lock file `path` (in the lease folder, `_lease_folder`),
+    held through the returned descriptor until it is closed (so a killed holder releases it): (lock fd, folder fd).
+    RunHeld naming the holder if another process has it; LeaseUnavailable (naming the folder) when no lock can be had
+    (a file or a link in the folder's place, a folder this user may not write, a filesystem without locks): a writer
+    never runs on the lease tag alone where the store takes locks. None only where the OS has no flock (Windows)."""
     import json
+    import stat
 
     try:
         import fcntl
     except ImportError:
         return None
+    dfd = _lease_folder(path.parent, run_id)
     try:
-        path.parent.mkdir(mode=0o700, exist_ok=True)
-    except OSError:
-        return None
-    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    for _ in range(20):
-        try:
-            fd = os.open(path, flags, 0o600)
-        except OSError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise RunHeld(_held_msg(run_id, _lock_owner(path))) from None
-        except OSError:  # a filesystem without locks: the lease tag decides alone
-            os.close(fd)
-            return None
-        try:
-            same = os.fstat(fd).st_ino == os.stat(path, follow_symlinks=False).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            os.ftruncate(fd, 0)
-            os.write(fd, json.dumps(identity()).encode())
-            return fd
-        os.close(fd)  # its last holder removed it meanwhile: lock the new file
-    raise RunHeld(_held_msg(run_id, _lock_owner(path)))
+        mode = 0o600 | (stat.S_IMODE(os.fstat(dfd).st_mode) & 0o066)  # a shared store's users open each other's
+        name = path.name
+        base = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        for _ in range(20):
+            try:
+                fd = os.open(name, base | os.O_CREAT | os.O_EXCL, mode, dir_fd=dfd)
+                with contextlib.suppress(OSError):
+                    os.fchmod(fd, mode)  # past the umask
+            except FileExistsError:
+                try:
+                    fd = os.open(name, base, dir_fd=dfd)
+                except FileNotFoundError:
+                    continue  # its holder removed it meanwhile
+                except OSError as e:
+                    raise _unavailable(run_id, f"cannot open {path} ({e.strerror or e})") from None
+            except OSError as e:
+                raise _unavailable(run_id, f"cannot create a lock file in {path.parent} ({e.strerror or e})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise RunHeld(_held_msg(run_id, _lock_owner(path))) from None
+            except OSError as e:
+                os.close(fd)
+                raise _unavailable(run_id, f"the filesystem of {path.parent} takes no locks ({e.strerror or e})") \
+                    from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(name, dir_fd=dfd, follow_symlinks=False).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                os.ftruncate(fd, 0)
+                os.write(fd, json.dumps(identity()).encode())
+                return fd, dfd
+            os.close(fd)  # its last holder removed it meanwhile: lock the new file
+        raise RunHeld(_held_msg(run_id, _lock_owner(path)))
+    except BaseException:
+        os.close(dfd)
+        raise
 
 
 def _claim_by_tag(uri: str, run_id: str) -> str:
@@ -364,7 +464,8 @@ def _claim_by_tag(uri: str, run_id: str) -> str:
 
 
 def _acquire(uri: str, run_id: str, fresh: bool) -> dict[str, Any]:
-    st: dict[str, Any] = {"count": 1, "fd": None, "path": None, "nonce": None, "lost": None, "cleaned": (0, 0)}
+    st: dict[str, Any] = {"count": 1, "fd": None, "dfd": None, "path": None, "nonce": None, "lost": None,
+                          "cleaned": (0, 0)}
     db = sqlite_path(uri)
     if db is None:
         if not fresh:
@@ -372,7 +473,7 @@ def _acquire(uri: str, run_id: str, fresh: bool) -> dict[str, Any]:
             st["cleaned"] = leftovers.remove(leftovers.find(uri, [run_id]).get(run_id, []))
         return st
     st["path"] = db.parent / LEASE_DIR / f"{run_id}.lock"
-    st["fd"] = _lock_file(st["path"], run_id)
+    st["fd"], st["dfd"] = _lock_file(st["path"], run_id) or (None, None)
     if fresh:
         return st
     try:  # under the lock: no other process of this version checks or sets the lease meanwhile
@@ -391,14 +492,16 @@ def _acquire(uri: str, run_id: str, fresh: bool) -> dict[str, Any]:
 
 
 def _release(st: dict[str, Any]) -> None:
-    fd, path = st.get("fd"), st.get("path")
+    fd, dfd, path = st.get("fd"), st.get("dfd"), st.get("path")
     if fd is None:
         return
     with contextlib.suppress(OSError):  # removed while still locked: a later locker checks it locked the file in place
-        if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
-            os.unlink(path)
+        if os.stat(path.name, dir_fd=dfd, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+            os.unlink(path.name, dir_fd=dfd)  # in the folder it was locked in, never through a link
     os.close(fd)
-    st["fd"] = None
+    if dfd is not None:
+        os.close(dfd)
+    st["fd"] = st["dfd"] = None
 
 
 @contextlib.contextmanager
@@ -462,7 +565,8 @@ def own_runs(uri: str, experiment: str, tags: dict[str, Any]) -> list[str]:
     Finds a run this process opened even where it never learned the run's id, or lost it before noting it (a
     store cut off while the run was being created or its first writes made): `settle` then ends those still open."""
     where = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
-    return [r.info.run_id for r in search_runs(uri, experiment, filter_string=where) if _is_me(lease_of(r))]
+    return [r.info.run_id for r in search_runs(uri, experiment, filter_string=where, deleted=True)
+            if _is_me(lease_of(r))]
 
 
 def settle(uri: str, run_id: str, reason: str, status: str = "FAILED", *, finished_too: bool = False) -> bool:
@@ -474,6 +578,5 @@ def settle(uri: str, run_id: str, reason: str, status: str = "FAILED", *, finish
     r = c.get_run(run_id)
     if r.info.status not in (("RUNNING", "FINISHED") if finished_too else ("RUNNING",)) or not _is_me(lease_of(r)):
         return False
-    c.set_tag(run_id, "hmmscope.failure_reason", reason[:5000])
-    c.set_terminated(run_id, status)
+    end_run(c, run_id, status, reason)
     return True

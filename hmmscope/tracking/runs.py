@@ -25,7 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from .leftovers import run_temp_dir
-from .liveness import LeaseLost, beating, clear_orphaned, heartbeat_interval, hold, liveness_tags, lost, nonce_of
+from .liveness import (
+    LeaseLost,
+    beating,
+    clear_orphaned,
+    end_run,
+    heartbeat_interval,
+    hold,
+    liveness_tags,
+    lost,
+    nonce_of,
+)
 from .store import ARTIFACTS, client, ensure_store, experiment_id, sqlite_path, uri_path
 from .tags import claim_headline, claims_table, note_line, param_value, safe_key, standard_tags
 
@@ -345,9 +355,9 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
             tries = 5 if sqlite_path(uri) is not None else 2  # a server's client retries by itself (HTTP_RETRIES)
             for attempt in range(tries):  # a busy sqlite store ("database is locked") must not leave the run RUNNING
                 try:  # the reason first, the end only after it: never an ended run without its reason (a store
-                    # out of reach leaves it RUNNING, for the sweep worker's settle or gc_runs to end with one)
-                    run.set_tags({"hmmscope.failure_reason": f"{type(e).__name__}: {e}"})
-                    c.set_terminated(run.run_id, status)
+                    # out of reach leaves it RUNNING, for the sweep worker's settle or gc_runs to end with one); a
+                    # run deleted under its writer is ended in the trash (end_run)
+                    end_run(c, run.run_id, status, f"{type(e).__name__}: {e}")
                     break
                 except Exception:
                     if attempt + 1 < tries:

@@ -97,7 +97,11 @@ def browse_line(uri: str, *, run_id: str | None = None, sweep: str | None = None
         return f"browse: {base}"
     opt = (f" --run {run_id}" if run_id else f" --sweep {sweep}" if sweep else
            f" --experiment {shlex.quote(experiment)}" if experiment else "")
-    if uri != default_tracking_uri():
+    try:
+        default = default_tracking_uri()
+    except ValueError:  # the working folder's path is no sqlite URL's: this store is not its default
+        default = None
+    if uri != default:
         opt += f" --tracking-uri {shlex.quote(uri)}"
     return f"browse: hmmscope ui{opt}"
 
@@ -252,9 +256,9 @@ def resolve_run_id(uri: str, run_id: str) -> str:
 
 def search_runs(uri: str, experiment: str | None = None, *, filter_string: str = "",
                 parent_id: str | None = None, experiment_ids: list[str] | None = None,
-                order_by: list[str] | None = None) -> list:
+                order_by: list[str] | None = None, deleted: bool = False) -> list:
     """Runs as MLflow returns them (all pages), newest first unless `order_by` (MLflow's syntax, e.g.
-    ["metrics.`eval/seen/excess_ce` ASC"]; ties newest first) (active runs only).
+    ["metrics.`eval/seen/excess_ce` ASC"]; ties newest first) (active runs only; `deleted`: those in the trash too).
 
     `experiment` (a name) or `experiment_ids` narrow the search (default: every experiment);
     `parent_id` keeps the direct children of that run; `filter_string` is MLflow's search syntax.
@@ -276,7 +280,8 @@ def search_runs(uri: str, experiment: str | None = None, *, filter_string: str =
                            f"tags.mlflow.parentRunId = '{parent_id}'" if parent_id else "") if f]
     out, token = [], None
     while True:
-        page = c.search_runs(experiment_ids, " and ".join(filters), run_view_type=ViewType.ACTIVE_ONLY,
+        page = c.search_runs(experiment_ids, " and ".join(filters),
+                             run_view_type=ViewType.ALL if deleted else ViewType.ACTIVE_ONLY,
                              max_results=1000, order_by=[*(order_by or []), "attributes.start_time DESC"],
                              page_token=token)
         out.extend(page)

@@ -57,8 +57,53 @@ ROOT_TAG = "hmmscope.artifact_root"
 _READY: set[str] = set()  # sqlite stores opened (created, relocated) by this process
 
 
+def url_path_problem(path: str | Path) -> str | None:
+    """Why `sqlite:///<path>` would not name `path` (SQLAlchemy cuts an sqlite URL's path at '?' and decodes its
+    percent-escapes: in a folder `a%41b` that URL names `aAb`), or None when it names it exactly. Everything else
+    (spaces, '#', '+', a '%' not followed by two hex digits, any letter) goes into the URL as it is."""
+    import re
+
+    s = str(path)
+    if "?" in s:
+        return "'?' (an sqlite URL ends its path there)"
+    m = re.search(r"%[0-9A-Fa-f]{2}", s)
+    if m:
+        return f"{m.group()!r} (an sqlite URL decodes it to {unquote(m.group())!r})"
+    return None
+
+
+def sqlite_url(db: str | Path, what: str = "MLflow store") -> str:
+    """`sqlite:///<absolute path of db>`; ValueError (one line, naming the path) when no sqlite URL names that path
+    (`url_path_problem`): a store is never opened under a name that means another folder's."""
+    path = Path(os.path.abspath(db))
+    why = url_path_problem(path)
+    if why is not None:
+        raise ValueError(f"{what} {path}: its path holds {why}, so no sqlite URL names it (it would open another "
+                         "folder's store); move the project to a folder whose path holds no '?' and no '%' followed "
+                         "by two hex digits")
+    return f"sqlite:///{path}"
+
+
+def check_sqlite_url(url: str, what: str = "tracking URI") -> None:
+    """ValueError (one line) for an sqlite URL whose path holds percent-escapes: SQLAlchemy decodes them, MLflow does
+    not (it would create the folder the undecoded path names, and the two would disagree on the store); the message
+    gives the URL with the path as it is. Other URLs, and SQLite's own `file:` URIs, pass."""
+    if not url.lower().startswith("sqlite:///"):
+        return
+    raw = url[len("sqlite:///"):].split("?", 1)[0]
+    if raw.startswith("file:") or unquote(raw) == raw:
+        return
+    import re
+
+    esc = re.search(r"%[0-9A-Fa-f]{2}", raw)
+    raise ValueError(f"{what} {url!r}: its path holds the escape {esc.group() if esc else '%'!r}, which SQLAlchemy "
+                     f"decodes and MLflow does not; write the path as it is: sqlite:///{unquote(raw)}")
+
+
 def default_tracking_uri() -> str:
-    return f"sqlite:///{(STORE_DIR / DB_NAME).resolve()}"
+    """The sqlite store under ./mlruns, as a URL (`sqlite_url`: ValueError where the working folder's path cannot
+    be one)."""
+    return sqlite_url((STORE_DIR / DB_NAME).resolve())
 
 
 def resolve_uri(uri: str | None = None) -> str:
@@ -67,22 +112,49 @@ def resolve_uri(uri: str | None = None) -> str:
 
 
 def sqlite_path(uri: str) -> Path | None:
-    """The database file of sqlite:///PATH, or of its read-only form sqlite:///file:PATH?mode=ro&uri=true."""
+    """The database file of sqlite:///PATH (its percent-escapes decoded, as SQLAlchemy does; `store_checks` refuses a
+    URL whose path needs them), or of the read-only form `read_only_uri` writes."""
     if not uri.startswith("sqlite:///"):
         return None
-    rest = uri[len("sqlite:///"):]
-    if rest.startswith("file:"):
-        return Path(unquote(rest[len("file:"):].split("?", 1)[0]))
-    return Path(rest)
+    rest = uri[len("sqlite:///"):].split("?", 1)[0]
+    if rest.startswith("file:"):  # SQLAlchemy decodes once, then SQLite decodes its own URI
+        return Path(unquote(unquote(rest)[len("file:"):].split("?", 1)[0].split("#", 1)[0]))
+    return Path(unquote(rest))
 
 
 def read_only_uri(uri: str) -> str:
     """The URI that opens a sqlite store read-only (SQLite's `mode=ro`: MLflow can neither create nor migrate it,
-    nor write a byte); any other URI as it is. Reads of runs and artifacts work on it as on `uri`."""
+    nor write a byte; `client` keeps MLflow from creating the folder such a URI would name if it were a path); any
+    other URI as it is. Reads of runs and artifacts work on it as on `uri`. The path is quoted twice: SQLAlchemy
+    decodes the URL once, SQLite its `file:` URI once more (so '#', '?', '%' and spaces in the path stay themselves)."""
     db = sqlite_path(uri)
     if db is None or uri[len("sqlite:///"):].startswith("file:"):
         return uri
-    return f"sqlite:///file:{quote(str(db.absolute()))}?mode=ro&uri=true"
+    return f"sqlite:///file:{quote(quote(str(db.absolute()), safe='/'), safe='/')}?mode=ro&uri=true"
+
+
+def _mlflow_creates_no_folder_for_sqlite_uris() -> None:
+    """MLflow (3.17's `_make_parent_dirs_if_sqlite`) creates the parent folder of whatever follows `sqlite:///`, taken
+    as a path: for the read-only form `sqlite:///file:/abs/...?mode=ro` that is a tree `./file:/abs/...` in the working
+    folder (an error where it cannot be written). Here such an SQLite URI is never a folder to create; every other URL
+    goes to MLflow's own function. Installed once, before any client is made."""
+    import mlflow.store.db.utils as utils
+
+    make = utils._make_parent_dirs_if_sqlite
+    if getattr(make, "hmmscope", False):
+        return
+    import logging
+
+    # MLflow logs every database error with its traceback at ERROR before it raises it (a full disk: dozens of lines
+    # per write); the error itself reaches the caller, which says it in one line
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+
+    def make_parent_dirs(db_uri: str) -> None:
+        if not db_uri.startswith("sqlite:///file:"):
+            make(db_uri)
+
+    make_parent_dirs.hmmscope = True  # type: ignore[attr-defined]
+    utils._make_parent_dirs_if_sqlite = make_parent_dirs
 
 
 def uri_path(file_uri: str) -> Path:
@@ -114,16 +186,18 @@ def ensure_store(uri: str) -> None:
     db = sqlite_path(uri)
     if db is None or (uri in _READY and db.exists()):
         return
+    check_sqlite_url(uri)
     if db.exists() and not writable(db):
         _READY.add(uri)
         return
     db.parent.mkdir(parents=True, exist_ok=True)
     with filelock.FileLock(str(db.parent / ".init.lock")):
-        from mlflow.tracking import MlflowClient
-
         if not db.exists() or db.stat().st_size == 0:
+            for p in db.parent.glob(f".{db.name}.*.creating*"):  # a killed creation's (under the lock: none is live)
+                if p.is_file() and not p.is_symlink():
+                    p.unlink(missing_ok=True)
             _create(db)
-        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)  # checks the schema
+        client(uri).search_experiments(max_results=1)  # checks the schema
         relocate(uri)
     _READY.add(uri)
 
@@ -200,6 +274,7 @@ def relocate(uri: str) -> list[tuple[str, str, str]]:
 def client(uri: str):
     from mlflow.tracking import MlflowClient
 
+    _mlflow_creates_no_folder_for_sqlite_uris()
     return MlflowClient(tracking_uri=uri)
 
 

@@ -21,7 +21,6 @@ sweep or the CLI.
 from __future__ import annotations
 
 import random
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -75,31 +74,43 @@ def load_checkpoint(tracking_uri: str, run_id: str, dst_dir: str | Path) -> dict
     try:
         run.get()
     except Exception as e:
-        raise ValueError(f"run {run_id} not found in {tracking_uri}: {str(e).splitlines()[0]}") from None
+        raise ValueError(f"run {run_id} not found in {tracking_uri}: {_first_line(e)}") from None
     try:
         path = run.download(f"{CKPT_DIR}/{CKPT_NAME}", dst_dir)
     except Exception:
         path = None
     if path is None or not Path(path).is_file():
         raise ValueError(f"run {run_id} has no checkpoint")
-    return read_checkpoint(path)
+    return read_checkpoint(path, what=f"run {run_id}'s checkpoint {CKPT_DIR}/{CKPT_NAME}")
 
 
-def read_checkpoint(path: str | Path, mmap: bool = False) -> dict:
-    """A checkpoint file (as saved by train) loaded on the CPU (memory-mapped if `mmap`); ValueError if it is not one."""
+def read_checkpoint(path: str | Path, mmap: bool = False, what: str | None = None) -> dict:
+    """A checkpoint file (as saved by train) loaded on the CPU (memory-mapped if `mmap`); ValueError (one line, naming
+    `what`, default the path) if it is not one: a folder, a special file, empty, truncated or damaged, another format."""
+    named, what = what, what or f"checkpoint {path}"
     if Path(path).is_dir():
-        raise ValueError(f"checkpoint {path} is a folder, not a file")
+        raise ValueError(f"{what} is a folder, not a file")
     if Path(path).exists() and not Path(path).is_file():  # a FIFO would block, a device never ends
-        raise ValueError(f"checkpoint {path} is a special file (FIFO, device or socket), not a regular file")
+        raise ValueError(f"{what} is a special file (FIFO, device or socket), not a regular file")
+    if Path(path).is_file() and Path(path).stat().st_size == 0:  # torch: EOFError with no message
+        raise ValueError(f"{what} is empty (0 bytes: its write was cut off, or it was truncated); it cannot be read: "
+                         "train the run again, or restore the file")
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FileNotFoundError:
-        raise ValueError(f"checkpoint not found: {path}") from None
-    except Exception as e:
-        raise ValueError(f"{path} is not an hmmscope checkpoint: {str(e).splitlines()[0]}") from None
+        raise ValueError(f"{named} not found" if named else f"checkpoint not found: {path}") from None
+    except Exception as e:  # truncated, corrupt, not torch's format: one line, whatever the message
+        raise ValueError(f"{what} is not an hmmscope checkpoint (damaged, truncated or another format): "
+                         f"{_first_line(e)}") from None
     if not isinstance(ck, dict) or not {"model", "config", "vocab_size", "step"} <= set(ck):
-        raise ValueError(f"{path} is not an hmmscope checkpoint")
+        raise ValueError(f"{what} is not an hmmscope checkpoint")
     return ck
+
+
+def _first_line(e: BaseException) -> str:
+    """The first line of an exception's message, or its type's name when it has none (torch's EOFError)."""
+    lines = str(e).strip().splitlines()
+    return lines[0][:160] if lines else type(e).__name__
 
 
 def checkpoint_config(ck: Mapping) -> Config:
@@ -151,5 +162,5 @@ def model_from_checkpoint(ck: dict) -> tuple[Transformer, Config]:
 
 def load_model(tracking_uri: str, run_id: str) -> tuple[Transformer, Config]:
     """The trained Transformer (CPU, eval mode) and Config of run_id, from its last checkpoint."""
-    with tempfile.TemporaryDirectory() as tmp:
+    with tracking.run_temp_dir(run_id) as tmp:  # named after its run: `runs gc` finds it after a SIGKILL
         return model_from_checkpoint(load_checkpoint(tracking_uri, run_id, tmp))

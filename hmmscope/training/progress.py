@@ -21,6 +21,9 @@ from typing import Any
 PROGRESS_ENV = "HMMSCOPE_PROGRESS_S"  # seconds between plain progress lines off a terminal (default 30)
 
 
+PROGRESS_RANGE = (0.1, 86400.0)
+
+
 def stamp(msg: str) -> str:
     """A progress line as a log file keeps it: the local date and time first, `2026-11-27 21:50:03 train: step ...`
     (Slurm and nohup logs carry no times of their own)."""
@@ -28,12 +31,20 @@ def stamp(msg: str) -> str:
 
 
 def progress_every() -> float:
-    """Seconds between `train`'s plain progress lines when stderr is no terminal (env HMMSCOPE_PROGRESS_S)."""
+    """Seconds between `train`'s plain progress lines when stderr is no terminal (env HMMSCOPE_PROGRESS_S, default 30,
+    in PROGRESS_RANGE; ValueError, one line, outside it)."""
+    raw = os.environ.get(PROGRESS_ENV, "")
+    if raw.strip() == "":
+        return 30.0
     try:
-        v = float(os.environ.get(PROGRESS_ENV, "30"))
+        v = float(raw)
     except ValueError:
-        v = 30.0
-    return v if math.isfinite(v) and v > 0 else 30.0
+        v = math.nan
+    lo, hi = PROGRESS_RANGE
+    if not lo <= v <= hi:
+        raise ValueError(f"{PROGRESS_ENV}={raw[:40]!r}: give seconds in [{lo:g}, {hi:g}] (between train's progress "
+                         "lines off a terminal), or unset it (default 30)")
+    return v
 
 
 class PlainProgress:

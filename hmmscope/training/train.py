@@ -348,7 +348,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
     device = resolve_device(cfg.train.device)
     ck = None
     if resume is not None:
-        with tempfile.TemporaryDirectory() as tmp:
+        with tracking.run_temp_dir(resume) as tmp:  # named after its run: `runs gc` finds it after a SIGKILL
             ck = load_checkpoint(tracking_uri, resume, tmp)
         cfg = _resume_config(checkpoint_config(ck), cfg)
         device = resolve_device(cfg.train.device)

@@ -59,10 +59,13 @@ class Failure:
 
 
 def port_free(port: int) -> bool:
-    """Whether this process can bind `port` on 127.0.0.1 now."""
+    """Whether a server can listen on `port` on 127.0.0.1 now: bound as servers bind (SO_REUSEADDR, as uvicorn and
+    MLflow's server do), so the TIME_WAIT connections a stopped server leaves for a minute do not count; a port
+    another socket listens on does."""
     import socket
 
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
