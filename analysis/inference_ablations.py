@@ -87,8 +87,8 @@ def collect(uri: str | None, storage: str | None, out: Path) -> None:
         st = optuna.load_study(study_name=name, storage=store) if name in known else None
         n_complete = 0 if st is None else sum(t.state == TrialState.COMPLETE for t in st.get_trials(deepcopy=False))
         studies.append({"study": name, "in_store": st is not None,
-                        "n_trials": 0 if st is None else len({t.number for t in st.get_trials(deepcopy=False)
-                                                              if t.state != TrialState.FAIL}),
+                        "n_trials": 0 if st is None else len({t.user_attrs.get("slot", t.number)  # the spec's slots
+                                                              for t in st.get_trials(deepcopy=False)}),
                         "complete": n_complete})
         if not n_complete:
             print(f"{name}: not in the store or no COMPLETE trial (listed in studies.csv)", file=sys.stderr)
@@ -255,7 +255,9 @@ def cell_rows(runs: list[dict]) -> tuple[list[dict], dict]:
                      "room_legit": legit_p["value"], "room_legit_lo": legit_p["lo"], "room_legit_hi": legit_p["hi"],
                      "room_closed": closed["value"], "room_closed_lo": closed["lo"], "room_closed_hi": closed["hi"],
                      "icl_gain": gain["value"], "icl_gain_lo": gain["lo"], "icl_gain_hi": gain["hi"],
-                     "regime": regime([c_gain, c_inf]) if room_ok else "no room",
+                     # one seed: no interval over seeds; the run's own word (its paired CI over episodes) is shown
+                     "regime": (regime([c_gain, c_inf]) if room_ok else "no room") if len(rs) > 1 else
+                     f"one seed ({rs[0]['regime']})",
                      "regime_per_run": ";".join(r["regime"] for r in rs),
                      "per_seed_diff": ";".join(f"{r['diff']:.4f}" for r in rs)})
     return rows, has_room

@@ -56,13 +56,16 @@ def _run(cell: dict, seed: int, study: str) -> dict:
     return row
 
 
-def _record(tmp: Path) -> Path:
+def _record(tmp: Path, one_seed: bool = False) -> Path:
     base = {"n_layers": 2, "pos_enc": "rope", "gamma": 0.8, "rank": 4, "window": 0}
     cells = [("depth", {**base, "n_layers": L, "pos_enc": pe}) for L in (2, 4, 6) for pe in ("rope", "absolute")]
     cells += [("gamma", {**base, "gamma": g}) for g in (0.6, 0.95)] + [("rank", {**base, "rank": d}) for d in (2, 3)]
     cells += [("context", {**base, "gamma": g, "window": w}) for g in (0.6, 0.8) for w in (3, 5, 7)]
     cells += [("structure", {**base, "structures": st}) for st in ("half", "half-heldout")]
     runs = [_run(c, s, study) for study, c in cells for s in SEEDS]
+    if one_seed:  # a cell with one seed left (a sweep cut short): no t interval over seeds
+        runs = [r for r in runs if not (r["n_layers"] == 6 and r["pos_enc"] == "absolute" and r["seed"] != 1)]
+        next(r for r in runs if r["n_layers"] == 6 and r["pos_enc"] == "absolute")["regime"] = "worse than counting"
     rec = tmp / "rec"
     rec.mkdir()
     _csv(rec / "runs.csv", runs)
@@ -161,3 +164,16 @@ def test_a_missing_record_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "runs.csv" in err[0]
     assert not (tmp_path / "nope").exists()  # nothing written
+
+
+def test_a_cell_with_one_seed_shows_its_runs_word_not_no_room(tmp_path):
+    """A cell a cut-short sweep left with one seed has no interval over seeds: its row says "one seed (<the run's own
+    regime word>)", not "no room" (which is a measured verdict), and the pos_enc effect at that depth has no power."""
+    rec = _record(tmp_path, one_seed=True)
+    assert _script().main(["--from-record", str(rec), "--out", str(tmp_path / "out"), "--no-figures"]) == 0
+    abl = {(r["axis"], r["level"]): r for r in _rows(tmp_path / "out" / "ablations.csv")}
+    r = abl[("pos_enc", "absolute, 6 layers")]
+    assert r["n_seeds"] == "1" and r["regime"] == "one seed (worse than counting)" and r["ci_lo"] in ("", "nan")
+    assert abl[("pos_enc", "absolute, 4 layers")]["regime"] == "inference beyond counting"
+    eff = {e["effect"]: e for e in _rows(tmp_path / "out" / "effects.csv")}
+    assert eff["RoPE - absolute, 6 layers"]["verdict"] == "no power"
