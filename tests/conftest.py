@@ -1,5 +1,7 @@
-"""Shared fixtures: a real `mlflow server` process on 127.0.0.1, stopped by its process group; the `gpu`
-marker's skip (or failure, with HMMSCOPE_REQUIRE_GPU=1) where CUDA is not available."""
+"""Shared fixtures: the tiny training config (`tiny_toml`: a TOML file's text, 4-step CPU training on a 4-task mixture,
+for tests that drive the CLI as real processes; append a table or a key of the last table, [train], to vary it), a
+real `mlflow server` process on 127.0.0.1, stopped by its process group; the `gpu` marker's skip (or failure, with
+HMMSCOPE_REQUIRE_GPU=1) where CUDA is not available."""
 
 import os
 import signal
@@ -12,7 +14,40 @@ from pathlib import Path
 
 import pytest
 
+TINY_TOML = """
+[hmm]
+n_tasks = 4
+n_states = 8
+n_tokens = 4
+rank = 2
+[data]
+n_demos = 2
+l_demo = 8
+l_test = 8
+n_train = 64
+n_eval = 16
+[model]
+n_layers = 1
+n_heads = 2
+d_model = 32
+d_mlp = 64
+max_len = 64
+[train]
+steps = 4
+batch_size = 8
+warmup = 1
+eval_every = 2
+ckpt_every = 2
+device = "cpu"
+"""
+
 pytest_plugins = ["pytester"]  # tests/test_gpu.py checks the gpu group's skip rule in an inline run
+
+
+@pytest.fixture(scope="session")
+def tiny_toml() -> str:
+    """The tiny training config as TOML text (module docstring)."""
+    return TINY_TOML
 
 
 def _free_port():

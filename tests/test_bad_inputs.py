@@ -31,32 +31,7 @@ from hmmscope.model.transformer import Transformer
 
 runner = CliRunner()
 
-TINY = """
-[hmm]
-n_tasks = 4
-n_states = 8
-n_tokens = 4
-rank = 2
-[data]
-n_demos = 2
-l_demo = 8
-l_test = 8
-n_train = 64
-n_eval = 16
-[model]
-n_layers = 1
-n_heads = 2
-d_model = 32
-d_mlp = 64
-max_len = 64
-[train]
-steps = 4
-batch_size = 8
-warmup = 1
-eval_every = 2
-ckpt_every = 2
-device = "cpu"
-[theory]
+TINY_EXTRA = """[theory]
 gammas = [0.5]
 n_states = [6]
 ranks = [2]
@@ -65,7 +40,7 @@ n_histories = 50
 lengths = [1, 2, 4]
 burn_in = 10
 gamma_m = 0
-"""
+"""  # appended to the shared tiny config (conftest.tiny_toml)
 
 
 def spec_text(name: str = "s", objective: str = "eval/seen/excess_ce") -> str:
@@ -99,13 +74,13 @@ def _foreign_server(folder: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory):
+def project(tmp_path_factory, tiny_toml):
     """The prepared project (built once): see the module docstring. Returns {name: value} for the cases."""
     from hmmscope.sweep import create_study
     from hmmscope.sweep.spec import parse_spec
 
     root = tmp_path_factory.mktemp("project")
-    (root / "tiny.toml").write_text(TINY)
+    (root / "tiny.toml").write_text(tiny_toml + TINY_EXTRA)
     (root / "cfgdir").mkdir()
     (root / "afile").write_text("a regular file\n")
     (root / "garbage.bin").write_bytes(bytes(range(256)) * 4)

@@ -515,7 +515,9 @@ def _tmpfs(path: Path, pages: int):
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
-@pytest.mark.slow  # ~25 s of CPU in three trainings (two real processes); the fast twin is in test_checkpoints.py
+# ~25 s of CPU in three trainings (two real processes); fast twins: test_train.py::test_resume_matches_uninterrupted_run
+# (resume, bitwise) and test_full_disk.py (a full disk, in one line)
+@pytest.mark.slow
 def test_a_full_disk_mid_training_fails_the_run_keeps_the_last_checkpoint_and_resumes_bitwise(tmp_path, template):
     """The artifact store is a tmpfs with room for the run's config.toml and its step-8 checkpoint, no more (the
     checkpoints grow: they carry the emergence curves). The step-16 checkpoint hits ENOSPC: the run ends FAILED

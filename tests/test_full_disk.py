@@ -22,32 +22,6 @@ from hmmscope import tracking
 BIN = Path(sys.executable).parent / "hmmscope"
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (a real full disk): needs root")
 
-TINY = """
-[hmm]
-n_tasks = 4
-n_states = 8
-n_tokens = 4
-rank = 2
-[data]
-n_demos = 2
-l_demo = 8
-l_test = 8
-n_train = 64
-n_eval = 16
-[model]
-n_layers = 1
-n_heads = 2
-d_model = 32
-d_mlp = 64
-max_len = 64
-[train]
-steps = 4
-batch_size = 8
-warmup = 1
-eval_every = 2
-ckpt_every = 2
-device = "cpu"
-"""
 
 
 @pytest.fixture
@@ -89,8 +63,8 @@ def _errors(err: str) -> list[str]:
     return [ln for ln in err.splitlines() if "error" in ln.lower()]
 
 
-def test_a_resume_on_a_full_disk_is_one_line(disk, tmp_path):
-    (disk / "tiny.toml").write_text(TINY)
+def test_a_resume_on_a_full_disk_is_one_line(disk, tmp_path, tiny_toml):
+    (disk / "tiny.toml").write_text(tiny_toml)
     r = subprocess.run([str(BIN), "train", "--config", "tiny.toml", "--no-evaluate"], cwd=disk, env=_env(),
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -93,43 +93,18 @@ def test_resume_of_a_live_run_is_refused_and_a_finished_run_clears_its_orphan_ma
 # ---------------------------------------------------------------- two resumes started together (issue 30, item 1)
 
 RACER = Path(__file__).resolve().parent / "resume_racer.py"
-TINY = """
-[hmm]
-n_tasks = 4
-n_states = 8
-n_tokens = 4
-rank = 2
-[data]
-n_demos = 2
-l_demo = 8
-l_test = 8
-n_train = 64
-n_eval = 16
-[model]
-n_layers = 1
-n_heads = 2
-d_model = 32
-d_mlp = 64
-max_len = 64
-[train]
-steps = 4
-batch_size = 8
-warmup = 1
-eval_every = 2
-ckpt_every = 2
-device = "cpu"
-emergence_episodes = 0
-"""
+TINY_EXTRA = """emergence_episodes = 0
+"""  # appended to the shared tiny config (conftest.tiny_toml)
 
 
-def _race(tmp_path: Path, rounds: int) -> None:
+def _race(tmp_path: Path, rounds: int, tiny_toml: str) -> None:
     """`rounds` rounds of two `train --resume RID` processes released at the same instant (tests/resume_racer.py):
     each round exactly one trains (exit 0) and the other exits 2 with one line naming the winner's process; every
     metric step of the run is logged once."""
     from hmmscope.config import load_toml
     from hmmscope.training.train import train
 
-    (tmp_path / "tiny.toml").write_text(TINY)
+    (tmp_path / "tiny.toml").write_text(tiny_toml + TINY_EXTRA)
     uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
     rid = train(load_toml(tmp_path / "tiny.toml"), tracking_uri=uri, experiment="race", progress=False).run_id
     out = tmp_path / "race.json"
@@ -154,14 +129,14 @@ def _race(tmp_path: Path, rounds: int) -> None:
     assert not list((tmp_path / "mlruns" / ".leases").glob("*.lock"))  # every lock file removed by its holder
 
 
-def test_two_resumes_started_together_one_runs_the_other_exits_2(tmp_path):
+def test_two_resumes_started_together_one_runs_the_other_exits_2(tmp_path, tiny_toml):
     """Before: both ran, writing checkpoints/last.pt and every metric twice. 5 rounds, real processes."""
-    _race(tmp_path, 5)
+    _race(tmp_path, 5, tiny_toml)
 
 
 @pytest.mark.slow  # 40 rounds of the same race: 642 s here (2 cores, beside another test run; the 5-round one 53 s)
-def test_two_resumes_started_together_many_rounds(tmp_path):
-    _race(tmp_path, 40)
+def test_two_resumes_started_together_many_rounds(tmp_path, tiny_toml):
+    _race(tmp_path, 40, tiny_toml)
 
 
 def test_a_held_run_is_refused_to_every_other_writer_and_free_after(tmp_path):

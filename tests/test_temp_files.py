@@ -25,33 +25,6 @@ from typer.testing import CliRunner
 from hmmscope import tracking
 from hmmscope.cli import app
 
-TINY = """
-[hmm]
-n_tasks = 4
-n_states = 8
-n_tokens = 4
-rank = 2
-[data]
-n_demos = 2
-l_demo = 8
-l_test = 8
-n_train = 64
-n_eval = 16
-[model]
-n_layers = 1
-n_heads = 2
-d_model = 32
-d_mlp = 64
-max_len = 64
-[train]
-steps = 4
-batch_size = 8
-warmup = 1
-eval_every = 2
-ckpt_every = 2
-device = "cpu"
-"""
-
 
 def _signalled(cwd: Path, args: list[str], module: str, func: str, sig: int, env: dict | None = None,
                after: bool = False) -> subprocess.CompletedProcess:
@@ -83,9 +56,9 @@ def _temps(folder: Path) -> list[str]:
                                                                                            ".creating-journal")))
 
 
-def test_sigterm_during_generate_leaves_no_temp_file(tmp_path):
+def test_sigterm_during_generate_leaves_no_temp_file(tmp_path, tiny_toml):
     """Before: exit -15 (143 from a shell) and the dataset's `.x.npz.<hex>.tmp` left."""
-    (tmp_path / "tiny.toml").write_text(TINY)
+    (tmp_path / "tiny.toml").write_text(tiny_toml)
     r = _signalled(tmp_path, ["generate", "x.npz", "--config", "tiny.toml"], "hmmscope.safe_output", "_commit",
                    signal.SIGTERM)
     assert r.returncode == 130 and "Traceback" not in r.stderr, (r.returncode, r.stderr[-2000:])
@@ -104,20 +77,20 @@ def test_sigterm_during_report_leaves_no_temp_file(tmp_path):
     assert _temps(tmp_path) == []
 
 
-def _trained(tmp_path: Path) -> str:
-    (tmp_path / "tiny.toml").write_text(TINY)
+def _trained(tmp_path: Path, tiny_toml: str) -> str:
+    (tmp_path / "tiny.toml").write_text(tiny_toml)
     os.chdir(tmp_path)
     r = CliRunner().invoke(app, ["train", "--config", "tiny.toml", "--no-evaluate"], env={"MLFLOW_TRACKING_URI": None})
     assert r.exit_code == 0, r.output
     return tracking.search_runs(tracking.default_tracking_uri(), "hmmscope")[0].info.run_id
 
 
-def test_what_a_sigkilled_evaluate_leaves_is_removed_by_runs_gc(tmp_path, monkeypatch):
+def test_what_a_sigkilled_evaluate_leaves_is_removed_by_runs_gc(tmp_path, monkeypatch, tiny_toml):
     """Before: its checkpoint copy (a `tmpXXXX` folder under TMPDIR) and `.figure1_by_k.csv.<hex>.tmp` under out/
     stayed: nothing could tell them from anyone's."""
     cwd = os.getcwd()
     try:
-        rid = _trained(tmp_path)
+        rid = _trained(tmp_path, tiny_toml)
     finally:
         os.chdir(cwd)
     tmpdir = tmp_path / "tmpdir"
@@ -142,9 +115,9 @@ def test_what_a_sigkilled_evaluate_leaves_is_removed_by_runs_gc(tmp_path, monkey
     assert list(tmpdir.iterdir()) == [] and _temps(tmp_path / "out") == [], (list(tmpdir.iterdir()), r.output)
 
 
-def test_a_sigkilled_first_store_creation_is_cleaned_by_runs_gc(tmp_path, monkeypatch):
+def test_a_sigkilled_first_store_creation_is_cleaned_by_runs_gc(tmp_path, monkeypatch, tiny_toml):
     """Before: `.mlflow.db.<hex>.creating` and its journal stayed beside a store that never came to be."""
-    (tmp_path / "tiny.toml").write_text(TINY)
+    (tmp_path / "tiny.toml").write_text(tiny_toml)
     r = _signalled(tmp_path, ["train", "--config", "tiny.toml", "--no-evaluate"], "os", "fsync", signal.SIGKILL)
     assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
     assert [p for p in _temps(tmp_path) if ".creating" in p], _temps(tmp_path)

@@ -34,41 +34,15 @@ HOLD = ("import sys, time\nfrom hmmscope import tracking\n"
         "        time.sleep(float(sys.argv[3]))\n"
         "except tracking.RunHeld as e:\n    print('refused:', e, flush=True); sys.exit(2)\n")
 
-TINY = """
-[hmm]
-n_tasks = 4
-n_states = 8
-n_tokens = 4
-rank = 2
-[data]
-n_demos = 2
-l_demo = 8
-l_test = 8
-n_train = 64
-n_eval = 16
-[model]
-n_layers = 1
-n_heads = 2
-d_model = 32
-d_mlp = 64
-max_len = 64
-[train]
-steps = 4
-batch_size = 8
-warmup = 1
-eval_every = 2
-ckpt_every = 2
-device = "cpu"
-"""
 
 
-def test_train_holds_the_lease_while_it_writes_its_logged_model(tmp_path, monkeypatch):
+def test_train_holds_the_lease_while_it_writes_its_logged_model(tmp_path, monkeypatch, tiny_toml):
     """Before: the lease was free while the logged model was written; another process took it."""
     from hmmscope.tracking.runs import Run
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    (tmp_path / "tiny.toml").write_text(TINY)
+    (tmp_path / "tiny.toml").write_text(tiny_toml)
     seen: list[str] = []
     log_model = Run.log_model
 
