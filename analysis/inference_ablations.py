@@ -403,10 +403,12 @@ def layerwise(claim_rows: list[dict]) -> list[dict]:
                       f"metric:claim/{r['claim']}/ci_hi": r["ci_hi"], f"verdict:{r['claim']}": r["verdict"],
                       f"rule:{r['claim']}": r["rule"]})
         _, claims = layerwise_section(pd.DataFrame(list(wide.values())))
-        for c in claims:
+        for c in claims:  # one run: its CI covers its episodes, not seeds (SCIENCE.md 9): no verdict from it here
+            one = len(wide) < 2
             out.append({"n_layers": int(L), "pos_enc": pe, "claim": c.name[len("pooled: "):], "estimate": c.value,
-                        "ci_lo": c.ci_lo, "ci_hi": c.ci_hi, "df": c.df, "rule": c.rule, "verdict": c.verdict,
-                        "n_runs": len(wide), "statistic": c.statistic})
+                        "ci_lo": c.ci_lo, "ci_hi": c.ci_hi, "df": c.df, "rule": c.rule,
+                        "verdict": "no power" if one else c.verdict, "n_runs": len(wide),
+                        "statistic": c.statistic + ("; one seed: the run's verdict was " + c.verdict if one else "")})
     return out
 
 

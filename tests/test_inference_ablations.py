@@ -177,3 +177,7 @@ def test_a_cell_with_one_seed_shows_its_runs_word_not_no_room(tmp_path):
     assert abl[("pos_enc", "absolute, 4 layers")]["regime"] == "inference beyond counting"
     eff = {e["effect"]: e for e in _rows(tmp_path / "out" / "effects.csv")}
     assert eff["RoPE - absolute, 6 layers"]["verdict"] == "no power"
+    # the layerwise claims of a one-run cell: no verdict over seeds (the run's own, over episodes, is kept as text)
+    lw = [r for r in _rows(tmp_path / "out" / "layerwise.csv") if r["n_layers"] == "6" and r["pos_enc"] == "absolute"]
+    assert lw and all(r["n_runs"] == "1" and r["verdict"] == "no power" and "one seed" in r["statistic"] for r in lw)
+    assert any(r["verdict"] == "supported" for r in _rows(tmp_path / "out" / "layerwise.csv") if r["n_runs"] == "3")
