@@ -40,35 +40,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from conftest import TINY_TOML as TINY  # tests/ is the script's folder, first on sys.path
+
 BIN = Path(sys.executable).parent / "hmmscope"
 UNWRITABLE = "/proc/1"  # a directory nobody (root included) can create entries in
 
-TINY_TOML = """
-[hmm]
-n_tasks = 4
-n_states = 8
-n_tokens = 4
-rank = 2
-[data]
-n_demos = 2
-l_demo = 8
-l_test = 8
-n_train = 64
-n_eval = 16
-[model]
-n_layers = 1
-n_heads = 2
-d_model = 32
-d_mlp = 64
-max_len = 64
-[train]
-steps = 4
-batch_size = 8
-warmup = 1
-eval_every = 2
-ckpt_every = 2
-device = "cpu"
-[theory]
+TINY_TOML = TINY + """[theory]
 gammas = [0.5]
 n_states = [6]
 ranks = [2]
@@ -78,7 +55,7 @@ n_histories = 50
 lengths = [1, 2, 4]
 burn_in = 10
 gamma_m = 0
-"""
+"""  # the tests' tiny config (conftest.TINY_TOML) with a [theory] table
 
 SPEC = """
 [sweep]

@@ -50,6 +50,37 @@ def tiny_toml() -> str:
     return TINY_TOML
 
 
+LONG_SWEEP = """
+[sweep]
+name = "{name}"
+objective = "eval/seen/excess_ce"
+sampler = "grid"
+experiment = "sw"
+[fixed]
+"hmm.n_tasks" = 4
+"hmm.n_states" = 8
+"hmm.n_tokens" = 4
+"hmm.rank" = 2
+"data.n_train" = 32
+"data.n_eval" = 16
+"model.n_layers" = 1
+"model.d_model" = 32
+"model.d_mlp" = 64
+"train.steps" = 100000
+"train.eval_every" = 20
+"train.device" = "cpu"
+[space]
+"hmm.gamma" = {grid = [0.5]}
+"""
+
+
+@pytest.fixture(scope="session")
+def long_sweep_toml():
+    """A sweep spec's TOML text, by name: one trial of the tiny mixture training 100,000 steps (it runs until the
+    test stops it or the store fails under it)."""
+    return lambda name: LONG_SWEEP.replace("{name}", name)
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -78,34 +78,12 @@ def test_a_resume_on_a_full_disk_is_one_line(disk, tmp_path, tiny_toml):
     assert len(r.stderr.strip().splitlines()) <= 3, r.stderr[-3000:]
 
 
-SPEC = """
-[sweep]
-name = "full"
-objective = "eval/seen/excess_ce"
-sampler = "grid"
-experiment = "sw"
-[fixed]
-"hmm.n_tasks" = 4
-"hmm.n_states" = 8
-"hmm.n_tokens" = 4
-"hmm.rank" = 2
-"data.n_train" = 32
-"data.n_eval" = 16
-"model.n_layers" = 1
-"model.d_model" = 32
-"model.d_mlp" = 64
-"train.steps" = 100000
-"train.eval_every" = 20
-"train.device" = "cpu"
-[space]
-"hmm.gamma" = {grid = [0.5]}
-"""
 
 
-def test_a_sweep_whose_disk_fills_ends_at_once_in_one_line(disk, tmp_path):
+def test_a_sweep_whose_disk_fills_ends_at_once_in_one_line(disk, tmp_path, long_sweep_toml):
     """With HMMSCOPE_STORE_OUTAGE_S=600 the worker would have waited ten minutes; the test's own 300 s bound is a hang
     guard, not a timing."""
-    (disk / "spec.toml").write_text(SPEC)
+    (disk / "spec.toml").write_text(long_sweep_toml("full"))
     log = (tmp_path / "err.txt").open("w")  # off the full disk
     p = subprocess.Popen([str(BIN), "sweep", "run", "spec.toml"], cwd=disk, env=_env(HMMSCOPE_STORE_OUTAGE_S="600"),
                          stdout=subprocess.DEVNULL, stderr=log, text=True)

@@ -131,34 +131,12 @@ def test_runs_gc_ends_orphans_in_the_trash(tmp_path, monkeypatch):
     assert run.data.tags["hmmscope.failure_reason"].startswith("orphaned: its process")
 
 
-SWEEP = """
-[sweep]
-name = "gone"
-objective = "eval/seen/excess_ce"
-sampler = "grid"
-experiment = "sw"
-[fixed]
-"hmm.n_tasks" = 4
-"hmm.n_states" = 8
-"hmm.n_tokens" = 4
-"hmm.rank" = 2
-"data.n_train" = 32
-"data.n_eval" = 16
-"model.n_layers" = 1
-"model.d_model" = 32
-"model.d_mlp" = 64
-"train.steps" = 100000
-"train.eval_every" = 20
-"train.device" = "cpu"
-[space]
-"hmm.gamma" = {grid = [0.5]}
-"""
 
 
-def test_a_sweep_deleted_under_sweep_run_ends_in_one_line_and_leaves_no_run_running(tmp_path):
+def test_a_sweep_deleted_under_sweep_run_ends_in_one_line_and_leaves_no_run_running(tmp_path, long_sweep_toml):
     import optuna
 
-    (tmp_path / "spec.toml").write_text(SWEEP)
+    (tmp_path / "spec.toml").write_text(long_sweep_toml("gone"))
     env = {**os.environ, "HMMSCOPE_THREADS": "1", "OMP_NUM_THREADS": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
     bin_ = Path(sys.executable).parent / "hmmscope"
