@@ -6,7 +6,9 @@ A signal handler's exception is raised in whatever Python code runs when the sig
 callback or a __del__ (the garbage collector runs them between any two bytecodes), Python prints "Exception ignored
 in: ..." and goes on: the interrupt is lost, and a training run kept going for minutes after SIGTERM (seen in CI).
 So the handler also records the signal, and long loops call `raise_if_terminated()` at each step: a recorded signal
-whose exception has not reached them raises there.
+whose exception has not reached them raises there. Inside `sigterm_interrupts` such a swallowed interrupt prints
+nothing (no "Exception ignored" traceback on the way to the one-line "error: interrupted"); it is counted in
+`SWALLOWED`.
 
 Children (`die_with_parent`, a preexec_fn): a sweep's worker processes and `hmmscope ui`'s servers get SIGTERM when
 the process that started them dies, even by SIGKILL (Linux). Standard library only.
@@ -22,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 _PENDING: list[int] = []  # signals received whose KeyboardInterrupt may not have propagated
+SWALLOWED: list[str] = []  # where Python swallowed one of our interrupts (inside `sigterm_interrupts`), for tests
 
 
 def on_sigterm(signum, frame) -> None:
@@ -45,9 +48,19 @@ def sigterm_interrupts() -> Iterator[None]:
         yield
         return
     old = signal.signal(signal.SIGTERM, on_sigterm)
+    old_hook = sys.unraisablehook
+
+    def unraisable(u) -> None:  # our interrupt, swallowed in a weakref callback or __del__: pending, not printed
+        if isinstance(u.exc_value, KeyboardInterrupt) and _PENDING:
+            SWALLOWED.append(repr(u.object))
+            return
+        old_hook(u)
+
+    sys.unraisablehook = unraisable
     try:
         yield
     finally:
+        sys.unraisablehook = old_hook
         signal.signal(signal.SIGTERM, old)
         _PENDING.clear()
 
