@@ -200,7 +200,7 @@ def axes(runs: list[dict]) -> list[tuple[str, str, tuple]]:
         out.append(("gamma", f"gamma {g:g}", _base_with(gamma=g)))
     for d in (2, 3, 4):
         out.append(("rank", f"d = {d}", _base_with(rank=d)))
-    for g in (0.6, 0.8):
+    for g in sorted({c[2] for c in have if c[4] > 0}):  # the gammas with windowed cells, beside their full context
         for w in (3, 5, 7, 0):
             R = 2 * (w - 1) + 1 if w else 0
             out.append(("context", f"gamma {g:g}, " + (f"R = {R} (window {w})" if w else "full context"),
