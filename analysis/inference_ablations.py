@@ -48,7 +48,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from sweepdata import RESULTS, fail, load_sweep, save, write_table
+from sweepdata import RESULTS, default_storage, fail, load_sweep, save, write_table
 
 STUDIES = ("depth", "gamma", "rank", "context", "structure")
 BASE = {"n_layers": 2, "pos_enc": "rope", "gamma": 0.8, "rank": 4, "window": 0, "structures": "all"}
@@ -80,7 +80,7 @@ def collect(uri: str | None, storage: str | None, out: Path) -> None:
     from hmmscope import tracking
 
     runs, curves, claims, studies = [], [], [], []
-    store = storage or f"sqlite:///{Path('mlruns').resolve() / 'optuna.db'}"  # as sweepdata.load_sweep
+    store = default_storage(storage)
     known = set(optuna.get_all_study_names(store))
     for study in STUDIES:  # a study not run (or with no COMPLETE trial yet) is listed in studies.csv, not fatal
         name = f"inference-ablations-{study}"

@@ -94,6 +94,11 @@ def out_dir(args) -> Path:
     return d
 
 
+def default_storage(storage: str | None) -> str:
+    """The Optuna storage URL: as given, else the project's sqlite:///<cwd>/mlruns/optuna.db."""
+    return storage or f"sqlite:///{Path('mlruns').resolve() / 'optuna.db'}"
+
+
 def load_sweep(args) -> Sweep:
     """The sweep's COMPLETE trials with their runs; exits 2 with one line if the sweep is unknown."""
     import optuna
@@ -104,7 +109,7 @@ def load_sweep(args) -> Sweep:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     uri = tracking.resolve_uri(args.tracking_uri)
-    storage = args.storage or f"sqlite:///{Path('mlruns').resolve() / 'optuna.db'}"
+    storage = default_storage(args.storage)
     try:
         study = optuna.load_study(study_name=args.sweep, storage=storage)
     except Exception as e:  # KeyError for an unknown study, OperationalError for a missing database
