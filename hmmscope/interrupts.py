@@ -1,4 +1,5 @@
-"""SIGTERM as Ctrl-C, an interrupt Python swallowed raised again, and children that die with their parent.
+"""SIGTERM as Ctrl-C, an interrupt Python swallowed raised again, children that die with their parent, and threads
+that stop with their block.
 
 `kill PID`, `timeout` and a sweep stopping its workers send SIGTERM; inside `sigterm_interrupts` (and in a sweep
 worker, `on_sigterm`) it raises KeyboardInterrupt, so a run ends KILLED and a trial is handed back, as with Ctrl-C.
@@ -11,7 +12,9 @@ nothing (no "Exception ignored" traceback on the way to the one-line "error: int
 `SWALLOWED`.
 
 Children (`die_with_parent`, a preexec_fn): a sweep's worker processes and `hmmscope ui`'s servers get SIGTERM when
-the process that started them dies, even by SIGKILL (Linux). Standard library only.
+the process that started them dies, even by SIGKILL (Linux). Heartbeats (`every`): a daemon thread that calls a
+function at an interval until the block ends or the function says stop (a run's lease, a trial's heartbeat).
+Standard library only.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 _PENDING: list[int] = []  # signals received whose KeyboardInterrupt may not have propagated
@@ -80,3 +83,27 @@ def die_with_parent():
             os.kill(os.getpid(), signal.SIGTERM)
 
     return preexec
+
+
+@contextmanager
+def every(interval: float, beat: Callable[[], bool | None], name: str) -> Iterator[None]:
+    """Call `beat()` from a daemon thread every `interval` seconds while the block runs (a heartbeat); the thread stops
+    when `beat` returns False or the block ends, and is joined before the block is left. An exception in `beat` is
+    swallowed (a busy or unreachable store: the next beat comes soon)."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(interval):
+            try:
+                if beat() is False:
+                    return
+            except Exception:  # noqa: BLE001  (see the docstring)
+                continue
+
+    th = threading.Thread(target=loop, daemon=True, name=name)
+    th.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        th.join()

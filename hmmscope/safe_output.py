@@ -14,6 +14,11 @@ Owns how a file is written:
   outside the project is the user's choice). A path the user named explicitly (`trust(path)`, called by the CLI
   for `--out`, an export's file) is written even through links: the user chose it.
 
+What hmmscope writes goes through three writers: `write_text`/`write_bytes`/`atomic_open` for any file,
+`write_csv`/`write_tables` for tables (rows as dicts: columns in first-seen order, NaN as an empty cell, the way every
+result becomes a file), `save_figure` for figures (a PNG and a PDF side by side, built on `matplotlib.figure.Figure`:
+no pyplot state, safe in threads and workers).
+
 Every failure is an `OutputError` (a ConfigError: the CLI prints one line and exits 2) naming the path and why.
 
 Must not import torch, mlflow, optuna or anything of hmmscope but `config` (for ConfigError).
@@ -22,12 +27,15 @@ Must not import torch, mlflow, optuna or anything of hmmscope but `config` (for 
 from __future__ import annotations
 
 import contextlib
+import csv
 import errno
+import io
+import math
 import os
 import re
 import secrets
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -277,3 +285,53 @@ def write_with(path: str | Path, write: Callable[[Path], Any], root: str | Path 
     with atomic_path(path, root) as tmp:
         write(tmp)
     return Path(os.path.abspath(path))
+
+
+# ---------------------------------------------------------------- tables and figures
+
+DPI = 120
+
+
+def csv_text(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """Rows as CSV text: a header of `columns` (default: every key, in first-seen order), then one line per row; a
+    missing key and a NaN float are empty cells; '\\n' line ends. No rows and no columns: ''."""
+    cols = list(columns) if columns is not None else list(dict.fromkeys(k for r in rows for k in r))
+    if not cols:
+        return ""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n", restval="")
+    w.writeheader()
+    w.writerows({k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()} for r in rows)
+    return buf.getvalue()
+
+
+def write_csv(path: str | Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None,
+              root: str | Path | None = None) -> Path:
+    """`csv_text(rows, columns)` written to `path` atomically; returns the path."""
+    return write_text(path, csv_text(rows, columns), root)
+
+
+def write_tables(directory: str | Path, tables: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[Path]:
+    """`<directory>/<name>.csv` for each table with rows (`write_csv`; the folder made if need be); the paths written."""
+    d = make_dir(directory)
+    return [write_csv(d / f"{name}.csv", rows) for name, rows in tables.items() if rows]
+
+
+def save_figure(fig, path: str | Path, dpi: int = DPI) -> list[Path]:
+    """Write `fig` as <path>.png and <path>.pdf (any suffix given is replaced), each atomically; returns [png, pdf].
+    The layout (constrained or tight) is computed once, for the PNG; the PDF reuses it."""
+    path = Path(path)
+    engine = fig.get_layout_engine()
+    out = []
+    try:
+        for fmt in ("png", "pdf"):
+            dst = path.with_suffix(f".{fmt}")
+            with atomic_path(dst) as tmp:
+                fig.savefig(tmp, dpi=dpi, format=fmt)
+            if engine is not None:  # laid out by the first save: the axes keep their places
+                fig.set_layout_engine("none")
+            out.append(dst)
+    finally:
+        if engine is not None:
+            fig.set_layout_engine(engine)
+    return out

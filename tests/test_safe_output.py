@@ -133,3 +133,36 @@ def test_a_full_disk_is_one_error_and_leaves_nothing(tmp_path):
         with pytest.raises(so.OutputError, match="No space left"), so.atomic_open(d / "new.csv") as f:
             f.write("z" * 200_000)
         assert _files(d) == ["keep.txt"]
+
+
+def test_csv_text_columns_in_first_seen_order_missing_and_nan_empty():
+    rows = [{"a": 1, "b": float("nan")}, {"b": 2.5, "c": "x,y"}, {"a": None}]
+    assert so.csv_text(rows) == 'a,b,c\n1,,\n,2.5,"x,y"\n,,\n'
+    assert so.csv_text([rows[1], {}], ["c", "b"]) == 'c,b\n"x,y",2.5\n,\n'  # given columns, in their order
+    with pytest.raises(ValueError):
+        so.csv_text(rows, ["a"])  # a row with a key outside the columns: an error, never a dropped value
+    assert so.csv_text([]) == "" and so.csv_text([], ["a"]) == "a\n"
+
+
+def test_write_tables_writes_the_tables_with_rows_and_reads_back(tmp_path):
+    import csv
+
+    paths = so.write_tables(tmp_path / "t", {"one": [{"k": 1, "v": 0.5}, {"k": 2, "v": float("nan")}], "none": []})
+    assert paths == [tmp_path / "t" / "one.csv"] and not (tmp_path / "t" / "none.csv").exists()
+    with open(paths[0], newline="") as f:
+        assert list(csv.DictReader(f)) == [{"k": "1", "v": "0.5"}, {"k": "2", "v": ""}]
+    assert not [p for p in (tmp_path / "t").iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+def test_save_figure_writes_png_and_pdf_laid_out_once_and_keeps_the_engine(tmp_path):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4, 3), layout="constrained")
+    ax = fig.subplots()
+    ax.plot([0, 1], [1, 0])
+    ax.set_title("a title")
+    engine = fig.get_layout_engine()
+    png, pdf = so.save_figure(fig, tmp_path / "f.svg")
+    assert (png.name, pdf.name) == ("f.png", "f.pdf")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and pdf.read_bytes()[:5] == b"%PDF-"
+    assert fig.get_layout_engine() is engine  # the caller's figure as it was

@@ -68,32 +68,20 @@ def _show_version(value: bool) -> None:
         raise typer.Exit()
 
 
-MAX_THREADS = 4096  # HMMSCOPE_THREADS at most
-
-
 def _check_environment() -> None:
-    """The environment every command reads, checked before any: HMMSCOPE_THREADS (torch's CPU threads) an integer in
-    [1, MAX_THREADS]; every numeric setting in its stated range (HMMSCOPE_RUN_HEARTBEAT_S, HMMSCOPE_STORE_OUTAGE_S,
-    HMMSCOPE_PROGRESS_S: tracking.liveness.HEARTBEAT_RANGE, sweep.storage.STORE_OUTAGE_RANGE,
-    progress.PROGRESS_RANGE); no warnings filter that makes every library's warning an error (PYTHONWARNINGS=error,
-    -W error: MLflow and SQLAlchemy emit deprecation warnings, which would stop a command half-way with a traceback)."""
-    import os
+    """The environment every command reads, checked before any: HMMSCOPE_THREADS and every numeric setting in its
+    stated range (`env`: HMMSCOPE_THREADS; HMMSCOPE_RUN_HEARTBEAT_S, HMMSCOPE_STORE_OUTAGE_S, HMMSCOPE_PROGRESS_S:
+    tracking.liveness.HEARTBEAT_RANGE, sweep.storage.STORE_OUTAGE_RANGE, progress.PROGRESS_RANGE); no warnings filter
+    that makes every library's warning an error (PYTHONWARNINGS=error, -W error: MLflow and SQLAlchemy emit deprecation
+    warnings, which would stop a command half-way with a traceback)."""
     import warnings
 
-    threads = os.environ.get("HMMSCOPE_THREADS")
-    if threads is not None and threads.strip() != "":
-        try:
-            n = int(threads)
-        except ValueError:
-            n = 0
-        if not 1 <= n <= MAX_THREADS:
-            fail(f"HMMSCOPE_THREADS={threads[:40]!r}: give an integer in [1, {MAX_THREADS}] (torch's CPU threads), or "
-                 "unset it")
+    from .. import env
     from ..sweep.storage import outage_limit
     from ..tracking.liveness import heartbeat_interval
     from ..training import progress
 
-    for read in (heartbeat_interval, outage_limit, progress.progress_every):  # each with its stated range
+    for read in (env.threads, heartbeat_interval, outage_limit, progress.progress_every):  # each with its stated range
         try:
             read()
         except ValueError as e:

@@ -298,13 +298,14 @@ def sweep_export_cmd(
     checks.safe_name(study, "study")
     url = store_checks.optuna_storage(storage, must_exist=True, write=False)
     out = None if path is None else checks.output_file(path, "output", suffix=".csv")
-    from ..sweep.studies import csv_text, export_rows, write_csv
+    from ..safe_output import csv_text, write_csv
+    from ..sweep.studies import export_rows
 
     rows = export_rows(study, url)
     if out is None:
         typer.echo(csv_text(rows), nl=False)
     else:
-        write_csv(rows, out)
+        write_csv(out, rows)
         typer.echo(f"wrote {len(rows)} trial(s) of {study} to {out}", err=True)
 
 

@@ -247,7 +247,7 @@ def build_emergence(history: list[dict], title: str | None = None):
 
 
 def plot_emergence(history: list[dict], path, title: str | None = None):
-    """build_emergence saved as PNG + PDF (figures.save); returns the paths."""
-    from ..figures import save
+    """build_emergence saved as PNG + PDF (safe_output.save_figure); returns the paths."""
+    from ..safe_output import save_figure
 
-    return save(build_emergence(history, title), path)
+    return save_figure(build_emergence(history, title), path)

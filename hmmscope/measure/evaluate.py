@@ -74,7 +74,6 @@ evaluation step.
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -471,23 +470,12 @@ class Figure1Result:
                          "regime": self.regime})
 
     def to_csv(self, directory) -> list[Path]:
-        """Write figure1_by_k.csv, figure1_by_position.csv, figure1_paired.csv and figure1_gains.csv into
-        directory; returns the paths."""
-        from ..safe_output import atomic_open, make_dir
+        """Write figure1_by_k.csv, figure1_by_position.csv, figure1_paired.csv and figure1_gains.csv (those with rows)
+        into directory; returns the paths."""
+        from ..safe_output import write_tables
 
-        d = make_dir(directory)
-        paths = []
-        for name, rows in (("figure1_by_k.csv", self.by_k), ("figure1_by_position.csv", self.by_position),
-                           ("figure1_paired.csv", self.paired), ("figure1_gains.csv", self.gains)):
-            if not rows:
-                continue
-            with atomic_open(d / name, "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=list(rows[0]))
-                w.writeheader()
-                w.writerows({k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
-                            for r in rows)
-            paths.append(d / name)
-        return paths
+        return write_tables(directory, {"figure1_by_k": self.by_k, "figure1_by_position": self.by_position,
+                                        "figure1_paired": self.paired, "figure1_gains": self.gains})
 
 
 @torch.no_grad()

@@ -136,6 +136,6 @@ def build_figure1(result, title: str | None = None):
 
 def plot_figure1(result, path, title: str | None = None) -> list[Path]:
     """Write Figure 1 (`build_figure1`) as <path>.png and <path>.pdf; returns [png, pdf]."""
-    from ..figures import save
+    from ..safe_output import save_figure
 
-    return save(build_figure1(result, title), path)
+    return save_figure(build_figure1(result, title), path)

@@ -41,7 +41,6 @@ supported; else inconclusive. One layer, or fewer than 2 episodes -> NaN, inconc
 
 from __future__ import annotations
 
-import csv
 import math
 import time
 import warnings
@@ -162,21 +161,12 @@ class ShuffleResult:
 
     def to_csv(self, directory) -> list[Path]:
         """by_layer.csv, by_head.csv, claims.csv, per_episode.csv in `directory` (atomic writes)."""
-        from ..safe_output import atomic_open, make_dir
+        from ..safe_output import write_tables
 
-        d = make_dir(directory)
         E, L = self.per_episode.shape
         pe = [{"episode": e, "layer": l, "change": float(self.per_episode[e, l])} for e in range(E) for l in range(L)]
-        tables = {"by_layer": self.by_layer, "by_head": self.by_head,
-                  "claims": [asdict(c) for c in self.claims], "per_episode": pe}
-        paths = []
-        for name, rows in tables.items():
-            with atomic_open(d / f"{name}.csv", "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
-                w.writeheader()
-                w.writerows(rows)
-            paths.append(d / f"{name}.csv")
-        return paths
+        return write_tables(directory, {"by_layer": self.by_layer, "by_head": self.by_head,
+                                        "claims": [asdict(c) for c in self.claims], "per_episode": pe})
 
     def figure(self, title: str | None = None):
         """Figure 2 as a matplotlib Figure: the per-layer change with its 95% CI (error bars and band) and a
@@ -225,9 +215,9 @@ class ShuffleResult:
 
     def plot(self, path, title: str | None = None) -> list[Path]:
         """Write `figure()` as <path>.png and <path>.pdf; returns [png, pdf]."""
-        from ..figures import save
+        from ..safe_output import save_figure
 
-        return save(self.figure(title), path)
+        return save_figure(self.figure(title), path)
 
 
 def _scores_forward(model, idx: torch.Tensor, reduce) -> None:

@@ -137,7 +137,7 @@ def _plot_pooled(claims: list[Claim], pooled: list, path: Path) -> list[Path]:
     verdict); each row scaled by its own largest |value| so claims on different scales share the axis."""
     from matplotlib.figure import Figure
 
-    from ..figures import save
+    from ..safe_output import save_figure
 
     fig = Figure(figsize=(7, 0.32 * len(claims) + 1.5), layout="constrained")
     ax = fig.subplots()
@@ -158,7 +158,7 @@ def _plot_pooled(claims: list[Claim], pooled: list, path: Path) -> list[Path]:
     for k, col in _COLOURS.items():
         ax.plot([], [], "o", color=col, label=k)
     ax.legend(fontsize=7, loc="lower right")
-    return save(fig, path)
+    return save_figure(fig, path)
 
 
 def depth_rank_section(df, out_dir: Path | None = None, figs: dict | None = None) -> tuple[Section | None, list[Claim]]:
@@ -244,7 +244,7 @@ def depth_rank_section(df, out_dir: Path | None = None, figs: dict | None = None
 def _plot_depth(d, path: Path, ylabel: str) -> list[Path]:
     from matplotlib.figure import Figure
 
-    from ..figures import save
+    from ..safe_output import save_figure
 
     fig = Figure(figsize=(6, 4.5), layout="constrained")
     ax = fig.subplots()
@@ -255,4 +255,4 @@ def _plot_depth(d, path: Path, ylabel: str) -> list[Path]:
         ax.plot(m.index, m.values, "o-", color=c, label=f"rank {fmt_num(rk)}")
     ax.set(xlabel="n_layers", ylabel=ylabel, title="depth vs rank")
     ax.legend(fontsize=7)
-    return save(fig, path)
+    return save_figure(fig, path)

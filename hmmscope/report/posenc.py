@@ -214,9 +214,9 @@ def posenc_section(df, out_dir: Path | None = None, figs: dict | None = None,
 
 def _plot_posenc(plot: list, seed_col: str | None, path: Path) -> list[Path]:
     """`posenc_figure` as PNG + PDF at `path`."""
-    from ..figures import save
+    from ..safe_output import save_figure
 
-    return save(posenc_figure(plot, seed_col), path)
+    return save_figure(posenc_figure(plot, seed_col), path)
 
 
 def posenc_figure(plot: list, seed_col: str | None):

@@ -117,7 +117,7 @@ def _plot_theory(settings, fits, path: Path) -> list[Path]:
     PNG + PDF ([] when no setting has a positive rate)."""
     from matplotlib.figure import Figure
 
-    from ..figures import save
+    from ..safe_output import save_figure
 
     good = [s for s in settings if s["gamma"] > 0 and math.isfinite(s["rate"]) and s["rate"] > 0]
     if not good:
@@ -150,7 +150,7 @@ def _plot_theory(settings, fits, path: Path) -> list[Path]:
         ax.plot([], [], ".", color="gray", alpha=0.4, label="one HMM draw")
     ax.set(xscale="log", yscale="log", xlabel="gamma", ylabel="decay rate r (95% CI)", title="rate vs gamma")
     ax.legend(fontsize=7)
-    return save(fig, path)
+    return save_figure(fig, path)
 
 
 def practice_section(df, out_dir: Path, figs: dict) -> Section | None:
@@ -190,7 +190,7 @@ def practice_section(df, out_dir: Path, figs: dict) -> Section | None:
          rows)])
     from matplotlib.figure import Figure
 
-    from ..figures import save
+    from ..safe_output import save_figure
 
     fig = Figure(figsize=(6, 4.5), layout="constrained")
     ax = fig.subplots()
@@ -203,7 +203,7 @@ def practice_section(df, out_dir: Path, figs: dict) -> Section | None:
             ax.plot(L, [p[2] for p in pts], "s--", color=c, label=f"eps(L), {gam}")
     ax.set(yscale="log", xlabel="receptive field L", ylabel="TV to full-history oracle", title="practice vs theory")
     ax.legend(fontsize=7)
-    png, pdf = save(fig, out_dir / "practice_vs_theory.png")
+    png, pdf = save_figure(fig, out_dir / "practice_vs_theory.png")
     figs["practice"], figs["practice_pdf"] = str(png), str(pdf)
     sec.blocks.append(("img", png.name, "model excess error and eps(L) vs L"))
     return sec

@@ -11,7 +11,6 @@ holds every metric of each run (a training run's analysis claims as claim/<name>
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 from .. import tracking
@@ -60,18 +59,13 @@ def write_csv(path: Path, objective: str, rows: list[dict], varying: list[str], 
     obj_col = f"objective ({objective})"
     fitted = sorted({k for row in rows for k in row.get("fitted", {})} - set(metrics))
     fields = ["trial", "run_id", "run_name", "kind", obj_col, *varying, *metrics, *fitted]
-    from ..safe_output import atomic_open
+    from ..safe_output import write_csv
 
-    with atomic_open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        for row in rows:
-            w.writerow({"trial": row["trial"], "run_id": row["run_id"], "run_name": row["run_name"],
-                        "kind": row["kind"], obj_col: row["objective"],
-                        **{k: row["params"].get(k, "") for k in varying},
-                        **{k: row["metrics"].get(k, "") for k in metrics},
-                        **{k: row.get("fitted", {}).get(k, "") for k in fitted}})
-    return path
+    return write_csv(path, [{"trial": row["trial"], "run_id": row["run_id"], "run_name": row["run_name"],
+                             "kind": row["kind"], obj_col: row["objective"],
+                             **{k: row["params"].get(k, "") for k in varying},
+                             **{k: row["metrics"].get(k, "") for k in metrics},
+                             **{k: row.get("fitted", {}).get(k, "") for k in fitted}} for row in rows], fields)
 
 
 def trials_section(objective: str, rows: list[dict], varying: list[str], metrics: list[str]) -> Section | None:

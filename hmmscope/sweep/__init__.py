@@ -35,7 +35,7 @@ from .storage import (
     storage_kind,
     storage_url,
 )
-from .studies import StudyRuns, csv_text, delete_study, export_rows, list_studies, study_runs, write_csv
+from .studies import StudyRuns, delete_study, export_rows, list_studies, study_runs
 from .study import ATTR_BASE, ATTR_HASH, ATTR_PARENT, ATTR_PATH, ATTR_TEXT, create_study, load_study, spec_of_study
 from .trial import make_prune_hook, resumable_run, run_trial, trial_note, trial_seed
 from .worker import (
@@ -54,10 +54,10 @@ from .worker import (
 
 __all__ = [
     "ATTR_BASE", "ATTR_HASH", "ATTR_PARENT", "ATTR_PATH", "ATTR_TEXT", "StudyRuns", "SweepSummary", "TrialStore",
-    "best_trial", "collect_orphans", "counts", "create_study", "csv_text", "dashboard_storage", "default_storage",
+    "best_trial", "collect_orphans", "counts", "create_study", "dashboard_storage", "default_storage",
     "delete_study", "ensure_storage", "export_rows", "journal_path", "list_studies", "load_study", "main",
     "make_prune_hook", "open_storage", "pin_gpu", "quiet_optuna", "resumable_run", "run_sweep", "run_trial",
     "run_worker", "SweepDeleted", "safe_url", "spec_of_study", "storage_kind", "storage_url", "study_orphans", "study_runs",
     "study_status", "trial_note", "trial_seed", "uses_gpu", "visible_gpus", "worker_command", "worker_env",
-    "worker_gpus", "write_csv",
+    "worker_gpus",
 ]

@@ -22,7 +22,7 @@ What they show. The trials are the study's COMPLETE trials with a finite value (
   pooled verdict estimate: within-(seed, block) paired differences, t over seeds). A factor the report
   cannot pair within (e.g. confounded with pos_enc) gets its means and the reason instead of a difference.
 
-Imports `effects` of its siblings (the worker imports this one, lazily), and `units`, `stats` and `figures` inside the
+Imports `effects` of its siblings (the worker imports this one, lazily), and `units`, `stats` and `safe_output` inside the
 functions; never the report (which imports the sweep package); talks to MLflow only through the `tracking.Run` it is
 handed.
 """
@@ -220,9 +220,9 @@ def _x(values: list[Any]) -> tuple[list[float], list[str], bool]:
 
 def figure(spec, df, path: Path) -> list[Path]:
     """`objective_figure` as PNG + PDF at `path`."""
-    from ..figures import save
+    from ..safe_output import save_figure
 
-    return save(objective_figure(spec, df), path)
+    return save_figure(objective_figure(spec, df), path)
 
 
 def objective_figure(spec, df):
@@ -324,7 +324,7 @@ def pivot_figure(spec, cols: dict[str, list], path: Path) -> list[Path]:
     """The pivot table drawn as a table (values with their 95% CIs, `pivot_rows`); PNG + PDF at `path`."""
     from matplotlib.figure import Figure
 
-    from ..figures import save
+    from ..safe_output import save_figure
     from ..units import metric_units
 
     head, body = pivot_rows(cols)
@@ -339,7 +339,7 @@ def pivot_figure(spec, cols: dict[str, list], path: Path) -> list[Path]:
     unit = metric_units(spec.objective)
     ax.set_title(f"sweep {spec.name}: {spec.objective}{f' ({unit})' if unit else ''}, seeds as the unit"
                  + ("; rope - absolute < 0: RoPE lower" if "rope - absolute" in cols else ""), fontsize=9)
-    return save(fig, path)
+    return save_figure(fig, path)
 
 
 def log_comparison(run, spec, study, metrics_of=None) -> dict[str, list] | None:

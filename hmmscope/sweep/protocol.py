@@ -59,6 +59,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ..interrupts import every
 from .storage import journal_path, pg_connect_args, storage_kind
 
 HEARTBEAT = "heartbeat"  # journal storages: the system attr holding a trial's last beat
@@ -185,27 +186,19 @@ class TrialStore:
         worker must stop and record nothing."""
         from optuna.trial import TrialState
 
-        stop = threading.Event()
+        def beat() -> bool:
+            try:
+                state = self.storage.get_trial(trial_id).state
+            except KeyError:  # the trial is gone (its study deleted): nothing to beat for
+                state = None
+            if lost is not None and state != TrialState.RUNNING:
+                lost.set()
+                return False
+            self.beat(trial_id)
+            return True
 
-        def beat() -> None:
-            while not stop.wait(interval):
-                with contextlib.suppress(Exception):  # a busy or unreachable store: the next beat comes soon
-                    try:
-                        state = self.storage.get_trial(trial_id).state
-                    except KeyError:  # the trial is gone (its study deleted): nothing to beat for
-                        state = None
-                    if lost is not None and state != TrialState.RUNNING:
-                        lost.set()
-                        return
-                    self.beat(trial_id)
-
-        th = threading.Thread(target=beat, daemon=True, name=f"heartbeat-{trial_id}")
-        th.start()
-        try:
+        with every(interval, beat, f"heartbeat-{trial_id}"):
             yield
-        finally:
-            stop.set()
-            th.join()
 
     def stale_trial_ids(self) -> list[int]:
         """RUNNING trials whose last heartbeat is older than the grace period (never: a trial with no beat)."""

@@ -29,6 +29,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from .. import env
 from ..config import ConfigError
 
 # libpq's bounds on one PostgreSQL connection (psycopg2 passes them through): a connection attempt gives up after
@@ -47,9 +48,7 @@ STORE_OUTAGE_RANGE = (0.0, 86400.0)  # 0: give up at the first transient error; 
 def outage_limit() -> float:
     """Seconds a sweep worker waits out a storage that does not answer (env HMMSCOPE_STORE_OUTAGE_S, default 900, in
     STORE_OUTAGE_RANGE; ValueError outside it: nan or inf made the wait unbounded)."""
-    from ..tracking.liveness import env_seconds
-
-    return env_seconds("HMMSCOPE_STORE_OUTAGE_S", STORE_OUTAGE_S, *STORE_OUTAGE_RANGE,
+    return env.seconds("HMMSCOPE_STORE_OUTAGE_S", STORE_OUTAGE_S, *STORE_OUTAGE_RANGE,
                        "how long a sweep worker waits for a storage that does not answer")
 
 

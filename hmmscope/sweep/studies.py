@@ -25,12 +25,9 @@ talks to MLflow.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
@@ -97,24 +94,6 @@ def export_rows(name: str, storage_url: str) -> list[dict[str, Any]]:
         row["mlflow_run_id"] = t.user_attrs.get("mlflow_run_id") or ""
         rows.append(row)
     return rows
-
-
-def csv_text(rows: list[dict[str, Any]]) -> str:
-    buf = io.StringIO()
-    if rows:
-        w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-        w.writeheader()
-        w.writerows(rows)
-    return buf.getvalue()
-
-
-def write_csv(rows: list[dict[str, Any]], path: str | Path) -> Path:
-    """Write the rows to `path` atomically (a temporary file beside it, then a rename)."""
-    path = Path(path)
-    from ..safe_output import write_text
-
-    write_text(path, csv_text(rows))
-    return path
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from .. import env
 from ..config import ConfigError
 from ..interrupts import die_with_parent, on_sigterm
 from .protocol import TrialStore
@@ -556,10 +557,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.gpu is not None:
         pin_gpu(a.gpu)
     signal.signal(signal.SIGTERM, on_sigterm)  # run_sweep stops its workers with SIGTERM: hand the trial back, exit
-    if os.environ.get("HMMSCOPE_THREADS"):
+    if env.threads():
         import torch
 
-        torch.set_num_threads(int(os.environ["HMMSCOPE_THREADS"]))
+        torch.set_num_threads(env.threads())
     try:
         n = run_worker(a.study, a.storage, a.uri, max_trials=a.max_trials)
     except SweepDeleted as e:

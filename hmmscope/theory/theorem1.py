@@ -427,6 +427,6 @@ def theory_figure(result: TheoryResult, title: str | None = None):
 
 def plot_theory(result: TheoryResult, path, title: str | None = None):
     """Write `theory_figure` as <path>.png and <path>.pdf; returns [png, pdf]."""
-    from ..figures import save
+    from ..safe_output import save_figure
 
-    return save(theory_figure(result, title), path)
+    return save_figure(theory_figure(result, title), path)

@@ -24,13 +24,13 @@ read back after SETTLE_S, on a server), checks it while the run is open, and rem
 
 Part of `tracking`, the one package that talks to MLflow. Imports mlflow only inside functions; imports the
 store, leftovers and search modules, and must not import runs (which imports this) or anything of hmmscope outside
-tracking.
+tracking but `env` and `interrupts` (below every unit).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
+import functools
 import os
 import socket
 import threading
@@ -39,6 +39,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .. import env
+from ..interrupts import every
 from . import leftovers
 from .search import search_runs
 from .store import client, sqlite_path
@@ -52,26 +54,10 @@ LEGACY_LEASE_TAG = "mlflow.hmmscope.lease"  # runs recorded before the rename: r
 HEARTBEAT_RANGE = (0.1, 3600.0)  # seconds: faster is a store write storm per run, slower a lease that never expires
 
 
-def env_seconds(name: str, default: float, lo: float, hi: float, what: str) -> float:
-    """A number of seconds from the environment variable `name` (unset or empty: `default`); ValueError (one line:
-    the variable, its value, its range) for anything but a number in [lo, hi]."""
-    raw = os.environ.get(name, "")
-    if raw.strip() == "":
-        return default
-    try:
-        v = float(raw)
-    except ValueError:
-        v = math.nan
-    if not lo <= v <= hi:  # nan too
-        raise ValueError(f"{name}={raw[:40]!r}: give seconds in [{lo:g}, {hi:g}] ({what}), or unset it "
-                         f"(default {default:g})")
-    return v
-
-
 def heartbeat_interval() -> float:
     """Seconds between a run's heartbeats (env HMMSCOPE_RUN_HEARTBEAT_S, default 30, in HEARTBEAT_RANGE; ValueError
     outside it)."""
-    return env_seconds(HEARTBEAT_ENV, 30.0, *HEARTBEAT_RANGE, "the heartbeat of an open run; a lease expires after "
+    return env.seconds(HEARTBEAT_ENV, 30.0, *HEARTBEAT_RANGE, "the heartbeat of an open run; a lease expires after "
                        f"{HEARTBEAT_GRACE} of them")
 
 
@@ -153,30 +139,23 @@ def beating(uri: str, run_id: str, interval: float, touch: bool = False) -> Iter
     status RUNNING kept: a resumed run's duration while it runs). Before each beat the lease is read back: one
     that names another writer (this process's lease expired and another took the run over) marks the lease lost
     (`lost`): this process stops beating, and its writes through `Run` raise LeaseLost."""
-    stop = threading.Event()
-
     who = identity()
     nonce = nonce_of(uri, run_id)
+    store = functools.cache(lambda: client(uri))  # made in the thread, at its first beat
 
-    def beat() -> None:
-        c = client(uri)
-        while not stop.wait(interval):
-            with contextlib.suppress(Exception):
-                now = lease_of(c.get_run(run_id))
-                if now is not None and not _is_me(now, nonce):
-                    _mark_lost(uri, run_id, now)
-                    return
-                c.set_tag(run_id, LEASE_TAG, _lease(interval, who, nonce))
-                if touch:
-                    c.set_terminated(run_id, "RUNNING", end_time=int(time.time() * 1000))
+    def beat() -> bool:
+        c = store()
+        now = lease_of(c.get_run(run_id))
+        if now is not None and not _is_me(now, nonce):
+            _mark_lost(uri, run_id, now)
+            return False
+        c.set_tag(run_id, LEASE_TAG, _lease(interval, who, nonce))
+        if touch:
+            c.set_terminated(run_id, "RUNNING", end_time=int(time.time() * 1000))
+        return True
 
-    th = threading.Thread(target=beat, daemon=True, name=f"mlflow-heartbeat-{run_id[:8]}")
-    th.start()
-    try:
+    with every(interval, beat, f"mlflow-heartbeat-{run_id[:8]}"):
         yield
-    finally:
-        stop.set()
-        th.join()
 
 
 def _same_namespace(lease: dict[str, Any], host: str | None) -> bool:

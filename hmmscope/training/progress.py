@@ -7,16 +7,17 @@ HMMSCOPE_PROGRESS_S seconds (default 30) and one at the last step: '<date time> 
 ETA h:mm:ss' (the ETA from this call's own rate; `stamp`: the local date and time first, as every progress line off a
 terminal has it); nothing when not `enabled` (a sweep's workers).
 
-Imports rich only inside `training_progress`; nothing of hmmscope.
+Imports rich only inside `training_progress`; of hmmscope only `env`.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from typing import Any
+
+from .. import env
 
 PROGRESS_ENV = "HMMSCOPE_PROGRESS_S"  # seconds between plain progress lines off a terminal (default 30)
 
@@ -33,18 +34,7 @@ def stamp(msg: str) -> str:
 def progress_every() -> float:
     """Seconds between `train`'s plain progress lines when stderr is no terminal (env HMMSCOPE_PROGRESS_S, default 30,
     in PROGRESS_RANGE; ValueError, one line, outside it)."""
-    raw = os.environ.get(PROGRESS_ENV, "")
-    if raw.strip() == "":
-        return 30.0
-    try:
-        v = float(raw)
-    except ValueError:
-        v = math.nan
-    lo, hi = PROGRESS_RANGE
-    if not lo <= v <= hi:
-        raise ValueError(f"{PROGRESS_ENV}={raw[:40]!r}: give seconds in [{lo:g}, {hi:g}] (between train's progress "
-                         "lines off a terminal), or unset it (default 30)")
-    return v
+    return env.seconds(PROGRESS_ENV, 30.0, *PROGRESS_RANGE, "between train's progress lines off a terminal")
 
 
 class PlainProgress:

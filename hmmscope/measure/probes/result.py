@@ -1,12 +1,11 @@
 """The probes' result: `ProbeResult`, its tables (CSV, written atomically), JSON and Figure 3.
 
-Imports matplotlib only inside `figure` (through `figures` for `plot`); must not import torch, sklearn, or
+Imports matplotlib only inside `figure` (through `safe_output.save_figure` for `plot`); must not import torch, sklearn, or
 the fits.
 """
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,22 +29,11 @@ class ProbeResult:
                           "claims": self.claims, "meta": self.meta})
 
     def to_csv(self, directory) -> list[Path]:
-        from ...safe_output import atomic_open, make_dir
+        """probes.csv, belief_probes.csv, probe_summary.csv, probe_claims.csv in `directory` (atomic writes)."""
+        from ...safe_output import write_tables
 
-        d = make_dir(directory)
-        out = []
-        for name, rows in (("probes", self.table), ("belief_probes", self.belief_table),
-                           ("probe_summary", self.summary), ("probe_claims", jsonable(self.claims))):
-            path = d / f"{name}.csv"
-            keys = list(dict.fromkeys(k for r in rows for k in r))
-            if not keys:
-                continue
-            with atomic_open(path, "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=keys)
-                w.writeheader()
-                w.writerows(rows)
-            out.append(path)
-        return out
+        return write_tables(directory, {"probes": self.table, "belief_probes": self.belief_table,
+                                        "probe_summary": self.summary, "probe_claims": jsonable(self.claims)})
 
     def figure(self, title: str | None = None):
         """Figures 3a (task vs state), 3b (k-back curves, and their best layer against the baselines by k) and the
@@ -135,6 +123,6 @@ class ProbeResult:
 
     def plot(self, path, title: str | None = None) -> list[Path]:
         """Write `figure()` as <path>.png and <path>.pdf; returns [png, pdf]."""
-        from ...figures import save
+        from ...safe_output import save_figure
 
-        return save(self.figure(title), path)
+        return save_figure(self.figure(title), path)
