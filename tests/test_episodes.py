@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 from hmmscope.config import DataConfig, HMMConfig, config_hash
-from hmmscope.data.episodes import Episodes, layout, load_episodes, sample_episodes, save_episodes
+from hmmscope.data.episodes import Episodes, episode_arrays, layout, load_episodes, sample_episodes, save_episodes
 from hmmscope.data.hmm import make_mixture, sample_sequences, state_distribution_after
 
 P_MIN = 1e-3
@@ -390,3 +390,16 @@ def test_training_fit_family_and_unseen_tasks_come_from_disjoint_streams():
         assert not set(continuous(eval_mix)) & set(continuous(fresh_training(hc, data, 24)[0]))
     with pytest.raises(ValueError, match="n_tasks >= 1"):
         make_mixture(dataclasses.replace(hc, n_tasks=0))
+
+
+def test_episode_arrays_from_numpy_or_torch_tokens():
+    import torch
+
+    mix = make_mixture(HMMConfig(n_tasks=2, n_states=4, n_tokens=3, rank=2))
+    ep = sample_episodes(mix, DataConfig(n_demos=2, l_demo=3, l_test=4), 5)
+    a = episode_arrays(ep)
+    assert a.tokens.dtype == np.int64 and a.segment.dtype == np.int64 and a.n_tokens == 3
+    np.testing.assert_array_equal(a.tokens, np.asarray(ep.tokens))
+    b = episode_arrays(dataclasses.replace(ep, tokens=torch.as_tensor(np.asarray(ep.tokens))))
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_array_equal(a.segment, b.segment)

@@ -457,3 +457,24 @@ def test_mixture_kernel_without_a_writable_cache_folder(tmp_path, monkeypatch):
     (a, pa), (b, pb) = _kernel_and_torch(mix, ep, posterior_at="test_start", dtype=F64)
     torch.testing.assert_close(a, b, rtol=0, atol=1e-12, equal_nan=True)
     torch.testing.assert_close(pa, pb, rtol=0, atol=1e-12)
+
+
+def test_results_are_named_tuples_on_every_path(monkeypatch):
+    """The filter gives Filtered(pred, logp) on the dense and the factored path; the mixture oracle gives
+    MixturePrediction(pred, posterior) on the compiled CPU kernel and on the torch path; fields by name or position."""
+    hmm = make_hmm(HMMConfig(n_tasks=1, n_states=5, n_tokens=3, rank=2, gamma=0.7))
+    tok = np.random.default_rng(0).integers(0, 3, (4, 7))
+    for W, Q in ((hmm.W, hmm.Q), (hmm.W @ hmm.Q, np.eye(5))):  # factored, dense
+        f = filter_factored(hmm.initial, W, Q, hmm.emission, tok, dtype=F64)
+        assert isinstance(f, inference.Filtered) and f.pred.shape == (4, 7, 3) and f.logp.shape == (4, 7)
+        pred, logp = f
+        assert pred is f.pred and logp is f.logp
+    mix = make_mixture(HMMConfig(n_tasks=3, n_states=5, n_tokens=3, rank=2, gamma=0.7))
+    ep = sample_episodes(mix, DataConfig(n_demos=2, l_demo=4, l_test=5), 2)
+    got = [mixture_oracle(mix, ep, posterior_at="test_start", dtype=F64)]
+    monkeypatch.setattr(inference, "numba_kernel", lambda: None)  # the torch path
+    got.append(mixture_oracle(mix, ep, posterior_at="test_start", dtype=F64))
+    for m in got:
+        assert isinstance(m, inference.MixturePrediction) and m.pred.shape == (2, ep.seq_len, 3)
+        assert m.posterior.shape == (2, 3)
+    torch.testing.assert_close(got[0].pred, got[1].pred, rtol=0, atol=1e-12, equal_nan=True)

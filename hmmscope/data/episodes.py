@@ -22,6 +22,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -119,6 +120,21 @@ class Episodes:
                         self.n_tokens, self.n_demos, self.l_demo, self.l_test, dict(self.meta))
 
     __getitem__ = subset
+
+
+
+class EpisodeArrays(NamedTuple):
+    """An Episodes-like object's tokens as the counting baselines and the EM learner read them."""
+
+    tokens: np.ndarray  # (N, T) int64
+    segment: np.ndarray  # (T,) int64: demo index, n_demos for the test, -1 at delimiters
+    n_tokens: int  # V
+
+
+def episode_arrays(ep) -> EpisodeArrays:
+    """`EpisodeArrays` of an Episodes-like object (tokens a numpy array or a torch tensor)."""
+    tok = ep.tokens.numpy() if hasattr(ep.tokens, "numpy") else np.asarray(ep.tokens)
+    return EpisodeArrays(tok.astype(np.int64), np.asarray(ep.segment, np.int64), int(ep.n_tokens))
 
 
 def _split_code(split: str) -> int:

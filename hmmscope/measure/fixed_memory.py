@@ -69,11 +69,11 @@ def memory_comparison(model: torch.nn.Module, mix: Mixture, ep: Episodes, window
                           "position sees test tokens only"}
     task = task_oracle(mix, ep, dtype=torch.float64, device=device)[:, cols].cpu()
     if reference is None:
-        mixp = mixture_oracle(mix, ep, dtype=torch.float64, device=device)[0][:, cols].cpu()
+        mixp = mixture_oracle(mix, ep, dtype=torch.float64, device=device).pred[:, cols].cpu()
     else:  # tasks that are none of the episodes' own: their ids must not be looked at
         anon = ep.subset(np.arange(len(ep)))
         anon.task_ids = np.full(len(ep), -1)
-        mixp = mixture_oracle(reference, anon, dtype=torch.float64, device=device)[0][:, cols].cpu()
+        mixp = mixture_oracle(reference, anon, dtype=torch.float64, device=device).pred[:, cols].cpu()
     modp = model_predictive(model, ep.tokens, device, batch_size, n_obs=mix.n_tokens, dtype=torch.float64)[:, cols]
     lmem = torch.as_tensor(np.stack([
         memory_predictor(mix.task(int(t)), ep.tokens[i][None].astype(np.int64).clip(-1, None), R)[0]

@@ -83,6 +83,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..data.episodes import episode_arrays
+
 __all__ = ["incontext_unigram", "incontext_bigram", "incontext_ngram", "incontext_ctw", "fit_counting", "CountingFit",
            "COUNTING", "FAIR_COUNTING", "ALPHAS", "ORDERS", "DEPTHS"]
 
@@ -90,12 +92,6 @@ COUNTING = ("incontext_unigram", "incontext_bigram")
 _BIGRAM_CHUNK_BYTES = 64 << 20  # peak of the bigram's cumulative pair counts per chunk of episodes
 _NGRAM_CHUNK_BYTES = 64 << 20  # the n-gram's per-gram-length count arrays per chunk of episodes
 _CTW_CHUNK_BYTES = 96 << 20  # CTW node tables (+ its output) per chunk of episodes
-
-
-def _tokens(ep) -> tuple[np.ndarray, np.ndarray, int]:
-    """(tokens (N, T) int64, segment (T,) int64, V) of an Episodes-like object."""
-    tok = ep.tokens.numpy() if isinstance(ep.tokens, torch.Tensor) else np.asarray(ep.tokens)
-    return tok.astype(np.int64), np.asarray(ep.segment, np.int64), int(ep.n_tokens)
 
 
 def _onehot(tok: np.ndarray, obs: np.ndarray, V: int) -> np.ndarray:
@@ -117,7 +113,7 @@ def _unigram(X: np.ndarray) -> np.ndarray:
 
 def incontext_unigram(ep) -> torch.Tensor:
     """Add-one unigram of the episode's observation tokens before t (module docstring): (N, T, V) float64."""
-    tok, seg, V = _tokens(ep)
+    tok, seg, V = episode_arrays(ep)
     obs = seg >= 0
     p = _unigram(_onehot(tok, obs, V))
     p[:, ~obs] = np.nan
@@ -128,7 +124,7 @@ def incontext_unigram(ep) -> torch.Tensor:
 def incontext_bigram(ep) -> torch.Tensor:
     """Add-one bigram over the adjacent in-sequence pairs ending before t, unigram at a sequence's first token
     (module docstring): (N, T, V) float64."""
-    tok, seg, V = _tokens(ep)
+    tok, seg, V = episode_arrays(ep)
     N, T = tok.shape
     obs = seg >= 0
     valid = obs[None, :] & (tok >= 0) & (tok < V)  # (N, T) observation tokens
@@ -225,7 +221,7 @@ def incontext_ngram(ep, order: int, alpha: float) -> torch.Tensor:
     alpha = 1 is incontext_bigram."""
     _check_size("incontext_ngram", order, "order")
     _check_alpha("incontext_ngram", alpha)
-    tok, seg, V = _tokens(ep)
+    tok, seg, V = episode_arrays(ep)
     valid, run = _runs(tok, seg, V)
     C = _ngram_counts(tok, valid, run, V, int(order))
     p = (C + alpha) / (C.sum(-1, keepdims=True) + V * alpha)
@@ -310,7 +306,7 @@ def incontext_ctw(ep, depth: int, alpha: float = 0.5) -> torch.Tensor:
     (N, T, V) float64, NaN rows at delimiters and ids outside [0, V)."""
     _check_size("incontext_ctw", depth, "depth")
     _check_alpha("incontext_ctw", alpha)
-    tok, seg, V = _tokens(ep)
+    tok, seg, V = episode_arrays(ep)
     valid, run = _runs(tok, seg, V)
     return torch.from_numpy(np.exp(_ctw_logp(tok, valid, run, V, int(depth), [float(alpha)], True)[0]))
 
@@ -431,7 +427,7 @@ def fit_counting(ep_fit, ks, *, alphas=ALPHAS, orders=ORDERS, depths=DEPTHS) -> 
         cols = _scored(e)
         if not len(cols):
             raise ValueError(f"fit_counting: no scored test token at k = {k} (l_test = {e.l_test})")
-        tok, seg, V = _tokens(e)
+        tok, seg, V = episode_arrays(e)
         valid, run = _runs(tok, seg, V)
         if not valid[:, cols].all():
             raise ValueError("fit_counting: the fit episodes have token ids outside [0, V) at scored positions")

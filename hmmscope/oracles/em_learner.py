@@ -36,19 +36,14 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from ..config import EM_STATES_CAP
 from ..data import seeds
+from ..data.episodes import episode_arrays
 
 __all__ = ["HMMLearner", "DEFAULT_LEARNER", "EMFit", "fit_hmm_em", "incontext_hmm", "EM_CHUNK_BYTES", "EM_STATES_CAP"]
 
 _EM_TAG = 0x454D484D  # "EMHM": the EM learner's initializations
 EM_CHUNK_BYTES = 256 << 20  # working set of one chunk of EM fits
-EM_STATES_CAP = 8  # HMMLearner.for_family: at most this many hidden states (config.EM_STATES_CAP, which eval.em_states = 0 uses)
-
-
-def _tokens(ep) -> tuple[np.ndarray, np.ndarray, int]:
-    """(tokens (N, T) int64, segment (T,) int64, V) of an Episodes-like object."""
-    tok = ep.tokens.numpy() if isinstance(ep.tokens, torch.Tensor) else np.asarray(ep.tokens)
-    return tok.astype(np.int64), np.asarray(ep.segment, np.int64), int(ep.n_tokens)
 
 
 # ---------------------------------------------------------------- the EM-fitted HMM
@@ -293,7 +288,7 @@ def incontext_hmm(ep, ks=None, learner: HMMLearner = HMMLearner(), *, return_fit
     """
     from .inference import filter_factored
 
-    tok, seg, V = _tokens(ep)
+    tok, seg, V = episode_arrays(ep)
     N, n_demos, l_demo, l_test = tok.shape[0], int(ep.n_demos), int(ep.l_demo), int(ep.l_test)
     ks = sorted(range(n_demos + 1) if ks is None else {int(k) for k in ks})
     if any(not 0 <= k <= n_demos for k in ks):
@@ -312,8 +307,8 @@ def incontext_hmm(ep, ks=None, learner: HMMLearner = HMMLearner(), *, return_fit
         if burn_in > 0:
             start = (fit.initial[:, None, :] @ torch.linalg.matrix_power(fit.transition, burn_in))[:, 0]
         eye = torch.eye(H, dtype=torch.float64)
-        pred, _ = filter_factored(fit.initial, fit.transition, eye, fit.emission, np.tile(test, (len(fit_ks), 1)),
-                                  start=start, dtype=torch.float64)  # (len(fit_ks) N, l_test, V)
+        pred = filter_factored(fit.initial, fit.transition, eye, fit.emission, np.tile(test, (len(fit_ks), 1)),
+                               start=start, dtype=torch.float64).pred  # (len(fit_ks) N, l_test, V)
         pred = pred.view(len(fit_ks), N, l_test, V)
     for k in ks:
         T_k = k * (l_demo + 1) + l_test

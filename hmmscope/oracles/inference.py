@@ -40,6 +40,7 @@ model, training, or anything above them.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -47,8 +48,36 @@ import torch
 from ..data.hmm import HMM, Mixture
 from .chunks import ChunkMerge, ChunkMixer, cuda_chunk
 
-__all__ = ["filter_factored", "predictive", "task_oracle", "mixture_oracle", "nested_mixture_oracles",
-           "stationary_filter"]
+__all__ = ["Filtered", "MixturePrediction", "filter_factored", "predictive", "task_oracle", "mixture_oracle",
+           "nested_mixture_oracles", "stationary_filter"]
+
+
+class Filtered(NamedTuple):
+    """The exact filter's output (conventions above)."""
+
+    pred: torch.Tensor | None  # (N, T, V) p(o_t = v | o_<t); None when not stored
+    logp: torch.Tensor  # (N, T) log p(o_t | o_<t), 0 at missing tokens
+
+
+class MixturePrediction(NamedTuple):
+    """The mixture oracle's output."""
+
+    pred: torch.Tensor  # (N, T, V) Bayes-optimal p(o_t = v | o_<t), NaN rows at non-observation tokens
+    posterior: torch.Tensor | None  # p(task | tokens < position): (N, n_tasks) or (N, P, n_tasks); None if not asked
+
+
+class _Forward(NamedTuple):
+    pred: torch.Tensor | None  # (..., T, V) or None when not stored
+    logp: torch.Tensor  # (..., T)
+    final: torch.Tensor  # (..., V) the prediction after the last token
+
+
+class _Layout(NamedTuple):
+    tokens: torch.Tensor  # (N, T) long
+    reset: torch.Tensor  # (T,) bool: the first token of every demo and of the test
+    test_pos: int
+    test_start: str  # "initial" | "midstream"
+    burn_in: int
 
 
 def _t(x, dtype, device) -> torch.Tensor:
@@ -123,7 +152,7 @@ def _run(M, Y0, tokens, V, *, reset=None, Ystart=None, start_pos=0, store=True, 
         if on_step is not None:
             on_step(t, P, logz)
         Y, P = Ynew, Pnew
-    return pred, logp, P
+    return _Forward(pred, logp, P)
 
 
 DENSE_CHUNK = 1024  # sequences per chunk of the dense forward: the (chunk, S) state (512 KiB at S = 128) stays in L2
@@ -192,7 +221,7 @@ def _dense_run(mu, T, O, tokens, *, reset=None, start=None, start_pos=0, store=T
         logp.masked_fill_(missing, 0.0)
         if store:
             pred.masked_fill_(missing.T[..., None], float("nan"))
-    return (None if pred is None else pred.permute(1, 0, 2)), logp, final  # (n, L, V) view
+    return _Forward(None if pred is None else pred.permute(1, 0, 2), logp, final)  # (n, L, V) view
 
 
 def _dense(W: torch.Tensor, Q: torch.Tensor) -> bool:
@@ -208,8 +237,8 @@ def _propagate(b, W, Q, steps: int):
 
 
 def filter_factored(initial, W, Q, emission, tokens, *, reset=None, start=None, start_pos: int = 0,
-                    dtype=torch.float32, device=None):
-    """Batched exact filter. Returns ``(pred (N, T, V), logp (N, T))`` (see module docstring).
+                    dtype=torch.float32, device=None) -> Filtered:
+    """Batched exact filter: ``Filtered(pred (N, T, V), logp (N, T))`` (see module docstring).
 
     initial (N, S) or (S,); W (N, S, d) or (S, d); Q (N, d, S) or (d, S); emission (N, S, V)
     or (S, V); tokens (N, T) int. Shared parameters (no leading N) are never copied N times.
@@ -233,13 +262,13 @@ def filter_factored(initial, W, Q, emission, tokens, *, reset=None, start=None, 
         rows = lambda b: b.reshape(1, -1, b.shape[-1])  # noqa: E731  (1, N|1, S)
     if not per_seq and _dense(W[0], Q[0]):  # one dense HMM (W = T, Q = I): the S x S scaled forward
         st = None if start is None else _t(start, dtype, device)
-        pred, logp, _ = _dense_run(mu, W[0], O[0], tok[0], reset=reset, start=st, start_pos=start_pos)
-        return pred, logp
+        run = _dense_run(mu, W[0], O[0], tok[0], reset=reset, start=st, start_pos=start_pos)
+        return Filtered(run.pred, run.logp)
     K, M = _kernels(W, Q, O)
     Y0 = torch.matmul(rows(mu), K)
     Ys = None if start is None else torch.matmul(rows(_t(start, dtype, device)), K)
-    pred, logp, _ = _run(M, Y0, tok, O.shape[-1], reset=reset, Ystart=Ys, start_pos=start_pos)
-    return pred.reshape(N, *pred.shape[2:]), logp.reshape(N, -1)  # (N, T, V), (N, T)
+    run = _run(M, Y0, tok, O.shape[-1], reset=reset, Ystart=Ys, start_pos=start_pos)
+    return Filtered(run.pred.reshape(N, *run.pred.shape[2:]), run.logp.reshape(N, -1))  # (N, T, V), (N, T)
 
 
 def predictive(hmm: HMM, tokens, *, dtype=torch.float32) -> np.ndarray:
@@ -250,15 +279,14 @@ def predictive(hmm: HMM, tokens, *, dtype=torch.float32) -> np.ndarray:
     (``hmmscope bench filter`` prints the figure) and 1.5-3x faster; pass dtype=torch.float64 for more.
     """
     tok = np.atleast_2d(np.asarray(tokens))
-    pred, _ = filter_factored(hmm.initial, hmm.W, hmm.Q, hmm.emission, tok, dtype=dtype)
-    return pred.cpu().numpy()
+    return filter_factored(hmm.initial, hmm.W, hmm.Q, hmm.emission, tok, dtype=dtype).pred.cpu().numpy()
 
 
 # ---------------------------------------------------------------- episodes
 
 
-def _layout(ep):
-    """(tokens (N, T), reset (T,) bool, test_pos, test_start, burn_in) of an Episodes object."""
+def _layout(ep) -> _Layout:
+    """How an Episodes object's tokens run: its tokens, where the filter restarts, where the test starts."""
     seg = np.asarray(ep.segment)
     reset = (seg >= 0) & np.r_[True, seg[1:] != seg[:-1]]  # first token of every demo and of the test
     test_pos = int(np.flatnonzero(np.asarray(ep.test_mask))[0])
@@ -269,7 +297,7 @@ def _layout(ep):
     if test_start not in ("initial", "midstream"):
         raise ValueError(f"unknown test_start {test_start!r}")
     tok = ep.tokens if isinstance(ep.tokens, torch.Tensor) else torch.as_tensor(np.asarray(ep.tokens))
-    return tok.long(), torch.as_tensor(reset), test_pos, test_start, burn_in
+    return _Layout(tok.long(), torch.as_tensor(reset), test_pos, test_start, burn_in)
 
 
 def task_params(mix: Mixture, ids, dtype, device):
@@ -286,9 +314,8 @@ def task_oracle(mix: Mixture, ep, *, dtype=torch.float32, device="cpu") -> torch
     tok, reset, test_pos, test_start, burn_in = _layout(ep)
     mu, W, Q, O = task_params(mix, ep.task_ids, dtype, device)
     start = _propagate(mu, W, Q, burn_in) if test_start == "midstream" else None
-    pred, _ = filter_factored(mu, W, Q, O, tok.to(device), reset=reset, start=start, start_pos=test_pos,
-                              dtype=dtype, device=device)
-    return pred
+    return filter_factored(mu, W, Q, O, tok.to(device), reset=reset, start=start, start_pos=test_pos,
+                           dtype=dtype, device=device).pred
 
 
 def task_beliefs(mix: Mixture, ep, *, dtype=torch.float64, device="cpu") -> torch.Tensor:
@@ -324,7 +351,7 @@ def task_beliefs(mix: Mixture, ep, *, dtype=torch.float64, device="cpu") -> torc
 
 
 def mixture_oracle(mix: Mixture, ep, *, chunk_tasks: int | None = None, posterior_at=None,
-                   dtype=torch.float32, device="cpu"):
+                   dtype=torch.float32, device="cpu") -> MixturePrediction:
     """Bayes-optimal next-token predictor of the pretraining objective.
 
     pred[i, t] = sum_j p(task j | o_<t of episode i) p(o_t | o_<t, task j), the task prior being
@@ -332,7 +359,7 @@ def mixture_oracle(mix: Mixture, ep, *, chunk_tasks: int | None = None, posterio
     chunks of ``chunk_tasks`` (memory O(chunk * N * V * d)) merged with a running logsumexp.
     posterior_at: None, an int position, "test_start", or a sequence of positions; the posterior
     over tasks given tokens < that position (0..T) is returned as (N, n_tasks) (or (N, P, n_tasks)).
-    Returns (pred (N, T, V) with NaN rows at non-observation tokens, posterior or None).
+    Returns MixturePrediction(pred (N, T, V) with NaN rows at non-observation tokens, posterior or None).
     """
     tok, reset, test_pos, test_start, burn_in = _layout(ep)
     tok = tok.to(device)
@@ -354,7 +381,7 @@ def mixture_oracle(mix: Mixture, ep, *, chunk_tasks: int | None = None, posterio
         threads = torch.get_num_threads()
         try:
             return _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos, posterior_at,
-                                       chunk_tasks=max(chunk_tasks or 1024, 1024), dtype=dtype)
+                                       chunk_tasks=max(chunk_tasks or 1024, 1024), dtype=dtype)[0]
         finally:  # numba's OpenMP layer resets the process's OpenMP thread count, which is torch's too
             torch.set_num_threads(threads)
     if chunk_tasks is None:
@@ -377,7 +404,7 @@ def mixture_oracle(mix: Mixture, ep, *, chunk_tasks: int | None = None, posterio
         posterior = torch.softmax(torch.cat(merged.post, -1), -1)
         if isinstance(posterior_at, str) or np.isscalar(posterior_at):
             posterior = posterior[:, 0]
-    return merged.pred, posterior
+    return MixturePrediction(merged.pred, posterior)
 
 
 MIX_TOL = {torch.float32: 1e-7, torch.float64: 1e-13}  # bound on the skipped mass (see mixture_kernel)
@@ -424,7 +451,7 @@ def _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos,
                         dtype, prefixes=()):
     """mixture_oracle on the CPU with the compiled kernel (same outputs; see mixture_kernel). prefixes: task counts
     m < n_tasks at which the running sums are read off as well (tasks in their own order, none of the episodes' own:
-    anonymous episodes only), returned as a third value {m: pred over the first m tasks}."""
+    anonymous episodes only). Returns (MixturePrediction, {m: pred over the first m tasks})."""
     base = numba_kernel()
     kern = base.for_rank(int(np.shape(mix.W)[-1]))  # the kernel unrolled over the rank (registers)
     import numba
@@ -485,9 +512,8 @@ def _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos,
         posterior = torch.softmax(torch.as_tensor(post[:, slots]), -1).to(dtype)
         if isinstance(posterior_at, str) or np.isscalar(posterior_at):
             posterior = posterior[:, 0]
-    if prefixes:
-        return torch.as_tensor(pred).to(dtype), posterior, {m: torch.as_tensor(a).to(dtype) for m, a in at_prefix.items()}
-    return torch.as_tensor(pred).to(dtype), posterior
+    return (MixturePrediction(torch.as_tensor(pred).to(dtype), posterior),
+            {m: torch.as_tensor(a).to(dtype) for m, a in at_prefix.items()})
 
 
 def _divide(acc: np.ndarray, wsum: np.ndarray, tok_np: np.ndarray, V: int) -> np.ndarray:
@@ -512,15 +538,14 @@ def nested_mixture_oracles(mix: Mixture, ep, sizes, *, dtype=torch.float32, devi
         tok, reset, test_pos, test_start, burn_in = _layout(anon)
         threads = torch.get_num_threads()
         try:
-            pred, _, at = _mixture_oracle_cpu(mix, anon, tok, reset, test_pos, test_start, burn_in, [], None,
-                                              chunk_tasks=max(chunk_tasks or 1024, 1024), dtype=dtype,
-                                              prefixes=sizes)
+            whole, at = _mixture_oracle_cpu(mix, anon, tok, reset, test_pos, test_start, burn_in, [], None,
+                                            chunk_tasks=max(chunk_tasks or 1024, 1024), dtype=dtype, prefixes=sizes)
         finally:  # numba's OpenMP layer resets the process's OpenMP thread count, which is torch's too
             torch.set_num_threads(threads)
-        return {**at, n: pred}
+        return {**at, n: whole.pred}
     out = {m: mixture_oracle(mix.subset(np.arange(m)), anon, chunk_tasks=chunk_tasks, dtype=dtype,
-                             device=device)[0] for m in sizes}
-    out[n] = mixture_oracle(mix, anon, chunk_tasks=chunk_tasks, dtype=dtype, device=device)[0]
+                             device=device).pred for m in sizes}
+    out[n] = mixture_oracle(mix, anon, chunk_tasks=chunk_tasks, dtype=dtype, device=device).pred
     return out
 
 
@@ -539,7 +564,6 @@ def stationary_filter(hmm: HMM, tokens: torch.Tensor, dtype) -> torch.Tensor:
     the L-memory predictor and eps(L) run (memory.py), without storing the per-step predictions."""
     W, Q, O, pi = (_t(a, dtype, "cpu") for a in (hmm.W, hmm.Q, hmm.emission, hmm.stationary))
     if _dense(W, Q):
-        return _dense_run(pi, W, O, tokens, store=False)[2]
+        return _dense_run(pi, W, O, tokens, store=False).final
     K, M = _kernels(W[None], Q[None], O[None])
-    _, _, final = _run(M, (pi @ K[0])[None, None], tokens[None], hmm.n_tokens, store=False)
-    return final[0]
+    return _run(M, (pi @ K[0])[None, None], tokens[None], hmm.n_tokens, store=False).final[0]

@@ -88,7 +88,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .. import tracking
+from .. import env, tracking
 from ..config import Config, TrainConfig, config_hash, flatten, training_tasks
 from ..data.episodes import Episodes, training_data
 from ..interrupts import raise_if_terminated, sigterm_interrupts
@@ -280,8 +280,8 @@ def oracle_metrics(mix, ep: Episodes, device: torch.device | str = "cpu") -> dic
     from ..oracles.inference import mixture_oracle
 
     device = torch.device(device)
-    pred, _ = mixture_oracle(mix, ep, dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
-    pred = torch.as_tensor(pred).cpu()[:, 1:]  # row t predicts token t; targets are tokens 1..T-1
+    pred = mixture_oracle(mix, ep, dtype=torch.float64, device=device if device.type == "cuda" else "cpu").pred
+    pred = pred.cpu()[:, 1:]  # row t predicts token t; targets are tokens 1..T-1
     y = torch.as_tensor(np.asarray(ep.tokens[:, 1:]).astype(np.int64))
     m = torch.as_tensor(ep.target_mask[:-1]).expand_as(y)
     mt = m & torch.as_tensor(ep.test_target_mask[:-1])
@@ -355,8 +355,8 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
     t = cfg.train
     precision = resolve_precision(t.precision, device)
     attention = attention_kernels(t.attention, device)  # a kernel this device lacks: ValueError before any work
-    if device.type == "cpu" and os.environ.get("HMMSCOPE_THREADS"):
-        torch.set_num_threads(int(os.environ["HMMSCOPE_THREADS"]))
+    if device.type == "cpu" and env.threads():
+        torch.set_num_threads(env.threads())
     if device.type == "cuda":  # TF32 with bf16 autocast (the matmuls it leaves in float32); IEEE float32 for fp32
         torch.backends.cuda.matmul.allow_tf32 = precision == "bf16"
         torch.backends.cudnn.allow_tf32 = precision == "bf16"
