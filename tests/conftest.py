@@ -1,4 +1,5 @@
-"""Shared fixtures: the tiny training config (`tiny_toml`: a TOML file's text, 4-step CPU training on a 4-task mixture,
+"""Shared fixtures: a fresh project as the working folder (`project`) and a fresh store's URI (`store_uri`); the tiny
+training config (`tiny_toml`: a TOML file's text, 4-step CPU training on a 4-task mixture,
 for tests that drive the CLI as real processes; append a table or a key of the last table, [train], to vary it), a
 real `mlflow server` process on 127.0.0.1, stopped by its process group; the `gpu` marker's skip (or failure, with
 HMMSCOPE_REQUIRE_GPU=1) where CUDA is not available."""
@@ -79,6 +80,45 @@ def long_sweep_toml():
     """A sweep spec's TOML text, by name: one trial of the tiny mixture training 100,000 steps (it runs until the
     test stops it or the store fails under it)."""
     return lambda name: LONG_SWEEP.replace("{name}", name)
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch) -> Path:
+    """A fresh project folder (tmp_path) as the working folder, MLFLOW_TRACKING_URI unset: commands use the default
+    store, <project>/mlruns/mlflow.db."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return tmp_path
+
+
+@pytest.fixture
+def store_uri(tmp_path) -> str:
+    """The sqlite URI of a store that does not exist yet, <tmp_path>/mlruns/mlflow.db (hmmscope creates it)."""
+    return f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+
+
+def _wait_trial_training(folder: Path, proc, why, timeout: float = 300.0) -> str:
+    """Wait until trial 0 of the sweep process `proc` started in `folder` (its store: folder/mlruns) logs train/loss;
+    returns its run id. Fails with `why()` (the process's output) if the process ends first or the wait times out."""
+    from hmmscope import tracking
+
+    uri = f"sqlite:///{folder}/mlruns/mlflow.db"
+    deadline = time.time() + timeout
+    while True:
+        assert proc.poll() is None, why()
+        assert time.time() < deadline, "the trial never started"
+        if (folder / "mlruns" / "mlflow.db").exists():
+            runs = [r for r in tracking.search_runs(uri, "sw") if r.data.tags.get("hmmscope.trial") == "0"]
+            if runs and "train/loss" in tracking.client(uri).get_run(runs[0].info.run_id).data.metrics:
+                return runs[0].info.run_id
+        time.sleep(1)
+
+
+@pytest.fixture(scope="session")
+def wait_trial_training():
+    """`wait(folder, proc, why, timeout=300)`: the run id of trial 0 of a sweep (long_sweep_toml's experiment `sw`)
+    once it logs train/loss."""
+    return _wait_trial_training
 
 
 def _free_port():

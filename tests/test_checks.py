@@ -74,9 +74,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_tracking_store_checks_write_nothing(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+def test_tracking_store_checks_write_nothing(tmp_path, monkeypatch, project):
     (tmp_path / "afile").write_text("x")
     (tmp_path / "other.db").write_bytes(b"not sqlite at all, just bytes")
     with sqlite3.connect(tmp_path / "optuna-like.db") as c:

@@ -22,13 +22,6 @@ COMMANDS = [[], ["theory"], ["generate"], ["train"], ["evaluate"], ["run"], ["be
             ["bench", "filter"], ["bench", "train"]]
 
 
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    return tmp_path
-
-
 def _runs(uri):
     c = tracking.client(uri)
     return c.search_runs([e.experiment_id for e in c.search_experiments()])
@@ -46,15 +39,15 @@ SMALL_THEORY = ["theory", "--gammas", "0.5,0.9", "--n-states", "6", "--ranks", "
                 "--set", "theory.gamma_m=0"]
 
 
-def test_theory_end_to_end(store):
+def test_theory_end_to_end(project):
     r = runner.invoke(app, [*SMALL_THEORY, "--json", "res.json"])
     assert r.exit_code == 0, r.output
-    res = json.loads((store / "res.json").read_text())
+    res = json.loads((project / "res.json").read_text())
     assert [s["params"]["gamma"] for s in res["settings"]] == [0.5, 0.9]
     # S <= V with an injective revealing map: gamma(O) is exactly the knob
     assert all(s["gamma_O"]["exact"] and abs(s["gamma_O"]["value"] - s["params"]["gamma"]) < 1e-7
                for s in res["settings"])
-    (folder,) = (store / "out").glob("theory-*")  # each `hmmscope theory` gets its own out/theory-<UTC time>/
+    (folder,) = (project / "out").glob("theory-*")  # each `hmmscope theory` gets its own out/theory-<UTC time>/
     assert (folder / "theory.png").stat().st_size > 1000 and (folder / "theory.pdf").exists()
     assert f"figures: {Path('out') / folder.name / 'theory.png'}" in r.output
     runs = {r.info.run_name: r for r in _runs(tracking.default_tracking_uri())}
@@ -84,34 +77,34 @@ def test_theory_end_to_end(store):
     (["--set", "theory.bogus=1"], "unknown config key 'theory.bogus'"),
     (["--gammas", "a,b"], "expected comma-separated numbers"),
 ])
-def test_theory_bad_input_exits_2_and_writes_nothing(store, args, needle):
+def test_theory_bad_input_exits_2_and_writes_nothing(project, args, needle):
     r = runner.invoke(app, ["theory", *args])
     assert r.exit_code == 2, r.output
     assert needle in r.output and len(r.output.strip().splitlines()) == 1
-    assert not (store / "mlruns").exists() and not (store / "out").exists()
+    assert not (project / "mlruns").exists() and not (project / "out").exists()
 
 
-def test_unknown_family_option_exits_2(store):
+def test_unknown_family_option_exits_2(project):
     r = runner.invoke(app, ["theory", "--family", "gaussian"])
-    assert r.exit_code == 2 and not (store / "mlruns").exists()
+    assert r.exit_code == 2 and not (project / "mlruns").exists()
 
 
-def test_generate_writes_dataset(store):
+def test_generate_writes_dataset(project):
     r = runner.invoke(app, ["generate", "eps.npz", "--n", "20", "--set", "hmm.n_tasks=3"])
     assert r.exit_code == 0, r.output
-    ep = load_episodes(store / "eps.npz")
+    ep = load_episodes(project / "eps.npz")
     assert ep.tokens.shape[0] == 20 and set(np.unique(ep.task_ids)) <= {0, 1, 2}
     assert ep.meta["dataset_hash"] in r.output
     r2 = runner.invoke(app, ["generate", "eps2.npz", "--n", "20", "--set", "hmm.n_tasks=3"])
-    assert r2.exit_code == 0 and np.array_equal(load_episodes(store / "eps2.npz").tokens, ep.tokens)
+    assert r2.exit_code == 0 and np.array_equal(load_episodes(project / "eps2.npz").tokens, ep.tokens)
 
 
 @pytest.mark.parametrize("args", [["--set", "hmm.gamma=0"], ["--set", "hmm.rank=99"], ["--n", "-3"],
                                   ["--set", "data.l_test=-1"]])
-def test_generate_bad_input(store, args):
+def test_generate_bad_input(project, args):
     r = runner.invoke(app, ["generate", "bad.npz", *args])
     assert r.exit_code == 2, r.output
-    assert not (store / "bad.npz").exists()
+    assert not (project / "bad.npz").exists()
 
 
 TINY_TRAIN = ["--set", "hmm.n_tasks=4", "--set", "model.n_layers=1", "--set", "model.d_model=32",
@@ -121,7 +114,7 @@ TINY_TRAIN = ["--set", "hmm.n_tasks=4", "--set", "model.n_layers=1", "--set", "m
               "--set", "data.l_demo=8", "--set", "data.l_test=8", "--device", "cpu"]
 
 
-def test_train_prints_its_run_at_once(store):
+def test_train_prints_its_run_at_once(project):
     """A real `hmmscope train` prints its run id and where to browse it as its first line, while the run is still
     RUNNING (before training ends: here 100000 steps, stopped by SIGTERM once the line is read)."""
     import os
@@ -188,8 +181,8 @@ def test_the_headline_reads_figure_1s_keys_and_skips_what_is_absent():
     assert "model - best counting -0.066 [-0.080, -0.051]" in regime_line(m)
 
 
-def test_train_then_evaluate(store):
-    r = Ran(store, "train", *TINY_TRAIN, merged=True)  # a real process, stdout and stderr to one file, in order
+def test_train_then_evaluate(project):
+    r = Ran(project, "train", *TINY_TRAIN, merged=True)  # a real process, stdout and stderr to one file, in order
     assert r.exit_code == 0, r.output
     uri = tracking.default_tracking_uri()
     (run,) = _runs(uri)
@@ -211,7 +204,7 @@ def test_train_then_evaluate(store):
     assert {"eval/seen/test_acc", "eval/seen/oracle_mix_test_acc", "eval/seen/excess_ce", "eval/seen/kl_mix",
             "eval/unseen/excess_ce_task", "eval/retrieval_gap", "baseline/seen/incontext_bigram/ce"} <= set(run.data.metrics)
     assert run.data.params["model.d_model"] == "32"
-    figs = sorted((store / "out").glob("*/evaluation/figure1.p*"))  # out/<run name>-<id8>/evaluation/
+    figs = sorted((project / "out").glob("*/evaluation/figure1.p*"))  # out/<run name>-<id8>/evaluation/
     assert [p.suffix for p in figs] == [".pdf", ".png"] and figs[0].parent.parent.name.endswith(run.info.run_id[:8])
     assert "figures: out/" in r.output and "figure1.png" in r.output
     # one headline line, not a 75-row table (that is in the run, or behind --verbose); a train run says its kind
@@ -235,20 +228,20 @@ def test_train_then_evaluate(store):
     (["--set", "model.pos_enc=alibi"], "model.pos_enc must be one of"),
     (["--device", "tpu"], "device"),
 ])
-def test_train_bad_config_exits_2_without_a_run(store, sets, needle):
+def test_train_bad_config_exits_2_without_a_run(project, sets, needle):
     r = runner.invoke(app, ["train", *sets])
     assert r.exit_code == 2, r.output
     assert needle in r.output
-    assert not (store / "mlruns").exists()
+    assert not (project / "mlruns").exists()
 
 
-def test_evaluate_without_a_store_creates_none(store):
+def test_evaluate_without_a_store_creates_none(project):
     r = runner.invoke(app, ["evaluate", "0123456789abcdef"])
-    assert r.exit_code == 2 and "no MLflow store at" in r.output, r.output
-    assert not (store / "mlruns").exists()
+    assert r.exit_code == 2 and "no MLflow project at" in r.output, r.output
+    assert not (project / "mlruns").exists()
 
 
-def test_analyze_end_to_end_and_bad_input(store):
+def test_analyze_end_to_end_and_bad_input(project):
     assert runner.invoke(app, ["train", *TINY_TRAIN, "--set", "data.n_eval=24", "--no-evaluate"]).exit_code == 0
     uri = tracking.default_tracking_uri()
     (train_run,) = _runs(uri)
@@ -269,7 +262,7 @@ def test_analyze_end_to_end_and_bad_input(store):
     assert nums and {k.split("/")[1] for k in nums} <= set(verdicts)  # numbers of claims the table names
     assert "upper layers change less" in r.output
     assert "figure2_shuffle.png" in r.output and "figure3_probes.pdf" in r.output
-    assert len(list((store / "out").glob(f"*-{rid[:8]}/analysis/figure*.p*"))) == 4
+    assert len(list((project / "out").glob(f"*-{rid[:8]}/analysis/figure*.p*"))) == 4
     # progress: one line per phase on stderr, with the seconds since the start; stdout keeps only the summary
     lines = r.stderr.splitlines()
     assert all(re.fullmatch(STAMP_RE + r"analyze: .+, \d+ s", x) for x in lines), r.stderr  # the time first, off a tty
@@ -283,7 +276,7 @@ def test_analyze_end_to_end_and_bad_input(store):
         "analyze: tables and figures written", "analyze: logged to MLflow"], r.stderr
     assert f"analyze: logged to MLflow (analysis run {an.info.run_id}), " in r.stderr
     assert "analyze:" not in r.stdout
-    ckpt = next(store.rglob("last.pt"))
+    ckpt = next(project.rglob("last.pt"))
     r = runner.invoke(app, ["analyze", str(ckpt), "--ks", "1", "--n-perms", "1", "--n-episodes", "16",
                             "--probe-jobs", "2"])
     assert r.exit_code == 0, r.output  # a checkpoint file works too (standalone analysis run)
@@ -299,7 +292,7 @@ def test_analyze_end_to_end_and_bad_input(store):
                          ([rid, "--probe-jobs", "0"], "--probe-jobs: expected an integer >= 1 or 'auto', got '0'"),
                          ([rid, "--probe-jobs", "-1"], "--probe-jobs: expected an integer >= 1 or 'auto'"),
                          ([rid, "--probe-jobs", "x"], "--probe-jobs: expected an integer >= 1 or 'auto'"),
-                         ([str(store / "missing.pt")], "checkpoint not found")]:
+                         ([str(project / "missing.pt")], "checkpoint not found")]:
         r = runner.invoke(app, ["analyze", *args])
         assert r.exit_code == 2 and needle in r.output, (args, r.output)
         assert r.stdout == "" and len(r.stderr.splitlines()) == 1, (args, r.output)  # one line: no progress
@@ -499,7 +492,7 @@ def test_the_printed_ui_command_lands_on_the_sweeps_answer_then_its_trials_in_a_
     assert "sweep-smoke" not in text.split("Run Name", 1)[1]  # the trials, flat; not the parent folding them
 
 
-def test_bundled_specs_run_by_name(store):
+def test_bundled_specs_run_by_name(project):
     """`hmmscope sweep run smoke` finds sweeps/smoke.toml (the project's own when the working folder has none);
     an unknown name is one error line naming it."""
     r = runner.invoke(app, ["sweep", "run", "smoke", "--print-config"])
@@ -509,24 +502,24 @@ def test_bundled_specs_run_by_name(store):
     assert r.exit_code == 2 and "no-such-spec" in r.output and r.output.count("\n") == 1, r.output
 
 
-def test_bad_sweep_spec_exits_2_without_study_or_run(store):
-    spec = store / "bad.toml"
+def test_bad_sweep_spec_exits_2_without_study_or_run(project):
+    spec = project / "bad.toml"
     spec.write_text('[sweep]\nname = "bad"\n[space]\n"hmm.gamma" = {grid = []}\n')
     r = runner.invoke(app, ["sweep", "run", str(spec)])
     assert r.exit_code == 2 and "bad.toml" in r.output and "hmm.gamma" in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1
-    assert not (store / "mlruns").exists()
+    assert not (project / "mlruns").exists()
     r = runner.invoke(app, ["report", "no-such-sweep"])
-    assert r.exit_code == 2 and "no MLflow store" in r.output  # nothing tracked here: no store is created
-    assert not (store / "mlruns").exists() and not (store / "out").exists()
+    assert r.exit_code == 2 and "no MLflow project" in r.output  # nothing tracked here: no project is created
+    assert not (project / "mlruns").exists() and not (project / "out").exists()
 
 
-def test_main_job_end_to_end_small(store):
+def test_main_job_end_to_end_small(project):
     """`hmmscope run` with shrunken settings: theory, training + Figure 1, analysis, the smoke sweep, its report."""
     small = [*TINY_TRAIN, "--set", "data.n_eval=24", "--set", "theory.gammas=[0.5, 0.9]",
              "--set", "theory.n_states=[8]", "--set", "theory.ranks=[2]", "--set", "theory.n_tokens=8",
              "--set", "theory.n_histories=100", "--set", "theory.lengths=[1, 2, 4, 8]", "--set", "theory.gamma_m=0"]
-    r = Ran(store, "run", *small)  # a real process, its output to files: no terminal
+    r = Ran(project, "run", *small)  # a real process, its output to files: no terminal
     assert r.exit_code == 0, r.output
     assert "Figure 1" in r.output and "upper layers change less" in r.output
     assert "sweep smoke: 4 complete, 0 failed, 0 pruned of 4" in r.output
@@ -546,9 +539,9 @@ def test_main_job_end_to_end_small(store):
     assert "theory" in kids and main.info.status == "FINISHED"
     assert "train-rope-L1-g0.5-s0" in kids or any(k.startswith("train-") for k in kids), kids  # says what it is
     # the last lines open the results: hmmscope ui on the main run, then on the sweep (never a raw `mlflow ui
-    # --backend-store-uri`), then the sweep's answer (the report's first sentence) and its report's HTML (before:
+    # --backend-project-uri`), then the sweep's answer (the report's first sentence) and its report's HTML (before:
     # its report.md, no answer); the first line said where the run is, at once (also off a terminal)
-    folder = store / "out" / f"main-{main.info.run_id[:8]}"  # everything the main job wrote, in its own folder
+    folder = project / "out" / f"main-{main.info.run_id[:8]}"  # everything the main job wrote, in its own folder
     first = (folder / "smoke" / "report.md").read_text().split("## Answer\n\n", 1)[1].split("\n", 1)[0]
     assert first.startswith("**RoPE - absolute on eval/seen/excess_ce: ") and first.endswith("**")
     assert r.stdout.splitlines()[-4:] == [f"browse: hmmscope ui --run {main.info.run_id}",
@@ -578,20 +571,20 @@ def test_main_job_end_to_end_small(store):
     (["ui", "--port", "70000"], "'--port'"),
     (["generate", "x.npz", "--n", "abc"], "Invalid value for '--n'"),
 ])
-def test_option_errors_are_one_line(store, args, needle):
+def test_option_errors_are_one_line(project, args, needle):
     r = runner.invoke(app, args)
     assert r.exit_code == 2, r.output
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("error: ") and needle in line and "--help" in line, line
-    assert r.stdout == "" and not (store / "mlruns").exists()
+    assert r.stdout == "" and not (project / "mlruns").exists()
 
 
-def test_no_arguments_shows_the_help(store):
+def test_no_arguments_shows_the_help(project):
     r = runner.invoke(app, ["sweep"])
     assert "Usage" in r.output and "run" in r.output
 
 
-def test_diverged_training_is_one_line_naming_its_failed_run(store):
+def test_diverged_training_is_one_line_naming_its_failed_run(project):
     r = runner.invoke(app, ["train", *TINY_TRAIN, "--set", "train.lr=1e6", "--set", "train.min_lr=1e6",
                             "--set", "train.warmup=0", "--set", "train.grad_clip=1e30", "--no-evaluate"])
     assert r.exit_code == 1, r.output
@@ -670,7 +663,7 @@ def test_storage_help_describes_the_default_the_command_has(path):
     (["sweep", "run", str(SWEEPS / "smoke.toml")], ["hmm", "data", "model", "train", "eval"]),
     (["headroom", "--set", "hmm.gamma=0.5"], ["hmm", "data", "eval"]),
 ], ids=["generate", "theory", "train", "run", "bench-train", "sweep-run", "headroom"])
-def test_print_config_prints_the_resolved_config_and_exits(store, cmd, sections):
+def test_print_config_prints_the_resolved_config_and_exits(project, cmd, sections):
     import tomllib
 
     from hmmscope.config import load_toml, preset, to_dict
@@ -686,11 +679,11 @@ def test_print_config_prints_the_resolved_config_and_exits(store, cmd, sections)
         assert r.stdout.startswith("# sweep smoke (train)")
     else:
         assert data["hmm"]["gamma"] == 0.5
-        (store / "c.toml").write_text(r.stdout)  # --config reads it back to the same config
+        (project / "c.toml").write_text(r.stdout)  # --config reads it back to the same config
         base = preset("paper" if "paper" in cmd else "tiny")
-        got = to_dict(load_toml(store / "c.toml", base))
+        got = to_dict(load_toml(project / "c.toml", base))
         assert {k: got[k] for k in sections} == data
-    assert sorted(p.name for p in store.iterdir() if p.name != "c.toml") == []  # no run, study, file or folder
+    assert sorted(p.name for p in project.iterdir() if p.name != "c.toml") == []  # no run, study, file or folder
 
 
 def _spec_examples():
@@ -785,11 +778,11 @@ def _pty_run(args, cwd, timeout=600):
     return proc.returncode, out, err.decode(errors="replace")
 
 
-def test_train_shows_a_spinner_before_its_bar_on_a_terminal(store):
+def test_train_shows_a_spinner_before_its_bar_on_a_terminal(project):
     rc, out, err = _pty_run(["train", "--set", "train.steps=4", "--set", "train.eval_every=4", "--set",
-                             "data.n_train=64", "--set", "data.n_eval=16", "--no-evaluate", "--device", "cpu"], store)
+                             "data.n_train=64", "--set", "data.n_eval=16", "--no-evaluate", "--device", "cpu"], project)
     assert rc == 0, err
     assert "setting up: data, oracles, model" in err and "step " in err
     assert err.index("setting up") < err.index("step ")  # the spinner, then training's own bar
-    assert "Creating initial MLflow database tables" not in err and " INFO " not in err  # a new store, quietly
+    assert "Creating initial MLflow database tables" not in err and " INFO " not in err  # a new project, quietly
     assert "run " in out

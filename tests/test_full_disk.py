@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -80,7 +79,7 @@ def test_a_resume_on_a_full_disk_is_one_line(disk, tmp_path, tiny_toml):
 
 
 
-def test_a_sweep_whose_disk_fills_ends_at_once_in_one_line(disk, tmp_path, long_sweep_toml):
+def test_a_sweep_whose_disk_fills_ends_at_once_in_one_line(disk, tmp_path, long_sweep_toml, wait_trial_training):
     """With HMMSCOPE_STORE_OUTAGE_S=600 the worker would have waited ten minutes; the test's own 300 s bound is a hang
     guard, not a timing."""
     (disk / "spec.toml").write_text(long_sweep_toml("full"))
@@ -88,16 +87,7 @@ def test_a_sweep_whose_disk_fills_ends_at_once_in_one_line(disk, tmp_path, long_
     p = subprocess.Popen([str(BIN), "sweep", "run", "spec.toml"], cwd=disk, env=_env(HMMSCOPE_STORE_OUTAGE_S="600"),
                          stdout=subprocess.DEVNULL, stderr=log, text=True)
     try:
-        uri = f"sqlite:///{disk}/mlruns/mlflow.db"
-        deadline = time.time() + 300
-        while True:  # the trial trains, logging to the store
-            assert p.poll() is None, (tmp_path / "err.txt").read_text()[-3000:]
-            assert time.time() < deadline, "the trial never started"
-            if (disk / "mlruns" / "mlflow.db").exists():
-                runs = [r for r in tracking.search_runs(uri, "sw") if r.data.tags.get("hmmscope.trial") == "0"]
-                if runs and "train/loss" in tracking.client(uri).get_run(runs[0].info.run_id).data.metrics:
-                    break
-            time.sleep(1)
+        wait_trial_training(disk, p, lambda: (tmp_path / "err.txt").read_text()[-3000:])
         _fill(disk)
         p.wait(timeout=300)
     finally:

@@ -139,10 +139,10 @@ def test_two_resumes_started_together_many_rounds(tmp_path, tiny_toml):
     _race(tmp_path, 40, tiny_toml)
 
 
-def test_a_held_run_is_refused_to_every_other_writer_and_free_after(tmp_path):
+def test_a_held_run_is_refused_to_every_other_writer_and_free_after(tmp_path, store_uri):
     """The lease of a sqlite store is an OS lock beside it: held while a run is open, named when refused, dropped when
     its holder ends (a process that dies drops it too: the OS closes its descriptor)."""
-    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    uri = store_uri
     with tracking.start_run(uri, "exp", "r") as run:
         rid = run.run_id
         lock = tmp_path / "mlruns" / ".leases" / f"{rid}.lock"

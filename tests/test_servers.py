@@ -290,11 +290,11 @@ def test_supervise_reports_a_server_that_dies_after_it_answered(tmp_path):
             _kill(pid, start)
 
 
-def test_server_command_lines(tmp_path):
+def test_server_command_lines(tmp_path, store_uri):
     """The MLflow UI's argv: a list of typed values, each joined to its option with '=', the executable
     resolved, one quiet uvicorn worker; optuna-dashboard's: this Python running the guard, 127.0.0.1, the port, then
     the storage after `--` (a storage starting with '-' stays the positional argument)."""
-    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    uri = store_uri
     ui = servers.mlflow_ui(uri, 5001)
     root = tracking.artifact_root(uri)
     assert Path(ui.argv[0]).name == "mlflow" and ui.argv[1:] == (

@@ -158,9 +158,7 @@ BAD = [
 
 
 @pytest.mark.parametrize("text,key", BAD, ids=[k for _, k in BAD])
-def test_malformed_spec_names_file_and_key_and_creates_nothing(tmp_path, monkeypatch, text, key):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+def test_malformed_spec_names_file_and_key_and_creates_nothing(tmp_path, monkeypatch, text, key, project):
     p = write(tmp_path, text, "bad-spec.toml")
     with pytest.raises(ConfigError) as ei:
         run_sweep(load_spec(p), workers=1)

@@ -115,14 +115,12 @@ def test_what_a_sigkilled_evaluate_leaves_is_removed_by_runs_gc(tmp_path, monkey
     assert list(tmpdir.iterdir()) == [] and _temps(tmp_path / "out") == [], (list(tmpdir.iterdir()), r.output)
 
 
-def test_a_sigkilled_first_store_creation_is_cleaned_by_runs_gc(tmp_path, monkeypatch, tiny_toml):
+def test_a_sigkilled_first_store_creation_is_cleaned_by_runs_gc(tmp_path, monkeypatch, tiny_toml, project):
     """Before: `.mlflow.db.<hex>.creating` and its journal stayed beside a store that never came to be."""
     (tmp_path / "tiny.toml").write_text(tiny_toml)
     r = _signalled(tmp_path, ["train", "--config", "tiny.toml", "--no-evaluate"], "os", "fsync", signal.SIGKILL)
     assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
     assert [p for p in _temps(tmp_path) if ".creating" in p], _temps(tmp_path)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     r = CliRunner().invoke(app, ["runs", "gc"])
     assert r.exit_code in (0, 2) and "creating" not in "".join(_temps(tmp_path)), r.output
     assert _temps(tmp_path) == [], _temps(tmp_path)

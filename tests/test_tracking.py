@@ -20,8 +20,8 @@ def _runs(uri):
     return c.search_runs([e.experiment_id for e in exps])
 
 
-def test_nested_runs_params_metrics_artifacts(tmp_path):
-    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+def test_nested_runs_params_metrics_artifacts(tmp_path, store_uri):
+    uri = store_uri
     with tracking.start_run(uri, "exp", "parent", params={"a.b": 1, "l": [1, 2]}) as parent:
         with tracking.start_run(uri, "exp", "child", parent=parent) as child:
             child.log_metrics({"eval/acc": 0.5, "bad": float("nan")}, step=3)
@@ -68,9 +68,7 @@ def test_a_failed_run_never_ends_without_its_reason(tmp_path, monkeypatch):
     assert run.data.tags["hmmscope.failure_reason"] == "RuntimeError: diverged at step 3"
 
 
-def test_default_uri_is_sqlite_under_mlruns(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+def test_default_uri_is_sqlite_under_mlruns(tmp_path, monkeypatch, project):
     uri = tracking.resolve_uri()
     assert uri == f"sqlite:///{tmp_path}/mlruns/mlflow.db"
     assert tracking.artifact_root(uri) == (tmp_path / "mlruns" / "artifacts").as_uri()
@@ -86,8 +84,8 @@ with tracking.start_run(sys.argv[1], "exp", sys.argv[2]) as r:
 """
 
 
-def test_parallel_writers_after_one_time_creation(tmp_path):
-    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+def test_parallel_writers_after_one_time_creation(tmp_path, store_uri):
+    uri = store_uri
     tracking.ensure_store(uri)
     tracking.experiment_id(uri, "exp")
     procs = [subprocess.Popen([sys.executable, "-c", _CONCURRENT, uri, f"w{i}"]) for i in range(3)]
@@ -355,11 +353,9 @@ def test_run_url_never_carries_a_password_and_opens_the_training_view():
         f"http://h:1/#/experiments/4/runs{ml}&searchFilter=tags.%60hmmscope.study%60%20%3D%20%27a%20b%27"
 
 
-def test_browse_line_is_one_hmmscope_ui_command_or_the_servers_url(tmp_path, monkeypatch):
+def test_browse_line_is_one_hmmscope_ui_command_or_the_servers_url(tmp_path, monkeypatch, project):
     """Commands end with ONE line: `hmmscope ui --run ID` (plus --tracking-uri for a store other than the
     default) on a local store, never a raw `mlflow ui --backend-store-uri ...` nor a guessed port."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert tracking.browse_line(tracking.default_tracking_uri(), run_id="abc") == "browse: hmmscope ui --run abc"
     other = f"sqlite:///{tmp_path}/x y/mlflow.db"
     assert tracking.browse_line(other, sweep="smoke") == \

@@ -133,13 +133,11 @@ def test_ui_serves_the_store_quietly_and_no_process_outlives_it(tmp_path, stop):
         err.close()
 
 
-def test_ui_refuses_a_port_in_use(tmp_path, monkeypatch):
+def test_ui_refuses_a_port_in_use(tmp_path, monkeypatch, project):
     from typer.testing import CliRunner
 
     from hmmscope.cli import app
 
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
@@ -147,15 +145,13 @@ def test_ui_refuses_a_port_in_use(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "the port is in use" in r.output and not (tmp_path / "mlruns").exists()
 
 
-def test_ui_refuses_a_folder_with_no_store_unless_create(tmp_path, monkeypatch):
+def test_ui_refuses_a_folder_with_no_store_unless_create(tmp_path, monkeypatch, project):
     """No store here: exit 2 with one line that says how to get one, and nothing created; an unknown run,
     sweep or experiment is refused before any server starts."""
     from typer.testing import CliRunner
 
     from hmmscope.cli import app
 
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     r = CliRunner().invoke(app, ["ui"])
     assert r.exit_code == 2, r.output
     assert r.output.count("\n") == 1 and r.output.startswith("error: no MLflow store at ") and "--create" in r.output

@@ -36,12 +36,10 @@ HOLD = ("import sys, time\nfrom hmmscope import tracking\n"
 
 
 
-def test_train_holds_the_lease_while_it_writes_its_logged_model(tmp_path, monkeypatch, tiny_toml):
+def test_train_holds_the_lease_while_it_writes_its_logged_model(tmp_path, monkeypatch, tiny_toml, project):
     """Before: the lease was free while the logged model was written; another process took it."""
     from hmmscope.tracking.runs import Run
 
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     (tmp_path / "tiny.toml").write_text(tiny_toml)
     seen: list[str] = []
     log_model = Run.log_model
@@ -120,8 +118,8 @@ def _orphan_in_the_trash(uri: str) -> str:
     return rid
 
 
-def test_runs_gc_ends_orphans_in_the_trash(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+def test_runs_gc_ends_orphans_in_the_trash(tmp_path, monkeypatch, store_uri):
+    uri = store_uri
     rid = _orphan_in_the_trash(uri)
     monkeypatch.chdir(tmp_path)
     r = runner.invoke(app, ["runs", "gc", "--tracking-uri", uri])
@@ -133,7 +131,8 @@ def test_runs_gc_ends_orphans_in_the_trash(tmp_path, monkeypatch):
 
 
 
-def test_a_sweep_deleted_under_sweep_run_ends_in_one_line_and_leaves_no_run_running(tmp_path, long_sweep_toml):
+def test_a_sweep_deleted_under_sweep_run_ends_in_one_line_and_leaves_no_run_running(tmp_path, long_sweep_toml,
+                                                                                    wait_trial_training):
     import optuna
 
     (tmp_path / "spec.toml").write_text(long_sweep_toml("gone"))
@@ -144,15 +143,7 @@ def test_a_sweep_deleted_under_sweep_run_ends_in_one_line_and_leaves_no_run_runn
                          stderr=subprocess.PIPE, text=True)
     uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
     try:
-        deadline = time.time() + 300
-        while True:  # the trial's run trains
-            assert p.poll() is None, p.communicate()
-            assert time.time() < deadline, "the trial never started"
-            if (tmp_path / "mlruns" / "mlflow.db").exists():
-                trial = [r for r in tracking.search_runs(uri, "sw") if r.data.tags.get("hmmscope.trial") == "0"]
-                if trial and "train/loss" in tracking.client(uri).get_run(trial[0].info.run_id).data.metrics:
-                    break
-            time.sleep(1)
+        wait_trial_training(tmp_path, p, p.communicate)
         for r in all_runs(uri):  # what an older `sweep delete` did under it
             tracking.client(uri).delete_run(r.info.run_id)
         optuna.delete_study(study_name="gone", storage=f"sqlite:///{tmp_path}/mlruns/optuna.db")

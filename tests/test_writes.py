@@ -43,12 +43,12 @@ def _one_line(r) -> str:
 # ---------------------------------------------------------------- links out of the store (item 6)
 
 
-def test_artifacts_linked_out_of_the_store_are_refused(tmp_path, monkeypatch):
+def test_artifacts_linked_out_of_the_store_are_refused(tmp_path, monkeypatch, store_uri):
     """Before: `train` followed mlruns/artifacts -> a folder outside and wrote checkpoints, figures and the model there."""
     monkeypatch.chdir(tmp_path)
     outside = tmp_path.parent / f"{tmp_path.name}-outside"
     outside.mkdir()
-    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    uri = store_uri
     tracking.ensure_store(uri)
     (tmp_path / "mlruns" / "artifacts").symlink_to(outside, target_is_directory=True)
     line = _one_line(_invoke(["train", *TINY, "--no-evaluate", "--tracking-uri", uri]))
@@ -73,13 +73,13 @@ def test_artifacts_linked_out_of_the_store_are_refused(tmp_path, monkeypatch):
     assert [p for p in outside.rglob("*") if p.is_file()] == []
 
 
-def test_report_checks_every_output_before_its_first_file(tmp_path, monkeypatch):
+def test_report_checks_every_output_before_its_first_file(tmp_path, monkeypatch, store_uri):
     """Before: `report` wrote out/NAME/trials.csv, then refused a planted out/NAME/report.md link."""
     from hmmscope.sweep import create_study
     from hmmscope.sweep.spec import parse_spec
 
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    uri = store_uri
     spec = ('[sweep]\nname = "known"\nobjective = "eval/seen/excess_ce"\nsampler = "grid"\nexperiment = "sw"\n'
             '[fixed]\n"train.steps" = 2\n"train.device" = "cpu"\n[space]\n"hmm.gamma" = {grid = [0.5]}\n')
     create_study(parse_spec(spec, tmp_path / "known.toml"), f"sqlite:///{tmp_path}/mlruns/optuna.db", uri)
@@ -135,11 +135,11 @@ def _kill_mid_write(uri: str, rid: str = "-") -> tuple[str, Path]:
     pytest.fail("could not kill the writer mid-write in 10 tries")
 
 
-def test_runs_gc_and_resume_remove_what_a_killed_writer_left(tmp_path, monkeypatch):
+def test_runs_gc_and_resume_remove_what_a_killed_writer_left(tmp_path, monkeypatch, store_uri):
     """Before: a SIGKILL during a checkpoint write left `.last.pt.<hex>.tmp` files (7-38 MB) that neither `train
     --resume` nor `runs gc` removed."""
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    uri = store_uri
     rid, left = _kill_mid_write(uri)
     size = left.stat().st_size
     r = _invoke(["runs", "gc", "--dry-run", "--tracking-uri", uri])

@@ -428,6 +428,19 @@ def _profile(cfg, m, ours, opt, x, y, dev, autocast, t_step: float, rate: float)
             "other_s": t_step - ideal - attn_loss - t_opt}
 
 
+def step_batch(cfg, dev, batch_size: int, seq_len: int):
+    """What a timed training step runs on: the model's config (max_len stretched to seq_len), the vocabulary size, and
+    one batch of inputs and targets (batch_size, seq_len) drawn with seed 0 on `dev`."""
+    import torch
+
+    vocab = cfg.hmm.n_tokens + 1
+    m = dataclasses.replace(cfg.model, max_len=max(cfg.model.max_len, seq_len))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, vocab, (batch_size, seq_len), generator=g).to(dev)
+    y = torch.randint(0, vocab, (batch_size, seq_len), generator=g).to(dev)
+    return m, vocab, x, y
+
+
 def bench_train(cfg, device: str = "auto", batch_size: int = 32, seq_len: int = 256, steps: int = 5,
                 peer: bool = True, profile: bool = False, compile: bool = False) -> dict[str, Any]:
     """Tokens/s and MFU of one training step (forward, backward, clip, AdamW) for `cfg.model`, vs HF RoFormer.
@@ -450,11 +463,7 @@ def bench_train(cfg, device: str = "auto", batch_size: int = 32, seq_len: int = 
     from .train import resolve_device
 
     dev = resolve_device(device)
-    vocab = cfg.hmm.n_tokens + 1
-    m = dataclasses.replace(cfg.model, max_len=max(cfg.model.max_len, seq_len))
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, vocab, (batch_size, seq_len), generator=g).to(dev)
-    y = torch.randint(0, vocab, (batch_size, seq_len), generator=g).to(dev)
+    m, vocab, x, y = step_batch(cfg, dev, batch_size, seq_len)
     cuda = dev.type == "cuda"
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True

@@ -4,11 +4,10 @@ re-exports these; the step timing itself is bench.step_time."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from .bench import mfu_denominator, step_time
+from .bench import mfu_denominator, step_batch, step_time
 
 VARIANT_COMPILE = {"eager": "false", "model": "true", "model-autotune": "model-autotune", "model-graphs": "model-graphs",
                    "blocks": "blocks", "blocks-head": "blocks-head"}  # variant name -> train.compile
@@ -53,11 +52,7 @@ def bench_variants(cfg, device: str = "auto", batch_size: int = 32, seq_len: int
     from .train import resolve_device, resolve_precision
 
     dev = resolve_device(device)
-    vocab = cfg.hmm.n_tokens + 1
-    m = dataclasses.replace(cfg.model, max_len=max(cfg.model.max_len, seq_len))
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, vocab, (batch_size, seq_len), generator=g).to(dev)
-    y = torch.randint(0, vocab, (batch_size, seq_len), generator=g).to(dev)
+    m, vocab, x, y = step_batch(cfg, dev, batch_size, seq_len)
     cuda = dev.type == "cuda"
     bf16 = resolve_precision(cfg.train.precision, dev) == "bf16"
     if cuda:
