@@ -18,7 +18,7 @@ a database through a read-only open, a server through one short health check.
   refused unless --force, with the dominant term named.
 - Time: a job whose floor on the work (`config.train_flops`) at the best rate this machine could reach (every
   core at PEAK_FLOPS_PER_CORE, or a GPU at PEAK_FLOPS_GPU) takes longer than MAX_JOB_S is refused unless
-  --force, with the floor in the message (`train.steps = 10**15` no longer trains forever).
+  --force, with the floor in the message (so `train.steps = 10**15` is refused instead of training forever).
 """
 
 from __future__ import annotations

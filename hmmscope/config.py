@@ -140,9 +140,9 @@ class EvalConfig:
     em_states: int = 0  # hidden states of the EM-fitted HMM learner; 0 = the family's S, capped at EM_STATES_CAP
 
 
-# eval.em_states = 0 takes min(hmm.n_states, this). EM's cost grows as states^2: at the tiny preset (512 episodes,
-# k = 0..4) 8 states took 7.5 s and 16 states 28.3 s (load 3.7, 1 thread), so the cap keeps the main job's Figure 1
-# where it was; a family with fewer states (S = 4) gets its own S.
+# eval.em_states = 0 takes min(hmm.n_states, this). EM's cost grows as states^2 (`hmmscope bench headroom --em`
+# times it), so the cap bounds the cost of the main job's Figure 1 at that of 8 states; a family with fewer states
+# (S = 4) gets its own S.
 EM_STATES_CAP = 8
 
 
@@ -452,8 +452,8 @@ def preset(name: str) -> Config:
 
 
 GIB = 1 << 30
-# The interpreter with what a job imports (peak RSS of tiny jobs, measured: generate 0.09 GiB with numpy only,
-# theory 0.44 GiB and train 0.52 GiB with torch and MLflow).
+# The interpreter with what a job imports, as peak RSS: with torch and MLflow (RUNTIME_BYTES), or numpy only for
+# generate (RUNTIME_NUMPY_BYTES); tests/measure_memory.py prints real jobs' peaks beside the estimates.
 RUNTIME_BYTES = 5 * GIB // 8
 RUNTIME_NUMPY_BYTES = GIB // 8
 ORACLE_CHUNK = 256  # tasks per chunk of the mixture oracle (inference.mixture_oracle's default)
@@ -536,9 +536,9 @@ def memory_estimate(cfg: Config, job: str = "train", *, n_episodes: int | None =
     activations of one batch), evaluate and analyze (n_episodes held-out episodes, default data.n_eval; analyze's
     probe_episodes and the shuffle test's n_perms too), theory, bench-train (batch_size x seq tokens),
     bench-oracle (the mixture oracle on n_episodes). The numbers are upper-leaning estimates of what the code keeps
-    alive at its peak, read off the code (see each helper's docstring); against the peak RSS of
-    real CPU runs (tests/measure_memory.py) they came out 1.1-1.3x high, which is what refusing an
-    impossible job needs.
+    alive at its peak, read off the code (see each helper's docstring); they are meant to come out somewhat above
+    the peak RSS of real CPU runs (tests/measure_memory.py prints both), which is what refusing an impossible job
+    needs.
     """
     d = cfg.data
     h = dataclasses.replace(cfg.hmm, n_tasks=training_tasks(cfg.hmm, d))  # fresh tasks: one per training episode

@@ -227,7 +227,7 @@ def _stream_code(stream: str) -> int:
 def make_mixture(cfg: HMMConfig, dtype=np.float64, *, stream: str = "train", replicate: int | None = None) -> Mixture:
     """Draw cfg.n_tasks HMMs from the family with cfg.seed; same config -> same bits.
 
-    stream: "train" (the training mixture: SeedSequence([seed, TAG]), unchanged since the first records) or
+    stream: "train" (the training mixture: SeedSequence([seed, TAG]), the same in every record) or
     another name: seeds.with_replicate([seed, TAG, tag(stream)], replicate), a stream no training task uses (with a
     replicate r the keys end in (r, 1), so replicate 0 is not the stream without one: seeds.py). The
     streams hmmscope draws (SCIENCE.md 8, 9), each disjoint from the others:
@@ -236,7 +236,8 @@ def make_mixture(cfg: HMMConfig, dtype=np.float64, *, stream: str = "train", rep
     - "fit": the tasks whose episodes fit the counting baselines' settings (episodes.fit_episodes);
     - "family": the tasks of the family-Bayes reference (episodes.family_tasks);
     - "fresh": the training tasks when hmm.n_tasks = 0, one per training episode (episodes.fresh_training);
-    - "other": the other-tasks mixture of the earlier records (no replicate).
+    - "other": a mixture of other tasks (no replicate); no job draws it, and it stays so that the records that
+      used it can be redrawn.
     Same family, hyperparameters and code path; only the random stream differs. The config_hash of a non-training
     mixture names its stream (and replicate), so episodes drawn from it never share a dataset hash with training
     data. cfg.n_tasks must be >= 1 here (hmm.n_tasks = 0, "fresh tasks", is resolved by the callers).

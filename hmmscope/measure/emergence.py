@@ -1,4 +1,4 @@
-"""Emergence curves: in-context learning on seen and unseen tasks during training (SCIENCE.md 8, 9; issue 18.3).
+"""Emergence curves: in-context learning on seen and unseen tasks during training (SCIENCE.md 8, 9).
 
 Owns the pre-sampled evaluation episodes of the curves with their reference predictions (``prepare``, once
 per run, resumed runs included), the model's curve values at one evaluation step (``Emergence.curve``), the
@@ -34,12 +34,10 @@ a run's metric page opens on the training curves, not on ~70 emergence charts; t
 artifact ``emergence/curves.json`` (``curves_table``: one row per step, task set, predictor and k) and the figure
 figures/emergence.{png,pdf}.
 
-Cost (measured at commit 064517e, 1 thread, load average ~7 on 2 shared cores, /tmp scripts quoted in the
-branch report): tiny preset (512 eval episodes, 64 + 64 curve episodes, k = 0..4): the references 0.32 s CPU
-once per run; one evaluation of the curves 2.05-2.21 s CPU beside 3.25-3.72 s for val/* on 512 episodes; a
-training step 0.554 s CPU. Over the tiny preset's 1000 steps and 5 evaluations that makes the curves ~1.8% and
-all evaluation ~4.6% of the run. The family-Bayes and fitted-counting references added since cost once per run
-(train/eval_s includes them).
+Cost. The references (family-Bayes and fitted counting included) are computed once per run; each evaluation of
+the curves costs the model's (k_max + 1) forward passes per curve episode and task set, beside val/*'s evaluation.
+A training run logs what its evaluations cost: train/eval_s (the curves, val/* and the references' precompute)
+and train/eval_fraction (training/train.py).
 """
 
 from __future__ import annotations
@@ -102,7 +100,7 @@ class Emergence:
                 out[key("unseen", "vs_best_counting")] = by_k[max(es.ks)]["vs_best_counting"]
         return out
 
-    metrics = curve  # the name of earlier versions
+    metrics = curve  # an alias of curve, its older name
 
     def headline(self, curve: dict[str, float]) -> dict[str, float]:
         """The few series logged as MLflow metrics at each evaluation (module docstring): per task set the model's

@@ -15,12 +15,11 @@ is predicted from the delimiter before it); with k = 0 the first test token is e
 predictor of the training objective ever sees as a target, so it is dropped for all predictors alike (the
 k = 0 row scores l_test - 1 tokens; ``n_tokens`` says so).
 
-In-context gain on the same tokens (SCIENCE.md 9, issue 26.1): CE(k = 0) - CE(k = k_max), both over exactly the
+In-context gain on the same tokens (SCIENCE.md 9): CE(k = 0) - CE(k = k_max), both over exactly the
 same test tokens, the test positions 1..l_test - 1 (``KSet.same``), per episode, then the mean over episodes
 with a 95% normal CI (a paired difference: the same episodes at both k). The task oracle's gain is then exactly
 0 (its prediction of a test token does not depend on the demonstrations). (The by-k CE rows keep every scored
-token; comparing them across k mixes in test position 0 at k >= 1 only, which biased the gain by 0.01-0.02
-nats in the records before this change.)
+token; comparing them across k would mix in test position 0 at k >= 1 only, and bias the gain.)
 
 Accuracy vs the number of demonstrations k is measured on a model trained with n_demos demos by keeping
 only the LAST k demo blocks of each episode (``truncate_demos``); the test segment is unchanged, so the task
@@ -101,7 +100,7 @@ PREDICTORS = ("model", *REFERENCES)
 BASELINES = REFERENCES[2:]  # logged under baseline/<tasks>/<name>/...; compared with the model, paired
 TASKS = ("seen", "unseen")
 _Z = 1.96
-# how the EM learner's restarts are seeded since issue 27.5 (earlier records: one stream for the whole batch)
+# how the EM learner's restarts are seeded (em_learner.py), written into Figure 1's meta with the learner's settings
 _EM_SEEDING = "per fit: SeedSequence([seed, tag, k, l_demo, sha256 of the k demonstrations])"
 
 

@@ -33,8 +33,8 @@ def memory_comparison(model: torch.nn.Module, mix: Mixture, ep: Episodes, window
     Receptive field. A model of n_layers banded layers of width w predicts token j from the
     R = n_layers (w - 1) + 1 tokens before it (`receptive_field`), not from w: with 4 layers of width 4 it
     sees 13 tokens. We compare it with eps(R), on the test positions j >= R, where those R tokens are all
-    test tokens (option 1 of issue 8: eps at the model's true receptive field; the model is evaluated on
-    its ordinary episodes). n_layers defaults to model.cfg.n_layers.
+    test tokens (eps at the model's true receptive field; the model is evaluated on its ordinary episodes).
+    n_layers defaults to model.cfg.n_layers.
 
     model_tv: mean over episodes of the mean, over test positions j >= R, of TV(task oracle with the full
     history, model), with a 95% CI over episodes. mix_tv: the same for the mixture oracle (the part of the

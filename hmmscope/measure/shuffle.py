@@ -27,9 +27,9 @@ Conventions.
 - Memory and passes: a forward holds B (1 + n_perms) rows, B <= batch_size episodes, cut further so
   one layer's scores (rows x H x T x T float32) fit in `max_bytes` (6 episodes x 5 rows x 16 heads x
   357^2 at the paper's scale and the 256 MiB default). Each layer's scores are reduced to their sums
-  as the forward makes them (a hook), so one forward per batch runs through every layer (issue 37:
-  a forward per layer and batch took 37 s on an H100 at the paper's scale). The model is moved to
-  `device` and back to its own (no copy when the caller moved it there first, as analyze does).
+  as the forward makes them (a hook), so one forward per batch runs through every layer (not one forward
+  per layer and batch). The model is moved to `device` and back to its own (no copy when the caller moved it
+  there first, as analyze does).
 
 Claims ("upper layers change less"), from the per-episode layer values r[e, l]:
 1. slope: OLS of r[e,l] on l over all (e, l), episode-clustered SE, t-based 95% CI.

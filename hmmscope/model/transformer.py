@@ -15,7 +15,7 @@ Design (lean, nanoGPT-like):
   does it when attention scores/patterns are requested) the scores q @ k^T / sqrt(Dh) are materialized,
   masked with -inf, exposed at hook_attn_scores, softmaxed (hook_pattern) and applied to v.
 - Dropout (cfg.dropout > 0, training only) on the embedding, the attention-sublayer output and the MLP
-  output; none on attention probabilities (that would push SDPA off its fused CPU kernel: ~1.6x slower).
+  output; none on attention probabilities (that would push SDPA off its fused CPU kernel onto a slower path).
 - Compiling (`Transformer.compile_forward`, train.compile): the whole model (one graph of every layer) or each
   block alone ("blocks": the blocks share one compiled graph, so compiling costs one layer's time; the
   regions between the blocks stay eager). The compiled callable is the training step's only: the module

@@ -58,13 +58,10 @@ predictions on episodes truncated to k.
 The n-gram's counts are computed once per order and reused over the alphas; CTW's estimates depend on alpha,
 so each depth is one pass that carries all 8 alphas at once (its counts are shared).
 
-Costs (measured on the shared 2-core CPU, OMP_NUM_THREADS=1): fit_counting at the main job's size (the `tiny`
-preset: V = 8, 4 demos x 24 + 32 test tokens; 512 fit episodes; k = 0..4; 8 alphas x orders 1-3 x depths 1-3)
-takes 2.0 s at load average 4.8 (0.5 s of it the n-grams plus depth 1 alone); in `hmmscope bench counting` it
-took 1.6, 3.1 and 3.5 s (load 2.6-5.2), a median 10.4x the add-one bigram on the same 5 truncations. At the
-paper's shape (V = 16, 6 x 48 + 64 = 358 positions, 1024 episodes), the same runs: incontext_ngram order 3
-0.30x the bigram's time (median; bigram 1.1-3.4 s), incontext_ctw depth 3 0.75x; peak RSS 0.5 GiB
-(analysis/results/bench/RUN.md).
+Costs. `hmmscope bench counting` times them against the add-one bigram on the same episodes: incontext_ngram
+(order 3) and incontext_ctw (depth 3) at the paper's shape (V = 16, 6 x 48 + 64 = 358 positions, 1024 episodes),
+and fit_counting at the main job's size (the `tiny` preset: V = 8, 4 demos x 24 + 32 test tokens; 512 fit
+episodes; k = 0..4; 8 alphas x orders 1-3 x depths 1-3). Recorded numbers: analysis/results/bench/RUN.md.
 
 The EM-fitted HMM learner (``incontext_hmm``, ``HMMLearner``, ``fit_hmm_em``) lives in em_learner.py and is
 re-exported here.

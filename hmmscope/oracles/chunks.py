@@ -62,9 +62,9 @@ class ChunkMerge:
 def cuda_chunk(n_tasks: int, n_episodes: int, V: int, d: int, dtype, device, frac: float = 0.25) -> int:
     """Tasks per chunk of the torch path on a GPU: the largest power of two (at most n_tasks, at least 256)
     whose peak memory fits in `frac` of the device's free memory. The peak is counted as 7 (C, N, V d + V)
-    arrays: measured on an H100, 30.5 GiB at C = 4096, N = 1024, float64 (6.3 such arrays: the two table
-    buffers, the update, the gathered rows, the mixer's temporaries). Fewer, larger chunks mean fewer kernel
-    launches per step (T steps x ~12 launches per chunk)."""
+    arrays (the two table buffers, the update, the gathered rows, the mixer's temporaries), a bound on the peak
+    that `hmmscope bench oracle --device cuda` reports (recorded: analysis/results/paper-gpu/RUN.md). Fewer,
+    larger chunks mean fewer kernel launches per step (T steps x ~12 launches per chunk)."""
     free, _ = torch.cuda.mem_get_info(torch.device(device))
     per_task = 7 * n_episodes * (V * d + V) * torch.finfo(dtype).bits // 8
     c = 256

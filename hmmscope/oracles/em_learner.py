@@ -22,8 +22,8 @@ fitting one k, a subset of the episodes, or episodes already truncated gives the
 batch (the per-token reductions are also written so that their order does not depend on the batch).
 All episodes, every k and every restart are fit together: one batched scaled forward-backward over the
 demonstration sequences (rows) per iteration, tensors (rows, n_states), float64, no loop over episodes.
-Cost at the `tiny` size (512 episodes, k = 0..4, 4 restarts x 30 iterations; load average 3.7): 7.5 s with
-8 states, 28.3 s with 16.
+Cost: it grows as n_states^2 (config.EM_STATES_CAP bounds the default); `hmmscope bench headroom --em` times it
+within a headroom.
 
 This module imports torch, numpy and hmmscope's inference (the filter); never the model, training or tracking.
 """

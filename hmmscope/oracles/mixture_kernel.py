@@ -23,19 +23,20 @@ row, and the same bound on each posterior row):
   ``L_j(t) - cum[t] < min_{t' >= t} (mx[t'] - theta - cum[t'])``. Its later posterior entries are
   reported as -inf (their true relative weight is below exp(-theta)).
 
-Speed (measured at the paper's shape, 8192 tasks x 1024 episodes, float64, 2 threads: ~127 s -> ~41 s with
-the ordering in ``inference._mixture_oracle_cpu``; ``analysis/results/bench/oracle_old_vs_new.py``):
+Speed (with the ordering in ``inference._mixture_oracle_cpu``; `hmmscope bench oracle --n-tasks 8192 --n-episodes
+1024` times the paper's shape; recorded numbers, and what each of these steps gains:
+analysis/results/bench/RUN.md):
 - ``for_rank(d)`` runs a copy of this module generated for the rank d (``_specialize``; 4 <= d <= 16): c and the next
   latent are d scalar locals (registers), the d x d update, z and the prediction are unrolled, and the copy
   is compiled with LLVM's SLP vectorizer on (``slp_vectorize``; numba turns it off by default), which packs
-  the unrolled products into AVX2 FMAs. The generic loops kept c in memory: each step waited on stores
+  the unrolled products into AVX2 FMAs. The generic loops keep c in memory: each step waits on stores
   and reloads. The copy is compiled from the source generated in memory (never from a file). Its machine code, and
   this module's, is cached on disk by numba only in the user-private folder ``~/.cache/hmmscope/kernels``
   (``$XDG_CACHE_HOME``; 0700, a real folder of this user, checked before every use) through hmmscope's signed cache
   (``_install_cache``): every entry, numba's index included, is written there with an HMAC under this user's key
   (``.key``, 0600) and loaded only when it verifies, before anything in it is unpickled; nothing is read from a
   ``__pycache__``, beside the package, or numba's own user-wide folder;
-- the stopping bounds cum, R (O(T) per chain, a quarter of the time when computed chain by chain) are
+- the stopping bounds cum, R (O(T) per chain, a large share of the time when computed chain by chain) are
   computed for G tasks at once per episode (``_bounds``: the inner loops run over tasks and vectorize).
 """
 
@@ -219,7 +220,7 @@ def mix_chunk(tok, kind, snap, MM, MpT, Y0, P0, Ys, Ps, logprior, first, lq, the
 
 # ---------------------------------------------------------------- rank-specialized copy
 
-MIN_UNROLL, MAX_UNROLL = 4, 16  # ranks in this range get a specialized copy (each costs a compile, ~10 s,
+MIN_UNROLL, MAX_UNROLL = 4, 16  # ranks in this range get a specialized copy (each costs a numba compile,
 # cached); smaller ranks (short loops, tests) and larger ones (long unrolled code) run the generic kernel
 
 
@@ -495,7 +496,8 @@ def for_rank(d: int):
 @contextlib.contextmanager
 def slp_vectorize():
     """Compile with LLVM's SLP vectorizer on (numba turns it off by default): it packs the unrolled scalar
-    products into AVX2 FMAs (measured 1.6x on the paper-scale oracle). Only compilation reads the flag."""
+    products into AVX2 FMAs (the gain is recorded in analysis/results/bench/RUN.md). Only compilation reads the
+    flag."""
     saved = numba.core.config.SLP_VECTORIZE
     numba.core.config.SLP_VECTORIZE = 1
     try:

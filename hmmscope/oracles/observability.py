@@ -46,7 +46,7 @@ from scipy import sparse
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
 _RTOL = 1e-6  # lower and upper closer than this (relative) -> exact
-_DUAL_LP_MAX_NNZ = 70_000  # the certified-bound LP has 2 S^2 V nonzeros (~1 s at 70k)
+_DUAL_LP_MAX_NNZ = 70_000  # the certified-bound LP has 2 S^2 V nonzeros; above this it is skipped (slow): pinv
 
 
 @dataclass(frozen=True, eq=False)

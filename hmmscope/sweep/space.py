@@ -1,14 +1,15 @@
-"""Checks of a sweep spec's [space] beyond each value's own validity (issue 36, item 8), called by `sweep.spec.parse_spec`
-(which owns the format); `range_probe`, the values of a range checked up front.
+"""Checks of a sweep spec's [space] beyond each value's own validity, called by `sweep.spec.parse_spec`.
+
+`sweep.spec` owns the format; `range_probe` gives the values of a range checked up front.
 
 - A spec without [space] that makes one trial (one seed) is refused: it is what a spec cut off before its [space]
   looks like, and it would run as a one-point sweep. An empty [space] says it is meant (the fixed config, once per
   seed); so do several seeds (replicates of the fixed config, e.g. sweeps/inference-regime-cpu.toml).
 - A range's step must divide high - low and leave more than one value: Optuna ends the range at the last step that
-  fits (a step of 5.0 over 0.1..0.5 gave every trial 0.1).
-- A grid or choices value for a number key must be a number: a string "0.9" was converted silently.
-- Each grid value names its own trial: trial names show numbers to 4 significant digits, so 0.5 and 0.50000001 both
-  made `g0.5-s0`.
+  fits (a step of 5.0 over 0.1..0.5 would give every trial 0.1).
+- A grid or choices value for a number key must be a number: a string "0.9" would be converted silently.
+- Each grid value names its own trial: trial names show numbers to 4 significant digits, so 0.5 and 0.50000001 would
+  both make `g0.5-s0`.
 
 Imports only `config` (ConfigError).
 """

@@ -224,8 +224,7 @@ def _opened(trial, uri: str, run_id: str, opened: list[str] | None) -> None:
 def _objective(run, spec: SweepSpec, metrics: dict[str, float]) -> float:
     """The trial's objective from its metrics. It is logged on the trial's run once, under the key the spec names:
     by the evaluation (eval/*, val/*, memory/*), the theory or headroom job; an analysis objective (a claim, a probe
-    or shuffle metric of the analysis run) is logged on the trial's run here. (Runs before issue 38 also logged it
-    as `Objective/<objective>`, a second copy that api and runs compare showed twice.)"""
+    or shuffle metric of the analysis run) is logged on the trial's run here."""
     if spec.objective not in metrics:
         raise KeyError(f"objective {spec.objective!r} is not among the trial's metrics "
                        f"({', '.join(sorted(metrics)[:20])}, ...)")

@@ -28,7 +28,7 @@ and revealing map at every gamma (only the emission mixing changes): a draw is a
 draw, the OLS slope of log r on log x with one intercept per (S, d, rho) group (x and y centred within
 group), then k = the mean of the per-draw slopes with a t interval on (draws - 1) df. Beside it: the
 Monte Carlo SE of k (the per-draw slopes' variances from the rates' bootstrap SEs, delta method
-se(log r) = se(r) / r) and the between-draw sd of the slopes. One draw (older records, theory.draws = 1):
+se(log r) = se(r) / r) and the between-draw sd of the slopes. One draw (theory.draws = 1):
 OLS with group intercepts over that draw's points, t on n - groups - 1 df; its CI is the scatter about
 the line, a statement about one HMM per group, and the method says so.
 Also fitted on the excess over the chain's mixing floor m = -log|lambda_2(T)|, r - m, over the points
@@ -36,8 +36,7 @@ whose rate CI lies above m (a gamma^4 law plus a floor looks like a small k).
 gamma_eff = gamma * gamma(Q E) exactly for the emission family of SCIENCE.md 1, so within a group and
 draw gamma_eff is a constant multiple of gamma and its slope is the gamma slope: such a fit is kept
 (`same_as`, the note names the multiples) but is no second claim. Pooling groups with a common intercept
-(as before this module) turned these multiples, which differ between ranks, into a slope of ~0
-("k = -0.05 [-0.20, 0.10]"); group intercepts remove that.
+would turn these multiples, which differ between ranks, into a slope near 0; group intercepts remove that.
 
 Claims. (c) "k <= 4": the bound allows r >= c gamma^4 as gamma -> 0, i.e. k <= 4; rule "<= 4". A CI
 entirely below 4 reads "exponent 4 rejected; the bound holds and is loose by gamma^(4-k)"; entirely above

@@ -2,8 +2,8 @@
 
 Theorem 1 / Lemma 1 claim eps(L) <= C d exp(-c gamma^4 L). A setting (S, d, rho, gamma) is a family of
 HMMs, so each setting is measured on `theory.draws` independent HMM draws. Draw j uses the seed
-`draw_seed(theory.seed, j)`: theory.seed itself for j = 0 (so one draw reproduces the single-draw results
-of earlier versions), else a seed from its own stream, SeedSequence([theory.seed, DRAW_TAG, j]). The
+`draw_seed(theory.seed, j)`: theory.seed itself for j = 0 (so draw 0, and a one-draw sweep, is the HMM
+theory.seed alone gives), else a seed from its own stream, SeedSequence([theory.seed, DRAW_TAG, j]). The
 seed drives the HMM (make_hmm), its histories (memory_error) and its rate bootstrap. The HMM family's
 random parts (W, Q, the revealing map) do not depend on gamma, so draw j is the same chain at every
 gamma of a group: the sweep-level fits pair draws across gammas. gamma_m (a costly MILP, a diagnostic no

@@ -1,14 +1,16 @@
 """A run's claims: written as ONE logged table (`claims.json`, `Run.log_claims`) plus a handful of headline
 numbers (`claim_headline`), and read back (`read_claims`) as the flat keys the report and sweep objectives use.
 
-Before, each claim was three metrics (`claim/<name>/value|ci_lo|ci_hi`) and two tags (`verdict/<name>`,
-`rule/<name>`): hundreds of columns in the MLflow UI, names mangled by MLflow's key rules. Now a run carries:
+A run carries (one table, not metrics and tags per claim: those would make hundreds of columns in the MLflow UI,
+with names mangled by MLflow's key rules):
 - the table `claims.json` (columns `tags.CLAIM_COLUMNS`: claim, value, ci_lo, ci_hi, rule, verdict, reason,
   statistic), shown by the MLflow UI's artifact view and its evaluation table;
 - the metrics `claims/n` and `claims/<verdict>` (supported, not_supported, inconclusive, no_power counts);
 - the tag `hmmscope.claims`, one line: "12 claims: 9 supported, 3 inconclusive".
 `read_claims` gives back {`claim/<safe name>/value|ci_lo|ci_hi`: float}, {safe name: verdict}, {safe name: rule}
-from the table, or from the old metrics and tags for runs recorded before (the same keys either way).
+from the table, or, for runs recorded before claims.json existed, from the three metrics
+(`claim/<name>/value|ci_lo|ci_hi`) and two tags (`verdict/<name>`, `rule/<name>`) per claim they carry instead
+(the same keys either way).
 
 Part of `tracking`, the one package that talks to MLflow. Imports tags (at import) and runs (inside
 `read_claims`; runs never imports this module: `claim_headline` lives in tags); never anything of

@@ -1,4 +1,4 @@
-"""A store's failures told apart and said in one line (issue 36, items 6 and 9): an error of a store at all
+"""A store's failures told apart and said in one line: an error of a store at all
 (`store_error`, by class name), a fault waiting does not cure (`permanent_fault`: a full disk, a read-only store), and
 the store's own reason (`store_reason`: the innermost database error's first line).
 

@@ -142,8 +142,8 @@ def column_width(col: str) -> int:
 def sweep_view(parent) -> dict:
     """The state of a sweep's trials view: the parent's direct children (listed flat, not folded under the
     parent), best first by the objective, its objective and swept params as visible columns (module docstring),
-    each wide enough for its whole header (`columnOrder` and `columnWidths`, which MLflow applies together: before,
-    100 px cut the objective's header to 'Objective/eval/s')."""
+    each wide enough for its whole header (`columnOrder` and `columnWidths`, which MLflow applies together; its
+    default 100 px would cut a long header short)."""
     p = parent.data.params
     objective, direction = p.get("sweep.objective"), p.get("sweep.direction")
     cols = sweep_columns(parent)

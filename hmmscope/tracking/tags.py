@@ -8,8 +8,8 @@ as params only the config sections of its kind (`config_params`: a training run 
 a theory run theory). Claims go into a logged table `claims.json` (`Run.log_claims`: MLflow's
 `log_table` format, listed in the tag `mlflow.loggedArtifacts`), one row per claim with its value,
 CI, rule, verdict and reason (`claims_table`; headline counts and reading back: the `claims` module).
-A sweep trial's objective is logged once, under the key its spec names (runs before issue 38 also carried a second
-copy, `Objective/<objective key>`, which `api` and `runs compare` showed twice).
+A sweep trial's objective is logged once, under the key its spec names (no second copy under another name, which
+`api` and `runs compare` would show twice).
 
 Part of `tracking`, the one package that talks to MLflow; this module itself never calls it (pure
 functions, git and the process's argv). Imports `config` only inside config_params; must not import the

@@ -101,7 +101,7 @@ def mfu_denominator(m: int, k: int, n: int, dtype, device, calls: int = 20) -> t
     """The matmul rate MFU is measured against: the best of the model's own GEMM shape (m, k) x (k, n), timed as
     gemm_rate with `calls` products, and a large square GEMM of LARGE_GEMM (timed with 20 products on a GPU, 2 on a
     CPU: about a second there), both measured now. A small model's own GEMM runs far below the machine's limit
-    (issue 33: 86-121% "MFU" against a (B T, 64) x (64, 256) product); the large one is the limit. Returns (rate,
+    (against it alone a small model's step can show an "MFU" above 100%); the large one is the limit. Returns (rate,
     the shape that set it, {shape: rate})."""
     import torch
 
@@ -124,7 +124,7 @@ def bench_filter(n_seqs: int = 4096, length: int = 256, peer_length: int = 20000
       implementations ("log", its default, and "scaling");
     - low-rank: ``predictive`` on the same HMM given as its rank-d factors T = W Q, vs the dense path;
     - limits: the fp32 GEMM rate of each path's per-step product, measured here: (chunk, S) x (S, S)
-      for dense (2 S^2 FLOPs per token, as counted in the issue; the step also carries the V prediction
+      for dense (2 S^2 FLOPs per token; the step also carries the V prediction
       columns, (S, S + V)), and (n, d) x (d, V d + V) for low-rank.
     Every contender, the GEMM limits included, is timed in `repeats` interleaved rounds and keeps its
     best time, so load from other processes does not fall on one side of a ratio only.

@@ -1,6 +1,8 @@
-"""Training-step variants for the GPU session (issue 28): each compile scope x attention kernel timed from the same
-weights, with its one-off compile time, and the choice of the variant that fits most steps in a budget. bench.py
-re-exports these; the step timing itself is bench.step_time."""
+"""Training-step variants: each compile scope x attention kernel timed from the same weights, and the pick.
+
+Each variant's step time is measured with its one-off compile time; `choose_variant` picks the variant that fits
+most steps in a budget (a GPU run uses it to choose train.compile and train.attention; `hmmscope bench train
+--variants` prints the table). bench.py re-exports these; the step timing itself is bench.step_time."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A wall-clock deadline for training (issue 19): when to stop so that the checkpoint is written in time.
+"""A wall-clock deadline for training: when to stop so that the checkpoint is written in time.
 
 `train(cfg, ..., deadline=Deadline(at))` stops at a step boundary, writes its checkpoint and ends its MLflow run
 before the `time.monotonic()` instant `at`; `train --resume RUN_ID` continues it bitwise on the same device.

@@ -32,7 +32,7 @@ that talks to MLflow):
   evaluations, val/* and emergence/*, plus the emergence references' precompute) and train/eval_fraction
   (eval_s / this call's wall time) at the end. Loss/train and Loss/val (LOSS_TRAIN, LOSS_VAL) repeat
   train/loss and val/loss under names MLflow's run page shows first (its chart sections are ordered by name,
-  capitals first: without them the loss curves sat below about 30 baseline/ and eval/ sections). The eval/*
+  capitals first: without them the loss curves would sit below about 30 baseline/ and eval/ sections). The eval/*
   keys belong to Figure 1 (evaluate.Figure1Result.headline, logged by jobs.evaluate_run at the final step): one
   key, one measurement.
 - Checkpoints: every ckpt_every steps and at the end, the artifact checkpoints/last.pt

@@ -29,12 +29,12 @@ Claims (stats.claim: the verdict is the rule applied to the CI on the row):
   statistic says so): the largest adjacent difference e(k_{i+1}) - e(k_i) (the weakest fall). CI: [max of
   lower ends, max of upper ends] of the per-step percentile intervals at level 1 - 0.05 / (K - 1)
   (Bonferroni: simultaneous 95%), so "supported" means every step falls. Rule "< 0"; the reason lists
-  Holm-adjusted bootstrap p-values per step. (Before issue 26 it was on the raw best acc.)
+  Holm-adjusted bootstrap p-values per step.
 - state_before_task (threshold-free): mean over the layers above the embedding (1..L; layer 0 left out) of
   the normalized accuracy clip((acc - chance) / (max acc - chance), 0, 1), max over those layers, state
   minus task (a target that becomes decodable at lower layers has the larger mean). The embedding is
   apart because there the current token alone decides: a state that the token reveals is "decodable" at
-  layer 0 without any processing, and before issue 26 that alone could make the area positive.
+  layer 0 without any processing, and with layer 0 in the mean that alone could make the area positive.
   state_before_task_layer0: the same normalized accuracy at layer 0 (max over all layers), state minus
   task, its own row. state_before_task_reach{50,90}: reach(task) - reach(state) in layers, reach(frac) =
   the first layer (0 included) with normalized accuracy >= frac. Rule "> 0; requires task_beats_control,

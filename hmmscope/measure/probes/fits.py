@@ -3,9 +3,9 @@
 Split and fits. One seeded split of episodes (`test_frac` held out) for every target and layer: no
 episode on both sides. Features standardized on the training rows. Classifiers: multinomial
 LogisticRegression(C, lbfgs, max_iter, tol), each layer fitted from scratch (warm_start=True reuses the
-previous layer's fit: ~20% faster on the tiny preset, accuracies within 0.01, but layer-order
+previous layer's fit: faster, with accuracies close to the fits from scratch, but layer-order
 dependent; never for the per-task state probes). Fits run with `blas_threads` BLAS threads (default 1:
-on a 2-core machine multi-threaded OpenBLAS made each lbfgs fit 5-40x slower). The layers' fits are
+on a machine with few cores multi-threaded OpenBLAS makes each lbfgs fit several times slower). The layers' fits are
 independent, so with `n_jobs` > 1 they run in n_jobs worker processes (spawned: torch and fork do not
 mix; a script that calls run_probes needs the `if __name__ == "__main__":` guard), each with blas_threads
 BLAS threads, while the main process collects the next layers' residuals; the numbers are identical to
@@ -24,7 +24,7 @@ joins a worker itself. Two threads joining one child race: the one that loses th
 its join returns as if the child still ran, so the child can stay in `multiprocessing.active_children()`
 after run_probes has raised (the test `test_the_fit_workers_are_reaped_when_the_pool_reaps_them_late`).
 
-Torch fits (`fit_device` set: `torch_fits`, e.g. on the GPU; issue 37): the same split, standardization,
+Torch fits (`fit_device` set: `torch_fits`, e.g. on the GPU): the same split, standardization,
 controls and outputs, the classifiers and ridge fitted in torch on that device, in this process (n_jobs and
 warm_start do not apply); accuracies and R^2 within the tolerances of tests/test_probes_torch.py of scikit-learn's.
 

@@ -1,4 +1,4 @@
-"""The probes' fits in torch, on any device (issue 37: on the GPU, so Figure 3 fits in the paper-scale call).
+"""The probes' fits in torch, on any device (on a GPU, so that Figure 3's fits at the paper's scale are quick).
 
 Twins of `fits`' scikit-learn fits, with the same inputs and outputs:
 
