@@ -5,7 +5,7 @@ that stop with their block.
 worker, `on_sigterm`) it raises KeyboardInterrupt, so a run ends KILLED and a trial is handed back, as with Ctrl-C.
 A signal handler's exception is raised in whatever Python code runs when the signal arrives. If that is a weakref
 callback or a __del__ (the garbage collector runs them between any two bytecodes), Python prints "Exception ignored
-in: ..." and goes on: the interrupt is lost, and a training run kept going for minutes after SIGTERM (seen in CI).
+in: ..." and goes on: the interrupt is lost, and a training run would keep going after SIGTERM.
 So the handler also records the signal, and long loops call `raise_if_terminated()` at each step: a recorded signal
 whose exception has not reached them raises there. Inside `sigterm_interrupts` such a swallowed interrupt prints
 nothing (no "Exception ignored" traceback on the way to the one-line "error: interrupted"); it is counted in

@@ -164,7 +164,7 @@ def unseen_episodes(hmm: HMMConfig, data: DataConfig, n: int) -> tuple[Mixture, 
     The tasks are make_mixture(hmm with n_tasks = n, stream="unseen", replicate=data.seed): the family and
     hyperparameters of the training mixture, drawn from a seed stream of their own (training draws from stream
     "train", or "fresh" with hmm.n_tasks = 0) that depends on data.seed, so replicate seeds score different unseen
-    tasks and an interval over seeds covers the draw of unseen tasks (issue 26.2). Episode i uses task i (one
+    tasks and an interval over seeds covers the draw of unseen tasks. Episode i uses task i (one
     fresh task per episode, so the episodes are independent draws over tasks as well as sequences); the episodes'
     own stream is (data.seed, split "unseen"). task_ids index the returned mixture, not the training one.
     """
