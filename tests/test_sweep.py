@@ -539,8 +539,8 @@ def test_sigterm_stops_workers_and_gives_trials_back(tmp_path):
     storage, uri = stores(tmp_path)
     code = (f"from hmmscope.sweep import run_sweep\nfrom hmmscope.sweep.spec import load_spec\n"
             f"run_sweep(load_spec({str(p)!r}), workers=2, storage={storage!r}, uri={uri!r})\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], env=worker_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    err = (tmp_path / "sweep.err").open("w")  # the sweep's and its workers' lines, for a failure's message
+    proc = subprocess.Popen([sys.executable, "-c", code], env=worker_env(), stdout=err, stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + 300  # generous: loaded CI machines
         while True:
@@ -557,11 +557,13 @@ def test_sigterm_stops_workers_and_gives_trials_back(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        err.close()
     assert _procs_mentioning(storage) == []  # no worker left behind
     rows = study_status("term", storage)
     failed = [r for r in rows if r["state"] == "FAIL"]
     waiting = [r for r in rows if r["state"] == "WAITING"]
-    assert len(failed) == 2 and all(r["reason"] == "interrupted" for r in failed)
+    said = (tmp_path / "sweep.err").read_text()[-4000:]
+    assert len(failed) == 2 and all(r["reason"] == "interrupted" for r in failed), (rows, said)
     assert sorted((r["retried_from"], r["params"]["hmm.gamma"]) for r in waiting) == sorted(
         (r["number"], r["params"]["hmm.gamma"]) for r in failed)
     statuses = {r.info.run_name: r.info.status for r in runs(uri)}

@@ -225,10 +225,29 @@ def _fail_once(store, interrupted: bool, max_retry: int):
     return store.retry(tid, max_retry, interrupted=interrupted)
 
 
+def test_hand_back_puts_back_only_the_killed_workers_trials(tmp_path):
+    """Before: a worker SIGKILLed after not stopping in time (a loaded machine) left its trial RUNNING until the grace
+    period ran out; the sweep now hands back the trials of the workers it killed, and only theirs."""
+    from optuna.trial import TrialState
+
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    study = _new_study(url, "back", n=3)
+    store = TrialStore.of(study, url, 60)
+    ids = [store.claim() for _ in range(3)]
+    for tid, (host, pid) in zip(ids, [("h", 11), ("h", 12), ("other", 11)], strict=True):
+        store.storage.set_trial_user_attr(tid, "worker", {"host": host, "pid": pid})
+    assert store.hand_back("h", [11], max_retry=0) == [(0, 11)]  # an interrupt uses no retry budget
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    assert by_number[0].state == TrialState.FAIL and by_number[0].user_attrs["fail_reason"] == "interrupted"
+    assert by_number[1].state == by_number[2].state == TrialState.RUNNING  # another pid, another host
+    (retry,) = [t for t in by_number.values() if t.state == TrialState.WAITING]
+    assert retry.system_attrs["fixed_params"] == {"x": 0}  # the same cell again
+    assert store.hand_back("h", [11], max_retry=0) == []  # once
+
+
 def test_interrupts_do_not_use_the_crash_budget_and_failed_trials_can_be_requeued(tmp_path):
     """Before: a one-trial sweep interrupted three times ended FAILED (max_retry used up by signals), and
     nothing could run it again. Now: interrupts are free, crashes count, --retry-failed re-queues."""
-    from hmmscope.sweep.worker import requeue_failed
 
     url = f"sqlite:///{tmp_path}/optuna.db"
     study = _new_study(url, "budget", n=1)
@@ -239,5 +258,5 @@ def test_interrupts_do_not_use_the_crash_budget_and_failed_trials_can_be_requeue
     assert _fail_once(store, True, 2) is not None  # an interrupt between crashes: free
     assert _fail_once(store, False, 2) is not None  # crash 2
     assert _fail_once(store, False, 2) is None  # crash 3 > max_retry: the cell ends FAILED
-    assert requeue_failed(study, url) != [] and requeue_failed(study, url) == []  # once per failed cell
+    assert store.requeue_failed() != [] and store.requeue_failed() == []  # once per failed cell
     assert _fail_once(store, False, 2) is not None  # its budget starts again

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -168,6 +168,35 @@ class TrialStore:
             state=TrialState.WAITING, params=t.params, distributions=t.distributions,
             user_attrs={k: v for k, v in t.user_attrs.items() if k not in NOT_INHERITED}, system_attrs=system)
         return self.storage.get_trial(self.storage.create_new_trial(self.study_id, template_trial=copy)).number
+
+    def requeue_failed(self) -> list[int]:
+        """Enqueue a WAITING copy of every FAIL trial not retried yet (the last of its chain); their numbers."""
+        from optuna.trial import TrialState
+
+        trials = self.storage.get_all_trials(self.study_id, deepcopy=False)
+        retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+        out = []
+        for t in trials:
+            if t.state == TrialState.FAIL and t.number not in retried:
+                new = self.retry(t._trial_id, None, reset=True)
+                if new is not None:
+                    out.append(new)
+        return out
+
+    def hand_back(self, host: str, pids: Sequence[int], max_retry: int | None) -> list[tuple[int, int]]:
+        """The RUNNING trials of the workers `pids` on `host`, which are gone (SIGKILLed), handed back as a worker
+        does on SIGTERM: FAIL with fail_reason "interrupted", then a WAITING retry (no retry budget used). Their
+        (number, worker pid)."""
+        from optuna.trial import TrialState
+
+        out = []
+        for t in self.storage.get_all_trials(self.study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+            w = t.user_attrs.get("worker") or {}
+            if w.get("host") == host and w.get("pid") in pids and self.finish(
+                    t._trial_id, TrialState.FAIL, attrs={"fail_reason": "interrupted"}):
+                self.retry(t._trial_id, max_retry, interrupted=True)
+                out.append((t.number, w["pid"]))
+        return out
 
     # ------------------------------------------------------------ heartbeats
 

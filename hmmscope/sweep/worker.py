@@ -23,11 +23,12 @@ trial.py's. Imports the other sweep modules and tracking (lazily); never the job
   (`tracking.settle_run`). Its runs are those it noted as they opened and those the store holds under its lease
   with the trial's tags (`tracking.own_runs`: one cut off before it was noted; a second one of a create whose reply
   was lost and retried). Tested with three network namespaces: tests/test_netns_sweep.py.
-- Interrupts: Ctrl-C or SIGTERM to `run_sweep` sends SIGTERM to its workers (by pid; SIGKILL after 10 s);
-  a worker so stopped marks its trial FAIL (user attr fail_reason="interrupted"), enqueues a retry and
-  exits; its MLflow run ends KILLED, as does the parent. Running the sweep again resumes it. A worker
-  killed with SIGKILL cannot clean up: its trial is retried after grace_period (above) and its run is
-  marked KILLED as an orphan (status.py) until a retry resumes it.
+- Interrupts: Ctrl-C or SIGTERM to `run_sweep` sends SIGTERM to its workers (by pid); a worker so stopped marks
+  its trial FAIL (user attr fail_reason="interrupted"), enqueues a retry and exits; its MLflow run ends KILLED, as
+  does the parent. Running the sweep again resumes it. A worker still there after WORKER_STOP_S is SIGKILLed and
+  `run_sweep` hands its trial back for it (`TrialStore.hand_back`). A worker killed from outside cannot clean up:
+  its trial is retried after grace_period (above) and its run is marked KILLED as an orphan (status.py) until a
+  retry resumes it.
 - Results: a pruned trial is PRUNED with its last reported value (as `Study.tell` records it) and user
   attr pruned_reason; a diverged (or otherwise failing) trial is FAIL with user attr fail_reason, and the
   sweep continues; a non-finite objective is a FAIL. `Study.tell` is not used: it writes the state outside
@@ -368,20 +369,7 @@ def worker_gpus(spec: SweepSpec, workers: int, gpus: Sequence[str] | None = None
     return [gpus[i % len(gpus)] if gpus else None for i in range(workers)]
 
 
-def requeue_failed(study, storage: str, grace_period: float | None = None) -> list[int]:
-    """Enqueue a WAITING copy of every FAIL trial not retried yet (the last of its chain); their numbers."""
-    from optuna.trial import TrialState
-
-    store = TrialStore.of(study, storage, grace_period)
-    trials = study.get_trials(deepcopy=False)
-    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
-    out = []
-    for t in trials:
-        if t.state == TrialState.FAIL and t.number not in retried:
-            new = store.retry(t._trial_id, None, reset=True)
-            if new is not None:
-                out.append(new)
-    return out
+WORKER_STOP_S = 30.0  # how long a stopping sweep waits for its workers to hand their trials back before SIGKILL
 
 
 def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, uri: str | None = None,
@@ -402,7 +390,7 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
     study, parent, created = create_study(spec, storage, uri)
     collect_orphans(uri, spec.experiment, log)
     if retry_failed:
-        requeued = requeue_failed(study, storage, spec.grace_period)
+        requeued = TrialStore.of(study, storage, spec.grace_period).requeue_failed()
         log(f"sweep {spec.name!r}: re-queued {len(requeued)} failed trial(s)" +
             (f" as {', '.join(map(str, requeued))}" if requeued else ""))
     c = counts(study)
@@ -459,15 +447,23 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
                 if p.poll() is None:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(p.pid, signal.SIGTERM)
+            killed = []
+            stop_by = time.monotonic() + WORKER_STOP_S
             for p in procs:
                 try:
-                    p.wait(timeout=10)
+                    p.wait(timeout=max(stop_by - time.monotonic(), 0.1))
                 except subprocess.TimeoutExpired:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(p.pid, signal.SIGKILL)
                     p.wait()
-            # a worker SIGKILLed above, or one whose own end-of-run write failed (sqlite locked under load),
-            # left its run RUNNING: its process is gone now, so it is an orphan, marked KILLED here
+                    killed.append(p.pid)
+            # a worker SIGKILLed above left its trial RUNNING: handed back here (as it would have done itself), not
+            # after the grace period; it, or one whose own end-of-run write failed (sqlite locked under load), left
+            # its run RUNNING: its process is gone now, so it is an orphan, marked KILLED here
+            with contextlib.suppress(Exception):
+                for n, pid in TrialStore.of(study, storage).hand_back(socket.gethostname(), killed, spec.max_retry):
+                    log(f"trial {n}: its worker (pid {pid}) did not stop in {WORKER_STOP_S:g} s and was killed; "
+                        "the trial was put back")
             with contextlib.suppress(Exception):
                 collect_orphans(uri, spec.experiment, log)
             raise
