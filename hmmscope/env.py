@@ -18,33 +18,28 @@ THREADS_ENV = "HMMSCOPE_THREADS"
 MAX_THREADS = 4096
 
 
-def seconds(name: str, default: float, lo: float, hi: float, what: str) -> float:
-    """A number of seconds from the environment variable `name` (unset or empty: `default`); ValueError (one line:
-    the variable, its value, its range and `what` it sets) for anything but a number in [lo, hi]."""
+def _number(name: str, cast, lo: float, hi: float, default, give: str, what: str):
+    """`cast` of the variable `name` in [lo, hi]; `default` when unset or empty; else ValueError (one line)."""
     raw = os.environ.get(name, "")
     if raw.strip() == "":
         return default
     try:
-        v = float(raw)
+        v = cast(raw)
     except ValueError:
         v = math.nan
     if not lo <= v <= hi:  # nan too
-        raise ValueError(f"{name}={raw[:40]!r}: give seconds in [{lo:g}, {hi:g}] ({what}), or unset it "
-                         f"(default {default:g})")
+        dflt = "" if default is None else f" (default {default:g})"
+        raise ValueError(f"{name}={raw[:40]!r}: give {give} in [{lo:g}, {hi:g}] ({what}), or unset it{dflt}")
     return v
+
+
+def seconds(name: str, default: float, lo: float, hi: float, what: str) -> float:
+    """A number of seconds from the environment variable `name` (unset or empty: `default`); ValueError (one line:
+    the variable, its value, its range and `what` it sets) for anything but a number in [lo, hi]."""
+    return _number(name, float, lo, hi, default, "seconds", what)
 
 
 def threads() -> int | None:
     """torch's CPU threads from HMMSCOPE_THREADS (None: unset or empty, torch's own default); ValueError (one line)
     for anything but an integer in [1, MAX_THREADS]."""
-    raw = os.environ.get(THREADS_ENV, "")
-    if raw.strip() == "":
-        return None
-    try:
-        n = int(raw)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= MAX_THREADS:
-        raise ValueError(f"{THREADS_ENV}={raw[:40]!r}: give an integer in [1, {MAX_THREADS}] (torch's CPU threads), "
-                         "or unset it")
-    return n
+    return _number(THREADS_ENV, int, 1, MAX_THREADS, None, "an integer", "torch's CPU threads")
