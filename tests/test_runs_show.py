@@ -92,8 +92,11 @@ def test_the_api_has_mlflow_search_runs_columns_and_says_which_are_its_own(store
 
     d, uri, rid, other = store
     ours = api.runs("show", tracking_uri=uri).set_index("run_id")
-    mlflow.set_tracking_uri(uri)
-    theirs = mlflow.search_runs(experiment_names=["show"]).set_index("run_id")
+    mlflow.set_tracking_uri(uri)  # the process's fluent URI: put back below, or later tests would read this store
+    try:
+        theirs = mlflow.search_runs(experiment_names=["show"]).set_index("run_id")
+    finally:
+        mlflow.set_tracking_uri(None)
     missing = set(theirs.columns) - set(ours.columns)
     assert not missing, missing
     for col in ("experiment_id", "status", "artifact_uri", "start_time", "end_time", "params.hmm.gamma",

@@ -302,11 +302,16 @@ def test_each_run_kind_logs_its_own_config_sections():
     assert len(theory) == 14 and "theory.draws" in theory and all(k.startswith("theory.") for k in theory)
 
 
-def test_claims_are_a_logged_table_mlflow_can_load(tmp_path, monkeypatch):
+def test_claims_are_a_logged_table_mlflow_can_load(tmp_path, request):
+    import mlflow
+
     from hmmscope.stats import Claim
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # MlflowClient.load_table searches through the fluent API
+    # MlflowClient.load_table searches through the fluent API: its URI is the process's (set_tracking_uri) before the
+    # environment's; set it for this test only (before: it read another test's store after test_runs_show's)
+    mlflow.set_tracking_uri(uri)
+    request.addfinalizer(lambda: mlflow.set_tracking_uri(None))
     claims = [Claim("eps(L) <= d exp(-g^4 L)", "slope", 0.5, 0.25, 0.75, "supported", "CI below 1", "< 1"),
               Claim("k back", "acc", float("nan"), float("nan"), float("nan"), "no power", "too few tasks")]
     with tracking.start_run(uri, "exp", "claims") as run:
