@@ -254,6 +254,48 @@ def test_supervise_stops_its_server_on_sigterm_and_removes_the_log(tmp_path):
             _kill(pid, start)
 
 
+SWALLOWING = """
+import json, os, signal, sys, time
+from hmmscope.ui import servers
+url, argv = sys.argv[1], json.loads(sys.argv[2])
+
+
+class Swallows:  # Ctrl-C while Python runs a __del__: its KeyboardInterrupt is printed and dropped
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)
+
+
+def ready():
+    x = Swallows()
+    del x  # the interrupt is lost here; supervise must still stop
+    print("ready", flush=True)
+
+
+f = servers.supervise([servers.Server("web", tuple(argv), url, "/", needs_200=False)], servers.server_env(), ready=ready)
+print(json.dumps(None if f is None else f.message), flush=True)
+"""
+
+
+@linux
+def test_supervise_stops_on_a_ctrl_c_whose_interrupt_python_swallowed(tmp_path):
+    """Before: Ctrl-C arriving while Python ran a __del__ (or a weakref callback) was dropped with "Exception ignored",
+    and `hmmscope ui` kept serving (a test's `ui` did not exit within 60 s of its Ctrl-C under load)."""
+    port = _free_port()
+    sup = subprocess.Popen([sys.executable, "-c", SWALLOWING, f"http://127.0.0.1:{port}", json.dumps(_web(port))],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "TMPDIR": str(tmp_path)}, start_new_session=True)
+    try:
+        out, err = sup.communicate(timeout=120)
+        assert sup.returncode == 0 and out.splitlines() == ["ready", "null"], (out, err)
+        assert "KeyboardInterrupt" in err  # Python did swallow it (the case under test)
+        assert not servers.answers(f"http://127.0.0.1:{port}/", ok_only=False)
+    finally:
+        if sup.poll() is None:
+            os.killpg(sup.pid, signal.SIGKILL)
+        sup.wait()
+
+
 @linux
 def test_supervise_reports_a_server_that_exits_before_it_answers(tmp_path):
     port = _free_port()

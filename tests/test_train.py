@@ -683,3 +683,28 @@ def test_fresh_tasks_train_and_evaluate(uri, tmp_path):
     data = run.get().data
     assert data.tags["hmmscope.counting.k2.best"] in ("incontext_ngram", "incontext_ctw")
     assert "counting/k2/ngram_fit_ce" in data.metrics and "counting/fit_episodes" in data.metrics
+
+
+def test_train_metrics_reach_the_store_in_batches_every_step_kept(uri, monkeypatch):
+    """Before: one store write per logged step (24 steps logged every step: 24 writes of train/*). Now they reach the
+    store together, before each checkpoint and at the end (METRICS_WRITE_S apart at most while training), and every
+    logged step is there once."""
+    from mlflow.tracking import MlflowClient
+
+    from hmmscope.training import train as train_module
+
+    writes = []
+    real = MlflowClient.log_batch
+
+    def counting(self, run_id, metrics=(), *a, **kw):
+        if any(m.key == "train/loss" for m in metrics):
+            writes.append(sorted({m.step for m in metrics if m.key == "train/loss"}))
+        return real(self, run_id, metrics, *a, **kw)
+
+    monkeypatch.setattr(MlflowClient, "log_batch", counting)
+    monkeypatch.setattr(train_module, "METRICS_WRITE_S", 1e9)  # no write by the clock: only the checkpoints' and end's
+    res = train(small(**{"train.steps": 24, "train.ckpt_every": 12, "train.eval_every": 12}), tracking_uri=uri,
+                experiment="batched", progress=False, log_every=1)
+    hist = sorted(m.step for m in tracking.client(uri).get_metric_history(res.run_id, "train/loss"))
+    assert hist == list(range(1, 25))  # every step once
+    assert writes == [list(range(1, 13)), list(range(13, 25))], writes  # before the checkpoints at 12 and 24

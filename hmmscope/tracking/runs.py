@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,11 +67,16 @@ class Run:
 
     def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
         """Finite values only (MLflow stores NaN, but comparisons in the UI break on it)."""
+        self.log_metric_steps([(metrics, step)])
+
+    def log_metric_steps(self, rows: Sequence[tuple[Mapping[str, float], int]]) -> None:
+        """Several steps' metrics, (metrics, step) per row, in as few writes as MLflow's batch limit allows; finite
+        values only."""
         from mlflow.entities import Metric
 
         self._guard()
         ts = int(time.time() * 1000)
-        items = [Metric(safe_key(k), float(v), ts, int(step)) for k, v in metrics.items()
+        items = [Metric(safe_key(k), float(v), ts, int(step)) for metrics, step in rows for k, v in metrics.items()
                  if v is not None and math.isfinite(float(v))]
         for i in range(0, len(items), 500):
             self._client.log_batch(self.run_id, metrics=items[i:i + 500])

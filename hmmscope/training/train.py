@@ -20,7 +20,8 @@ that talks to MLflow):
 - Params: the training sections of the config (hmm, data, model, train: `tracking.config_params`;
   never theory.*); tags: dataset hashes, hmm config hash, device, n_params, and a one-line
   `mlflow.note.content` (tracking adds the code version and MLflow's standard tags). Metrics by
-  step: train/{loss,lr,grad_norm,tokens_per_s,epoch} every `log_every` steps; val/{loss,acc,test_loss,
+  step: train/{loss,lr,grad_norm,tokens_per_s,epoch} every `log_every` steps (written to the store together, at
+  most METRICS_WRITE_S after their step, before every checkpoint, and when training stops); val/{loss,acc,test_loss,
   test_acc,excess_ce} (the learning curve on the eval episodes: cross-entropy over the full
   vocabulary, pooled over tokens; excess_ce = val/test_loss - oracle/test_loss) at step 0, every
   eval_every steps and at the end; oracle/{loss,acc} (mixture oracle on the eval episodes, scored on
@@ -72,6 +73,7 @@ that talks to MLflow):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -100,6 +102,7 @@ from .checkpoints import checkpoint_config, load_checkpoint, save_checkpoint, se
 from .deadline import Deadline, due, state_bytes
 from .progress import training_progress
 
+METRICS_WRITE_S = 5.0  # train/* metrics reach the store at most this long after their step (and at every checkpoint)
 LOSS_TRAIN, LOSS_VAL = "Loss/train", "Loss/val"  # the loss curves again, first on MLflow's run page (docstring)
 
 RUNTIME_KEYS = ("train.steps", "train.device", "train.compile", "train.attention")  # may differ on resume
@@ -456,6 +459,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                 _checkpoint(step)
 
         def _checkpoint(step: int) -> None:
+            write_logged()  # every train/* metric up to the checkpoint is stored before it: a resume logs the rest
             save_checkpoint(run, model=model, optimizer=opt, step=step, cfg=cfg, vocab_size=ep_train.vocab_size,
                             metrics={"last": dict(last), "best": dict(best), "emergence": list(curves)},
                             dataset_hash=ep_train.meta.get("dataset_hash", ""))
@@ -468,6 +472,17 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
         # the step's loss and gradient norm stay on the device (no host sync per step); `flush` reads them back
         # and checks them at the logging, evaluation and checkpoint cadences, before anything is logged or saved
         pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        # train/* rows wait here and reach the store together (one write per METRICS_WRITE_S, and before every
+        # checkpoint and at the end), not one store write per logged step
+        logged: list[tuple[dict[str, float], int]] = []
+        written = [time.monotonic()]
+
+        def write_logged() -> None:
+            if logged:
+                run.log_metric_steps(logged)
+                logged.clear()
+            written[0] = time.monotonic()
+
         losses: list[float] = []
         train_s = int_s = 0.0
 
@@ -490,56 +505,64 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
         if deadline is not None:
             deadline.eval_steps = math.ceil(len(ep_eval) / 64)
             deadline.start(start)
-        with training_progress(progress) as bar:
-            task = bar.add_task("train", total=t.steps, completed=start, loss=float("nan"), tps=0.0)
-            for step in range(start, t.steps):
-                raise_if_terminated()  # a SIGTERM whose interrupt a weakref callback swallowed (interrupts.py)
-                t0 = time.perf_counter()
-                lr = lr_at(step, t)
-                for g in opt.param_groups:
-                    g["lr"] = lr
-                idx = _indices(batch_indices(step, len(ep_train), t.batch_size, t.seed), device)
-                batch = tokens[idx]
-                with _autocast(device, precision), attention():
-                    _, loss = fwd(batch[:, :-1], batch[:, 1:], loss_mask)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                gn = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-                opt.step()
-                done = step + 1
-                pending.append((done, loss.detach(), gn.detach()))
-                log_now = done % log_every == 0 or done == t.steps
-                eval_now = done % t.eval_every == 0 or done == t.steps
-                ckpt_now = done % t.ckpt_every == 0 or done == t.steps
-                stop_now = _stop_after is not None and done >= _stop_after
-                if log_now or eval_now or ckpt_now or stop_now:
-                    last_gn = flush()
-                dt = time.perf_counter() - t0
-                train_s, int_s = train_s + dt, int_s + dt
-                bar.update(task, completed=done)
-                if log_now:
-                    tps = len(losses) * tok_per_step / int_s
-                    loss_avg = sum(losses) / len(losses)
-                    run.log_metrics({"train/loss": loss_avg, LOSS_TRAIN: loss_avg, "train/lr": lr,
-                                     "train/grad_norm": last_gn, "train/tokens_per_s": tps,
-                                     "train/epoch": epochs_done(done, len(ep_train), t.batch_size)}, step=done)
-                    bar.update(task, completed=done, loss=loss_avg, tps=tps)
-                    losses.clear()
-                    int_s = 0.0
-                if eval_now:
-                    evaluate(done)
-                if ckpt_now:
-                    checkpoint(done)
-                if stop_now:  # the one place a step decides to end the loop early
-                    raise KeyboardInterrupt(f"stopped after step {done} (_stop_after)")
-                if deadline is not None and done < t.steps and done % log_every == 0 and deadline.must_stop(
-                        done, next_steps=min(log_every, t.steps - done), evals=due(done, done + log_every, t.eval_every),
-                        ckpts=due(done, done + log_every, t.ckpt_every), ckpt_bytes=state_bytes(model.state_dict(),
-                                                                                                 opt.state_dict())):
-                    if done % t.ckpt_every:
+        try:
+            with training_progress(progress) as bar:
+                task = bar.add_task("train", total=t.steps, completed=start, loss=float("nan"), tps=0.0)
+                for step in range(start, t.steps):
+                    raise_if_terminated()  # a SIGTERM whose interrupt a weakref callback swallowed (interrupts.py)
+                    t0 = time.perf_counter()
+                    lr = lr_at(step, t)
+                    for g in opt.param_groups:
+                        g["lr"] = lr
+                    idx = _indices(batch_indices(step, len(ep_train), t.batch_size, t.seed), device)
+                    batch = tokens[idx]
+                    with _autocast(device, precision), attention():
+                        _, loss = fwd(batch[:, :-1], batch[:, 1:], loss_mask)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    gn = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+                    opt.step()
+                    done = step + 1
+                    pending.append((done, loss.detach(), gn.detach()))
+                    log_now = done % log_every == 0 or done == t.steps
+                    eval_now = done % t.eval_every == 0 or done == t.steps
+                    ckpt_now = done % t.ckpt_every == 0 or done == t.steps
+                    stop_now = _stop_after is not None and done >= _stop_after
+                    if log_now or eval_now or ckpt_now or stop_now:
+                        last_gn = flush()
+                    dt = time.perf_counter() - t0
+                    train_s, int_s = train_s + dt, int_s + dt
+                    bar.update(task, completed=done)
+                    if log_now:
+                        tps = len(losses) * tok_per_step / int_s
+                        loss_avg = sum(losses) / len(losses)
+                        logged.append(({"train/loss": loss_avg, LOSS_TRAIN: loss_avg, "train/lr": lr,
+                                        "train/grad_norm": last_gn, "train/tokens_per_s": tps,
+                                        "train/epoch": epochs_done(done, len(ep_train), t.batch_size)}, done))
+                        if time.monotonic() - written[0] >= METRICS_WRITE_S:
+                            write_logged()
+                        bar.update(task, completed=done, loss=loss_avg, tps=tps)
+                        losses.clear()
+                        int_s = 0.0
+                    if eval_now:
+                        evaluate(done)
+                    if ckpt_now:
                         checkpoint(done)
-                    stopped = "deadline"
-                    break
+                    if stop_now:  # the one place a step decides to end the loop early
+                        raise KeyboardInterrupt(f"stopped after step {done} (_stop_after)")
+                    if deadline is not None and done < t.steps and done % log_every == 0 and deadline.must_stop(
+                            done, next_steps=min(log_every, t.steps - done), evals=due(done, done + log_every, t.eval_every),
+                            ckpts=due(done, done + log_every, t.ckpt_every), ckpt_bytes=state_bytes(model.state_dict(),
+                                                                                                     opt.state_dict())):
+                        if done % t.ckpt_every:
+                            checkpoint(done)
+                        stopped = "deadline"
+                        break
+        except BaseException:  # an interrupt, a failure: what was logged before it is stored, as it came
+            with contextlib.suppress(Exception):
+                write_logged()
+            raise
+        write_logged()
         if start >= t.steps:  # resumed a finished run: nothing to train, refresh the final metrics
             evaluate(start)
         done = max(done, start)

@@ -163,16 +163,27 @@ def supervise(servers: Sequence[Server], env: dict[str, str], *,
     Their output goes to a new log file in the temp folder (TMPDIR), removed on a clean stop. Returns None on a
     clean stop, else a Failure (the log kept). `starting` is entered while the servers start (e.g. a spinner).
 
-    Signals: SIGTERM and SIGHUP are turned into KeyboardInterrupt while the servers run; from the clean-up on,
+    Signals: SIGINT, SIGTERM and SIGHUP are turned into KeyboardInterrupt while the servers run, and recorded: one
+    whose interrupt Python swallowed (raised inside a __del__ or a weakref callback) still stops the wait; from the
+    clean-up on,
     SIGINT, SIGTERM and SIGHUP are ignored (a second signal must not cut the clean-up), and stay ignored when
     this returns: the caller is expected to report and exit.
     """
     fd, log_path = tempfile.mkstemp(prefix=log_prefix, suffix=".log")
+    stopping: list[int] = []
 
     def _stop(signum, frame):
+        stopping.append(signum)
         raise KeyboardInterrupt
 
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # `kill PID`, a closed terminal: stop as Ctrl-C does
+    def _pause(seconds: float) -> None:  # a signal whose KeyboardInterrupt was swallowed still ends the wait
+        if stopping:
+            raise KeyboardInterrupt
+        time.sleep(seconds)
+        if stopping:
+            raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # Ctrl-C, `kill PID`, a closed terminal
         signal.signal(sig, _stop)
     procs: list[subprocess.Popen] = []
     failed = None
@@ -191,14 +202,14 @@ def supervise(servers: Sequence[Server], env: dict[str, str], *,
                     if time.monotonic() > give_up:  # a store it cannot open may keep it waiting forever
                         failed = f"{s.name} did not answer {s.url}{s.path} within {deadline_s:.0f} s"
                         break
-                    time.sleep(0.25)
+                    _pause(0.25)
                 if failed:
                     break
         if failed is None:
             if ready is not None:
                 ready()
             while all(p.poll() is None for p in procs):
-                time.sleep(0.5)
+                _pause(0.5)
             failed = next(f"{s.name} exited with code {p.returncode}" for s, p in
                           zip(servers, procs, strict=True) if p.poll() is not None)
     except KeyboardInterrupt:
