@@ -237,7 +237,7 @@ def test_train_bad_config_exits_2_without_a_run(project, sets, needle):
 
 def test_evaluate_without_a_store_creates_none(project):
     r = runner.invoke(app, ["evaluate", "0123456789abcdef"])
-    assert r.exit_code == 2 and "no MLflow project at" in r.output, r.output
+    assert r.exit_code == 2 and "no MLflow store at" in r.output, r.output
     assert not (project / "mlruns").exists()
 
 
@@ -510,7 +510,7 @@ def test_bad_sweep_spec_exits_2_without_study_or_run(project):
     assert len(r.output.strip().splitlines()) == 1
     assert not (project / "mlruns").exists()
     r = runner.invoke(app, ["report", "no-such-sweep"])
-    assert r.exit_code == 2 and "no MLflow project" in r.output  # nothing tracked here: no project is created
+    assert r.exit_code == 2 and "no MLflow store" in r.output  # nothing tracked here: no store is created
     assert not (project / "mlruns").exists() and not (project / "out").exists()
 
 
@@ -539,7 +539,7 @@ def test_main_job_end_to_end_small(project):
     assert "theory" in kids and main.info.status == "FINISHED"
     assert "train-rope-L1-g0.5-s0" in kids or any(k.startswith("train-") for k in kids), kids  # says what it is
     # the last lines open the results: hmmscope ui on the main run, then on the sweep (never a raw `mlflow ui
-    # --backend-project-uri`), then the sweep's answer (the report's first sentence) and its report's HTML (before:
+    # --backend-store-uri`), then the sweep's answer (the report's first sentence) and its report's HTML (before:
     # its report.md, no answer); the first line said where the run is, at once (also off a terminal)
     folder = project / "out" / f"main-{main.info.run_id[:8]}"  # everything the main job wrote, in its own folder
     first = (folder / "smoke" / "report.md").read_text().split("## Answer\n\n", 1)[1].split("\n", 1)[0]
@@ -784,5 +784,5 @@ def test_train_shows_a_spinner_before_its_bar_on_a_terminal(project):
     assert rc == 0, err
     assert "setting up: data, oracles, model" in err and "step " in err
     assert err.index("setting up") < err.index("step ")  # the spinner, then training's own bar
-    assert "Creating initial MLflow database tables" not in err and " INFO " not in err  # a new project, quietly
+    assert "Creating initial MLflow database tables" not in err and " INFO " not in err  # a new store, quietly
     assert "run " in out
