@@ -79,6 +79,8 @@ TRAIN_FIXED = """
 "train.device" = "cpu"
 "train.min_lr" = 1e-9
 "train.grad_clip" = 1e30
+"train.emergence_episodes" = 0
+"eval.family_tasks" = 0
 """
 
 
