@@ -53,6 +53,7 @@ experiment = "an"
 "train.eval_every" = 6
 "train.ckpt_every" = 6
 "train.device" = "cpu"
+"train.emergence_episodes" = 0
 
 "hmm.rank" = 2
 

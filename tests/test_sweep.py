@@ -493,6 +493,7 @@ def test_default_storage_is_under_mlruns(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- PostgreSQL
 
 
+@pytest.mark.slow  # a PostgreSQL server and a whole sweep; the default suite has test_sweep_protocol's PostgreSQL cases
 def test_sweep_on_postgresql(tmp_path):
     with postgres_server() as url:
         spec = theory_spec(tmp_path, name="pg")
