@@ -553,10 +553,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.gpu is not None:
         pin_gpu(a.gpu)
     signal.signal(signal.SIGTERM, on_sigterm)  # run_sweep stops its workers with SIGTERM: hand the trial back, exit
-    if env.threads():
+    if threads := env.threads():
         import torch
 
-        torch.set_num_threads(env.threads())
+        torch.set_num_threads(threads)
     try:
         n = run_worker(a.study, a.storage, a.uri, max_trials=a.max_trials)
     except SweepDeleted as e:

@@ -358,8 +358,8 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
     t = cfg.train
     precision = resolve_precision(t.precision, device)
     attention = attention_kernels(t.attention, device)  # a kernel this device lacks: ValueError before any work
-    if device.type == "cpu" and env.threads():
-        torch.set_num_threads(env.threads())
+    if device.type == "cpu" and (threads := env.threads()):
+        torch.set_num_threads(threads)
     if device.type == "cuda":  # TF32 with bf16 autocast (the matmuls it leaves in float32); IEEE float32 for fp32
         torch.backends.cuda.matmul.allow_tf32 = precision == "bf16"
         torch.backends.cudnn.allow_tf32 = precision == "bf16"
@@ -475,13 +475,14 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
         # train/* rows wait here and reach the store together (one write per METRICS_WRITE_S, and before every
         # checkpoint and at the end), not one store write per logged step
         logged: list[tuple[dict[str, float], int]] = []
-        written = [time.monotonic()]
+        written = time.monotonic()
 
         def write_logged() -> None:
+            nonlocal written
             if logged:
                 run.log_metric_steps(logged)
                 logged.clear()
-            written[0] = time.monotonic()
+            written = time.monotonic()
 
         losses: list[float] = []
         train_s = int_s = 0.0
@@ -539,7 +540,7 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                         logged.append(({"train/loss": loss_avg, LOSS_TRAIN: loss_avg, "train/lr": lr,
                                         "train/grad_norm": last_gn, "train/tokens_per_s": tps,
                                         "train/epoch": epochs_done(done, len(ep_train), t.batch_size)}, done))
-                        if time.monotonic() - written[0] >= METRICS_WRITE_S:
+                        if time.monotonic() - written >= METRICS_WRITE_S:
                             write_logged()
                         bar.update(task, completed=done, loss=loss_avg, tps=tps)
                         losses.clear()
