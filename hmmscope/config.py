@@ -102,6 +102,7 @@ class TrainConfig:
     eval_every: int = 250
     ckpt_every: int = 500
     emergence_episodes: int = 64  # seen and unseen episodes each for the emergence curves at every evaluation; 0 = off
+    figures: bool = True  # Figure 1 and emergence images; false: tables, metrics, claims only (run-time key)
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     compile: str = "auto"  # auto (on for CUDA, off elsewhere) | true | false | blocks | blocks-head | model-autotune |
     # model-graphs: torch.compile the training step (inductor): true = the whole model, blocks = each block alone (one
@@ -140,9 +141,8 @@ class EvalConfig:
     em_states: int = 0  # hidden states of the EM-fitted HMM learner; 0 = the family's S, capped at EM_STATES_CAP
 
 
-# eval.em_states = 0 takes min(hmm.n_states, this). EM's cost grows as states^2 (`hmmscope bench headroom --em`
-# times it), so the cap bounds the cost of the main job's Figure 1 at that of 8 states; a family with fewer states
-# (S = 4) gets its own S.
+# eval.em_states = 0 takes min(hmm.n_states, this). EM's cost grows as states^2 (`hmmscope bench headroom --em` times
+# it), so the cap bounds the cost of the main job's Figure 1 at that of 8 states; fewer states (S = 4) keep their S.
 EM_STATES_CAP = 8
 
 

@@ -92,9 +92,9 @@ class EvalMetrics(dict):
 
 def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: str = "auto",
                    n_episodes: int | None = None, batch_size: int = 64, out: Path | None = None,
-                   say: Callable[[str], Any] | None = None) -> EvalMetrics:
+                   say: Callable[[str], Any] | None = None, figures: bool | None = None) -> EvalMetrics:
     """Figure 1 for `model` (trained with `cfg`, `step` optimizer steps, in MLflow run `run`): tables, figure
-    (PNG + PDF) and headline metrics logged into that run at `step`.
+    (PNG + PDF, unless `figures`, default cfg.train.figures, is false) and headline metrics logged at `step`.
 
     The model is evaluated as it is, in memory (moved to `device`, eval mode): the main job hands in the model
     it just trained; `evaluate_run` the one it loads from a run's checkpoint.
@@ -146,7 +146,8 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
     info = run.get().info
     with _folder(out and run_folder(out, info.run_name, run_id) / "evaluation") as d:
-        files = [*res.to_csv(d), *plot_figure1(res, d / "figure1.png", title=_run_title(info.run_name, run_id))]
+        files = res.to_csv(d) + (plot_figure1(res, d / "figure1.png", title=_run_title(info.run_name, run_id))
+                                 if (cfg.train.figures if figures is None else figures) else [])
         write_with(d / "figure1.json", lambda p: p.write_text(
             json.dumps({**res.to_dict(), "memory": extra}, indent=2, default=str)))
         files.append(d / "figure1.json")
@@ -171,7 +172,7 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
 
 def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int | None = None,
                  batch_size: int = 64, out: Path | None = None, say: Callable[[str], Any] | None = None) -> EvalMetrics:
-    """`evaluate_model` on a run's last checkpoint (a run from elsewhere: `hmmscope evaluate RUN_ID`).
+    """`evaluate_model` on a run's last checkpoint (`hmmscope evaluate RUN_ID`), Figure 1 drawn whatever train.figures.
 
     Bad input (unknown run, no checkpoint, unknown device) raises ValueError before the checkpoint is read.
     It writes into the run, so it holds the run's lease meanwhile (one writer per run): a run another process
@@ -187,7 +188,7 @@ def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int
             ck = load_checkpoint(uri, run_id, tmp)
         model, cfg = model_from_checkpoint(ck)
         return evaluate_model(model, cfg, int(ck["step"]), run, device=device, n_episodes=n_episodes,
-                              batch_size=batch_size, out=out, say=say)
+                              batch_size=batch_size, out=out, say=say, figures=True)
 
 
 # ---------------------------------------------------------------- analysis (Figures 2, 3a, 3b, belief probes)

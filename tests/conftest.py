@@ -1,10 +1,12 @@
 """Shared fixtures: a fresh project as the working folder (`project`) and a fresh store's URI (`store_uri`); the tiny
 training config (`tiny_toml`: a TOML file's text, 4-step CPU training on a 4-task mixture,
 for tests that drive the CLI as real processes; append a table or a key of the last table, [train], to vary it), a
-real `mlflow server` process on 127.0.0.1, stopped by its process group; the `gpu` marker's skip (or failure, with
+real `mlflow server` process on 127.0.0.1, stopped by its process group; a folder built once per test run and
+shared by the pytest-xdist processes (`built_once`); the `gpu` marker's skip (or failure, with
 HMMSCOPE_REQUIRE_GPU=1) where CUDA is not available."""
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -70,6 +72,7 @@ experiment = "sw"
 "train.steps" = 100000
 "train.eval_every" = 20
 "train.device" = "cpu"
+"train.figures" = false
 [space]
 "hmm.gamma" = {grid = [0.5]}
 """
@@ -119,6 +122,30 @@ def wait_trial_training():
     """`wait(folder, proc, why, timeout=300)`: the run id of trial 0 of a sweep (long_sweep_toml's experiment `sw`)
     once it logs train/loss."""
     return _wait_trial_training
+
+
+@pytest.fixture(scope="session")
+def built_once(tmp_path_factory):
+    """`built_once(name, build)`: the folder <run's temp>/shared-<name>, built by `build(folder)` once per test run
+    and shared by every pytest-xdist process of the run (the others wait on a file lock meanwhile). For module
+    fixtures whose tests only read what was built (a module's tests may run in both processes). A build that raises
+    leaves no marker: the next user builds again, in an emptied folder."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # this run's, not an earlier run's
+
+    def get(name: str, build) -> Path:
+        folder = root / f"shared-{name}"
+        with FileLock(str(root / f"shared-{name}.lock")):
+            if not (folder / ".built").exists():
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir()
+                build(folder)
+                (folder / ".built").touch()
+        return folder
+
+    return get
 
 
 def _free_port():

@@ -54,6 +54,7 @@ experiment = "an"
 "train.ckpt_every" = 6
 "train.device" = "cpu"
 "train.emergence_episodes" = 0
+"train.figures" = false
 
 "hmm.rank" = 2
 
@@ -90,26 +91,31 @@ experiment = "an"
 """
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("analysis")
-    storage, uri = f"sqlite:///{tmp}/optuna.db", f"sqlite:///{tmp}/mlflow.db"
-    for name, text in (("train", TRAIN), ("window", WINDOWED), ("theory", THEORY)):
-        (tmp / f"{name}.toml").write_text(text)
-        s = run_sweep(load_spec(tmp / f"{name}.toml"), workers=2, storage=storage, uri=uri, log=lambda m: None)
-        assert s.complete == s.n_trials and s.failed == 0
-    return tmp, storage, uri
+def _stores(tmp: Path) -> tuple[Path, str, str]:
+    return tmp, f"sqlite:///{tmp}/optuna.db", f"sqlite:///{tmp}/mlflow.db"
+
+
+def _sweeps(*specs: tuple[str, str]):
+    def build(tmp: Path) -> None:
+        _, storage, uri = _stores(tmp)
+        for name, text in specs:
+            (tmp / f"{name}.toml").write_text(text)
+            s = run_sweep(load_spec(tmp / f"{name}.toml"), workers=2, storage=storage, uri=uri, log=lambda m: None)
+            assert s.complete == s.n_trials and s.failed == 0
+    return build
 
 
 @pytest.fixture(scope="module")
-def diversity(tmp_path_factory):
+def store(built_once):
+    """The tiny training (analyzed), windowed and theory sweeps in one store, built once per test run (the tests only
+    read it; each writes under out/<script>)."""
+    return _stores(built_once("analysis", _sweeps(("train", TRAIN), ("window", WINDOWED), ("theory", THEORY))))
+
+
+@pytest.fixture(scope="module")
+def diversity(built_once):
     """A sweep over hmm.n_tasks (2 and 8 tasks, 2 seeds) in a store of its own."""
-    tmp = tmp_path_factory.mktemp("diversity")
-    storage, uri = f"sqlite:///{tmp}/optuna.db", f"sqlite:///{tmp}/mlflow.db"
-    (tmp / "diversity.toml").write_text(DIVERSITY)
-    s = run_sweep(load_spec(tmp / "diversity.toml"), workers=2, storage=storage, uri=uri, log=lambda m: None)
-    assert s.complete == s.n_trials == 4 and s.failed == 0
-    return tmp, storage, uri
+    return _stores(built_once("diversity", _sweeps(("diversity", DIVERSITY))))
 
 
 def script(name: str):

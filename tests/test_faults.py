@@ -45,6 +45,7 @@ FIXED = """
 "train.eval_every" = {steps}
 "train.ckpt_every" = {steps}
 "train.device" = "cpu"
+"train.figures" = false
 """
 
 TRAIN_SPEC = """

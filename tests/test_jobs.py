@@ -81,6 +81,29 @@ with tracking.start_run(sys.argv[1], "j", "", resume=sys.argv[2]):
 """
 
 
+def test_figures_off_keeps_every_table_and_metric_and_a_resume_or_evaluate_may_draw_them(tmp_path):
+    """train.figures = false (a sweep of many trials): no emergence or Figure 1 images, the same tables, metrics and
+    claims; a run-time key, so a resume may turn it back on; `evaluate RUN` draws Figure 1, asked for by name."""
+    from hmmscope.jobs import evaluate_model
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = override(Config(), {**SMALL, "train.figures": False})
+    res = train(cfg, tracking_uri=uri, experiment="j", run_name="nofig", progress=False)
+    run = tracking.Run(uri, res.run_id)
+    assert res.extra["emergence"] and "emergence/curves.json" in {a.path for a in tracking.client(uri).list_artifacts(
+        res.run_id, "emergence")} and not _artifacts(uri, res.run_id, "figures")
+    ev = evaluate_model(res.model, res.config, res.steps, run, out=tmp_path / "out")
+    names = {p.name for p in ev.files}
+    assert {"figure1_by_k.csv", "figure1.json"} <= names and not {n for n in names if n.endswith((".png", ".pdf"))}
+    assert [c.name for c in ev.claims] == ["retrieval_gap", "icl_gain", "inference_beyond_counting"]
+    assert not {n for n in _artifacts(uri, res.run_id, "evaluation") if n.endswith((".png", ".pdf"))}
+    assert {"figure1.png", "figure1.pdf"} <= {p.name for p in evaluate_run(uri, res.run_id, out=tmp_path / "o2").files}
+    more = override(cfg, {"train.steps": 6, "train.figures": True})  # a run-time key: the resume is taken
+    res2 = train(more, tracking_uri=uri, experiment="j", resume=res.run_id, progress=False)
+    assert res2.steps == 6 and res2.config.train.figures and {"emergence.png", "emergence.pdf"} <= _artifacts(
+        uri, res.run_id, "figures")
+
+
 def test_evaluate_refuses_a_run_another_process_writes(run):
     """One writer per run: `evaluate RUN` writes the run's Figure 1 metrics, so while another process writes it (a
     `train --resume` under way) it is refused before it writes anything. Before, both wrote into the run."""

@@ -94,6 +94,7 @@ def test_resume_of_a_live_run_is_refused_and_a_finished_run_clears_its_orphan_ma
 
 RACER = Path(__file__).resolve().parent / "resume_racer.py"
 TINY_EXTRA = """emergence_episodes = 0
+figures = false
 """  # appended to the shared tiny config (conftest.tiny_toml)
 
 

@@ -68,6 +68,7 @@ max_retry = 2
 "train.eval_every" = 20
 "train.ckpt_every" = 100
 "train.emergence_episodes" = 0
+"train.figures" = false
 "train.device" = "cpu"
 [space]
 "hmm.gamma" = {{grid = [0.5, 0.8]}}

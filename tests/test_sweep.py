@@ -80,6 +80,7 @@ TRAIN_FIXED = """
 "train.min_lr" = 1e-9
 "train.grad_clip" = 1e30
 "train.emergence_episodes" = 0
+"train.figures" = false
 "eval.family_tasks" = 0
 """
 

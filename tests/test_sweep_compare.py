@@ -48,6 +48,7 @@ experiment = "cmp"
 "train.eval_every" = 5
 "train.ckpt_every" = 10
 "train.device" = "cpu"
+"train.figures" = false
 
 [space]
 "model.pos_enc" = {{grid = ["rope", "absolute"]}}

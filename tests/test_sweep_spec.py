@@ -37,10 +37,11 @@ def spec(sweep: str = "", fixed: str = "", path: str | Path = "ident.toml"):
 
 RUNTIME = [('heartbeat_interval = 5\ngrace_period = 20', ""), ("max_retry = 7", ""),
            ('storage = "sqlite:////elsewhere/optuna.db"', ""), ("", '"train.device" = "cuda"'),
-           ("", '"train.compile" = true'), ('objective = "eval/seen/excess_ce"\ndirection = "minimize"', "")]
+           ("", '"train.compile" = true'), ("", '"train.figures" = false'),
+           ('objective = "eval/seen/excess_ce"\ndirection = "minimize"', "")]
 
 
-@pytest.mark.parametrize("sweep,fixed", RUNTIME, ids=["heartbeat", "retries", "storage", "device", "compile",
+@pytest.mark.parametrize("sweep,fixed", RUNTIME, ids=["heartbeat", "retries", "storage", "device", "compile", "figures",
                                                       "explicit-defaults"])
 def test_run_time_keys_leave_the_identity_alone(sweep, fixed):
     assert spec(sweep, fixed).hash == spec().hash

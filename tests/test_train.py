@@ -441,7 +441,8 @@ def test_cuda_checkpoint_loads_and_resumes_on_cpu(uri, finished, tmp_path):
     ck = read_checkpoint(path)
     tensors = [*ck["model"].values(), *(v for st in ck["optimizer"]["state"].values() for v in st.values())]
     assert ck["step"] == 6 and tensors and all(t.device.type == "cpu" for t in tensors)
-    with pytest.raises(ValueError, match=r"train.precision \(only train.steps, train.device, train.compile, train.attention may"):
+    with pytest.raises(ValueError, match=r"train.precision \(only train.steps, train.device, train.compile, "
+                                         r"train.attention, train.figures may"):
         train(small(**{"train.precision": "bf16"}), tracking_uri=uri, experiment="xdev", resume=killed.info.run_id)
     res = train(small(), tracking_uri=uri, experiment="xdev", resume=killed.info.run_id, progress=False)
     assert res.steps == 12 and res.metrics["val/loss"] == finished.metrics["val/loss"]

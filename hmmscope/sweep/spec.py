@@ -35,14 +35,15 @@ trial after [fixed], through `config.override` (unknown keys and wrong types ref
 in [space] is refused. The values join the spec's text as a [set] table (a spec file may hold one too: it is
 applied after [fixed]), so the study stores them and its workers use them, and they are part of the identity
 below: a study created without them is not resumed with them (one line: rename the sweep), except the run-time
-keys (train.device, train.compile, train.attention), which move a sweep without renaming it.
+keys (train.device, train.compile, train.attention, train.figures), which move a sweep without renaming it.
 
 Identity. A study remembers its spec; running a spec under an existing study's name needs the same
 identity (`SweepSpec.hash`, sha256 of the canonical parsed spec): the keys that change what a trial
 computes or how trials are chosen and scored. Run-time keys do not count: storage, heartbeat_interval,
 grace_period, max_retry (sweep table), and the config keys train.device, train.compile and train.attention
-(RUNTIME_CONFIG, in [fixed] or in the base config; the trainer accepts the same keys as changed on resume). So moving a
-sweep to a GPU, or giving it a longer heartbeat, keeps its name; the study then stores the new text.
+(RUNTIME_CONFIG, in [fixed] or in the base config; the trainer accepts the same keys as changed on resume), and
+train.figures (whether a trial draws its own figures). So moving a sweep to a GPU, giving it a longer heartbeat or
+turning its trials' figures off keeps its name; the study then stores the new text.
 The experiment counts: a sweep's runs stay in one MLflow experiment. Defaults and explicit values are the
 same identity (the canonical form is the parsed spec, not its text).
 
@@ -123,7 +124,7 @@ PRUNE_PROXY = {"eval/seen/excess_ce": "val/excess_ce", "eval/seen/test_acc": "va
                "eval/seen/test_ce": "val/test_loss"}
 # Identity (module docstring): sweep keys that do not count, and config keys that do not.
 RUNTIME_SWEEP_KEYS = frozenset({"storage", "heartbeat_interval", "grace_period", "max_retry"})
-RUNTIME_CONFIG = frozenset({"train.device", "train.compile", "train.attention"})
+RUNTIME_CONFIG = frozenset({"train.device", "train.compile", "train.attention", "train.figures"})
 # Trial names: short labels of common config keys (by their last part); others use that last part.
 ABBREV = {"gamma": "g", "gammas": "g", "rank": "d", "ranks": "d", "rho": "rho", "rhos": "rho", "n_states": "S",
           "n_tasks": "T", "n_tokens": "V", "n_layers": "L", "n_heads": "H", "d_model": "dm", "d_mlp": "dmlp",

@@ -40,8 +40,8 @@ that talks to MLflow):
   (overwritten; `checkpoints.save_checkpoint`: model/optimizer state dicts, step, flat config, RNG
   states, metrics). Reading, checking and loading them is `checkpoints`' job.
 - Resume: `train(cfg, resume=run_id)` continues that run from its checkpoint; only
-  train.steps (and the runtime keys train.device / train.compile) may differ from the
-  checkpoint's config. On CPU the result is bitwise that of an uninterrupted run.
+  train.steps (and the runtime keys train.device / train.compile / train.attention / train.figures) may differ
+  from the checkpoint's config. On CPU the result is bitwise that of an uninterrupted run.
   train.precision is not a runtime key (bf16 vs fp32 changes the trajectory), but "auto"
   resolves on the device of each call: a CUDA run resumed on the CPU continues in float32.
   Checkpoints are device-neutral on load (checkpoints.read_checkpoint maps every tensor to the CPU),
@@ -105,7 +105,7 @@ from .progress import training_progress
 METRICS_WRITE_S = 5.0  # train/* metrics reach the store at most this long after their step (and at every checkpoint)
 LOSS_TRAIN, LOSS_VAL = "Loss/train", "Loss/val"  # the loss curves again, first on MLflow's run page (docstring)
 
-RUNTIME_KEYS = ("train.steps", "train.device", "train.compile", "train.attention")  # may differ on resume
+RUNTIME_KEYS = ("train.steps", "train.device", "train.compile", "train.attention", "train.figures")  # may differ on resume
 
 
 class DivergedError(RuntimeError):
@@ -573,8 +573,9 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
         wall = time.perf_counter() - t_start
         run.log_metrics({"train/wall_time_s": wall, "train/eval_s": eval_s,
                          "train/eval_fraction": eval_s / wall if wall > 0 else 0.0}, step=done)
-        if curves:
+        if curves and cfg.train.figures:
             _log_emergence_figure(run, curves, f"{name}: emergence of in-context learning")
+        if curves:
             run.log_table(curves_table(curves), "emergence/curves.json")
     trained = max(0, done - start)
     return TrainResult(run.run_id, final, done, time.perf_counter() - t_start, n_params,
