@@ -270,6 +270,30 @@ def test_grid_sweep_two_workers_end_to_end(tmp_path):
         create_study(other, storage, uri)
 
 
+@pytest.mark.parametrize("every, final, draws", [(30.0, True, 1), (0.0, True, 2), (30.0, False, 0)],
+                         ids=["interval", "every-trial", "left-to-run-sweep"])
+def test_a_worker_redraws_the_comparison_at_most_every_interval_and_when_it_stops(tmp_path, monkeypatch, every, final,
+                                                                                   draws):
+    """The comparison figure and table grow with the sweep: a worker redraws them once COMPARISON_EVERY_S has passed
+    since its last draw, and when it stops (before: after each of its trials, 2 draws here), unless run_sweep started
+    it (it draws them at its end). The counts and the best trial stay live: one step per trial."""
+    from hmmscope.sweep import compare, worker
+
+    spec = theory_spec(tmp_path, name="cmp", ranks="[2]", nh=50)
+    storage, uri = stores(tmp_path)
+    _, parent, _ = create_study(spec, storage, uri)
+    calls: list[str] = []
+    real = compare.log_comparison
+    monkeypatch.setattr(compare, "log_comparison", lambda run, *a, **k: calls.append(run.run_id) or real(run, *a, **k))
+    monkeypatch.setattr(worker, "COMPARISON_EVERY_S", every)
+    assert run_worker("cmp", storage, uri, log=lambda m: None, final_comparison=final) == 2
+    assert calls == [parent] * draws
+    arts = {a.path for a in tracking.client(uri).list_artifacts(parent, "comparison")}
+    assert ("comparison/objective.png" in arts) == (draws > 0)
+    hist = tracking.client(uri).get_metric_history(parent, "sweep/complete")
+    assert sorted((m.step, m.value) for m in hist) == [(1, 1), (2, 2)]
+
+
 def test_killed_worker_trial_is_retried_with_same_params(tmp_path):
     spec = theory_spec(tmp_path, name="kill", nh=400)
     storage, uri = stores(tmp_path)

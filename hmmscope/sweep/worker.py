@@ -37,7 +37,9 @@ trial.py's. Imports the other sweep modules and tracking (lazily); never the job
   (KILLED on Ctrl-C); bare `run_worker` calls never touch its status. It is kept up to date as trials end
   (`refresh_parent`, called by the worker that finished one): its counts (sweep/<state>), the best trial so
   far (sweep/best_value, sweep/best_trial, tags hmmscope.best_params / hmmscope.best_run), and the comparison
-  figure and pivot table (compare.py). Step k holds the counts and the best trial once k trials had finished
+  figure and pivot table (compare.py: they grow with the sweep, so a worker redraws them at most every
+  COMPARISON_EVERY_S and once when it stops, unless `run_sweep` started it: that draws them at its end). Step k
+  holds the counts and the best trial once k trials had finished
   (`status.finish_order`: by completion time): each finished trial has its own step, whichever worker logs it
   and however two finishes interleave, so no key is logged twice at one step, and the last step holds the
   final counts (`run_sweep`'s own last update only when a worker has not logged it).
@@ -98,9 +100,15 @@ def _deleted(study_name: str, url: str) -> SweepDeleted:
                         "its runs were ended")
 
 
+# A worker redraws the parent run's comparison (its figure and pivot table grow with the sweep) at most this often.
+COMPARISON_EVERY_S = 30.0
+
+
 def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int | None = None,
-               log: Callable[[str], None] | None = None) -> int:
-    """Pull WAITING trials of the study and run them until none are left (or max_trials); returns trials run."""
+               log: Callable[[str], None] | None = None, final_comparison: bool = True) -> int:
+    """Pull WAITING trials of the study and run them until none are left (or max_trials); returns trials run.
+    The parent's comparison: redrawn once COMPARISON_EVERY_S have passed since this worker's last draw (or its start),
+    and when it stops if it ran a trial since (`final_comparison`; run_sweep's workers leave that to run_sweep)."""
     import optuna
     from optuna.trial import TrialState
 
@@ -115,7 +123,7 @@ def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int 
     parent = study.user_attrs[ATTR_PARENT]
     worker = {"host": socket.gethostname(), "pid": os.getpid(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES")}
     patient = _Patient(log)
-    done = 0
+    done, drawn_at, pending = 0, time.monotonic(), False
     while max_trials is None or done < max_trials:
         patient(store.fail_stale, spec.max_retry, log)  # retries trials of dead workers (after grace_period)
         tid = patient(store.claim)
@@ -191,8 +199,13 @@ def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int 
             log(f"trial {trial.number} complete: {spec.objective}={value:.6g} params={trial.params}")
         else:
             log(f"trial {trial.number} {state.name.lower()}: {type(err).__name__}: {err}")
-        refresh_parent(uri, spec, study, parent, log, quiet=True, trial=trial.number)  # live: counts, best
+        due = time.monotonic() - drawn_at >= COMPARISON_EVERY_S
+        refresh_parent(uri, spec, study, parent, log, quiet=True, trial=trial.number, compare=due)  # live: counts, best
+        drawn_at, pending = (time.monotonic(), False) if due else (drawn_at, True)
         done += 1
+    if pending and final_comparison:
+        with contextlib.suppress(Exception):
+            _log_comparison(tracking.existing_run(uri, parent), spec, study, log, quiet=True)
     collect_orphans(uri, spec.experiment, log)
     return done
 
@@ -297,12 +310,14 @@ class SweepSummary:
 _STOP_SIGNALS = {int(getattr(signal, n)) for n in ("SIGKILL", "SIGTERM", "SIGINT") if hasattr(signal, n)}
 
 
-def worker_command(study_name: str, storage_url_: str, uri: str, max_trials: int | None = None) -> list[str]:
+def worker_command(study_name: str, storage_url_: str, uri: str, max_trials: int | None = None,
+                   final_comparison: bool = True) -> list[str]:
     """A worker's argv: a list of typed values, each joined to its option with '=' (a value that starts with
     '-' or holds spaces stays that option's value); never a string for a shell."""
     cmd = [sys.executable, "-m", "hmmscope.sweep", "worker", f"--study={study_name}",
            f"--storage={storage_url(storage_url_)}", f"--uri={uri}"]
-    return cmd + ([f"--max-trials={int(max_trials)}"] if max_trials else [])
+    return cmd + ([f"--max-trials={int(max_trials)}"] if max_trials else []) + (
+        [] if final_comparison else ["--no-final-comparison"])
 
 
 def worker_env(gpu: str | None = None) -> dict[str, str]:
@@ -419,7 +434,8 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
                 # when we die, even by SIGKILL (PR_SET_PDEATHSIG): a worker hands its trial back and exits, so
                 # a resume never runs beside stale workers. Its output comes through `log` line by line (above
                 # the caller's progress bar, never onto it)
-                procs.append(subprocess.Popen(worker_command(spec.name, storage, uri), env=worker_env(gpu),
+                procs.append(subprocess.Popen(worker_command(spec.name, storage, uri, final_comparison=False),
+                                              env=worker_env(gpu),
                                               start_new_session=True, preexec_fn=die_with_parent(),
                                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                               stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1))
@@ -477,11 +493,11 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
 
 
 def refresh_parent(uri: str, spec: SweepSpec, study, parent: str, log: Callable[[str], object], *,
-                   run=None, quiet: bool = False, trial: int | None = None) -> dict[str, int]:
+                   run=None, quiet: bool = False, trial: int | None = None, compare: bool = True) -> dict[str, int]:
     """Bring the parent run up to date (module docstring): the counts and the best trial at the step of `trial`
     (the trial that just ended: its place in the finish order), or, with no `trial`, at the last step unless it
     is there already; the comparison. Returns the counts now. A failure is one line (`log`), never the sweep's;
-    `quiet`: no line for a comparison written (a worker calls this after every trial)."""
+    `quiet`: no line for a comparison written (a worker calls this after every trial); `compare`: draw it."""
     from .. import tracking
     from .status import finish_order
 
@@ -507,7 +523,8 @@ def refresh_parent(uri: str, spec: SweepSpec, study, parent: str, log: Callable[
     except Exception as e:  # e.g. a read-only store: the trials' results stand without the parent's summary
         log(f"sweep {spec.name!r}: parent run not updated: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         return c
-    _log_comparison(run, spec, study, log, quiet=quiet)
+    if compare:
+        _log_comparison(run, spec, study, log, quiet=quiet)
     return c
 
 
@@ -549,6 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--uri", required=True)
     w.add_argument("--max-trials", type=int, default=None)
     w.add_argument("--gpu", type=int, default=None, help="join with this one visible GPU")
+    w.add_argument("--no-final-comparison", action="store_true", help="run_sweep draws the comparison at its end")
     a = ap.parse_args(argv)
     if a.gpu is not None:
         pin_gpu(a.gpu)
@@ -558,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(threads)
     try:
-        n = run_worker(a.study, a.storage, a.uri, max_trials=a.max_trials)
+        n = run_worker(a.study, a.storage, a.uri, max_trials=a.max_trials, final_comparison=not a.no_final_comparison)
     except SweepDeleted as e:
         print(f"worker {os.getpid()}: {e}", file=sys.stderr, flush=True)
         return 1
