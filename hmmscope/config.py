@@ -102,7 +102,7 @@ class TrainConfig:
     eval_every: int = 250
     ckpt_every: int = 500
     emergence_episodes: int = 64  # seen and unseen episodes each for the emergence curves at every evaluation; 0 = off
-    figures: bool = True  # Figure 1 and emergence images; false: tables, metrics, claims only (run-time key)
+    figures: bool = True  # Figure 1, emergence, analysis images; false: tables, metrics, claims only (run-time key)
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     compile: str = "auto"  # auto (on for CUDA, off elsewhere) | true | false | blocks | blocks-head | model-autotune |
     # model-graphs: torch.compile the training step (inductor): true = the whole model, blocks = each block alone (one

@@ -1,9 +1,8 @@
 """The jobs the CLI launches, composed from the library: evaluate a run, log a theory sweep, the main job.
 
-Library modules compute; this module wires their results into MLflow runs through
-`tracking` (the only module that talks to MLflow) and files under an output folder.
-Dependencies run one way: the sweep layer (sweep/, report/) calls these jobs; this module
-imports neither, and the main job reaches the sweep through the function the CLI hands it.
+Library modules compute; this module wires their results into MLflow runs through `tracking` (the only module that
+talks to MLflow) and files under an output folder. Dependencies run one way: the sweep layer (sweep/, report/) calls
+these jobs; this module imports neither, and the main job reaches the sweep through the function the CLI hands it.
 """
 
 from __future__ import annotations
@@ -121,8 +120,7 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
     from .oracles.em_learner import HMMLearner
     from .training.train import resolve_device
 
-    t0 = time.perf_counter()
-    run_id = run.run_id
+    t0, run_id = time.perf_counter(), run.run_id
     dev = resolve_device(device)
     model = model.to(dev).eval()
     n = n_episodes or cfg.data.n_eval
@@ -230,7 +228,7 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
                   n_perms: int = 4, seed: int = 0, experiment: str = "hmmscope", probe_tasks: int = 32,
                   min_per_task: int = 30, out: Path | None = None, probe_jobs: int = 1, probe_fits: str = "auto",
                   progress: Callable[[str], Any] | None = None, origin: str = "model in memory",
-                  t_start: float | None = None) -> AnalysisResult:
+                  t_start: float | None = None, figures: bool | None = None) -> AnalysisResult:
     """Shuffle test, probes and belief probes for `model` (trained with `cfg`, `step` optimizer steps), in memory.
 
     `parent_run`: the model's MLflow training run (the main job hands in the run and model it just trained), or
@@ -239,10 +237,10 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
     The shuffle test runs on n_episodes (default data.n_eval) eval episodes; the probes on dedicated probe
     episodes (episodes.probe_episodes): min(probe_tasks, n_tasks) seeded tasks, max(min_per_task,
     ceil(n_episodes / tasks)) episodes each, so every probed task has training episodes at any n_tasks.
-    The results go to a child run "analysis" of the training run (a standalone run in `experiment`
-    for a checkpoint file): metrics, claims as the one table claims.json (with the headline
-    counts claims/<verdict>), tables, JSON and figures (PNG + PDF) as artifacts. With `out`, the same files are kept in
-    out/<training run name>-<id8>/analysis/ (a checkpoint file: out/<file stem>-<analysis id8>/analysis/).
+    The results go to a child run "analysis" of the training run (a standalone run in `experiment` for a checkpoint
+    file): metrics, claims as the one table claims.json (with the headline counts claims/<verdict>), tables, JSON and
+    figures (PNG + PDF; none when `figures`, default cfg.train.figures, is false) as artifacts. With `out`, the same
+    files are kept in out/<training run name>-<id8>/analysis/ (a checkpoint file: out/<file stem>-<analysis id8>/...).
     Bad input (k out of range, too few episodes, bad probe_jobs) raises ValueError before any run is created.
     probe_jobs, probe_fits: run_probes' n_jobs (the same numbers at any value) and fits (auto: torch on CUDA). progress:
     one line per phase as it ends, "analyze: <phase>, <seconds since the start> s" (the probes: one per layer)."""
@@ -323,8 +321,9 @@ def analyze_model(model, cfg: Config, step: int, parent_run: tracking.Run | None
         rid = parent or run.run_id
         title = _run_title(parent_name, rid)
         with _folder(out and run_folder(out, parent_name, rid) / "analysis") as d:
-            files = [*sh.to_csv(d), *pr.to_csv(d), *sh.plot(d / "figure2_shuffle.png", title=title),
-                     *pr.plot(d / "figure3_probes.png", title=title)]
+            figs = (("figure2_shuffle", sh), ("figure3_probes", pr)) if (
+                cfg.train.figures if figures is None else figures) else ()
+            files = [*sh.to_csv(d), *pr.to_csv(d), *(f for n, r in figs for f in r.plot(d / f"{n}.png", title=title))]
             write_with(d / "analysis.json", lambda p: p.write_text(json.dumps(
                 {"shuffle": sh.to_dict(), "probes": pr.to_dict(), "seconds": seconds}, indent=2)))
             files.append(d / "analysis.json")
@@ -344,7 +343,7 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
                 out: Path | None = None, probe_jobs: int = 1, probe_fits: str = "auto",
                 progress: Callable[[str], Any] | None = None) -> AnalysisResult:
     """`analyze_model` on a run id's last checkpoint or on a checkpoint file (a run from elsewhere:
-    `hmmscope analyze RUN_ID|FILE`); the arguments are analyze_model's.
+    `hmmscope analyze RUN_ID|FILE`); the arguments are analyze_model's. Its figures are drawn whatever train.figures.
 
     Bad input (unknown run, no checkpoint, k out of range) raises ValueError before any run is created."""
     import time
@@ -363,7 +362,8 @@ def analyze_run(uri: str, target: str, *, device: str = "auto", n_episodes: int 
     return analyze_model(model, cfg, int(ck["step"]), run, uri=uri, target=target, device=device,
                          n_episodes=n_episodes, ks=ks, n_perms=n_perms, seed=seed, experiment=experiment,
                          probe_tasks=probe_tasks, min_per_task=min_per_task, out=out, probe_jobs=probe_jobs,
-                         probe_fits=probe_fits, progress=progress, origin="checkpoint loaded", t_start=t_start)
+                         probe_fits=probe_fits, progress=progress, origin="checkpoint loaded", t_start=t_start,
+                         figures=True)
 
 
 # ---------------------------------------------------------------- headroom (SCIENCE.md 9)
@@ -376,8 +376,8 @@ def headroom_job(cfg: Config, uri: str, experiment: str, *, parent: str | None =
                  n_episodes: int | None = None):
     """`headroom.headroom` (trains nothing) as one MLflow run: params hmm/data/eval, metrics headroom/*
     (HeadroomResult.metrics), the counting fit's choices as metrics counting/* and tags hmmscope.counting.* (outputs,
-    never params), the result as headroom.json. n_episodes defaults to
-    data.n_eval (a sweep trial's). Returns (result, run_id); the run opens when the work starts."""
+    never params), the result as headroom.json. n_episodes defaults to data.n_eval (a sweep trial's). Returns
+    (result, run_id); the run opens when the work starts."""
     from .measure.headroom import headroom
 
     n = n_episodes or cfg.data.n_eval

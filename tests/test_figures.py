@@ -10,21 +10,38 @@ import pytest
 from figure_checks import layout_problems
 
 
-def _history(steps=(0, 400, 800, 1200)):
+def _history(steps=(0, 400, 800, 1200), n_k=5, degenerate=()):
+    """Emergence curves at `steps`, k = 0..n_k-1, every reference; the references in `degenerate` ((tasks, name))
+    flagged as such, as a run flags them (their labels grow by '(DEGENERATE: not a reference)')."""
     from hmmscope.measure.emergence import REF_STYLE, key
 
     out = []
     for i, s in enumerate(steps):
         h = {"step": s}
         for t in ("seen", "unseen"):
-            for k in range(5):
+            for k in range(n_k):
                 h[key(t, "ce", k)] = 2.0 - 0.1 * i - 0.02 * k
             h[key(t, "icl_gain")] = 0.01 * i
             for name in REF_STYLE:
-                h[key(t, "ce", 4, name)] = 1.5
+                h[key(t, "ce", n_k - 1, name)] = 1.5
                 h[key(t, "icl_gain", ref=name)] = 0.1
         out.append(h)
+    for t, name in degenerate:
+        out[-1][key(t, "degenerate", ref=name)] = 1.0
     return out
+
+
+def test_emergence_legends_with_degenerate_references_stay_inside_the_figure():
+    """The smoke sweep's trials (k = 0..2, the unigram and the unseen mixture oracle degenerate): before, the legends
+    below the panels, two columns each, ran past the figure's left and right edges and into each other."""
+    from hmmscope.measure.emergence import build_emergence
+
+    bad = [("seen", "incontext_unigram"), ("unseen", "incontext_unigram"), ("unseen", "mixture_oracle")]
+    fig = build_emergence(_history(steps=(0, 50, 100), n_k=3, degenerate=bad), title="rope-g0.5-s0: emergence")
+    assert layout_problems(fig) == []
+    labels = [t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()]
+    assert sum("DEGENERATE" in x for x in labels) == 6  # unigram in all four panels, the unseen mixture oracle in two
+    assert "mixture oracle (DEGENERATE: not a reference), k = 2" in labels
 
 
 def test_emergence_figure_draws_step_0_apart_and_keeps_titles_and_legends_off_the_curves():

@@ -82,9 +82,10 @@ with tracking.start_run(sys.argv[1], "j", "", resume=sys.argv[2]):
 
 
 def test_figures_off_keeps_every_table_and_metric_and_a_resume_or_evaluate_may_draw_them(tmp_path):
-    """train.figures = false (a sweep of many trials): no emergence or Figure 1 images, the same tables, metrics and
-    claims; a run-time key, so a resume may turn it back on; `evaluate RUN` draws Figure 1, asked for by name."""
-    from hmmscope.jobs import evaluate_model
+    """train.figures = false (a sweep of many trials): no emergence, Figure 1 or analysis (Figures 2, 3) images, the
+    same tables, metrics and claims; a run-time key, so a resume may turn it back on; `evaluate RUN` and `analyze RUN`
+    draw theirs, asked for by name."""
+    from hmmscope.jobs import analyze_model, evaluate_model
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     cfg = override(Config(), {**SMALL, "train.figures": False})
@@ -98,6 +99,11 @@ def test_figures_off_keeps_every_table_and_metric_and_a_resume_or_evaluate_may_d
     assert [c.name for c in ev.claims] == ["retrieval_gap", "icl_gain", "inference_beyond_counting"]
     assert not {n for n in _artifacts(uri, res.run_id, "evaluation") if n.endswith((".png", ".pdf"))}
     assert {"figure1.png", "figure1.pdf"} <= {p.name for p in evaluate_run(uri, res.run_id, out=tmp_path / "o2").files}
+    small = {"n_episodes": 16, "ks": (1, 2), "n_perms": 1, "probe_tasks": 4, "min_per_task": 4}
+    an = analyze_model(res.model, res.config, res.steps, run, uri=uri, out=tmp_path / "out", **small)
+    assert {"analysis.json"} <= {p.name for p in an.files} and not [p for p in an.files if p.suffix in (".png", ".pdf")]
+    assert an.claims and {"figure3_probes.png", "figure2_shuffle.pdf"} <= {
+        p.name for p in analyze_run(uri, res.run_id, out=tmp_path / "o2", **small).files}
     more = override(cfg, {"train.steps": 6, "train.figures": True})  # a run-time key: the resume is taken
     res2 = train(more, tracking_uri=uri, experiment="j", resume=res.run_id, progress=False)
     assert res2.steps == 6 and res2.config.train.figures and {"emergence.png", "emergence.pdf"} <= _artifacts(

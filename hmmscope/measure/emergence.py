@@ -186,7 +186,8 @@ def build_emergence(history: list[dict], title: str | None = None):
     order, references included): per task set (rows), the model's test CE at every k against the step with the
     references' CE at k_max as horizontal lines (left), and the in-context gain with the references' (right). The
     step axis is logarithmic, step 0 drawn at 1 (its tick says 0) and joined to the next evaluation by a dotted line
-    (nothing was measured in between); each panel's legend sits below it, over no curve."""
+    (nothing was measured in between); each panel's legend sits below it in one column, over no curve and inside
+    the figure however long a degenerate reference's label."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
@@ -194,7 +195,7 @@ def build_emergence(history: list[dict], title: str | None = None):
     tasks = [t for t in TASKS if any(key(t, "icl_gain") in h for h in history)]
     ks = sorted({int(k.rsplit("/k", 1)[1]) for h in history for k in h
                  if k.startswith(f"{PREFIX}/{tasks[0]}/ce/k")}) if tasks else []
-    fig = Figure(figsize=(12, 4.4 * max(1, len(tasks)) + 0.4), layout="constrained")
+    fig = Figure(figsize=(12, 5.6 * max(1, len(tasks)) + 0.4), layout="constrained")
     axes = fig.subplots(max(1, len(tasks)), 2, squeeze=False)
     x = np.maximum(steps, 1)  # step 0 drawn at 1 on the log axis (its tick says 0)
     zero = len(steps) > 1 and steps[0] == 0  # no evaluation between step 0 and the next: not drawn as a measured line
@@ -238,7 +239,7 @@ def build_emergence(history: list[dict], title: str | None = None):
             h, _ = ax.get_legend_handles_labels()
             if zero:
                 h.append(Line2D([], [], color="gray", ls=":", label=f"step 0 to {int(steps[1])}: not evaluated between"))
-            ax.legend(handles=h, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+            ax.legend(handles=h, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1, frameon=False)
     if title:
         fig.suptitle(title)
     return fig
