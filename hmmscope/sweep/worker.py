@@ -203,8 +203,8 @@ def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int 
         refresh_parent(uri, spec, study, parent, log, quiet=True, trial=trial.number, compare=due)  # live: counts, best
         drawn_at, pending = (time.monotonic(), False) if due else (drawn_at, True)
         done += 1
-    if pending and final_comparison:
-        with contextlib.suppress(Exception):
+    if pending and final_comparison:  # a comparison that fails says so in one line; an unreachable parent run waits
+        with contextlib.suppress(Exception):  # for the next draw (run_sweep's, another worker's)
             _log_comparison(tracking.existing_run(uri, parent), spec, study, log, quiet=True)
     collect_orphans(uri, spec.experiment, log)
     return done
