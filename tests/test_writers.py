@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from test_studies import SPEC, all_runs, make_study, stores
 from typer.testing import CliRunner
 
@@ -159,3 +160,33 @@ def test_a_sweep_deleted_under_sweep_run_ends_in_one_line_and_leaves_no_run_runn
     runner.invoke(app, ["runs", "gc", "--tracking-uri", uri])
     left = {(r.info.run_name, r.info.status, r.info.lifecycle_stage) for r in all_runs(uri)}
     assert left and all(st != "RUNNING" for _, st, _ in left), left
+
+
+
+@pytest.mark.parametrize("when", ["before-the-parent-update", "before-the-next-claim"])
+def test_a_sweep_deleted_between_two_trials_ends_its_worker_in_one_line(tmp_path, monkeypatch, when):
+    """CI saw it: the study deleted after a worker recorded its trial and before it updated the parent run; the
+    worker died with optuna's `KeyError: 'Record does not exist.'` traceback (the test above, timing-dependent).
+    Here the study is deleted at each place between two trials: when the worker says its trial ended (its log
+    line), and when its parent update returns."""
+    import optuna
+
+    from hmmscope.sweep import SweepDeleted, worker
+
+    make_study(tmp_path, "late", gammas="[0.5, 0.8]", run=0)
+    storage, uri = stores(tmp_path)
+    gone = lambda: optuna.delete_study(study_name="late", storage=storage)  # noqa: E731
+    lines: list[str] = []
+
+    def log(line: str) -> None:
+        lines.append(line)
+        if when == "before-the-parent-update" and line.startswith("trial 0 complete"):
+            gone()
+
+    if when == "before-the-next-claim":
+        real = worker.refresh_parent
+        monkeypatch.setattr(worker, "refresh_parent", lambda *a, **k: (real(*a, **k), gone())[0])
+    with pytest.raises(SweepDeleted, match="sweep 'late' was deleted while it ran"):
+        worker.run_worker("late", storage, uri, log=log)
+    assert any(ln.startswith("trial 0 complete") for ln in lines), lines
+    assert not [r for r in all_runs(uri) if r.info.status == "RUNNING"], lines

@@ -80,11 +80,9 @@ class SweepDeleted(RuntimeError):
     """The sweep's study was deleted while this process ran it: one line, no traceback; its runs are ended."""
 
 
-def _gone(e: BaseException, study_name: str, url: str) -> bool:
+def _gone(e: KeyError, study_name: str, url: str) -> bool:
     """Is `e` the storage's answer for a study that is no longer there (Optuna: KeyError 'Record does not exist.' on
     an RDB storage, a KeyError on a journal)? Asked of the storage, by the study's name."""
-    if not isinstance(e, KeyError):
-        return False
     import optuna
 
     from .storage import open_storage
@@ -106,9 +104,19 @@ COMPARISON_EVERY_S = 30.0
 
 def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int | None = None,
                log: Callable[[str], None] | None = None, final_comparison: bool = True) -> int:
-    """Pull WAITING trials of the study and run them until none are left (or max_trials); returns trials run.
-    The parent's comparison: redrawn once COMPARISON_EVERY_S have passed since this worker's last draw (or its start),
-    and when it stops if it ran a trial since (`final_comparison`; run_sweep's workers leave that to run_sweep)."""
+    """Pull WAITING trials of the study and run them until none are left (or max_trials); returns trials run. The
+    parent's comparison: redrawn COMPARISON_EVERY_S after this worker's last draw (or start), and when it stops (unless
+    not `final_comparison`: run_sweep's workers). The study deleted under it, anywhere: SweepDeleted (one line)."""
+    try:
+        return _run_worker(study_name, storage_url_, uri, max_trials, log, final_comparison)
+    except KeyError as e:
+        if not _gone(e, study_name, storage_url(storage_url_)):
+            raise
+        raise _deleted(study_name, storage_url(storage_url_)) from None
+
+
+def _run_worker(study_name: str, storage_url_: str, uri: str, max_trials: int | None,
+                log: Callable[[str], None] | None, final_comparison: bool) -> int:
     import optuna
     from optuna.trial import TrialState
 
@@ -230,8 +238,6 @@ def _settle(uri: str, spec, number: int, opened: list[str], why: str, log: Calla
         with contextlib.suppress(Exception):
             if tracking.settle_run(uri, rid, why):
                 log(f"trial {number}: its run {rid} ended FAILED ({why})")
-
-
 
 
 def _transient(e: BaseException) -> bool:
