@@ -265,9 +265,17 @@ def _tmpfs(path: Path, size: str) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (a real full disk): needs root")
-def test_a_full_disk_while_the_store_is_created_leaves_no_store(tmp_path, monkeypatch):
+@pytest.mark.parametrize("made", ["first", "later"])
+def test_a_full_disk_while_the_store_is_created_leaves_no_store(tmp_path, monkeypatch, made):
     """Before: a traceback and a half-migrated mlflow.db that broke every later command ("table _alembic_tmp_...
-    already exists"), unnoticed by the store checks."""
+    already exists"), unnoticed by the store checks. The process's first new store (MLflow migrates it) and a later
+    one (a copy of the first: tracking.store._create); the later one said '[Errno 28]' with no store named."""
+    from hmmscope.tracking import store
+
+    monkeypatch.setattr(store, "_EMPTY", [])  # as in a new process
+    if made == "later":
+        tracking.ensure_store(f"sqlite:///{tmp_path}/before/mlflow.db")
+        assert store._EMPTY
     disk = tmp_path / "disk"
     _tmpfs(disk, "400k")  # the schema alone takes 954 KB
     try:

@@ -76,6 +76,61 @@ def test_default_uri_is_sqlite_under_mlruns(tmp_path, monkeypatch, project):
     assert tracking.resolve_uri() == "http://127.0.0.1:1" and tracking.resolve_uri("sqlite:///x.db") == "sqlite:///x.db"
 
 
+def _dump(db: Path) -> tuple[set[str], list[tuple]]:
+    """A sqlite database as (its schema statements, every row of every table, sorted). A statement is the set of its
+    lines: alembic writes a rebuilt table's constraints in an order that varies between two migrations."""
+    import sqlite3
+
+    con = sqlite3.connect(str(db))
+    try:
+        schema = {frozenset(ln.strip().rstrip(",") for ln in sql.splitlines())
+                  for (sql,) in con.execute("SELECT sql FROM sqlite_master WHERE sql IS NOT NULL")}
+        tables = [t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        rows = sorted((t, *map(repr, r)) for t in tables for r in con.execute(f'SELECT * FROM "{t}"'))
+    finally:
+        con.close()
+    return schema, rows
+
+
+def test_a_processs_later_new_stores_equal_a_migrated_one_without_migrating_again(tmp_path, monkeypatch):
+    """A new store is migrated through every MLflow schema revision (about 3 s of CPU); a process does that once
+    (before: for every new store). Its later stores: the same schema and rows as a store MLflow migrates there,
+    the Default experiment rooted at their own artifacts, created now; runs work in them as in any store."""
+    import mlflow.store.db.utils as db_utils
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    from hmmscope.tracking import store
+
+    migrations: list[str] = []
+    real = db_utils._upgrade_db
+    monkeypatch.setattr(db_utils, "_upgrade_db", lambda engine: migrations.append(str(engine.url)) or real(engine))
+    monkeypatch.setattr(store, "_EMPTY", [])  # as in a new process
+    first, later = tmp_path / "a" / "mlflow.db", tmp_path / "b c" / "mlflow.db"
+    for db in (first, later):
+        tracking.ensure_store(f"sqlite:///{db}")
+    assert len(migrations) == 1 and store._EMPTY, migrations
+    t0 = int(time.time() * 1000)
+    ref = tmp_path / "ref" / "mlflow.db"  # what MLflow itself makes of a new database at the later store's root
+    ref.parent.mkdir()
+    root = (later.parent / "artifacts").resolve().as_uri()
+    SqlAlchemyStore(f"sqlite:///{ref}", root)
+    SqlAlchemyStore._engine_map.pop(f"sqlite:///{ref}").dispose()
+    (schema, rows), (ref_schema, ref_rows) = _dump(later), _dump(ref)
+    assert schema == ref_schema, schema ^ ref_schema
+    when = lambda rows: [r[5:7] for r in rows if r[0] == "experiments"]  # noqa: E731  (creation, last update)
+    strip = lambda rows: [r[:5] + r[7:] if r[0] == "experiments" else r for r in rows]  # noqa: E731
+    assert strip(rows) == strip(ref_rows) and f"'{root}/0'" in {r[3] for r in rows if r[0] == "experiments"}
+    (made,) = when(rows)
+    assert abs(int(made[0]) - t0) < 60_000 and made[0] == made[1]
+    assert oct(later.stat().st_mode & 0o777) == oct(first.stat().st_mode & 0o777)
+    uri = f"sqlite:///{later}"
+    with tracking.start_run(uri, "exp", "r") as r:
+        r.log_metrics({"m": 1.0})
+        r.log_dict({"x": 1}, "a.json")
+    assert (later.parent / "artifacts").is_dir() and not (first.parent / "artifacts").exists()
+    assert [x.data.metrics for x in _runs(uri)] == [{"m": 1.0}]
+
+
 _CONCURRENT = """
 import sys
 from hmmscope import tracking

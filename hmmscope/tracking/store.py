@@ -55,6 +55,7 @@ DB_NAME = "mlflow.db"
 ARTIFACTS = "artifacts"  # the artifact root's folder, beside the database
 ROOT_TAG = "hmmscope.artifact_root"
 _READY: set[str] = set()  # sqlite stores opened (created, relocated) by this process
+_EMPTY: list[bytes] = []  # the first new database this process migrated, as it was then (`_create`); memory only
 
 
 def url_path_problem(path: str | Path) -> str | None:
@@ -205,15 +206,28 @@ def ensure_store(uri: str) -> None:
 def _create(db: Path) -> None:
     """A new MLflow database at `db`: created and migrated at `.<name>.<random>.creating` beside it, fsynced, renamed
     onto `db`. Any failure removes the temp file (and SQLite's journal of it) and raises; `db` is untouched.
-    Call under the store's lock (`ensure_store`)."""
+    Call under the store's lock (`ensure_store`).
+
+    MLflow migrates a new database through every schema revision (alembic: about 3 s of CPU). A process does that
+    once: its later new stores start from a copy of the first, kept in memory as MLflow left it (never read back
+    from disk), with the one row that names a place and a time, the Default experiment, set for this store
+    (tests/test_tracking.py: equal to a migrated one, row for row)."""
     import secrets
 
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     tmp = db.with_name(f".{db.name}.{secrets.token_hex(6)}.creating")
     tmp_uri = f"sqlite:///{tmp}"
+    root = (db.parent / ARTIFACTS).resolve().as_uri()
     try:
-        SqlAlchemyStore(tmp_uri, (db.parent / ARTIFACTS).resolve().as_uri())  # the schema, every migration
+        if _EMPTY:
+            _from_empty(tmp, root)
+        else:
+            SqlAlchemyStore(tmp_uri, root)  # the schema, every migration
+            engine = SqlAlchemyStore._engine_map.pop(tmp_uri, None)  # closed before it is read
+            if engine is not None:
+                engine.dispose()
+            _EMPTY.append(tmp.read_bytes())
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -235,6 +249,31 @@ def _create(db: Path) -> None:
         engine = SqlAlchemyStore._engine_map.pop(tmp_uri, None)  # no pooled connection to the temp name
         if engine is not None:
             engine.dispose()
+
+
+def _from_empty(tmp: Path, root: str) -> None:
+    """`_EMPTY[0]` written to `tmp` (a new database) by sqlite, as MLflow's migration writes (a full disk fails as it
+    does: 'database or disk is full'), its Default experiment (id 0) rooted at `root` and created now, as MLflow
+    creates it (`<root>/0`)."""
+    import time
+
+    from mlflow.utils.uri import append_to_uri_path
+
+    now = int(time.time() * 1000)
+    mem, dst = sqlite3.connect(":memory:"), None
+    try:
+        mem.deserialize(_EMPTY[0])
+        with mem:
+            n = mem.execute("UPDATE experiments SET artifact_location = ?, creation_time = ?, last_update_time = ? "
+                            "WHERE experiment_id = 0", (append_to_uri_path(root, "0"), now, now)).rowcount
+        if n != 1:
+            raise RuntimeError(f"a new MLflow database has {n} Default experiments")
+        dst = sqlite3.connect(str(tmp))
+        mem.backup(dst)
+    finally:
+        mem.close()
+        if dst is not None:
+            dst.close()
 
 
 def relocate(uri: str) -> list[tuple[str, str, str]]:
