@@ -115,11 +115,11 @@ def page_text(dom: str) -> str:
 def render(url: str, shots: Path, name: str, timeout: float = 180) -> str:
     """The text the page shows once its requests settled; its screenshot as `<shots>/<name>.png`."""
     shots.mkdir(parents=True, exist_ok=True)
-    budget, size = "--virtual-time-budget=15000", "--window-size=1400,900"
-    dom = _chromium(["--dump-dom", size, budget, url], timeout)
-    (shots / f"{name}.html").write_text(dom)
-    # every compositor stage before the capture, and no backgrounded renderer: without them headless chromium 150
+    # one load for both (the DOM, then the screenshot, once the budget has run out; before: two loads, 2 s each).
+    # Every compositor stage before the capture, and no backgrounded renderer: without them headless chromium 150
     # never captures a runs table whose column widths a view sets (it waited past any timeout, idle)
-    _chromium([f"--screenshot={shots / (name + '.png')}", size, budget, "--run-all-compositor-stages-before-draw",
-               "--disable-renderer-backgrounding", url], timeout)
+    dom = _chromium(["--dump-dom", f"--screenshot={shots / (name + '.png')}", "--window-size=1400,900",
+                     "--virtual-time-budget=15000", "--run-all-compositor-stages-before-draw",
+                     "--disable-renderer-backgrounding", url], timeout)
+    (shots / f"{name}.html").write_text(dom)
     return page_text(dom)

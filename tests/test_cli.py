@@ -326,9 +326,10 @@ class Ran:
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     """The smoke sweep run once with 2 workers in a fresh folder, as a real process writing to files: (folder, its
-    result)."""
+    result). Its trials draw no images (train.figures, a run-time key: the sweep is the same); no test here reads
+    them, and the main job's test runs this spec with them."""
     d = tmp_path_factory.mktemp("smoke")
-    yield d, Ran(d, "sweep", "run", str(SWEEPS / "smoke.toml"), "--workers", "2")
+    yield d, Ran(d, "sweep", "run", str(SWEEPS / "smoke.toml"), "--workers", "2", "--set", "train.figures=false")
 
 
 def test_smoke_sweep_two_workers_then_report(smoke, monkeypatch):
@@ -515,8 +516,10 @@ def test_bad_sweep_spec_exits_2_without_study_or_run(project):
 
 
 def test_main_job_end_to_end_small(project):
-    """`hmmscope run` with shrunken settings: theory, training + Figure 1, analysis, the smoke sweep, its report."""
-    small = [*TINY_TRAIN, "--set", "data.n_eval=24", "--set", "theory.gammas=[0.5, 0.9]",
+    """`hmmscope run` with shrunken settings: theory, training + Figure 1, analysis, the smoke sweep, its report. One
+    sweep worker (`--workers 1`; the default, 2, is the smoke fixture's): a second worker process costs more CPU (its
+    own imports) than it saves on 4 tiny trials, and the suite beside other jobs is bound by its CPU."""
+    small = ["--workers", "1", *TINY_TRAIN, "--set", "data.n_eval=24", "--set", "theory.gammas=[0.5, 0.9]",
              "--set", "theory.n_states=[8]", "--set", "theory.ranks=[2]", "--set", "theory.n_tokens=8",
              "--set", "theory.n_histories=100", "--set", "theory.lengths=[1, 2, 4, 8]", "--set", "theory.gamma_m=0"]
     r = Ran(project, "run", *small)  # a real process, its output to files: no terminal
