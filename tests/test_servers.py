@@ -3,6 +3,7 @@ parent, whole process groups stopped, and `supervise` (clean stop on SIGTERM, a 
 it answers). Every process a test starts is stopped by its pid, and checked gone. The full `hmmscope ui` with a
 real MLflow server is tests/test_ui.py."""
 
+import contextlib
 import http.server
 import json
 import os
@@ -382,15 +383,18 @@ def test_ui_child_argv_from_a_weird_folder_and_an_injected_uri(tmp_path):
     try:
         deadline = time.time() + 120
         argv = None
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
+            own = f.read()  # a child forked and not yet exec'd has this one (CI saw it taken for MLflow's argv)
         while argv is None:
             assert proc.poll() is None, f"hmmscope ui exited {proc.returncode}: {proc.stderr.read().decode()}"
             assert time.time() < deadline, "no MLflow child within 120 s"
             for k in _children(proc.pid):
                 kids.append(k)
-                with open(f"/proc/{k}/cmdline", "rb") as f:
-                    parts = [a.decode() for a in f.read().split(b"\0")[:-1]]
-                if "ui" in parts:
-                    argv = parts
+                with contextlib.suppress(OSError), open(f"/proc/{k}/cmdline", "rb") as f:
+                    raw = f.read()
+                    parts = [a.decode() for a in raw.split(b"\0")[:-1]]
+                    if raw != own and "ui" in parts:
+                        argv = parts
             time.sleep(0.05)
         i = argv.index("ui")
         assert argv[i + 1:i + 3] == [f"--backend-store-uri={uri}", f"--registry-store-uri={uri}"]
