@@ -384,7 +384,7 @@ def test_ui_child_argv_from_a_weird_folder_and_an_injected_uri(tmp_path):
         deadline = time.time() + 120
         argv = None
         with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
-            own = f.read()  # a child forked and not yet exec'd has this one (CI saw it taken for MLflow's argv)
+            own = f.read()  # a child forked and not yet exec'd has this one (a full run here took it for MLflow's)
         while argv is None:
             assert proc.poll() is None, f"hmmscope ui exited {proc.returncode}: {proc.stderr.read().decode()}"
             assert time.time() < deadline, "no MLflow child within 120 s"

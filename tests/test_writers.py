@@ -162,7 +162,6 @@ def test_a_sweep_deleted_under_sweep_run_ends_in_one_line_and_leaves_no_run_runn
     assert left and all(st != "RUNNING" for _, st, _ in left), left
 
 
-
 @pytest.mark.parametrize("when", ["before-the-parent-update", "before-the-next-claim"])
 def test_a_sweep_deleted_between_two_trials_ends_its_worker_in_one_line(tmp_path, monkeypatch, when):
     """CI saw it: the study deleted after a worker recorded its trial and before it updated the parent run; the

@@ -110,9 +110,9 @@ def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int 
     try:
         return _run_worker(study_name, storage_url_, uri, max_trials, log, final_comparison)
     except KeyError as e:
-        if not _gone(e, study_name, storage_url(storage_url_)):
+        if not _gone(e, study_name, url := storage_url(storage_url_)):
             raise
-        raise _deleted(study_name, storage_url(storage_url_)) from None
+        raise _deleted(study_name, url) from None
 
 
 def _run_worker(study_name: str, storage_url_: str, uri: str, max_trials: int | None,

@@ -209,9 +209,9 @@ def _create(db: Path) -> None:
     Call under the store's lock (`ensure_store`).
 
     MLflow migrates a new database through every schema revision (alembic: about 3 s of CPU). A process does that
-    once: its later new stores start from a copy of the first, kept in memory as MLflow left it (never read back
-    from disk), with the one row that names a place and a time, the Default experiment, set for this store
-    (tests/test_tracking.py: equal to a migrated one, row for row)."""
+    once: its later new stores start from a copy of the first (read once from the temp file it just migrated, then
+    kept in memory; never from a cache or another store), with the one row that names a place and a time, the
+    Default experiment, set for this store (tests/test_tracking.py: equal to a migrated one, row for row)."""
     import secrets
 
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
@@ -224,9 +224,7 @@ def _create(db: Path) -> None:
             _from_empty(tmp, root)
         else:
             SqlAlchemyStore(tmp_uri, root)  # the schema, every migration
-            engine = SqlAlchemyStore._engine_map.pop(tmp_uri, None)  # closed before it is read
-            if engine is not None:
-                engine.dispose()
+            _dispose(tmp_uri)  # closed before it is read
             _EMPTY.append(tmp.read_bytes())
         fd = os.open(tmp, os.O_RDONLY)
         try:
@@ -246,9 +244,16 @@ def _create(db: Path) -> None:
             p.unlink(missing_ok=True)
         raise
     finally:
-        engine = SqlAlchemyStore._engine_map.pop(tmp_uri, None)  # no pooled connection to the temp name
-        if engine is not None:
-            engine.dispose()
+        _dispose(tmp_uri)  # no pooled connection to the temp name
+
+
+def _dispose(uri: str) -> None:
+    """Close and forget MLflow's pooled engine for `uri`, if it has one."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    engine = SqlAlchemyStore._engine_map.pop(uri, None)
+    if engine is not None:
+        engine.dispose()
 
 
 def _from_empty(tmp: Path, root: str) -> None:
