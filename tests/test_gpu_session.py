@@ -88,6 +88,15 @@ def _phases(files: dict[str, bytes], name: str) -> dict[str, dict]:
     return {r["name"]: r for r in csv.DictReader(io.StringIO(files[f"{name}/phases.csv"].decode()))}
 
 
+def _children_of(pid: int, timeout: float = 30) -> list[int]:
+    """The command's children, once it has any: it says "phase N: start" just before it starts the phase's child
+    (CI once looked in between and found none)."""
+    t0, me = time.time(), psutil.Process(pid)
+    while not (kids := [c.pid for c in me.children(recursive=True)]) and time.time() - t0 < timeout:
+        time.sleep(0.1)
+    return kids
+
+
 def _children_gone(pids: list[int], timeout: float = 30) -> bool:
     t0 = time.time()
     while time.time() - t0 < timeout:
@@ -104,8 +113,7 @@ def test_rehearsal_cut_off_keeps_the_earlier_phases(tmp_path):
     proc = _start(tmp_path, "--bench-steps", "1000000", "--bench-s", "6", "--phases", "setup,bench,train,pack")
     try:
         _wait_for(tmp_path, "phase 3 train: start", proc)
-        me = psutil.Process(proc.pid)
-        kids = [c.pid for c in me.children(recursive=True)]
+        kids = _children_of(proc.pid)
         assert kids, "the training phase runs as a child"
         time.sleep(1.0)
         proc.send_signal(signal.SIGTERM)
@@ -183,7 +191,8 @@ def test_rehearsal_every_phase_packs_its_files(tmp_path):
     proc = _start(tmp2)
     try:
         _wait_for(tmp2, "phase 3 train: start", proc)
-        kids = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        kids = _children_of(proc.pid)
+        assert kids, "the training phase runs as a child"
         time.sleep(2.0)
         proc.send_signal(signal.SIGKILL)  # the orchestrator (bash exec'd into it) dies at once
         proc.wait(30)
