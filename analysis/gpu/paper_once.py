@@ -51,6 +51,7 @@ about a GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -81,6 +82,7 @@ TAR_FILE_MAX = 12 << 20  # a file this large stays out of an archive (the device
 
 def _child_setup() -> None:  # in the child, before exec: its own process group; SIGTERM when the orchestrator dies
     os.setpgrp()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # blocked in the parent while it starts the child
     try:
         import ctypes
 
@@ -95,6 +97,17 @@ class Stop(Exception):
 
 def _on_term(signum, frame):
     raise Stop(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def _term_deferred():
+    """SIGTERM waits for the block's end, then raises Stop there: a child is never started without its phase knowing
+    it (CI once signalled between the two), an archive is never left half-written."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 @dataclass
@@ -116,6 +129,7 @@ class Session:
     t0: float
     env: dict
     phases: list[Phase] = field(default_factory=list)
+    live: list[tuple[Phase, subprocess.Popen]] = field(default_factory=list)  # started, not yet finished
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -141,9 +155,11 @@ class Session:
         p.start, p.status = self.now(), "running"
         self.say(f"phase {p.n} {p.name}: start")
         f = open(p.dir / log, "ab")  # noqa: SIM115 - closed by finish()
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env={**self.env, **(extra_env or {})},
-                                preexec_fn=_child_setup)
-        proc.log = f  # type: ignore[attr-defined]
+        with _term_deferred():
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                    env={**self.env, **(extra_env or {})}, preexec_fn=_child_setup)
+            proc.log = f  # type: ignore[attr-defined]
+            self.live.append((p, proc))
         return proc
 
     def finish(self, p: Phase, proc: subprocess.Popen, cut: bool, note: str = "") -> None:
@@ -152,10 +168,17 @@ class Session:
         proc.wait()
         proc.log.close()  # type: ignore[attr-defined]
         p.end, p.rc = self.now(), proc.returncode
+        self.live = [(q, r) for q, r in self.live if r is not proc]
         p.status = "cut off" if cut else ("ok" if proc.returncode == 0 else "failed")
         p.note = note or p.note or (last_error(p.dir / Path(proc.log.name).name)  # type: ignore[attr-defined]
                                     if p.status != "ok" else "")
         self.say(f"phase {p.n} {p.name}: {p.status} (rc {p.rc}) after {p.end - p.start:.1f} s{': ' + p.note if p.note else ''}")
+
+    def cut_live(self) -> None:
+        """Cut and pack the phases started and not yet finished (SIGTERM came before wait_all had them)."""
+        for p, proc in list(self.live):
+            self.finish(p, proc, cut=True, note="the command was stopped (SIGTERM)")
+            self.pack(p)
 
     def skip(self, n: int, name: str, why: str) -> Phase:
         p = self.phase(n, name)
@@ -179,11 +202,12 @@ class Session:
                 return None
             return ti
 
-        with tarfile.open(part, "w:gz") as tar:
-            tar.add(p.dir, arcname=f"{self.rec.name}/{p.name}", filter=small)
+        with _term_deferred():
+            with tarfile.open(part, "w:gz") as tar:
+                tar.add(p.dir, arcname=f"{self.rec.name}/{p.name}", filter=small)
+            os.replace(part, dst)
         if left_out:
             self.say(f"phase {p.n} {p.name}: left out of its archive (over {TAR_FILE_MAX >> 20} MiB): {', '.join(left_out)}")
-        os.replace(part, dst)
         self.say(f"phase {p.n} {p.name}: packed {dst.name} ({dst.stat().st_size / 1024:.0f} KiB)")
         return dst
 
@@ -388,6 +412,7 @@ def run(args) -> int:
                    "--code-version", args.code_version or code_version()]
             run_one(s, p6, cmd, "record.log", max(left, 5.0))
     except Stop as e:
+        s.cut_live()
         s.say(f"stopped ({e}): the archives packed so far are in {out}")
         return 143
     s.say(f"{args.name}: done; files in {out}: {' '.join(sorted(f.name for f in out.iterdir()))}")
