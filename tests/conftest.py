@@ -166,7 +166,7 @@ def mlflow_server(tmp_path):
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 90
+        deadline = time.time() + 240  # a new store's migrations and uvicorn: seconds idle, minutes on a busy machine
         while True:
             try:
                 with urllib.request.urlopen(f"{url}/health", timeout=2) as r:

@@ -12,6 +12,7 @@ ready: FOLDER/ready<phase>-<INDEX>); each phase's result goes to FOLDER/out<phas
 """
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -38,7 +39,9 @@ def main() -> None:
     got: list[int] = []
 
     def out(n: int) -> None:
-        (folder / f"out{n}-{i}").write_text(json.dumps(got))
+        part = folder / f".out{n}-{i}.part"
+        part.write_text(json.dumps(got))
+        os.replace(part, folder / f"out{n}-{i}")  # whole when it appears (the test reads it at once)
         got.clear()
 
     phase(folder, i, 0)

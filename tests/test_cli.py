@@ -767,7 +767,15 @@ def _pty_run(args, cwd, timeout=600):
                 if not chunk:
                     break
                 err += chunk
-            elif proc.poll() is not None:
+            elif proc.poll() is not None:  # it ended while select waited: what it wrote last may still be unread
+                while select.select([master], [], [], 0.2)[0]:
+                    try:
+                        chunk = os.read(master, 65536)
+                    except OSError:
+                        break
+                    if not chunk:
+                        break
+                    err += chunk
                 break
             assert time.time() < deadline, "hmmscope did not finish"
         out = proc.stdout.read().decode()

@@ -353,6 +353,14 @@ def test_read_only_store_serves_read_only_commands(tmp_path, template, monkeypat
     assert _files(mlruns) == before  # nothing written, no lock file
 
 
+def _cmdline(pid: int) -> bytes:
+    """A process's command line; b"" once it is gone (a short-lived child, git's, can end between list and read)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _children_of(pid: int) -> list[int]:
     out = []
     for d in Path("/proc").iterdir():
@@ -391,7 +399,7 @@ def test_sigkilled_sweep_takes_its_workers_with_it(tmp_path):
     try:
         deadline = time.time() + 120
         while len(kids) < 2:
-            kids = [k for k in _children_of(proc.pid) if b"sleep" in Path(f"/proc/{k}/cmdline").read_bytes()]
+            kids = [k for k in _children_of(proc.pid) if b"sleep" in _cmdline(k)]
             assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
             assert time.time() < deadline, "run_sweep started no workers"
             time.sleep(0.1)

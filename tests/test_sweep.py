@@ -309,15 +309,15 @@ def test_killed_worker_trial_is_retried_with_same_params(tmp_path):
                 break
             assert proc.poll() is None and time.time() < deadline, "worker never started a trial"
             time.sleep(0.1)
-        time.sleep(1.5)  # past the trial's first heartbeat (a trial that never beat is never seen as stale)
-        assert proc.poll() is None
+        assert proc.poll() is None  # a claimed trial has beaten once already (claim() beats before RUNNING)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
-    killed = running[0]
+    # the trial the kill hit: the one still RUNNING now (the one seen may have ended before the signal came)
+    (killed,) = [r for r in study_status("kill", storage) if r["state"] == "RUNNING"]
     assert run_worker("kill", storage, uri, log=lambda m: None) >= 4
     rows = study_status("kill", storage)
     complete = [r for r in rows if r["state"] == "COMPLETE"]

@@ -92,7 +92,15 @@ def in_a_terminal(args: list[str], cwd: Path, columns: int, lines: int, seconds:
                 if not chunk:
                     break
                 out += chunk
-            elif proc.poll() is not None:
+            elif proc.poll() is not None:  # it ended while select waited: what it wrote last may still be unread
+                while select.select([master], [], [], 0.2)[0]:
+                    try:
+                        chunk = os.read(master, 65536)
+                    except OSError:
+                        break
+                    if not chunk:
+                        break
+                    out += chunk
                 break
     finally:
         if proc.poll() is None:

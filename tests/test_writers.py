@@ -97,7 +97,8 @@ def test_sweep_delete_refuses_a_sweep_whose_workers_are_alive(tmp_path):
     tid = store.claim()  # a worker runs it: RUNNING, its heartbeat fresh
     assert tid is not None
     args = ["sweep", "delete", "live", "--yes", "--storage", storage, "--tracking-uri", uri]
-    r = runner.invoke(app, args)
+    with store.heartbeat(tid, spec.heartbeat_interval):  # beating while the delete looks (a slow machine: > grace)
+        r = runner.invoke(app, args)
     assert r.exit_code == 2 and "1 trial(s) RUNNING" in r.stderr and "alive" in r.stderr, r.output
     assert len(r.stderr.strip().splitlines()) == 1
     assert "live" in [s.study_name for s in __import__("optuna").get_all_study_summaries(storage)]
