@@ -6,6 +6,7 @@ from pathlib import Path
 
 import browser
 import numpy as np
+import ptys
 import pytest
 from typer.testing import CliRunner
 
@@ -744,7 +745,6 @@ def _pty_run(args, cwd, timeout=600):
     """Run `hmmscope ARGS` with stderr on a pseudo-terminal (stdout a pipe); returns (stdout, stderr text)."""
     import os
     import pty
-    import select
     import subprocess
     import sys
     import time
@@ -755,29 +755,8 @@ def _pty_run(args, cwd, timeout=600):
     proc = subprocess.Popen([str(exe), *args], cwd=cwd, env={**env, "COLUMNS": "120"}, stdout=subprocess.PIPE,
                             stderr=slave, stdin=subprocess.DEVNULL, start_new_session=True)
     os.close(slave)
-    err, deadline = b"", time.time() + timeout
     try:
-        while True:
-            r, _, _ = select.select([master], [], [], 0.5)
-            if r:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # the pty closed: the process is gone
-                    break
-                if not chunk:
-                    break
-                err += chunk
-            elif proc.poll() is not None:  # it ended while select waited: what it wrote last may still be unread
-                while select.select([master], [], [], 0.2)[0]:
-                    try:
-                        chunk = os.read(master, 65536)
-                    except OSError:
-                        break
-                    if not chunk:
-                        break
-                    err += chunk
-                break
-            assert time.time() < deadline, "hmmscope did not finish"
+        err = ptys.read_to_end(master, proc, time.time() + timeout, "hmmscope did not finish")
         out = proc.stdout.read().decode()
         proc.wait(timeout=60)
     finally:

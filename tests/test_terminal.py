@@ -7,12 +7,12 @@ first, then plain progress lines (no bar, no escape codes)."""
 import io
 import os
 import re
-import select
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import ptys
 import pytest
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
@@ -78,30 +78,9 @@ def in_a_terminal(args: list[str], cwd: Path, columns: int, lines: int, seconds:
     proc = subprocess.Popen([str(exe), *args], cwd=cwd, env=env, stdin=slave, stdout=slave, stderr=slave,
                             start_new_session=True)
     os.close(slave)
-    out = b""
     try:
-        deadline = time.time() + seconds
-        while True:
-            assert time.time() < deadline, f"hmmscope {args[0]} did not finish in {seconds:.0f} s"
-            r, _, _ = select.select([master], [], [], 1.0)
-            if r:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # EIO: the terminal's other side closed
-                    break
-                if not chunk:
-                    break
-                out += chunk
-            elif proc.poll() is not None:  # it ended while select waited: what it wrote last may still be unread
-                while select.select([master], [], [], 0.2)[0]:
-                    try:
-                        chunk = os.read(master, 65536)
-                    except OSError:
-                        break
-                    if not chunk:
-                        break
-                    out += chunk
-                break
+        out = ptys.read_to_end(master, proc, time.time() + seconds,
+                               f"hmmscope {args[0]} did not finish in {seconds:.0f} s", wait_s=1.0)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -112,6 +91,35 @@ def in_a_terminal(args: list[str], cwd: Path, columns: int, lines: int, seconds:
     assert proc.returncode == 0, raw[-3000:]
     return raw
 
+
+
+def test_a_pty_reader_keeps_what_a_process_wrote_as_it_ended():
+    """ptys.read_to_end: a process that writes its last line and ends while the reader's select has just timed out
+    (the reader's poll then says it ended) loses nothing: the reader drains the terminal (it stopped there before)."""
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    go_r, go_w = os.pipe()
+    code = "import os, sys, time; os.read(0, 1); sys.stdout.write('last\\n'); sys.stdout.flush(); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=go_r, stdout=slave, start_new_session=True)
+    os.close(slave)
+    os.close(go_r)
+
+    class Ended:  # as the reader sees it: ended just after its select timed out, the last line written meanwhile
+        def poll(self):
+            os.write(go_w, b"x")
+            select.select([master], [], [], 60)  # the line is in the terminal now, unread
+            return 0
+
+    try:
+        out = ptys.read_to_end(master, Ended(), time.time() + 120, "the reader did not return", wait_s=0.1)
+    finally:
+        child.kill()
+        child.wait()
+        os.close(master)
+        os.close(go_w)
+    assert out.replace(b"\r", b"") == b"last\n"
 
 def test_progress_prints_lines_above_one_bar_that_ends_at_n_of_n():
     from rich.console import Console
