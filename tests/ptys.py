@@ -26,6 +26,6 @@ def read_to_end(master: int, proc: subprocess.Popen, deadline: float, what: str,
                 return out
             out += chunk
         elif proc.poll() is not None:  # it ended while select waited: what it wrote last may still be unread
-            while select.select([master], [], [], 0.2)[0] and (chunk := _read(master)):
+            while time.time() < deadline and select.select([master], [], [], 0.2)[0] and (chunk := _read(master)):
                 out += chunk
             return out

@@ -64,41 +64,52 @@ def test_probe_jobs_default_never_exceeds_the_usable_cores(tmp_path):
 
 
 def test_sigterm_while_a_phase_starts_or_packs_waits_for_that_step(tmp_path, monkeypatch):
-    """SIGTERM while the orchestrator starts a phase's child (CI signalled between its 'start' line and the child) or
-    writes its archive: Stop comes after that step, so the child is the phase's (cut and packed as cut off, by
-    SIGTERM: the child does not inherit the blocked signal) and the archive is whole, no .part left."""
+    """SIGTERM while the orchestrator starts a phase's child (CI signalled between its 'start' line and the child):
+    Stop comes once the child is the phase's; the child ends by SIGTERM when cut (it does not keep the blocked
+    signal). A phase ended and not yet packed is packed at Stop (cut_live), a second SIGTERM then ignored. SIGTERM
+    while an archive is written: the archive is whole, no .part left."""
     import threading
 
     old, s = signal.signal(signal.SIGTERM, paper_once._on_term), None
+    me = threading.get_ident()  # to this thread: another one (xdist's) would take a signal sent to the process
+
+    def term_then(real):
+        def call(*a, **k):
+            signal.pthread_kill(me, signal.SIGTERM)
+            return real(*a, **k)
+        return call
+
     try:
-        (tmp_path / "out").mkdir()
-        s = paper_once.Session(tmp_path / "out", tmp_path / "rec", time.time(), dict(os.environ))
+        out = tmp_path / "out"
+        out.mkdir()
+        s = paper_once.Session(out, tmp_path / "rec", time.time(), dict(os.environ))
         p = s.phase(3, "train")
-        me = threading.get_ident()  # to this thread: another one (xdist's) would take a signal sent to the process
-
-        def term_then(real):
-            def call(*a, **k):
-                signal.pthread_kill(me, signal.SIGTERM)
-                return real(*a, **k)
-            return call
-
         with monkeypatch.context() as m:
             m.setattr(paper_once.subprocess, "Popen", term_then(subprocess.Popen))
             with pytest.raises(paper_once.Stop):
                 s.start(p, ["sleep", "60"], "train.log")
-        [(q, proc)] = s.live
+        [(q, proc, _)] = s.live
         assert q is p and proc.poll() is None  # the child runs, and its phase has it
+        s.finish(p, proc, cut=True)
+        assert proc.returncode == -signal.SIGTERM and len(s.live) == 1  # ended, not yet packed: still live
+        with monkeypatch.context() as m:
+            m.setattr(paper_once.tarfile, "open", term_then(tarfile.open))
+            s.cut_live()  # packs it; the SIGTERM sent meanwhile is ignored
+        assert s.live == [] and sorted(f.name for f in out.iterdir()) == ["3-train.tar.gz"]
+        files = _members(out / "3-train.tar.gz")
+        assert "train/train.log" in files and _phases(files, "train")["train"]["status"] == "cut off"
+
+        signal.signal(signal.SIGTERM, paper_once._on_term)
+        p4 = s.phase(4, "figure1")
         with monkeypatch.context() as m:
             m.setattr(paper_once.tarfile, "open", term_then(tarfile.open))
             with pytest.raises(paper_once.Stop):
-                s.cut_live()
-        assert proc.returncode == -signal.SIGTERM and s.live == []
-        assert sorted(f.name for f in (tmp_path / "out").iterdir()) == ["3-train.tar.gz"]
-        files = _members(tmp_path / "out" / "3-train.tar.gz")
-        assert "train/train.log" in files and _phases(files, "train")["train"]["status"] == "cut off"
+                s.pack(p4)
+        assert sorted(f.name for f in out.iterdir()) == ["3-train.tar.gz", "4-figure1.tar.gz"]
+        assert "figure1/phases.csv" in _members(out / "4-figure1.tar.gz")
     finally:
         signal.signal(signal.SIGTERM, old)
-        for _, proc in s.live if s else []:
+        for _, proc, _ in s.live if s else []:
             proc.kill()
 
 

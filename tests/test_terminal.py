@@ -92,7 +92,6 @@ def in_a_terminal(args: list[str], cwd: Path, columns: int, lines: int, seconds:
     return raw
 
 
-
 def test_a_pty_reader_keeps_what_a_process_wrote_as_it_ended():
     """ptys.read_to_end: a process that writes its last line and ends while the reader's select has just timed out
     (the reader's poll then says it ended) loses nothing: the reader drains the terminal (it stopped there before)."""
@@ -120,6 +119,7 @@ def test_a_pty_reader_keeps_what_a_process_wrote_as_it_ended():
         os.close(master)
         os.close(go_w)
     assert out.replace(b"\r", b"") == b"last\n"
+
 
 def test_progress_prints_lines_above_one_bar_that_ends_at_n_of_n():
     from rich.console import Console

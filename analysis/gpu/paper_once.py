@@ -41,7 +41,9 @@ status (ok, failed, cut off, skipped) goes to the console and to phases.csv in e
 
 Killed from outside (SIGTERM or SIGKILL at the device tool's limit): the phase child gets SIGTERM (a SIGTERM to this
 process is passed on, and PR_SET_PDEATHSIG sends it when this process dies), so a training run ends KILLED rather
-than RUNNING; the archives already in OUT stay as they were (each is written as .part and renamed).
+than RUNNING; the archives already in OUT stay as they were (each is written as .part and renamed). A SIGTERM
+waits while a phase's child starts or an archive is written; then every phase started and not yet packed is packed
+(the one running as cut off), and a second SIGTERM is ignored while that packing runs.
 
 DRY (--dry): the same phases on the CPU with the worktree's .venv, the tiny preset made smaller (DRY_SETS) and a
 deadline of 240 s (the phases' budgets scaled down; what is left over ends the command early); it measures nothing
@@ -62,6 +64,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,8 +83,12 @@ TAR_FILE_MAX = 12 << 20  # a file this large stays out of an archive (the device
 # ---------------------------------------------------------------- running and packing phases
 
 
+ORCHESTRATOR = os.getpid()  # this process: a phase's child checks it is still its parent
+
+
 def _child_setup() -> None:  # in the child, before exec: its own process group; SIGTERM when the orchestrator dies
     os.setpgrp()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's Stop: a SIGTERM here just ends the child
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # blocked in the parent while it starts the child
     try:
         import ctypes
@@ -89,6 +96,8 @@ def _child_setup() -> None:  # in the child, before exec: its own process group;
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    if os.getppid() != ORCHESTRATOR:  # the orchestrator died before PR_SET_PDEATHSIG was set
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 class Stop(Exception):
@@ -102,9 +111,12 @@ def _on_term(signum, frame):
 @contextlib.contextmanager
 def _term_deferred():
     """SIGTERM waits for the block's end, then raises Stop there: a child is never started without its phase knowing
-    it (CI once signalled between the two), an archive is never left half-written."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    it (CI once signalled between the two), an archive is never half-written by a SIGTERM (SIGKILL leaves its .part,
+    which `collect` never reads). This holds because this process has one thread (a signal sent to a process goes to
+    any thread that does not block it)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, ())  # may raise a pending Stop: nothing is blocked yet
     try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
@@ -129,7 +141,7 @@ class Session:
     t0: float
     env: dict
     phases: list[Phase] = field(default_factory=list)
-    live: list[tuple[Phase, subprocess.Popen]] = field(default_factory=list)  # started, not yet finished
+    live: list[tuple[Phase, subprocess.Popen, Callable]] = field(default_factory=list)  # started, not yet packed
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -151,16 +163,22 @@ class Session:
                 w.writerow([p.n, p.name, f"{p.start:.1f}", f"{p.end:.1f}", f"{p.end - p.start:.1f}", p.rc, p.status,
                             p.note])
 
-    def start(self, p: Phase, cmd: list[str], log: str, extra_env: dict | None = None) -> subprocess.Popen:
-        p.start, p.status = self.now(), "running"
-        self.say(f"phase {p.n} {p.name}: start")
-        f = open(p.dir / log, "ab")  # noqa: SIM115 - closed by finish()
+    def start(self, p: Phase, cmd: list[str], log: str, extra_env: dict | None = None,
+              on_end: Callable | None = None) -> subprocess.Popen:
+        """The phase's child, started; the phase is live until on_end (default: pack) has packed it. A phase started
+        again (bench under another python) keeps its first start time."""
         with _term_deferred():
+            p.start, p.status = (self.now() if p.status == "pending" else p.start), "running"
+            self.say(f"phase {p.n} {p.name}: start")
+            f = open(p.dir / log, "ab")  # noqa: SIM115 - closed by finish()
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
                                     env={**self.env, **(extra_env or {})}, preexec_fn=_child_setup)
             proc.log = f  # type: ignore[attr-defined]
-            self.live.append((p, proc))
+            self.live.append((p, proc, on_end or self.pack))
         return proc
+
+    def on_end(self, proc: subprocess.Popen) -> Callable:
+        return next(f for _, r, f in self.live if r is proc)
 
     def finish(self, p: Phase, proc: subprocess.Popen, cut: bool, note: str = "") -> None:
         if cut:
@@ -168,17 +186,19 @@ class Session:
         proc.wait()
         proc.log.close()  # type: ignore[attr-defined]
         p.end, p.rc = self.now(), proc.returncode
-        self.live = [(q, r) for q, r in self.live if r is not proc]
         p.status = "cut off" if cut else ("ok" if proc.returncode == 0 else "failed")
         p.note = note or p.note or (last_error(p.dir / Path(proc.log.name).name)  # type: ignore[attr-defined]
                                     if p.status != "ok" else "")
         self.say(f"phase {p.n} {p.name}: {p.status} (rc {p.rc}) after {p.end - p.start:.1f} s{': ' + p.note if p.note else ''}")
 
     def cut_live(self) -> None:
-        """Cut and pack the phases started and not yet finished (SIGTERM came before wait_all had them)."""
-        for p, proc in list(self.live):
-            self.finish(p, proc, cut=True, note="the command was stopped (SIGTERM)")
-            self.pack(p)
+        """At Stop: cut the phases still running and pack every phase started and not yet packed (its on_end), once.
+        A second SIGTERM is ignored from here: it would cut this packing short."""
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for p, proc, on_end in list(self.live):
+            if p.status == "running":
+                self.finish(p, proc, cut=True, note="the command was stopped (SIGTERM)")
+            on_end(p)
 
     def skip(self, n: int, name: str, why: str) -> Phase:
         p = self.phase(n, name)
@@ -206,6 +226,7 @@ class Session:
             with tarfile.open(part, "w:gz") as tar:
                 tar.add(p.dir, arcname=f"{self.rec.name}/{p.name}", filter=small)
             os.replace(part, dst)
+            self.live = [x for x in self.live if x[0] is not p]
         if left_out:
             self.say(f"phase {p.n} {p.name}: left out of its archive (over {TAR_FILE_MAX >> 20} MiB): {', '.join(left_out)}")
         self.say(f"phase {p.n} {p.name}: packed {dst.name} ({dst.stat().st_size / 1024:.0f} KiB)")
@@ -226,28 +247,23 @@ def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
             continue
 
 
-def wait_all(s: Session, jobs: list[tuple[Phase, subprocess.Popen, float]], on_end) -> None:
-    """Wait for the jobs (phase, process, absolute end); cut each at its end; on_end(phase) as each one ends."""
+def wait_all(s: Session, jobs: list[tuple[Phase, subprocess.Popen, float]]) -> None:
+    """Wait for the jobs (phase, process, absolute end); cut each at its end; its on_end (start's) as each one ends.
+    Stop (SIGTERM) passes through: run() cuts and packs what is still live (Session.cut_live)."""
     left = list(jobs)
-    try:
-        while left:
-            for job in list(left):
-                p, proc, end = job
-                if proc.poll() is not None or s.now() >= end:
-                    s.finish(p, proc, cut=proc.poll() is None)
-                    left.remove(job)
-                    on_end(p)
-            time.sleep(0.2)
-    except Stop:
-        for p, proc, _ in left:
-            s.finish(p, proc, cut=True, note="the command was stopped (SIGTERM)")
-            on_end(p)
-        raise
+    while left:
+        for job in list(left):
+            p, proc, end = job
+            if proc.poll() is not None or s.now() >= end:
+                s.finish(p, proc, cut=proc.poll() is None)
+                left.remove(job)
+                s.on_end(proc)(p)
+        time.sleep(0.2)
 
 
 def run_one(s: Session, p: Phase, cmd: list[str], log: str, timeout: float, on_end=None) -> Phase:
-    proc = s.start(p, cmd, log)
-    wait_all(s, [(p, proc, s.now() + timeout)], on_end or s.pack)
+    proc = s.start(p, cmd, log, on_end=on_end)
+    wait_all(s, [(p, proc, s.now() + timeout)])
     return p
 
 
@@ -332,16 +348,14 @@ def run(args) -> int:
                    "--variants", args.variants, "--json", str(bench_json)]
             proc = s.start(p2, cmd, "bench.log", {"PYTHONPATH": str(ROOT)})
             jobs.append((p2, proc, s.now() + args.bench_s))
-        wait_all(s, jobs, s.pack)
+        wait_all(s, jobs)
         if "setup" in phases and s.phases[0].status != "ok":
             s.say("setup failed: nothing after it can run (setup.log in 1-setup.tar.gz)")
             return 1
         if "bench" in phases and p2.status == "failed" and not bench_rows(bench_json) and py != cmd[0]:
             s.say("bench: failed under the image's python (bench.log): once more under the venv's")
-            first = p2.start
             proc = s.start(p2, [py, *cmd[1:]], "bench-venv.log")
-            wait_all(s, [(p2, proc, s.now() + args.bench_s)], s.pack)
-            p2.start = first
+            wait_all(s, [(p2, proc, s.now() + args.bench_s)])
         # the plan: the variant and the step count, from the bench rows
         plan = make_plan(s, args, ends, bench_json)
         info["plan"] = plan
