@@ -38,21 +38,21 @@ def disk(tmp_path):
 
 
 def _fill(disk: Path) -> None:
-    """Every free byte of the tmpfs taken by one file (none to take when even the file cannot be made: a full run
-    here once got ENOSPC at its open; the assertions after it still say whether the job met a full disk)."""
+    """Every free byte of the tmpfs taken by one file: unbuffered writes until ENOSPC. (A buffered file raised ENOSPC
+    again at its close, flushing what the failed write had left in its buffer: the test failed in full runs, with the
+    traceback at the `with` line, whenever the free space was not a whole number of writes.)"""
+    fd = os.open(disk / "fill", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        f = open(disk / "fill", "wb")  # noqa: SIM115  (closed below)
-    except OSError as e:
-        if e.errno != errno.ENOSPC:
-            raise
-        return
-    with f, open("/dev/zero", "rb") as z:
-        try:
-            while True:
-                f.write(z.read(1 << 16))
-                f.flush()
-        except OSError:
-            pass
+        block = b"\0" * (1 << 16)
+        while True:
+            try:
+                os.write(fd, block)  # a short write when less is free; the next one raises
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                return
+    finally:
+        os.close(fd)
 
 
 def _env(**kw) -> dict[str, str]:
