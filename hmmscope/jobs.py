@@ -18,39 +18,7 @@ from typing import Any
 
 from . import tracking
 from .config import Config
-from .safe_output import make_dir, write_with
-
-# ---------------------------------------------------------------- output folders
-#
-# Every command keeps what it makes under one root (default ./out), one folder per run or sweep:
-#   out/<run name>-<run id[:8]>/evaluation/   figure1.{png,pdf}, figure1_*.csv, figure1.json   (train, evaluate)
-#   out/<run name>-<run id[:8]>/analysis/     figure2_shuffle.*, figure3_probes.*, tables        (analyze)
-#   out/<sweep>/                              report.{md,html,json}, trials.csv, figures          (report)
-#   out/theory-<UTC time>/                    theory.{png,pdf,json}                              (theory)
-#   out/main-<run id[:8]>/                    the main job: theory/, the training run's folder, <sweep>/
-# The run id in a run's folder name keeps two runs with one name apart; each command has its own
-# subfolder, so no command overwrites another's files (re-running one command on one run re-makes its own).
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "run"
-
-
-def run_folder(root: Path, run_name: str | None, run_id: str) -> Path:
-    """root/<run name>-<first 8 of the run id> (the name made file-safe; the id alone without a name)."""
-    return Path(root) / (f"{_safe(run_name)}-{run_id[:8]}" if run_name else run_id)
-
-
-def new_folder(root: Path, prefix: str) -> Path:
-    """root/<prefix>-<UTC time>, with -2, -3, ... if that exists; not created (the job creates it when it writes)."""
-    import datetime as _dt
-
-    base = Path(root) / f"{_safe(prefix)}-{_dt.datetime.now(_dt.UTC).strftime('%Y%m%d-%H%M%S')}"
-    path, i = base, 1
-    while path.exists():
-        i += 1
-        path = base.with_name(f"{base.name}-{i}")
-    return path
+from .safe_output import make_dir, run_folder, write_npz, write_with
 
 
 def _run_title(run_name: str | None, run_id: str) -> str:
@@ -114,6 +82,7 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
     from .config import em_states
     from .data.episodes import sample_episodes, unseen_episodes
     from .data.hmm import make_mixture
+    from .measure.bayes_gap import bayes_spec
     from .measure.evaluate import figure1, references
     from .measure.figure1_plot import plot_figure1
     from .measure.fixed_memory import memory_comparison
@@ -131,7 +100,8 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
     M = cfg.eval.family_tasks
     with torch.no_grad():
         res = figure1(model, mix, ep, device=str(dev), batch_size=batch_size, unseen=unseen, family=family,
-                      counting=counting, family_sizes=(M // 4, M // 2), learner=HMMLearner(n_states=em_states(cfg)))
+                      counting=counting, family_sizes=(M // 4, M // 2), learner=HMMLearner(n_states=em_states(cfg)),
+                      bayes=bayes_spec(cfg))
     metrics = res.headline()
     extra: dict[str, Any] = {}
     if cfg.model.window > 0 and mix is not None:
@@ -139,7 +109,8 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
                                   batch_size=batch_size)  # eps at the receptive field n_layers (window - 1) + 1
     elif cfg.model.window > 0:  # fresh tasks: on the unseen tasks, family Bayes as the mixture reference
         extra = memory_comparison(model, unseen[0], unseen[1], cfg.model.window, n_layers=cfg.model.n_layers,
-                                  device=str(dev), batch_size=batch_size, reference=family, n_tasks_theory=16)
+                                  device=str(dev), batch_size=batch_size, reference=family, n_tasks_theory=16,
+                                  bayes=bayes_spec(cfg))
     metrics.update({f"memory/{k}": float(v) for k, v in extra.items()
                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
     info = run.get().info
@@ -149,6 +120,8 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
         write_with(d / "figure1.json", lambda p: p.write_text(
             json.dumps({**res.to_dict(), "memory": extra}, indent=2, default=str)))
         files.append(d / "figure1.json")
+        write_npz(d / "per_episode.npz", res.episode_arrays())
+        files.append(d / "per_episode.npz")
         for f in files:
             run.log_artifact(f, "evaluation")
     metrics["eval/figure1_s"] = time.perf_counter() - t0
@@ -160,12 +133,24 @@ def evaluate_model(model, cfg: Config, step: int, run: tracking.Run, *, device: 
     run.set_tags({"hmmscope.regime": res.regime})
     if say is not None:
         say(f"Figure 1: {metrics['eval/figure1_s']:.1f} s ({len(res.tasks)} task set{'s' if len(res.tasks) > 1 else ''} "
-            f"x {n} episodes, k = 0..{res.k_max}); regime: {res.regime}")
+            f"x {n} episodes, k = 0..{res.k_max}); regime: {res.regime}; {_bayes_words(res)}")
     result = EvalMetrics(metrics)
     result.files = files if out is not None else []
     result.claims = list(res.claims)
     result.regime = res.regime
     return result
+
+
+def _bayes_words(res) -> str:
+    """The Bayes gap in words, or why there is none (SCIENCE.md 10)."""
+    b, meta = res.bayes, res.meta.get("sets", {}).get("unseen", {}).get("bayes", {})
+    if b is None:
+        return f"Bayes-optimal reference {meta.get('reason') or 'not computed'}"
+    if b["fault"]:
+        return (f"FAULT: the model is {-b['gap']:.3f} below the Bayes-optimal reference beyond its Monte Carlo error "
+                "(a fault of the reference or the scoring, not a finding)")
+    share = f", {b['share']:.2f} of the room above best counting closed" if "share" in b else ""
+    return f"Bayes gap {b['gap']:+.3f} [{b['gap_lo']:+.3f}, {b['gap_hi']:+.3f}] nats/token{share}"
 
 
 def evaluate_run(uri: str, run_id: str, *, device: str = "auto", n_episodes: int | None = None,

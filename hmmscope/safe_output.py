@@ -287,6 +287,51 @@ def write_with(path: str | Path, write: Callable[[Path], Any], root: str | Path 
     return Path(os.path.abspath(path))
 
 
+def write_npz(path: str | Path, arrays: Mapping[str, Any], root: str | Path | None = None) -> Path:
+    """Arrays to a compressed .npz at exactly `path`, atomically (numpy appends .npz to a temp name; a file object
+    keeps it); read back with np.load(path, allow_pickle=False)."""
+    import numpy as np
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            np.savez_compressed(f, **arrays)
+
+    return write_with(path, write, root)
+
+
+# ---------------------------------------------------------------- output folders
+#
+# Every command keeps what it makes under one root (default ./out), one folder per run or sweep:
+#   out/<run name>-<run id[:8]>/evaluation/   figure1.{png,pdf}, figure1_*.csv, figure1.json   (train, evaluate)
+#   out/<run name>-<run id[:8]>/analysis/     figure2_shuffle.*, figure3_probes.*, tables        (analyze)
+#   out/<sweep>/                              report.{md,html,json}, trials.csv, figures          (report)
+#   out/theory-<UTC time>/                    theory.{png,pdf,json}                              (theory)
+#   out/main-<run id[:8]>/                    the main job: theory/, the training run's folder, <sweep>/
+# The run id in a run's folder name keeps two runs with one name apart; each command has its own
+# subfolder, so no command overwrites another's files (re-running one command on one run re-makes its own).
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "run"
+
+
+def run_folder(root: Path, run_name: str | None, run_id: str) -> Path:
+    """root/<run name>-<first 8 of the run id> (the name made file-safe; the id alone without a name)."""
+    return Path(root) / (f"{_safe(run_name)}-{run_id[:8]}" if run_name else run_id)
+
+
+def new_folder(root: Path, prefix: str) -> Path:
+    """root/<prefix>-<UTC time>, with -2, -3, ... if that exists; not created (the job creates it when it writes)."""
+    import datetime as _dt
+
+    base = Path(root) / f"{_safe(prefix)}-{_dt.datetime.now(_dt.UTC).strftime('%Y%m%d-%H%M%S')}"
+    path, i = base, 1
+    while path.exists():
+        i += 1
+        path = base.with_name(f"{base.name}-{i}")
+    return path
+
+
 # ---------------------------------------------------------------- tables and figures
 
 DPI = 120

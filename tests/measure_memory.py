@@ -1,4 +1,4 @@
-"""Measure: config.memory_estimate against the peak RSS of real `hmmscope` processes on this machine (CPU).
+"""Measure: checks.memory_estimate against the peak RSS of real `hmmscope` processes on this machine (CPU).
 
 Not a test (pytest does not collect it). Each row runs one command in a temporary folder under
 GNU time (`/usr/bin/time -f %M`, the peak resident set size) and prints it beside the estimate:
@@ -14,7 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hmmscope.config import GIB, Config, memory_estimate, override
+from hmmscope.checks import GIB, memory_estimate
+from hmmscope.config import Config, override
 
 BIN = Path(sys.executable).parent / "hmmscope"
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from hmmscope import checks, store_checks
-from hmmscope.config import GIB, ConfigError, memory_estimate, preset
+from hmmscope.checks import GIB, memory_estimate
+from hmmscope.config import ConfigError, preset
 
 ROOT_BYPASSES_MODES = os.geteuid() == 0
 # a PostgreSQL URL to a closed port: "cannot connect" with psycopg2 (the test extra), the driver's name without it

@@ -2,6 +2,7 @@ import dataclasses
 
 import pytest
 
+from hmmscope.checks import memory_estimate, model_params
 from hmmscope.config import (
     SEED_MAX,
     Config,
@@ -11,8 +12,6 @@ from hmmscope.config import (
     flatten,
     from_flat,
     load_toml,
-    memory_estimate,
-    model_params,
     override,
     preset,
     seq_len,

@@ -12,6 +12,7 @@ import torch.nn as nn
 from hmmscope.config import DataConfig, HMMConfig
 from hmmscope.data.episodes import Episodes, family_tasks, fit_episodes, layout, sample_episodes, truncate_demos, unseen_episodes
 from hmmscope.data.hmm import make_mixture
+from hmmscope.measure.bayes_gap import BayesSpec
 from hmmscope.measure.evaluate import PREDICTORS, eval_set, figure1, figure1_tables, model_predictive, score_by_k
 from hmmscope.measure.figure1_plot import build_figure1, plot_figure1
 from hmmscope.measure.fixed_memory import memory_comparison, receptive_field
@@ -215,6 +216,7 @@ def _check_figure1_artists(res):
         assert len(acc_pos.collections) == 1  # one band: the model's
         assert {ln.get_label() for ln in acc_pos.get_lines()} <= {"model", "task oracle", "mixture oracle (training tasks)",
                                                                   "family Bayes (M tasks of the family)",
+                                                                  "Bayes-optimal (fresh tasks)",
                                                                   "best counting (fitted)", f"chance (1/V = {1 / V:.3g})"}
         assert "model minus" in diff.get_title() and any(np.allclose(ln.get_ydata(), 0) for ln in diff.get_lines())
 
@@ -249,10 +251,22 @@ def test_unseen_tasks_and_the_retrieval_gap(mix, ep, tmp_path):
     umix, uep = unseen_episodes(hc, DATA, 48)
     family = family_tasks(hc, DATA, 32)
     counting = fit_counting(fit_episodes(hc, DATA, 16)[1], range(DATA.n_demos + 1))
-    res = figure1(OracleModel(mix, ep), mix, ep, unseen=(umix, uep), family=family, counting=counting, batch_size=16)
+    res = figure1(OracleModel(mix, ep), mix, ep, unseen=(umix, uep), family=family, counting=counting, batch_size=16,
+                  bayes=BayesSpec(hc, 0.002, 3))
     assert res.tasks == ["seen", "unseen"]
     assert {r["predictor"] for r in res.by_k if r["tasks"] == "unseen"} == set(PREDICTORS)
-    assert {r["predictor"] for r in res.by_k if r["tasks"] == "seen"} == set(PREDICTORS) - {"family_bayes"}
+    assert {r["predictor"] for r in res.by_k if r["tasks"] == "seen"} == set(PREDICTORS) - {"family_bayes", "bayes"}
+    # the Bayes reference (SCIENCE.md 10): between the task oracle and every learner that knows no task
+    u_b = res.row("bayes", tasks="unseen")
+    assert res.row("task_oracle", tasks="unseen")["ce"] < u_b["ce"] < res.row("best_counting", tasks="unseen")["ce"]
+    b = res.bayes
+    assert b["gap"] == pytest.approx(res.row("model", tasks="unseen")["ce"] - u_b["ce"], abs=1e-9) and not b["fault"]
+    assert b["room"] == pytest.approx(res.row("best_counting", tasks="unseen")["ce"] - u_b["ce"], abs=1e-9)
+    assert b["share"] == pytest.approx((res.row("best_counting", tasks="unseen")["ce"]
+                                        - res.row("model", tasks="unseen")["ce"]) / b["room"], rel=1e-9)
+    arrays = res.episode_arrays()
+    assert arrays["unseen/k3/bayes"].shape == (48,) and arrays["seen/k0/model"].shape == (len(ep),)
+    assert float(arrays["unseen/k3/bayes"].mean()) == pytest.approx(u_b["ce"], rel=1e-6)
     for tasks in ("seen", "unseen"):
         assert {r["k"] for r in res.by_k if r["tasks"] == tasks and r["predictor"] == "best_counting"} == \
             set(range(DATA.n_demos + 1))  # every predictor has a k = 0 row
@@ -271,12 +285,14 @@ def test_unseen_tasks_and_the_retrieval_gap(mix, ep, tmp_path):
     assert h["eval/retrieval_gap"] == g["value"] and h["eval/retrieval_gap_lo"] < g["value"] < h["eval/retrieval_gap_hi"]
     assert "eval/unseen/excess_ce_task" in h and "eval/unseen/p_true_task" not in h
     assert {"baseline/unseen/family_bayes/ce", "baseline/unseen/incontext_bigram/acc", "baseline/unseen/best_counting/ce",
-            "eval/unseen/vs_best_counting", "eval/unseen/vs/best_counting/k0_hi", "eval/unseen/icl_gain"} <= set(h)
+            "eval/unseen/vs_best_counting", "eval/unseen/vs/best_counting/k0_hi", "eval/unseen/icl_gain",
+            "eval/unseen/vs_bayes", "eval/unseen/bayes_share_hi", "eval/unseen/bayes_mc_se"} <= set(h)
     assert {c.name for c in res.claims} == {"retrieval_gap", "icl_gain", "inference_beyond_counting"}
     assert res.regime == "retrieval"  # the mixture oracle as a model: it knows the training tasks
     # the task oracle as a model has no gap at all
     flat = figure1(TaskOracleModel([(mix, ep), (umix, uep)]), mix, ep, unseen=(umix, uep), learner=None, ks=[3],
-                   batch_size=48)
+                   batch_size=48, bayes=BayesSpec(hc, 0.002, 3))
+    assert flat.bayes["fault"]  # a "model" below Bayes (it knows each task) is flagged, never a finding
     fg = flat.retrieval
     assert abs(fg["value"]) < 1e-12 and -1e-12 < fg["lo"] <= fg["hi"] < 1e-12  # 0 up to rounding
     assert flat.claims[0].verdict != "supported"

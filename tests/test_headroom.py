@@ -17,7 +17,7 @@ from hmmscope.oracles.inference import mixture_oracle
 torch.set_num_threads(1)
 runner = CliRunner()
 SMALL = {"hmm.n_states": 4, "hmm.n_tokens": 4, "hmm.rank": 2, "data.n_demos": 2, "data.l_demo": 6, "data.l_test": 8,
-         "eval.family_tasks": 64, "eval.fit_episodes": 16}
+         "eval.family_tasks": 64, "eval.fit_episodes": 16, "eval.bayes": "false"}  # the lower bounds' own tests
 
 
 def _cfg(**kw) -> Config:
@@ -139,6 +139,42 @@ def test_a_degenerate_reference_is_flagged_and_never_sets_the_room():
     assert any("DEGENERATE" in line for line in res.table())
     with_em = headroom(cfg, n_episodes=24, family_tasks=2, draws=1, tolerance=1.0)
     assert with_em.at()["set_by"] == "incontext_hmm"
+
+
+def test_the_bayes_reference_sets_an_exact_room_and_the_bounds_stay_rows():
+    """Where the family allows it (sticky, S = 4, V = 4: 48 structures), the room at each k is best counting minus the
+    Bayes reference (SCIENCE.md 10) on the same episodes, exact; family Bayes and the EM learner keep their rows with
+    their distance above it; the Bayes row lies between the task oracle and family Bayes."""
+    from hmmscope.oracles.baselines import fit_counting
+    from hmmscope.oracles.bayes import bayes_oracle
+
+    cfg = _cfg(**{"eval.bayes": True})
+    res = headroom(cfg, n_episodes=24, draws=1)
+    _, uep = unseen_episodes(cfg.hmm, cfg.data, 24)
+    fit = fit_counting(fit_episodes(cfg.hmm, cfg.data, 16)[1], range(3))
+    for k in range(3):
+        e, _, ce = _tokens_ce(uep, k)
+        b = bayes_oracle(cfg.hmm, e, tol=cfg.eval.bayes_tol, seed=cfg.data.seed)
+        room = ce(fit.predict(e, k)["best_counting"]) - ce(b.pred)
+        r = res.at(k)
+        assert r["set_by"] == "bayes" and r["room"] == pytest.approx(room.mean(), rel=1e-9)
+        row = {x["predictor"]: x for x in res.rows if x["k"] == k and x["M"] in (None, 64)}
+        assert row["bayes"]["ce"] == pytest.approx(ce(b.pred).mean(), rel=1e-9) and row["bayes"]["mc_se"] == b.mc_se
+        assert row["task_oracle"]["ce"] < row["bayes"]["ce"] < row["family_bayes"]["ce"]
+        assert r["family_above_bayes"] == pytest.approx(row["family_bayes"]["ce"] - row["bayes"]["ce"], rel=1e-9)
+        assert r["em_above_bayes"] == pytest.approx(row["incontext_hmm"]["ce"] - row["bayes"]["ce"], rel=1e-9)
+    assert ", exact (set by the Bayes-optimal predictor" in res.line() and res.line().endswith(res.at()["word"])
+    assert res.metrics()["headroom/set_by_bayes/k2"] == 1.0 and "headroom/bayes/ce/k2" in res.metrics()
+
+
+def test_a_family_without_an_exact_reference_says_so_and_keeps_the_bounds():
+    """The dirichlet family at S = 8, V = 16 (no discrete part to enumerate): no Bayes row, one line saying why."""
+    cfg = override(Config(), {"hmm.family": "dirichlet", "hmm.n_states": 8, "hmm.n_tokens": 16, "hmm.rank": 4,
+                              "data.n_demos": 1, "data.l_demo": 6, "data.l_test": 6, "eval.family_tasks": 16,
+                              "eval.fit_episodes": 8})
+    res = headroom(cfg, n_episodes=8, em=False, draws=1)
+    assert not any(r["predictor"] == "bayes" for r in res.rows)
+    assert res.at()["set_by"] != "bayes" and "Bayes-optimal reference not computed: the dirichlet family" in res.line()
 
 
 def test_headroom_cli_prints_the_line_and_writes_json(tmp_path):

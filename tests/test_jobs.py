@@ -11,7 +11,8 @@ import torch
 
 from hmmscope import tracking
 from hmmscope.config import Config, TheoryConfig, override
-from hmmscope.jobs import MAIN_SWEEP, analyze_run, evaluate_run, main_job, new_folder, run_folder, theory_job
+from hmmscope.jobs import MAIN_SWEEP, analyze_run, evaluate_run, main_job, theory_job
+from hmmscope.safe_output import new_folder, run_folder
 from hmmscope.sweep.spec import parse_spec
 from hmmscope.training import checkpoints
 from hmmscope.training.train import train

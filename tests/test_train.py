@@ -137,6 +137,7 @@ def test_epochs_and_emergence_curves(uri, finished, tmp_path):
     and the curves at the last step equal to Figure 1 on the same episodes."""
     from hmmscope.data.episodes import unseen_episodes
     from hmmscope.measure.emergence import key, subset
+    from hmmscope.measure.bayes_gap import bayes_spec
     from hmmscope.measure.evaluate import eval_set, figure1_tables, references
 
     c = tracking.client(uri)
@@ -148,7 +149,7 @@ def test_epochs_and_emergence_curves(uri, finished, tmp_path):
     logged = set(tracking.Run(uri, finished.run_id).get().data.metrics)
     em_keys = {k for k in logged if k.startswith("emergence/")}
     assert em_keys == {"emergence/seen/icl_gain", "emergence/seen/ce_kmax", "emergence/unseen/icl_gain",
-                       "emergence/unseen/ce_kmax", "emergence/unseen/vs_best_counting"}
+                       "emergence/unseen/ce_kmax", "emergence/unseen/vs_best_counting", "emergence/unseen/vs_bayes"}
     curves = finished.extra["emergence"]
     assert [h["step"] for h in curves] == [0, 6, 12]
     for tasks in ("seen", "unseen"):
@@ -168,7 +169,8 @@ def test_epochs_and_emergence_curves(uri, finished, tmp_path):
     umix, uep = unseen_episodes(cfg.hmm, cfg.data, cfg.data.n_eval)
     family, counting = references(cfg.hmm, cfg.data, cfg.eval)
     sets = [eval_set(mix, ep, learner=None, counting=counting),
-            eval_set(mix, subset(uep, n), tasks="unseen", task_mix=umix, learner=None, family=family, counting=counting)]
+            eval_set(mix, subset(uep, n), tasks="unseen", task_mix=umix, learner=None, family=family, counting=counting,
+                     bayes=bayes_spec(cfg))]
     fig1 = figure1_tables(finished.model, sets)
     gains = {(g["tasks"], g["predictor"]): g["icl_gain"] for g in fig1.gains}
     for tasks in ("seen", "unseen"):
@@ -180,6 +182,8 @@ def test_epochs_and_emergence_curves(uri, finished, tmp_path):
                 assert curves[-1][key(tasks, "ce", k, ref)] == pytest.approx(fig1.row(ref, k, tasks)["ce"], rel=1e-9)
     assert curves[-1][key("unseen", "vs_best_counting")] == pytest.approx(
         fig1.row("model", 2, "unseen")["ce"] - fig1.row("best_counting", 2, "unseen")["ce"], abs=1e-9)
+    assert curves[-1][key("unseen", "vs_bayes")] == pytest.approx(fig1.bayes["gap"], abs=1e-9)  # the Bayes gap
+    assert len({h[key("unseen", "ce", 2, "bayes")] for h in curves}) == 1  # a constant
     arts = {a.path for a in c.list_artifacts(finished.run_id, "figures")}
     assert arts == {"figures/emergence.png", "figures/emergence.pdf"}
     table = json.loads(tracking.Run(uri, finished.run_id).download("emergence/curves.json", tmp_path).read_text())
@@ -442,7 +446,7 @@ def test_cuda_checkpoint_loads_and_resumes_on_cpu(uri, finished, tmp_path):
     tensors = [*ck["model"].values(), *(v for st in ck["optimizer"]["state"].values() for v in st.values())]
     assert ck["step"] == 6 and tensors and all(t.device.type == "cpu" for t in tensors)
     with pytest.raises(ValueError, match=r"train.precision \(only train.steps, train.device, train.compile, "
-                                         r"train.attention, train.figures may"):
+                                         r"train.attention, train.figures, eval.bayes, eval.bayes_tol may"):
         train(small(**{"train.precision": "bf16"}), tracking_uri=uri, experiment="xdev", resume=killed.info.run_id)
     res = train(small(), tracking_uri=uri, experiment="xdev", resume=killed.info.run_id, progress=False)
     assert res.steps == 12 and res.metrics["val/loss"] == finished.metrics["val/loss"]
@@ -667,7 +671,8 @@ def test_fresh_tasks_train_and_evaluate(uri, tmp_path):
     assert tags["hmmscope.tasks"] == "fresh" and tags["hmmscope.episodes_per_task"] == "1"  # 12 x 8 / 96 tasks
     assert 0 < res.metrics["oracle/test_loss"] < math.log(4) and "val/excess_ce" in res.metrics
     em = {k for k in run.get().data.metrics if k.startswith("emergence/")}
-    assert em == {"emergence/unseen/icl_gain", "emergence/unseen/ce_kmax", "emergence/unseen/vs_best_counting"}
+    assert em == {"emergence/unseen/icl_gain", "emergence/unseen/ce_kmax", "emergence/unseen/vs_best_counting",
+                  "emergence/unseen/vs_bayes"}
     lines = []
     ev = jobs.evaluate_model(res.model, res.config, res.steps, run, out=tmp_path, say=lines.append)
     assert not any(k.startswith("eval/seen/") or "retrieval" in k or "oracle_mix" in k for k in ev)
@@ -677,6 +682,15 @@ def test_fresh_tasks_train_and_evaluate(uri, tmp_path):
     assert run.get().data.tags["hmmscope.regime"] == ev.regime and ev.regime in ("counting", "undetermined",
                                                                                 "inference beyond counting")
     assert lines and lines[0].startswith("Figure 1: ") and f"regime: {ev.regime}" in lines[0]
+    # the Bayes-optimal reference (SCIENCE.md 10) leads on fresh tasks: the mixture reference, the gap, the share
+    assert "Bayes gap" in lines[0] and {"eval/unseen/vs_bayes", "eval/unseen/bayes_share", "eval/unseen/bayes_room",
+                                        "eval/unseen/bayes_mc_se", "baseline/unseen/bayes/ce"} <= set(ev)
+    assert ev["eval/unseen/excess_ce"] == pytest.approx(ev["eval/unseen/vs_bayes"], abs=1e-9)
+    assert ev["eval/unseen/bayes_room"] == pytest.approx(ev["baseline/unseen/best_counting/ce"]
+                                                         - ev["baseline/unseen/bayes/ce"], abs=1e-9)
+    kept = np.load(tmp_path / f"{run.get().info.run_name}-{res.run_id[:8]}" / "evaluation" / "per_episode.npz")
+    assert kept["unseen/k2/model"].shape == (32,) and float(kept["unseen/k2/model"].mean()) == pytest.approx(
+        ev["eval/unseen/test_ce"], rel=1e-5)
     params = run.get().data.params
     assert params["hmm.n_tasks"] == "0" and params["eval.family_tasks"] == "16"
     # failed before: the fitted counting settings were params (counting.k2.best ...), so reports blocked on them

@@ -88,7 +88,8 @@ def predict(episodes: str = "32x30", ks: tuple[int, ...] = (1, 2, 3), measured: 
     import numpy as np
     import torch
 
-    from hmmscope.config import model_params, preset
+    from hmmscope.checks import model_params
+    from hmmscope.config import preset
     from hmmscope.data.episodes import probe_episodes
     from hmmscope.data.hmm import make_mixture
     from hmmscope.measure.probes import run_probes

@@ -17,7 +17,8 @@ from typing import Annotated
 import typer
 
 from .. import checks
-from ..config import RUNTIME_BYTES, memory_estimate, model_params, override, preset
+from ..checks import RUNTIME_BYTES, memory_estimate, model_params
+from ..config import override, preset
 from .common import ConfigOpt, DeviceOpt, ForceOpt, Preset, PrintConfigOpt, SetOpt, build_config, echo_config, user_errors
 
 app = typer.Typer(no_args_is_help=True, help="Speed benchmarks against named peers, as ratios.")
@@ -236,7 +237,7 @@ def bench_train_cmd(
     need = memory_estimate(cfg, "bench-train", batch_size=batch_size, seq=seq_len)
     checks.memory(need, device=str(dev), force=force, times=2 if peer else 1)
     checks.duration(6.0 * model_params(cfg.model, cfg.hmm.n_tokens + 1) * batch_size * seq_len * steps, device=str(dev),
-                    force=force, what=f"bench train's {steps:,} timed steps")  # the floor of config.train_flops
+                    force=force, what=f"bench train's {steps:,} timed steps")  # the floor of checks.train_flops
     _bench_threads(threads)
     if names is not None:
         _bench_variants(cfg, names, batch_size, seq_len, steps, json_)
@@ -306,6 +307,43 @@ def bench_headroom_cmd(
                f"{n_episodes} episodes, k = 0..{r['k_max']}{', EM' if em else ''}): {r['headroom_s']:.2f} s "
                f"(references: family draw and counting fit {r['references_s']:.2f} s); peer: one mixture-oracle pass "
                f"over the same tasks and episodes {r['oracle_pass_s']:.3f} s; ratio {r['ratio']:.1f} passes")
+
+
+@app.command("bayes")
+@user_errors
+def bench_bayes_cmd(
+    preset_: Annotated[Preset, typer.Option("--preset", help="Family and layout (hmm, data, eval sections).")] = Preset.tiny,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    n_episodes: Annotated[int, typer.Option(min=2, max=1 << 16, help="Unseen episodes scored (k = n_demos).")] = 512,
+    peer_tasks: Annotated[int, typer.Option(min=1, max=1 << 20, help="Tasks of the peer: family Bayes at this M.")] = 4096,
+    threads: ThreadsOpt = 1,
+    print_config: PrintConfigOpt = False,
+) -> None:
+    """The Bayes-optimal reference for fresh tasks to convergence, in CPU seconds, beside family Bayes (the mixture
+    oracle over --peer-tasks family tasks) on the same episodes in the same process."""
+    cfg = build_config(preset_, config, set_)
+    if print_config:
+        return echo_config(cfg, ("hmm", "data", "eval"))
+    from ..oracles.bayes import why_not
+
+    reason = why_not(cfg.hmm)
+    if reason:
+        raise ValueError(f"no exact Bayes reference for this family: {reason}")
+    _bench_threads(threads)
+    from ..training.bench import bench_bayes
+
+    r = bench_bayes(cfg, n_episodes=n_episodes, peer_tasks=peer_tasks)
+    h = cfg.hmm
+    typer.echo(f"bayes ({h.family}, S {h.n_states}, V {h.n_tokens}, d {h.rank}, gamma {h.gamma:g}, rho {h.rho:g}; "
+               f"{r['orbits']} orbits of {r['structures']} structures; {n_episodes} episodes, k = {cfg.data.n_demos}; "
+               f"{r['threads']} thread): CE {r['ce']:.4f} (Monte Carlo se {r['mc_se']:.4f}), K = {r['n_draws']} draws, "
+               f"{'converged' if r['converged'] else 'NOT converged'} to {r['tol']:g} "
+               f"({', '.join(f'K={k}: {c:.4f}' for k, c in r['history'])})")
+    typer.echo(f"  {r['cpu_s']:.1f} s CPU ({r['wall_s']:.1f} s wall), {r['ns_per_hyp_token']:.2f} ns CPU per "
+               f"(hypothesis, episode, token); peer: family Bayes at M = {r['peer_tasks']} on the same episodes "
+               f"{r['peer_cpu_s']:.1f} s CPU ({r['peer_wall_s']:.1f} s wall), {r['peer_ns_per_task_token']:.2f} ns per "
+               f"(task, episode, token); ratio {r['ratio_cpu']:.1f}x the peer's CPU")
 
 
 def _bench_variants(cfg, names: list[str], batch_size: int, seq_len: int, steps: int, json_: Path | None) -> None:

@@ -17,7 +17,8 @@ from typing import Annotated
 import typer
 
 from .. import checks
-from ..config import ConfigError, memory_estimate, override
+from ..checks import memory_estimate
+from ..config import ConfigError, override
 from .common import ConfigOpt, ForceOpt, Preset, PrintConfigOpt, SetOpt, build_config, echo_config, user_errors
 
 
@@ -90,8 +91,9 @@ def headroom_cmd(
                f"{n_episodes} unseen episodes; {res.meta['seconds']:.1f} s")
     for line in res.table():
         typer.echo(line)
-    typer.echo(f"{PLUS_MINUS}; {SIGN}. Legitimate learners: the EM learner, and family Bayes where converged; a "
-               "DEGENERATE reference (CE above ln V, or a negative in-context gain) is never used.")
+    typer.echo(f"{PLUS_MINUS}; {SIGN}. The room is exact where the Bayes-optimal predictor (bayes) is computed; "
+               "elsewhere a lower bound from the legitimate learners: the EM learner, and family Bayes where converged; "
+               "a DEGENERATE reference (CE above ln V, or a negative in-context gain) is never used.")
     fits = ", ".join(f"k={k}: {v['best_counting']}" for k, v in sorted(res.counting.get("by_k", {}).items(),
                                                                         key=lambda kv: int(kv[0])))
     if fits:

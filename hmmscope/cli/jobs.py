@@ -21,7 +21,8 @@ from typing import Annotated
 import typer
 
 from .. import checks, store_checks
-from ..config import ConfigError, memory_estimate, train_flops
+from ..checks import memory_estimate, train_flops
+from ..config import ConfigError
 from .common import (
     ConfigOpt,
     DeviceOpt,

@@ -18,7 +18,8 @@ from typing import Annotated
 import typer
 
 from .. import checks, store_checks
-from ..config import ConfigError, flatten, memory_estimate
+from ..checks import memory_estimate
+from ..config import ConfigError, flatten
 from .common import (
     ConfigOpt,
     ExpOpt,
@@ -99,7 +100,7 @@ def theory(
     if print_config:
         return echo_config(cfg, ("theory",))
     th = cfg.theory
-    from ..jobs import new_folder
+    from ..safe_output import new_folder
 
     out = checks.output_dir(out or new_folder(Path("out"), "theory"), "--out", explicit=out is not None)
     if json_path is not None:

@@ -15,8 +15,10 @@ its size is the config key, documented as what the curves average over. With fre
 (hmm.n_tasks = 0) there are no seen tasks: only the unseen curves exist.
 
 References: task_oracle, mixture_oracle (with a training mixture), family_bayes (eval.family_tasks tasks of the
-family, the Bayes reference; 0 = off), the add-one unigram and bigram, and the fitted counting baselines with
-best_counting (eval.fit_episodes fit-task episodes; 0 = off). Computed once; constants over steps.
+family; 0 = off), bayes (the Bayes-optimal reference for fresh tasks where the family allows it: eval.bayes; computed
+once on Figure 1's unseen episodes, the curves read their first ones), the add-one unigram and bigram, and the fitted
+counting baselines with best_counting (eval.fit_episodes fit-task episodes; 0 = off). Computed once; constants over
+steps.
 
 In-context gain (SCIENCE.md 9): CE(k = 0) - CE(k = k_max) on exactly the same test tokens (positions 1..l_test - 1),
 so the task oracle's gain is 0 (evaluate.py's module docstring). The per-k CE values keep every scored token (as
@@ -27,9 +29,12 @@ history (it travels in the checkpoint, so a resumed run draws its whole history)
 - ``emergence/<tasks>/ce/k<k>``, ``emergence/<tasks>/acc/k<k>``: the model at every k (<tasks> = seen | unseen);
 - ``emergence/<tasks>/icl_gain``: the model's gain on the same tokens;
 - ``emergence/unseen/vs_best_counting``: the model's CE minus best_counting's at k_max, unseen tasks;
+- ``emergence/unseen/vs_bayes``: the Bayes gap, the model's CE minus the Bayes reference's (SCIENCE.md 10) at k_max,
+  unseen tasks, where the reference is computed (evaluate.py's ``bayes``);
 - ``emergence/<tasks>/ref/<name>/ce/k<k>`` and ``.../ref/<name>/icl_gain``: the references (constants);
   ``.../ref/<name>/degenerate`` = 1 for a degenerate reference (regimes.degenerate: drawn labelled so).
-Only a few headline series become MLflow metrics (``headline``: icl_gain, ce at k_max and vs_best_counting), so
+Only a few headline series become MLflow metrics (``headline``: icl_gain, ce at k_max, vs_best_counting and
+vs_bayes), so
 a run's metric page opens on the training curves, not on ~70 emergence charts; the full curves are the table
 artifact ``emergence/curves.json`` (``curves_table``: one row per step, task set, predictor and k) and the figure
 figures/emergence.{png,pdf}.
@@ -50,7 +55,7 @@ from ..config import Config
 from ..data.episodes import Episodes
 from ..data.hmm import Mixture
 
-REFERENCES = ("task_oracle", "mixture_oracle", "family_bayes", "incontext_unigram", "incontext_bigram",
+REFERENCES = ("task_oracle", "mixture_oracle", "family_bayes", "bayes", "incontext_unigram", "incontext_bigram",
               "incontext_ngram", "incontext_ctw", "best_counting")
 TASKS = ("seen", "unseen")
 PREFIX = "emergence"
@@ -98,6 +103,8 @@ class Emergence:
             out[key(es.tasks, "icl_gain")] = _gain(by_k, es.ks)
             if es.tasks == "unseen" and "vs_best_counting" in by_k[max(es.ks)]:
                 out[key("unseen", "vs_best_counting")] = by_k[max(es.ks)]["vs_best_counting"]
+            if es.tasks == "unseen" and "vs_bayes" in by_k[max(es.ks)]:
+                out[key("unseen", "vs_bayes")] = by_k[max(es.ks)]["vs_bayes"]
         return out
 
     metrics = curve  # an alias of curve, its older name
@@ -110,8 +117,9 @@ class Emergence:
             km = max(es.ks)
             out[key(es.tasks, "icl_gain")] = curve[key(es.tasks, "icl_gain")]
             out[key(es.tasks, "ce_kmax")] = curve[key(es.tasks, "ce", km)]
-        if key("unseen", "vs_best_counting") in curve:
-            out[key("unseen", "vs_best_counting")] = curve[key("unseen", "vs_best_counting")]
+        for name in ("vs_best_counting", "vs_bayes"):
+            if key("unseen", name) in curve:
+                out[key("unseen", name)] = curve[key("unseen", name)]
         return out
 
 
@@ -131,13 +139,15 @@ def _reference_constants(sets) -> dict[str, float]:
 
 
 def prepare(cfg: Config, mix: Mixture | None, ep_eval: Episodes, *, device="cpu", family: Mixture | None = None,
-            counting=None) -> Emergence | None:
+            counting=None, bayes=None) -> Emergence | None:
     """The curves' episodes and references for a run of cfg (None when train.emergence_episodes is 0).
 
     mix: the training mixture (None with fresh tasks); ep_eval: the run's held-out episodes (split "eval", data.n_eval
     of them; with fresh tasks they are the unseen episodes themselves). family: the family-Bayes tasks
-    (episodes.family_tasks), counting: the fitted counting baselines (baselines.fit_counting); None leaves each out."""
+    (episodes.family_tasks), counting: the fitted counting baselines (baselines.fit_counting), bayes: the Bayes
+    reference's settings (bayes_gap.bayes_spec); None leaves each out."""
     from ..data.episodes import unseen_episodes
+    from .bayes_gap import BayesComputed, bayes_preds
     from .evaluate import eval_set
 
     n = min(cfg.train.emergence_episodes, len(ep_eval))
@@ -148,14 +158,16 @@ def prepare(cfg: Config, mix: Mixture | None, ep_eval: Episodes, *, device="cpu"
     sets = []
     if mix is not None:
         sets.append(eval_set(mix, subset(ep_eval, n), tasks="seen", counting=counting, learner=None, device=dev))
+    if bayes is not None:  # on Figure 1's unseen episodes, once per run; the curves read their first n
+        bayes = BayesComputed(*bayes_preds(bayes, uep, list(range(cfg.data.n_demos + 1))))
     sets.append(eval_set(mix, subset(uep, n), tasks="unseen", task_mix=umix, family=family, counting=counting,
-                         learner=None, device=dev))
+                         learner=None, device=dev, bayes=bayes))
     return Emergence(sets, _reference_constants(sets), n)
 
 
 def curves_table(history: list[dict]) -> dict[str, list]:
     """The whole history as one table (MLflow's log_table columns): step, tasks, predictor, k ("" for a gain or a
-    comparison), metric (ce, acc, icl_gain, vs_best_counting), value."""
+    comparison), metric (ce, acc, icl_gain, vs_best_counting, vs_bayes), value."""
     cols: dict[str, list] = {"step": [], "tasks": [], "predictor": [], "k": [], "metric": [], "value": []}
     for h in history:
         for name, v in h.items():
@@ -175,7 +187,7 @@ def curves_table(history: list[dict]) -> dict[str, list]:
 # ---------------------------------------------------------------- figure
 
 REF_STYLE = {"task_oracle": ("C2", "--", "task oracle"), "mixture_oracle": ("C3", "-", "mixture oracle"),
-              "family_bayes": ("C1", "-", "family Bayes"),
+              "family_bayes": ("C1", "-", "family Bayes"), "bayes": ("C4", "-", "Bayes-optimal (fresh tasks)"),
               "incontext_unigram": ("C7", "-.", "add-one unigram"),
               "incontext_bigram": ("C5", ":", "add-one bigram"),
               "best_counting": ("k", "-.", "best counting (fitted)")}

@@ -33,6 +33,13 @@ and the references of SCIENCE.md 8-9, none of which knows a training task:
   eval.family_tasks; 0 leaves it out): the ideal in-context learner of the family, an upper bound on that
   learner's CE for finite M; its CE at M/4 and M/2 (the first tasks of the same draw) at k = k_max is in
   ``meta["family_bayes_convergence"]`` so its convergence shows.
+- ``bayes`` (unseen tasks): the Bayes-optimal predictor for a task drawn from the family's own prior (SCIENCE.md
+  10, oracles/bayes.py), where the family allows it (``eval.bayes``; oracles.bayes.why_not says where not, and
+  ``meta["bayes"]`` says so in one line) and only where its Monte Carlo part converged to eval.bayes_tol at that k.
+  It is the ideal in-context learner: the Bayes gap of a model is its CE minus bayes' on the same episodes
+  (``Figure1Result.bayes``), the room above counting best_counting - bayes, the share of it a model closes (best
+  counting - model) / room. A model below bayes beyond the reference's Monte Carlo error is a fault of the reference
+  or the scoring (``bayes["fault"]``), never a finding.
 - ``incontext_unigram``, ``incontext_bigram``: add-one counting over the episode (oracles/baselines.py, SCIENCE.md 8).
 - ``incontext_ngram``, ``incontext_ctw``, ``best_counting``: the fair counting baselines of SCIENCE.md 9 with
   their order / depth and alpha fitted per k on episodes of fit tasks (episodes.fit_episodes, never the
@@ -42,8 +49,8 @@ Every predictor has a row at every k evaluated, k = 0 included (the mixture orac
 tasks give without demonstrations).
 
 The mixture reference (``EvalSet.meta["mixture_reference"]``): the predictor that kl_mix and excess_ce are
-measured against: the mixture oracle when there is a training mixture, else family_bayes (fresh tasks), else
-the task oracle.
+measured against: the mixture oracle when there is a training mixture, else bayes (fresh tasks, where it is
+computed at every k), else family_bayes, else the task oracle.
 
 Tasks (column ``tasks``): "seen" = held-out episodes of the training tasks (split "eval"); "unseen" = episodes
 of fresh tasks of the same family that no training episode uses (episodes.unseen_episodes, one task per
@@ -88,13 +95,14 @@ from ..oracles.em_learner import DEFAULT_LEARNER, HMMLearner, incontext_hmm
 from ..oracles.inference import mixture_oracle, nested_mixture_oracles, task_oracle
 from ..stats import jsonable
 from . import regimes
+from .bayes_gap import BayesComputed, BayesSpec, bayes_gap, bayes_preds
 from .regimes import paired_ci, regime, regime_claims, retrieval_gap
 
 __all__ = ["model_predictive", "eval_set", "EvalSet", "score_by_k", "figure1_tables", "figure1", "Figure1Result",
            "references", "PREDICTORS", "REFERENCES", "BASELINES", "FITTED_COUNTING", "TASKS"]
 
 FITTED_COUNTING = ("incontext_ngram", "incontext_ctw", "best_counting")
-REFERENCES = ("task_oracle", "mixture_oracle", "family_bayes", "incontext_unigram", "incontext_bigram",
+REFERENCES = ("task_oracle", "mixture_oracle", "family_bayes", "bayes", "incontext_unigram", "incontext_bigram",
               *FITTED_COUNTING, "incontext_hmm")
 PREDICTORS = ("model", *REFERENCES)
 BASELINES = REFERENCES[2:]  # logged under baseline/<tasks>/<name>/...; compared with the model, paired
@@ -237,7 +245,8 @@ def anonymous(e: Episodes) -> Episodes:
 def eval_set(mix: Mixture | None, ep: Episodes, *, tasks: str = "seen", task_mix: Mixture | None = None,
              family: Mixture | None = None, counting=None, learner: HMMLearner | None = DEFAULT_LEARNER, ks=None,
              device="cpu", chunk_tasks: int | None = None, oracle_dtype=torch.float64,
-             family_sizes: Iterable[int] = (), family_sizes_at: Iterable[int] | None = None) -> EvalSet:
+             family_sizes: Iterable[int] = (), family_sizes_at: Iterable[int] | None = None,
+             bayes: BayesSpec | BayesComputed | None = None) -> EvalSet:
     """Every reference prediction Figure 1 needs on episodes ep, at each k in ks (default 0..n_demos).
 
     mix: the training mixture (its mixture oracle), or None when training on fresh tasks (then tasks must be
@@ -245,7 +254,8 @@ def eval_set(mix: Mixture | None, ep: Episodes, *, tasks: str = "seen", task_mix
     unseen tasks, the mixture episodes.unseen_episodes returned). family: the family-Bayes tasks
     (episodes.family_tasks; None leaves family_bayes out); family_sizes: smaller M (the first M tasks of family)
     whose family_bayes CE goes to meta["family_bayes_convergence"] at each k of family_sizes_at (default: k_max only),
-    per-episode arrays in EvalSet.family_episodes ({(M, k): (N,)}; headroom.py uses them). counting: the fitted counting
+    per-episode arrays in EvalSet.family_episodes ({(M, k): (N,)}; headroom.py uses them). bayes: the Bayes reference's
+    settings (``bayes_spec``; unseen tasks only, where the family allows it: module docstring). counting: the fitted counting
     baselines (baselines.fit_counting on fit-task episodes; None leaves incontext_ngram, incontext_ctw and
     best_counting out). learner: the EM learner's settings (None leaves incontext_hmm out). The add-one counting
     baselines are always there.
@@ -258,7 +268,10 @@ def eval_set(mix: Mixture | None, ep: Episodes, *, tasks: str = "seen", task_mix
     seen = task_mix is mix
     ks = sorted(range(ep.n_demos + 1) if ks is None else {int(k) for k in ks})
     hmm_preds = incontext_hmm(ep, ks, learner) if learner is not None else {}
-    mixture = "mixture_oracle" if mix is not None else "family_bayes" if family is not None else "task_oracle"
+    by_bayes, bayes_meta = (bayes_preds(bayes, ep, ks) if tasks == "unseen" else
+                               ({}, {"computed": False, "reason": "seen tasks (the reference is for fresh tasks)"}))
+    mixture = ("mixture_oracle" if mix is not None else "bayes" if bayes_meta["computed"] else "family_bayes"
+               if family is not None else "task_oracle")
     convergence, conv_ep, conv_tok = [], {}, {}
     conv_ks = {max(ks)} if family_sizes_at is None else {int(k) for k in family_sizes_at}
     by_k = {}
@@ -284,6 +297,8 @@ def eval_set(mix: Mixture | None, ep: Episodes, *, tasks: str = "seen", task_mix
                 mean, lo, hi = mean_ci(tok_ce.mean(1))
                 conv_ep[(m, k)], conv_tok[(m, k)] = tok_ce.mean(1), tok_ce
                 convergence.append({"M": m, "k": k, "ce": float(mean), "ce_lo": float(lo), "ce_hi": float(hi)})
+        if k in by_bayes:
+            preds["bayes"] = by_bayes[k]
         preds["incontext_unigram"] = incontext_unigram(e)
         preds["incontext_bigram"] = incontext_bigram(e)
         if counting is not None:
@@ -314,7 +329,7 @@ def eval_set(mix: Mixture | None, ep: Episodes, *, tasks: str = "seen", task_mix
             "degenerate": {n: {k: why for k, why in d.items() if why} for n, d in degenerate.items()
                            if any(d.values())},
             "n_task_params": int(task_mix.n_tasks), "family_tasks": None if family is None else int(family.n_tasks),
-            "family_bayes_convergence": convergence, "mixture_reference": mixture,
+            "family_bayes_convergence": convergence, "mixture_reference": mixture, "bayes": bayes_meta,
             "counting": None if counting is None else counting.describe(),
             "incontext_hmm": None if learner is None else learner.describe()}
     return EvalSet(tasks, ks, by_k, meta, conv_ep, conv_tok)
@@ -364,8 +379,8 @@ def _gain(es: EvalSet, tokens: Mapping[int, Mapping[str, np.ndarray]]) -> np.nda
 @torch.no_grad()
 def score_by_k(model: torch.nn.Module, es: EvalSet, *, device="cpu", batch_size: int = 64) -> dict[int, dict]:
     """The model's test-segment CE and accuracy at each k of es: {k: {"ce", "acc", "excess_ce_task", "ce_same",
-    "vs_best_counting" (where best_counting is in es)}} (means over episodes of per-episode means; ce_same over the
-    same tokens at every k, the in-context gain's). Only the model's forward passes are computed."""
+    "vs_best_counting", "vs_bayes" (where best_counting, bayes are in es)}} (means over episodes of per-episode
+    means; ce_same over the same tokens at every k, the in-context gain's). Only the model's forward passes run."""
     out = {}
     for k, m in _model_tokens(model, es, device=device, batch_size=batch_size).items():
         refs = es.by_k[k].references
@@ -373,8 +388,9 @@ def score_by_k(model: torch.nn.Module, es: EvalSet, *, device="cpu", batch_size:
         out[k] = {"ce": float(m["ce"].mean(1).mean()), "acc": float(m["acc"].mean(1).mean()),
                   "excess_ce_task": float((m["ce"] - t["ce"]).mean(1).mean()),
                   "ce_same": float(_same_ce(es, k, m).mean())}
-        if "best_counting" in refs:
-            out[k]["vs_best_counting"] = float((m["ce"] - refs["best_counting"]["ce"]).mean(1).mean())
+        for name in ("best_counting", "bayes"):
+            if name in refs:
+                out[k][f"vs_{name}"] = float((m["ce"] - refs[name]["ce"]).mean(1).mean())
     return out
 
 
@@ -401,6 +417,8 @@ class Figure1Result:
     paired: list[dict] = field(default_factory=list)
     gains: list[dict] = field(default_factory=list)
     regime: str = "undetermined"
+    bayes: dict | None = None  # unseen tasks at k_max: the Bayes gap, the room, the share closed (`bayes_gap`)
+    per_episode: dict = field(default_factory=dict)  # {"<tasks>/k<k>/<predictor>": per-episode CE (N,)} (`episode_arrays`)
 
     @property
     def tasks(self) -> list[str]:
@@ -459,14 +477,29 @@ class Figure1Result:
             g = self.retrieval
             out.update({"eval/retrieval_gap": g["value"], "eval/retrieval_gap_lo": g["lo"],
                         "eval/retrieval_gap_hi": g["hi"]})
+        if self.bayes is not None:
+            b = self.bayes
+            out.update({"eval/unseen/vs_bayes": b["gap"], "eval/unseen/vs_bayes_lo": b["gap_lo"],
+                        "eval/unseen/vs_bayes_hi": b["gap_hi"], "eval/unseen/bayes_mc_se": b["mc_se"],
+                        "eval/unseen/bayes_fault": float(b["fault"])})
+            if "share" in b:
+                out.update({"eval/unseen/bayes_share": b["share"], "eval/unseen/bayes_share_lo": b["share_lo"],
+                            "eval/unseen/bayes_share_hi": b["share_hi"], "eval/unseen/bayes_room": b["room"],
+                            "eval/unseen/bayes_room_lo": b["room_lo"], "eval/unseen/bayes_room_hi": b["room_hi"]})
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(v)}
+
+    def episode_arrays(self) -> dict[str, np.ndarray]:
+        """Per-episode CE arrays {"<tasks>/k<k>/<predictor>": (N,) float32}, on the same episodes for every
+        predictor: a run's artifact (evaluation/per_episode.npz), so that two runs on the same episodes (another
+        depth, the same seed) compare paired per episode, and a record re-scores without retraining."""
+        return dict(self.per_episode)
 
     def to_dict(self) -> dict:
         """JSON-safe (NaN / inf -> None)."""
         return jsonable({"by_k": self.by_k, "by_position": self.by_position, "k_max": self.k_max,
                          "meta": self.meta, "headline": self.headline(), "claims": self.claims,
                          "retrieval": self.retrieval, "paired": self.paired, "gains": self.gains,
-                         "regime": self.regime})
+                         "regime": self.regime, "bayes": self.bayes})
 
     def to_csv(self, directory) -> list[Path]:
         """Write figure1_by_k.csv, figure1_by_position.csv, figure1_paired.csv and figure1_gains.csv (those with rows)
@@ -485,6 +518,7 @@ def figure1_tables(model: torch.nn.Module, sets: list[EvalSet], *, device="cpu",
     and on the unseen set with best_counting the regime claims (module docstring)."""
     by_k, by_pos, excess, paired, gains = [], [], {}, [], []
     claims: list = []
+    gap, per_episode = None, {}
     k_max = min(max(es.ks) for es in sets)
     for es in sets:
         model_tok = _model_tokens(model, es, device=device, batch_size=batch_size)
@@ -499,6 +533,9 @@ def figure1_tables(model: torch.nn.Module, sets: list[EvalSet], *, device="cpu",
                 by_pos += _rows(per_token, base, by_position=True, mixture=es.mixture_reference,
                                 positions=ks.episodes.position[ks.cols], bad=bad)
             model_ce = model_tok[k]["ce"].mean(1)
+            for name in ("model", *ks.references):
+                per_episode[f"{es.tasks}/k{k}/{name}"] = (model_ce if name == "model"
+                                                          else ks.references[name]["ce"].mean(1)).astype(np.float32)
             for name in (n for n in BASELINES if n in ks.references):
                 diff, lo, hi = paired_ci(model_ce - ks.references[name]["ce"].mean(1))
                 paired.append({"tasks": es.tasks, "k": k, "baseline": name, "diff": diff, "diff_lo": lo, "diff_hi": hi,
@@ -516,18 +553,24 @@ def figure1_tables(model: torch.nn.Module, sets: list[EvalSet], *, device="cpu",
                 and not es.meta.get("degenerate", {}).get("best_counting", {}).get(km)):  # never a verdict from it
             vs = model_tok[km]["ce"].mean(1) - es.by_k[km].references["best_counting"]["ce"].mean(1)
             claims += regime_claims(_gain(es, model_tok), vs, km)
-    gap = None
+        if es.tasks == "unseen" and "bayes" in es.by_k[km].references:
+            refs = es.by_k[km].references
+            bc = refs["best_counting"]["ce"].mean(1) if "best_counting" in refs else None
+            gap = bayes_gap(model_tok[km]["ce"].mean(1), refs["bayes"]["ce"].mean(1), bc,
+                            es.meta["bayes"]["by_k"][km]["mc_se"])
+    retrieval = None
     if {"seen", "unseen"} <= set(excess):
-        c, gap = retrieval_gap(excess["seen"], excess["unseen"])
+        c, retrieval = retrieval_gap(excess["seen"], excess["unseen"])
         claims.insert(0, c)
     return Figure1Result(by_k, by_pos, k_max, {**(meta or {}), "sets": {es.tasks: es.meta for es in sets}},
-                         claims, gap, paired, gains, regime(claims))
+                         claims, retrieval, paired, gains, regime(claims), gap, per_episode)
 
 
 def figure1(model: torch.nn.Module, mix: Mixture | None, ep: Episodes | None, *, device="cpu", ks=None,
             batch_size: int = 64, chunk_tasks: int | None = None, oracle_dtype=torch.float64,
             unseen: tuple[Mixture, Episodes] | None = None, family: Mixture | None = None, counting=None,
-            family_sizes: Iterable[int] = (), learner: HMMLearner | None = DEFAULT_LEARNER) -> Figure1Result:
+            family_sizes: Iterable[int] = (), learner: HMMLearner | None = DEFAULT_LEARNER,
+            bayes: BayesSpec | None = None) -> Figure1Result:
     """Next-token accuracy, CE and KL on the test segment vs k (demos kept, default 0..n_demos) and vs test
     position (at the largest k) for the model and every reference predictor (module docstring), on the seen
     tasks' episodes ep and, with unseen = (unseen tasks' mixture, their episodes), on unseen tasks too. With fresh
@@ -538,7 +581,8 @@ def figure1(model: torch.nn.Module, mix: Mixture | None, ep: Episodes | None, *,
     if mix is not None and ep is not None:
         sets.append(eval_set(mix, ep, tasks="seen", **{**kw, "family": None}))
     if unseen is not None:
-        sets.append(eval_set(mix, unseen[1], tasks="unseen", task_mix=unseen[0], family_sizes=family_sizes, **kw))
+        sets.append(eval_set(mix, unseen[1], tasks="unseen", task_mix=unseen[0], family_sizes=family_sizes, bayes=bayes,
+                             **kw))
     if not sets:
         raise ValueError("figure1 needs seen episodes (mix, ep) or unseen = (mixture, episodes)")
     first = sets[0]

@@ -14,14 +14,15 @@ import numpy as np
 _STYLE = {"model": ("C0", "-", "model", 2.2), "task_oracle": ("C2", "--", "task oracle", 1.4),
           "mixture_oracle": ("C3", "-", "mixture oracle (training tasks)", 1.4),
           "family_bayes": ("C1", "-", "family Bayes (M tasks of the family)", 1.4),
+          "bayes": ("C6", "-", "Bayes-optimal (fresh tasks)", 1.8),
           "incontext_unigram": ("C7", ":", "add-one unigram", 1.0),
           "incontext_bigram": ("C5", ":", "add-one bigram", 1.0),
           "incontext_ngram": ("C8", "-.", "fitted n-gram", 1.0),
           "incontext_ctw": ("C9", "-.", "fitted CTW", 1.0),
           "best_counting": ("k", "-.", "best counting (fitted)", 1.6),
           "incontext_hmm": ("C4", "--", "in-context HMM (EM)", 1.0)}
-_POSITION = ("model", "task_oracle", "mixture_oracle", "family_bayes", "best_counting")  # the position panel's lines
-_PAIRED = ("best_counting", "family_bayes", "incontext_bigram", "task_oracle")  # model minus these, by k
+_POSITION = ("model", "task_oracle", "mixture_oracle", "bayes", "family_bayes", "best_counting")  # the position panel's lines
+_PAIRED = ("bayes", "best_counting", "family_bayes", "incontext_bigram", "task_oracle")  # model minus these, by k
 
 
 def _finite(vals) -> list[float]:

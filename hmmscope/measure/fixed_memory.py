@@ -27,7 +27,7 @@ def receptive_field(n_layers: int, window: int) -> int:
 
 def memory_comparison(model: torch.nn.Module, mix: Mixture, ep: Episodes, window: int, *, n_layers: int | None = None,
                       n_tasks_theory: int = 4, theory_kw: dict | None = None, device="cpu", batch_size: int = 64,
-                      min_burn_in: int = 100, reference: Mixture | None = None) -> dict:
+                      min_burn_in: int = 100, reference: Mixture | None = None, bayes=None) -> dict:
     """A windowed model's excess error beside eps(L) at its receptive field L = R (SCIENCE.md 4, practice side).
 
     Receptive field. A model of n_layers banded layers of width w predicts token j from the
@@ -49,6 +49,13 @@ def memory_comparison(model: torch.nn.Module, mix: Mixture, ep: Episodes, window
     and approximation error, so it is an upper-side comparison, not a test of equality. When R >= l_test
     no test position has a test-only receptive field: the dict says so (n_positions 0, comparable False,
     reason) and carries no model_tv / eps.
+
+    With `bayes` (evaluate's BayesSpec, fresh tasks, where the family allows it: SCIENCE.md 10) the windowed
+    Bayes reference at R (oracles.bayes.windowed_bayes: Bayes given only the R positions before each token) and the
+    full-history Bayes reference join: bayes_tv, wbayes_tv (TV to the task oracle at the positions above), and on
+    every scored test token (Figure 1's at k_max) the CE split of the model's deficit: model_ce, bayes_ce, wbayes_ce,
+    window_forced = wbayes_ce - bayes_ce (what any predictor that sees R tokens loses) and model_own = model_ce -
+    wbayes_ce (the model's own), each paired over episodes with a 95% CI; bayes_note says where it is not computed.
     """
     from .evaluate import mean_ci, model_predictive
 
@@ -81,6 +88,8 @@ def memory_comparison(model: torch.nn.Module, mix: Mixture, ep: Episodes, window
     for name, p in (("model_tv", modp), ("mix_tv", mixp), ("lmem_tv", lmem)):
         m, lo, hi = mean_ci((0.5 * (p - task).abs().sum(-1)).mean(1).numpy())
         out.update({name: float(m), f"{name}_lo": float(lo), f"{name}_hi": float(hi)})
+    if bayes is not None:
+        out.update(_bayes_split(bayes, ep, R, cols, task, model, device, batch_size, mix.n_tokens))
     tasks = list(range(min(n_tasks_theory, mix.n_tasks)))
     res = [memory_error(mix.task(i), [R], **kw) for i in tasks]
     eps = np.array([r.eps[0] for r in res])
@@ -88,4 +97,34 @@ def memory_comparison(model: torch.nn.Module, mix: Mixture, ep: Episodes, window
                 "eps_se": float(np.sqrt(sum(r.stderr[0] ** 2 for r in res)) / len(res)),
                 "eps_per_task": eps.tolist(), "eps_tasks": tasks, "theory_kw": kw,
                 "comparable": bool(ep.test_start == "midstream" and ep.burn_in >= min_burn_in)})
+    return out
+
+
+def _bayes_split(bayes, ep: Episodes, R: int, cols: np.ndarray, task: torch.Tensor, model, device, batch_size: int,
+                 V: int) -> dict:
+    """The windowed and full Bayes references beside a windowed model (memory_comparison's docstring)."""
+    from ..oracles.bayes import bayes_oracle, why_not, windowed_bayes
+    from .evaluate import mean_ci, model_predictive
+
+    reason = why_not(bayes.hmm)
+    if reason:
+        return {"bayes_note": f"not computed: {reason}"}
+    full = bayes_oracle(bayes.hmm, ep, tol=bayes.tol, seed=bayes.seed)
+    scored = np.flatnonzero(ep.test_mask & (np.arange(ep.seq_len) >= 1))  # Figure 1's tokens at k_max
+    wpred, wres = windowed_bayes(bayes.hmm, ep, R, scored, tol=bayes.tol, seed=bayes.seed)
+    if not (full.converged and wres.converged):
+        return {"bayes_note": f"not converged to {bayes.tol:g} nats/token: left out"}
+    out: dict = {"bayes_mc_se": full.mc_se, "wbayes_mc_se": wres.mc_se, "wbayes_draws": wres.n_draws}
+    at = np.searchsorted(scored, cols)  # the TV positions among the scored ones
+    for name, p in (("bayes_tv", full.pred[:, cols]), ("wbayes_tv", torch.as_tensor(wpred[:, at]))):
+        m, lo, hi = mean_ci((0.5 * (p - task).abs().sum(-1)).mean(1).numpy())
+        out.update({name: float(m), f"{name}_lo": float(lo), f"{name}_hi": float(hi)})
+    y = torch.as_tensor(np.asarray(ep.tokens)[:, scored].astype(np.int64))[..., None]
+    mod = model_predictive(model, ep.tokens, device, batch_size, n_obs=V, dtype=torch.float64)[:, scored]
+    ce = {n: (-torch.log(p.gather(-1, y)[..., 0])).mean(1).numpy()
+          for n, p in (("model", mod), ("bayes", full.pred[:, scored]), ("wbayes", torch.as_tensor(wpred)))}
+    for name, v in (("model_ce", ce["model"]), ("bayes_ce", ce["bayes"]), ("wbayes_ce", ce["wbayes"]),
+                    ("window_forced", ce["wbayes"] - ce["bayes"]), ("model_own", ce["model"] - ce["wbayes"])):
+        m, lo, hi = mean_ci(v)
+        out.update({name: float(m), f"{name}_lo": float(lo), f"{name}_hi": float(hi)})
     return out

@@ -28,6 +28,14 @@ per number of demonstrations k (the last k demonstrations kept, as Figure 1 does
   expectation. Where the legitimate learners show no room but this bound is above 0 on its CI, the word reads
   "room shown by family Bayes only (not converged ...)" (``BOUND_WORD``), never "room" or "no room".
 
+- the Bayes-optimal reference (``bayes``, SCIENCE.md 10, oracles/bayes.py) where the family allows it and its
+  Monte Carlo part converged (eval.bayes, eval.bayes_tol): a row at every k (its CE with a CI over episodes and its
+  Monte Carlo standard error, ``mc_se``), and then the room is exact: CE(best counting) - CE(bayes), paired per
+  episode, set_by "bayes", the word "room" (CI above 0) or "no room" (CI reaching 0 or below); family Bayes and the
+  EM learner keep their rows for what they are, lower bounds, with their distance above bayes in the room row
+  (family_above_bayes, em_above_bayes). Where it cannot be computed the headroom says so in one line
+  (``meta["bayes"]``) and shows only the bounds, as above.
+
 Sign convention: room = CE(best counting) - CE(learner), nats/token; positive means a learner beats counting.
 
 The unseen tasks are episodes.unseen_episodes' (n_episodes tasks, one episode each, the stream of data.seed), so a
@@ -54,7 +62,7 @@ from ..config import Config, em_states
 from ..stats import jsonable
 from .regimes import degenerate
 
-COLUMNS = ("k", "predictor", "M", "ce", "ce_lo", "ce_hi", "acc", "n_episodes", "degenerate")
+COLUMNS = ("k", "predictor", "M", "ce", "ce_lo", "ce_hi", "acc", "n_episodes", "degenerate", "mc_se")
 LEARNERS = ("incontext_hmm", "family_bayes")  # the legitimate learners (SCIENCE.md 9)
 TOLERANCE = 0.005  # nats/token: family Bayes "converged" when its CE drops less than this from M/2 to M
 BOUND_WORD = ("room shown by family Bayes only (not converged: best counting - family Bayes at M is a lower bound on "
@@ -95,6 +103,17 @@ class HeadroomResult:
         if math.isfinite(r["family_bound"]):
             conv += (f"; best counting - family Bayes {r['family_bound']:+.3f} [{r['family_bound_lo']:+.3f}, "
                      f"{r['family_bound_hi']:+.3f}]")
+        if r["set_by"] == "bayes":
+            b = self.meta["bayes"]["by_k"][str(r["k"])]
+            em = (f", the EM learner {r['em_above_bayes']:+.3f}" if math.isfinite(r.get("em_above_bayes", math.nan))
+                  else "")
+            return (f"room above counting at k_max = {r['k']}: {r['room']:+.3f} [{r['room_lo']:+.3f}, "
+                    f"{r['room_hi']:+.3f}] nats/token, exact (set by the Bayes-optimal predictor {r['learner_ce']:.3f}, "
+                    f"Monte Carlo se {b['mc_se']:.4f}, vs best counting {r['best']} {r['best_ce']:.3f}; above it: "
+                    f"family Bayes over M = {r['M']} tasks {r['family_above_bayes']:+.3f}{em}; 95% CI over {n} "
+                    f"unseen episodes): {r['word']}")
+        if not self.meta.get("bayes", {}).get("computed", True):
+            conv += f"; Bayes-optimal reference {self.meta['bayes']['reason']}"
         if r["set_by"] is None:
             return (f"room above counting at k_max = {r['k']}: none measurable [no legitimate learner] nats/token "
                     f"(best counting {r['best']} {r['best_ce']:.3f}; {conv}; {n} unseen episodes): {r['word']}")
@@ -114,6 +133,7 @@ class HeadroomResult:
                         f"headroom/room/k{k}_hi": r["room_hi"], f"headroom/family_drop/k{k}": r["family_drop"],
                         f"headroom/family_converged/k{k}": float(r["converged"]),
                         f"headroom/set_by_family/k{k}": float(r["set_by"] == "family_bayes"),
+                        f"headroom/set_by_bayes/k{k}": float(r["set_by"] == "bayes"),
                         f"headroom/family_bound/k{k}": r["family_bound"],
                         f"headroom/family_bound/k{k}_lo": r["family_bound_lo"],
                         f"headroom/family_bound/k{k}_hi": r["family_bound_hi"]})
@@ -161,7 +181,7 @@ class HeadroomResult:
 
 
 def _short(name: str | None) -> str:
-    return {"incontext_hmm": "EM learner", "family_bayes": "family Bayes", None: "none"}[name]
+    return {"incontext_hmm": "EM learner", "family_bayes": "family Bayes", "bayes": "Bayes (exact)", None: "none"}[name]
 
 
 def headroom(cfg: Config, *, n_episodes: int = 256, family_tasks: int | None = None, em: bool = True,
@@ -173,8 +193,10 @@ def headroom(cfg: Config, *, n_episodes: int = 256, family_tasks: int | None = N
     progress(msg) is called as each phase starts."""
     from ..data.episodes import family_tasks as draw_family
     from ..data.episodes import unseen_episodes
+    from ..oracles.bayes import why_not
     from ..oracles.em_learner import HMMLearner
     from ..oracles.inference import nested_mixture_oracles
+    from .bayes_gap import bayes_spec
     from .evaluate import eval_set, references
 
     say = progress or (lambda msg: None)
@@ -199,10 +221,12 @@ def headroom(cfg: Config, *, n_episodes: int = 256, family_tasks: int | None = N
     umix, uep = unseen_episodes(cfg.hmm, cfg.data, n_episodes)
     sizes = sorted({m for m in (M // 4, M // 2) if m >= 1 and m < M})
     say(f"scoring {n_episodes} unseen episodes at k = {ks[0]}..{ks[-1]}: oracles, counting"
-        + (", EM learner" if em else "") + f", family Bayes (draw 1 of {draws})")
+        + (", EM learner" if em else "") + f", family Bayes (draw 1 of {draws})"
+        + (", the Bayes-optimal reference" if cfg.eval.bayes and why_not(cfg.hmm) is None else ""))
     es = eval_set(None, uep, tasks="unseen", task_mix=umix, family=family, counting=counting,
                   learner=HMMLearner(n_states=em_states(cfg)) if em else None, ks=ks, device=device,
-                  family_sizes=sizes, family_sizes_at=ks)
+                  family_sizes=sizes, family_sizes_at=ks, bayes=bayes_spec(cfg))
+    bmeta = es.meta["bayes"]
     # per-token family-Bayes CE {(M', k): [(N, P) per draw]}, draw 0 from eval_set
     fam_tok = {(m, k): [es.family_tokens[(m, k)]] for k in ks for m in (*sizes, M)}
     for j in range(1, draws):
@@ -222,7 +246,7 @@ def headroom(cfg: Config, *, n_episodes: int = 256, family_tasks: int | None = N
         return degenerate(tok, same, V)
 
     refs_tok = {name: {k: es.by_k[k].references[name]["ce"] for k in ks} for name in es.by_k[k0].references
-                if name != "family_bayes"}
+                if name != "family_bayes" and all(name in es.by_k[k].references for k in ks)}
     bad = {name: bad_at(tok) for name, tok in refs_tok.items()}
     fam_mean = {(m, k): np.mean(v, 0) for (m, k), v in fam_tok.items()}  # draw-averaged (N, P)
     bad_fam = {m: bad_at({k: fam_mean[(m, k)] for k in ks}) for m in (*sizes, M)}
@@ -234,7 +258,8 @@ def headroom(cfg: Config, *, n_episodes: int = 256, family_tasks: int | None = N
                 continue
             ce, lo, hi = _ci(m["ce"].mean(1))
             rows.append({"k": k, "predictor": name, "M": None, "ce": ce, "ce_lo": lo, "ce_hi": hi,
-                         "acc": float(m["acc"].mean()), "n_episodes": len(m["ce"]), "degenerate": bad[name][k]})
+                         "acc": float(m["acc"].mean()), "n_episodes": len(m["ce"]), "degenerate": bad.get(name, {}).get(k, ""),
+                         "mc_se": bmeta["by_k"][k]["mc_se"] if name == "bayes" else math.nan})
         for m in (*sizes, M):
             ce, lo, hi = _ci_draws([t.mean(1) for t in fam_tok[(m, k)]])
             acc = float(refs["family_bayes"]["acc"].mean()) if m == M and draws == 1 else math.nan
@@ -251,7 +276,9 @@ def headroom(cfg: Config, *, n_episodes: int = 256, family_tasks: int | None = N
             "draws": draws, "tolerance": tolerance, "fit_episodes": cfg.eval.fit_episodes, "n_episodes": n_episodes,
             "em_states": em_states(cfg) if em else None, "seconds": time.perf_counter() - t0,
             "references_s": t_ref - t0,
-            "family_draws_at_k_max": [float(t.mean()) for t in fam_tok[(M, kmax)]]}
+            "family_draws_at_k_max": [float(t.mean()) for t in fam_tok[(M, kmax)]],
+            "bayes": {"computed": bool(bmeta["computed"]), "reason": bmeta.get("reason", ""),
+                      "by_k": {str(k): {n: v for n, v in b.items()} for k, b in (bmeta.get("by_k") or {}).items()}}}
     return HeadroomResult(rows, room, counting.describe(), meta, counting.fitted())
 
 
@@ -273,6 +300,13 @@ def _room(k, refs, best_name, fam_draws, fam_half, bad, bad_fam, M, tolerance, e
            "em_ce": float(refs["incontext_hmm"]["ce"].mean(1).mean()) if em else math.nan,
            "family_bound": fb, "family_bound_lo": fb_lo, "family_bound_hi": fb_hi}
     bound = not converged and fb_lo > 0  # family Bayes at M, not converged, beats counting on its CI
+    if "bayes" in refs and not bad.get("bayes"):  # exact (module docstring): the bounds stay rows
+        b = refs["bayes"]["ce"].mean(1)
+        r, lo, hi = _ci(bc - b)
+        return {**out, "room": r, "room_lo": lo, "room_hi": hi, "set_by": "bayes", "learner_ce": float(b.mean()),
+                "ci": "episodes", "word": "room" if lo > 0 else "no room",
+                "family_above_bayes": float(fam.mean() - b.mean()),
+                "em_above_bayes": out["em_ce"] - float(b.mean()) if em else math.nan}
     if not cands:
         return {**out, "room": math.nan, "room_lo": math.nan, "room_hi": math.nan, "set_by": None,
                 "learner_ce": math.nan, "ci": "",

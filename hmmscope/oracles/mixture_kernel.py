@@ -33,7 +33,7 @@ analysis/results/bench/RUN.md):
   and reloads. The copy is compiled from the source generated in memory (never from a file). Its machine code, and
   this module's, is cached on disk by numba only in the user-private folder ``~/.cache/hmmscope/kernels``
   (``$XDG_CACHE_HOME``; 0700, a real folder of this user, checked before every use) through hmmscope's signed cache
-  (``_install_cache``): every entry, numba's index included, is written there with an HMAC under this user's key
+  (``install_cache``): every entry, numba's index included, is written there with an HMAC under this user's key
   (``.key``, 0600) and loaded only when it verifies, before anything in it is unpickled; nothing is read from a
   ``__pycache__``, beside the package, or numba's own user-wide folder;
 - the stopping bounds cum, R (O(T) per chain, a large share of the time when computed chain by chain) are
@@ -52,6 +52,9 @@ from pathlib import Path
 
 import numba
 import numpy as np
+
+# absolute: the rank-specialized copies of this source are exec'd as top-level modules (for_rank)
+from hmmscope.oracles.private_cache import cache_dir, cache_key, read_private, write_private
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}  # no 'nnan'/'ninf': log(0) = -inf is meaningful here
 
@@ -266,97 +269,9 @@ _KERNELS = ("_chain", "_bounds", "mix_chunk")  # the compiled functions of a ker
 _MAGIC = b"hmmscope-numba-cache-1\n"  # the first bytes of every cache entry hmmscope writes
 
 
-def _owned_dir(d: Path) -> bool:
-    """`d` is a real folder (not a link) of this user that nobody else can write (made 0700 when it is ours)."""
-    import stat
-
-    st = os.lstat(d)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():  # a link, a file, someone else's folder
-        return False
-    if st.st_mode & 0o077:
-        os.chmod(d, 0o700)
-    return True
-
-
-def _cache_dir() -> Path | None:
-    """The user-private folder of the compiled kernels, `$XDG_CACHE_HOME/hmmscope/kernels` (default ~/.cache):
-    created 0700; used only when it and `hmmscope/` above it are real folders owned by this user that nobody else can
-    write (made so when they are ours and too open). None otherwise: the kernels are compiled in memory, uncached."""
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hmmscope" / "kernels"
-    try:
-        base.parent.parent.mkdir(parents=True, exist_ok=True)
-        for d in (base.parent, base):
-            with contextlib.suppress(FileExistsError):
-                d.mkdir(mode=0o700)
-            if not _owned_dir(d):
-                return None
-    except OSError:
-        return None
-    return base
-
-
-def _read_private(path: Path, limit: int) -> bytes | None:
-    """The bytes of `path` if it is a regular file of this user, not a link, no other name (a hard link), nobody else
-    can write it, at most `limit` bytes; else None. Opened without following links, checked on the open file."""
-    import stat
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1 or st.st_mode & 0o022
-                or st.st_size > limit):
-            return None
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read(limit + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    """`data` to `path`, atomically: a new 0600 temp file beside it (O_EXCL, never following a link), then renamed."""
-    tmp = path.with_name(f".{path.name}.{os.urandom(8).hex()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
-                 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _cache_key(base: Path) -> bytes | None:
-    """This user's secret key of the cache folder (`.key`, 32 random bytes, 0600), created once (the first of two
-    processes to link it wins); every cache entry carries its HMAC. None when it cannot be read or made safely."""
-    path = base / ".key"
-    key = _read_private(path, 32)
-    if key is None and not os.path.lexists(path):
-        tmp = path.with_name(f".key.{os.urandom(8).hex()}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(os.urandom(32))
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, path)  # atomic: never a half-written key under its name
-        except OSError:
-            return None
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        key = _read_private(path, 32)
-    return key if key is not None and len(key) == 32 else None
-
-
 def _signed_cache_class():
     """numba's per-function cache (`numba.core.caching.FunctionCache`) with every entry hmmscope's own: kept in the
-    checked folder `_cache_dir()` (never beside a source file, in a `__pycache__` or numba's user-wide folder), each
+    checked folder `cache_dir()` (never beside a source file, in a `__pycache__` or numba's user-wide folder), each
     file written by this class with an HMAC under the folder's key, and read back only when that HMAC verifies, before
     anything in it is unpickled (numba's own index is a pickle it loads unchecked: a planted one ran code). An entry
     that does not verify is removed and the function compiled again."""
@@ -373,7 +288,7 @@ def _signed_cache_class():
             self._py_file = py_func.__code__.co_filename  # numba's warnings name it
 
         def ensure_cache_path(self):
-            if _cache_dir() != self._base:
+            if cache_dir() != self._base:
                 raise OSError(f"the kernel cache folder {self._base} is not this user's private folder any more")
 
         def get_cache_path(self):
@@ -401,7 +316,7 @@ def _signed_cache_class():
 
         def _open(self, path: str) -> bytes | None:
             """The verified payload of the entry at `path`; None (and the file removed) when it is not ours."""
-            raw = _read_private(Path(path), 1 << 31)
+            raw = read_private(Path(path), 1 << 31)
             name = os.path.basename(path)
             n = len(_MAGIC) + 32
             if raw is not None and raw[:len(_MAGIC)] == _MAGIC and hmac.compare_digest(
@@ -421,7 +336,7 @@ def _signed_cache_class():
 
         def _save_index(self, overloads):
             payload = self._dump((self._version, self._source_stamp, overloads))
-            _write_private(Path(self._index_path), self._seal(self._index_name, payload))
+            write_private(Path(self._index_path), self._seal(self._index_name, payload))
 
         def _load_data(self, name):
             payload = self._open(self._data_path(name))
@@ -430,7 +345,7 @@ def _signed_cache_class():
             return pickle.loads(payload)
 
         def _save_data(self, name, data):
-            _write_private(Path(self._data_path(name)), self._seal(name, self._dump(data)))
+            write_private(Path(self._data_path(name)), self._seal(name, self._dump(data)))
 
     class SignedCache(caching.FunctionCache):
         def __init__(self, py_func, base: Path, stamp: str, modname: str, key: bytes):
@@ -455,16 +370,17 @@ def _signed_cache_class():
     return SignedCache
 
 
-def _install_cache(mod, src: str, modname: str) -> bool:
-    """Give the kernel module's compiled functions hmmscope's signed on-disk cache (`_signed_cache_class`) in the
-    checked folder; False (compiled in memory, uncached) when there is no usable folder or key."""
-    base = _cache_dir()
-    key = _cache_key(base) if base is not None else None
+def install_cache(mod, src: str, modname: str, kernels: tuple[str, ...] = _KERNELS) -> bool:
+    """Give the kernel module's compiled functions (`kernels`, by name) hmmscope's signed on-disk cache
+    (`_signed_cache_class`) in the checked folder; False (compiled in memory, uncached) when there is no usable folder
+    or key. Other compiled modules (bayes_kernel) use it too."""
+    base = cache_dir()
+    key = cache_key(base) if base is not None else None
     if key is None:
         return False
     cls = _signed_cache_class()
     stamp = hashlib.sha256(f"{_FORMAT}\n{numba.__version__}\n{src}".encode()).hexdigest()
-    for f in _KERNELS:
+    for f in kernels:
         disp = getattr(mod, f)
         disp._cache = cls(disp.py_func, base, stamp, modname, key)
     return True
@@ -475,8 +391,8 @@ def for_rank(d: int):
     [MIN_UNROLL, MAX_UNROLL].
 
     The copy's source is generated here (`_specialize`) and is the only code run: it is compiled from memory, and
-    nothing of it is read from a file. Its machine code is cached by numba in the user-private folder (`_cache_dir`,
-    0700) through hmmscope's signed cache (`_install_cache`): an entry is loaded only when its HMAC under this user's
+    nothing of it is read from a file. Its machine code is cached by numba in the user-private folder (`cache_dir`,
+    0700) through hmmscope's signed cache (`install_cache`): an entry is loaded only when its HMAC under this user's
     key verifies, so a planted, corrupt or foreign entry never runs, and is no error. Without a usable cache folder
     the copy is compiled in memory, uncached."""
     if not MIN_UNROLL <= d <= MAX_UNROLL:
@@ -488,7 +404,7 @@ def for_rank(d: int):
         mod = types.ModuleType(name)
         sys.modules[name] = mod  # numba finds the module's globals by this name
         exec(compile(src, f"<hmmscope mixture kernel, rank {d}>", "exec"), mod.__dict__)
-        _install_cache(mod, src, name)
+        install_cache(mod, src, name)
         _SPECIAL[d] = mod
     return _SPECIAL[d]
 
@@ -512,7 +428,7 @@ def _install_own_cache() -> None:
     src = Path(__file__).read_text()
     tag = hashlib.sha256(f"{_FORMAT}\n{src}".encode()).hexdigest()[:12]
     with contextlib.suppress(OSError):
-        _install_cache(sys.modules[__name__], src, f"hmmscope_mixkernel_generic_{tag}")
+        install_cache(sys.modules[__name__], src, f"hmmscope_mixkernel_generic_{tag}")
 
 
 _install_own_cache()

@@ -35,7 +35,8 @@ trial after [fixed], through `config.override` (unknown keys and wrong types ref
 in [space] is refused. The values join the spec's text as a [set] table (a spec file may hold one too: it is
 applied after [fixed]), so the study stores them and its workers use them, and they are part of the identity
 below: a study created without them is not resumed with them (one line: rename the sweep), except the run-time
-keys (train.device, train.compile, train.attention, train.figures), which move a sweep without renaming it.
+keys (train.device, train.compile, train.attention, train.figures, eval.bayes, eval.bayes_tol), which move a sweep
+without renaming it.
 
 Identity. A study remembers its spec; running a spec under an existing study's name needs the same
 identity (`SweepSpec.hash`, sha256 of the canonical parsed spec): the keys that change what a trial
@@ -124,7 +125,8 @@ PRUNE_PROXY = {"eval/seen/excess_ce": "val/excess_ce", "eval/seen/test_acc": "va
                "eval/seen/test_ce": "val/test_loss"}
 # Identity (module docstring): sweep keys that do not count, and config keys that do not.
 RUNTIME_SWEEP_KEYS = frozenset({"storage", "heartbeat_interval", "grace_period", "max_retry"})
-RUNTIME_CONFIG = frozenset({"train.device", "train.compile", "train.attention", "train.figures"})
+RUNTIME_CONFIG = frozenset({"train.device", "train.compile", "train.attention", "train.figures", "eval.bayes",
+                            "eval.bayes_tol"})
 # Trial names: short labels of common config keys (by their last part); others use that last part.
 ABBREV = {"gamma": "g", "gammas": "g", "rank": "d", "ranks": "d", "rho": "rho", "rhos": "rho", "n_states": "S",
           "n_tasks": "T", "n_tokens": "V", "n_layers": "L", "n_heads": "H", "d_model": "dm", "d_mlp": "dmlp",

@@ -545,3 +545,36 @@ def bench_headroom(cfg, n_episodes: int = 256, family_tasks: int | None = None, 
     return {"headroom_s": best["headroom"], "oracle_pass_s": best["oracle"], "ratio": best["headroom"] / best["oracle"],
             "references_s": r.meta["references_s"], "family_tasks": M, "n_episodes": n_episodes,
             "k_max": r.k_max, "room": r.at()["room"]}
+
+
+def bench_bayes(cfg, n_episodes: int = 512, peer_tasks: int = 4096) -> dict[str, Any]:
+    """The Bayes reference (oracles/bayes.py) on cfg's first `n_episodes` unseen episodes at k = n_demos, to
+    convergence (eval.bayes_tol), computed afresh (no cache), timed in CPU seconds of this process (one thread) and
+    wall seconds; beside it, in the same process on the same episodes, its peer: the mixture oracle over
+    `peer_tasks` family tasks (family_bayes at M = peer_tasks, the reference it replaces). Rates per (hypothesis or
+    task, episode, token) compare the two kernels' work."""
+    import torch
+
+    from ..data.episodes import family_tasks, unseen_episodes
+    from ..oracles import bayes, inference
+
+    _, ep = unseen_episodes(cfg.hmm, cfg.data, n_episodes)
+    bayes.bayes_oracle(cfg.hmm, ep.subset(slice(0, 2)), cache=False, k_max=8)  # compile / load the kernel
+    t0, c0 = time.perf_counter(), time.process_time()
+    r = bayes.bayes_oracle(cfg.hmm, ep, tol=cfg.eval.bayes_tol, seed=cfg.data.seed, cache=False)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    st = bayes.sticky_structures(cfg.hmm)
+    fam = family_tasks(cfg.hmm, cfg.data, peer_tasks)
+    anon = dataclasses.replace(ep, task_ids=np.full(len(ep), -1, np.int64))
+    inference.mixture_oracle(fam, anon.subset(slice(0, 1)), dtype=torch.float64)  # warm up
+    t0, c0 = time.perf_counter(), time.process_time()
+    inference.mixture_oracle(fam, anon, dtype=torch.float64)
+    pwall, pcpu = time.perf_counter() - t0, time.process_time() - c0
+    T = int((np.asarray(ep.segment) >= 0).sum())
+    hyps = st.n_orbits * max(r.n_draws, 1)
+    return {"n_episodes": n_episodes, "ce": r.ce, "mc_se": r.mc_se, "n_draws": r.n_draws, "converged": r.converged,
+            "history": r.history, "orbits": st.n_orbits, "structures": st.n_structures, "cpu_s": cpu, "wall_s": wall,
+            "peer_tasks": peer_tasks, "peer_cpu_s": pcpu, "peer_wall_s": pwall, "ratio_cpu": cpu / pcpu,
+            "ns_per_hyp_token": cpu / (hyps * n_episodes * T) * 1e9,
+            "peer_ns_per_task_token": pcpu / (peer_tasks * n_episodes * T) * 1e9,
+            "threads": torch.get_num_threads(), "tol": cfg.eval.bayes_tol}

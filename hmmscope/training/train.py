@@ -40,7 +40,8 @@ that talks to MLflow):
   (overwritten; `checkpoints.save_checkpoint`: model/optimizer state dicts, step, flat config, RNG
   states, metrics). Reading, checking and loading them is `checkpoints`' job.
 - Resume: `train(cfg, resume=run_id)` continues that run from its checkpoint; only
-  train.steps (and the runtime keys train.device / train.compile / train.attention / train.figures) may differ
+  train.steps (and the runtime keys train.device / train.compile / train.attention / train.figures, and the
+  evaluation's eval.bayes / eval.bayes_tol) may differ
   from the checkpoint's config. On CPU the result is bitwise that of an uninterrupted run.
   train.precision is not a runtime key (bf16 vs fp32 changes the trajectory), but "auto"
   resolves on the device of each call: a CUDA run resumed on the CPU continues in float32.
@@ -74,7 +75,6 @@ that talks to MLflow):
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import math
 import os
@@ -91,9 +91,10 @@ import torch
 import torch.nn.functional as F
 
 from .. import env, tracking
-from ..config import Config, TrainConfig, config_hash, flatten, training_tasks
+from ..config import Config, TrainConfig, config_hash, flatten, override, training_tasks
 from ..data.episodes import Episodes, training_data
 from ..interrupts import raise_if_terminated, sigterm_interrupts
+from ..measure.bayes_gap import bayes_spec
 from ..measure.emergence import curves_table
 from ..measure.emergence import prepare as prepare_emergence
 from ..measure.evaluate import anonymous, references
@@ -105,7 +106,8 @@ from .progress import training_progress
 METRICS_WRITE_S = 5.0  # train/* metrics reach the store at most this long after their step (and at every checkpoint)
 LOSS_TRAIN, LOSS_VAL = "Loss/train", "Loss/val"  # the loss curves again, first on MLflow's run page (docstring)
 
-RUNTIME_KEYS = ("train.steps", "train.device", "train.compile", "train.attention", "train.figures")  # may differ on resume
+RUNTIME_KEYS = ("train.steps", "train.device", "train.compile", "train.attention", "train.figures", "eval.bayes",
+                "eval.bayes_tol")  # may differ on resume
 
 
 class DivergedError(RuntimeError):
@@ -300,8 +302,7 @@ def _resume_config(saved: Config, passed: Config) -> Config:
     if diff:
         raise ValueError(f"config differs from the checkpoint's in {', '.join(diff)} "
                          f"(only {', '.join(RUNTIME_KEYS)} may change)")
-    return dataclasses.replace(saved, train=dataclasses.replace(
-        saved.train, **{k.split(".")[1]: b[k] for k in RUNTIME_KEYS}))
+    return override(saved, {k: b[k] for k in RUNTIME_KEYS})
 
 
 # ---------------------------------------------------------------- training
@@ -384,7 +385,8 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
         oracle_mix = mix if mix is not None else family
         oracle = ({f"oracle/{k}": v for k, v in oracle_metrics(oracle_mix, ep_eval if mix is not None else anonymous(
             ep_eval), device).items()} if oracle_mix is not None else {})
-        emergence = prepare_emergence(cfg, mix, ep_eval, device=device, family=family, counting=counting)
+        emergence = prepare_emergence(cfg, mix, ep_eval, device=device, family=family, counting=counting,
+                                      bayes=bayes_spec(cfg))
         em_setup_s = time.perf_counter() - t_em  # the references, once per run (and per resume)
 
         torch.manual_seed(t.seed)
