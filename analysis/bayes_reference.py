@@ -14,7 +14,8 @@ unseen_episodes with data.seed = seed: nothing is retrained, nothing read from a
 The emergence curves' unseen episodes are the first 128 of the same 512: bayes.csv also carries the first 128's
 means (the curves' model - best counting becomes model - Bayes by adding best counting - Bayes there).
 
-Writes bayes.csv (cell, seed, k: CEs, Monte Carlo se, K), windowed.csv (seed, R), per_episode.npz (per-episode CEs)
+Writes bayes.csv (cell, seed, k: CEs, Monte Carlo se, K), windowed.csv (seed, R), per_episode-*.npz (per-episode CEs;
+`--windows no` then `--windows only` computes the two parts in turn)
 and RUN.md's numbers come from them (analysis/inference_ablations.py --from-record reads bayes.csv and windowed.csv).
 """
 from __future__ import annotations
@@ -44,7 +45,7 @@ def _tv(p: torch.Tensor, ref: torch.Tensor) -> float:
     return float((0.5 * (p - ref).abs().sum(-1)).mean(1).mean())
 
 
-def cell(name: str, seed: int, say) -> tuple[list[dict], list[dict], dict]:
+def cell(name: str, seed: int, say, windows: bool = True, ks=(0, 1, 2)) -> tuple[list[dict], list[dict], dict]:
     from hmmscope.config import override, preset
     from hmmscope.data.episodes import truncate_demos, unseen_episodes
     from hmmscope.measure.evaluate import references
@@ -58,7 +59,7 @@ def cell(name: str, seed: int, say) -> tuple[list[dict], list[dict], dict]:
     umix, ep = unseen_episodes(cfg.hmm, cfg.data, cfg.data.n_eval)
     _, counting = references(cfg.hmm, cfg.data, cfg.eval)
     rows, wrows, arrays = [], [], {}
-    for k in range(cfg.data.n_demos + 1):
+    for k in ks:
         e = truncate_demos(ep, k)
         cols = np.flatnonzero(e.test_mask & (np.arange(e.seq_len) >= 1))
         y = torch.as_tensor(np.asarray(e.tokens)[:, cols].astype(np.int64))
@@ -81,7 +82,7 @@ def cell(name: str, seed: int, say) -> tuple[list[dict], list[dict], dict]:
         say(f"{name} seed {seed} k {k}: bayes {rows[-1]['bayes_ce']:.4f} (se {b.mc_se:.4f}, K {b.n_draws}, "
             f"{cpu:.0f} s CPU); best counting {rows[-1]['best_counting_ce']:.4f}; task oracle "
             f"{rows[-1]['task_oracle_ce']:.4f}")
-        if name != "g0.8-d4" or k != cfg.data.n_demos:
+        if name != "g0.8-d4" or k != cfg.data.n_demos or not windows:
             continue
         task = task_oracle(umix, e, dtype=torch.float64)
         for w in WINDOWS:
@@ -110,6 +111,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--cells", default=",".join(CELLS))
+    ap.add_argument("--windows", choices=("yes", "no", "only"), default="yes",
+                    help="the windowed references (g0.8-d4, k = 2): with the rest, not at all, or only them")
     args = ap.parse_args(argv)
     from hmmscope.safe_output import write_csv, write_npz
 
@@ -122,16 +125,21 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
     rows, wrows, arrays = [], [], {}
+    stem = "windowed-only" if args.windows == "only" else "bayes"
     for name in cells:
         for seed in seeds:
-            r, w, a = cell(name, seed, lambda m: print(m, flush=True))
+            if args.windows == "only" and name != "g0.8-d4":
+                continue
+            r, w, a = cell(name, seed, lambda m: print(m, flush=True), windows=args.windows != "no",
+                           ks=(2,) if args.windows == "only" else (0, 1, 2))
             rows += r
             wrows += w
             arrays.update(a)
-            write_csv(args.out / "bayes.csv", rows)  # as it goes: a long run keeps what it finished
+            if args.windows != "only":
+                write_csv(args.out / "bayes.csv", rows)  # as it goes: a long run keeps what it finished
             if wrows:
                 write_csv(args.out / "windowed.csv", wrows)
-            write_npz(args.out / "per_episode.npz", arrays)
+            write_npz(args.out / f"per_episode-{stem}.npz", arrays)
     print(f"wrote {args.out}/bayes.csv, windowed.csv, per_episode.npz")
     return 0
 

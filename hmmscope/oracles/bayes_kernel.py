@@ -81,47 +81,61 @@ def bayes_block(tok, seg_lo, seg_hi, seg_kind, Tm, Om, reveal, gamma, hyp_g, hyp
     U2 = np.empty(C)
     cum = np.empty(Tn + 1)
     R = np.empty(Tn + 1)
+    obs = np.empty(Tn, np.int64)
+    seen = np.empty(J, np.bool_)
+    log_hi = math.log(lo_e + gamma) if rev else 0.0
+    log_lo = math.log(lo_e) if rev and lo_e > 0.0 else -math.inf
     for i in range(N):
         ti = 0 if NT == 1 else i
+        n_obs = 0  # the observed positions of episode i, in order, and the segments with one
+        for t in range(Tn):
+            if tok[i, t] >= 0:
+                obs[n_obs] = t
+                n_obs += 1
+        for j in range(J):
+            seen[j] = False
+            for t in range(seg_lo[j], seg_hi[j]):
+                if tok[i, t] >= 0:
+                    seen[j] = True
+                    break
         for hh in range(H):
             h = order[i, hh]
             T = Tm[ti, hyp_g[h]]
             O = Om[0 if rev else hyp_r[h]]
             rv = reveal[hyp_r[h] if rev else 0]
             L = logw[h]
-            # stopping bounds: cum[t] = sum of log max_a O[a, o_s] over observations s < t; R[t] = the suffix minimum
-            c = 0.0
-            for t in range(Tn):
-                cum[t] = c
-                o = tok[i, t]
-                if o >= 0:
+            # stopping bounds over the observations q = 0..n_obs-1: cum[q] = the sum of log max_a O[a, o] over the
+            # observations before q, R[q] = min over q' >= q of mx - theta - cum (the suffix minimum)
+            cs = 0.0
+            for q in range(n_obs):
+                cum[q] = cs
+                o = tok[i, obs[q]]
+                if rev:
+                    hit = False
+                    for a in range(S):
+                        if rv[a] == o:
+                            hit = True
+                    cs += log_hi if hit else log_lo
+                else:
                     top = 0.0
                     for a in range(S):
-                        e = (lo_e + gamma if rv[a] == o else lo_e) if rev else O[a, o]
-                        if e > top:
-                            top = e
-                    c += math.log(top) if top > 0.0 else -math.inf
-            cum[Tn] = c
+                        if O[a, o] > top:
+                            top = O[a, o]
+                    cs += math.log(top) if top > 0.0 else -math.inf
             r = math.inf
-            R[Tn] = r
-            for t in range(Tn - 1, -1, -1):
-                if tok[i, t] >= 0:
-                    x = mx[i, t] - theta - cum[t]
-                    if x < r:
-                        r = x
-                R[t] = r
+            for q in range(n_obs - 1, -1, -1):
+                rq = mx[i, obs[q]] - theta - cum[q]
+                if rq < r:
+                    r = rq
+                R[q] = r
+            qi = 0
             dead = False
             U[0] = 1.0
             level = 0
             for j in range(J):
                 lo = seg_lo[j]
                 hi = seg_hi[j]
-                seen = False
-                for t in range(lo, hi):
-                    if tok[i, t] >= 0:
-                        seen = True
-                        break
-                if not seen:  # nothing observed (a window's hidden past): f = 1, the urn's counts move unseen
+                if not seen[j]:  # nothing observed (a window's hidden past): f = 1, the urn's counts move unseen
                     if urn and j < J - 1:
                         nn = n_cv[level + 1]
                         for c in range(nn):
@@ -165,9 +179,10 @@ def bayes_block(tok, seg_lo, seg_hi, seg_kind, Tm, Om, reveal, gamma, hyp_g, hyp
                         continue
                     if o >= 0:
                         Lt = L + la
-                        if Lt - cum[t] < R[t]:  # no later term of this hypothesis can reach exp(-theta)
+                        if Lt - cum[qi] < R[qi]:  # no later term of this hypothesis can reach exp(-theta)
                             dead = True
                             break
+                        qi += 1
                         m = mx[i, t]
                         d = Lt - m
                         if d > 0.0:
