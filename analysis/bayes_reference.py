@@ -106,11 +106,27 @@ def cell(name: str, seed: int, say, windows: bool = True, ks=(0, 1, 2)) -> tuple
     return rows, wrows, arrays
 
 
+def _kept(path: Path, key: tuple) -> list[dict]:
+    import csv
+
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _merged(old: list[dict], new: list[dict], key: tuple) -> list[dict]:
+    """old's rows less those this run recomputed (same key), then this run's, in the cells' order."""
+    mine = {tuple(str(r[k]) for k in key) for r in new}
+    return [r for r in old if tuple(str(r[k]) for k in key) not in mine] + new
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--cells", default=",".join(CELLS))
+    ap.add_argument("--ks", default="0,1,2", help="the numbers of demonstrations kept (Figure 1's k)")
     ap.add_argument("--windows", choices=("yes", "no", "only"), default="yes",
                     help="the windowed references (g0.8-d4, k = 2): with the rest, not at all, or only them")
     args = ap.parse_args(argv)
@@ -125,21 +141,25 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
     rows, wrows, arrays = [], [], {}
-    stem = "windowed-only" if args.windows == "only" else "bayes"
+    stem = "windowed" if args.windows == "only" else "bayes"
+    kept = {"bayes": _kept(args.out / "bayes.csv", ("cell", "seed", "k")),
+            "windowed": _kept(args.out / "windowed.csv", ("seed", "R"))}  # earlier runs' rows, replaced by this one's
     for name in cells:
         for seed in seeds:
             if args.windows == "only" and name != "g0.8-d4":
                 continue
             r, w, a = cell(name, seed, lambda m: print(m, flush=True), windows=args.windows != "no",
-                           ks=(2,) if args.windows == "only" else (0, 1, 2))
+                           ks=(2,) if args.windows == "only" else tuple(int(k) for k in args.ks.split(",")))
             rows += r
             wrows += w
             arrays.update(a)
-            if args.windows != "only":
-                write_csv(args.out / "bayes.csv", rows)  # as it goes: a long run keeps what it finished
+            if args.windows != "only":  # as it goes: a long run keeps what it finished
+                write_csv(args.out / "bayes.csv", _merged(kept["bayes"], rows, ("cell", "seed", "k")))
             if wrows:
-                write_csv(args.out / "windowed.csv", wrows)
-            write_npz(args.out / f"per_episode-{stem}.npz", arrays)
+                write_csv(args.out / "windowed.csv", _merged(kept["windowed"], wrows, ("seed", "R")))
+            old = dict(np.load(args.out / f"per_episode-{stem}.npz")) if (args.out / f"per_episode-{stem}.npz").exists() \
+                else {}
+            write_npz(args.out / f"per_episode-{stem}.npz", {**old, **arrays})
     print(f"wrote {args.out}/bayes.csv, windowed.csv, per_episode.npz")
     return 0
 

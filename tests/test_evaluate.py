@@ -252,7 +252,7 @@ def test_unseen_tasks_and_the_retrieval_gap(mix, ep, tmp_path):
     family = family_tasks(hc, DATA, 32)
     counting = fit_counting(fit_episodes(hc, DATA, 16)[1], range(DATA.n_demos + 1))
     res = figure1(OracleModel(mix, ep), mix, ep, unseen=(umix, uep), family=family, counting=counting, batch_size=16,
-                  bayes=BayesSpec(hc, 0.002, 3))
+                  bayes=BayesSpec(hc, 0.05, 3))  # Q rows by Monte Carlo: a loose tolerance
     assert res.tasks == ["seen", "unseen"]
     assert {r["predictor"] for r in res.by_k if r["tasks"] == "unseen"} == set(PREDICTORS)
     assert {r["predictor"] for r in res.by_k if r["tasks"] == "seen"} == set(PREDICTORS) - {"family_bayes", "bayes"}
@@ -291,7 +291,7 @@ def test_unseen_tasks_and_the_retrieval_gap(mix, ep, tmp_path):
     assert res.regime == "retrieval"  # the mixture oracle as a model: it knows the training tasks
     # the task oracle as a model has no gap at all
     flat = figure1(TaskOracleModel([(mix, ep), (umix, uep)]), mix, ep, unseen=(umix, uep), learner=None, ks=[3],
-                   batch_size=48, bayes=BayesSpec(hc, 0.002, 3))
+                   batch_size=48, bayes=BayesSpec(hc, 0.05, 3))  # Q rows by Monte Carlo: a loose tolerance
     assert flat.bayes["fault"]  # a "model" below Bayes (it knows each task) is flagged, never a finding
     fg = flat.retrieval
     assert abs(fg["value"]) < 1e-12 and -1e-12 < fg["lo"] <= fg["hi"] < 1e-12  # 0 up to rounding

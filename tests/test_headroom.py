@@ -142,13 +142,13 @@ def test_a_degenerate_reference_is_flagged_and_never_sets_the_room():
 
 
 def test_the_bayes_reference_sets_an_exact_room_and_the_bounds_stay_rows():
-    """Where the family allows it (sticky, S = 4, V = 4: 48 structures), the room at each k is best counting minus the
+    """Where the family allows it (sticky, S = 4, V = 4, d = 4: 576 structures), the room at each k is best counting minus the
     Bayes reference (SCIENCE.md 10) on the same episodes, exact; family Bayes and the EM learner keep their rows with
     their distance above it; the Bayes row lies between the task oracle and family Bayes."""
     from hmmscope.oracles.baselines import fit_counting
     from hmmscope.oracles.bayes import bayes_oracle
 
-    cfg = _cfg(**{"eval.bayes": True})
+    cfg = _cfg(**{"eval.bayes": True, "hmm.rank": 4})  # d = S: the Monte Carlo part is the noise alone
     res = headroom(cfg, n_episodes=24, draws=1)
     _, uep = unseen_episodes(cfg.hmm, cfg.data, 24)
     fit = fit_counting(fit_episodes(cfg.hmm, cfg.data, 16)[1], range(3))

@@ -147,7 +147,7 @@ def prepare(cfg: Config, mix: Mixture | None, ep_eval: Episodes, *, device="cpu"
     (episodes.family_tasks), counting: the fitted counting baselines (baselines.fit_counting), bayes: the Bayes
     reference's settings (bayes_gap.bayes_spec); None leaves each out."""
     from ..data.episodes import unseen_episodes
-    from .bayes_gap import BayesComputed, bayes_preds
+    from .bayes_gap import computed_on
     from .evaluate import eval_set
 
     n = min(cfg.train.emergence_episodes, len(ep_eval))
@@ -158,8 +158,7 @@ def prepare(cfg: Config, mix: Mixture | None, ep_eval: Episodes, *, device="cpu"
     sets = []
     if mix is not None:
         sets.append(eval_set(mix, subset(ep_eval, n), tasks="seen", counting=counting, learner=None, device=dev))
-    if bayes is not None:  # on Figure 1's unseen episodes, once per run; the curves read their first n
-        bayes = BayesComputed(*bayes_preds(bayes, uep, list(range(cfg.data.n_demos + 1))))
+    bayes = computed_on(bayes, uep, list(range(cfg.data.n_demos + 1)))  # Figure 1's episodes: the curves read the first n
     sets.append(eval_set(mix, subset(uep, n), tasks="unseen", task_mix=umix, family=family, counting=counting,
                          learner=None, device=dev, bayes=bayes))
     return Emergence(sets, _reference_constants(sets), n)

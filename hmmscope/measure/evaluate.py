@@ -556,8 +556,9 @@ def figure1_tables(model: torch.nn.Module, sets: list[EvalSet], *, device="cpu",
         if es.tasks == "unseen" and "bayes" in es.by_k[km].references:
             refs = es.by_k[km].references
             bc = refs["best_counting"]["ce"].mean(1) if "best_counting" in refs else None
-            gap = bayes_gap(model_tok[km]["ce"].mean(1), refs["bayes"]["ce"].mean(1), bc,
-                            es.meta["bayes"]["by_k"][km]["mc_se"])
+            b_k = es.meta["bayes"]["by_k"][km]
+            gap = bayes_gap(model_tok[km]["ce"].mean(1), refs["bayes"]["ce"].mean(1), bc, b_k["mc_se"],
+                            b_k.get("last_move", 0.0))
     retrieval = None
     if {"seen", "unseen"} <= set(excess):
         c, retrieval = retrieval_gap(excess["seen"], excess["unseen"])

@@ -31,7 +31,8 @@ per number of demonstrations k (the last k demonstrations kept, as Figure 1 does
 - the Bayes-optimal reference (``bayes``, SCIENCE.md 10, oracles/bayes.py) where the family allows it and its
   Monte Carlo part converged (eval.bayes, eval.bayes_tol): a row at every k (its CE with a CI over episodes and its
   Monte Carlo standard error, ``mc_se``), and then the room is exact: CE(best counting) - CE(bayes), paired per
-  episode, set_by "bayes", the word "room" (CI above 0) or "no room" (CI reaching 0 or below); family Bayes and the
+  episode, set_by "bayes", the word "room" (CI above 0), "no room shown" (CI reaching 0), or a FAULT where best
+  counting is below it beyond its Monte Carlo error (never a finding: Bayes is optimal); family Bayes and the
   EM learner keep their rows for what they are, lower bounds, with their distance above bayes in the room row
   (family_above_bayes, em_above_bayes). Where it cannot be computed the headroom says so in one line
   (``meta["bayes"]``) and shows only the bounds, as above.
@@ -268,7 +269,7 @@ def headroom(cfg: Config, *, n_episodes: int = 256, family_tasks: int | None = N
         room.append(_room(k, refs, counting.by_k[k]["best_counting"], [t.mean(1) for t in fam_tok[(M, k)]],
                           fam_mean[(sizes[-1], k)].mean(1) if sizes else None, {n: b[k] for n, b in bad.items()},
                           bad_fam[M][k], M, tolerance,
-                          em and "incontext_hmm" in refs))
+                          em and "incontext_hmm" in refs, (bmeta.get("by_k") or {}).get(k, {}).get("mc_se", math.nan)))
     h, dd = cfg.hmm, cfg.data
     meta = {"family": h.family, "n_states": h.n_states, "n_tokens": h.n_tokens, "rank": h.rank, "gamma": h.gamma,
             "rho": h.rho, "alpha": h.alpha, "hmm_seed": h.seed, "data_seed": dd.seed, "n_demos": dd.n_demos,
@@ -282,7 +283,7 @@ def headroom(cfg: Config, *, n_episodes: int = 256, family_tasks: int | None = N
     return HeadroomResult(rows, room, counting.describe(), meta, counting.fitted())
 
 
-def _room(k, refs, best_name, fam_draws, fam_half, bad, bad_fam, M, tolerance, em) -> dict:
+def _room(k, refs, best_name, fam_draws, fam_half, bad, bad_fam, M, tolerance, em, bayes_se=math.nan) -> dict:
     """The room at k (module docstring) from the per-episode CEs: refs (eval_set's), family Bayes at M per draw
     [(N,)], family Bayes at the largest smaller size (draw-averaged, (N,)) or None."""
     bc = refs["best_counting"]["ce"].mean(1)  # (N,)
@@ -303,8 +304,11 @@ def _room(k, refs, best_name, fam_draws, fam_half, bad, bad_fam, M, tolerance, e
     if "bayes" in refs and not bad.get("bayes"):  # exact (module docstring): the bounds stay rows
         b = refs["bayes"]["ce"].mean(1)
         r, lo, hi = _ci(bc - b)
+        se = float(bayes_se) if math.isfinite(bayes_se) else 0.0
+        word = ("room" if lo > 0 else "FAULT: best counting below the Bayes-optimal reference beyond its Monte Carlo "
+                "error (a fault of the reference or the scoring)" if hi + 3 * se < 0 else "no room shown (CI reaches 0)")
         return {**out, "room": r, "room_lo": lo, "room_hi": hi, "set_by": "bayes", "learner_ce": float(b.mean()),
-                "ci": "episodes", "word": "room" if lo > 0 else "no room",
+                "ci": "episodes", "word": word,
                 "family_above_bayes": float(fam.mean() - b.mean()),
                 "em_above_bayes": out["em_ce"] - float(b.mean()) if em else math.nan}
     if not cands:

@@ -18,25 +18,31 @@ Computed as follows.
   mu ~ Dir(1) (bayes_kernel: the urn's predictive is each segment's start vector).
 - The noise rows and the Q rows by Monte Carlo: K draws per episode, shared by every structure (common random
   numbers), in blocks of BLOCK draws; the prediction is the posterior-weighted mixture over structures x draws
-  (self-normalized importance sampling from the prior). Its CE is biased upward by O(1/K) (the log of an unbiased
-  estimate of the marginal likelihood), so K is doubled until the mean CE over the scored tokens moves less than
-  `tol` (default TOL = 0.002 nats/token); the last move is also about the remaining bias. The Monte Carlo standard
-  error of the mean CE is the jackknife over the draw blocks.
+  (self-normalized importance sampling from the prior). Its expected CE over episodes from the prior is never below
+  the exact reference's (the draws do not depend on the token predicted, so the Monte Carlo predictor is one more
+  predictor the Bayes predictor beats in expectation), and the excess shrinks as K grows. K is doubled until the mean
+  CE over the scored tokens moves less than `tol` (default TOL = 0.002 nats/token) and twice its Monte Carlo
+  standard error (the jackknife over the draw blocks, at least 4 blocks; rough with few) is below `tol`. The last move
+  estimates the remaining excess; `tol` bounds the move, not the error, which the standard error states.
 - No structure is pruned in advance. A term whose posterior weight is below exp(-theta) of the running largest is
   not added, and a hypothesis' chain stops once no later term of it can pass that test (bayes_kernel: an emission-
   only bound on its future likelihood; the hypotheses of each episode run likely ones first): the skipped mass is at
   most H exp(-theta) <= 1e-13 relative (theta = log(H / 1e-13)), as in the mixture kernel.
 Where it cannot be computed (`why_not`): the ``dirichlet`` family (no discrete part to enumerate; a resample-move SMC
-over its continuous parameters is not implemented), or more than MAX_STRUCTURES structures (S = 8, V = 16 already has
-about 5e8). Callers then say "not computed" in one line and keep the lower bounds; no number that is not converged is
-reported as the reference (`BayesPrediction.converged`).
+over its continuous parameters is not implemented), more than MAX_STRUCTURES structures (S = 8, V = 16 already has
+about 5e8), or structures x relabelings above MAX_WORK. Callers then say "not computed" in one line and keep the
+lower bounds; no number that is not converged is reported as the reference (`BayesPrediction.converged`).
 
 Explicit tasks (`discrete_bayes`): the same kernel with a discrete prior (each task its own fixed mu) is the mixture
 oracle over those tasks; the tests hold the two equal to 1e-12.
 
-Windowed (`windowed_bayes`, receptive field R): at test position j >= R, Bayes given only the R tokens before j, the
-state at the window's start drawn from its marginal under the prior there (each hypothesis' E[mu] T^(j - R)). The
-best any predictor that sees R tokens can do.
+Windowed (`windowed_bayes`, receptive field R): at position t, Bayes given only the R positions before t, the state
+at the window's start drawn from its marginal under the prior there (each hypothesis' E[mu] T^p, p the window's
+start in its segment, and the Polya urn across the segments a window spans). The best any predictor that sees R
+tokens, and knows where the window starts in its episode, can do; a banded model does not see the absolute
+position beyond what its window shows, so beside such a model the window-forced part is a lower side and the
+model's own part an upper side. Under hmm.structures = half-heldout the reference is the Bayes predictor of the
+evaluation distribution (the other half), which a model trained on half 0 cannot know.
 
 Cost: `hmmscope bench bayes` times the base cell of the inference-ablations record (S = 4, V = 8, d = 4: 1680
 orbits) to convergence on one core; its record is analysis/results/bench/RUN.md.
@@ -60,16 +66,17 @@ from ..data.hmm import Mixture, emission_matrix, structure_half
 from .private_cache import cache_dir, cache_key, read_private, write_private
 
 __all__ = ["BayesPrediction", "Structures", "sticky_structures", "why_not", "bayes_oracle", "discrete_bayes",
-           "windowed_bayes", "TOL", "BLOCK", "MAX_STRUCTURES"]
+           "windowed_bayes", "TOL", "BLOCK", "MAX_STRUCTURES", "MAX_WORK"]
 
 TOL = 0.002  # nats/token: K is doubled until the mean CE moves less than this
 BLOCK = 4  # draws per block (the jackknife's unit)
 K_START = 8  # draws before the first comparison
 K_MAX = 512  # draws at most; not converged by then: BayesPrediction.converged is False
 MAX_STRUCTURES = 2_000_000  # structures (before symmetry) an exact reference enumerates at most
+MAX_WORK = 2e7  # structures x relabelings the orbit enumeration handles at most (its int64 tables: 160 MB)
 _TAG = 0x42415945  # "BAYE": the Monte Carlo draws' stream
 _SKIP = 1e-13  # bound on the relative mass of the terms not added
-_VERSION = 1  # part of every result's key: bump when the method's numbers change (stale cache entries)
+_VERSION = 2  # part of every result's key, with the sources' hash (`_code`): stale cache entries are never read
 
 
 class BayesPrediction(NamedTuple):
@@ -133,6 +140,12 @@ def why_not(hmm: HMMConfig) -> str | None:
     if n > MAX_STRUCTURES:
         return (f"{n:.2g} structures (S = {hmm.n_states}, V = {hmm.n_tokens}, d = {hmm.rank}) are more than the "
                 f"{MAX_STRUCTURES:,} an exact reference enumerates")
+    sizes = np.bincount(_cluster(hmm.n_states, hmm.rank), minlength=hmm.rank)
+    group = math.prod(math.factorial(int(z)) for z in sizes) * math.prod(
+        math.factorial(int(c)) for c in np.bincount(sizes))
+    if hmm.structures == "all" and n * group > MAX_WORK:
+        return (f"{n:.2g} structures x {group:,} relabelings are more than the {MAX_WORK:.0e} its orbit enumeration "
+                "handles")
     return None
 
 
@@ -266,7 +279,8 @@ def _order(lay: _Layout, hyp_r: np.ndarray, Om: np.ndarray, reveal, gamma: float
     else:
         O = np.asarray(Om, np.float64)
     with np.errstate(divide="ignore"):
-        bound = counts @ np.log(O.max(1)).T  # (N, R): per emission matrix
+        logmax = np.log(O.max(1))  # (R, V); -inf for a token no state emits (gamma = 1)
+    bound = counts @ np.where(np.isfinite(logmax), logmax, -1e6).T  # (N, R): per emission matrix
     return np.argsort(-bound[:, hyp_r], axis=1, kind="stable").astype(np.int64)
 
 
@@ -375,6 +389,15 @@ def _hypotheses(st: Structures, n_draw: int):
 
 
 _MEMO: dict = {}
+
+
+@functools.lru_cache(maxsize=1)
+def _code() -> str:
+    """sha256 of this module's and the kernel's source: part of a cached result's key."""
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    return hashlib.sha256((here / "bayes.py").read_bytes() + (here / "bayes_kernel.py").read_bytes()).hexdigest()[:16]
 _DISK_MAGIC = b"hmmscope-bayes-1\n"
 _DISK_LIMIT = 1 << 30
 
@@ -455,7 +478,7 @@ def bayes_oracle(hmm: HMMConfig, ep, *, tol: float = TOL, seed: int = 0, stream:
     if not 1 <= k_start <= k_max:
         raise ValueError(f"need 1 <= k_start <= k_max, got {k_start}, {k_max}")
     lay = _layout(ep, score)
-    key = (_VERSION, config_hash(dataclasses.replace(hmm, n_tasks=1, seed=0)),
+    key = (_VERSION, _code(), BLOCK, _TAG, _SKIP, config_hash(dataclasses.replace(hmm, n_tasks=1, seed=0)),
            hashlib.sha256(lay.tok.tobytes()).hexdigest(), lay.tok.shape, tuple(lay.seg_lo.tolist()), tuple(lay.seg_kind.tolist()),
            lay.burn_in, hashlib.sha256(lay.score.tobytes()).hexdigest(), float(tol), int(seed), stream, int(k_start),
            int(k_max))
@@ -492,19 +515,28 @@ def bayes_oracle(hmm: HMMConfig, ep, *, tol: float = TOL, seed: int = 0, stream:
         pred = _pred(blocks, lay)
         ce = float(_ce(pred, lay).mean())
         history.append((len(blocks) * BLOCK, ce))
-        converged = len(history) >= 2 and abs(history[-1][1] - history[-2][1]) < tol
+        se = _jackknife(blocks, lay)
+        converged = len(history) >= 2 and abs(history[-1][1] - history[-2][1]) < tol and 2 * se < tol
         if converged or target >= k_max:
             break
         target = min(2 * target, int(k_max))
     nb = len(blocks)
-    loo = np.array([_ce(_pred(blocks[:b] + blocks[b + 1:], lay), lay).mean() for b in range(nb)]) if nb > 1 else None
-    se = float(np.sqrt((nb - 1) / nb * ((loo - loo.mean()) ** 2).sum())) if nb > 1 else float("nan")
     noise_what = "transition noise rho Dir(1)" + (", Q rows Dir(alpha)" if hmm.rank < hmm.n_states else "")
     method = (f"{what}; {noise_what} by Monte Carlo, K = {nb * BLOCK} draws per episode shared by the structures "
-              f"(K doubled until the CE moved < {tol:g} nats/token: " + ", ".join(f"K={k}: {c:.4f}" for k, c in history)
+              f"(K doubled until the CE moved < {tol:g} nats/token and twice its Monte Carlo se was < {tol:g}: "
+              + ", ".join(f"K={k}: {c:.4f}" for k, c in history)
               + ("" if converged else "; NOT converged") + ")")
     out = BayesPrediction(torch.as_tensor(pred), ce, se, nb * BLOCK, converged, tuple(history), method)
     return _keep(key, out) if cache else out
+
+
+def _jackknife(blocks: list, lay: _Layout) -> float:
+    """The Monte Carlo standard error of the mean CE: the jackknife over the draw blocks (NaN with one block)."""
+    nb = len(blocks)
+    if nb < 2:
+        return float("nan")
+    loo = np.array([_ce(_pred(blocks[:b] + blocks[b + 1:], lay), lay).mean() for b in range(nb)])
+    return float(np.sqrt((nb - 1) / nb * ((loo - loo.mean()) ** 2).sum()))
 
 
 def _keep(key: tuple, out: BayesPrediction) -> BayesPrediction:
