@@ -66,6 +66,7 @@ from .store import (
     DB_NAME,
     ROOT_TAG,
     STORE_DIR,
+    StoreMissing,
     artifact_root,
     client,
     default_tracking_uri,
@@ -74,6 +75,7 @@ from .store import (
     read_only_uri,
     relocate,
     resolve_uri,
+    server_uri,
     writable,
 )
 from .tags import (
@@ -99,11 +101,11 @@ __all__ = [
     "run_temp_dir",
     "ARTIFACTS", "ArtifactNotFound", "LeaseLost", "LeaseUnavailable", "RunHeld", "hold_run", "own_runs", "settle_run",
     "CLAIMS_FILE", "CLAIM_COLUMNS", "DB_NAME", "HEARTBEAT_ENV", "HEARTBEAT_GRACE",
-    "ML_VIEW", "PARAM_MAX", "ROOT_TAG", "Run", "STORE_DIR", "THEORY_SECTIONS", "TRAIN_SECTIONS", "UI_PORT",
+    "ML_VIEW", "PARAM_MAX", "ROOT_TAG", "Run", "STORE_DIR", "StoreMissing", "THEORY_SECTIONS", "TRAIN_SECTIONS", "UI_PORT",
     "param_value", "artifact_root", "browse_line", "claim_headline", "claim_keys", "claims_table", "client", "config_toml",
     "config_params", "default_tracking_uri", "delete_run", "ensure_store", "existing_run", "experiment_id",
     "experiment_name", "experiment_url", "gc_runs", "get_run", "git_commit", "heartbeat_interval", "note_line",
-    "read_claims", "read_only_uri", "relocate", "resolve_uri", "run_url", "safe_key", "search_runs",
+    "read_claims", "read_only_uri", "relocate", "resolve_uri", "run_url", "safe_key", "search_runs", "server_uri",
     "source_name", "stale_reason", "standard_tags", "start_run", "sweep_parent", "target_url", "train_run_name", "ui_base",
     "ui_command", "writable",
 ]
