@@ -2,12 +2,13 @@
 
 The rooms (each module's docstring has the details):
 - `store`: the store's URI (default: sqlite under ./mlruns), its database created once under a lock, the
-  artifact root beside it, relocating a moved or copied store, the client, experiments.
+  artifact root beside it, relocating a moved or copied store, the client (a read never creates a store:
+  `StoreMissing`; `server_uri`: a server opens one, never creates it), experiments.
 - `tags`: what a run carries besides metrics: MLflow's standard tags (user, entry point, git commit, note),
   the config params of its kind, MLflow-safe keys, the objective key, the claims table.
 - `runs`: `start_run` (nested runs, resuming, FINISHED / FAILED / KILLED with the reason) and `Run`, the
   handle every write goes through (params, metrics, tags, artifacts, tables, claims, downloads, the model as an
-  MLflow logged model: `Run.log_model`).
+  MLflow logged model: `Run.log_model`; `Run.forget_metrics`: a resume's rows past its checkpoint, each step once).
 - `liveness`: host, pid and heartbeat of an open run; orphan runs found (`stale_reason`) and ended (`gc_runs`);
   one writer per run (`hold_run`: the lease taken atomically, an OS lock beside a sqlite store).
 - `claims`: a run's claims as one table plus headline numbers, and read back (`read_claims`).
