@@ -7,7 +7,8 @@ model infers beyond counting; the paper's layerwise claims at every depth; Theor
 The first form reads the four sweeps of sweeps/inference-ablations-{depth,gamma,rank,context}.toml (their COMPLETE
 trials, Figure 1 metrics, emergence curves, memory/* metrics and the depth sweep's analysis runs) and writes the
 per-run tables the record keeps (runs.csv, curves.csv, layerwise_runs.csv), then everything below from them. The
-second form recomputes everything from those kept tables alone (no store).
+second form recomputes everything from those kept tables alone (no store), checked first (RECORD, records_io.py);
+every table is computed before any is written, each atomically, so a bad record is never overwritten.
 
 Cells and axes. A cell is (n_layers, pos_enc, gamma, rank, window); seeds are its replicates (train.seed = data.seed:
 each seed draws its own unseen, fit and family tasks, so an interval over seeds covers those draws). The base cell is
@@ -48,7 +49,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from sweepdata import RESULTS, default_storage, fail, load_sweep, save, write_table
+from records_io import Outputs, RecordError, check_out, check_unique, read_csv
+from sweepdata import RESULTS, default_storage, fail, load_sweep, save
 
 STUDIES = ("depth", "gamma", "rank", "context", "structure")
 BASE = {"n_layers": 2, "pos_enc": "rope", "gamma": 0.8, "rank": 4, "window": 0, "structures": "all"}
@@ -157,11 +159,23 @@ def _write(rows: list[dict], path: Path) -> None:
     print(f"table: {path}")
 
 
+RECORD = {  # the kept tables, checked before anything is computed (records_io.read_csv): columns, numbers, keys
+    "runs.csv": dict(required=("study", "run_id", "seed", *KEYS.keys() - {"structures"}, "model_ce", "diff"),
+                     numbers=("trial", "seed", *KEYS.keys() - set(TEXT), *METRICS), unique=[("run_id",)]),
+    "curves.csv": dict(required=("run_id", "step", "metric", "value"), numbers=("step", "value"),
+                       unique=[("run_id", "step", "metric")]),
+    "layerwise_runs.csv": dict(required=("run_id", "seed", "n_layers", "pos_enc", "claim", "value", "ci_lo", "ci_hi",
+                                         "rule"), numbers=("seed", "n_layers", "value", "ci_lo", "ci_hi"),
+                               unique=[("run_id", "claim")], allow_empty=True),  # a depth sweep without analyses
+}
+
+
 def _read(path: Path) -> list[dict]:
-    if not path.exists():
-        fail(f"{path} is missing (run the store form first, or point --from-record at a record)")
-    with open(path, newline="") as fh:
-        rows = list(csv.DictReader(fh))
+    """A kept table (RECORD: checked by records_io.read_csv, RecordError naming the file and row), numbers as floats."""
+    t = read_csv(path, **RECORD.get(path.name, {}))
+    if path.name == "runs.csv":  # one row per cell and seed: a repeated run is no further seed
+        check_unique(t, [k for k in ("study", *KEYS, "seed") if k in t.columns])
+    rows = t.rows
     for r in rows:
         for k, v in r.items():
             if k in ("pos_enc", "structures", "regime", "run_id", "study", "metric", "claim", "rule", "verdict",
@@ -542,27 +556,32 @@ def main(argv=None) -> int:
     p.add_argument("--no-figures", action="store_true")
     args = p.parse_args(argv)
     out = args.out or args.from_record or RESULTS / "inference-ablations-cpu"
-    if args.from_record is not None and not (args.from_record / "runs.csv").is_file():
-        fail(f"--from-record {str(args.from_record)!r}: no runs.csv there (a record of this script's tables)")
-    out.mkdir(parents=True, exist_ok=True)
-    src = args.from_record or out
-    if args.from_record is None:
-        collect(args.tracking_uri, args.storage, out)
-    runs = _read(src / "runs.csv")
-    curves = _read(src / "curves.csv")
-    claim_rows = _read(src / "layerwise_runs.csv") if (src / "layerwise_runs.csv").stat().st_size > 10 else []
-    rows, has_room = cell_rows(runs)
-    write_table(rows, out, "ablations")
-    eff = effects(runs, has_room)
-    write_table(eff, out, "effects")
-    th, rates = theorem1(runs)
-    if th:
-        write_table(th, out, "theorem1")
-        write_table(rates, out, "theorem1_rates")
-    lw = layerwise(claim_rows) if claim_rows else []
-    if lw:
-        write_table(lw, out, "layerwise")
-    write_table(cost(runs), out, "cost")
+    try:  # every input checked, every table computed, then written together (records_io): a bad record writes nothing
+        check_out(out, "--out" if args.out else "--from-record", named=args.out is not None)
+        if args.from_record is not None and not args.from_record.is_dir():
+            raise RecordError(f"--from-record {str(args.from_record)!r}: no folder holding runs.csv there (a record of "
+                              "this script's tables)")
+        src = args.from_record or out
+        if args.from_record is None:
+            out.mkdir(parents=True, exist_ok=True)
+            collect(args.tracking_uri, args.storage, out)
+        runs, curves, claim_rows = (_read(src / name) for name in RECORD)
+        outs = Outputs(out)
+        rows, has_room = cell_rows(runs)
+        outs.table(rows, "ablations")
+        eff = effects(runs, has_room)
+        outs.table(eff, "effects")
+        th, rates = theorem1(runs)
+        if th:
+            outs.table(th, "theorem1")
+            outs.table(rates, "theorem1_rates")
+        lw = layerwise(claim_rows) if claim_rows else []
+        if lw:
+            outs.table(lw, "layerwise")
+        outs.table(cost(runs), "cost")
+        outs.write()
+    except RecordError as e:
+        fail(str(e))
     if not args.no_figures:
         figures(rows, runs, curves, th, lw, out)
     for e in eff:

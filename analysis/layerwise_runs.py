@@ -22,24 +22,32 @@ pooled claim needs only the per-run values):
 """
 from __future__ import annotations
 
-import csv
 import math
 import re
 from pathlib import Path
 
 import numpy as np
+from records_io import RecordError, read_csv
 
 NAN = float("nan")
 REDEFINED = ("state_before_task", "kback_acc_falls_with_k")  # logged under the old definitions: superseded
 
 
-class RunsError(ValueError):
+class RunsError(RecordError):
     """Bad input to the --from-runs mode (one line)."""
 
 
+KEPT = {  # a run folder's tables (records_io.read_csv: checked, one line naming the file and row): columns, keys
+    "claims.csv": dict(required=("name", "value", "ci_lo", "ci_hi", "rule", "verdict"),
+                       numbers=("value", "ci_lo", "ci_hi"), unique=[("name",)]),
+    "probe_claims.csv": dict(required=("name", "value", "ci_lo", "ci_hi", "rule", "verdict"),
+                             numbers=("value", "ci_lo", "ci_hi"), unique=[("name",)], allow_empty=True),
+    "probes.csv": dict(required=("target", "layer"), numbers=("layer",)),
+}
+
+
 def _rows(path: Path) -> list[dict]:
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
+    return read_csv(path, **KEPT.get(path.name, {})).rows
 
 
 def _f(x) -> float:
@@ -49,22 +57,12 @@ def _f(x) -> float:
         return NAN
 
 
-def write_csv(rows: list[dict], path: Path) -> None:
-    """rows as a CSV table (columns in first-seen order)."""
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, cols)
-        w.writeheader()
-        w.writerows(rows)
-    print(f"table: {path}")
-
 
 def read_trials(path: Path) -> dict[str, dict]:
-    """run id -> its trials.csv row."""
-    try:
-        return {r["run_id"]: r for r in _rows(path)}
-    except (OSError, KeyError, csv.Error) as e:
-        raise RunsError(f"cannot read --trials {str(path)!r}: {type(e).__name__}: {e}") from None
+    """run id -> its trials.csv row (records_io.read_csv: one row per run id and trial, hmm.n_tasks a number)."""
+    t = read_csv(path, what="--trials", required=("run_id", "hmm.n_tasks"), numbers=("hmm.n_tasks", "train.seed",
+                 "data.seed"), unique=[("run_id",), ("trial",)])
+    return {r["run_id"]: r for r in t.rows}
 
 
 def run_dirs(root: Path, trials: dict[str, dict]) -> list[tuple[Path, dict]]:

@@ -37,13 +37,14 @@ The package never imports this folder.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import sys
 from pathlib import Path
 
-from layerwise_runs import RunsError, read_trials, run_dirs, run_row, token_recurrence, write_csv
+from layerwise_runs import RunsError, read_trials, run_dirs, run_row, token_recurrence
+from records_io import Outputs, RecordError, check_out
+from sweepdata import table_csv
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
@@ -105,8 +106,9 @@ def main(argv=None) -> int:
     runs = {n: "Runs (training / analysis): " + ", ".join(f"{a[:8]} / {b[:8]}" for a, b in zip(sub["run_id"],
                                                                                           sub["analysis_id"]))
             for n, sub in subs.items()}
-    _pool(subs, runs, args.sweep, args.out, "", not args.no_figures)
-    return 0
+    outs = Outputs(args.out)
+    plots = _pool(subs, runs, args.sweep, outs, "")
+    return _write(outs, plots, not args.no_figures)
 
 
 def _from_runs(args, cells: list[int]) -> int:
@@ -118,6 +120,7 @@ def _from_runs(args, cells: list[int]) -> int:
     from hmmscope.sweep.spec import load_spec
 
     try:
+        check_out(args.out)
         if args.trials is None or args.spec is None:
             raise RunsError("--from-runs needs --trials (the sweep's trials.csv) and --spec (its spec)")
         try:
@@ -133,7 +136,7 @@ def _from_runs(args, cells: list[int]) -> int:
                 raise RunsError(f"no run folder with hmm.n_tasks = {', '.join(map(str, sorted(set(cells) - found)))}")
         out = [run_row(d, t, spec, n_episodes=n_ep, probe_tasks=args.probe_tasks, min_per_task=args.min_per_task,
                        seed=args.seed) for d, t in dirs]
-    except RunsError as e:
+    except RecordError as e:  # RunsError too
         print(f"error: {e}", file=sys.stderr)
         return 2
     df = pd.DataFrame([r[0] for r in out])
@@ -146,9 +149,10 @@ def _from_runs(args, cells: list[int]) -> int:
             "kback*_beats_token_stats and kback_acc_falls_with_k (on the excess over the token statistics) are "
             "recomputed per run as values only (the per-episode hits a per-run CI needs are not kept: '-' in the "
             "per-run verdicts); every other claim is each run's logged row.")
-    _pool(subs, runs, spec.name, args.out, note, not args.no_figures)
-    write_csv([k for r in out for k in r[1]], args.out / "kback_token_stats.csv")
-    write_csv([r[2] for r in out], args.out / "state_before_task_runs.csv")
+    outs = Outputs(args.out)
+    plots = _pool(subs, runs, spec.name, outs, note)
+    outs.table([k for r in out for k in r[1]], "kback_token_stats")
+    outs.table([r[2] for r in out], "state_before_task_runs")
     rec = []
     for label, kw in (("family: 512 tasks (hmm.seed's training stream), test segment", {"n_tasks": 512}),
                       ("family: 512 tasks, stationary", {"n_tasks": 512, "stationary": True})):
@@ -159,19 +163,31 @@ def _from_runs(args, cells: list[int]) -> int:
             tasks = probe_tasks(n, min(args.probe_tasks, n), cfg.data.seed)
             rec.append({"tasks": f"n_tasks = {n}: the {len(tasks)} probed tasks of seed {s}, test segment",
                         **dict(zip((f"k{k}" for k in range(6)), token_recurrence(spec, n, tasks=tasks)))})
-    write_csv(rec, args.out / "token_recurrence.csv")
+    outs.table(rec, "token_recurrence")
+    return _write(outs, plots, not args.no_figures)
+
+
+def _write(outs: Outputs, plots: list, plot: bool) -> int:
+    """Every table computed: write them together (records_io.Outputs, each atomically), then the figures."""
+    try:
+        outs.write()
+    except RecordError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if plot:
+        for claims, sub, stem in plots:
+            _plot(claims, sub, outs.out / stem)
     return 0
 
 
-def _pool(subs: dict, runs: dict, sweep: str, out: Path, note: str, plot: bool = True) -> None:
-    """Pool each cell's runs through the report's layerwise section; write the md, csv, json and figures."""
+def _pool(subs: dict, runs: dict, sweep: str, outs: Outputs, note: str) -> list:
+    """Pool each cell's runs through the report's layerwise section: the md, csv and json into `outs` (written later,
+    with the rest), lines printed; returns the figures to draw once written, (claims, runs, stem) per cell."""
     from hmmscope.report.layerwise import layerwise_section
     from hmmscope.report.render import render_md
     from hmmscope.stats import jsonable
 
-    out.mkdir(parents=True, exist_ok=True)
-    args_out = out
-    sections, rows = [], []
+    sections, rows, plots = [], [], []
     for n, sub in subs.items():
         figs: dict = {}
         sec, claims = layerwise_section(sub, None, figs)
@@ -186,8 +202,7 @@ def _pool(subs: dict, runs: dict, sweep: str, out: Path, note: str, plot: bool =
                     "(eval/unseen/vs_best_counting): " + ", ".join(f"{g:.3f}" for g in vs))
         sec.blocks.insert(0, ("p", runs[n] + ". " + what + "." + (f" {note}" if note else "")))
         sections.append(sec)
-        if plot:
-            _plot(claims, sub, args_out / f"layerwise_claims_n{n}")
+        plots.append((claims, sub, f"layerwise_claims_n{n}"))
         for c in claims:
             name = c.name[len("pooled: "):]
             per_run = [str(v) for v in sub.get(f"verdict:{name}", [])]
@@ -197,17 +212,14 @@ def _pool(subs: dict, runs: dict, sweep: str, out: Path, note: str, plot: bool =
                          "per_run_values": ";".join(f"{v:.4g}" for v in vals),
                          "per_run_verdicts": ";".join(per_run), "statistic": c.statistic, "reason": c.reason})
     md = render_md(f"Layerwise claims per regime: sweep {sweep}, n_tasks {', '.join(map(str, subs))}", sections)
-    (args_out / "regime_layerwise.md").write_text(md)
-    with open(args_out / "regime_layerwise_claims.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    (args_out / "regime_layerwise_claims.json").write_text(json.dumps(jsonable(rows), indent=2))
+    outs.text("regime_layerwise.md", md)
+    outs.text("regime_layerwise_claims.csv", table_csv(rows))
+    outs.text("regime_layerwise_claims.json", json.dumps(jsonable(rows), indent=2))
     width = max(len(r["claim"]) for r in rows)
     for r in rows:
         print(f"n_tasks {r['n_tasks']:>5}  {r['claim']:<{width}}  {r['value']:+.4f} [{r['ci_lo']:+.4f}, {r['ci_hi']:+.4f}]"
               f"  {r['rule']:<20} {r['verdict']}  (runs: {r['per_run_verdicts']})")
-    print(f"tables: {args_out / 'regime_layerwise.md'}, {args_out / 'regime_layerwise_claims.csv'}")
+    return plots
 
 
 def _plot(claims, sub, stem: Path) -> None:
@@ -234,8 +246,11 @@ def _plot(claims, sub, stem: Path) -> None:
         ax.tick_params(axis="x", labelsize=7)
         ax.set_title(c.verdict, fontsize=7, loc="right", color=col, pad=1)
     fig.suptitle(f"{stem.name}: seeds (grey), pooled mean with 95% t CI over seeds (colour: verdict)", fontsize=8)
+    from hmmscope.safe_output import atomic_path
+
     for ext in ("png", "pdf"):
-        fig.savefig(f"{stem}.{ext}", dpi=130)
+        with atomic_path(f"{stem}.{ext}") as tmp:
+            fig.savefig(tmp, dpi=130, format=ext)
         print(f"figure: {stem}.{ext}")
 
 

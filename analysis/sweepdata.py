@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import os
 import sys
 import tempfile
@@ -175,32 +176,49 @@ def mean_ci(values) -> tuple[float, float, float, int]:
 
 
 def save(fig, out: Path, stem: str) -> list[Path]:
-    """The figure as PNG and PDF; prints the paths."""
+    """The figure as PNG and PDF, each written atomically (hmmscope.safe_output); prints the paths."""
     import matplotlib.pyplot as plt
+
+    from hmmscope.safe_output import atomic_path
 
     paths = [out / f"{stem}.png", out / f"{stem}.pdf"]
     for p in paths:
-        fig.savefig(p, dpi=130, bbox_inches="tight")
+        with atomic_path(p) as tmp:
+            fig.savefig(tmp, dpi=130, bbox_inches="tight", format=p.suffix[1:])
         print(f"figure: {p}")
     plt.close(fig)
     return paths
 
 
-def write_table(rows: list[dict], out: Path, stem: str) -> Path:
-    """A CSV table beside the figures, also printed as aligned text."""
-    p = out / f"{stem}.csv"
+def table_csv(rows: list[dict]) -> str:
+    """The rows as CSV text (columns in first-seen order), as write_table writes them."""
     cols = list(dict.fromkeys(k for r in rows for k in r))
-    with open(p, "w", newline="") as fh:
-        w = csv.DictWriter(fh, cols)
-        w.writeheader()
-        w.writerows(rows)
+    fh = io.StringIO(newline="")
+    w = csv.DictWriter(fh, cols)
+    w.writeheader()
+    w.writerows(rows)
+    return fh.getvalue()
+
+
+def write_table(rows: list[dict], out: Path, stem: str) -> Path:
+    """A CSV table beside the figures (written atomically: hmmscope.safe_output), also printed as aligned text."""
+    from hmmscope.safe_output import write_text
+
+    p = out / f"{stem}.csv"
+    write_text(p, table_csv(rows))
+    print_table(rows, p)
+    return p
+
+
+def print_table(rows: list[dict], p: Path) -> None:
+    """The rows as aligned text, then the table's path."""
+    cols = list(dict.fromkeys(k for r in rows for k in r))
     fmt = [{k: (f"{v:.4g}" if isinstance(v, float) else str(v)) for k, v in r.items()} for r in rows]
     widths = {k: max(len(k), *(len(r.get(k, "")) for r in fmt)) for k in cols}
     print("  ".join(k.ljust(widths[k]) for k in cols))
     for r in fmt:
         print("  ".join(r.get(k, "").ljust(widths[k]) for k in cols))
     print(f"table: {p}")
-    return p
 
 
 def label(sw: Sweep, cell: tuple[str, ...]) -> str:

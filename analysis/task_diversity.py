@@ -9,7 +9,9 @@ seen excess CE) against n_tasks with the estimated regime boundary.
 
 With --trials the script reads a record's trials.csv (one row per COMPLETE trial: the params that vary, every final
 metric; `hmmscope report` writes it) instead of the sweep's store, so a record can be regenerated without its
-store; the figures then go to the folder beside trials.csv, `figures/` (or --out).
+store; the figures then go to the folder beside trials.csv, `figures/` (or --out). The file is checked first
+(analysis/records_io.py: one row per run id, trial, and n_tasks and seed), and the tables and claims are written
+together once all are computed.
 
 Regime boundary. n* = the n_tasks at which the mean retrieval gap over seeds falls through the threshold
 (default 0.05 nats/token), interpolated linearly in log2(n_tasks) between the last grid value above it and the
@@ -55,14 +57,14 @@ i.e. one unseen task-oracle CE per seed) and the figure task_diversity.{png,pdf}
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from sweepdata import SEED_KEYS, fail, load_sweep, mean_ci, save, write_table
+from records_io import Outputs, RecordError, check_numbers, check_out, check_unique, read_csv
+from sweepdata import SEED_KEYS, fail, load_sweep, mean_ci, save
 
 TASKS = ("seen", "unseen")
 BASE = ("incontext_unigram", "incontext_bigram", "incontext_hmm", "best_counting", "family_bayes")
@@ -85,8 +87,12 @@ def main(argv=None) -> int:
     if not math.isfinite(args.threshold):
         fail(f"--threshold must be a finite number, got {args.threshold}")
     if args.trials is not None:
-        points, name = read_trials_csv(args.trials), args.trials.resolve().parent.name
         out = args.out or args.trials.resolve().parent / "figures"
+        try:  # the record's trials.csv and --out checked before anything is computed (records_io)
+            check_out(out, "--out" if args.out else "--trials", named=args.out is not None)
+            points, name = read_trials_csv(args.trials), args.trials.resolve().parent.name
+        except RecordError as e:
+            fail(str(e))
     else:
         sw = load_sweep(args)
         if sw.kind != "train":
@@ -99,35 +105,38 @@ def main(argv=None) -> int:
             fail(f"no trial of {sw.name!r} has eval/retrieval_gap (evaluate on seen and unseen tasks)")
         name = sw.name
         out = args.out or Path(__file__).resolve().parent / "results" / sw.name / "figures"
-    summarize(points, args.threshold, out, name)
+    try:
+        summarize(points, args.threshold, out, name)
+    except RecordError as e:  # --out not writable: nothing was written
+        fail(str(e))
     return 0
 
 
 def read_trials_csv(path: Path) -> list[tuple[int, str, dict]]:
-    """(n_tasks, seed, final metrics) per training trial of a record's trials.csv (metrics: the columns with a '/')."""
-    try:
-        with open(path, newline="") as fh:
-            rows = list(csv.DictReader(fh))
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        fail(f"cannot read --trials {str(path)!r}: {type(e).__name__}: {e}")
-    if not rows or "hmm.n_tasks" not in rows[0]:
-        fail(f"--trials {str(path)!r} has no hmm.n_tasks column (a trials.csv of a sweep over hmm.n_tasks)")
-    if "eval/retrieval_gap" not in rows[0]:
-        fail(f"--trials {str(path)!r} has no eval/retrieval_gap column (evaluate on seen and unseen tasks)")
+    """(n_tasks, seed, final metrics) per training trial of a record's trials.csv (metrics: the columns with a '/'),
+    checked first (records_io: the file, its columns, numbers in every metric column, one row per run id and trial,
+    and per n_tasks and seed among the training trials; RecordError naming the file and row)."""
+    t = read_csv(path, what="--trials", required=("hmm.n_tasks", "eval/retrieval_gap"), numbers=("hmm.n_tasks",),
+                 unique=[("run_id",), ("trial",)])
+    check_numbers(t, [c for c in t.columns if "/" in c])
+    seed_key = next((k for k in SEED_KEYS if k in t.columns), None)
+    if seed_key:
+        check_numbers(t, [seed_key])
+        check_unique(t, ("hmm.n_tasks", seed_key), lambda r: r.get("kind", "train") == "train",
+                     ": a repeated trial would count as another seed")
+    rows = t.rows
     fresh = {i for i, r in enumerate(rows) if r.get("hmm.n_tasks") not in ("", None) and float(r["hmm.n_tasks"]) == 0}
-    seed_key = next((k for k in SEED_KEYS if k in rows[0]), None)
     points = []
     for i, r in enumerate(rows):
         if r.get("kind", "train") != "train" or (r.get("eval/retrieval_gap") in ("", None) and i not in fresh):
             continue
-        try:
-            n = int(float(r["hmm.n_tasks"]))
-            m = {k: float(v) for k, v in r.items() if k and "/" in k and v not in ("", None)}
-        except ValueError as e:
-            fail(f"--trials {str(path)!r} row {i + 2}: not a number ({e})")
+        if r["hmm.n_tasks"].strip() == "":
+            raise RecordError(f"{t.where(i)}: no hmm.n_tasks")
+        n = int(float(r["hmm.n_tasks"]))
+        m = {k: float(v) for k, v in r.items() if k and "/" in k and v not in ("", None)}
         points.append((n, r[seed_key] if seed_key else "0", m))
     if not points:
-        fail(f"--trials {str(path)!r} has no training trial with eval/retrieval_gap")
+        raise RecordError(f"--trials {str(path)!r} has no training trial with eval/retrieval_gap")
     return points
 
 
@@ -206,7 +215,7 @@ def summarize(points: list[tuple[int, str, dict]], threshold: float, out, name: 
     ns = np.array(sorted(n for n in vals if n != FRESH), float)
     if len(ns) < 2:
         fail(f"{name}: the retrieval gap is measured at {len(ns)} n_tasks value; the boundary needs at least 2")
-    out.mkdir(parents=True, exist_ok=True)
+    outs = Outputs(out)  # every table and the claims computed, then written together (records_io)
     rows = []
     for n in sorted(vals, key=lambda n: (n == FRESH, n)):  # fresh tasks last: "infinite" diversity
         row: dict = {"n_tasks": n, "cell": "fresh" if n == FRESH else str(n)}
@@ -215,15 +224,15 @@ def summarize(points: list[tuple[int, str, dict]], threshold: float, out, name: 
             row.update({q: mean, f"{q}_lo": lo, f"{q}_hi": hi})
             row["n_seeds"] = max(row.get("n_seeds", 0), k)
         rows.append(row)
-    write_table(rows, out, "task_diversity")
+    outs.table(rows, "task_diversity")
     regimes = cell_regimes(regime_vals)
     if regimes:
-        write_table(regimes, out, "task_diversity_regimes")
+        outs.table(regimes, "task_diversity_regimes")
 
     bnd = boundary(ns, per_seed, threshold)
-    write_table([bnd], out, "task_diversity_boundary")
+    outs.table([bnd], "task_diversity_boundary")
     sens = [boundary(ns, per_seed, t) for t in THRESHOLDS]
-    write_table(sens, out, "task_diversity_threshold")
+    outs.table(sens, "task_diversity_threshold")
     tail = []
     for n0 in ns:
         cells = [int(n) for n in ns if n >= n0]
@@ -234,7 +243,7 @@ def summarize(points: list[tuple[int, str, dict]], threshold: float, out, name: 
         tail.append({"n_tasks_from": int(n0), "cells": len(cells), "trials": len(gaps),
                      "positive": int(sum(g > 0 for g in gaps)), "mean": e.value, "lo": e.lo, "hi": e.hi, "df": e.df,
                      "method": f"mean over seeds of each seed's mean gap over these cells; {e.method}"})
-    write_table(tail, out, "task_diversity_tail")
+    outs.table(tail, "task_diversity_tail")
 
     first = np.asarray(vals[int(ns[0])]["retrieval_gap"], float)
     m0, lo0, hi0, k0 = mean_ci(first)
@@ -263,8 +272,8 @@ def summarize(points: list[tuple[int, str, dict]], threshold: float, out, name: 
             "min_over_trials": worst[2], "at": {"n_tasks": worst[0], "seed": worst[1]},
             "min_over_cells_of_seed_mean": min(r["unseen/model_minus_incontext_hmm"] for r in rows
                                                if "unseen/model_minus_incontext_hmm" in r)}
-    (out / "task_diversity_claims.json").write_text(json.dumps(jsonable(
-        [c.__dict__ for c in claims] + [summary]), indent=2))
+    outs.text("task_diversity_claims.json", json.dumps(jsonable([c.__dict__ for c in claims] + [summary]), indent=2))
+    outs.write()
     for c in claims:
         print(f"claim {c.name}: {c.value:.4g} [{c.ci_lo:.4g}, {c.ci_hi:.4g}] rule '{c.rule}' -> {c.verdict}")
     print(f"regime boundary: n* = {bnd['n_star']:.4g} [{bnd['n_star_lo']:.4g}, {bnd['n_star_hi']:.4g}] ({bnd['power']})")

@@ -28,11 +28,11 @@ what issue 34 moved (previous -> now) is told apart from what earlier issues mov
 """
 from __future__ import annotations
 
-import csv
-import json
 import math
 import sys
 from pathlib import Path
+
+from records_io import RecordError, check_numbers, read_csv, read_json
 
 
 def _frame(rec: Path, old: dict):
@@ -41,8 +41,9 @@ def _frame(rec: Path, old: dict):
     from hmmscope.report.read import input_keys
     from hmmscope.stats import parse_rule, rule
 
-    with open(rec / "trials.csv", newline="") as fh:
-        rows = list(csv.DictReader(fh))
+    t = read_csv(rec / "trials.csv", required=("trial", "kind"), numbers=("trial",), unique=[("run_id",), ("trial",)])
+    check_numbers(t, [c for c in t.columns if "/" in c])  # every metric and claim column: a number or nothing
+    rows = t.rows
     rules = {}
     for c in old["claims"]:
         if c["name"].startswith("pooled: ") and c.get("rule"):
@@ -106,9 +107,6 @@ def _old_run_verdicts(old: dict) -> dict:
 def main(argv=None) -> int:
     import warnings
 
-    from hmmscope.report.layerwise import depth_rank_section, layerwise_section
-    from hmmscope.report.posenc import posenc_section
-
     warnings.simplefilter("ignore")
     args = list(argv if argv is not None else sys.argv[1:])
     again = "--redecide" in args
@@ -120,12 +118,23 @@ def main(argv=None) -> int:
     if missing:
         print(f"error: no record folder {missing[0]}", file=sys.stderr)
         return 2
+    try:  # every file read is checked (records_io): a bad one is one line naming it and the row, exit 2
+        return _main(recs, again)
+    except RecordError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(recs: list[Path], again: bool) -> int:
+    from hmmscope.report.layerwise import depth_rank_section, layerwise_section
+    from hmmscope.report.posenc import posenc_section
+
     if again:
         for rec in recs:
             print(redecide_report(rec))
         return 0
     for rec in recs:
-        old = json.loads((rec / "report.json").read_text())
+        old = read_json(rec / "report.json")
         df, rules = _frame(rec, old)
         runs = _run_verdicts(df, rules)
         for (n, t), v in runs.items():
@@ -246,7 +255,7 @@ def _report_claims(rec: Path) -> list[dict]:
     """Every claim of every report.json under rec, with its per-run layerwise rows; each row names its source."""
     out = []
     for f in sorted(rec.rglob("report.json")):
-        d = json.loads(f.read_text())
+        d = read_json(f)
         src = str(f.relative_to(rec))
         rows = [{"src": src, "name": c["name"], "rule": c.get("rule") or "", "ci_lo": c.get("ci_lo"),
                  "ci_hi": c.get("ci_hi"), "df": c.get("df"), "degenerate": c.get("degenerate") or "",
@@ -276,11 +285,10 @@ def _table_claims(rec: Path) -> list[dict]:
     files = sorted({*rec.rglob("*claims*.csv"), *rec.rglob("*claims*.json")})
     for f in files:
         if f.suffix == ".json":
-            d = json.loads(f.read_text())
+            d = read_json(f)
             items = d if isinstance(d, list) else d.get("claims", []) if isinstance(d, dict) else []
         else:
-            with open(f, newline="") as fh:
-                items = list(csv.DictReader(fh))
+            items = read_csv(f, allow_empty=True, numbers=("ci_lo", "ci_hi", "df")).rows
         src = str(f.relative_to(rec))
         rows = []
         for c in items:
@@ -304,7 +312,7 @@ def _regime_words(rec: Path, claims: list[dict]) -> list[dict]:
 
     out = []
     for f in sorted(rec.rglob("report.json")):
-        d = json.loads(f.read_text())
+        d = read_json(f)
         src = str(f.relative_to(rec))
         by = {c["name"]: c for c in claims if c["src"] == src}
         for sec in d.get("sections", []):
@@ -317,22 +325,21 @@ def _regime_words(rec: Path, claims: list[dict]) -> list[dict]:
                                     "previous": previous_regime([{**m, "verdict": m["previous"]} for m in mine]),
                                     "ci": _inf_ci(mine)})
     for f in sorted(rec.rglob("task_diversity_regimes.csv")):
-        with open(f, newline="") as fh:
-            for r in csv.DictReader(fh):
-                mine, known_now, known_prev = [], {}, {}
-                for n, (_, rl) in FIG1.items():
-                    if r.get(n, "") == "":
-                        continue
-                    rl = rl if n != "inference_beyond_counting" else str(rule("<", 0, ["icl_gain"]))
-                    lo, hi = _f(r.get(f"{n}_lo")), _f(r.get(f"{n}_hi"))
-                    now = decide(rl, lo, hi, known_now, df=_f(r.get("seeds")) - 1)
-                    prev = previous_decide(rl, lo, hi, known_prev, df=_f(r.get("seeds")) - 1)
-                    known_now[n], known_prev[n] = now, prev
-                    mine.append({"name": n, "ci_lo": lo, "ci_hi": hi, "now": now, "previous": prev})
-                out.append({"src": str(f.relative_to(rec)), "name": f"n_tasks={r['cell']}", "verdict": r["regime"],
-                            "now": regime([{**m, "verdict": m["now"]} for m in mine]),
-                            "previous": previous_regime([{**m, "verdict": m["previous"]} for m in mine]),
-                            "ci": _inf_ci(mine)})
+        for r in read_csv(f, required=("cell", "regime"), allow_empty=True).rows:  # checked (records_io)
+            mine, known_now, known_prev = [], {}, {}
+            for n, (_, rl) in FIG1.items():
+                if r.get(n, "") == "":
+                    continue
+                rl = rl if n != "inference_beyond_counting" else str(rule("<", 0, ["icl_gain"]))
+                lo, hi = _f(r.get(f"{n}_lo")), _f(r.get(f"{n}_hi"))
+                now = decide(rl, lo, hi, known_now, df=_f(r.get("seeds")) - 1)
+                prev = previous_decide(rl, lo, hi, known_prev, df=_f(r.get("seeds")) - 1)
+                known_now[n], known_prev[n] = now, prev
+                mine.append({"name": n, "ci_lo": lo, "ci_hi": hi, "now": now, "previous": prev})
+            out.append({"src": str(f.relative_to(rec)), "name": f"n_tasks={r['cell']}", "verdict": r["regime"],
+                        "now": regime([{**m, "verdict": m["now"]} for m in mine]),
+                        "previous": previous_regime([{**m, "verdict": m["previous"]} for m in mine]),
+                        "ci": _inf_ci(mine)})
     return out
 
 
@@ -348,8 +355,7 @@ def _trial_regimes(rec: Path) -> list[dict]:
 
     out = []
     for f in sorted(rec.rglob("trials.csv")):
-        with open(f, newline="") as fh:
-            rows = list(csv.DictReader(fh))
+        rows = read_csv(f, allow_empty=True, unique=[("run_id",), ("trial",)]).rows
         for r in rows:
             if f"{FIG1['inference_beyond_counting'][0]}_lo" not in r or r.get("eval/unseen/vs_best_counting") in ("",
                                                                                                           None):

@@ -9,7 +9,8 @@ in: ..." and goes on: the interrupt is lost, and a training run would keep going
 So the handler also records the signal, and long loops call `raise_if_terminated()` at each step: a recorded signal
 whose exception has not reached them raises there. Inside `sigterm_interrupts` such a swallowed interrupt prints
 nothing (no "Exception ignored" traceback on the way to the one-line "error: interrupted"); it is counted in
-`SWALLOWED`.
+`SWALLOWED`. A second SIGTERM while the first one's interrupt is being handled is ignored (until
+`sigterm_interrupts` ends): the clean-up it would cut short is what leaves a run KILLED with its last rows.
 
 Children (`die_with_parent`, a preexec_fn): a sweep's worker processes and `hmmscope ui`'s servers get SIGTERM when
 the process that started them dies, even by SIGKILL (Linux). Heartbeats (`every`): a daemon thread that calls a
@@ -27,11 +28,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 _PENDING: list[int] = []  # signals received whose KeyboardInterrupt may not have propagated
+_STOPPING: list[int] = []  # a SIGTERM's interrupt is under way (until `sigterm_interrupts` ends): later ones wait
 SWALLOWED: list[str] = []  # where Python swallowed one of our interrupts (inside `sigterm_interrupts`), for tests
 
 
 def on_sigterm(signum, frame) -> None:
-    """The SIGTERM handler: record the signal, then raise KeyboardInterrupt where the program is."""
+    """The SIGTERM handler: record the signal, then raise KeyboardInterrupt where the program is. Once: a second
+    SIGTERM while the first one's interrupt is handled (a run's end being written, `timeout` and a scheduler both
+    signalling) is ignored, so it cannot cut that clean-up short (a run left RUNNING, its last rows lost)."""
+    if _STOPPING:
+        return
+    _STOPPING.append(signum)
     _PENDING.append(signum)
     raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
 
@@ -66,6 +73,7 @@ def sigterm_interrupts() -> Iterator[None]:
         sys.unraisablehook = old_hook
         signal.signal(signal.SIGTERM, old)
         _PENDING.clear()
+        _STOPPING.clear()
 
 
 def die_with_parent():

@@ -290,6 +290,9 @@ ENV_CASES = [  # (environment, args, needle): read at the command's start
     P({"HMMSCOPE_STORE_OUTAGE_S": "1e308"}, ["sweep", "run", "spec.toml"], "[0, 86400]", id="HMMSCOPE_STORE_OUTAGE_S=1e308"),
     P({"HMMSCOPE_PROGRESS_S": "0"}, ["train", "--config", "tiny.toml"], "HMMSCOPE_PROGRESS_S", id="HMMSCOPE_PROGRESS_S=0"),
     P({"HMMSCOPE_THREADS": "100000"}, ["train", "--config", "tiny.toml"], "[1, 4096]", id="HMMSCOPE_THREADS=100000"),
+    # issue 47, item 4: an integer is ASCII digits (int() read `2_0` as 20)
+    P({"HMMSCOPE_THREADS": "2_0"}, ["train", "--config", "tiny.toml"], "HMMSCOPE_THREADS='2_0'",
+      id="HMMSCOPE_THREADS=2_0"),
 ]
 
 

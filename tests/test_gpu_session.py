@@ -315,3 +315,109 @@ def test_the_window_rebalanced_for_the_analysis():
     dry = paper_once.main_parser(["run", "--dry"]).parse_args(["run", "--dry", "--out", "/tmp/x"])
     cmd = paper_once.analyze_command(dry, "python", "0" * 32, "exp", Path("/tmp/o"))
     assert cmd[cmd.index("--probe-fits") + 1] == "torch"
+
+
+# ---------------------------------------------------------------- checks before any phase; a failed phase (issue 47, item 3)
+
+
+def _once(tmp: Path, *flags: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HMMSCOPE_THREADS": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run([sys.executable, "analysis/gpu/paper_once.py", "run", "--out", str(tmp / "out"), "--store",
+                           str(tmp / "store"), "--rec", str(tmp / "rec"), *flags], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.skipif(importlib.import_module("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_cuda_run_on_a_machine_without_one_is_refused_at_once(tmp_path):
+    """Before: `paper_once.py run` (not --dry) without CUDA ran every phase, each failing with "device 'cuda'
+    requested but CUDA is not available", then printed "paper-once: done" and exited 0 after 48 s. Now one line,
+    exit 2, nothing created."""
+    r = _once(tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stdout == "" and r.stderr.splitlines() == [
+        f"error: --device cuda: CUDA is not available here ({sys.executable}'s torch sees 0 CUDA device(s)); give "
+        "--dry for the CPU rehearsal"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    (["--deadline", "-5"], "--deadline -5: give seconds in (0, 595]"),
+    (["--deadline", "nan"], "--deadline nan: give a finite number"),
+    (["--deadline", "900"], "--deadline 900: give seconds in (0, 595]"),
+    (["--limit", "0"], "--limit 0: give the device call's timeout in seconds, over 5"),
+    (["--steps", "-3"], "--steps -3: give a count >= 1"),
+    (["--quantum", "0"], "--quantum 0: give a count >= 1"),
+    (["--bench-s", "inf"], "--bench-s inf: give a finite number"),
+    (["--analyze-s", "-1"], "--analyze-s -1: give seconds >= 0"),
+    (["--train-ratio", "0"], "--train-ratio 0: give a ratio > 0"),
+    (["--probe-jobs", "0"], "--probe-jobs '0': give a count >= 1"),
+    (["--t0", "nan"], "--t0 nan: give a finite number"),
+])
+def test_flag_ranges_are_checked_before_any_phase(tmp_path, flags, needle):
+    """Before: --deadline -5 and --steps -3 ran every phase; --limit 0 ran until an outside timeout; --deadline nan
+    was a ValueError traceback and --quantum 0 a ZeroDivisionError after 48 s. Now one line naming the flag."""
+    args = paper_once.main_parser(["run", "--dry"]).parse_args(["run", "--dry", "--out", "/tmp/x", *flags])
+    assert paper_plan.flag_problem(args).startswith(needle)
+    if flags == ["--quantum", "0"]:  # the whole command: exit 2 at once, nothing created
+        r = _once(tmp_path, "--dry", *flags, timeout=60)
+        assert r.returncode == 2 and r.stderr.splitlines() == [f"error: {needle}"], r.stderr
+        assert not list(tmp_path.iterdir())
+    defaults = paper_once.main_parser(["run", "--dry"]).parse_args(["run", "--dry", "--out", "/tmp/x"])
+    assert paper_plan.flag_problem(defaults) is None
+    assert paper_plan.flag_problem(paper_once.main_parser([]).parse_args(["run", "--out", "/tmp/x"])) is None
+
+
+def test_the_done_line_counts_failed_phases_and_the_exit_code_says_so(tmp_path):
+    """Before: a session whose phases failed printed "done" and exited 0. Now the last line says how many phases
+    failed (failed or cut off), and the exit code is 1 when any did."""
+    r = _once(tmp_path, "--dry", "--phases", "pack", "--python", "false")
+    assert r.returncode == 1, r.stdout + r.stderr
+    last = r.stdout.strip().splitlines()[-1]
+    assert "paper-once: done, 1 of 1 phases failed (pack failed); files in" in last, r.stdout
+
+
+HOLDER = """
+import signal, sys, time
+from hmmscope import tracking
+held = tracking.start_run(sys.argv[1], "exp", "held")  # kept: a context manager collected would end the run
+run = held.__enter__()
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a child in a long C call: its SIGTERM never reaches Python in time
+print(f"run {run.run_id} started", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_phase_child_killed_after_its_grace_leaves_its_run_killed(tmp_path, monkeypatch):
+    """Before: a --dry session stopped by SIGTERM could leave its training run RUNNING, with its lease's lock: a
+    child that did not end within its SIGTERM grace was SIGKILLed, and nobody ended its run. Now the session runs
+    `hmmscope runs gc` on its store after such a kill: the run ends KILLED (orphaned) and its lock is freed."""
+    store = tmp_path / "store"
+    uri = f"sqlite:///{store}/mlflow.db"
+    monkeypatch.setattr(paper_once, "STOP_GRACE_S", 1.0)
+    (tmp_path / "out").mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    s = paper_once.Session(tmp_path / "out", tmp_path / "rec", time.time(), env, store=store, py=sys.executable)
+    p = s.phase(3, "train")
+    proc = s.start(p, [sys.executable, "-c", HOLDER, uri], "train.log")
+    try:
+        deadline = time.time() + 120
+        while "started" not in (p.dir / "train.log").read_text():
+            assert proc.poll() is None and time.time() < deadline, (p.dir / "train.log").read_text()
+            time.sleep(0.1)
+        import re
+
+        run_id = re.search(r"run ([0-9a-f]{32}) started", (p.dir / "train.log").read_text()).group(1)
+        s.finish(p, proc, cut=True)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    from hmmscope import tracking
+
+    run = tracking.client(uri).get_run(run_id)
+    assert run.info.status == "KILLED" and run.data.tags["hmmscope.failure_reason"].startswith("orphaned: ")
+    assert not list((store / ".leases").glob("*.lock")) if (store / ".leases").is_dir() else True
+    assert p.status == "cut off" and "killed, 1 orphan run(s) marked KILLED" in p.note, p.note

@@ -39,7 +39,7 @@ def _run(cell: dict, seed: int, study: str) -> dict:
     no_room = g == 0.95
     best = 1.40
     fam = best + 0.01 if no_room else best - 0.25
-    row = {"study": study, "trial": 0, "run_id": f"{study}-{L}-{pe}-{g}-{d}-{w}-{seed}", "seed": seed, "n_layers": L,
+    row = {"study": study, "trial": 0, "run_id": f"{study}-{L}-{pe}-{g}-{d}-{w}-{structures}-{seed}", "seed": seed, "n_layers": L,
            "pos_enc": pe, "gamma": g, "rank": d, "window": w, "structures": structures,
            "model_ce": best + diff, "best_counting_ce": best,
            "family_bayes_ce": fam, "family_bayes_ce_half": fam + 0.05, "em_ce": best + 0.07, "task_oracle_ce": 1.0,

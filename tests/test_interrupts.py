@@ -1,5 +1,6 @@
 """hmmscope.interrupts.every: a heartbeat thread that beats at its interval, stops when told or when its block ends,
-survives a failing beat, and is gone (joined) once the block is left."""
+survives a failing beat, and is gone (joined) once the block is left; sigterm_interrupts: a second SIGTERM waits for
+the first one's clean-up."""
 
 from __future__ import annotations
 
@@ -51,3 +52,29 @@ def test_no_beat_before_the_first_interval_and_an_exception_in_the_block_still_j
     except KeyboardInterrupt:
         pass
     assert beats == [] and _threads("beat-test-c") == []
+
+
+def test_a_second_sigterm_waits_for_the_first_ones_clean_up():
+    """Issue 47, item 1: two SIGTERMs 0.05 s apart; the second raised KeyboardInterrupt again inside the first one's
+    clean-up (a run's last rows and its end being written), so the run lost its rows or stayed RUNNING. Now a SIGTERM
+    while one is handled is ignored until `sigterm_interrupts` ends; after it, a SIGTERM interrupts again."""
+    import signal
+
+    import pytest
+
+    from hmmscope.interrupts import sigterm_interrupts
+
+    me = threading.get_ident()  # to this thread: another one (xdist's) would take a signal sent to the process
+    cleaned = []
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"), sigterm_interrupts():
+        try:
+            signal.pthread_kill(me, signal.SIGTERM)
+            time.sleep(5)
+        finally:
+            signal.pthread_kill(me, signal.SIGTERM)  # the second one, while the first is handled
+            time.sleep(0.05)
+            cleaned.append(True)
+    assert cleaned == [True]
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"), sigterm_interrupts():
+        signal.pthread_kill(me, signal.SIGTERM)
+        time.sleep(5)

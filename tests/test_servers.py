@@ -340,8 +340,10 @@ def test_server_command_lines(tmp_path, store_uri):
     uri = store_uri
     ui = servers.mlflow_ui(uri, 5001)
     root = tracking.artifact_root(uri)
+    served = tracking.server_uri(uri)  # opened, never created (issue 47: the server re-created a moved store)
+    assert served.startswith("sqlite+pysqlite:///file:/") and served.endswith("?mode=rw&uri=true")
     assert Path(ui.argv[0]).name == "mlflow" and ui.argv[1:] == (
-        "ui", f"--backend-store-uri={uri}", f"--registry-store-uri={uri}",
+        "ui", f"--backend-store-uri={served}", f"--registry-store-uri={served}",
         *((f"--default-artifact-root={root}",) if root else ()), "--host=127.0.0.1", "--port=5001", "--workers=1",
         "--uvicorn-opts=--log-level warning --no-access-log")
     assert (ui.name, ui.url, ui.path, ui.needs_200) == ("MLflow UI", "http://127.0.0.1:5001", "/health", True)
@@ -361,7 +363,8 @@ def test_mlflow_ui_argv_keeps_each_value_whole(tmp_path):
     """Known answer: the URI with spaces and ` --flag` is one element, joined to its option with '='."""
     uri = f"sqlite:///{tmp_path}/{WEIRD}/mlflow.db --disable-security-middleware --static-prefix /x"
     s = servers.mlflow_ui(uri, 5123)
-    assert s.argv[1:4] == ("ui", f"--backend-store-uri={uri}", f"--registry-store-uri={uri}")
+    served = tracking.server_uri(uri)
+    assert s.argv[1:4] == ("ui", f"--backend-store-uri={served}", f"--registry-store-uri={served}")
     assert "--disable-security-middleware" not in s.argv and "--static-prefix" not in s.argv
     assert "--port=5123" in s.argv and "--host=127.0.0.1" in s.argv
     d = servers.Server("x", ("a",), "u", "/", False)  # a Server holds a tuple: never a string to split
@@ -397,7 +400,8 @@ def test_ui_child_argv_from_a_weird_folder_and_an_injected_uri(tmp_path):
                         argv = parts
             time.sleep(0.05)
         i = argv.index("ui")
-        assert argv[i + 1:i + 3] == [f"--backend-store-uri={uri}", f"--registry-store-uri={uri}"]
+        served = tracking.server_uri(uri)
+        assert argv[i + 1:i + 3] == [f"--backend-store-uri={served}", f"--registry-store-uri={served}"]
         assert "--disable-security-middleware" not in argv and "--static-prefix" not in argv
         assert not (folder / "pwned").exists() and not (tmp_path / "pwned").exists()
     finally:
@@ -457,6 +461,25 @@ def _request(port: int, method: str, path: str, headers: dict[str, str]) -> int:
         return r.status
     finally:
         c.close()
+
+
+def test_the_host_header_is_parsed_strictly_as_host_and_port():
+    """Issue 47, item 5: `[::1]evil.example`, `[::1]@evil` and `[::1]:80@evil.example` passed as loopback (the name
+    was cut at the first `]`). A Host is host[:port] exactly; an Origin scheme://host[:port]."""
+    from hmmscope.ui.dashboard_guard import loopback_host, loopback_origin, refusal
+
+    for good in ("127.0.0.1", "127.0.0.1:8080", "localhost", "LocalHost:1", "[::1]", "[::1]:80", " [::1]:8080 "):
+        assert loopback_host(good), good
+    for bad in ("[::1]evil.example", "[::1]@evil", "[::1]:80@evil.example", "127.0.0.1:80@evil.example",
+                "127.0.0.1@evil", "localhost.evil.example", "127.0.0.1/x", "[::1]:80/x", "::1", "127.0.0.1:80:80",
+                "[::1", "", None, "127.0.0.1:123456", "evil.example:80"):
+        assert not loopback_host(bad), bad
+        assert refusal({"HTTP_HOST": bad, "REQUEST_METHOD": "GET"}) is not None
+    for good in ("http://127.0.0.1:8080", "https://[::1]", "http://localhost"):
+        assert loopback_origin(good), good
+    for bad in ("http://[::1]evil.example", "http://[::1]@evil", "http://127.0.0.1@evil.example", "ftp://127.0.0.1",
+                "http://127.0.0.1/path", "null", "127.0.0.1"):
+        assert not loopback_origin(bad), bad
 
 
 def test_dashboard_refuses_a_foreign_host_and_a_cross_origin_write(tmp_path):

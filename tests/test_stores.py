@@ -122,6 +122,29 @@ def test_runs_commands_never_create_or_migrate_a_store(tmp_path, monkeypatch):
     assert sorted(p.name for p in db.parent.iterdir()) == ["mlflow.db"]  # no lock file, no journal either
 
 
+def test_a_read_never_creates_a_store_in_an_empty_or_missing_file(tmp_path):
+    """Issue 47, item 5: a read (the report's lookup of its sweep, `tracking.search_runs`, `get_run`) on a 0-byte
+    mlflow.db grew it to MLflow's whole empty schema (954 KB): MLflow creates the schema on its first call. Now only
+    `ensure_store` (a write's first step) creates one; a read raises StoreMissing in one line and writes nothing."""
+    from hmmscope.report import build_report
+
+    zero = tmp_path / "zero" / "mlflow.db"
+    zero.parent.mkdir()
+    zero.touch()
+    missing = tmp_path / "none" / "mlflow.db"
+    for db in (zero, missing):
+        uri = f"sqlite:///{db}"
+        for read, args in ((tracking.search_runs, (uri,)), (tracking.get_run, (uri, "0" * 32)),
+                           (build_report, (uri, "0" * 32, tmp_path / "out"))):
+            with pytest.raises(tracking.StoreMissing, match="a read creates none") as e:
+                read(*args)
+            assert "\n" not in str(e.value) and str(db) in str(e.value)
+        assert (db.stat().st_size == 0) if db is zero else not db.parent.exists()
+    assert not (tmp_path / "out").exists()
+    tracking.ensure_store(f"sqlite:///{zero}")  # a write creates it
+    assert zero.stat().st_size > 0 and tracking.search_runs(f"sqlite:///{zero}") == []
+
+
 def test_a_read_only_open_reads_runs_and_writes_nothing(tmp_path, monkeypatch):
     uri = _store(tmp_path)
     db = Path(uri[len("sqlite:///"):])

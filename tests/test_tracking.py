@@ -163,6 +163,43 @@ def test_http_server_roundtrip_via_rest(mlflow_server):
     assert "summary.json" in files
 
 
+def _forget_then_resume(uri: str) -> tuple[int, dict[str, list[tuple[int, float]]], dict[str, float]]:
+    """A run that logged steps 1..6 of a/x and b, a system/* sample at step 9 and c at step 0, resumed from a checkpoint
+    at step 3 (forget_metrics(3)), then logging steps 4..6 again with new values: (rows forgotten, history, latest)."""
+    with tracking.start_run(uri, "forget", "r") as run:
+        run.log_metric_steps([({"a/x": float(s), "b": float(s)}, s) for s in range(1, 7)])
+        run.log_metrics({"system/cpu": 1.0}, step=9)
+        run.log_metrics({"c": 5.0})
+    with tracking.start_run(uri, "forget", "", resume=run.run_id) as again:
+        n = again.forget_metrics(3)
+        again.log_metric_steps([({"a/x": 10.0 + s, "b": 10.0 + s}, s) for s in range(4, 7)])
+    c = tracking.client(uri)
+    hist = {k: sorted((m.step, m.value) for m in c.get_metric_history(run.run_id, k)) for k in ("a/x", "b", "system/cpu")}
+    return n, hist, c.get_run(run.run_id).data.metrics
+
+
+def test_forget_metrics_past_a_checkpoint_stores_each_step_once(tmp_path, mlflow_server):
+    """Issue 47, item 1: a resume logs the steps past its checkpoint again; the rows a killed writer left there are
+    removed first (a database store, one transaction, MLflow's latest value recomputed), or, on a server (MLflow's REST
+    API removes no metric), kept and not written again. Either way one row per step; system/* (MLflow's sample
+    counter as its step) and keys at earlier steps untouched. A subset of keys: only those (a name or a prefix/)."""
+    n, hist, latest = _forget_then_resume(f"sqlite:///{tmp_path}/mlflow.db")
+    assert n == 6  # a/x and b at steps 4, 5, 6
+    for k in ("a/x", "b"):
+        assert hist[k] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 14.0), (5, 15.0), (6, 16.0)]  # the resume's values
+        assert latest[k] == 16.0
+    assert hist["system/cpu"] == [(9, 1.0)] and latest["c"] == 5.0
+    n, hist, latest = _forget_then_resume(mlflow_server)
+    assert n == 6
+    for k in ("a/x", "b"):
+        assert hist[k] == [(s, float(s)) for s in range(1, 7)] and latest[k] == 6.0  # the first writer's, once
+    uri = f"sqlite:///{tmp_path}/keys.db"
+    with tracking.start_run(uri, "forget", "r") as run:
+        run.log_metric_steps([({"val/loss": 1.0, "val/acc": 0.5, "Loss/val": 1.0, "train/loss": 2.0}, 12)])
+        assert run.forget_metrics(11, ("val/", "Loss/val")) == 3
+    assert set(tracking.client(uri).get_run(run.run_id).data.metrics) == {"train/loss"}
+
+
 def test_keys_are_sanitized(tmp_path):
     uri = f"sqlite:///{tmp_path}/db.sqlite"
     with tracking.start_run(uri, "exp", "keys") as run:

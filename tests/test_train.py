@@ -136,8 +136,8 @@ def test_epochs_and_emergence_curves(uri, finished, tmp_path):
     curves as one table artifact and the figure; issue 26.1: the gain on the same tokens, 0 for the task oracle),
     and the curves at the last step equal to Figure 1 on the same episodes."""
     from hmmscope.data.episodes import unseen_episodes
-    from hmmscope.measure.emergence import key, subset
     from hmmscope.measure.bayes_gap import bayes_spec
+    from hmmscope.measure.emergence import key, subset
     from hmmscope.measure.evaluate import eval_set, figure1_tables, references
 
     c = tracking.client(uri)
@@ -723,3 +723,92 @@ def test_train_metrics_reach_the_store_in_batches_every_step_kept(uri, monkeypat
     hist = sorted(m.step for m in tracking.client(uri).get_metric_history(res.run_id, "train/loss"))
     assert hist == list(range(1, 25))  # every step once
     assert writes == [list(range(1, 13)), list(range(13, 25))], writes  # before the checkpoints at 12 and 24
+
+
+INTERRUPTED = {**SMALL, "train.steps": 100, "train.ckpt_every": 30, "train.eval_every": 20, "train.figures": False,
+               "train.emergence_episodes": 0, "eval.family_tasks": 0, "eval.fit_episodes": 0}
+
+
+def _rows_per_step(uri: str, run_id: str) -> dict[tuple[str, int], int]:
+    """(key, step) -> rows stored, for every metric but MLflow's system/* (their step counts samples)."""
+    db = tracking.store.sqlite_path(uri)
+    with sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True) as c:
+        return {(k, s): n for k, s, n in c.execute(
+            "select key, step, count(*) from metrics where run_uuid = ? and key not like 'system/%' "
+            "group by key, step", (run_id,))}
+
+
+def test_a_resume_after_each_interrupt_point_stores_every_step_once(tmp_path):
+    """Issue 47, item 1: train/* rows reach the store in batches (when training stops, on the 5 s timer, before each
+    checkpoint), and a resume restarts from the last checkpoint and logs those steps again: 100 steps, checkpoints
+    every 30, gave steps 31-40 twice after a SIGTERM at step 40 (also after two SIGTERMs 0.05 s apart), 31-37 after a
+    SIGKILL just after a timed write, 31-60 after a SIGKILL while the step-60 checkpoint was written. Real processes
+    are interrupted at each point (tests/interrupted_train.py), then resumed to the end: every (key, step) is stored
+    once, train/loss at steps 1..100, and the latest values are the resumed run's. The second of two SIGTERMs waits
+    for the first one's clean-up (before: it cut it, and the run stayed RUNNING or lost its rows 31-40)."""
+    uri = f"sqlite:///{tmp_path}/store/mlflow.db"
+    tracking.ensure_store(uri)  # created here: the driver's children only write
+    folder = tmp_path / "points"
+    folder.mkdir()
+    scenarios = {"sigterm40": [signal.SIGTERM], "two_sigterms": [signal.SIGTERM, signal.SIGTERM],
+                 "timed37": [signal.SIGKILL], "ckpt60": [signal.SIGKILL]}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HMMSCOPE_THREADS": "1"}
+    driver = subprocess.Popen([sys.executable, str(Path(__file__).with_name("interrupted_train.py")), uri,
+                               json.dumps(INTERRUPTED), str(folder), *scenarios], env=env, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    runs = {}
+    try:
+        for name, signals in scenarios.items():
+            deadline = time.time() + 300
+            while not (folder / f"{name}.paused").exists():
+                assert driver.poll() is None, driver.stderr.read()
+                assert time.time() < deadline, f"{name}: no pause within 300 s"
+                time.sleep(0.1)
+            paused = json.loads((folder / f"{name}.paused").read_text())
+            runs[name] = paused["run_id"]
+            for i, sig in enumerate(signals):
+                if i:
+                    time.sleep(0.05)
+                os.kill(paused["pid"], sig)
+            while not (folder / f"{name}.done").exists():
+                assert driver.poll() is None, driver.stderr.read()
+                assert time.time() < deadline, f"{name}: the child did not end within 300 s"
+                time.sleep(0.1)
+        assert driver.wait(timeout=60) == 0
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    cfg = small(**{k: v for k, v in INTERRUPTED.items() if k not in SMALL or SMALL[k] != v})
+    twice = {}
+    for name, rid in runs.items():
+        before = _rows_per_step(uri, rid)  # the interrupted process stored the steps past its checkpoint at 30
+        assert max(s for (k, s) in before if k == "train/loss") >= {"timed37": 37, "ckpt60": 60}.get(name, 40), name
+        if scenarios[name][0] == signal.SIGTERM:  # ended KILLED with its reason (a second SIGTERM waits for that)
+            r = tracking.client(uri).get_run(rid)
+            assert (r.info.status, r.data.tags["hmmscope.failure_reason"]) == (
+                "KILLED", "KeyboardInterrupt: signal 15 (SIGTERM)"), name
+        res = train(cfg, tracking_uri=uri, experiment="interrupted", resume=rid, progress=False, log_every=1)
+        assert res.steps == 100
+        rows = _rows_per_step(uri, rid)
+        twice[name] = sorted({s for (k, s), n in rows.items() if n != 1})  # every (key, step) once
+        if twice[name]:
+            continue
+        assert sorted(s for (k, s) in rows if k == "train/loss") == list(range(1, 101)), name
+        assert sorted(s for (k, s) in rows if k == "val/loss") == [0, 20, 40, 60, 80, 100], name
+        hist = {m.step: m.value for m in tracking.client(uri).get_metric_history(rid, "val/loss")}
+        assert tracking.client(uri).get_run(rid).data.metrics["val/loss"] == hist[100] == res.metrics["val/loss"], name
+    assert twice == {name: [] for name in scenarios}, "steps stored more than once"
+
+
+def test_a_finished_run_resumed_replaces_its_final_metrics(uri):
+    """A finished run resumed with nothing left to train refreshes its final evaluation (val/*) and this call's
+    train/wall_time_s, eval_s, eval_fraction at its last step: they replace the stored ones (before: a second row
+    of each at that step)."""
+    cfg = small(**{"eval.family_tasks": 0, "eval.fit_episodes": 0, "train.emergence_episodes": 0,
+                   "train.figures": False})
+    res = train(cfg, tracking_uri=uri, experiment="refresh", progress=False, log_every=3)
+    train(cfg, tracking_uri=uri, experiment="refresh", resume=res.run_id, progress=False, log_every=3)
+    rows = _rows_per_step(uri, res.run_id)
+    assert {ks: n for ks, n in rows.items() if n != 1} == {}
+    assert {("val/loss", 12), ("train/wall_time_s", 12), ("train/loss", 12)} <= set(rows)

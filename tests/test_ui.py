@@ -2,6 +2,7 @@
 Ctrl-C, SIGTERM or its own death; a moved store is served with its artifacts. Every process a test starts is
 stopped by its pid, and checked gone."""
 
+import contextlib
 import json
 import os
 import signal
@@ -127,6 +128,53 @@ def test_ui_serves_the_store_quietly_and_no_process_outlives_it(tmp_path, stop):
         assert len(logs) == (1 if stop == signal.SIGKILL else 0)
     finally:
         for pid in [proc.pid, *started]:  # stop what is left, by pid
+            if pid == proc.pid and proc.poll() is None or pid != proc.pid and pid in _alive(started):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+        out.close()
+        err.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG is Linux's")
+def test_ui_stops_in_one_line_when_its_store_moves_away_and_never_creates_it_again(tmp_path):
+    """Issue 47, item 5: with `hmmscope ui` running, renaming the project folder made the server create
+    `<old path>/mlruns/mlflow.db` again (a full empty schema) at its next request, and the ui served on. Now the server
+    opens the store without creating it (SQLite mode=rw) and the ui stops with one line, its servers gone."""
+    proj = tmp_path / "proj"
+    with tracking.start_run(f"sqlite:///{proj}/mlruns/mlflow.db", "exp", "r"):
+        pass
+    port = _free_port()
+    exe = Path(sys.executable).parent / "hmmscope"
+    env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, "TMPDIR": str(tmp_path)}
+    out, err = (tmp_path / "out.txt").open("w+"), (tmp_path / "err.txt").open("w+")
+    proc = subprocess.Popen([str(exe), "ui", "--port", str(port), "--experiment", "exp"], cwd=proj, env=env,
+                            stdout=out, stderr=err, start_new_session=True)
+    started = {}
+    try:
+        deadline = time.time() + 240
+        while not (tmp_path / "out.txt").read_text():  # the URL: printed once the server answers
+            started.update(_descendants(proc.pid))
+            assert proc.poll() is None, (tmp_path / "err.txt").read_text()
+            assert time.time() < deadline, "the MLflow UI did not answer within 240 s"
+            time.sleep(0.2)
+        started.update(_descendants(proc.pid))
+        proj.rename(tmp_path / "moved")
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(3):  # requests that opened (and so created) the store at its old path
+            with contextlib.suppress(OSError):
+                _get(f"{base}/ajax-api/2.0/mlflow/experiments/search?max_results=5")
+        assert proc.wait(timeout=60) == 1
+        deadline = time.time() + 30
+        while _alive(started):
+            assert time.time() < deadline, f"processes outlived hmmscope ui: {_alive(started)}"
+            time.sleep(0.2)
+        assert not proj.exists()  # nothing created at the old path, not even its folder
+        lines = (tmp_path / "err.txt").read_text().splitlines()
+        assert lines == [f"error: the MLflow store {proj}/mlruns/mlflow.db is gone (deleted, or its folder moved) while "
+                         "the UI served it; the UI stopped (start it again on the store)"], lines
+        assert not list(tmp_path.glob("hmmscope-ui-*.log"))
+    finally:
+        for pid in [proc.pid, *started]:
             if pid == proc.pid and proc.poll() is None or pid != proc.pid and pid in _alive(started):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()

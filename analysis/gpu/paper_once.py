@@ -39,9 +39,15 @@ slow Figure 1, takes from analyze's margin first); a phase that would get less t
 says so. Every phase's line: its start, end, seconds, exit code and
 status (ok, failed, cut off, skipped) goes to the console and to phases.csv in every archive.
 
+Before any phase (and any folder): the flags' ranges and, unless --dry, the CUDA device (paper_plan.flag_problem,
+device_problem): one line, exit 2. The last line says how many phases failed (failed or cut off); the exit code is 1
+when any did, 143 when the command was stopped by SIGTERM.
+
 Killed from outside (SIGTERM or SIGKILL at the device tool's limit): the phase child gets SIGTERM (a SIGTERM to this
 process is passed on, and PR_SET_PDEATHSIG sends it when this process dies), so a training run ends KILLED rather
-than RUNNING; the archives already in OUT stay as they were (each is written as .part and renamed). A SIGTERM
+than RUNNING; a child still there STOP_GRACE_S later is SIGKILLed, and `hmmscope runs gc` ends the runs it held
+KILLED and frees their locks (Session.settle); the archives already in OUT stay as they were (each is written as
+.part and renamed). A SIGTERM
 waits while a phase's child starts or an archive is written; then every phase started and not yet packed is packed
 (the one running as cut off), and a second SIGTERM is ignored while that packing runs.
 
@@ -68,7 +74,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paper_plan import PHASES, bench_rows, make_plan, phase_ends
+from paper_plan import PHASES, bench_rows, device_problem, flag_problem, make_plan, phase_ends
 from paper_record import artifact_dir, collect, copy_small_artifacts, last_error, record, store_db_copy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,6 +140,9 @@ class Phase:
     note: str = ""
 
 
+SETTLE_S = 60.0  # at most this long for `runs gc` after a phase's child had to be SIGKILLed (Session.settle)
+
+
 @dataclass
 class Session:
     out: Path
@@ -142,6 +151,8 @@ class Session:
     env: dict
     phases: list[Phase] = field(default_factory=list)
     live: list[tuple[Phase, subprocess.Popen, Callable]] = field(default_factory=list)  # started, not yet packed
+    store: Path | None = None  # the MLflow store the phases write (settle: `runs gc` there)
+    py: str = sys.executable  # the python with hmmscope that runs `runs gc`
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -181,8 +192,7 @@ class Session:
         return next(f for _, r, f in self.live if r is proc)
 
     def finish(self, p: Phase, proc: subprocess.Popen, cut: bool, note: str = "") -> None:
-        if cut:
-            _stop(proc)
+        killed = cut and _stop(proc)
         proc.wait()
         proc.log.close()  # type: ignore[attr-defined]
         p.end, p.rc = self.now(), proc.returncode
@@ -190,6 +200,24 @@ class Session:
         p.note = note or p.note or (last_error(p.dir / Path(proc.log.name).name)  # type: ignore[attr-defined]
                                     if p.status != "ok" else "")
         self.say(f"phase {p.n} {p.name}: {p.status} (rc {p.rc}) after {p.end - p.start:.1f} s{': ' + p.note if p.note else ''}")
+        if killed:
+            self.settle(p)
+
+    def settle(self, p: Phase) -> None:
+        """A phase's child SIGKILLed (its SIGTERM grace ran out, e.g. training in a long C call on a loaded CPU) left
+        the runs it held RUNNING, with their lease: `hmmscope runs gc` on the store ends them KILLED (reason
+        "orphaned: ...", their owner is gone) and frees their locks, as the child's own SIGTERM handler would have."""
+        if self.store is None or not (self.store / "mlflow.db").is_file():
+            return
+        cmd = [self.py, "-c", CLI, "runs", "gc", "--tracking-uri", f"sqlite:///{self.store}/mlflow.db"]
+        try:
+            r = subprocess.run(cmd, cwd=self.rec, env=self.env, capture_output=True, text=True, timeout=SETTLE_S)
+            said = [x for x in (r.stdout + r.stderr).splitlines() if re.match(r"\d+ orphan run|error", x)]
+            what = said[0] if said else f"runs gc exited {r.returncode}"
+        except (OSError, subprocess.SubprocessError) as e:
+            what = f"runs gc failed: {type(e).__name__}"
+        p.note = f"{p.note}; killed, {what}" if p.note else f"killed, {what}"
+        self.say(f"phase {p.n} {p.name}: its child was killed; {what}")
 
     def cut_live(self) -> None:
         """At Stop: cut the phases still running and pack every phase started and not yet packed (its on_end), once.
@@ -233,18 +261,23 @@ class Session:
         return dst
 
 
-def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM to the child's process group, SIGKILL after `grace` seconds."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+STOP_GRACE_S = 10.0  # a cut phase's child gets SIGTERM, then SIGKILL this long after
+
+
+def _stop(proc: subprocess.Popen, grace: float | None = None) -> bool:
+    """SIGTERM to the child's process group, SIGKILL after `grace` seconds (default STOP_GRACE_S); whether SIGKILL
+    was sent."""
+    for sig, wait in ((signal.SIGTERM, STOP_GRACE_S if grace is None else grace), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            return
+            return sig == signal.SIGKILL
         try:
             proc.wait(wait)
-            return
+            return sig == signal.SIGKILL
         except subprocess.TimeoutExpired:
             continue
+    return True
 
 
 def wait_all(s: Session, jobs: list[tuple[Phase, subprocess.Popen, float]]) -> None:
@@ -308,6 +341,12 @@ def run(args) -> int:
     if bad or not phases:
         print(f"error: --phases: unknown {bad} (known: {', '.join(PHASES)})", file=sys.stderr)
         return 2
+    # before any phase (and any folder): the flags' ranges, then the device (a CUDA run on a machine without one
+    # ran every phase, each failing, and exited 0)
+    why = flag_problem(args) or (None if args.dry else device_problem(args.device, args.probe_python or sys.executable))
+    if why:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
     try:
         cfg, cfg_cli, batch, seq = _cfg(args)
         from hmmscope.config import flatten
@@ -321,10 +360,10 @@ def run(args) -> int:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": f"sqlite:///{store}/mlflow.db"}
     if args.dry:
         env.update(HMMSCOPE_THREADS="1", OMP_NUM_THREADS="1")
-    s = Session(out, rec, t0, env)
+    py = args.python or (sys.executable if args.dry else "/tmp/venv/bin/python")
+    s = Session(out, rec, t0, env, store=store, py=py)
     signal.signal(signal.SIGTERM, _on_term)
     ends = phase_ends(args.deadline, args.pack_s, args.analyze_s, args.fig1_s, phases)
-    py = args.python or (sys.executable if args.dry else "/tmp/venv/bin/python")
     exp = f"hmmscope-{args.name}"
     ev = flatten(cfg)
     s.say(f"Figure 1's references: family_bayes over eval.family_tasks = {ev.get('eval.family_tasks')} tasks (0: off), "
@@ -429,8 +468,10 @@ def run(args) -> int:
         s.cut_live()
         s.say(f"stopped ({e}): the archives packed so far are in {out}")
         return 143
-    s.say(f"{args.name}: done; files in {out}: {' '.join(sorted(f.name for f in out.iterdir()))}")
-    return 0
+    bad = [f"{p.name} {p.status}" for p in s.phases if p.status in ("failed", "cut off")]
+    s.say(f"{args.name}: done, {len(bad)} of {len(s.phases)} phases failed{' (' + ', '.join(bad) + ')' if bad else ''}; "
+          f"files in {out}: {' '.join(sorted(f.name for f in out.iterdir()))}")
+    return 1 if bad else 0
 
 
 def code_version() -> str:

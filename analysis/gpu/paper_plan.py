@@ -1,9 +1,11 @@
 """The one command's plan (analysis/gpu/paper_once.py): when each phase must end, and the training variant and step
-count from the bench rows. Pure arithmetic and the printed formula (tests/test_gpu_session.py)."""
+count from the bench rows (pure arithmetic and the printed formula); and what is checked before any phase: the flags'
+ranges (`flag_problem`) and the device (`device_problem`). Tests: tests/test_gpu_session.py."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 PHASES = ("setup", "bench", "train", "figure1", "analyze", "pack")
@@ -70,3 +72,69 @@ def make_plan(s, args, ends: dict, bench_json: Path) -> dict:
     s.say(f"plan: {plan['variant']}, {plan['formula']}"
           + ("" if plan["meets_target"] else f"; BELOW the target {args.target_steps}: the deadline allows no more"))
     return plan
+
+
+# the flags' ranges (paper_once.py's `run`), checked before any phase: (flag, lowest, highest or None, lowest allowed)
+SECONDS_FLAGS = ("setup_s", "bench_s", "train_fixed_s", "train_grace_s", "train_post_s", "fig1_s", "analyze_s",
+                 "analyze_min_s", "pack_s", "min_phase_s")  # seconds, >= 0
+COUNT_FLAGS = ("bench_steps", "target_steps", "max_steps", "quantum", "eval_points", "fig1_episodes",
+               "analyze_episodes", "probe_tasks", "min_per_task")  # counts, >= 1
+LIMIT_MARGIN_S = 5.0  # nothing runs past --limit minus this
+
+
+def flag_problem(args) -> str | None:
+    """Why the `run` flags cannot make a session (one line naming the flag), or None. Every float is finite (argparse
+    takes `nan` and `inf`); --limit is over LIMIT_MARGIN_S and --deadline in (0, --limit - LIMIT_MARGIN_S]; every
+    phase cap in seconds >= 0, --train-ratio > 0; every count >= 1 (--quantum 0 divided by zero after the bench;
+    --steps -3 ran every phase); --family-tasks >= 0; --probe-jobs a positive integer."""
+    import math
+
+    def flag(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    for name, v in sorted(vars(args).items()):
+        if isinstance(v, float) and not math.isfinite(v):
+            return f"{flag(name)} {v}: give a finite number"
+    if args.limit <= LIMIT_MARGIN_S:
+        return f"--limit {args.limit:g}: give the device call's timeout in seconds, over {LIMIT_MARGIN_S:g}"
+    if not 0 < args.deadline <= args.limit - LIMIT_MARGIN_S:
+        return (f"--deadline {args.deadline:g}: give seconds in (0, {args.limit - LIMIT_MARGIN_S:g}] (--limit "
+                f"{args.limit:g} less {LIMIT_MARGIN_S:g} s: nothing runs past it)")
+    for name in SECONDS_FLAGS:
+        if getattr(args, name) < 0:
+            return f"{flag(name)} {getattr(args, name):g}: give seconds >= 0"
+    if args.train_ratio <= 0:
+        return f"--train-ratio {args.train_ratio:g}: give a ratio > 0"
+    for name in (*COUNT_FLAGS, "steps"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            return f"{flag(name)} {v}: give a count >= 1"
+    if args.family_tasks is not None and args.family_tasks < 0:
+        return f"--family-tasks {args.family_tasks}: give a count >= 0"
+    if args.probe_jobs is not None and not (str(args.probe_jobs).isascii() and str(args.probe_jobs).isdigit()
+                                            and int(args.probe_jobs) >= 1):
+        return f"--probe-jobs {args.probe_jobs!r}: give a count >= 1"
+    return None
+
+
+def device_problem(device: str, python: str) -> str | None:
+    """Why `device` cannot run the phases (one line), or None: a CUDA device asked for where `python` (the bench's)
+    sees none (its torch says so; without torch, `nvidia-smi -L` lists no GPU). Other devices: None."""
+    if not device.startswith("cuda"):
+        return None
+    index = device.partition(":")[2] or "0"
+    probe = ("import sys, torch; n = torch.cuda.device_count() if torch.cuda.is_available() else 0; print(n); "
+             f"sys.exit(0 if n > {int(index) if index.isdigit() else 0} else 3)")
+    try:
+        r = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120)
+        if r.returncode in (0, 3):
+            return None if r.returncode == 0 else (f"--device {device}: CUDA is not available here ({python}'s torch "
+                                                   f"sees {r.stdout.strip() or 0} CUDA device(s)); give --dry for the "
+                                                   "CPU rehearsal")
+        smi = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+        if smi.returncode == 0 and "GPU" in smi.stdout:
+            return None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return f"--device {device}: no CUDA device here (no torch that sees one, no GPU from nvidia-smi -L); give --dry " \
+           "for the CPU rehearsal"

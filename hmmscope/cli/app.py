@@ -69,27 +69,17 @@ def _show_version(value: bool) -> None:
 
 
 def _check_environment() -> None:
-    """The environment every command reads, checked before any: HMMSCOPE_THREADS and every numeric setting in its
-    stated range (`env`: HMMSCOPE_THREADS; HMMSCOPE_RUN_HEARTBEAT_S, HMMSCOPE_STORE_OUTAGE_S, HMMSCOPE_PROGRESS_S:
-    tracking.liveness.HEARTBEAT_RANGE, sweep.storage.STORE_OUTAGE_RANGE, progress.PROGRESS_RANGE); no warnings filter
-    that makes every library's warning an error (PYTHONWARNINGS=error, -W error: MLflow and SQLAlchemy emit deprecation
-    warnings, which would stop a command half-way with a traceback)."""
-    import warnings
-
+    """The environment every command reads, checked before any (`env.check`: HMMSCOPE_THREADS and every numeric
+    setting in its stated range; no warnings filter that makes every library's warning an error); its notes (a
+    HMMSCOPE_THREADS capped at the usable cores) on stderr, one line each."""
     from .. import env
-    from ..sweep.storage import outage_limit
-    from ..tracking.liveness import heartbeat_interval
-    from ..training import progress
 
-    for read in (env.threads, heartbeat_interval, outage_limit, progress.progress_every):  # each with its stated range
-        try:
-            read()
-        except ValueError as e:
-            fail(str(e))
-    for action, _msg, category, module, _line in warnings.filters:
-        if action == "error" and module is None and issubclass(DeprecationWarning, category):
-            fail("PYTHONWARNINGS=error (or -W error) makes every library's warnings fatal; MLflow and SQLAlchemy emit "
-                 "deprecation warnings, so commands would stop half-way: unset it, or limit it to a category or module")
+    try:
+        notes = env.check()
+    except ValueError as e:
+        fail(str(e))
+    for line in notes:
+        typer.echo(line, err=True)
 
 
 @app.callback()

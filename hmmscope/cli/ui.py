@@ -5,8 +5,10 @@ show) and what it prints (the URL of what was asked for, on the port the server 
 servers answer; a sweep: first its answer, the comparison figure on its parent run, then a second line with
 its trials table, whose view (objective and swept params as columns) it saves first as MLflow's shared view;
 with --optuna-dashboard, the study's own page; a failed server's message and the end of its log). A folder
-with no store is refused unless `--create`. Starting, watching and stopping the servers (process groups,
-PR_SET_PDEATHSIG, signals, the log file) is `hmmscope.ui.servers`.
+with no store is refused unless `--create` (always with --run, --sweep or --experiment: what they name lives in a
+store that exists); a sqlite store that goes away while it is served (deleted, its folder moved) stops the command
+with one line, and the server never creates it again at its old path (`tracking.server_uri`). Starting, watching
+and stopping the servers (process groups, PR_SET_PDEATHSIG, signals, the log file) is `hmmscope.ui.servers`.
 
 Must not import, at module level, anything beyond typer, the standard library, `hmmscope.store_checks`,
 `hmmscope.config` and `cli.common`: `hmmscope.ui.servers`, `tracking` and `sweep` are imported inside the body.
@@ -83,11 +85,12 @@ def ui_cmd(
         checks.safe_name(sweep, "--sweep")
     if experiment is not None:
         check_experiment_name(experiment)
+    target = run is not None or sweep is not None or experiment is not None  # lives in a store: never a new one
     try:
-        uri = store_checks.tracking_store(tracking_uri, must_exist=not create)
+        uri = store_checks.tracking_store(tracking_uri, must_exist=not create or target)
     except ConfigError as e:
         raise ConfigError(f"{e}; run a command that records there first, or give --create to serve an empty "
-                          "new store") if not create and "nothing was recorded" in str(e) else e from None
+                          "new store") if not (create or target) and "nothing was recorded" in str(e) else e from None
     if optuna:
         storage = store_checks.optuna_storage(storage)
     explicit = port is not None
@@ -117,11 +120,15 @@ def ui_cmd(
     if optuna:
         servers.append(srv.optuna_dashboard(storage, dashboard_port))
     shown = [url] + [study_url(s.url, storage, sweep) for s in servers[1:]]
+    db = tracking.store.sqlite_path(uri)
     failed = srv.supervise(
-        servers, srv.server_env(),
+        servers, srv.server_env(), watch=srv.store_watch(db) if db is not None else None,
         starting=Spinner("starting the MLflow UI" + (" and optuna-dashboard" if optuna else "")),
         ready=lambda: typer.echo("\n".join(["  ".join(f"{s.name}: {u}" for s, u in zip(servers, shown, strict=True))
                                             + "  (Ctrl-C to stop)", *extra])))
+    if failed is not None and not failed.log_path:  # stopped by the store's watch: one line
+        typer.echo(f"error: {failed.message}", err=True)
+        raise typer.Exit(1)
     if failed is not None:
         typer.echo(f"error: {failed.message}; its log ({failed.log_path}) ends:", err=True)
         for line in failed.tail:

@@ -1,7 +1,22 @@
-"""`python -m hmmscope.sweep worker ...`: the worker process run_sweep starts (worker.main)."""
+"""`python -m hmmscope.sweep worker ...`: the worker process run_sweep starts (worker.main), after the environment
+check every entry point runs (`env.check`, as the CLI: a bad setting is one line and exit 2, before any work)."""
 
 import sys
 
-from .worker import main
+from .. import env
 
-sys.exit(main())
+
+def _run() -> int:
+    try:
+        notes = env.check()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    for line in notes:
+        print(line, file=sys.stderr, flush=True)
+    from .worker import main  # after the check: nothing is imported or opened for a bad environment
+
+    return main()
+
+
+sys.exit(_run())

@@ -41,15 +41,14 @@ PG_CONNECT_ARGS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10
                    "keepalives_count": 3, "tcp_user_timeout": 30000}
 
 
-STORE_OUTAGE_S = 900.0  # how long a worker waits for its storage to answer again (env HMMSCOPE_STORE_OUTAGE_S)
-STORE_OUTAGE_RANGE = (0.0, 86400.0)  # 0: give up at the first transient error; a day at most
+STORE_OUTAGE_S = env.STORE_OUTAGE_S.default  # how long a worker waits for its storage to answer again (env.STORE_OUTAGE_S)
+STORE_OUTAGE_RANGE = (env.STORE_OUTAGE_S.lo, env.STORE_OUTAGE_S.hi)  # 0: give up at the first transient error; a day at most
 
 
 def outage_limit() -> float:
     """Seconds a sweep worker waits out a storage that does not answer (env HMMSCOPE_STORE_OUTAGE_S, default 900, in
     STORE_OUTAGE_RANGE; ValueError outside it: nan or inf made the wait unbounded)."""
-    return env.seconds("HMMSCOPE_STORE_OUTAGE_S", STORE_OUTAGE_S, *STORE_OUTAGE_RANGE,
-                       "how long a sweep worker waits for a storage that does not answer")
+    return env.STORE_OUTAGE_S.read()
 
 
 def pg_connect_args(url: str) -> dict[str, Any]:

@@ -2,12 +2,13 @@
 
 The rooms (each module's docstring has the details):
 - `store`: the store's URI (default: sqlite under ./mlruns), its database created once under a lock, the
-  artifact root beside it, relocating a moved or copied store, the client, experiments.
+  artifact root beside it, relocating a moved or copied store, the client (a read never creates a store:
+  `StoreMissing`; `server_uri`: a server opens one, never creates it), experiments.
 - `tags`: what a run carries besides metrics: MLflow's standard tags (user, entry point, git commit, note),
   the config params of its kind, MLflow-safe keys, the objective key, the claims table.
 - `runs`: `start_run` (nested runs, resuming, FINISHED / FAILED / KILLED with the reason) and `Run`, the
   handle every write goes through (params, metrics, tags, artifacts, tables, claims, downloads, the model as an
-  MLflow logged model: `Run.log_model`).
+  MLflow logged model: `Run.log_model`; `Run.forget_metrics`: a resume's rows past its checkpoint, each step once).
 - `liveness`: host, pid and heartbeat of an open run; orphan runs found (`stale_reason`) and ended (`gc_runs`);
   one writer per run (`hold_run`: the lease taken atomically, an OS lock beside a sqlite store).
 - `claims`: a run's claims as one table plus headline numbers, and read back (`read_claims`).
@@ -66,6 +67,7 @@ from .store import (
     DB_NAME,
     ROOT_TAG,
     STORE_DIR,
+    StoreMissing,
     artifact_root,
     client,
     default_tracking_uri,
@@ -74,6 +76,7 @@ from .store import (
     read_only_uri,
     relocate,
     resolve_uri,
+    server_uri,
     writable,
 )
 from .tags import (
@@ -99,11 +102,11 @@ __all__ = [
     "run_temp_dir",
     "ARTIFACTS", "ArtifactNotFound", "LeaseLost", "LeaseUnavailable", "RunHeld", "hold_run", "own_runs", "settle_run",
     "CLAIMS_FILE", "CLAIM_COLUMNS", "DB_NAME", "HEARTBEAT_ENV", "HEARTBEAT_GRACE",
-    "ML_VIEW", "PARAM_MAX", "ROOT_TAG", "Run", "STORE_DIR", "THEORY_SECTIONS", "TRAIN_SECTIONS", "UI_PORT",
+    "ML_VIEW", "PARAM_MAX", "ROOT_TAG", "Run", "STORE_DIR", "StoreMissing", "THEORY_SECTIONS", "TRAIN_SECTIONS", "UI_PORT",
     "param_value", "artifact_root", "browse_line", "claim_headline", "claim_keys", "claims_table", "client", "config_toml",
     "config_params", "default_tracking_uri", "delete_run", "ensure_store", "existing_run", "experiment_id",
     "experiment_name", "experiment_url", "gc_runs", "get_run", "git_commit", "heartbeat_interval", "note_line",
-    "read_claims", "read_only_uri", "relocate", "resolve_uri", "run_url", "safe_key", "search_runs",
+    "read_claims", "read_only_uri", "relocate", "resolve_uri", "run_url", "safe_key", "search_runs", "server_uri",
     "source_name", "stale_reason", "standard_tags", "start_run", "sweep_parent", "target_url", "train_run_name", "ui_base",
     "ui_command", "writable",
 ]

@@ -45,20 +45,19 @@ from . import leftovers
 from .search import search_runs
 from .store import client, sqlite_path
 
-HEARTBEAT_ENV = "HMMSCOPE_RUN_HEARTBEAT_S"
-HEARTBEAT_GRACE = 5  # heartbeat intervals without a beat before a lease expires
+HEARTBEAT_ENV = env.RUN_HEARTBEAT_S.name
+HEARTBEAT_GRACE = env.HEARTBEAT_GRACE  # heartbeat intervals without a beat before a lease expires
 LEASE_TAG = "hmmscope.lease"
 LEGACY_LEASE_TAG = "mlflow.hmmscope.lease"  # runs recorded before the rename: read, never written
 
 
-HEARTBEAT_RANGE = (0.1, 3600.0)  # seconds: faster is a store write storm per run, slower a lease that never expires
+HEARTBEAT_RANGE = (env.RUN_HEARTBEAT_S.lo, env.RUN_HEARTBEAT_S.hi)  # seconds (env.RUN_HEARTBEAT_S says why)
 
 
 def heartbeat_interval() -> float:
     """Seconds between a run's heartbeats (env HMMSCOPE_RUN_HEARTBEAT_S, default 30, in HEARTBEAT_RANGE; ValueError
     outside it)."""
-    return env.seconds(HEARTBEAT_ENV, 30.0, *HEARTBEAT_RANGE, "the heartbeat of an open run; a lease expires after "
-                       f"{HEARTBEAT_GRACE} of them")
+    return env.RUN_HEARTBEAT_S.read()
 
 
 def _proc_start(pid: int) -> str | None:

@@ -50,6 +50,7 @@ class Run:
     def __init__(self, uri: str, run_id: str):
         self.uri, self.run_id = uri, run_id
         self._client = client(uri)
+        self._stored: dict[str, int] = {}  # key -> last step already stored past a resume's checkpoint (a server)
 
     def _guard(self) -> None:
         """LeaseLost if another process took this run over (this process's lease had expired): it writes no more."""
@@ -77,9 +78,54 @@ class Run:
         self._guard()
         ts = int(time.time() * 1000)
         items = [Metric(safe_key(k), float(v), ts, int(step)) for metrics, step in rows for k, v in metrics.items()
-                 if v is not None and math.isfinite(float(v))]
+                 if v is not None and math.isfinite(float(v)) and int(step) > self._stored.get(safe_key(k), -1)]
         for i in range(0, len(items), 500):
             self._client.log_batch(self.run_id, metrics=items[i:i + 500])
+
+    def forget_metrics(self, after: int, keys: Iterable[str] | None = None) -> int:
+        """Each step stored once after a resume: the checkpoint it continues from is the truth, so what a killed
+        writer logged past it (train/* rows written in batches, an evaluation, the final metrics) goes, and the
+        resume logs those steps again. Call it holding the run's lease (a resume's `start_run`), before logging.
+
+        Removes this run's metric rows at steps > `after`, of `keys` (names, or prefixes ending in '/'; None: every
+        key but MLflow's system/* metrics, whose step counts samples, not training steps). On a database store
+        (sqlite, PostgreSQL, ...) in one transaction, with MLflow's latest value of each key recomputed by its own
+        rule (largest step, then timestamp, then value): sqlite's atomic commit leaves all or none of it. MLflow's
+        REST API removes no metric row: on a server the rows stay, and this handle skips later writes of those keys
+        at steps up to the last one stored (still one row per step; the first writer's values). Returns the rows
+        removed (or found, on a server)."""
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        def wanted(k: str) -> bool:
+            if keys is None:
+                return not k.startswith("system/")
+            return any(k == w or (w.endswith("/") and k.startswith(w)) for w in keys)
+
+        self._guard()
+        store = self._client._tracking_client.store
+        if not isinstance(store, SqlAlchemyStore):
+            n = 0
+            for k in filter(wanted, self.get().data.metrics):
+                steps = [m.step for m in self._client.get_metric_history(self.run_id, k) if m.step > after]
+                if steps:
+                    self._stored[k], n = max(steps), n + len(steps)
+            return n
+        from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlMetric
+
+        with store.ManagedSessionMaker(read_only=False) as session:  # one transaction: committed at its end
+            past = session.query(SqlMetric).filter(SqlMetric.run_uuid == self.run_id, SqlMetric.step > after)
+            gone = sorted(k for (k,) in past.with_entities(SqlMetric.key).distinct() if wanted(k))
+            n = 0
+            for k in gone:
+                n += past.filter(SqlMetric.key == k).delete(synchronize_session=False)
+                session.query(SqlLatestMetric).filter(SqlLatestMetric.run_uuid == self.run_id,
+                                                      SqlLatestMetric.key == k).delete(synchronize_session=False)
+                m = (session.query(SqlMetric).filter(SqlMetric.run_uuid == self.run_id, SqlMetric.key == k)
+                     .order_by(SqlMetric.step.desc(), SqlMetric.timestamp.desc(), SqlMetric.value.desc()).first())
+                if m is not None:
+                    session.add(SqlLatestMetric(run_uuid=self.run_id, key=k, value=m.value, timestamp=m.timestamp,
+                                                step=m.step, is_nan=m.is_nan))
+        return n
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         from mlflow.entities import RunTag

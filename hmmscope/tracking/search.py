@@ -31,7 +31,7 @@ import re
 import shlex
 import time
 
-from .store import artifact_root, client
+from .store import StoreMissing, artifact_root, client
 from .tags import safe_key
 
 UI_PORT = 5000  # `hmmscope ui`'s port when it is free and none is given (else any free one)
@@ -243,6 +243,8 @@ def resolve_run_id(uri: str, run_id: str) -> str:
         return run_id
     try:
         found = search_runs(uri, filter_string=f"attributes.run_id LIKE '{rid}%'")
+    except StoreMissing:
+        raise
     except Exception:
         return run_id
     if len(found) == 1:
@@ -294,7 +296,8 @@ def get_run(uri: str, run_id: str):
     """The run as MLflow returns it (`run_id`: its id or a unique prefix, `resolve_run_id`), or None if there is
     no such run; an ambiguous prefix raises ValueError."""
     run_id = resolve_run_id(uri, run_id)
+    c = client(uri)  # no store: StoreMissing, not "no such run"
     try:
-        return client(uri).get_run(run_id)
+        return c.get_run(run_id)
     except Exception:
         return None

@@ -134,6 +134,19 @@ def read_only_uri(uri: str) -> str:
     return f"sqlite:///file:{quote(quote(str(db.absolute()), safe='/'), safe='/')}?mode=ro&uri=true"
 
 
+def server_uri(uri: str) -> str:
+    """The URI a server process (`mlflow ui`) is given for a sqlite store: SQLite's `mode=rw` opens the database and
+    never creates it (the server opens a new connection per request: with the plain URI, a store moved or deleted
+    under a running `hmmscope ui` was created again, whole schema, at its old path), under the scheme
+    `sqlite+pysqlite` (the same driver; MLflow's `_make_parent_dirs_if_sqlite` makes folders for `sqlite:///` only,
+    and would take `file:/...` for a folder to create in the server's working folder). The path is quoted as
+    `read_only_uri` quotes it. Any other URI as it is."""
+    db = sqlite_path(uri)
+    if db is None or uri[len("sqlite:///"):].startswith("file:"):
+        return uri
+    return f"sqlite+pysqlite:///file:{quote(quote(str(db.absolute()), safe='/'), safe='/')}?mode=rw&uri=true"
+
+
 def _mlflow_creates_no_folder_for_sqlite_uris() -> None:
     """MLflow (3.17's `_make_parent_dirs_if_sqlite`) creates the parent folder of whatever follows `sqlite:///`, taken
     as a path: for the read-only form `sqlite:///file:/abs/...?mode=ro` that is a tree `./file:/abs/...` in the working
@@ -315,9 +328,27 @@ def relocate(uri: str) -> list[tuple[str, str, str]]:
     return done
 
 
+class StoreMissing(ValueError):
+    """A sqlite store that is not there (no file, or an empty one) was to be read: nothing is created (one line)."""
+
+
 def client(uri: str):
+    """MLflow's client on `uri`. A sqlite store must exist first: MLflow creates the whole schema (954 KB) in a missing
+    or empty database file on the first call, so a read (`report` on a 0-byte mlflow.db, `ui` after its folder moved)
+    would create a store. Here only `ensure_store` creates one (a write's first step); a missing or empty database
+    raises StoreMissing, and nothing is written."""
     from mlflow.tracking import MlflowClient
 
+    db = sqlite_path(uri)
+    if db is not None:
+        try:
+            size = db.stat().st_size
+        except FileNotFoundError:
+            raise StoreMissing(f"no MLflow store at {db} (nothing was recorded there; a read creates none)") from None
+        except OSError:
+            size = 1  # a path we cannot stat: MLflow's own error says why
+        if size == 0:
+            raise StoreMissing(f"no MLflow store in {db} (an empty file; a read creates none)")
     _mlflow_creates_no_folder_for_sqlite_uris()
     return MlflowClient(tracking_uri=uri)
 

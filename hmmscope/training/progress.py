@@ -19,10 +19,8 @@ from typing import Any
 
 from .. import env
 
-PROGRESS_ENV = "HMMSCOPE_PROGRESS_S"  # seconds between plain progress lines off a terminal (default 30)
-
-
-PROGRESS_RANGE = (0.1, 86400.0)
+PROGRESS_ENV = env.PROGRESS_S.name  # seconds between plain progress lines off a terminal (default 30)
+PROGRESS_RANGE = (env.PROGRESS_S.lo, env.PROGRESS_S.hi)
 
 
 def stamp(msg: str) -> str:
@@ -34,7 +32,7 @@ def stamp(msg: str) -> str:
 def progress_every() -> float:
     """Seconds between `train`'s plain progress lines when stderr is no terminal (env HMMSCOPE_PROGRESS_S, default 30,
     in PROGRESS_RANGE; ValueError, one line, outside it)."""
-    return env.seconds(PROGRESS_ENV, 30.0, *PROGRESS_RANGE, "between train's progress lines off a terminal")
+    return env.PROGRESS_S.read()
 
 
 class PlainProgress:

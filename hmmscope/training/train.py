@@ -39,10 +39,11 @@ that talks to MLflow):
 - Checkpoints: every ckpt_every steps and at the end, the artifact checkpoints/last.pt
   (overwritten; `checkpoints.save_checkpoint`: model/optimizer state dicts, step, flat config, RNG
   states, metrics). Reading, checking and loading them is `checkpoints`' job.
-- Resume: `train(cfg, resume=run_id)` continues that run from its checkpoint; only
-  train.steps (and the runtime keys train.device / train.compile / train.attention / train.figures, and the
-  evaluation's eval.bayes / eval.bayes_tol) may differ
-  from the checkpoint's config. On CPU the result is bitwise that of an uninterrupted run.
+- Resume: `train(cfg, resume=run_id)` continues that run from its checkpoint; only RUNTIME_KEYS may differ from
+  the checkpoint's config. On CPU the result is bitwise that of an uninterrupted run. Each step is stored once: the
+  checkpoint is the truth, so once the resume holds the run's lease, the metric rows a killed writer left past the
+  checkpoint's step (train/* written in batches, an evaluation, its end) are removed (`Run.forget_metrics`, one
+  transaction) and logged again; a finished run resumed replaces its final evaluation and FINAL_KEYS.
   train.precision is not a runtime key (bf16 vs fp32 changes the trajectory), but "auto"
   resolves on the device of each call: a CUDA run resumed on the CPU continues in float32.
   Checkpoints are device-neutral on load (checkpoints.read_checkpoint maps every tensor to the CPU),
@@ -105,9 +106,10 @@ from .progress import training_progress
 
 METRICS_WRITE_S = 5.0  # train/* metrics reach the store at most this long after their step (and at every checkpoint)
 LOSS_TRAIN, LOSS_VAL = "Loss/train", "Loss/val"  # the loss curves again, first on MLflow's run page (docstring)
+FINAL_KEYS = ("train/wall_time_s", "train/eval_s", "train/eval_fraction")  # this call's, at its last step
 
 RUNTIME_KEYS = ("train.steps", "train.device", "train.compile", "train.attention", "train.figures", "eval.bayes",
-                "eval.bayes_tol")  # may differ on resume
+                "eval.bayes_tol")  # may differ on resume: the training's length, where it runs, what it measures
 
 
 class DivergedError(RuntimeError):
@@ -373,6 +375,8 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                                                   tags=None if resume else {"hmmscope.kind": "train", **(tags or {})},
                                                   note=None if resume else (note or describe(cfg)),
                                                   config=cfg, system_metrics=True) as run:
+        if ck is not None:  # the lease is ours: what a killed writer logged past the checkpoint goes (Resume)
+            run.forget_metrics(int(ck["step"]))
         if on_start is not None:  # the run's id as soon as it exists: before the data, the references and the model
             on_start(run.run_id)
         mix, ep_train, ep_eval, _ = training_data(cfg.hmm, cfg.data)  # mix None with fresh tasks (hmm.n_tasks = 0)
@@ -566,15 +570,15 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
                 write_logged()
             raise
         write_logged()
-        if start >= t.steps:  # resumed a finished run: nothing to train, refresh the final metrics
+        if start >= t.steps:  # resumed a finished run: nothing to train, the final metrics refreshed (replaced)
+            run.forget_metrics(start - 1, ("val/", "emergence/", LOSS_VAL, *FINAL_KEYS))
             evaluate(start)
         done = max(done, start)
         if stopped or (resume and run.get().data.tags.get("hmmscope.stopped")):
             run.set_tags({"hmmscope.stopped": stopped or "done", "hmmscope.stopped_at_step": done})
         final = {**oracle, **last}
         wall = time.perf_counter() - t_start
-        run.log_metrics({"train/wall_time_s": wall, "train/eval_s": eval_s,
-                         "train/eval_fraction": eval_s / wall if wall > 0 else 0.0}, step=done)
+        run.log_metrics(dict(zip(FINAL_KEYS, (wall, eval_s, eval_s / wall if wall > 0 else 0.0))), step=done)
         if curves and cfg.train.figures:
             _log_emergence_figure(run, curves, f"{name}: emergence of in-context learning")
         if curves:

@@ -7,7 +7,8 @@ header: a page on any site could point its own name at 127.0.0.1 (DNS rebinding)
 the browser sends as same-origin, carrying `Host: <that name>`. The guard, as MLflow's security middleware:
 
 - Host: only a loopback name (127.0.0.1, localhost, [::1]), with or without a port, is served (the server listens
-  on 127.0.0.1 only, so no other name is a legitimate way to reach it); anything else, or none, is 403.
+  on 127.0.0.1 only, so no other name is a legitimate way to reach it); anything else, or none, is 403. The header
+  is parsed strictly as host[:port]: `[::1]evil.example` or `[::1]:80@evil.example` is not a loopback name.
 - Writes (POST, PUT, PATCH, DELETE): an Origin header that is not a loopback origin is 403, as is a browser's
   `Sec-Fetch-Site: cross-site` without one; clients that send neither (curl, scripts) are not browsers and pass.
 
@@ -18,20 +19,24 @@ Imports optuna-dashboard only in `main` (the child process); must not import the
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable, Iterable
-from urllib.parse import urlparse
 
-LOOPBACK = ("127.0.0.1", "localhost", "[::1]", "::1")
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
 
 
-def _host_name(host: str) -> str:
-    """'127.0.0.1:8080' -> '127.0.0.1'; '[::1]:8080' -> '[::1]'; lower case."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host[: host.find("]") + 1] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+# a Host header is host[:port] (RFC 9110 7.2, RFC 3986 3.2.2): a bracketed IPv6 literal or a name / IPv4 address,
+# then at most a colon and digits; nothing after them (no `@`, no second name, no path)
+_HOST = re.compile(r"(\[[0-9a-f:.]+\]|[a-z0-9.-]+)(?::[0-9]{1,5})?", re.ASCII)
+
+
+def _host_name(host: str) -> str | None:
+    """'127.0.0.1:8080' -> '127.0.0.1'; '[::1]:8080' -> '[::1]'; lower case; None for anything that is not exactly
+    host[:port] (`[::1]evil.example`, `[::1]@evil`, `[::1]:80@evil.example`, a bare `::1`)."""
+    m = _HOST.fullmatch(host.strip().lower())
+    return m.group(1) if m else None
 
 
 def loopback_host(host: str | None) -> bool:
@@ -39,11 +44,9 @@ def loopback_host(host: str | None) -> bool:
 
 
 def loopback_origin(origin: str) -> bool:
-    try:
-        u = urlparse(origin)
-        return u.scheme in ("http", "https") and (u.hostname or "") in LOOPBACK
-    except ValueError:
-        return False
+    """An Origin header is scheme://host[:port] (RFC 6454), nothing after it; its host parsed as a Host header is."""
+    scheme, sep, rest = origin.strip().lower().partition("://")
+    return bool(sep) and scheme in ("http", "https") and loopback_host(rest)
 
 
 def refusal(environ: dict) -> str | None:

@@ -114,7 +114,8 @@ def mlflow_ui(uri: str, port: int) -> Server:
     """The MLflow UI on the tracking store `uri` (which must exist: `tracking.ensure_store`), on 127.0.0.1:port,
     with one uvicorn worker and no per-request lines.
 
-    The argv is a list built from typed values, never a string split by a shell's rules: every value is
+    A sqlite store is given as `tracking.server_uri` (SQLite's mode=rw: the server never creates it); `store_watch`
+    says when it is gone. The argv is a list built from typed values, never a string split by a shell's rules: every value is
     joined to its option with `=` (`--backend-store-uri=URI`), so a URI or path with spaces, quotes or a
     leading `--` stays one value of its option and can never become an option of its own."""
     import shutil
@@ -122,7 +123,8 @@ def mlflow_ui(uri: str, port: int) -> Server:
     from .. import tracking
 
     exe = shutil.which("mlflow") or str(Path(sys.executable).parent / "mlflow")
-    argv = [exe, "ui", f"--backend-store-uri={uri}", f"--registry-store-uri={uri}"]
+    served = tracking.server_uri(uri)  # a sqlite store opened, never created (moved away while served: not re-made)
+    argv = [exe, "ui", f"--backend-store-uri={served}", f"--registry-store-uri={served}"]
     root = tracking.artifact_root(uri)
     if root:
         argv.append(f"--default-artifact-root={root}")
@@ -154,14 +156,40 @@ def server_env() -> dict[str, str]:
             "PYTHONWARNINGS": "ignore:starlette.middleware.wsgi is deprecated"}
 
 
+def store_watch(db: Path) -> Callable[[], str | None]:
+    """A check for `supervise`: why the store file `db` is no longer the one served (gone: deleted, or its folder
+    moved or renamed; another file in its place), else None."""
+
+    def ident() -> tuple[int, int] | None:
+        try:
+            st = os.stat(db)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    first = ident()
+
+    def gone() -> str | None:
+        now = ident()
+        if now == first:
+            return None
+        what = "is gone (deleted, or its folder moved)" if now is None else "was replaced by another file"
+        return f"the MLflow store {db} {what} while the UI served it; the UI stopped (start it again on the store)"
+
+    return gone
+
+
 def supervise(servers: Sequence[Server], env: dict[str, str], *,
               starting: AbstractContextManager | None = None, ready: Callable[[], None] | None = None,
-              log_prefix: str = "hmmscope-ui-", deadline_s: float = START_DEADLINE_S) -> Failure | None:
-    """Start the servers, wait until each answers, call `ready()`, then keep them until one exits or this
-    process is stopped (Ctrl-C, SIGTERM, SIGHUP); stop them all (`stop_groups`) and return.
+              log_prefix: str = "hmmscope-ui-", deadline_s: float = START_DEADLINE_S,
+              watch: Callable[[], str | None] | None = None) -> Failure | None:
+    """Start the servers, wait until each answers, call `ready()`, then keep them until one exits, `watch()` says why
+    they must stop (`store_watch`: their store is gone), or this process is stopped (Ctrl-C, SIGTERM, SIGHUP); stop
+    them all (`stop_groups`) and return.
 
     Their output goes to a new log file in the temp folder (TMPDIR), removed on a clean stop. Returns None on a
-    clean stop, else a Failure (the log kept). `starting` is entered while the servers start (e.g. a spinner).
+    clean stop, else a Failure (the log kept; a stop by `watch`: its line, no log lines). `starting` is entered while
+    the servers start (e.g. a spinner).
 
     Signals: SIGINT, SIGTERM and SIGHUP are turned into KeyboardInterrupt while the servers run, and recorded: one
     whose interrupt Python swallowed (raised inside a __del__ or a weakref callback) still stops the wait; from the
@@ -186,7 +214,7 @@ def supervise(servers: Sequence[Server], env: dict[str, str], *,
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # Ctrl-C, `kill PID`, a closed terminal
         signal.signal(sig, _stop)
     procs: list[subprocess.Popen] = []
-    failed = None
+    failed = why = None
     try:
         with os.fdopen(fd, "wb") as log:
             for s in servers:  # own group: we stop it whole; dies with us even on SIGKILL
@@ -208,10 +236,10 @@ def supervise(servers: Sequence[Server], env: dict[str, str], *,
         if failed is None:
             if ready is not None:
                 ready()
-            while all(p.poll() is None for p in procs):
+            while all(p.poll() is None for p in procs) and not (why := watch() if watch is not None else None):
                 _pause(0.5)
-            failed = next(f"{s.name} exited with code {p.returncode}" for s, p in
-                          zip(servers, procs, strict=True) if p.poll() is not None)
+            failed = why or next(f"{s.name} exited with code {p.returncode}" for s, p in
+                                 zip(servers, procs, strict=True) if p.poll() is not None)
     except KeyboardInterrupt:
         pass
     finally:
@@ -219,6 +247,9 @@ def supervise(servers: Sequence[Server], env: dict[str, str], *,
             signal.signal(sig, signal.SIG_IGN)
         stop_groups(procs)
     if failed is not None:
+        if why:  # the servers were well; what they say of a vanished store is noise
+            Path(log_path).unlink(missing_ok=True)
+            return Failure(failed, "", ())
         tail = Path(log_path).read_text(errors="replace").strip().splitlines()[-LOG_TAIL_LINES:]
         return Failure(failed, log_path, tuple(tail))
     Path(log_path).unlink(missing_ok=True)
