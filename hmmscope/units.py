@@ -60,7 +60,8 @@ def oracle_reference(objective: str) -> tuple[float | str, str] | None:
 
 _WORDS = {"excess_ce": "excess CE", "excess_ce_task": "excess CE over the task oracle", "kl_mix":
           "KL to the mixture oracle", "kl_task": "KL to the task oracle", "test_acc": "test accuracy",
-          "test_ce": "test CE", "retrieval_gap": "retrieval gap"}
+          "test_ce": "test CE", "retrieval_gap": "retrieval gap", "vs_best_counting": "model - best counting",
+          "icl_gain": "in-context gain"}
 
 
 def metric_words(key: str) -> str:
@@ -100,15 +101,17 @@ def decimals(lo: float, hi: float) -> int | None:
     return max(0, min(8, 2 - math.floor(math.log10(half))))
 
 
-def value_ci(v: float, lo: float, hi: float, unit: str = "") -> str:
+def value_ci(v: float, lo: float, hi: float, unit: str = "", *, signed: bool = False) -> str:
     """'-0.006 [-0.233, 0.221] nats/token': a value and its 95% CI to the CI's precision (`decimals`), signs kept
-    (the sign of the difference the table and the figure show), then the unit; '(no CI)' when there is none."""
+    (the sign of the difference the table and the figure show), then the unit; '(no CI)' when there is none.
+    `signed`: a difference, '+' before positive numbers ('+0.54 [+0.30, +0.78]')."""
     d = decimals(lo, hi)
+    plus = "+" if signed else ""
 
     def num(x: float) -> str:
         if not math.isfinite(x):
             return "-"
-        return f"{x:.{d}f}" if d is not None else f"{x:.3g}"
+        return f"{x:{plus}.{d}f}" if d is not None else f"{x:{plus}.3g}"
 
     ci = f" [{num(lo)}, {num(hi)}]" if math.isfinite(lo) and math.isfinite(hi) else " (no CI)"
     return f"{num(v)}{ci}{' ' + unit if unit else ''}"
