@@ -333,6 +333,12 @@ def smoke(tmp_path_factory):
     yield d, Ran(d, "sweep", "run", str(SWEEPS / "smoke.toml"), "--workers", "2", "--set", "train.figures=false")
 
 
+def _answer_lines(md: str) -> list[str]:
+    """The bold sentences that open a report's Answer: one per swept key (sweep.compare.answers)."""
+    paras = md.split("## Answer\n\n", 1)[1].split("\n\n")
+    return [p.strip("*") for p in paras[:next(i for i, p in enumerate(paras) if not p.startswith("**"))]]
+
+
 def test_smoke_sweep_two_workers_then_report(smoke, monkeypatch):
     store, r = smoke
     monkeypatch.chdir(store)
@@ -343,10 +349,10 @@ def test_smoke_sweep_two_workers_then_report(smoke, monkeypatch):
     *_, browse, said, html = r.stdout.splitlines()
     assert browse == "browse: hmmscope ui --sweep smoke" and html == "report: out/smoke/report.html", r.stdout
     md = (store / "out" / "smoke" / "report.md").read_text()
-    first = md.split("## Answer\n\n", 1)[1].split("\n", 1)[0]
-    assert said == f"sweep smoke: {first.strip('*')}" and said.startswith(
-        "sweep smoke: RoPE - absolute on eval/seen/excess_ce: ") and " nats/token, one seed (2 blocks as the units): " \
-        in said, said
+    bold = _answer_lines(md)  # a sentence per swept key (issue 46.1): pos_enc, then gamma
+    assert said == f"sweep smoke: {'; '.join(bold)}" and said.startswith(
+        "sweep smoke: model.pos_enc: rope - absolute = ") and " nats/token, one seed (2 blocks as the units): " \
+        in said and "; hmm.gamma: 0.9 - 0.5 = " in said, said
     assert (store / "out" / "smoke" / "report.html").exists()
     assert r.stdout.splitlines()[0] == "sweep smoke: browse: hmmscope ui --sweep smoke"  # where to look, at once
     assert "smoke: 4 complete, 0 failed, 0 pruned of 4" in r.output
@@ -546,10 +552,10 @@ def test_main_job_end_to_end_small(project):
     # --backend-store-uri`), then the sweep's answer (the report's first sentence) and its report's HTML (before:
     # its report.md, no answer); the first line said where the run is, at once (also off a terminal)
     folder = project / "out" / f"main-{main.info.run_id[:8]}"  # everything the main job wrote, in its own folder
-    first = (folder / "smoke" / "report.md").read_text().split("## Answer\n\n", 1)[1].split("\n", 1)[0]
-    assert first.startswith("**RoPE - absolute on eval/seen/excess_ce: ") and first.endswith("**")
+    bold = _answer_lines((folder / "smoke" / "report.md").read_text())
+    assert bold[0].startswith("model.pos_enc: rope - absolute = ") and bold[1].startswith("hmm.gamma: 0.9 - 0.5 = ")
     assert r.stdout.splitlines()[-4:] == [f"browse: hmmscope ui --run {main.info.run_id}",
-                                          "browse: hmmscope ui --sweep smoke", f"sweep smoke: {first.strip('*')}",
+                                          "browse: hmmscope ui --sweep smoke", f"sweep smoke: {'; '.join(bold)}",
                                           f"report: out/{folder.name}/smoke/report.html"]
     assert r.stdout.splitlines()[0] == f"main run {main.info.run_id} started; browse: hmmscope ui --run {main.info.run_id}"
     assert "mlflow ui" not in r.output and r.stdout.count("hmmscope ui --run") == 2

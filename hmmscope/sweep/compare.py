@@ -15,7 +15,9 @@ What they show. The trials are the study's COMPLETE trials with a finite value (
   for a quantity the oracle sets to 0 (excess CE, KL, the retrieval gap), else the oracle's own value at each
   level (the mean of the trials' oracle metric there, e.g. eval/seen/oracle_mix_test_acc for test accuracy,
   read through `metrics_of`) as a dashed grey line; the pivot table gets an `oracle mean` column then.
-- Pivot rows: each level of each swept grid parameter but pos_enc (e.g. `hmm.gamma = 0.5`), then `all`;
+- Pivot rows: each level of each swept grid parameter but pos_enc (e.g. `hmm.gamma = 0.5`), then `all`: the
+  pooled difference alone when other keys are swept (paired within their levels: a mean over gamma levels would
+  be a number of no setting), the means when nothing else is; no `all` row without a difference to pool;
   columns: each line's mean with its CI and seed count, and, when rope and absolute are both swept, their
   difference rope - absolute with its 95% CI exactly as the report computes it (`effects`, which the report's
   `report.posenc` uses: blocks chosen by `choose_blocks`, the per-level effects by `per_level_effects`, the `all` row the report's
@@ -74,6 +76,41 @@ def trial_frame(spec, study, metrics_of=None):
                 row[ORACLE] = None
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def with_reference(spec, df, ref_spec, ref_df):
+    """(df with the reference sweep's matching trials as more rows, a note in words): a trial of `ref_spec` (the spec's
+    [report] reference, `effects.options`) matches when its config equals this sweep's on every key but this sweep's
+    swept keys, the seed keys and the run-time keys (e.g. the depth sweep's 2-layer RoPE cell for a gamma sweep that
+    fixes 2 layers and RoPE); its values of this sweep's swept keys become its levels here. Nothing joins when the
+    objectives or kinds differ, or when the matched cell is one this sweep ran itself."""
+    import pandas as pd
+
+    from ..config import flatten
+    from .spec import RUNTIME_CONFIG, seed_keys
+
+    name = ref_spec.name
+    if (ref_spec.objective, ref_spec.kind) != (spec.objective, spec.kind):
+        return df, (f"reference sweep {name}: objective {ref_spec.objective} ({ref_spec.kind}), not {spec.objective} "
+                    f"({spec.kind}): not joined")
+    swept = [p.key for p in spec.space]
+    skip = {*swept, *seed_keys(spec.kind, 0), *RUNTIME_CONFIG}
+    mine = {k: v for k, v in flatten(spec.trial_config({p.key: p.grid[0] if p.grid else p.low for p in spec.space}))
+            .items() if k not in skip}
+    have = {tuple(str(v) for v in r) for r in df[[f"param:{k}" for k in swept]].itertuples(index=False)}
+    seed_col, rows = _seed_col(spec), []
+    for r in ref_df.to_dict("records"):  # native types per column (iterrows would make a level 2 a 2.0)
+        cfg = flatten(ref_spec.trial_config({p.key: r[f"param:{p.key}"] for p in ref_spec.space}))
+        level = tuple(cfg[k] for k in swept)
+        if all(cfg.get(k) == v for k, v in mine.items()) and tuple(str(v) for v in level) not in have:
+            rows.append({"trial": f"{name}#{r['trial']}", **{f"param:{k}": v for k, v in zip(swept, level)},
+                         seed_col: r[seed_col], OBJ: r[OBJ], **({ORACLE: r[ORACLE]} if ORACLE in ref_df else {})})
+    if not rows:
+        return df, f"reference sweep {name}: no trial matches this sweep's base cell"
+    levels = sorted({", ".join(f"{k} = {row[f'param:{k}']}" for k in swept) for row in rows})
+    note = (f"{'; '.join(levels)}: the reference cell, {len(rows)} trial{'s' if len(rows) != 1 else ''} of sweep "
+            f"{name} (its config equals this sweep's but for {', '.join(swept)})")
+    return pd.concat([df, pd.DataFrame(rows)], ignore_index=True), note
 
 
 def _sort_key(v: Any):
@@ -135,14 +172,18 @@ def pivot(spec, df) -> dict[str, list]:
     oracle = ORACLE in df.columns and df[ORACLE].notna().any()
     if oracle:
         cols["oracle mean"] = []
+    # the `all` row: never a mean over the levels of another swept key (it would average over, e.g., gamma); with
+    # such keys only the paired difference is pooled there (within their levels), and without one there is no row
     rows = [(f, lv, df[df[f].astype(str) == lv]) for f in factors
-            for lv in sorted(df[f].astype(str).unique(), key=_sort_key)] + [("all", "all", df)]
+            for lv in sorted(df[f].astype(str).unique(), key=_sort_key)]
+    if diff or not factors:
+        rows.append(("all", ", ".join(f[len("param:"):] for f in factors) if factors else "all", df))
     for f, lv, sub in rows:
         cols["factor"].append(f[len("param:"):] if f != "all" else "all")
         cols["level"].append(lv)
         for ln in lines:
             part = sub if line_col is None else sub[sub[line_col].astype(str) == ln]
-            e = level_mean(part, seed_col) if len(part) else None
+            e = level_mean(part, seed_col) if len(part) and not (f == "all" and factors) else None
             cols[f"{ln} mean"].append(_num(e.value) if e else None)
             cols[f"{ln} ci_lo"].append(_num(e.lo) if e else None)
             cols[f"{ln} ci_hi"].append(_num(e.hi) if e else None)
@@ -157,55 +198,59 @@ def pivot(spec, df) -> dict[str, list]:
             cols["diff units"].append(f"{e.n} {e.unit}" if ok else "")
             cols["diff note"].append((e.degenerate or e.method) if ok else e)
         if oracle:
-            cols["oracle mean"].append(_num(sub[ORACLE].astype(float).mean()))
+            cols["oracle mean"].append(None if f == "all" and factors else _num(sub[ORACLE].astype(float).mean()))
     return cols
 
 
-def answer(spec, df) -> str | None:
-    """The sweep's answer in one sentence, with its unit, 95% CI, replicates and verdict (the report's first line,
-    the last lines of `hmmscope run` and `sweep run`); None with no complete trial.
+def answer(spec, df, opts=None) -> str | None:
+    """The sweep's answer (`answers`) in one line: its sentences joined by '; '; None with no complete trial."""
+    said = answers(spec, df, opts)[0]
+    return "; ".join(said) if said else None
 
-    With rope and absolute both swept: the pooled rope - absolute on the objective, exactly the pivot's `all` row
-    (blocks by `effects.choose_blocks`, `effects.pos_enc_effect`), e.g. "RoPE - absolute on eval/seen/excess_ce:
-    -0.006 [-0.233, 0.221] nats/token, 2 seeds: no detectable difference"; the verdict is stats.decide's on that CI
-    on the side the spec's direction calls better (minimize: below 0), in words (RoPE better / RoPE worse / no
-    detectable difference / no power). Otherwise the best setting of the swept keys by the spec's direction, its
-    mean over seeds with its 95% t interval, beside the runner-up."""
-    from ..stats import side_verdict
+
+def answers(spec, df, opts=None) -> tuple[list[str], list]:
+    """(sentences, effects): the sweep's answer, one sentence per swept key, with its unit, 95% CI, replicates and
+    verdict (the report's first lines, the last lines of `hmmscope run` and `sweep run`); ([], []) with no complete
+    trial.
+
+    Every key that is not tuned (`effects.is_tuned`) gets its effect over seeds (`effects.factor_effects`: a paired
+    contrast for two levels, the slope with its adjacent steps for ordered levels, each level against the reference
+    for a categorical key), e.g. "hmm.gamma: 0.9 - 0.5 = +0.54 [+0.30, +0.78] nats/token, 2 seeds: excess CE (seen
+    tasks) grows with gamma (supported)"; model.pos_enc reads "rope - absolute", the same signed difference as the
+    pivot and the figures. Then, for the tuned keys (train.* by default, every key of a tpe / random sweep), the best
+    setting by the spec's direction, its mean over seeds with its 95% t interval beside the runner-up, marked as a
+    tuned key's. `opts`: the spec's [report] options (`effects.options`)."""
     from ..units import metric_units, replicates, value_ci
+    from .effects import factor_effects, is_tuned, options, sentence
 
     if df is None or df.empty:
-        return None
+        return [], []
+    opts = opts or options(spec)
     seed_col, unit = _seed_col(spec), metric_units(spec.objective)
-    line_col, lines = _lines(spec, df)
-    if line_col is not None and {"rope", "absolute"} <= set(lines):
-        d = df[df[line_col].astype(str).isin(["rope", "absolute"])]
-        factors = [f"param:{p.key}" for p in spec.space if p.grid is not None and p.key != POS_ENC
-                   and d[f"param:{p.key}"].astype(str).nunique() >= 2]
-        blocks, _ = choose_blocks(d, OBJ, factors, seed_col)
-        est = pos_enc_effect(d, OBJ, blocks, seed_col)
-        head = f"RoPE - absolute on {spec.objective}"
-        if isinstance(est, str):
-            return f"{head}: not estimated ({est})"
-        side = -1 if spec.direction == "minimize" else 1
-        v = side_verdict(est.lo, est.hi, side, df=est.df, degenerate=est.degenerate)
-        word = {"supported": "RoPE better", "not supported": "RoPE worse", "inconclusive": "no detectable difference",
-                "no power": f"no power ({est.degenerate or 'no finite CI'})"}[v]
-        return f"{head}: {value_ci(est.value, est.lo, est.hi, unit)}, {replicates(est.n, est.unit)}: {word}"
-    keys = [f"param:{p.key}" for p in spec.space if f"param:{p.key}" in df.columns]
-    cells = []
-    for cell, sub in (df.groupby([df[k].astype(str) for k in keys], sort=False) if keys else [((), df)]):
-        cell = cell if isinstance(cell, tuple) else (cell,)
-        label = ", ".join(f"{k[len('param:'):]} = {v}" for k, v in zip(keys, cell)) or "all trials"
-        cells.append((label, level_mean(sub, seed_col)))
-    cells.sort(key=lambda c: c[1].value if spec.direction == "minimize" else -c[1].value)
-    (label, e), rest = cells[0], cells[1:]
-    text = (f"best of {len(cells)} setting{'s' if len(cells) != 1 else ''} on {spec.objective} ({spec.direction}): "
-            f"{label}: {value_ci(e.value, e.lo, e.hi, unit)}, {replicates(e.n, e.unit)}")
-    if rest:
-        label2, e2 = rest[0]
-        text += f"; next {label2}: {value_ci(e2.value, e2.lo, e2.hi, unit)}"
-    return text[0].upper() + text[1:]
+    keys = [p.key for p in spec.space if f"param:{p.key}" in df.columns]
+    factors = [k for k in keys if not is_tuned(spec, k, opts)]
+    effs = factor_effects(df, factors, OBJ, seed_col if seed_col in df.columns else None, metric=spec.objective,
+                          unit=unit, margin=opts.margin_for(unit), references=opts.references,
+                          direction=spec.direction)
+    said = [sentence(e) for e in effs]
+    tuned = [k for k in keys if k not in factors]
+    if tuned or not keys:
+        cols = [f"param:{k}" for k in keys]
+        cells = []
+        for cell, sub in (df.groupby([df[k].astype(str) for k in cols], sort=False) if cols else [((), df)]):
+            cell = cell if isinstance(cell, tuple) else (cell,)
+            label = ", ".join(f"{k[len('param:'):]} = {v}" for k, v in zip(cols, cell)) or "all trials"
+            cells.append((label, level_mean(sub, seed_col)))
+        cells.sort(key=lambda c: c[1].value if spec.direction == "minimize" else -c[1].value)
+        (label, e), rest = cells[0], cells[1:]
+        text = (f"best of {len(cells)} setting{'s' if len(cells) != 1 else ''} on {spec.objective} ({spec.direction}"
+                + (f"; tuned: {', '.join(tuned)}" if tuned else "") + f"): {label}: "
+                f"{value_ci(e.value, e.lo, e.hi, unit)}, {replicates(e.n, e.unit)}")
+        if rest:
+            label2, e2 = rest[0]
+            text += f"; next {label2}: {value_ci(e2.value, e2.lo, e2.hi, unit)}"
+        said.append(text[0].upper() + text[1:])
+    return said, effs
 
 
 def _x(values: list[Any]) -> tuple[list[float], list[str], bool]:
@@ -306,7 +351,8 @@ def pivot_rows(cols: dict[str, list]) -> tuple[list[str], list[list[str]]]:
         head.append("oracle (mean)")
     body = []
     for i in range(len(cols["factor"])):
-        row = [f"{cols['factor'][i]} = {cols['level'][i]}" if cols["factor"][i] != "all" else "all (pooled)"]
+        row = [f"{cols['factor'][i]} = {cols['level'][i]}" if cols["factor"][i] != "all" else
+               "all (pooled)" if cols["level"][i] == "all" else f"all (paired within {cols['level'][i]})"]
         row += [cell(cols[f"{ln} mean"][i], cols[f"{ln} ci_lo"][i], cols[f"{ln} ci_hi"][i],
                      f", {cols[f'{ln} seeds'][i]} seed{'s' if cols[f'{ln} seeds'][i] != 1 else ''}") for ln in lines]
         if diff:

@@ -431,7 +431,7 @@ def sentence(e: Effect) -> str:
     elif c.verdict == "inconclusive":
         words = "no detectable difference"
     else:
-        words = f"no power ({c.degenerate or c.reason or 'no interval'})"
+        words = (c.degenerate or c.reason or "no interval").removeprefix("no power: ")
     text = f"{head}: {words} ({c.verdict})"
     q = e.equivalence
     if q is not None and q.verdict and (c.verdict == "inconclusive" or not q.verdict.startswith("not")):
