@@ -333,6 +333,25 @@ def test_pooled_concave_rise_is_not_supported():
     assert c.ci_hi < 0 and c.verdict == "inconclusive" and "no decision rule" in c.reason
 
 
+def test_the_pooled_layerwise_claims_get_a_family_line_and_holm_beside_each_verdict():
+    """Issue 45.4: 12 claims on 3 runs each (2 df): the section says how many are supported, how many the rule would
+    give by chance, and the Holm-adjusted verdict beside each pooled verdict (before: per-claim verdicts alone, one
+    lucky 'supported' read as a finding)."""
+    from hmmscope.stats import holm_verdicts
+
+    rng = np.random.default_rng(4)
+    runs = [[Claim(f"claim{j}", "s", v, v - 0.1, v + 0.1, "inconclusive", "", "> 0")
+             for j, v in enumerate(rng.normal([0.5] + [0.0] * 11, 0.05))] for _ in range(3)]
+    sec, pooled = layerwise_section(_frame(runs))
+    holm, line = holm_verdicts(pooled)
+    (para,) = [b[1] for b in sec.blocks if b[0] == "p" and b[1].startswith("Family of 12 pooled claims: ")]
+    assert para == f"Family of 12 pooled claims: {line}." and "would call about 0.3 of the 12 tested" in line
+    table = next(b for b in sec.blocks if b[0] == "table")
+    assert table[1][-2:] == ["pooled verdict", "Holm (family)"]
+    assert [r[-2] for r in table[2]] == [c.verdict for c in pooled] and [r[-1] for r in table[2]] == holm
+    assert holm[0] == "supported" == pooled[0].verdict  # a real effect survives the family
+
+
 def test_artifacts_logged_to_parent(store):
     uri, pid, _, _ = store
     names = {f.path for f in tracking.client(uri).list_artifacts(pid, "report")}

@@ -45,13 +45,14 @@ OBJ = "metric:objective"
 ORACLE = "metric:oracle"  # the oracle's value on the trial's episodes (`units.oracle_reference`), if any
 
 
-def _seed_col(spec) -> str:
+def seed_column(spec) -> str:
+    """The trial frame's seed column: param:train.seed (param:theory.seed for theory, param:data.seed for headroom)."""
     return {"theory": "param:theory.seed", "headroom": "param:data.seed"}.get(spec.kind, "param:train.seed")
 
 
 def trial_frame(spec, study, metrics_of=None):
     """One row per COMPLETE trial with a finite value: trial number, `param:<key>` per swept key, the seed
-    (`_seed_col`), the objective (`metric:objective`) and, when the objective's oracle is a metric of the trials
+    (`seed_column`), the objective (`metric:objective`) and, when the objective's oracle is a metric of the trials
     and `metrics_of(run_id) -> {key: value}` is given, the oracle's value (`metric:oracle`)."""
     import pandas as pd
     from optuna.trial import TrialState
@@ -60,7 +61,7 @@ def trial_frame(spec, study, metrics_of=None):
 
     ref = oracle_reference(spec.objective)
     oracle_key = ref[0] if ref is not None and isinstance(ref[0], str) and metrics_of is not None else None
-    seed_col, rows = _seed_col(spec), []
+    seed_col, rows = seed_column(spec), []
     for t in sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: t.number):
         if t.value is None or not math.isfinite(t.value):
             continue
@@ -98,7 +99,7 @@ def with_reference(spec, df, ref_spec, ref_df):
     mine = {k: v for k, v in flatten(spec.trial_config({p.key: p.grid[0] if p.grid else p.low for p in spec.space}))
             .items() if k not in skip}
     have = {tuple(str(v) for v in r) for r in df[[f"param:{k}" for k in swept]].itertuples(index=False)}
-    seed_col, rows = _seed_col(spec), []
+    seed_col, rows = seed_column(spec), []
     for r in ref_df.to_dict("records"):  # native types per column (iterrows would make a level 2 a 2.0)
         cfg = flatten(ref_spec.trial_config({p.key: r[f"param:{p.key}"] for p in ref_spec.space}))
         level = tuple(cfg[k] for k in swept)
@@ -148,7 +149,7 @@ def pivot(spec, df) -> dict[str, list]:
     """The pivot table's columns (module docstring): factor, level, per line `<line> mean | ci_lo | ci_hi | seeds`,
     with rope and absolute `rope - absolute`, `diff ci_lo`, `diff ci_hi`, `diff df`, `diff units`, `diff note`,
     and with the oracle's values (`metric:oracle`) `oracle mean`."""
-    seed_col = _seed_col(spec)
+    seed_col = seed_column(spec)
     line_col, lines = _lines(spec, df)
     diff = line_col is not None and {"rope", "absolute"} <= set(lines)
     factors = [f"param:{p.key}" for p in spec.space if p.grid is not None and p.key != POS_ENC
@@ -226,7 +227,7 @@ def answers(spec, df, opts=None) -> tuple[list[str], list]:
     if df is None or df.empty:
         return [], []
     opts = opts or options(spec)
-    seed_col, unit = _seed_col(spec), metric_units(spec.objective)
+    seed_col, unit = seed_column(spec), metric_units(spec.objective)
     keys = [p.key for p in spec.space if f"param:{p.key}" in df.columns]
     factors = [k for k in keys if not is_tuned(spec, k, opts)]
     effs = factor_effects(df, factors, OBJ, seed_col if seed_col in df.columns else None, metric=spec.objective,
@@ -277,7 +278,7 @@ def objective_figure(spec, df):
     from ..units import axis_label, oracle_reference
 
     ref = oracle_reference(spec.objective)
-    seed_col = _seed_col(spec)
+    seed_col = seed_column(spec)
     line_col, lines = _lines(spec, df)
     xs = [p for p in spec.space if line_col is None or p.key != POS_ENC] or list(spec.space)
     fig = Figure(figsize=(max(5.2, 4.6 * len(xs)), 4.6), layout="constrained")

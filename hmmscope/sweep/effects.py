@@ -48,7 +48,17 @@ from typing import Any
 import numpy as np
 
 from ..config import ConfigError
-from ..stats import DEFAULT_MARGIN, Claim, Estimate, claim, decide_equivalence, paired_effect, rule, t_mean
+from ..stats import (
+    DEFAULT_MARGIN,
+    Claim,
+    Estimate,
+    claim,
+    decide_equivalence,
+    paired_effect,
+    parse_rule,
+    rule,
+    t_mean,
+)
 from ..units import metric_words, replicates, value_ci
 
 REFERENCE = {"model.pos_enc": "absolute"}  # a categorical key's reference level by default
@@ -383,20 +393,41 @@ def _contrast_effect(d, key, b, a, others, y, seed_col, metric, unit, margin, di
 
 def _slope_effect(d, key, levels, nums, others, y, seed_col, metric, unit, margin) -> Effect:
     col = f"param:{key}"
-    log = min(nums) > 0 and max(nums) / min(nums) > 50
-    xs = np.log2(d[col].astype(float).to_numpy()) if log else d[col].astype(float).to_numpy()
-    steps = tuple((f"{b} - {a}", _contrast_effect(d, key, b, a, others, y, seed_col, metric, unit, margin, "", True))
-                  for a, b in zip(levels, levels[1:]))
     first = d[d[col].astype(str).isin([levels[0], levels[-1]])]
     blocks, _ = choose_blocks(first, y, others, seed_col, (first[col].astype(str) == levels[-1]).to_numpy())
-    est = slope(xs, d[y].astype(float).to_numpy(), d[seed_col].astype(str).to_numpy() if seed_col else None,
-                block_labels(d, blocks))
-    span = (math.log2(max(nums)) - math.log2(min(nums))) if log else max(nums) - min(nums)
-    per = f"per doubling of {key}" if log else f"per unit of {key}"
-    e = effect(f"{key}: slope on {metric}", est, rule("!=", 0), "OLS slope within each (seed, block), t over seeds"
-               + (f"; blocks {', '.join(b[6:] for b in blocks)}" if blocks else ""), unit=f"{unit} {per}".strip(),
-               margin=margin / span if span > 0 else math.nan, steps=steps, label="slope")
+    log = min(nums) > 0 and max(nums) / min(nums) > 50
+    e = ordered_effect(f"{key}: slope on {metric}", d[col].astype(float).to_numpy(), d[y].astype(float).to_numpy(),
+                       d[seed_col].astype(str).to_numpy() if seed_col else None, block_labels(d, blocks), rule("!=", 0),
+                       "OLS slope within each (seed, block), t over seeds"
+                       + (f"; blocks {', '.join(b[6:] for b in blocks)}" if blocks else ""), unit=unit, margin=margin,
+                       per=f"{'doubling' if log else 'unit'} of {key}", log=log)
     return dataclasses.replace(e, key=key, metric=metric, ordered=True)
+
+
+def ordered_effect(name: str, x, y, seeds, blocks, rule_: str, statistic: str, *, unit: str, margin: float = math.nan,
+                   per: str = "unit of x", log: bool = False) -> Effect:
+    """The slope of y on x over ordered levels (`slope`: within each (seed, block), t over seeds; on log2 x with
+    `log`) with its adjacent steps (level b - level a for neighbouring levels, paired within (seed, block), each
+    decided by the slope's rule taken at 0), so that a slope the steps do not all follow reads "not monotone"; its
+    margin is `margin` over the swept range (the unit: `unit` per `per`)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    s = np.asarray(seeds, object) if seeds is not None else None
+    b = np.empty(len(x), object)
+    b[:] = list(blocks) if blocks is not None else [()] * len(x)
+    levels = sorted(set(x[np.isfinite(x)]))
+    op = parse_rule(rule_)[0]
+    steps = []
+    for lo, hi in zip(levels, levels[1:]):
+        sel = (x == lo) | (x == hi)
+        est = paired_effect(y[sel], x[sel] == hi, None if s is None else s[sel], list(b[sel]))
+        steps.append((f"{hi:g} - {lo:g}", effect(f"{name}: step {hi:g} - {lo:g}", est, rule(op, 0),
+                                                 "paired within (seed, block), t over seeds", unit=unit,
+                                                 margin=margin, label=f"{hi:g} - {lo:g}")))
+    xs = np.log2(x) if log else x
+    span = float(np.nanmax(xs) - np.nanmin(xs)) if len(levels) >= 2 else math.nan
+    est = slope(xs, y, s, list(b))
+    return effect(name, est, rule_, statistic, unit=f"{unit} per {per}".strip(),
+                  margin=margin / span if span > 0 else math.nan, steps=tuple(steps), label="slope")
 
 
 def _method(est, blocks) -> str:
