@@ -254,6 +254,41 @@ def answers(spec, df, opts=None) -> tuple[list[str], list]:
     return said, effs
 
 
+def plan(spec, effect: float, *, sd: float | None = None, df=None, source: str = "") -> list[str]:
+    """`hmmscope sweep plan SPEC --effect DELTA`: how many seeds this grid sweep needs to decide an effect of +-DELTA
+    (the objective's units) with 80% power: its 95% t interval over seeds on one side of 0 (`effects.seeds_needed`).
+    The seed-to-seed SD comes from `sd` (one number for every contrast), else from `df`, the trials of a sweep of
+    this design (`source` names it): each swept key's effect and adjacent steps there (`effects.factor_effects`,
+    the margin the report uses), a slope's DELTA taken over the swept range."""
+    from ..units import metric_units
+    from .effects import factor_effects, is_tuned, options, seeds_needed
+
+    unit = metric_units(spec.objective)
+    cells = spec.n_trials // len(spec.seeds)
+    out = [f"sweep {spec.name}: {cells} cell{'s' if cells != 1 else ''} x {len(spec.seeds)} seed"
+           f"{'s' if len(spec.seeds) != 1 else ''} = {spec.n_trials} trials; each seed adds {cells}",
+           f"to decide an effect of ±{effect:g} {unit} on {spec.objective} with 80% power (its 95% CI over seeds on one "
+           "side of 0):".replace("  ", " ")]
+
+    def need(n: int | None) -> str:
+        return "more than 100000 seeds" if n is None else f"{n} seeds ({n * cells} trials)"
+
+    if sd is not None:
+        return [*out, f"  seed-to-seed SD {sd:g} {unit} (given): {need(seeds_needed(sd, effect))}"]
+    opts = options(spec)
+    keys = [p.key for p in spec.space if not is_tuned(spec, p.key, opts)]
+    col = seed_column(spec)
+    effs = factor_effects(df, keys, OBJ, col, metric=spec.objective, unit=unit, margin=effect)
+    out.append(f"  seed-to-seed SDs from {source} ({df[col].astype(str).nunique()} seeds, {len(df)} trials):")
+    for e in effs:
+        for label, x in [(e.label, e), *e.steps]:
+            if x.why or not x.sd > 0:
+                out.append(f"  {e.key}: {label}: no SD over seeds ({x.why or x.claim.reason or 'one seed'})")
+            else:
+                out.append(f"  {e.key}: {label}: SD {x.sd:.3g} {x.unit}, effect ±{x.margin:.3g}: {need(x.seeds_needed)}")
+    return out
+
+
 def _x(values: list[Any]) -> tuple[list[float], list[str], bool]:
     """(x positions, tick labels, log scale?) of a parameter's levels: numbers on their own axis (log when they
     span more than a factor of 50 and are all > 0), anything else as categories."""
