@@ -8,6 +8,7 @@ Shared by the report (`report/`) and the sweep parent run's comparison (`sweep.c
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,20 @@ def metric_units(key: str) -> str:
     if "norm_change" in key:
         return "relative logit change"
     return ""
+
+
+def better(direction: str) -> str:
+    """'lower is better' / 'higher is better' for an objective's direction (minimize / maximize); '' otherwise."""
+    return {"minimize": "lower is better", "maximize": "higher is better"}.get(direction, "")
+
+
+def wrap(text: str, inches: float, fontsize: float = 10) -> str:
+    """`text` broken into lines that fit `inches` at `fontsize` points (about 0.55 em a character), each of its own
+    lines apart: a title that would run past a figure's edge."""
+    import textwrap
+
+    width = max(20, int(inches * 72 / (0.55 * fontsize)))
+    return "\n".join(textwrap.fill(line, width) for line in text.split("\n"))
 
 
 def axis_label(key: str) -> str:
@@ -71,6 +86,12 @@ def metric_words(key: str) -> str:
     if words == parts[-1]:
         return key
     return f"{words} ({parts[1]} tasks)" if len(parts) == 3 and parts[1] in ("seen", "unseen") else words
+
+
+def claim_words(name: str) -> str:
+    """A claim's name as logged (MLflow's key rules turned its parentheses into '_': 'upper layers change less
+    _slope_') as a reader sees it: 'upper layers change less (slope)'."""
+    return re.sub(r" _([^_]+)_$", r" (\1)", name)
 
 
 def fmt_num(v: Any, digits: int = 4) -> str:

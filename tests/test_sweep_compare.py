@@ -176,13 +176,13 @@ def test_objective_figure_names_its_units_and_draws_the_oracle(stores):
 
     spec, study, _, _ = planted_study(stores, "units", [0, 1])
     ax = objective_figure(spec, trial_frame(spec, study)).axes[0]
-    assert ax.get_ylabel() == "eval/seen/excess_ce (nats/token)"
+    assert ax.get_ylabel() == "eval/seen/excess_ce (nats/token)\nlower is better"  # the spec's direction
     assert [ln.get_label() for ln in ax.get_lines() if ln.get_linestyle() == ":"] == ["mixture oracle (excess_ce = 0)"]
     acc = dataclasses.replace(spec, objective="eval/seen/test_acc")
     df = trial_frame(acc, study, lambda rid: {"eval/seen/oracle_mix_test_acc": 0.5 + 0.01 * int(rid.split("-")[1])})
     assert ORACLE in df.columns and df[ORACLE].notna().all()
     ax = objective_figure(acc, df).axes[0]
-    assert ax.get_ylabel() == "eval/seen/test_acc (fraction of test tokens)"
+    assert ax.get_ylabel() == "eval/seen/test_acc (fraction of test tokens)\nlower is better"  # minimized here
     (line,) = [ln for ln in ax.get_lines() if ln.get_label().startswith("mixture oracle")]
     assert list(line.get_ydata()) == pytest.approx([df[df["param:hmm.gamma"] == g][ORACLE].mean() for g in (0.5, 0.9)])
     oracle = pivot(acc, df)["oracle mean"]

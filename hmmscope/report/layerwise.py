@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..stats import NO_POWER, VERDICTS, Claim, claim, holm_verdicts, parse_rule, rule, t_mean
-from ..units import fmt_ci, fmt_num, fmt_p
+from ..units import axis_label, claim_words, fmt_ci, fmt_num, fmt_p
 from .common import NAN, Section, underpowered
 from .posenc import ols_fit
 
@@ -157,12 +157,13 @@ def _plot_pooled(claims: list[Claim], pooled: list, path: Path) -> list[Path]:
         ax.plot([c.value / scale], [i], "o", color=col)
     ax.axvline(0, color="gray", ls=":")
     ax.set(yticks=range(len(claims)), xlabel="value / max |value| of the row (0 is each claim's threshold side)",
-           title="pooled layerwise claims (colour: verdict)")
-    ax.set_yticklabels([c.name[len("pooled: "):] for c in claims], fontsize=7)
+           ylabel="claim", title="pooled layerwise claims (colour: verdict)")
+    ax.set_yticklabels([claim_words(c.name[len("pooled: "):]) for c in claims], fontsize=7)
     ax.invert_yaxis()
     for k, col in _COLOURS.items():
         ax.plot([], [], "o", color=col, label=k)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.plot([], [], ".", color="gray", alpha=0.6, label="a unit (seed or run)")
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.1), frameon=False)  # every colour, below the panel
     return save_figure(fig, path)
 
 
@@ -258,6 +259,6 @@ def _plot_depth(d, path: Path, ylabel: str) -> list[Path]:
         ax.plot(g["n_layers"], g["y"], ".", color=c, alpha=0.6)
         m = g.groupby("n_layers")["y"].mean()
         ax.plot(m.index, m.values, "o-", color=c, label=f"rank {fmt_num(rk)}")
-    ax.set(xlabel="n_layers", ylabel=ylabel, title="depth vs rank")
-    ax.legend(fontsize=7)
+    ax.set(xlabel="n_layers", ylabel=f"{axis_label(ylabel)} (lower is better)", title="depth vs rank")
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)  # below the panel: on no point
     return save_figure(fig, path)

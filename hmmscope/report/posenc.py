@@ -268,7 +268,8 @@ def posenc_figure(plot: list, seed_col: str | None):
                 if len(ya) and len(yr):
                     ax.plot([i - 0.15, i + 0.15], [ya.mean(), yr.mean()], "-", color="gray", lw=0.7, alpha=0.6)
         unit = metric_units(name)
-        ax.set(xticks=range(len(order)), xlim=(-0.6, len(order) - 0.4), title=name, ylabel=unit or name)
+        ax.set(xticks=range(len(order)), xlim=(-0.6, len(order) - 0.4), title=name, ylabel=unit or name,
+               xlabel="block (the other swept keys' levels)")
         ax.set_xticklabels(order, fontsize=8, **({"rotation": 30, "ha": "right"} if tilt else {}))
         ax.grid(axis="y", alpha=0.3)
         ax = axes[1][j]
@@ -298,6 +299,7 @@ def posenc_figure(plot: list, seed_col: str | None):
             for y, txt in ((side * span * 0.95, "RoPE better"), (-side * span * 0.95, "RoPE worse")):
                 ax.text(-0.55, y, txt, ha="left", va="center", fontsize=7, color="dimgray")
         ax.set(xticks=range(k + 1), xlim=(-0.6, k + 0.6), ylabel=f"rope - absolute{f' ({unit})' if unit else ''}",
+               xlabel="block, then pooled",
                title=f"rope - absolute, 95% CI ({est.n} {est.unit} units)")
         ax.set_xticklabels([*order, "pooled"], fontsize=8, **({"rotation": 30, "ha": "right"} if tilt else {}))
     from matplotlib.lines import Line2D

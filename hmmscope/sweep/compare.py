@@ -310,7 +310,7 @@ def objective_figure(spec, df):
     """The objective against each swept parameter (module docstring), a matplotlib Figure."""
     from matplotlib.figure import Figure
 
-    from ..units import axis_label, oracle_reference
+    from ..units import axis_label, better, oracle_reference, wrap
 
     ref = oracle_reference(spec.objective)
     seed_col = seed_column(spec)
@@ -351,7 +351,7 @@ def objective_figure(spec, df):
             pos, _, _ = _x(levels)
             ax.plot(pos, [df[df[col].astype(str) == lv][ORACLE].astype(float).mean() for lv in levels], "x--",
                     color="gray", label=f"{ref[1]} (mean over the trials' episodes)")
-        ax.set(xlabel=p.key, ylabel=axis_label(spec.objective))
+        ax.set(xlabel=p.key, ylabel=f"{axis_label(spec.objective)}\n{better(spec.direction)}".strip())
         ax.tick_params(labelsize=10)
         ax.grid(alpha=0.3)
     handles: dict[str, Any] = {}
@@ -362,8 +362,9 @@ def objective_figure(spec, df):
         fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=min(4, len(handles)),
                    fontsize=9, title=POS_ENC if line_col else None, title_fontsize=9, frameon=False)
     n_seeds = int(df[seed_col].astype(str).nunique()) if len(df) else 0
-    fig.suptitle(f"sweep {spec.name}: {spec.objective} ({spec.direction}), {len(df)} trials\n{n_seeds} seed"
-                 f"{'s' if n_seeds != 1 else ''} as dots; mean with 95% CI (t over seeds)", fontsize=10)
+    fig.suptitle(wrap(f"sweep {spec.name}: {spec.objective} ({spec.direction}), {len(df)} trials\n{n_seeds} seed"
+                      f"{'s' if n_seeds != 1 else ''} as dots; mean with 95% CI (t over seeds)",
+                      fig.get_figwidth() - 0.3), fontsize=10)  # whole, whatever the sweep's name
     return fig
 
 
@@ -407,7 +408,7 @@ def pivot_figure(spec, cols: dict[str, list], path: Path) -> list[Path]:
     from matplotlib.figure import Figure
 
     from ..safe_output import save_figure
-    from ..units import metric_units
+    from ..units import metric_units, wrap
 
     head, body = pivot_rows(cols)
     chars = sum(max(len(r[j]) for r in [head, *body]) for j in range(len(head)))
@@ -419,8 +420,9 @@ def pivot_figure(spec, cols: dict[str, list], path: Path) -> list[Path]:
     t.set_fontsize(8)
     t.auto_set_column_width(list(range(len(head))))
     unit = metric_units(spec.objective)
-    ax.set_title(f"sweep {spec.name}: {spec.objective}{f' ({unit})' if unit else ''}, seeds as the unit"
-                 + ("; rope - absolute < 0: RoPE lower" if "rope - absolute" in cols else ""), fontsize=9)
+    ax.set_title(wrap(f"sweep {spec.name}: {spec.objective}{f' ({unit})' if unit else ''}, seeds as the unit"
+                      + ("; rope - absolute < 0: RoPE lower" if "rope - absolute" in cols else ""),
+                      fig.get_figwidth() - 0.3, 9), fontsize=9)  # whole, whatever the sweep's name
     return save_figure(fig, path)
 
 
