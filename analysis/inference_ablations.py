@@ -434,26 +434,40 @@ def figures(rows, runs, curves, th, lw, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     axes_ = [a for a in ("depth", "pos_enc", "gamma", "rank", "context", "structure") if any(r["axis"] == a for r in rows)]
-    fig, axs = plt.subplots(1, len(axes_), figsize=(4.2 * len(axes_), 4.4), layout="constrained", sharey=True)
-    for ax, a in zip(axs, axes_):
+    ncol = min(3, len(axes_))  # a grid, each panel its own y axis: the depth and RoPE differences are ~0.02, the
+    fig, axs = plt.subplots(-(-len(axes_) // ncol), ncol, figsize=(4.6 * ncol, 4.2 * -(-len(axes_) // ncol) + 0.6),
+                            layout="constrained", squeeze=False)  # context's 0.35: a shared axis hid them
+    for ax, a in zip(axs.flat, axes_):
         rs = [r for r in rows if r["axis"] == a]
         x = np.arange(len(rs))
         for i, r in enumerate(rs):
             col = "C7" if r["regime"] == "no room" else "C0"
             ax.errorbar([i], [r["diff"]], yerr=[[r["diff"] - r["ci_lo"]], [r["ci_hi"] - r["diff"]]], fmt="o", color=col,
-                        capsize=3)
-            ax.plot([i] * len(r["per_seed_diff"].split(";")), [float(v) for v in r["per_seed_diff"].split(";")], ".",
-                    color="gray", alpha=0.7)
-            ax.plot([i - 0.3, i + 0.3], [-r["room"]] * 2, "-", color="C1", lw=1.5,
-                    label="- room (family Bayes bound)" if i == 0 else None)
-        ax.axhline(0, color="k", lw=0.8)
-        ax.set_xticks(x, [_short(r["level"]) for r in rs], fontsize=7)
-        ax.set_title(a.replace("_", " "))
+                        capsize=3, zorder=2)
+            seeds = [float(v) for v in r["per_seed_diff"].split(";")]
+            ax.plot([i + 0.12] * len(seeds), seeds, ".", color="k", alpha=0.8, zorder=3)  # beside the mean, on top
+            ax.plot([i - 0.3, i + 0.3], [-r["room"]] * 2, "-", color="C1", lw=1.5, zorder=1)
+        ys = [v for r in rs for v in (r["ci_lo"], r["ci_hi"], -r["room"], *map(float, r["per_seed_diff"].split(";")))
+              if math.isfinite(v)]
+        pad = 0.08 * (max(ys) - min(ys) or 0.01)
+        ax.set_ylim(min(ys) - pad, max(ys) + pad)  # the panel's own data, not 0 far away from them
+        if min(ys) < 0 < max(ys):
+            ax.axhline(0, color="k", lw=0.8)
+        ax.set_xticks(x, [_short(r["level"]) for r in rs], fontsize=8)
+        ax.set(title=a.replace("_", " "), ylabel="model - best counting (nats/token)\nlower is better")
         ax.grid(alpha=0.3)
-    axs[0].set_ylabel("model - best counting, unseen tasks, k_max (nats/token)")
-    axs[0].legend(fontsize=7, loc="lower left")
-    fig.suptitle("Inference ablations: the model minus the best fitted counting predictor (mean over 3 seeds, 95% t CI; "
-                 "dots: seeds; orange: minus the room)")
+    for ax in axs.flat[len(axes_):]:
+        ax.set_visible(False)
+    from matplotlib.lines import Line2D
+
+    fig.legend(handles=[Line2D([], [], marker="o", color="C0", label="mean over seeds, 95% t CI"),
+                        Line2D([], [], marker="o", color="C7", label="a cell with no room (enters no effect)"),
+                        Line2D([], [], marker=".", ls="", color="k", label="a seed"),
+                        Line2D([], [], color="C1", label="minus the room (best counting - family Bayes): the model "
+                                                         "level with family Bayes")],
+               loc="outside lower center", ncol=2, fontsize=8, frameon=False)
+    fig.suptitle("Inference ablations: the model minus the best fitted counting predictor, unseen tasks, k_max (below 0: "
+                 "the model beats counting)", fontsize=10)
     save(fig, out, "ablations")
 
     fig, axs = plt.subplots(1, 2, figsize=(13, 4.4), layout="constrained")
@@ -497,23 +511,36 @@ def figures(rows, runs, curves, th, lw, out: Path) -> None:
         save(fig, out, "theorem1")
 
     if lw:
+        from hmmscope.units import claim_words
+
         claims = sorted({r["claim"] for r in lw})
         cells = sorted({(r["n_layers"], r["pos_enc"]) for r in lw})
-        fig, axs = plt.subplots(len(claims), 1, figsize=(8, 0.9 * len(claims) + 1), layout="constrained", squeeze=False)
         colours = {"supported": "C2", "not supported": "C3", "inconclusive": "C7", "no power": "C4"}
-        for ax, name in zip(axs[:, 0], claims):
+        fig, ax = plt.subplots(figsize=(9, 0.28 * len(claims) + 2.2), layout="constrained")
+        for y, name in enumerate(claims):  # a row per claim, each scaled by its own largest |value| (units differ)
+            rs = [r for r in lw if r["claim"] == name]
+            scale = max([abs(v) for r in rs for v in (r["estimate"], r["ci_lo"], r["ci_hi"]) if math.isfinite(v)]
+                        or [1.0]) or 1.0
             for i, cell in enumerate(cells):
-                r = next((r for r in lw if r["claim"] == name and (r["n_layers"], r["pos_enc"]) == cell), None)
-                if r is None:
+                r = next((r for r in rs if (r["n_layers"], r["pos_enc"]) == cell), None)
+                if r is None or not math.isfinite(r["estimate"]):
                     continue
                 col = colours.get(r["verdict"], "k")
                 if math.isfinite(r["ci_lo"]) and math.isfinite(r["ci_hi"]):
-                    ax.plot([i, i], [r["ci_lo"], r["ci_hi"]], "-", color=col, lw=2)
-                ax.plot([i], [r["estimate"]], "o", color=col)
-            ax.axhline(0, color="gray", ls=":", lw=0.8)
-            ax.set_xticks(range(len(cells)), [f"L{int(L)} {pe}" for L, pe in cells], fontsize=7)
-            ax.set_ylabel(name, rotation=0, ha="right", va="center", fontsize=7)
-        fig.suptitle("Layerwise claims per depth and encoding, pooled over seeds (95% t CI; colour: verdict)", fontsize=9)
+                    ax.plot([i + 0.4 * r["ci_lo"] / scale, i + 0.4 * r["ci_hi"] / scale], [y, y], "-", color=col, lw=2)
+                ax.plot([i + 0.4 * r["estimate"] / scale], [y], "o", color=col, ms=4)
+        for i in range(len(cells)):
+            ax.axvline(i, color="gray", ls=":", lw=0.8)
+        ax.set_xticks(range(len(cells)), [f"{int(L)} layers, {pe}" for L, pe in cells], fontsize=8)
+        ax.set_yticks(range(len(claims)), [claim_words(c) for c in claims], fontsize=7)
+        ax.set(xlim=(-0.5, len(cells) - 0.5), ylim=(len(claims) - 0.5, -0.5), xlabel="cell (dotted: each cell's 0; "
+               "a row's values / its largest |value|: the claims' units differ)", ylabel="claim")
+        from matplotlib.lines import Line2D
+
+        ax.legend(handles=[Line2D([], [], marker="o", color=c, label=v) for v, c in colours.items()], title="verdict "
+                  "(pooled over seeds, 95% t CI)", fontsize=8, title_fontsize=8, ncol=4, loc="upper center",
+                  bbox_to_anchor=(0.5, -0.09), frameon=False)
+        fig.suptitle("Layerwise claims per depth and encoding, pooled over seeds", fontsize=10)
         save(fig, out, "layerwise")
 
 

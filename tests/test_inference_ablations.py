@@ -102,9 +102,12 @@ def _t(vals):
     return v.mean(), v.mean() - h, v.mean() + h
 
 
-def test_from_record_gives_the_planted_answers(tmp_path, capsys):
+def test_from_record_gives_the_planted_answers(tmp_path, capsys, monkeypatch):
     rec = _record(tmp_path)
-    assert _script().main(["--from-record", str(rec), "--out", str(tmp_path / "out")]) == 0
+    mod, drawn = _script(), {}
+    real = mod.save
+    monkeypatch.setattr(mod, "save", lambda fig, out, stem: (drawn.__setitem__(stem, fig), real(fig, out, stem))[1])
+    assert mod.main(["--from-record", str(rec), "--out", str(tmp_path / "out")]) == 0
     out = tmp_path / "out"
     abl = {(r["axis"], r["level"]): r for r in _rows(out / "ablations.csv")}
     # a cell: diff pooled over seeds by t on 2 df
@@ -157,6 +160,22 @@ def test_from_record_gives_the_planted_answers(tmp_path, capsys):
     assert len({k[:2] for k in lw}) == 6
     for stem in ("ablations", "depth_curves", "theorem1", "layerwise"):
         assert (out / f"{stem}.png").stat().st_size > 5000 and (out / f"{stem}.pdf").exists()
+    # issue 46.5: readable figures. ablations.png: a panel per axis, each its own y range (before: one shared axis
+    # set by the context panel squeezed the ~0.02 depth and RoPE differences), "lower is better" on each; the legend
+    # names every colour; layerwise.png: one panel, a legend for the verdicts' colours, claims as a reader says them
+    from figure_checks import layout_problems
+
+    abl, lw = drawn["ablations"], drawn["layerwise"]
+    assert layout_problems(abl) == [] and layout_problems(lw) == []
+    panels = [ax for ax in abl.axes if ax.get_visible()]
+    assert len({ax.get_ylim() for ax in panels}) == len(panels) and all("lower is better" in ax.get_ylabel()
+                                                                          for ax in panels)
+    depth = next(ax for ax in panels if ax.get_title() == "depth")
+    assert depth.get_ylim()[1] - depth.get_ylim()[0] < 0.2  # the depth differences fill their panel
+    assert "minus the room" in " ".join(t.get_text() for t in abl.legends[0].get_texts())
+    (ax,) = lw.axes
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["supported", "not supported", "inconclusive",
+                                                                   "no power"]
 
 
 def test_a_missing_record_is_one_line(tmp_path, capsys):
