@@ -352,6 +352,25 @@ def test_the_pooled_layerwise_claims_get_a_family_line_and_holm_beside_each_verd
     assert holm[0] == "supported" == pooled[0].verdict  # a real effect survives the family
 
 
+def test_an_inconclusive_encoding_effect_says_what_the_design_excludes_and_the_seeds_it_needs():
+    """Issue 45.2: for every inconclusive effect, what the design excludes (TOST: the 90% CI's far end) and the seeds
+    that would decide the default margin (0.01 nats/token) with 80% power, from the seeds' SD (before: only
+    'underpowered' when the CI was wider than the effect)."""
+    from hmmscope.report.posenc import posenc_section
+    from hmmscope.stats import t_mean
+    from hmmscope.sweep.effects import seeds_needed, tost
+
+    d = {0: 0.006, 1: -0.004, 2: 0.001}  # rope - absolute per seed
+    df = pd.DataFrame([{"param:model.pos_enc": pe, "param:train.seed": s, "metric:eval/seen/excess_ce":
+                        0.3 + 0.01 * s + d[s] * (pe == "rope")} for pe in ("rope", "absolute") for s in d])
+    (c,) = [c for c in posenc_section(df)[1] if c.name == "RoPE improves eval/seen/excess_ce"]
+    est = t_mean(list(d.values()), unit="seed")
+    q, n = tost(est, 0.01), seeds_needed(est.se * 3 ** 0.5, 0.01)
+    assert c.verdict == "inconclusive"
+    assert f"effects beyond ±{q.excluded_beyond:.2g} nats/token are excluded (TOST, each side at 95%)" in c.reason
+    assert f"{n} seeds would detect ±0.01 with 80% power" in c.reason
+
+
 def test_artifacts_logged_to_parent(store):
     uri, pid, _, _ = store
     names = {f.path for f in tracking.client(uri).list_artifacts(pid, "report")}

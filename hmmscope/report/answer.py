@@ -56,7 +56,7 @@ def _row(e, key: str, label: str, holm: str, notes: Notes) -> list:
     return [key, label, f"{fmt_num(c.value)} {fmt_ci(c.ci_lo, c.ci_hi)}", e.unit, fmt_num(c.df),
             replicates(e.n, e.unit_of_replication), c.rule, c.verdict, holm,
             fmt_ci(q.lo90, q.hi90) if q else "-", fmt_p(q.p) if q and math.isfinite(q.p) else "-",
-            (q.verdict or "-") if q else "no margin", fmt_num(q.excluded_beyond) if q else "-", need]
+            (q.verdict or "no margin") if q else "-", fmt_num(q.excluded_beyond) if q else "-", need]
 
 
 def answer_section(t, study, spec, found_in: str | None, claims: list, out_dir: Path,

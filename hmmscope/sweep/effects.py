@@ -174,10 +174,11 @@ class Equivalence:
 
 def tost(est: Estimate, margin: float) -> Equivalence | None:
     """The TOST at +-margin of a t estimate (t_mean, paired_effect, the Welch t: its value, se and df); None
-    without a margin or a t interval (one unit). Equals statsmodels' ttost_paired / ttost_ind."""
+    without a t interval (one unit). Without a margin (NaN) only what the design excludes (the 90% interval), no p
+    and no verdict. Equals statsmodels' ttost_paired / ttost_ind."""
     from scipy import stats as st
 
-    if not (margin > 0) or not (math.isfinite(est.df) and est.df >= 1):
+    if not (math.isfinite(est.df) and est.df >= 1):
         return None
     m, se, df = est.value, est.se, est.df
     if not se > 0:  # every unit the same: nothing measures the noise
@@ -185,6 +186,8 @@ def tost(est: Estimate, margin: float) -> Equivalence | None:
                            decide_equivalence(margin, m, m, df=df, degenerate=est.degenerate or "no spread"), math.nan)
     q = float(st.t.ppf(0.95, df))
     lo, hi = m - q * se, m + q * se
+    if not margin > 0:
+        return Equivalence(math.nan, lo, hi, math.nan, math.nan, "", max(abs(lo), abs(hi)))
     return Equivalence(margin, lo, hi, float(st.t.sf((m + margin) / se, df)), float(st.t.cdf((m - margin) / se, df)),
                        decide_equivalence(margin, lo, hi, df=df, degenerate=est.degenerate), max(abs(lo), abs(hi)))
 
@@ -240,7 +243,8 @@ class Effect:
         if self.verdict != "inconclusive":
             return ""
         if e is not None and math.isfinite(e.excluded_beyond):
-            parts.append(f"effects beyond ±{e.excluded_beyond:.2g} {self.unit} are excluded (TOST, each side at 95%)")
+            parts.append(f"effects beyond ±{e.excluded_beyond:.2g}{' ' + self.unit if self.unit else ''} are "
+                         "excluded (TOST, each side at 95%)")
         if self.seeds_needed is not None and math.isfinite(self.margin):
             parts.append(f"{self.seeds_needed} seeds would detect ±{self.margin:.2g} with 80% power (SD of the seed "
                          f"values {self.sd:.2g})")
@@ -261,8 +265,7 @@ def effect(name: str, est: Estimate | str, rule_: str, statistic: str, *, unit: 
     paired = est.unit in ("seed", "block (one seed)") and math.isfinite(est.se)
     sd = est.se * math.sqrt(est.n) if paired and est.n >= 2 else math.nan
     need = seeds_needed(sd, margin) if paired and math.isfinite(margin) and est.unit == "seed" else None
-    return Effect(c, unit, est.n, est.unit, margin, tost(est, margin) if math.isfinite(margin) else None, sd, need,
-                  label, steps)
+    return Effect(c, unit, est.n, est.unit, margin, tost(est, margin), sd, need, label, steps)
 
 
 def effect_row(e: Effect) -> dict[str, Any]:
