@@ -205,3 +205,15 @@ def test_the_report_table_of_a_spec_is_checked(table, msg):
     assert opts.margin_for("nats/token") == 0.02 and opts.tuned == ("hmm.gamma",)
     assert check_options("s.toml", {}, []).margin_for("nats/token") == 0.01
     assert math.isnan(check_options("s.toml", {}, []).margin_for("fraction of test tokens"))
+
+
+def test_a_categorical_key_without_a_stated_reference_is_compared_with_the_base_configs_level():
+    df = _frame(["dirichlet", "sticky"], lambda f, s, o: 0.3 + 0.01 * s + (0.02 + 0.001 * s) * (f == "dirichlet"),
+                key="hmm.family")
+    (e,) = factor_effects(df, ["hmm.family"], "metric:objective", "param:train.seed", metric="eval/seen/excess_ce",
+                          unit="nats/token", direction="minimize", base={"hmm.family": "sticky"})
+    assert e.label == "dirichlet - sticky" and e.claim.value == pytest.approx(0.021)
+    assert sentence(e).endswith("higher with dirichlet than sticky, dirichlet worse (supported)")
+    (e,) = factor_effects(df, ["hmm.family"], "metric:objective", "param:train.seed", metric="eval/seen/excess_ce",
+                          unit="nats/token")  # no base: the first level
+    assert e.label == "sticky - dirichlet"

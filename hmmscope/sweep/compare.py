@@ -230,9 +230,11 @@ def answers(spec, df, opts=None) -> tuple[list[str], list]:
     seed_col, unit = seed_column(spec), metric_units(spec.objective)
     keys = [p.key for p in spec.space if f"param:{p.key}" in df.columns]
     factors = [k for k in keys if not is_tuned(spec, k, opts)]
+    from ..config import flatten
+
     effs = factor_effects(df, factors, OBJ, seed_col if seed_col in df.columns else None, metric=spec.objective,
                           unit=unit, margin=opts.margin_for(unit), references=opts.references,
-                          direction=spec.direction)
+                          direction=spec.direction, base=flatten(spec.base))
     said = [sentence(e) for e in effs]
     tuned = [k for k in keys if k not in factors]
     if tuned or not keys:

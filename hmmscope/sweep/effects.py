@@ -355,10 +355,12 @@ def reference_level(key: str, levels: list[str], opts: Options, base: Any = None
 
 
 def factor_effects(df, keys: list[str], y: str, seed_col: str | None, *, metric: str, unit: str,
-                   margin: float = math.nan, references: dict | None = None, direction: str = "") -> list[Effect]:
+                   margin: float = math.nan, references: dict | None = None, direction: str = "",
+                   base: dict | None = None) -> list[Effect]:
     """The effect of every key in `keys` (columns `param:<key>` of `df`) on column `y`, over seeds (module
     docstring): one headline Effect per key with 2+ levels (a slope carries its steps; a categorical key with more
-    than two levels, one Effect per level against the reference, the first standing for the key)."""
+    than two levels, one Effect per level against the reference, the first standing for the key). `base`: the base
+    config's values by key (a categorical key's reference when none is stated)."""
     out = []
     for key in keys:
         col = f"param:{key}"
@@ -376,7 +378,7 @@ def factor_effects(df, keys: list[str], y: str, seed_col: str | None, *, metric:
         if nums is not None:
             pairs = [(levels[1], levels[0])]
         else:
-            ref = reference_level(key, levels, Options(references=dict(references or {})), None)
+            ref = reference_level(key, levels, Options(references=dict(references or {})), (base or {}).get(key))
             pairs = [(lv, ref) for lv in levels if lv != ref]
         for b, a in pairs:
             out.append(_contrast_effect(d, key, b, a, others, y, seed_col, metric, unit, margin, direction,
