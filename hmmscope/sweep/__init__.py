@@ -19,8 +19,8 @@ The package, by idea (each module's docstring says what it owns and what it must
   statistics, the analysis records' effects.csv); the spec's [report] options.
 
 Imports run one way: storage <- protocol <- study <- status <- worker, spec <- study, trial, worker; trial <- worker,
-effects <- spec, compare <- worker. The jobs layer never imports this package (it is handed the sweep and its spec by the
-CLI); the report imports it, never the reverse.
+effects <- spec (its [report] table), effects and spec <- compare <- worker. The jobs layer never imports this
+package (it is handed the sweep and its spec by the CLI); the report imports it, never the reverse.
 """
 
 from .protocol import TrialStore
