@@ -25,7 +25,11 @@ Statistics (seeds are the unit; t intervals on G - 1 df, stats.t_mean, as `hmmsc
 - effects (stats.claim with a rule fixed before the data): RoPE - absolute on diff per depth and pooled over depths
   (stats.paired_effect: seeds the unit, depth the block); the slope of diff on n_layers (RoPE) per seed; the slope of
   diff and of the excess over the task oracle on gamma, on d, and on the receptive field R per seed (OLS within a
-  seed, then t over seeds).
+  seed, then t over seeds), each slope with its adjacent steps ("not monotone" unless they all follow it). Each
+  effect (hmmscope.sweep.effects, the report's implementation) also gets its TOST at the margin (0.01 nats/token,
+  stats.DEFAULT_MARGIN; a slope's over the swept range), what the design excludes, the seeds needed to decide +-margin
+  with 80% power, and a Holm-adjusted verdict over the family of effects (columns margin, tost_p, equivalence,
+  excluded_beyond, seeds_needed, holm_verdict).
 - Theorem 1 (context cells): the model's TV to the task oracle at test positions j >= R (memory/model_tv), the
   L-memory predictor's on the same tokens (memory/lmem_tv: eps(R) measured there), eps(R) on stationary histories
   (memory/eps), family Bayes with the full history (memory/mix_tv), per gamma and R pooled over seeds; decay rates in
@@ -283,22 +287,25 @@ def _mean(xs) -> float:
 
 
 def effects(runs: list[dict], has_room: dict) -> list[dict]:
-    """effects.csv rows (module docstring): each a stats.Claim with its rule fixed before the data."""
-    from hmmscope.stats import claim, paired_effect, rule
+    """effects.csv rows (module docstring): each a stats.Claim with its rule fixed before the data, its TOST at the
+    default margin and the seeds needed (hmmscope.sweep.effects: the report's implementation); a slope over three or
+    more levels carries its adjacent steps ("not monotone" unless they all follow it); a Holm-adjusted verdict beside
+    each (the family: every effect)."""
+    from hmmscope.stats import DEFAULT_MARGIN, holm_verdicts, paired_effect, rule
+    from hmmscope.sweep.effects import effect, effect_row, ordered_effect
 
+    margin = DEFAULT_MARGIN["nats/token"]
     ok = [r for r in runs if has_room.get(_cell(r), False) and (r.get("structures") or "all") == "all"]
     out = []
 
-    def add(name, est_or_why, rule_, what, unit="nats/token"):
-        if isinstance(est_or_why, str):
-            out.append({"effect": name, "statistic": what, "value": math.nan, "ci_lo": math.nan, "ci_hi": math.nan,
-                        "df": math.nan, "n_seeds": 0, "rule": rule_, "verdict": "no power", "reason": est_or_why,
-                        "unit": unit})
-            return
-        e = est_or_why
-        c = claim(name, what, e.value, e.lo, e.hi, rule_, "", df=e.df, degenerate=e.degenerate)
-        out.append({"effect": name, "statistic": what, "value": c.value, "ci_lo": c.ci_lo, "ci_hi": c.ci_hi,
-                    "df": c.df, "n_seeds": e.n, "rule": c.rule, "verdict": c.verdict, "reason": c.reason, "unit": unit})
+    def add(name, est_or_why, rule_, what):
+        out.append(effect(name, est_or_why, rule_, what, unit="nats/token", margin=margin))
+
+    def slope(name, rows, key, ykey, rule_, what, per):
+        rows = [r for r in rows if math.isfinite(float(r[ykey]))]
+        out.append(ordered_effect(name, [float(r[key]) for r in rows], [float(r[ykey]) for r in rows],
+                                  [int(r["seed"]) for r in rows], None, rule_, f"OLS slope within a seed, t over "
+                                  f"seeds: {what}", unit="nats/token", margin=margin, per=per))
 
     # RoPE - absolute on diff, per depth and pooled (blocks: depth)
     pe = [r for r in ok if r["gamma"] == 0.8 and r["rank"] == 4 and r["window"] == 0]
@@ -310,7 +317,7 @@ def effects(runs: list[dict], has_room: dict) -> list[dict]:
         [r["diff"] for r in pe], [r["pos_enc"] == "rope" for r in pe], [int(r["seed"]) for r in pe],
         [r["n_layers"] for r in pe]), rule("<", 0),
         "model - best counting: RoPE minus absolute, the mean over depths within a seed, t over seeds")
-    # slopes within a seed, then t over seeds
+    # slopes within a seed, then t over seeds; their adjacent steps paired by seed
     for name, key, sel, ykey, rule_, what in (
             ("depth: slope of model - best counting on n_layers (RoPE)", "n_layers",
              dict(pos_enc="rope", gamma=0.8, rank=4, window=0), "diff", rule("<", 0), "deeper models infer more"),
@@ -324,50 +331,29 @@ def effects(runs: list[dict], has_room: dict) -> list[dict]:
             ("rank: slope of the excess over the task oracle on d", "rank",
              dict(n_layers=2, pos_enc="rope", gamma=0.8, window=0), "excess_task", rule(">", 0),
              "Theorem 1's d: more to infer, further from the oracle")):
-        add(name, _slope(ok, key, sel, ykey), rule_, f"OLS slope within a seed, t over seeds: {what}",
-            unit=f"nats/token per unit of {key}")
+        slope(name, [r for r in ok if all(r[k] == v for k, v in sel.items())], key, ykey, rule_, what, f"unit of {key}")
     for g in sorted({r["gamma"] for r in ok if r["window"] > 0}):  # the gammas the context sweep ran
-        ctx = [r for r in ok if r["gamma"] == g and r["n_layers"] == 2 and r["pos_enc"] == "rope" and r["rank"] == 4
-               and r["window"] > 0]
-        for r in ctx:
-            r["R"] = 2 * (r["window"] - 1) + 1
-        add(f"context, gamma {g:g}: slope of the excess over the task oracle on R", _slope(ctx, "R", {}, "excess_task"),
-            rule("<", 0), "OLS slope within a seed, t over seeds: a longer receptive field brings the model closer to "
-                          "the oracle", unit="nats/token per token of R")
-        add(f"context, gamma {g:g}: slope of model - best counting on R", _slope(ctx, "R", {}, "diff"), rule("<", 0),
-            "OLS slope within a seed, t over seeds: a longer receptive field infers more beyond counting",
-            unit="nats/token per token of R")
+        ctx = [{**r, "R": 2 * (r["window"] - 1) + 1} for r in ok if r["gamma"] == g and r["n_layers"] == 2
+               and r["pos_enc"] == "rope" and r["rank"] == 4 and r["window"] > 0]
+        slope(f"context, gamma {g:g}: slope of the excess over the task oracle on R", ctx, "R", "excess_task",
+              rule("<", 0), "a longer receptive field brings the model closer to the oracle", "token of R")
+        slope(f"context, gamma {g:g}: slope of model - best counting on R", ctx, "R", "diff", rule("<", 0),
+              "a longer receptive field infers more beyond counting", "token of R")
     st = [r for r in runs if r.get("structures") in ("half", "half-heldout")  # same model per seed, two task sets
           and has_room.get(_cell(r), False)]
     if st:
         add("structure: held-out minus seen structures", _paired(st, "structures", "half-heldout", "half"), rule(">", 0),
             "model - best counting on unseen tasks whose revealing maps training never drew, minus on tasks of the "
             "training half (the same model per seed; each against counting fitted to its own half)")
-    return out
+    holm, line = holm_verdicts([e.claim for e in out])
+    print(f"effects.csv, the family of {len(out)} effects: {line}")
+    return [{**effect_row(e), "holm_verdict": h} for e, h in zip(out, holm)]
 
 
 def _paired(rows, key, a, b):
     from hmmscope.stats import paired_effect
 
     return paired_effect([r["diff"] for r in rows], [r[key] == a for r in rows], [int(r["seed"]) for r in rows])
-
-
-def _slope(rows, key, sel, ykey):
-    from hmmscope.stats import t_mean
-
-    sub = [r for r in rows if all(r[k] == v for k, v in sel.items())]
-    per = defaultdict(list)
-    for r in sub:
-        per[int(r["seed"])].append((float(r[key]), float(r[ykey])))
-    slopes, labs = [], []
-    for s, pts in sorted(per.items()):
-        x, y = np.array(pts).T
-        if len(set(x)) >= 2 and np.isfinite(y).all():
-            slopes.append(float(np.polyfit(x, y, 1)[0]))
-            labs.append(s)
-    if len(slopes) < 2:
-        return f"{len(slopes)} seed(s) with two or more levels: no interval over seeds"
-    return t_mean(slopes, labs, unit="seed")
 
 
 def theorem1(runs: list[dict]) -> tuple[list[dict], list[dict]]:
@@ -423,6 +409,15 @@ def layerwise(claim_rows: list[dict]) -> list[dict]:
                         "ci_lo": c.ci_lo, "ci_hi": c.ci_hi, "df": c.df, "rule": c.rule,
                         "verdict": "no power" if one else c.verdict, "n_runs": len(wide),
                         "statistic": c.statistic + ("; one seed: the run's verdict was " + c.verdict if one else "")})
+    from hmmscope.stats import Claim, holm_verdicts
+
+    family = [Claim(r["claim"], r["statistic"], r["estimate"], r["ci_lo"], r["ci_hi"], r["verdict"], "", r["rule"],
+                    r["df"]) if r["verdict"] != "no power" else None for r in out]  # the family: every decided cell
+    holm, line = holm_verdicts([c for c in family if c is not None])
+    it = iter(holm)
+    for r, c in zip(out, family):
+        r["holm_verdict"] = next(it) if c is not None else "no power"
+    print(f"layerwise.csv, the family of {len(holm)} pooled claims: {line}")
     return out
 
 
@@ -453,26 +448,40 @@ def figures(rows, runs, curves, th, lw, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     axes_ = [a for a in ("depth", "pos_enc", "gamma", "rank", "context", "structure") if any(r["axis"] == a for r in rows)]
-    fig, axs = plt.subplots(1, len(axes_), figsize=(4.2 * len(axes_), 4.4), layout="constrained", sharey=True)
-    for ax, a in zip(axs, axes_):
+    ncol = min(3, len(axes_))  # a grid, each panel its own y axis: the depth and RoPE differences are ~0.02, the
+    fig, axs = plt.subplots(-(-len(axes_) // ncol), ncol, figsize=(4.6 * ncol, 4.2 * -(-len(axes_) // ncol) + 0.6),
+                            layout="constrained", squeeze=False)  # context's 0.35: a shared axis hid them
+    for ax, a in zip(axs.flat, axes_):
         rs = [r for r in rows if r["axis"] == a]
         x = np.arange(len(rs))
         for i, r in enumerate(rs):
             col = "C7" if r["regime"] == "no room" else "C0"
             ax.errorbar([i], [r["diff"]], yerr=[[r["diff"] - r["ci_lo"]], [r["ci_hi"] - r["diff"]]], fmt="o", color=col,
-                        capsize=3)
-            ax.plot([i] * len(r["per_seed_diff"].split(";")), [float(v) for v in r["per_seed_diff"].split(";")], ".",
-                    color="gray", alpha=0.7)
-            ax.plot([i - 0.3, i + 0.3], [-r["room"]] * 2, "-", color="C1", lw=1.5,
-                    label="- room (family Bayes bound)" if i == 0 else None)
-        ax.axhline(0, color="k", lw=0.8)
-        ax.set_xticks(x, [_short(r["level"]) for r in rs], fontsize=7)
-        ax.set_title(a.replace("_", " "))
+                        capsize=3, zorder=2)
+            seeds = [float(v) for v in r["per_seed_diff"].split(";")]
+            ax.plot([i + 0.12] * len(seeds), seeds, ".", color="k", alpha=0.8, zorder=3)  # beside the mean, on top
+            ax.plot([i - 0.3, i + 0.3], [-r["room"]] * 2, "-", color="C1", lw=1.5, zorder=1)
+        ys = [v for r in rs for v in (r["ci_lo"], r["ci_hi"], -r["room"], *map(float, r["per_seed_diff"].split(";")))
+              if math.isfinite(v)]
+        pad = 0.08 * (max(ys) - min(ys) or 0.01)
+        ax.set_ylim(min(ys) - pad, max(ys) + pad)  # the panel's own data, not 0 far away from them
+        if min(ys) < 0 < max(ys):
+            ax.axhline(0, color="k", lw=0.8)
+        ax.set_xticks(x, [_short(r["level"]) for r in rs], fontsize=8)
+        ax.set(title=a.replace("_", " "), ylabel="model - best counting (nats/token)\nlower is better")
         ax.grid(alpha=0.3)
-    axs[0].set_ylabel("model - best counting, unseen tasks, k_max (nats/token)")
-    axs[0].legend(fontsize=7, loc="lower left")
-    fig.suptitle("Inference ablations: the model minus the best fitted counting predictor (mean over 3 seeds, 95% t CI; "
-                 "dots: seeds; orange: minus the room)")
+    for ax in axs.flat[len(axes_):]:
+        ax.set_visible(False)
+    from matplotlib.lines import Line2D
+
+    fig.legend(handles=[Line2D([], [], marker="o", color="C0", label="mean over seeds, 95% t CI"),
+                        Line2D([], [], marker="o", color="C7", label="a cell with no room (enters no effect)"),
+                        Line2D([], [], marker=".", ls="", color="k", label="a seed"),
+                        Line2D([], [], color="C1", label="minus the room (best counting - family Bayes): the model "
+                                                         "level with family Bayes")],
+               loc="outside lower center", ncol=2, fontsize=8, frameon=False)
+    fig.suptitle("Inference ablations: the model minus the best fitted counting predictor, unseen tasks, k_max (below 0: "
+                 "the model beats counting)", fontsize=10)
     save(fig, out, "ablations")
 
     fig, axs = plt.subplots(1, 2, figsize=(13, 4.4), layout="constrained")
@@ -516,23 +525,36 @@ def figures(rows, runs, curves, th, lw, out: Path) -> None:
         save(fig, out, "theorem1")
 
     if lw:
+        from hmmscope.units import claim_words
+
         claims = sorted({r["claim"] for r in lw})
         cells = sorted({(r["n_layers"], r["pos_enc"]) for r in lw})
-        fig, axs = plt.subplots(len(claims), 1, figsize=(8, 0.9 * len(claims) + 1), layout="constrained", squeeze=False)
         colours = {"supported": "C2", "not supported": "C3", "inconclusive": "C7", "no power": "C4"}
-        for ax, name in zip(axs[:, 0], claims):
+        fig, ax = plt.subplots(figsize=(9, 0.28 * len(claims) + 2.2), layout="constrained")
+        for y, name in enumerate(claims):  # a row per claim, each scaled by its own largest |value| (units differ)
+            rs = [r for r in lw if r["claim"] == name]
+            scale = max([abs(v) for r in rs for v in (r["estimate"], r["ci_lo"], r["ci_hi"]) if math.isfinite(v)]
+                        or [1.0]) or 1.0
             for i, cell in enumerate(cells):
-                r = next((r for r in lw if r["claim"] == name and (r["n_layers"], r["pos_enc"]) == cell), None)
-                if r is None:
+                r = next((r for r in rs if (r["n_layers"], r["pos_enc"]) == cell), None)
+                if r is None or not math.isfinite(r["estimate"]):
                     continue
                 col = colours.get(r["verdict"], "k")
                 if math.isfinite(r["ci_lo"]) and math.isfinite(r["ci_hi"]):
-                    ax.plot([i, i], [r["ci_lo"], r["ci_hi"]], "-", color=col, lw=2)
-                ax.plot([i], [r["estimate"]], "o", color=col)
-            ax.axhline(0, color="gray", ls=":", lw=0.8)
-            ax.set_xticks(range(len(cells)), [f"L{int(L)} {pe}" for L, pe in cells], fontsize=7)
-            ax.set_ylabel(name, rotation=0, ha="right", va="center", fontsize=7)
-        fig.suptitle("Layerwise claims per depth and encoding, pooled over seeds (95% t CI; colour: verdict)", fontsize=9)
+                    ax.plot([i + 0.4 * r["ci_lo"] / scale, i + 0.4 * r["ci_hi"] / scale], [y, y], "-", color=col, lw=2)
+                ax.plot([i + 0.4 * r["estimate"] / scale], [y], "o", color=col, ms=4)
+        for i in range(len(cells)):
+            ax.axvline(i, color="gray", ls=":", lw=0.8)
+        ax.set_xticks(range(len(cells)), [f"{int(L)} layers, {pe}" for L, pe in cells], fontsize=8)
+        ax.set_yticks(range(len(claims)), [claim_words(c) for c in claims], fontsize=7)
+        ax.set(xlim=(-0.5, len(cells) - 0.5), ylim=(len(claims) - 0.5, -0.5), xlabel="cell (dotted: each cell's 0; "
+               "a row's values / its largest |value|: the claims' units differ)", ylabel="claim")
+        from matplotlib.lines import Line2D
+
+        ax.legend(handles=[Line2D([], [], marker="o", color=c, label=v) for v, c in colours.items()], title="verdict "
+                  "(pooled over seeds, 95% t CI)", fontsize=8, title_fontsize=8, ncol=4, loc="upper center",
+                  bbox_to_anchor=(0.5, -0.09), frameon=False)
+        fig.suptitle("Layerwise claims per depth and encoding, pooled over seeds", fontsize=10)
         save(fig, out, "layerwise")
 
 

@@ -8,6 +8,7 @@ Shared by the report (`report/`) and the sweep parent run's comparison (`sweep.c
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,20 @@ def metric_units(key: str) -> str:
     if "norm_change" in key:
         return "relative logit change"
     return ""
+
+
+def better(direction: str) -> str:
+    """'lower is better' / 'higher is better' for an objective's direction (minimize / maximize); '' otherwise."""
+    return {"minimize": "lower is better", "maximize": "higher is better"}.get(direction, "")
+
+
+def wrap(text: str, inches: float, fontsize: float = 10) -> str:
+    """`text` broken into lines that fit `inches` at `fontsize` points (about 0.55 em a character), each of its own
+    lines apart: a title that would run past a figure's edge."""
+    import textwrap
+
+    width = max(20, int(inches * 72 / (0.55 * fontsize)))
+    return "\n".join(textwrap.fill(line, width) for line in text.split("\n"))
 
 
 def axis_label(key: str) -> str:
@@ -60,7 +75,8 @@ def oracle_reference(objective: str) -> tuple[float | str, str] | None:
 
 _WORDS = {"excess_ce": "excess CE", "excess_ce_task": "excess CE over the task oracle", "kl_mix":
           "KL to the mixture oracle", "kl_task": "KL to the task oracle", "test_acc": "test accuracy",
-          "test_ce": "test CE", "retrieval_gap": "retrieval gap"}
+          "test_ce": "test CE", "retrieval_gap": "retrieval gap", "vs_best_counting": "model - best counting",
+          "icl_gain": "in-context gain"}
 
 
 def metric_words(key: str) -> str:
@@ -70,6 +86,12 @@ def metric_words(key: str) -> str:
     if words == parts[-1]:
         return key
     return f"{words} ({parts[1]} tasks)" if len(parts) == 3 and parts[1] in ("seen", "unseen") else words
+
+
+def claim_words(name: str) -> str:
+    """A claim's name as logged (MLflow's key rules turned its parentheses into '_': 'upper layers change less
+    _slope_') as a reader sees it: 'upper layers change less (slope)'."""
+    return re.sub(r" _([^_]+)_$", r" (\1)", name)
 
 
 def fmt_num(v: Any, digits: int = 4) -> str:
@@ -100,15 +122,17 @@ def decimals(lo: float, hi: float) -> int | None:
     return max(0, min(8, 2 - math.floor(math.log10(half))))
 
 
-def value_ci(v: float, lo: float, hi: float, unit: str = "") -> str:
+def value_ci(v: float, lo: float, hi: float, unit: str = "", *, signed: bool = False) -> str:
     """'-0.006 [-0.233, 0.221] nats/token': a value and its 95% CI to the CI's precision (`decimals`), signs kept
-    (the sign of the difference the table and the figure show), then the unit; '(no CI)' when there is none."""
+    (the sign of the difference the table and the figure show), then the unit; '(no CI)' when there is none.
+    `signed`: a difference, '+' before positive numbers ('+0.54 [+0.30, +0.78]')."""
     d = decimals(lo, hi)
+    plus = "+" if signed else ""
 
     def num(x: float) -> str:
         if not math.isfinite(x):
             return "-"
-        return f"{x:.{d}f}" if d is not None else f"{x:.3g}"
+        return f"{x:{plus}.{d}f}" if d is not None else f"{x:{plus}.3g}"
 
     ci = f" [{num(lo)}, {num(hi)}]" if math.isfinite(lo) and math.isfinite(hi) else " (no CI)"
     return f"{num(v)}{ci}{' ' + unit if unit else ''}"

@@ -20,21 +20,34 @@ def _ticks(ax, axis: str):
 
 
 def _texts(fig):
-    out = list(fig.texts) + ([fig._suptitle] if fig._suptitle is not None else [])
+    """Every text artist the figure draws (issue 46.5: titles, labels, legends, annotations, table cells, colour
+    bars), tick labels only where their tick is in view (matplotlib keeps the others, undrawn)."""
+    from matplotlib.text import Text
+
+    ticks = set()
     for ax in fig.axes:
-        out += [ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label, *_ticks(ax, "x"),
-                *_ticks(ax, "y")]
-        if ax.get_legend() is not None:
-            out += list(ax.get_legend().get_texts())
-    for leg in fig.legends:
-        out += list(leg.get_texts())
-    return [t for t in out if t.get_visible() and t.get_text().strip()]
+        for axis in (ax.xaxis, ax.yaxis):
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                ticks |= {id(tick.label1), id(tick.label2)}
+    out = [t for t in fig.findobj(Text) if id(t) not in ticks]
+    for ax in fig.axes:
+        out += [*_ticks(ax, "x"), *_ticks(ax, "y")] if ax.axison else []
+    return [t for t in out if t.get_visible() and t.get_text().strip() and _drawn(t)]
+
+
+def _drawn(t) -> bool:
+    """An artist whose axes (if any) is shown: an axis turned off draws none of its own labels."""
+    ax = t.axes
+    return ax is None or (ax.get_visible() and (ax.axison or t not in (ax.xaxis.label, ax.yaxis.label)))
 
 
 def layout_problems(fig) -> list[str]:
     """Everything wrong with `fig`'s layout, in words ([] when nothing is)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
+    from hmmscope.safe_output import DPI
+
+    fig.set_dpi(DPI)  # as saved (text is hinted per pixel: a tight fit at 100 dpi can be cut at the saved dpi)
     canvas = FigureCanvasAgg(fig)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -284,6 +284,28 @@ def test_task_diversity_bad_trials_csv_exits_2(tmp_path, capsys):
     assert e.value.code == 2
 
 
+def test_record_answers_recomputes_a_kept_reports_answer_from_its_trials(capsys):
+    """Issue 46.1 on the kept inference-ablations-cpu record (its stores are not kept, so its reports cannot be
+    rebuilt): from report-gamma's trials.csv and the spec, with the depth sweep's base cell joined (the spec's
+    [report] reference), the answer is the gamma effect over 0.6, 0.8, 0.95, not monotone, as effects.csv says (the
+    kept report opens with "Best of 2 settings ... hmm.gamma = 0.6")."""
+    ra = script("record_answers")
+    rec = ROOT / "analysis" / "results" / "inference-ablations-cpu"
+    assert ra.main([str(rec / "report-gamma"), str(ROOT / "sweeps" / "inference-ablations-gamma.toml"), "--reference",
+                    str(rec / "report-depth"), str(ROOT / "sweeps" / "inference-ablations-depth.toml")]) == 0
+    ref, line = capsys.readouterr().out.splitlines()
+    assert ref.startswith("reference: hmm.gamma = 0.8: the reference cell, 3 trials of sweep inference-ablations-depth")
+    assert line.startswith("hmm.gamma: slope = +0.0784 [+0.0198, +0.1370] nats/token per unit of hmm.gamma, 3 seeds: ")
+    assert "steps 0.8 - 0.6 -0.0676 [-0.0803, -0.0548], 0.95 - 0.8 +0.1033" in line and line.endswith("(not monotone)")
+    with open(rec / "effects.csv", newline="") as fh:
+        (row,) = [r for r in csv.DictReader(fh) if r["effect"] == "gamma: slope of model - best counting on gamma"]
+    assert f"{float(row['value']):+.4f}" == "+0.0784" and row["verdict"] == "not monotone"
+    with pytest.raises(SystemExit) as e:  # not a report folder: one line, exit 2
+        ra.main([str(rec), str(ROOT / "sweeps" / "inference-ablations-gamma.toml")])
+    msg = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and msg.startswith("error:") and "no trials.csv" in msg and "\n" not in msg
+
+
 @pytest.mark.slow
 def test_task_diversity(diversity, capsys):
     out, text = run(diversity, "task_diversity", "tiny-diversity", capsys)

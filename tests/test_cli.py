@@ -333,6 +333,12 @@ def smoke(tmp_path_factory):
     yield d, Ran(d, "sweep", "run", str(SWEEPS / "smoke.toml"), "--workers", "2", "--set", "train.figures=false")
 
 
+def _answer_lines(md: str) -> list[str]:
+    """The bold sentences that open a report's Answer: one per swept key (sweep.compare.answers)."""
+    paras = md.split("## Answer\n\n", 1)[1].split("\n\n")
+    return [p.strip("*") for p in paras[:next(i for i, p in enumerate(paras) if not p.startswith("**"))]]
+
+
 def test_smoke_sweep_two_workers_then_report(smoke, monkeypatch):
     store, r = smoke
     monkeypatch.chdir(store)
@@ -343,10 +349,10 @@ def test_smoke_sweep_two_workers_then_report(smoke, monkeypatch):
     *_, browse, said, html = r.stdout.splitlines()
     assert browse == "browse: hmmscope ui --sweep smoke" and html == "report: out/smoke/report.html", r.stdout
     md = (store / "out" / "smoke" / "report.md").read_text()
-    first = md.split("## Answer\n\n", 1)[1].split("\n", 1)[0]
-    assert said == f"sweep smoke: {first.strip('*')}" and said.startswith(
-        "sweep smoke: RoPE - absolute on eval/seen/excess_ce: ") and " nats/token, one seed (2 blocks as the units): " \
-        in said, said
+    bold = _answer_lines(md)  # a sentence per swept key (issue 46.1): pos_enc, then gamma
+    assert said == f"sweep smoke: {'; '.join(bold)}" and said.startswith(
+        "sweep smoke: model.pos_enc: rope - absolute = ") and " nats/token, one seed (2 blocks as the units): " \
+        in said and "; hmm.gamma: 0.9 - 0.5 = " in said, said
     assert (store / "out" / "smoke" / "report.html").exists()
     assert r.stdout.splitlines()[0] == "sweep smoke: browse: hmmscope ui --sweep smoke"  # where to look, at once
     assert "smoke: 4 complete, 0 failed, 0 pruned of 4" in r.output
@@ -546,10 +552,10 @@ def test_main_job_end_to_end_small(project):
     # --backend-store-uri`), then the sweep's answer (the report's first sentence) and its report's HTML (before:
     # its report.md, no answer); the first line said where the run is, at once (also off a terminal)
     folder = project / "out" / f"main-{main.info.run_id[:8]}"  # everything the main job wrote, in its own folder
-    first = (folder / "smoke" / "report.md").read_text().split("## Answer\n\n", 1)[1].split("\n", 1)[0]
-    assert first.startswith("**RoPE - absolute on eval/seen/excess_ce: ") and first.endswith("**")
+    bold = _answer_lines((folder / "smoke" / "report.md").read_text())
+    assert bold[0].startswith("model.pos_enc: rope - absolute = ") and bold[1].startswith("hmm.gamma: 0.9 - 0.5 = ")
     assert r.stdout.splitlines()[-4:] == [f"browse: hmmscope ui --run {main.info.run_id}",
-                                          "browse: hmmscope ui --sweep smoke", f"sweep smoke: {first.strip('*')}",
+                                          "browse: hmmscope ui --sweep smoke", f"sweep smoke: {'; '.join(bold)}",
                                           f"report: out/{folder.name}/smoke/report.html"]
     assert r.stdout.splitlines()[0] == f"main run {main.info.run_id} started; browse: hmmscope ui --run {main.info.run_id}"
     assert "mlflow ui" not in r.output and r.stdout.count("hmmscope ui --run") == 2
@@ -776,3 +782,52 @@ def test_train_shows_a_spinner_before_its_bar_on_a_terminal(project):
     assert err.index("setting up") < err.index("step ")  # the spinner, then training's own bar
     assert "Creating initial MLflow database tables" not in err and " INFO " not in err  # a new store, quietly
     assert "run " in out
+
+
+def test_sweep_plan_counts_the_seeds_an_effect_needs(tmp_path):
+    """Issue 45.2: `hmmscope sweep plan SPEC --effect DELTA` answers "how many seeds for this sweep" before running it:
+    from --sd, or from the seeds of a sweep of this design already in the storage (--from; by default the spec's own
+    study), each swept key's contrast and steps with the seeds that decide +-DELTA with 80% power (statsmodels'
+    TTestPower, the report's seeds_needed). Bad input is one line, exit 2, nothing written."""
+    import optuna
+
+    from hmmscope.stats import t_mean
+    from hmmscope.sweep.effects import seeds_needed
+    from hmmscope.sweep.spec import load_spec
+    from hmmscope.sweep.study import store_spec
+
+    spec_path = tmp_path / "plan.toml"
+    spec_path.write_text('[sweep]\nname = "plan"\nobjective = "eval/seen/excess_ce"\nseeds = [0, 1, 2]\n[space]\n'
+                         '"hmm.gamma" = {grid = [0.5, 0.9]}\n')
+    r = runner.invoke(app, ["sweep", "plan", str(spec_path), "--effect", "0.01", "--sd", "0.006"])
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines() == [
+        "sweep plan: 2 cells x 3 seeds = 6 trials; each seed adds 2",
+        "to decide an effect of ±0.01 nats/token on eval/seen/excess_ce with 80% power (its 95% CI over seeds on one "
+        "side of 0):", f"  seed-to-seed SD 0.006 nats/token (given): {seeds_needed(0.006, 0.01)} seeds "
+        f"({2 * seeds_needed(0.006, 0.01)} trials)"]
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    r = runner.invoke(app, ["sweep", "plan", str(spec_path), "--effect", "0.01", "--storage", storage])
+    assert r.exit_code == 2 and "no seed-to-seed SD to plan from" in r.output and not (tmp_path / "optuna.db").exists()
+    study = optuna.create_study(study_name="pilot", storage=storage)  # a pilot of this design: 3 seeds
+    diffs = {0: 0.004, 1: 0.012, 2: -0.003}
+    for g in (0.5, 0.9):
+        for s, d in diffs.items():
+            study.add_trial(optuna.trial.create_trial(
+                state=optuna.trial.TrialState.COMPLETE, value=0.3 + 0.01 * s + d * (g == 0.9), params={"hmm.gamma": g},
+                distributions={"hmm.gamma": optuna.distributions.CategoricalDistribution([0.5, 0.9])},
+                user_attrs={"seed": s}))
+    store_spec(study, load_spec(spec_path))
+    r = runner.invoke(app, ["sweep", "plan", str(spec_path), "--effect", "0.01", "--storage", storage, "--from", "pilot"])
+    assert r.exit_code == 0, r.output
+    sd = t_mean(list(diffs.values()), unit="seed").se * 3 ** 0.5
+    n = seeds_needed(sd, 0.01)
+    assert r.output.splitlines()[2:] == ["  seed-to-seed SDs from sweep pilot (3 seeds, 6 trials):",
+                                         f"  hmm.gamma: 0.9 - 0.5: SD {sd:.3g} nats/token, effect ±0.01: {n} seeds "
+                                         f"({2 * n} trials)"]
+    for args, msg in ((["--effect", "0"], "--effect must be a number > 0"),
+                      (["--effect", "0.01", "--sd", "nan"], "--sd must be a number > 0"),
+                      (["--effect", "0.01", "--from", "nope"], "no sweep study 'nope'")):
+        r = runner.invoke(app, ["sweep", "plan", str(spec_path), *args, "--storage", storage])
+        assert r.exit_code == 2 and r.output.startswith("error: ") and msg in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1

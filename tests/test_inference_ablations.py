@@ -102,9 +102,12 @@ def _t(vals):
     return v.mean(), v.mean() - h, v.mean() + h
 
 
-def test_from_record_gives_the_planted_answers(tmp_path, capsys):
+def test_from_record_gives_the_planted_answers(tmp_path, capsys, monkeypatch):
     rec = _record(tmp_path)
-    assert _script().main(["--from-record", str(rec), "--out", str(tmp_path / "out")]) == 0
+    mod, drawn = _script(), {}
+    real = mod.save
+    monkeypatch.setattr(mod, "save", lambda fig, out, stem: (drawn.__setitem__(stem, fig), real(fig, out, stem))[1])
+    assert mod.main(["--from-record", str(rec), "--out", str(tmp_path / "out")]) == 0
     out = tmp_path / "out"
     abl = {(r["axis"], r["level"]): r for r in _rows(out / "ablations.csv")}
     # a cell: diff pooled over seeds by t on 2 df
@@ -157,6 +160,22 @@ def test_from_record_gives_the_planted_answers(tmp_path, capsys):
     assert len({k[:2] for k in lw}) == 6
     for stem in ("ablations", "depth_curves", "theorem1", "layerwise"):
         assert (out / f"{stem}.png").stat().st_size > 5000 and (out / f"{stem}.pdf").exists()
+    # issue 46.5: readable figures. ablations.png: a panel per axis, each its own y range (before: one shared axis
+    # set by the context panel squeezed the ~0.02 depth and RoPE differences), "lower is better" on each; the legend
+    # names every colour; layerwise.png: one panel, a legend for the verdicts' colours, claims as a reader says them
+    from figure_checks import layout_problems
+
+    abl, lw = drawn["ablations"], drawn["layerwise"]
+    assert layout_problems(abl) == [] and layout_problems(lw) == []
+    panels = [ax for ax in abl.axes if ax.get_visible()]
+    assert len({ax.get_ylim() for ax in panels}) == len(panels) and all("lower is better" in ax.get_ylabel()
+                                                                          for ax in panels)
+    depth = next(ax for ax in panels if ax.get_title() == "depth")
+    assert depth.get_ylim()[1] - depth.get_ylim()[0] < 0.2  # the depth differences fill their panel
+    assert "minus the room" in " ".join(t.get_text() for t in abl.legends[0].get_texts())
+    (ax,) = lw.axes
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["supported", "not supported", "inconclusive",
+                                                                   "no power"]
 
 
 def test_a_missing_record_is_one_line(tmp_path, capsys):
@@ -185,3 +204,47 @@ def test_a_cell_with_one_seed_shows_its_runs_word_not_no_room(tmp_path):
     lw = [r for r in _rows(tmp_path / "out" / "layerwise.csv") if r["n_layers"] == "6" and r["pos_enc"] == "absolute"]
     assert lw and all(r["n_runs"] == "1" and r["verdict"] == "no power" and "one seed" in r["statistic"] for r in lw)
     assert any(r["verdict"] == "supported" for r in _rows(tmp_path / "out" / "layerwise.csv") if r["n_runs"] == "3")
+
+
+def test_effects_csv_says_equivalence_exclusion_power_and_not_monotone(tmp_path, capsys):
+    """Issue 45.5: effects.csv gains margin, tost_p, equivalence, excluded_beyond and seeds_needed (hmmscope.sweep.effects,
+    the report's implementation), and a Holm-adjusted verdict beside each; the TOST p of RoPE - absolute at 6 layers
+    re-derives from runs.csv (statsmodels' ttost_paired on the seeds' differences); the gamma slope on a relation that
+    falls then rises (the record's -0.180, -0.248, -0.144) is "not monotone", not "supported"."""
+    from statsmodels.stats.weightstats import ttost_paired
+
+    rec = _record(tmp_path)
+    runs = _rows(rec / "runs.csv")
+    level = {0.6: -0.180, 0.8: -0.248, 0.95: -0.144}
+    for r in runs:
+        g, s = float(r["gamma"]), int(r["seed"])
+        base = (r["n_layers"], r["pos_enc"], r["rank"], r["window"], r["structures"]) == ("2", "rope", "4", "0", "all")
+        if base:
+            r["diff"] = level[g] + 0.004 * math.sin(3 * s + g)
+            r["family_bayes_ce"] = float(r["best_counting_ce"]) - 0.25  # room at every gamma here
+        if r["n_layers"] == "6" and r["pos_enc"] == "absolute":
+            r["diff"] = float(r["diff"]) + 0.006 * (s - 1) + 0.002 * s * s
+    _csv(rec / "runs.csv", runs)
+    assert _script().main(["--from-record", str(rec), "--out", str(tmp_path / "out"), "--no-figures"]) == 0
+    eff = {e["effect"]: e for e in _rows(tmp_path / "out" / "effects.csv")}
+    printed = capsys.readouterr().out
+    assert f"effects.csv, the family of {len(eff)} effects: " in printed
+    e = eff["gamma: slope of model - best counting on gamma"]
+    assert float(e["ci_lo"]) > 0 and e["rule"] == "> 0" and e["verdict"] == "not monotone", e
+    assert e["steps"].startswith("0.8 - 0.6 -0.06") and "; 0.95 - 0.8 +0.1" in e["steps"]
+    e = eff["RoPE - absolute, 6 layers"]
+    six = {(r["pos_enc"], int(r["seed"])): float(r["diff"]) for r in runs if r["n_layers"] == "6"
+           and r["structures"] == "all"}
+    rope, absolute = ([six[pe, s] for s in SEEDS] for pe in ("rope", "absolute"))
+    p, lower, upper = ttost_paired(np.array(rope), np.array(absolute), -0.01, 0.01)
+    assert float(e["margin"]) == 0.01 and float(e["tost_p"]) == pytest.approx(p)
+    assert e["equivalence"] == ("equivalent within ±0.01" if p < 0.05 else "not shown equivalent")
+    lo, hi = float(e["tost_lo90"]), float(e["tost_hi90"])
+    assert float(e["excluded_beyond"]) == pytest.approx(max(abs(lo), abs(hi)))
+    d = np.array(rope) - np.array(absolute)
+    assert float(e["sd"]) == pytest.approx(d.std(ddof=1)) and int(e["seeds_needed"]) >= 2
+    assert all(r["holm_verdict"] in ("supported", "not supported", "inconclusive", "no power", "not monotone")
+               for r in eff.values())
+    lw = _rows(tmp_path / "out" / "layerwise.csv")  # the layerwise table is a family too (issue 45.4)
+    assert lw and all(r["holm_verdict"] in ("supported", "inconclusive", "not supported", "no power") for r in lw)
+    assert "layerwise.csv, the family of 6 pooled claims: " in printed

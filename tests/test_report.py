@@ -333,6 +333,44 @@ def test_pooled_concave_rise_is_not_supported():
     assert c.ci_hi < 0 and c.verdict == "inconclusive" and "no decision rule" in c.reason
 
 
+def test_the_pooled_layerwise_claims_get_a_family_line_and_holm_beside_each_verdict():
+    """Issue 45.4: 12 claims on 3 runs each (2 df): the section says how many are supported, how many the rule would
+    give by chance, and the Holm-adjusted verdict beside each pooled verdict (before: per-claim verdicts alone, one
+    lucky 'supported' read as a finding)."""
+    from hmmscope.stats import holm_verdicts
+
+    rng = np.random.default_rng(4)
+    runs = [[Claim(f"claim{j}", "s", v, v - 0.1, v + 0.1, "inconclusive", "", "> 0")
+             for j, v in enumerate(rng.normal([0.5] + [0.0] * 11, 0.05))] for _ in range(3)]
+    sec, pooled = layerwise_section(_frame(runs))
+    holm, line = holm_verdicts(pooled)
+    (para,) = [b[1] for b in sec.blocks if b[0] == "p" and b[1].startswith("Family of 12 pooled claims: ")]
+    assert para == f"Family of 12 pooled claims: {line}." and "would call about 0.3 of the 12 tested" in line
+    table = next(b for b in sec.blocks if b[0] == "table")
+    assert table[1][-2:] == ["pooled verdict", "Holm (family)"]
+    assert [r[-2] for r in table[2]] == [c.verdict for c in pooled] and [r[-1] for r in table[2]] == holm
+    assert holm[0] == "supported" == pooled[0].verdict  # a real effect survives the family
+
+
+def test_an_inconclusive_encoding_effect_says_what_the_design_excludes_and_the_seeds_it_needs():
+    """Issue 45.2: for every inconclusive effect, what the design excludes (TOST: the 90% CI's far end) and the seeds
+    that would decide the default margin (0.01 nats/token) with 80% power, from the seeds' SD (before: only
+    'underpowered' when the CI was wider than the effect)."""
+    from hmmscope.report.posenc import posenc_section
+    from hmmscope.stats import t_mean
+    from hmmscope.sweep.effects import seeds_needed, tost
+
+    d = {0: 0.006, 1: -0.004, 2: 0.001}  # rope - absolute per seed
+    df = pd.DataFrame([{"param:model.pos_enc": pe, "param:train.seed": s, "metric:eval/seen/excess_ce":
+                        0.3 + 0.01 * s + d[s] * (pe == "rope")} for pe in ("rope", "absolute") for s in d])
+    (c,) = [c for c in posenc_section(df)[1] if c.name == "RoPE improves eval/seen/excess_ce"]
+    est = t_mean(list(d.values()), unit="seed")
+    q, n = tost(est, 0.01), seeds_needed(est.se * 3 ** 0.5, 0.01)
+    assert c.verdict == "inconclusive"
+    assert f"effects beyond ±{q.excluded_beyond:.2g} nats/token are excluded (TOST, each side at 95%)" in c.reason
+    assert f"{n} seeds would detect ±0.01 with 80% power" in c.reason
+
+
 def test_artifacts_logged_to_parent(store):
     uri, pid, _, _ = store
     names = {f.path for f in tracking.client(uri).list_artifacts(pid, "report")}

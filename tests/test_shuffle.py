@@ -179,7 +179,7 @@ def test_verdicts():
 def test_claim_fields():
     import dataclasses
     assert [f.name for f in dataclasses.fields(Claim)] == ["name", "statistic", "value", "ci_lo", "ci_hi",
-                                                          "verdict", "reason", "rule", "df", "degenerate"]
+                                                          "verdict", "reason", "rule", "df", "degenerate", "steps"]
 
 
 # ---------------------------------------------------------------- outputs

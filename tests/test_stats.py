@@ -9,7 +9,20 @@ import pytest
 from hmmscope.measure.probes import TargetScores, probe_claims
 from hmmscope.measure.shuffle import layer_claims
 from hmmscope.report.layerwise import layerwise_section
-from hmmscope.stats import VERDICTS, Claim, check_claims, claim, decide, holm, parse_rule, rule
+from hmmscope.stats import (
+    NOT_EQUIVALENT,
+    VERDICTS,
+    Claim,
+    check_claims,
+    claim,
+    decide,
+    decide_equivalence,
+    holm,
+    holm_verdicts,
+    one_sided_p,
+    parse_rule,
+    rule,
+)
 from hmmscope.theory.fit import RateFit, exponent_fits, fit_rank_intercept
 from hmmscope.theory.theorem1 import bound_claims
 
@@ -72,6 +85,65 @@ def test_holm_known_answer():
 
     p = np.random.default_rng(0).random(7) ** 3
     np.testing.assert_allclose(holm(p), multipletests(p, method="holm")[1])
+
+
+def test_a_two_sided_rule_is_supported_on_either_side_and_never_not_supported():
+    assert rule("!=", 0) == "!= 0" and parse_rule("!= 0") == ("!=", 0.0, ())
+    assert decide("!= 0", 0.1, 0.3) == decide("!= 0", -0.3, -0.1) == "supported"
+    assert decide("!= 0", -0.1, 0.3) == "inconclusive" and decide("!= 0", 0.3, 0.3) == "no power"
+    assert decide("!= 0.5", 0.1, 0.3) == "supported"
+
+
+def test_a_slope_whose_steps_disagree_in_sign_is_not_monotone():
+    """Issue 45.3: a slope over 3+ levels is "supported" only when its adjacent steps agree in sign with it (the
+    record's gamma slope, +0.078 [0.020, 0.137] on steps -0.068 and +0.104, read "supported" before)."""
+    assert decide("> 0", 0.02, 0.137, steps=(-0.068, 0.104)) == "not monotone"
+    assert decide("> 0", 0.02, 0.137, steps=(0.01, 0.104)) == "supported"
+    assert decide("< 0", -0.007, -0.004, steps=(-0.019, -0.003)) == "supported"
+    assert decide("> 0", -0.02, 0.137, steps=(-0.068, 0.104)) == "inconclusive"  # only "supported" is stopped
+    assert decide("> 0", -0.2, -0.1, steps=(-0.068, 0.104)) == "not supported"
+    assert decide("!= 0", -0.2, -0.1, steps=(-0.1, 0.05)) == "not monotone"  # the side the CI found
+    c = claim("gamma slope", "s", 0.078, 0.02, 0.137, rule(">", 0), "why", df=2, steps=(-0.068, 0.104))
+    assert c.verdict == "not monotone" and "-0.068, +0.104" in c.reason and c.steps == (-0.068, 0.104)
+    assert check_claims([c]) == []
+    forged = Claim("g", "s", 0.078, 0.02, 0.137, "supported", "", "> 0", 2.0, "", (-0.068, 0.104))
+    assert check_claims([forged]) and "not monotone" not in VERDICTS  # the four verdicts keep their meaning
+
+
+def test_the_equivalence_verdict_is_the_90_percent_ci_inside_the_margin():
+    assert decide_equivalence(0.01, -0.008, 0.009, df=2) == "equivalent within ±0.01"
+    assert decide_equivalence(0.01, -0.011, 0.009, df=2) == NOT_EQUIVALENT
+    assert decide_equivalence(0.01, -0.002, -0.002, df=2) == NOT_EQUIVALENT  # zero width: nothing measures the noise
+    assert decide_equivalence(0.01, -0.002, 0.002, df=0) == NOT_EQUIVALENT
+    assert decide_equivalence(math.nan, -0.002, 0.002, df=2) == ""  # no margin stated: no equivalence verdict
+
+
+def test_holm_adjusted_verdicts_sit_beside_the_claims_own_and_match_statsmodels():
+    """Issue 45.4: a family of claims gets one line (the number supported, what chance would give, Holm), and the
+    Holm-adjusted verdicts never replace the per-claim ones."""
+    from scipy import stats as st
+    from statsmodels.stats.multitest import multipletests
+
+    rng = np.random.default_rng(3)
+    claims = []
+    for i in range(12):
+        m, se = rng.normal(0, 1) * (3 if i < 3 else 1), 1.0
+        q = st.t.ppf(0.975, 2)
+        claims.append(claim(f"c{i}", "s", m, m - q * se, m + q * se, rule("<" if i % 2 else ">", 0), "", df=2))
+    claims.append(claim("none", "s", 1.0, 1.0, 1.0, rule(">", 0), "", df=2))  # no power: outside the family
+    before = [c.verdict for c in claims]
+    holm_v, line = holm_verdicts(claims)
+    assert [c.verdict for c in claims] == before and len(holm_v) == len(claims) and holm_v[-1] == "no power"
+    # the claim's p is its t interval's: twice the smaller one-sided p, against statsmodels' Holm
+    p2 = [2 * min(one_sided_p(c)) for c in claims[:-1]]
+    for c, p in zip(claims[:-1], p2):
+        assert p == pytest.approx(2 * st.t.sf(abs(c.value) / 1.0, 2))
+    reject = multipletests(p2, 0.05, method="holm")[0]
+    for c, v, r in zip(claims, holm_v, reject):
+        assert v == (c.verdict if r or c.verdict == "inconclusive" else "inconclusive")
+    k = sum(c.verdict == "supported" for c in claims)
+    assert line.startswith(f"{k} of 13 claims supported") and "about 0.3 of the 12 tested" in line
+    assert f"{sum(v == 'supported' for v in holm_v)} supported" in line.split("Holm-adjusted")[1]
 
 
 # ---------------------------------------------------------------- every claim kind, from planted data

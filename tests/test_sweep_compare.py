@@ -119,14 +119,20 @@ def test_pivot_numbers_are_the_trials_own(stores):
     assert cols is not None and columns == list(cols)
     assert columns[:2] == ["factor", "level"] and [c for c in columns if c.endswith(" mean")] == ["rope mean",
                                                                                                   "absolute mean"]
-    assert [(r["factor"], r["level"]) for r in rows] == [("hmm.gamma", "0.5"), ("hmm.gamma", "0.9"), ("all", "all")]
+    # the `all` row pools the paired difference within the gamma levels, never a mean over them (issue 46.1:
+    # before, its rope and absolute means averaged gamma 0.5 and 0.9 together)
+    assert [(r["factor"], r["level"]) for r in rows] == [("hmm.gamma", "0.5"), ("hmm.gamma", "0.9"),
+                                                        ("all", "hmm.gamma")]
     val = {(t.params["model.pos_enc"], t.params["hmm.gamma"], t.user_attrs["seed"]): t.value for t in study.trials}
     seeds = [0, 1, 2]
     for r in rows:
-        gammas = [0.5, 0.9] if r["level"] == "all" else [float(r["level"])]
+        gammas = [0.5, 0.9] if r["factor"] == "all" else [float(r["level"])]
         for pe in ("rope", "absolute"):
-            want = t_ci([np.mean([val[pe, g, s] for g in gammas]) for s in seeds])
             got = (r[f"{pe} mean"], r[f"{pe} ci_lo"], r[f"{pe} ci_hi"])
+            if r["factor"] == "all":
+                assert got == (None, None, None) and r[f"{pe} seeds"] == 0
+                continue
+            want = t_ci([np.mean([val[pe, g, s] for g in gammas]) for s in seeds])
             assert got == pytest.approx(want, rel=1e-9), (r["level"], pe)
             assert r[f"{pe} seeds"] == 3
         want = t_ci([np.mean([val["rope", g, s] - val["absolute", g, s] for g in gammas]) for s in seeds])
@@ -170,16 +176,18 @@ def test_objective_figure_names_its_units_and_draws_the_oracle(stores):
 
     spec, study, _, _ = planted_study(stores, "units", [0, 1])
     ax = objective_figure(spec, trial_frame(spec, study)).axes[0]
-    assert ax.get_ylabel() == "eval/seen/excess_ce (nats/token)"
+    assert ax.get_ylabel() == "eval/seen/excess_ce (nats/token)\nlower is better"  # the spec's direction
     assert [ln.get_label() for ln in ax.get_lines() if ln.get_linestyle() == ":"] == ["mixture oracle (excess_ce = 0)"]
     acc = dataclasses.replace(spec, objective="eval/seen/test_acc")
     df = trial_frame(acc, study, lambda rid: {"eval/seen/oracle_mix_test_acc": 0.5 + 0.01 * int(rid.split("-")[1])})
     assert ORACLE in df.columns and df[ORACLE].notna().all()
     ax = objective_figure(acc, df).axes[0]
-    assert ax.get_ylabel() == "eval/seen/test_acc (fraction of test tokens)"
+    assert ax.get_ylabel() == "eval/seen/test_acc (fraction of test tokens)\nlower is better"  # minimized here
     (line,) = [ln for ln in ax.get_lines() if ln.get_label().startswith("mixture oracle")]
     assert list(line.get_ydata()) == pytest.approx([df[df["param:hmm.gamma"] == g][ORACLE].mean() for g in (0.5, 0.9)])
-    assert pivot(acc, df)["oracle mean"][-1] == pytest.approx(df[ORACLE].mean())
+    oracle = pivot(acc, df)["oracle mean"]
+    assert oracle[:2] == pytest.approx([df[df["param:hmm.gamma"] == g][ORACLE].mean() for g in (0.5, 0.9)])
+    assert oracle[-1] is None  # the `all` row: no mean over the gamma levels
 
 
 def test_no_complete_trial_logs_nothing(stores):
@@ -207,6 +215,6 @@ def test_real_posenc_sweep_logs_its_comparison(tmp_path):
     study = optuna.load_study(study_name="real", storage=storage)
     val = {(t.params["model.pos_enc"], t.params["hmm.gamma"], t.user_attrs["seed"]): t.value for t in study.trials}
     for r in rows:
-        gammas = [0.5, 0.9] if r["level"] == "all" else [float(r["level"])]
+        gammas = [0.5, 0.9] if r["factor"] == "all" else [float(r["level"])]
         want = t_ci([np.mean([val["rope", g, s] - val["absolute", g, s] for g in gammas]) for s in (0, 1)])
         assert (r["rope - absolute"], r["diff ci_lo"], r["diff ci_hi"]) == pytest.approx(want, rel=1e-9)

@@ -228,3 +228,21 @@ def test_a_range_whose_every_value_is_valid_is_accepted():
     s = parse_spec(_space('"model.n_heads" = {low = 2, high = 4, step = 2}\n"train.lr" = {low = 1e-3, high = 1e-2, '
                           'log = true}', 'sampler = "tpe"\nn_trials = 4'), "up.toml")
     assert [p.key for p in s.space] == ["model.n_heads", "train.lr"]
+
+
+def test_a_report_table_states_margins_and_references_and_leaves_the_identity_alone():
+    """[report] (sweep.effects.options; issues 45, 46.1): how the results are read, not what a trial computes, so a
+    margin or a reference can change without renaming the sweep; a bad one is refused when the spec is parsed."""
+    from hmmscope.sweep.effects import options
+
+    base = '[sweep]\nname = "r"\nseeds = [0, 1]\n[space]\n"hmm.gamma" = {grid = [0.6, 0.95]}\n'
+    plain = parse_spec(base, "r.toml")
+    stated = parse_spec(base + '[report]\nmargin = 0.02\nreference = "inference-ablations-depth"\n', "r.toml")
+    assert stated.hash == plain.hash and legacy_hash(stated) == legacy_hash(plain)
+    opts = options(stated)
+    assert (opts.margin, opts.reference, options(plain).margin_for("nats/token")) == (
+        0.02, "inference-ablations-depth", 0.01)
+    with pytest.raises(ConfigError, match=r"r.toml: report.references: 'hmm.rank' is not a key of \[space\]"):
+        parse_spec(base + '[report]\nreferences = {"hmm.rank" = "2"}\n', "r.toml")
+    with pytest.raises(ConfigError, match="r.toml: report.margin: must be a number > 0"):
+        parse_spec(base + "[report]\nmargin = 0\n", "r.toml")

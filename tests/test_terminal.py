@@ -162,7 +162,7 @@ def test_sweep_run_in_a_real_terminal_keeps_one_bar(tmp_path):
     (bar,) = [x for x in lines if x.startswith("sweep tty ") and "/2" in x]  # ONE bar: no stale copies
     assert " 2/2 " in bar and "2 done, 0 failed, 0 running" in bar
     assert lines[-4].startswith("sweep tty: 2 complete, 0 failed") and lines[-3].endswith("hmmscope ui --sweep tty")
-    assert lines[-2].startswith("sweep tty: Best of ") and lines[-1] == "report: out/tty/report.html", lines[-4:]
+    assert lines[-2].startswith("sweep tty: theory.gammas: ") and lines[-1] == "report: out/tty/report.html", lines[-4:]
     assert not re.match(r"\d{4}-\d\d-\d\d ", bar)  # on a terminal: no time stamps
 
 

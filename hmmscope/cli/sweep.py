@@ -1,4 +1,4 @@
-"""`hmmscope sweep run | worker | status | list | export | delete`: Optuna sweeps from the command line.
+"""`hmmscope sweep run | plan | worker | status | list | export | delete`: Optuna sweeps from the command line.
 
 Owns: the `sweep` command group (`app`), its commands' options, checks and printed output, and `SweepProgress`
 (the bar on a terminal, plain lines elsewhere, with the ETA). Studies, workers, trials and their MLflow runs are
@@ -195,6 +195,58 @@ def sweep_run_cmd(
                    f"{res.study_name}`, then `hmmscope sweep run SPEC --retry-failed` to run them again", err=True)
     if not res.finished or res.crashed_workers or res.failed:
         raise typer.Exit(1)
+
+
+@app.command("plan")
+@user_errors
+def sweep_plan_cmd(
+    spec: Annotated[Path, typer.Argument(help="Sweep spec (TOML), or a bundled spec by name.")],
+    effect: Annotated[float, typer.Option("--effect", help="The effect to decide, in the objective's units (e.g. "
+                                          "0.01 nats/token).")],
+    sd: Annotated[float | None, typer.Option("--sd", help="The seed-to-seed SD of the effect, if known.")] = None,
+    from_: Annotated[str | None, typer.Option("--from", help="A sweep of this design in the storage whose seeds give "
+                                              "the SD (default: the spec's own study, when it has trials).")] = None,
+    storage: SpecStorageOpt = None,
+) -> None:
+    """How many seeds this sweep needs to decide an effect of +-EFFECT with 80% power, before running it (or before
+    adding seeds): from --sd, or from the seeds of a sweep of the same design already run (--from)."""
+    plan_seeds(spec, effect, sd, from_, storage)
+
+
+def plan_seeds(spec_path: Path, effect: float, sd: float | None, source: str | None, storage: str | None) -> None:
+    """`sweep plan`'s body: checks first (a bad number, spec or sweep is one line, exit 2), then the plan."""
+    import math
+
+    from ..sweep.spec import load_spec
+
+    for name, v in (("--effect", effect), ("--sd", sd)):
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise ConfigError(f"{name} must be a number > 0, got {v}")
+    s = load_spec(bundled_spec(spec_path))
+    if s.sampler != "grid":
+        raise ConfigError(f"sweep {s.name} samples with {s.sampler}: it tunes its keys (its answer is a best setting); "
+                          "`sweep plan` counts seeds for a grid")
+    df = None
+    if sd is None:
+        from ..sweep import load_study
+        from ..sweep.compare import trial_frame
+
+        name = source or s.name
+        checks.safe_name(name, "--from")
+        try:  # reading only: a storage that is not there is not created
+            url = store_checks.optuna_storage(storage or s.storage or None, must_exist=True, write=False)
+            df = trial_frame(s, load_study(name, url))
+        except ConfigError:
+            if source is not None:  # the sweep asked for: its own one-line reason
+                raise
+            df = None
+        if df is None or df.empty:
+            raise ConfigError(f"no seed-to-seed SD to plan from: sweep {name} has no complete trial in this storage; give "
+                              "--sd (the SD of the effect over seeds) or --from SWEEP (a sweep of this design)")
+    from ..sweep.compare import plan
+
+    for line in plan(s, effect, sd=sd, df=df, source=f"sweep {source or s.name}"):
+        typer.echo(line)
 
 
 @app.command("worker")

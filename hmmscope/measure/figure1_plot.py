@@ -51,6 +51,7 @@ def build_figure1(result, title: str | None = None):
     from matplotlib.ticker import MaxNLocator
 
     tasks = result.tasks
+    degenerate: dict[str, list[str]] = {}  # label -> the task sets where that reference failed (SCIENCE.md 9)
     fig = Figure(figsize=(21, 4.6 * len(tasks) + 0.8), layout="constrained")
     axes = fig.subplots(len(tasks), 4, squeeze=False)
     V = result.meta.get("n_tokens")
@@ -63,8 +64,9 @@ def build_figure1(result, title: str | None = None):
                 if not r:
                     continue
                 x = [q[xkey] for q in r]
-                lab = f"{label} (DEGENERATE)" if any(q.get("degenerate") for q in r) else label  # SCIENCE.md 9
-                a.plot(x, [q[key] for q in r], marker="o", ls=ls, color=c, lw=lw, ms=3, label=lab,
+                if any(q.get("degenerate") for q in r) and t not in degenerate.setdefault(label, []):
+                    degenerate[label].append(t)
+                a.plot(x, [q[key] for q in r], marker="o", ls=ls, color=c, lw=lw, ms=3, label=label,
                        zorder=3 if name == "model" else 2)  # the model on top
                 if name == "model":
                     a.fill_between(x, [q[f"{key}_lo"] for q in r], [q[f"{key}_hi"] for q in r], color=c, alpha=0.15)
@@ -117,7 +119,11 @@ def build_figure1(result, title: str | None = None):
     for a in [ax for r in axes for ax in r[:3]]:
         for h, lab in zip(*a.get_legend_handles_labels()):
             keys.setdefault(lab, h)
-    fig.legend(list(keys.values()), list(keys), loc="outside lower center", ncol=min(6, len(keys)), fontsize=9,
+    # one entry per predictor: a reference that failed on some task set says where, beside its one colour (before:
+    # a line and its "(DEGENERATE)" twin in the same colour)
+    names = [f"{lab} (DEGENERATE on {' and '.join(degenerate[lab])} tasks: not a reference)"
+             if degenerate.get(lab) else lab for lab in keys]
+    fig.legend(list(keys.values()), names, loc="outside lower center", ncol=min(5, len(keys)), fontsize=9,
                frameon=False)
     n = result.meta.get("n_episodes")
     head = "Figure 1: in-context next-token prediction" + (f", {title}" if title else "") \

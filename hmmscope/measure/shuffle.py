@@ -203,7 +203,7 @@ class ShuffleResult:
             a.text(0.02, 0.02, f"{c.name}: {c.verdict}\n{detail}" + (f"\n({c.statistic})" if math.isfinite(c.value)
                                                                     else ""),
                    transform=a.transAxes, fontsize=7, va="bottom", bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})
-        a.legend(fontsize=8, loc="upper right")
+        a.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)  # below: on no point
         im = b.imshow(heat.T, aspect="auto", origin="lower", cmap="viridis",
                       extent=(0.5, heat.shape[0] + 0.5, -0.5, heat.shape[1] - 0.5))
         b.set(xlabel="layer (attention of block l)", ylabel="head", title="normalized change per head",

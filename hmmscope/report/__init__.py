@@ -25,15 +25,19 @@ A sweep is one parent run with one child per trial. A training trial is the trai
 metrics and tags); a theory trial is a theory parent run whose children are the settings (theory/rate,
 rate_lo, rate_hi, log_intercept, gamma_eff).
 
-The report leads with the answer: its first sentence, in bold, is the objective's answer in words with its unit,
-95% CI, replicates and verdict (`sweep.compare.answer`: "RoPE - absolute on eval/seen/excess_ce: -0.006 [-0.233,
-0.221] nats/token, 2 seeds: no detectable difference", the same signed difference as the tables and figures; without
-pos_enc, the best setting); then the objective per setting and encoding (the sweep parent run's pivot: mean over
+The report leads with the answer (answer.py): its first lines, in bold, say for every swept key its effect over
+seeds in words, with unit, 95% CI, replicates and verdict (`sweep.compare.answers`, the implementation the analysis
+records' effects.csv share: "model.pos_enc: rope - absolute = -0.006 [-0.233, +0.221] nats/token, 2 seeds: no
+detectable difference (inconclusive); ...", "hmm.gamma: 0.9 - 0.5 = +0.54 [+0.30, +0.78] nats/token, 2 seeds:
+excess CE (seen tasks) grows with gamma (supported)"; the best setting only for keys a user tunes, marked), then the
+effects table with the family's line (Holm), the objective per setting (the sweep parent run's pivot: mean over
 seeds [95% CI] with units, rope - absolute, the oracle), its figure objective.png (`sweep.compare`, re-drawn here
 from the study; a study with no stored hmmscope spec has none; the pivot's picture, pivot.png, stays on the parent
 run: here the table is the text), and one sentence per verdict, the objective's first (`common.verdict_sentence`,
-with units, CI and seeds). The sweep's record (counts, hashes, code versions), the method and the full tables
-follow; a method or power text that a table would repeat per row is listed once below it (`common.Notes`).
+with units, CI and seeds). A spec's [report] reference joins another sweep's matching trials as a level. The
+sweep's record (counts, hashes, code versions), the method and the full tables follow; a method or power text that
+a table would repeat per row is listed once below it (`common.Notes`). The Verdicts table gives each claim's
+Holm-adjusted verdict beside its own, under the family's line.
 
 The report is built once as a list of blocks (heading, paragraph, table, image, list) per section, then
 rendered to Markdown (GitHub pipe tables) and HTML (escaped text, <table>, figures embedded as base64
@@ -41,8 +45,8 @@ PNG); both files, the figures (PNG + PDF), report.json and trials.csv (one row p
 id, the params that vary, the objective, every metric) sit in `out_dir` and are logged to the parent
 run under `report/`. The report also shows the per-trial table (key metrics).
 
-Modules (one idea each): read.py (finding the study and parent run, reading one run per COMPLETE trial,
-the tables of runs), theory.py (Theorem 1 and practice-vs-theory sections), posenc.py (RoPE vs
+Modules (one idea each): answer.py (the first section), read.py (finding the study and parent run, reading one run
+per COMPLETE trial, the tables of runs), theory.py (Theorem 1 and practice-vs-theory sections), posenc.py (RoPE vs
 absolute), layerwise.py (pooled layerwise claims, depth vs rank), trials.py (the per-trial table and
 trials.csv), render.py (Markdown, HTML), common.py (blocks, formatting, claim sides, power notes); this
 module builds the report from them.
@@ -103,8 +107,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import tracking
-from ..stats import Claim, jsonable
-from ..units import fmt_ci, fmt_num, metric_units
+from ..stats import Claim, holm_verdicts, jsonable
+from ..units import fmt_ci, fmt_num
+from .answer import answer_section
 from .common import METRIC_DIRECTION, Notes, Section, claim_side, underpowered, verdict_sentence
 from .layerwise import depth_rank_section, layerwise_section
 from .posenc import posenc_section
@@ -127,7 +132,8 @@ class Report:
     claims: list[Claim]
     files: dict[str, str] = field(default_factory=dict)  # md, html, json, trials (csv), figures (local paths)
     notes: list[str] = field(default_factory=list)
-    answer: str = ""  # the objective's answer in one sentence (the report's first line; `sweep.compare.answer`)
+    answer: str = ""  # the answer, a sentence per swept key joined by '; ' (the report's first lines; compare.answers)
+    effects: list = field(default_factory=list)  # each swept key's effect (sweep.effects.Effect), the answer's numbers
 
     def summary_lines(self) -> list[str]:
         h = self.header
@@ -196,48 +202,6 @@ def _spec(study, storage: str | None):
         return None
 
 
-def _answer(uri: str, t: Trials, study, spec, claims: list[Claim], out_dir: Path,
-            figs: dict) -> tuple[Section, str]:
-    """The report's first section (module docstring) and its first sentence: the objective's answer in words
-    (`sweep.compare.answer`, in bold), the objective per setting and encoding (the pivot table), its figure, and
-    one sentence per verdict, the objective's first."""
-    from ..sweep.spec import SweepSpec
-
-    sec = Section("Answer")
-    unit = metric_units(t.objective)
-    n, total = t.counts["complete"], sum(v for k, v in t.counts.items() if k != "retried")
-    direction = f", {spec.direction}" if isinstance(spec, SweepSpec) else ""
-    sentence = ""
-    if spec is not None and n:
-        from ..sweep.compare import answer, trial_frame
-
-        metrics = {r.info.run_id: dict(r.data.metrics) for r in t.complete}
-        df = trial_frame(spec, study, lambda rid: metrics.get(rid) or {})
-        sentence = answer(spec, df) or ""
-    own = next((c for c in claims if c.name == f"RoPE improves {t.objective}"), None)
-    if not sentence and own is not None:  # no stored spec: the objective's own verdict
-        sentence = verdict_sentence(own)
-    if sentence:
-        sec.blocks.append(("strong", sentence))
-    sec.blocks.append(("p", f"Objective {t.objective}{f' ({unit})' if unit else ''}{direction}; {n} complete trial"
-                            f"{'s' if n != 1 else ''} of {total}. Means are over seeds with a 95% t interval (seeds "
-                            "as the unit); rope - absolute < 0 means RoPE is lower."))
-    if spec is not None and spec.kind == "train" and n:
-        from ..sweep.compare import FIGURE, figure, pivot, pivot_rows
-
-        if not df.empty:
-            cols = pivot(spec, df)
-            head, body = pivot_rows(cols)
-            sec.blocks.append(("table", [h + (f" ({unit})" if unit and "[95% CI]" in h else "") for h in head], body))
-            saved = figure(spec, df, out_dir / FIGURE)  # the pivot's picture (pivot.png) is the parent run's alone
-            figs.update({"objective": str(saved[0]), "objective_pdf": str(saved[1])})
-            sec.blocks.append(("img", saved[0].name, f"{t.objective} against each swept parameter, per encoding"))
-    if claims:
-        first = sorted(claims, key=lambda c: c is not own)  # the objective's verdict first
-        sec.blocks += [("h", 3, "Verdicts in words"), ("ul", [verdict_sentence(c) for c in first])]
-    return sec, sentence
-
-
 def _write(path: Path, text: str) -> None:
     from ..safe_output import write_text
 
@@ -291,17 +255,22 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
         sections.append(Section("Results", [("p", "Complete trials carry none of the metrics this report reads.")]))
     if claims:
         vnotes = Notes()
+        holm, family = holm_verdicts(claims)
         sections.append(Section("Verdicts", [
             ("p", "Each verdict is its rule applied to the 95% CI beside it (stats.decide; df: the CI's degrees of "
                   "freedom, '-' for a bootstrap interval); 'no power' says the CI cannot decide (zero width, no df, "
                   "or a check that cannot fail) and the reason says why; 'underpowered' in the reason says the "
-                  "design cannot answer, and why. Long statistics and reasons are numbered notes below the table."),
-            ("table", ["claim", "statistic", "value", "95% CI", "df", "rule", "verdict", "reason"],
+                  "design cannot answer, and why. The Holm column adjusts for the family of claims (family-wise "
+                  "5%), beside the claim's own verdict. Long statistics and reasons are numbered notes below the "
+                  "table."),
+            ("p", f"Family of {len(claims)} claims: {family}."),
+            ("table", ["claim", "statistic", "value", "95% CI", "df", "rule", "verdict", "Holm (family)", "reason"],
              [[c.name, vnotes.short(c.statistic), fmt_num(c.value), fmt_ci(c.ci_lo, c.ci_hi), fmt_num(c.df), c.rule or "-",
-               c.verdict, vnotes.short(c.reason, sep="; ")] for c in claims]),
+               c.verdict, hv, vnotes.short(c.reason, sep="; ")] for c, hv in zip(claims, holm)]),
             *vnotes.blocks()]))
+    effects: list = []
     try:  # the answer first; a failure here is a note, never the report's
-        answer_sec, sentence = _answer(uri, t, study, spec, claims, out_dir, figs)
+        answer_sec, sentence, effects = answer_section(t, study, spec, found_in, claims, out_dir, figs)
         sections.insert(0, answer_sec)
     except Exception as e:
         sentence = ""
@@ -311,7 +280,7 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
     if tsec is not None:
         sections.append(tsec)
     title = f"hmmscope report: {header['study']}"
-    rep = Report(header["study"], parent.info.run_id, header, sections, claims, {}, notes, sentence)
+    rep = Report(header["study"], parent.info.run_id, header, sections, claims, {}, notes, sentence, effects)
     files = {"md": out_dir / "report.md", "html": out_dir / "report.html", "json": out_dir / "report.json",
              "trials": out_dir / "trials.csv"}
     write_csv(files["trials"], t.objective, rows, varying, metrics)

@@ -5,8 +5,9 @@ its runs; the depth-vs-rank coefficients are fitted per seed and averaged (two-s
 trials shown beside them. With one seed, the runs (settings) are the units and the section says so. Each
 pooled claim and the depth interaction say whether the design is underpowered (common.underpowered): one
 run is no replicate, and an inconclusive CI wider than the effect says more runs are needed rather than
-that there is no effect. Every p is printed with its df; each section writes a figure (embedded in the
-HTML)."""
+that there is no effect. The pooled claims are a family: one line says how many are supported and how many the rule
+would give by chance, and a Holm-adjusted verdict stands beside each (stats.holm_verdicts). Every p is printed with
+its df; each section writes a figure (embedded in the HTML)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..stats import NO_POWER, VERDICTS, Claim, claim, parse_rule, rule, t_mean
-from ..units import fmt_ci, fmt_num, fmt_p
+from ..stats import NO_POWER, VERDICTS, Claim, claim, holm_verdicts, parse_rule, rule, t_mean
+from ..units import axis_label, claim_words, fmt_ci, fmt_num, fmt_p
 from .common import NAN, Section, underpowered
 from .posenc import ols_fit
 
@@ -115,16 +116,20 @@ def layerwise_section(df, out_dir: Path | None = None, figs: dict | None = None)
         rows.append([name, str(n), f"{est.n} {est.unit}" if est is not None else "1 run", fmt_num(m), fmt_ci(plo, phi),
                      fmt_num(df_), f"{fmt_num(ivw)} ± {fmt_num(1.96 * ivw_se)}", "/".join(str(counts[k]) for k in VERDICTS),
                      c.rule or "-", power or degen or "ok", c.verdict])
-    sec.blocks += [("table", ["claim", "runs", "units", "pooled mean", "95% CI", "df", "IVW ± 1.96 SE",
-                              "per-run supported/not/inconclusive/no power", "rule", "power", "pooled verdict"], rows),
+    out = [claims[f"pooled: {p[0]}"] for p in pooled]
+    holm, family = holm_verdicts(out)  # the family of pooled claims: Holm beside each verdict, never instead
+    rows = [[*r, hv] for r, hv in zip(rows, holm)]
+    sec.blocks += [("p", f"Family of {len(out)} pooled claims: {family}."),
+                   ("table", ["claim", "runs", "units", "pooled mean", "95% CI", "df", "IVW ± 1.96 SE",
+                              "per-run supported/not/inconclusive/no power", "rule", "power", "pooled verdict",
+                              "Holm (family)"], rows),
                    ("h", 3, "Per-run values"),
                    ("table", ["claim", "trial", "value", "95% CI", "verdict"], per_run)]
-    out = [claims[f"pooled: {p[0]}"] for p in pooled]
     if out_dir is not None:
         saved = _plot_pooled(out, pooled, Path(out_dir) / "layerwise_claims.png")
         if figs is not None:
             figs["layerwise"], figs["layerwise_pdf"] = (str(p) for p in saved)
-        sec.blocks.insert(2, ("img", saved[0].name, "pooled layerwise claims: unit values as dots, the pooled mean "
+        sec.blocks.insert(3, ("img", saved[0].name, "pooled layerwise claims: unit values as dots, the pooled mean "
                                                     "with its 95% CI, coloured by verdict"))
     return sec, out
 
@@ -152,12 +157,13 @@ def _plot_pooled(claims: list[Claim], pooled: list, path: Path) -> list[Path]:
         ax.plot([c.value / scale], [i], "o", color=col)
     ax.axvline(0, color="gray", ls=":")
     ax.set(yticks=range(len(claims)), xlabel="value / max |value| of the row (0 is each claim's threshold side)",
-           title="pooled layerwise claims (colour: verdict)")
-    ax.set_yticklabels([c.name[len("pooled: "):] for c in claims], fontsize=7)
+           ylabel="claim", title="pooled layerwise claims (colour: verdict)")
+    ax.set_yticklabels([claim_words(c.name[len("pooled: "):]) for c in claims], fontsize=7)
     ax.invert_yaxis()
     for k, col in _COLOURS.items():
         ax.plot([], [], "o", color=col, label=k)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.plot([], [], ".", color="gray", alpha=0.6, label="a unit (seed or run)")
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.1), frameon=False)  # every colour, below the panel
     return save_figure(fig, path)
 
 
@@ -253,6 +259,6 @@ def _plot_depth(d, path: Path, ylabel: str) -> list[Path]:
         ax.plot(g["n_layers"], g["y"], ".", color=c, alpha=0.6)
         m = g.groupby("n_layers")["y"].mean()
         ax.plot(m.index, m.values, "o-", color=c, label=f"rank {fmt_num(rk)}")
-    ax.set(xlabel="n_layers", ylabel=ylabel, title="depth vs rank")
-    ax.legend(fontsize=7)
+    ax.set(xlabel="n_layers", ylabel=f"{axis_label(ylabel)} (lower is better)", title="depth vs rank")
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)  # below the panel: on no point
     return save_figure(fig, path)

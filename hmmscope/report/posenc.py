@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..stats import Claim, Estimate, claim, rule, side_verdict
-from ..sweep.effects import block_labels, choose_blocks, level_order, per_level_effects, pos_enc_effect
-from ..units import fmt_ci, fmt_num, fmt_p
+from ..stats import DEFAULT_MARGIN, Claim, Estimate, claim, rule, side_verdict
+from ..sweep.effects import block_labels, choose_blocks, effect, level_order, per_level_effects, pos_enc_effect
+from ..units import fmt_ci, fmt_num, fmt_p, metric_units
 from .common import METRIC_DIRECTION, Notes, Section, claim_side, underpowered
 
 VERDICT_ROW = "paired within-block differences, seeds as the unit (t, G - 1 df)"
@@ -104,8 +104,14 @@ def _second_opinions(data, y: str, blocks: list[str], seed_col: str | None) -> l
     return out
 
 
-def _power(est: Estimate, verdict: str, n_seeds: int) -> str:
-    return underpowered(est.value, est.lo, est.hi, verdict, replicates=n_seeds, unit="seed")
+def _power(est: Estimate, verdict: str, n_seeds: int, metric: str = "") -> str:
+    """The power note (common.underpowered); an inconclusive effect also says what the design excludes and the seeds
+    it would need for the unit's default margin (sweep.effects, issue 45.2)."""
+    why = underpowered(est.value, est.lo, est.hi, verdict, replicates=n_seeds, unit="seed")
+    unit = metric_units(metric)
+    more = effect(metric, est, rule("!=", 0), "", unit=unit, margin=DEFAULT_MARGIN.get(unit, math.nan)).power_text() \
+        if verdict == "inconclusive" else ""
+    return "; ".join(x for x in (why, more) if x)
 
 
 def posenc_section(df, out_dir: Path | None = None, figs: dict | None = None,
@@ -160,10 +166,11 @@ def posenc_section(df, out_dir: Path | None = None, figs: dict | None = None,
         word = ("" if v == "no power" else "RoPE better" if v == "supported" else "RoPE worse" if v == "not supported"
                 else "no detectable difference") if side else \
             ("" if v == "no power" else "differs" if v == "supported" else "no detectable difference")
-        power = _power(est, v, n_seeds)
+        power = _power(est, v, n_seeds, name)
+        note = (("underpowered " if power.startswith("underpowered") else "") + notes.ref(power) if power else
+                notes.short(est.degenerate) or "ok")
         rows.append([label, f"verdict {notes.ref(est.method)}", fmt_num(est.value), fmt_ci(est.lo, est.hi), fmt_p(est.p),
-                     fmt_num(est.df), f"{est.n} {est.unit}", bl, ", ".join(left) or "none",
-                     f"underpowered {notes.ref(power)}" if power else notes.short(est.degenerate) or "ok",
+                     fmt_num(est.df), f"{est.n} {est.unit}", bl, ", ".join(left) or "none", note,
                      v + (f" ({word})" if word else "")])
         for lab, b, lo, hi, p, dft in _second_opinions(dm, m, blocks, seed_col):
             rows.append([label, lab, fmt_num(b), fmt_ci(lo, hi), fmt_p(p), dft, "-", bl, ", ".join(left) or "none", "-",
@@ -176,7 +183,7 @@ def posenc_section(df, out_dir: Path | None = None, figs: dict | None = None,
                       df=est.df, degenerate=est.degenerate)
         else:  # an analysis claim whose side is unknown: two-sided, no rule
             c = Claim(f"RoPE improves {label}", stat, est.value, est.lo, est.hi, v, "", "", est.df, est.degenerate)
-        power = _power(est, c.verdict, n_seeds)
+        power = _power(est, c.verdict, n_seeds, name)
         claims.append(dataclasses.replace(c, reason="; ".join([*why, *([c.reason] if c.reason else []),
                                                                  *([power] if power else [])])))
         if m in claim_cols:
@@ -268,7 +275,8 @@ def posenc_figure(plot: list, seed_col: str | None):
                 if len(ya) and len(yr):
                     ax.plot([i - 0.15, i + 0.15], [ya.mean(), yr.mean()], "-", color="gray", lw=0.7, alpha=0.6)
         unit = metric_units(name)
-        ax.set(xticks=range(len(order)), xlim=(-0.6, len(order) - 0.4), title=name, ylabel=unit or name)
+        ax.set(xticks=range(len(order)), xlim=(-0.6, len(order) - 0.4), title=name, ylabel=unit or name,
+               xlabel="block (the other swept keys' levels)")
         ax.set_xticklabels(order, fontsize=8, **({"rotation": 30, "ha": "right"} if tilt else {}))
         ax.grid(axis="y", alpha=0.3)
         ax = axes[1][j]
@@ -298,6 +306,7 @@ def posenc_figure(plot: list, seed_col: str | None):
             for y, txt in ((side * span * 0.95, "RoPE better"), (-side * span * 0.95, "RoPE worse")):
                 ax.text(-0.55, y, txt, ha="left", va="center", fontsize=7, color="dimgray")
         ax.set(xticks=range(k + 1), xlim=(-0.6, k + 0.6), ylabel=f"rope - absolute{f' ({unit})' if unit else ''}",
+               xlabel="block, then pooled",
                title=f"rope - absolute, 95% CI ({est.n} {est.unit} units)")
         ax.set_xticklabels([*order, "pooled"], fontsize=8, **({"rotation": 30, "ha": "right"} if tilt else {}))
     from matplotlib.lines import Line2D

@@ -148,8 +148,9 @@ def _plot_theory(settings, fits, path: Path) -> list[Path]:
             ax.plot(gg, np.exp(f.intercept) * gg ** f.k, "k--", label=f"pooled fit k={f.k:.2f} {fmt_ci(*f.k_ci)}")
     if any(s["draws"] for s in good):
         ax.plot([], [], ".", color="gray", alpha=0.4, label="one HMM draw")
-    ax.set(xscale="log", yscale="log", xlabel="gamma", ylabel="decay rate r (95% CI)", title="rate vs gamma")
-    ax.legend(fontsize=7)
+    ax.set(xscale="log", yscale="log", xlabel="gamma (no unit)", ylabel="decay rate r (1/L, per token; 95% CI)",
+           title="rate vs gamma")
+    ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)  # below the panel: on no point
     return save_figure(fig, path)
 
 
@@ -201,8 +202,9 @@ def practice_section(df, out_dir: Path, figs: dict) -> Section | None:
         ax.plot(L, [p[1] for p in pts], "o-", color=c, label=f"model, {gam}")
         if any(math.isfinite(p[2]) for p in pts):
             ax.plot(L, [p[2] for p in pts], "s--", color=c, label=f"eps(L), {gam}")
-    ax.set(yscale="log", xlabel="receptive field L", ylabel="TV to full-history oracle", title="practice vs theory")
-    ax.legend(fontsize=7)
+    ax.set(yscale="log", xlabel="receptive field L (tokens)", ylabel="TV to the full-history oracle (lower is better)",
+           title="practice vs theory")
+    ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)  # below the panel: on no point
     png, pdf = save_figure(fig, out_dir / "practice_vs_theory.png")
     figs["practice"], figs["practice_pdf"] = str(png), str(pdf)
     sec.blocks.append(("img", png.name, "model excess error and eps(L) vs L"))

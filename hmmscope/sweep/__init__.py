@@ -14,12 +14,13 @@ The package, by idea (each module's docstring says what it owns and what it must
 - `status`: trial counts, `sweep status`, orphan MLflow runs.
 - `studies`: `sweep list / export / delete`.
 - `compare`: the parent run's comparison figure and pivot table (comparison/), logged when `run_sweep` ends.
-- `effects`: rope - absolute across the trials, paired within blocks, seeds as the unit (the pivot table's and the
-  report's positional-encoding statistics).
+- `effects`: effects over seeds with their verdicts, equivalence (TOST) and power: every swept key's contrast or
+  slope, rope - absolute paired within blocks (the pivot table's, the report's answer and positional-encoding
+  statistics, the analysis records' effects.csv); the spec's [report] options.
 
 Imports run one way: storage <- protocol <- study <- status <- worker, spec <- study, trial, worker; trial <- worker,
-effects <- compare <- worker. The jobs layer never imports this package (it is handed the sweep and its spec by the
-CLI); the report imports it, never the reverse.
+effects <- spec (its [report] table), effects and spec <- compare <- worker. The jobs layer never imports this
+package (it is handed the sweep and its spec by the CLI); the report imports it, never the reverse.
 """
 
 from .protocol import TrialStore

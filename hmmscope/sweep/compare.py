@@ -15,7 +15,9 @@ What they show. The trials are the study's COMPLETE trials with a finite value (
   for a quantity the oracle sets to 0 (excess CE, KL, the retrieval gap), else the oracle's own value at each
   level (the mean of the trials' oracle metric there, e.g. eval/seen/oracle_mix_test_acc for test accuracy,
   read through `metrics_of`) as a dashed grey line; the pivot table gets an `oracle mean` column then.
-- Pivot rows: each level of each swept grid parameter but pos_enc (e.g. `hmm.gamma = 0.5`), then `all`;
+- Pivot rows: each level of each swept grid parameter but pos_enc (e.g. `hmm.gamma = 0.5`), then `all`: the
+  pooled difference alone when other keys are swept (paired within their levels: a mean over gamma levels would
+  be a number of no setting), the means when nothing else is; no `all` row without a difference to pool;
   columns: each line's mean with its CI and seed count, and, when rope and absolute are both swept, their
   difference rope - absolute with its 95% CI exactly as the report computes it (`effects`, which the report's
   `report.posenc` uses: blocks chosen by `choose_blocks`, the per-level effects by `per_level_effects`, the `all` row the report's
@@ -43,13 +45,14 @@ OBJ = "metric:objective"
 ORACLE = "metric:oracle"  # the oracle's value on the trial's episodes (`units.oracle_reference`), if any
 
 
-def _seed_col(spec) -> str:
+def seed_column(spec) -> str:
+    """The trial frame's seed column: param:train.seed (param:theory.seed for theory, param:data.seed for headroom)."""
     return {"theory": "param:theory.seed", "headroom": "param:data.seed"}.get(spec.kind, "param:train.seed")
 
 
 def trial_frame(spec, study, metrics_of=None):
     """One row per COMPLETE trial with a finite value: trial number, `param:<key>` per swept key, the seed
-    (`_seed_col`), the objective (`metric:objective`) and, when the objective's oracle is a metric of the trials
+    (`seed_column`), the objective (`metric:objective`) and, when the objective's oracle is a metric of the trials
     and `metrics_of(run_id) -> {key: value}` is given, the oracle's value (`metric:oracle`)."""
     import pandas as pd
     from optuna.trial import TrialState
@@ -58,7 +61,7 @@ def trial_frame(spec, study, metrics_of=None):
 
     ref = oracle_reference(spec.objective)
     oracle_key = ref[0] if ref is not None and isinstance(ref[0], str) and metrics_of is not None else None
-    seed_col, rows = _seed_col(spec), []
+    seed_col, rows = seed_column(spec), []
     for t in sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: t.number):
         if t.value is None or not math.isfinite(t.value):
             continue
@@ -74,6 +77,41 @@ def trial_frame(spec, study, metrics_of=None):
                 row[ORACLE] = None
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def with_reference(spec, df, ref_spec, ref_df):
+    """(df with the reference sweep's matching trials as more rows, a note in words): a trial of `ref_spec` (the spec's
+    [report] reference, `effects.options`) matches when its config equals this sweep's on every key but this sweep's
+    swept keys, the seed keys and the run-time keys (e.g. the depth sweep's 2-layer RoPE cell for a gamma sweep that
+    fixes 2 layers and RoPE); its values of this sweep's swept keys become its levels here. Nothing joins when the
+    objectives or kinds differ, or when the matched cell is one this sweep ran itself."""
+    import pandas as pd
+
+    from ..config import flatten
+    from .spec import RUNTIME_CONFIG, seed_keys
+
+    name = ref_spec.name
+    if (ref_spec.objective, ref_spec.kind) != (spec.objective, spec.kind):
+        return df, (f"reference sweep {name}: objective {ref_spec.objective} ({ref_spec.kind}), not {spec.objective} "
+                    f"({spec.kind}): not joined")
+    swept = [p.key for p in spec.space]
+    skip = {*swept, *seed_keys(spec.kind, 0), *RUNTIME_CONFIG}
+    mine = {k: v for k, v in flatten(spec.trial_config({p.key: p.grid[0] if p.grid else p.low for p in spec.space}))
+            .items() if k not in skip}
+    have = {tuple(str(v) for v in r) for r in df[[f"param:{k}" for k in swept]].itertuples(index=False)}
+    seed_col, rows = seed_column(spec), []
+    for r in ref_df.to_dict("records"):  # native types per column (iterrows would make a level 2 a 2.0)
+        cfg = flatten(ref_spec.trial_config({p.key: r[f"param:{p.key}"] for p in ref_spec.space}))
+        level = tuple(cfg[k] for k in swept)
+        if all(cfg.get(k) == v for k, v in mine.items()) and tuple(str(v) for v in level) not in have:
+            rows.append({"trial": f"{name}#{r['trial']}", **{f"param:{k}": v for k, v in zip(swept, level)},
+                         seed_col: r[seed_col], OBJ: r[OBJ], **({ORACLE: r[ORACLE]} if ORACLE in ref_df else {})})
+    if not rows:
+        return df, f"reference sweep {name}: no trial matches this sweep's base cell"
+    levels = sorted({", ".join(f"{k} = {row[f'param:{k}']}" for k in swept) for row in rows})
+    note = (f"{'; '.join(levels)}: the reference cell, {len(rows)} trial{'s' if len(rows) != 1 else ''} of sweep "
+            f"{name} (its config equals this sweep's but for {', '.join(swept)})")
+    return pd.concat([df, pd.DataFrame(rows)], ignore_index=True), note
 
 
 def _sort_key(v: Any):
@@ -111,7 +149,7 @@ def pivot(spec, df) -> dict[str, list]:
     """The pivot table's columns (module docstring): factor, level, per line `<line> mean | ci_lo | ci_hi | seeds`,
     with rope and absolute `rope - absolute`, `diff ci_lo`, `diff ci_hi`, `diff df`, `diff units`, `diff note`,
     and with the oracle's values (`metric:oracle`) `oracle mean`."""
-    seed_col = _seed_col(spec)
+    seed_col = seed_column(spec)
     line_col, lines = _lines(spec, df)
     diff = line_col is not None and {"rope", "absolute"} <= set(lines)
     factors = [f"param:{p.key}" for p in spec.space if p.grid is not None and p.key != POS_ENC
@@ -135,14 +173,18 @@ def pivot(spec, df) -> dict[str, list]:
     oracle = ORACLE in df.columns and df[ORACLE].notna().any()
     if oracle:
         cols["oracle mean"] = []
+    # the `all` row: never a mean over the levels of another swept key (it would average over, e.g., gamma); with
+    # such keys only the paired difference is pooled there (within their levels), and without one there is no row
     rows = [(f, lv, df[df[f].astype(str) == lv]) for f in factors
-            for lv in sorted(df[f].astype(str).unique(), key=_sort_key)] + [("all", "all", df)]
+            for lv in sorted(df[f].astype(str).unique(), key=_sort_key)]
+    if diff or not factors:
+        rows.append(("all", ", ".join(f[len("param:"):] for f in factors) if factors else "all", df))
     for f, lv, sub in rows:
         cols["factor"].append(f[len("param:"):] if f != "all" else "all")
         cols["level"].append(lv)
         for ln in lines:
             part = sub if line_col is None else sub[sub[line_col].astype(str) == ln]
-            e = level_mean(part, seed_col) if len(part) else None
+            e = level_mean(part, seed_col) if len(part) and not (f == "all" and factors) else None
             cols[f"{ln} mean"].append(_num(e.value) if e else None)
             cols[f"{ln} ci_lo"].append(_num(e.lo) if e else None)
             cols[f"{ln} ci_hi"].append(_num(e.hi) if e else None)
@@ -157,55 +199,96 @@ def pivot(spec, df) -> dict[str, list]:
             cols["diff units"].append(f"{e.n} {e.unit}" if ok else "")
             cols["diff note"].append((e.degenerate or e.method) if ok else e)
         if oracle:
-            cols["oracle mean"].append(_num(sub[ORACLE].astype(float).mean()))
+            cols["oracle mean"].append(None if f == "all" and factors else _num(sub[ORACLE].astype(float).mean()))
     return cols
 
 
-def answer(spec, df) -> str | None:
-    """The sweep's answer in one sentence, with its unit, 95% CI, replicates and verdict (the report's first line,
-    the last lines of `hmmscope run` and `sweep run`); None with no complete trial.
+def answer(spec, df, opts=None) -> str | None:
+    """The sweep's answer (`answers`) in one line: its sentences joined by '; '; None with no complete trial."""
+    said = answers(spec, df, opts)[0]
+    return "; ".join(said) if said else None
 
-    With rope and absolute both swept: the pooled rope - absolute on the objective, exactly the pivot's `all` row
-    (blocks by `effects.choose_blocks`, `effects.pos_enc_effect`), e.g. "RoPE - absolute on eval/seen/excess_ce:
-    -0.006 [-0.233, 0.221] nats/token, 2 seeds: no detectable difference"; the verdict is stats.decide's on that CI
-    on the side the spec's direction calls better (minimize: below 0), in words (RoPE better / RoPE worse / no
-    detectable difference / no power). Otherwise the best setting of the swept keys by the spec's direction, its
-    mean over seeds with its 95% t interval, beside the runner-up."""
-    from ..stats import side_verdict
+
+def answers(spec, df, opts=None) -> tuple[list[str], list]:
+    """(sentences, effects): the sweep's answer, one sentence per swept key, with its unit, 95% CI, replicates and
+    verdict (the report's first lines, the last lines of `hmmscope run` and `sweep run`); ([], []) with no complete
+    trial.
+
+    Every key that is not tuned (`effects.is_tuned`) gets its effect over seeds (`effects.factor_effects`: a paired
+    contrast for two levels, the slope with its adjacent steps for ordered levels, each level against the reference
+    for a categorical key), e.g. "hmm.gamma: 0.9 - 0.5 = +0.54 [+0.30, +0.78] nats/token, 2 seeds: excess CE (seen
+    tasks) grows with gamma (supported)"; model.pos_enc reads "rope - absolute", the same signed difference as the
+    pivot and the figures. Then, for the tuned keys (train.* by default, every key of a tpe / random sweep), the best
+    setting by the spec's direction, its mean over seeds with its 95% t interval beside the runner-up, marked as a
+    tuned key's. `opts`: the spec's [report] options (`effects.options`)."""
     from ..units import metric_units, replicates, value_ci
+    from .effects import factor_effects, is_tuned, options, sentence
 
     if df is None or df.empty:
-        return None
-    seed_col, unit = _seed_col(spec), metric_units(spec.objective)
-    line_col, lines = _lines(spec, df)
-    if line_col is not None and {"rope", "absolute"} <= set(lines):
-        d = df[df[line_col].astype(str).isin(["rope", "absolute"])]
-        factors = [f"param:{p.key}" for p in spec.space if p.grid is not None and p.key != POS_ENC
-                   and d[f"param:{p.key}"].astype(str).nunique() >= 2]
-        blocks, _ = choose_blocks(d, OBJ, factors, seed_col)
-        est = pos_enc_effect(d, OBJ, blocks, seed_col)
-        head = f"RoPE - absolute on {spec.objective}"
-        if isinstance(est, str):
-            return f"{head}: not estimated ({est})"
-        side = -1 if spec.direction == "minimize" else 1
-        v = side_verdict(est.lo, est.hi, side, df=est.df, degenerate=est.degenerate)
-        word = {"supported": "RoPE better", "not supported": "RoPE worse", "inconclusive": "no detectable difference",
-                "no power": f"no power ({est.degenerate or 'no finite CI'})"}[v]
-        return f"{head}: {value_ci(est.value, est.lo, est.hi, unit)}, {replicates(est.n, est.unit)}: {word}"
-    keys = [f"param:{p.key}" for p in spec.space if f"param:{p.key}" in df.columns]
-    cells = []
-    for cell, sub in (df.groupby([df[k].astype(str) for k in keys], sort=False) if keys else [((), df)]):
-        cell = cell if isinstance(cell, tuple) else (cell,)
-        label = ", ".join(f"{k[len('param:'):]} = {v}" for k, v in zip(keys, cell)) or "all trials"
-        cells.append((label, level_mean(sub, seed_col)))
-    cells.sort(key=lambda c: c[1].value if spec.direction == "minimize" else -c[1].value)
-    (label, e), rest = cells[0], cells[1:]
-    text = (f"best of {len(cells)} setting{'s' if len(cells) != 1 else ''} on {spec.objective} ({spec.direction}): "
-            f"{label}: {value_ci(e.value, e.lo, e.hi, unit)}, {replicates(e.n, e.unit)}")
-    if rest:
-        label2, e2 = rest[0]
-        text += f"; next {label2}: {value_ci(e2.value, e2.lo, e2.hi, unit)}"
-    return text[0].upper() + text[1:]
+        return [], []
+    opts = opts or options(spec)
+    seed_col, unit = seed_column(spec), metric_units(spec.objective)
+    keys = [p.key for p in spec.space if f"param:{p.key}" in df.columns]
+    factors = [k for k in keys if not is_tuned(spec, k, opts)]
+    from ..config import flatten
+
+    effs = factor_effects(df, factors, OBJ, seed_col if seed_col in df.columns else None, metric=spec.objective,
+                          unit=unit, margin=opts.margin_for(unit), references=opts.references,
+                          direction=spec.direction, base=flatten(spec.base))
+    said = [sentence(e) for e in effs]
+    tuned = [k for k in keys if k not in factors]
+    if tuned or not keys:
+        cols = [f"param:{k}" for k in keys]
+        cells = []
+        for cell, sub in (df.groupby([df[k].astype(str) for k in cols], sort=False) if cols else [((), df)]):
+            cell = cell if isinstance(cell, tuple) else (cell,)
+            label = ", ".join(f"{k[len('param:'):]} = {v}" for k, v in zip(cols, cell)) or "all trials"
+            cells.append((label, level_mean(sub, seed_col)))
+        cells.sort(key=lambda c: c[1].value if spec.direction == "minimize" else -c[1].value)
+        (label, e), rest = cells[0], cells[1:]
+        text = (f"best of {len(cells)} setting{'s' if len(cells) != 1 else ''} on {spec.objective} ({spec.direction}"
+                + (f"; tuned: {', '.join(tuned)}" if tuned else "") + f"): {label}: "
+                f"{value_ci(e.value, e.lo, e.hi, unit)}, {replicates(e.n, e.unit)}")
+        if rest:
+            label2, e2 = rest[0]
+            text += f"; next {label2}: {value_ci(e2.value, e2.lo, e2.hi, unit)}"
+        said.append(text[0].upper() + text[1:])
+    return said, effs
+
+
+def plan(spec, effect: float, *, sd: float | None = None, df=None, source: str = "") -> list[str]:
+    """`hmmscope sweep plan SPEC --effect DELTA`: how many seeds this grid sweep needs to decide an effect of +-DELTA
+    (the objective's units) with 80% power: its 95% t interval over seeds on one side of 0 (`effects.seeds_needed`).
+    The seed-to-seed SD comes from `sd` (one number for every contrast), else from `df`, the trials of a sweep of
+    this design (`source` names it): each swept key's effect and adjacent steps there (`effects.factor_effects`,
+    the margin the report uses), a slope's DELTA taken over the swept range."""
+    from ..units import metric_units
+    from .effects import factor_effects, is_tuned, options, seeds_needed
+
+    unit = metric_units(spec.objective)
+    cells = spec.n_trials // len(spec.seeds)
+    out = [f"sweep {spec.name}: {cells} cell{'s' if cells != 1 else ''} x {len(spec.seeds)} seed"
+           f"{'s' if len(spec.seeds) != 1 else ''} = {spec.n_trials} trials; each seed adds {cells}",
+           f"to decide an effect of ±{effect:g} {unit} on {spec.objective} with 80% power (its 95% CI over seeds on one "
+           "side of 0):".replace("  ", " ")]
+
+    def need(n: int | None) -> str:
+        return "more than 100000 seeds" if n is None else f"{n} seeds ({n * cells} trials)"
+
+    if sd is not None:
+        return [*out, f"  seed-to-seed SD {sd:g} {unit} (given): {need(seeds_needed(sd, effect))}"]
+    opts = options(spec)
+    keys = [p.key for p in spec.space if not is_tuned(spec, p.key, opts)]
+    col = seed_column(spec)
+    effs = factor_effects(df, keys, OBJ, col, metric=spec.objective, unit=unit, margin=effect)
+    out.append(f"  seed-to-seed SDs from {source} ({df[col].astype(str).nunique()} seeds, {len(df)} trials):")
+    for e in effs:
+        for label, x in [(e.label, e), *e.steps]:
+            if x.why or not x.sd > 0:
+                out.append(f"  {e.key}: {label}: no SD over seeds ({x.why or x.claim.reason or 'one seed'})")
+            else:
+                out.append(f"  {e.key}: {label}: SD {x.sd:.3g} {x.unit}, effect ±{x.margin:.3g}: {need(x.seeds_needed)}")
+    return out
 
 
 def _x(values: list[Any]) -> tuple[list[float], list[str], bool]:
@@ -229,10 +312,10 @@ def objective_figure(spec, df):
     """The objective against each swept parameter (module docstring), a matplotlib Figure."""
     from matplotlib.figure import Figure
 
-    from ..units import axis_label, oracle_reference
+    from ..units import axis_label, better, oracle_reference, wrap
 
     ref = oracle_reference(spec.objective)
-    seed_col = _seed_col(spec)
+    seed_col = seed_column(spec)
     line_col, lines = _lines(spec, df)
     xs = [p for p in spec.space if line_col is None or p.key != POS_ENC] or list(spec.space)
     fig = Figure(figsize=(max(5.2, 4.6 * len(xs)), 4.6), layout="constrained")
@@ -270,7 +353,7 @@ def objective_figure(spec, df):
             pos, _, _ = _x(levels)
             ax.plot(pos, [df[df[col].astype(str) == lv][ORACLE].astype(float).mean() for lv in levels], "x--",
                     color="gray", label=f"{ref[1]} (mean over the trials' episodes)")
-        ax.set(xlabel=p.key, ylabel=axis_label(spec.objective))
+        ax.set(xlabel=p.key, ylabel=f"{axis_label(spec.objective)}\n{better(spec.direction)}".strip())
         ax.tick_params(labelsize=10)
         ax.grid(alpha=0.3)
     handles: dict[str, Any] = {}
@@ -281,8 +364,9 @@ def objective_figure(spec, df):
         fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=min(4, len(handles)),
                    fontsize=9, title=POS_ENC if line_col else None, title_fontsize=9, frameon=False)
     n_seeds = int(df[seed_col].astype(str).nunique()) if len(df) else 0
-    fig.suptitle(f"sweep {spec.name}: {spec.objective} ({spec.direction}), {len(df)} trials\n{n_seeds} seed"
-                 f"{'s' if n_seeds != 1 else ''} as dots; mean with 95% CI (t over seeds)", fontsize=10)
+    fig.suptitle(wrap(f"sweep {spec.name}: {spec.objective} ({spec.direction}), {len(df)} trials\n{n_seeds} seed"
+                      f"{'s' if n_seeds != 1 else ''} as dots; mean with 95% CI (t over seeds)",
+                      fig.get_figwidth() - 0.3), fontsize=10)  # whole, whatever the sweep's name
     return fig
 
 
@@ -306,7 +390,8 @@ def pivot_rows(cols: dict[str, list]) -> tuple[list[str], list[list[str]]]:
         head.append("oracle (mean)")
     body = []
     for i in range(len(cols["factor"])):
-        row = [f"{cols['factor'][i]} = {cols['level'][i]}" if cols["factor"][i] != "all" else "all (pooled)"]
+        row = [f"{cols['factor'][i]} = {cols['level'][i]}" if cols["factor"][i] != "all" else
+               "all (pooled)" if cols["level"][i] == "all" else f"all (paired within {cols['level'][i]})"]
         row += [cell(cols[f"{ln} mean"][i], cols[f"{ln} ci_lo"][i], cols[f"{ln} ci_hi"][i],
                      f", {cols[f'{ln} seeds'][i]} seed{'s' if cols[f'{ln} seeds'][i] != 1 else ''}") for ln in lines]
         if diff:
@@ -325,7 +410,7 @@ def pivot_figure(spec, cols: dict[str, list], path: Path) -> list[Path]:
     from matplotlib.figure import Figure
 
     from ..safe_output import save_figure
-    from ..units import metric_units
+    from ..units import metric_units, wrap
 
     head, body = pivot_rows(cols)
     chars = sum(max(len(r[j]) for r in [head, *body]) for j in range(len(head)))
@@ -337,8 +422,9 @@ def pivot_figure(spec, cols: dict[str, list], path: Path) -> list[Path]:
     t.set_fontsize(8)
     t.auto_set_column_width(list(range(len(head))))
     unit = metric_units(spec.objective)
-    ax.set_title(f"sweep {spec.name}: {spec.objective}{f' ({unit})' if unit else ''}, seeds as the unit"
-                 + ("; rope - absolute < 0: RoPE lower" if "rope - absolute" in cols else ""), fontsize=9)
+    ax.set_title(wrap(f"sweep {spec.name}: {spec.objective}{f' ({unit})' if unit else ''}, seeds as the unit"
+                      + ("; rope - absolute < 0: RoPE lower" if "rope - absolute" in cols else ""),
+                      fig.get_figwidth() - 0.3, 9), fontsize=9)  # whole, whatever the sweep's name
     return save_figure(fig, path)
 
 

@@ -30,6 +30,10 @@ Spec format (TOML, validated strictly by `load_spec` before any study or run exi
     "model.n_layers" = {choices = [2, 4]}                  # categorical (a grid under sampler="grid")
     "x.y" = {low = 1, high = 8, step = 1}
 
+    [report]                       # how the report reads the results (sweep.effects; not part of the identity)
+    margin = 0.01                  # equivalence margin, objective's units (default: 0.01 for nats/token)
+    reference = "other-sweep"      # a sweep holding this one's base cell; references = {key = level}; tuned = [keys]
+
 Command-line overrides. `hmmscope sweep run SPEC --set key=value` (`with_sets`) fixes a config key for every
 trial after [fixed], through `config.override` (unknown keys and wrong types refused); a key the spec sweeps
 in [space] is refused. The values join the spec's text as a [set] table (a spec file may hold one too: it is
@@ -81,12 +85,13 @@ from typing import Any
 
 from ..config import SEED_MAX, Config, ConfigError, check_name, flatten, load_toml, override, parse_toml, preset, read_text
 from ..tracking.store import check_experiment_name
+from .effects import check_options
 from .space import check_grid_values, check_range, check_space_given, distinct_labels, range_probe
 
 SWEEP_KEYS = {"name", "base", "config", "kind", "objective", "direction", "sampler", "pruner", "n_trials",
               "seeds", "storage", "analyze", "experiment", "heartbeat_interval", "grace_period", "max_retry",
               "sampler_seed", "prune_startup"}
-TABLES = {"sweep", "fixed", "space", "set"}
+TABLES = {"sweep", "fixed", "space", "set", "report"}  # [report]: how results are read (sweep.effects)
 KINDS, SAMPLERS, PRUNERS, DIRECTIONS = ("train", "theory", "headroom"), ("grid", "tpe", "random"), ("none", "median"), \
     ("minimize", "maximize")
 DIST_KEYS = {"grid", "choices", "low", "high", "log", "step"}
@@ -457,6 +462,7 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
     for p in params_t:  # each grid value its own trial name
         if p.grid is not None:
             distinct_labels(path, f"space.{p.key}", [(v, _label_value(labels[p.key], v)) for v in p.grid])
+    check_options(path, data.get("report", {}), [p.key for p in params_t])  # not part of the identity
     spec = SweepSpec(name=name, path=path, text=text, hash=identity_hash(name, spec_kw, n, base),
                      base=base, n_trials=n, **spec_kw)
     if sampler == "grid":  # every combination must be a valid config (e.g. rank <= n_states)

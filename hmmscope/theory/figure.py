@@ -54,7 +54,8 @@ def _eps_panel(ax, ss, hollow):
     if any(len(s.draws) > 1 for s in ss):
         extra.append(Line2D([], [], color="gray", marker=".", ls="none", alpha=0.35,
                             label=f"one HMM draw ({len(ss[0].draws)} per setting)"))
-    ax.legend(handles=[*h, *extra], fontsize=7)
+    ax.legend(handles=[*h, *extra], fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16),
+              frameon=False)  # below the panel: on no point
 
 
 def _plain_log_labels(axis) -> None:
