@@ -105,8 +105,9 @@ def _t(vals):
 def test_from_record_gives_the_planted_answers(tmp_path, capsys, monkeypatch):
     rec = _record(tmp_path)
     mod, drawn = _script(), {}
-    real = mod.save
-    monkeypatch.setattr(mod, "save", lambda fig, out, stem: (drawn.__setitem__(stem, fig), real(fig, out, stem))[1])
+    figs = sys.modules["ablations_figures"]  # the figures' module, imported by the script
+    real = figs.save
+    monkeypatch.setattr(figs, "save", lambda fig, out, stem: (drawn.__setitem__(stem, fig), real(fig, out, stem))[1])
     assert mod.main(["--from-record", str(rec), "--out", str(tmp_path / "out")]) == 0
     out = tmp_path / "out"
     abl = {(r["axis"], r["level"]): r for r in _rows(out / "ablations.csv")}
