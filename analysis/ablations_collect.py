@@ -75,6 +75,34 @@ def collect(uri: str | None, storage: str | None, out: Path) -> None:
     _write(claims, out / "layerwise_runs.csv")
 
 
+def collect_push(uri: str | None, storage: str | None, out: Path) -> None:
+    """push_runs.csv, push_curves.csv: the push's runs (sweeps/inference-ablations-push.toml: the best cell with a
+    bigger budget, its own store), as runs.csv and curves.csv with the model's width and steps beside."""
+    from hmmscope import tracking
+
+    sw = load_sweep(argparse.Namespace(sweep="inference-ablations-push", tracking_uri=uri, storage=storage))
+    client = tracking.client(sw.uri)
+    runs, curves = [], []
+    for t in sw.trials:
+        run = client.get_run(t.run_id)
+        p = run.data.params
+        row = {"study": "push", "trial": t.number, "run_id": t.run_id, "seed": int(t.seed),
+               **{k: _param(p, KEYS[k], BASE[k]) for k in KEYS}, "d_model": int(float(p["model.d_model"])),
+               "steps": int(float(p["train.steps"])), **{c: t.metrics.get(m, math.nan) for c, m in METRICS.items()},
+               "regime": run.data.tags.get("hmmscope.regime", ""),
+               "start": run.info.start_time / 1000, "end": (run.info.end_time or 0) / 1000}
+        runs.append(row)
+        for e in _emergence(sw.uri, t.run_id):
+            if e.get("tasks") == "unseen" and e.get("predictor") == "model" and e.get("metric") in (
+                    "vs_best_counting", "icl_gain", "vs_bayes"):
+                curves.append({"study": "push", "run_id": t.run_id, "seed": row["seed"], "n_layers": row["n_layers"],
+                               "pos_enc": row["pos_enc"], "gamma": row["gamma"], "rank": row["rank"],
+                               "window": row["window"], "step": int(e["step"]), "metric": e["metric"],
+                               "value": float(e["value"])})
+    _write(runs, out / "push_runs.csv")
+    _write(curves, out / "push_curves.csv")
+
+
 def _param(params: dict, key: str, default):
     v = params.get(key)
     if v is None:
@@ -114,9 +142,14 @@ RECORD = {  # the kept tables, checked before anything is computed (records_io.r
 }
 
 
-def read_record(path: Path) -> list[dict]:
-    """A kept table (RECORD: checked by records_io.read_csv, RecordError naming the file and row), numbers as floats."""
-    t = read_csv(path, **RECORD.get(path.name, {}))
+PUSH = dict(RECORD["runs.csv"], required=(*RECORD["runs.csv"]["required"], "d_model", "steps"),
+            numbers=(*RECORD["runs.csv"]["numbers"], "d_model", "steps"))  # push_runs.csv: runs.csv's, with the budget
+
+
+def read_record(path: Path, kw: dict | None = None) -> list[dict]:
+    """A kept table (RECORD, or kw: checked by records_io.read_csv, RecordError naming the file and row), numbers as
+    floats."""
+    t = read_csv(path, **(kw if kw is not None else RECORD.get(path.name, {})))
     if path.name == "runs.csv":  # one row per cell and seed: a repeated run is no further seed
         check_unique(t, [k for k in ("study", *KEYS, "seed") if k in t.columns])
     rows = t.rows

@@ -47,11 +47,23 @@ import argparse
 import sys
 from pathlib import Path
 
-from ablations_collect import RECORD, collect, read_record
+import ablations_bayes as ab
+from ablations_bayes import read_bayes
+from ablations_collect import PUSH, RECORD, collect, collect_push, read_record
 from ablations_figures import figures
 from ablations_tables import cell_rows, cost, effects, layerwise, theorem1
 from records_io import Outputs, RecordError, check_out
 from sweepdata import RESULTS, fail
+
+from hmmscope.stats import holm_verdicts
+from hmmscope.sweep.effects import effect_row
+
+
+def _budget_label(c: dict) -> str:
+    """The budget fit's label of a curve point: its cell (depth and encoding) or the push."""
+    return "push" if c.get("study") == "push" else f"{int(float(c['n_layers']))} layers {c['pos_enc']}" + (
+        "" if float(c["gamma"]) == 0.8 and float(c["rank"]) == 4 and float(c["window"]) == 0 else
+        f", gamma {float(c['gamma']):g}, d {int(float(c['rank']))}, window {int(float(c['window']))}")
 
 # ---------------------------------------------------------------- main
 
@@ -63,6 +75,9 @@ def main(argv=None) -> int:
     p.add_argument("--from-record", type=Path, default=None, help="recompute from a record's kept tables (no store)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default: analysis/results/"
                                                           "inference-ablations-cpu, or --from-record's)")
+    p.add_argument("--push-tracking-uri", default=None, help="with --push-storage: collect the push's runs from its own "
+                                                              "store into push_runs.csv, push_curves.csv")
+    p.add_argument("--push-storage", default=None)
     p.add_argument("--no-figures", action="store_true")
     args = p.parse_args(argv)
     out = args.out or args.from_record or RESULTS / "inference-ablations-cpu"
@@ -75,13 +90,34 @@ def main(argv=None) -> int:
         if args.from_record is None:
             out.mkdir(parents=True, exist_ok=True)
             collect(args.tracking_uri, args.storage, out)
+        if args.push_storage:
+            collect_push(args.push_tracking_uri, args.push_storage, src)
         runs, curves, claim_rows = (read_record(src / name) for name in RECORD)
         outs = Outputs(out)
         rows, has_room = cell_rows(runs)
+        bayes = read_bayes(src / "bayes")  # the Bayes-optimal reference on the same episodes (ablations_bayes)
+        if bayes is not None:
+            runs = ab.join(runs, bayes[0])
+            rows = ab.cells(rows, runs)
+            push = read_record(src / "push_runs.csv", PUSH) if (src / "push_runs.csv").exists() else []
+            rows += ab.push_rows(push, bayes[0])
+            outs.table(runs, "runs")
+            beff = ab.effects(runs, bayes[1])
+            holm, line = holm_verdicts([e.claim for e in beff])
+            print(f"bayes_effects.csv, the family of {len(beff)} effects: {line}")
+            outs.table([{**effect_row(e), "holm_verdict": h} for e, h in zip(beff, holm)], "bayes_effects")
+            push_c = read_record(src / "push_curves.csv", RECORD["curves.csv"]) if push else []
+            gap = ab.curves(curves + push_c, bayes[0], runs + push)
+            outs.table(gap, "bayes_curves")
+            full = [g for g in gap if float(g["window"]) == 0]  # a window's gap to full Bayes has a floor: no fit
+            outs.table(ab.budget_fit(full, _budget_label, 1600, 6400) + ab.budget_fit(
+                [g for g in gap if g.get("study") == "push"], _budget_label, 1600, 12800), "budget")
         outs.table(rows, "ablations")
         eff = effects(runs, has_room)
         outs.table(eff, "effects")
         th, rates = theorem1(runs)
+        if th and bayes is not None and bayes[1]:
+            th = ab.theorem1_windowed(th, bayes[1])
         if th:
             outs.table(th, "theorem1")
             outs.table(rates, "theorem1_rates")
