@@ -111,6 +111,9 @@ app.add_typer(runs.app, name="runs")
 
 
 def main() -> None:  # console-script entry point
+    from ..tracking.telemetry import telemetry_off
+
+    telemetry_off()  # before anything imports mlflow; the sweep workers and ui servers inherit it
     try:
         app()
     except KeyboardInterrupt:

@@ -1,9 +1,12 @@
 """`python -m hmmscope.sweep worker ...`: the worker process run_sweep starts (worker.main), after the environment
-check every entry point runs (`env.check`, as the CLI: a bad setting is one line and exit 2, before any work)."""
+check every entry point runs (`env.check`, as the CLI: a bad setting is one line and exit 2, before any work), with
+MLflow's telemetry off unless the user chose (`tracking.telemetry`; run_sweep's workers inherit it from their parent,
+this covers a direct start)."""
 
 import sys
 
 from .. import env
+from ..tracking.telemetry import telemetry_off
 
 
 def _run() -> int:
@@ -14,6 +17,7 @@ def _run() -> int:
         return 2
     for line in notes:
         print(line, file=sys.stderr, flush=True)
+    telemetry_off()  # before the worker imports mlflow (inside main)
     from .worker import main  # after the check: nothing is imported or opened for a bad environment
 
     return main()
