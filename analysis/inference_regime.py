@@ -198,7 +198,11 @@ def _figure(rows, best, per, ks, out, name) -> None:
     axe.axhline(0, color="gray", lw=0.8)
     axe.set(xscale="log", xlabel="optimizer step", ylabel="nats / token",
             title="emergence on unseen tasks (the curves' episodes)")
-    axe.legend(fontsize=7)
+    if axe.get_legend_handles_labels()[0]:
+        axe.legend(fontsize=7)
+    else:  # runs trained with train.emergence_episodes = 0 logged no curves: say so, not an empty legend
+        axe.text(0.5, 0.5, "no emergence curves in these runs\n(train.emergence_episodes = 0)", ha="center",
+                 va="center", transform=axe.transAxes, fontsize=8, color="gray")
     axe.grid(alpha=0.3)
     fig.suptitle(f"{name}: in-context inference beyond counting on unseen tasks")
     save(fig, out, "inference")

@@ -1,11 +1,12 @@
 """Two `hmmscope train --resume RUN` processes started at the same instant, round after round (tests/test_liveness.py).
 
-    python tests/resume_racer.py URI RUN_ID ROUNDS OUT_JSON CONFIG
+    python tests/resume_racer.py URI RUN_ID ROUNDS OUT_JSON CONFIG FOLDER
 
 The driver imports the CLI (and torch, MLflow) once, then for each round forks two child processes that block on
 one pipe; closing the pipe's write end releases both at once, and each runs the real CLI,
 `hmmscope train --config CONFIG --resume RUN_ID --set train.steps=<4 more than the last round> --no-evaluate
---tracking-uri URI`, its stdout and stderr in files of its own. The driver waits for both and records, per round,
+--tracking-uri URI`, its stdout and stderr in files of its own under FOLDER (the test's own temp folder: the racer
+leaves nothing elsewhere). The driver waits for both and records, per round,
 each child's pid, exit code and stderr; OUT_JSON gets the list of rounds. The driver opens no store itself (a
 database connection must not cross a fork).
 """
@@ -16,7 +17,6 @@ import importlib
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 
@@ -49,11 +49,12 @@ def child(release: int, args: list[str], out: Path) -> None:
 
 
 def main() -> None:
-    uri, run_id, rounds, out_json, config = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4]), sys.argv[5]
+    uri, run_id, rounds, out_json, config, tmp = (sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4]),
+                                                  sys.argv[5], Path(sys.argv[6]))
     for module in ("mlflow.tracking", "hmmscope.checks", "hmmscope.cli.app", "hmmscope.jobs", "hmmscope.training.train"):
         importlib.import_module(module)  # every import before the forks: the children start alike, at once
 
-    tmp = Path(tempfile.mkdtemp(prefix="resume-racer-"))
+    tmp.mkdir(exist_ok=True)
     results = []
     for r in range(rounds):
         args = ["train", "--config", config, "--resume", run_id, "--set", f"train.steps={8 + 4 * r}",

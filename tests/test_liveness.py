@@ -110,10 +110,14 @@ def _race(tmp_path: Path, rounds: int, tiny_toml: str) -> None:
     rid = train(load_toml(tmp_path / "tiny.toml"), tracking_uri=uri, experiment="race", progress=False).run_id
     out = tmp_path / "race.json"
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    r = subprocess.run([sys.executable, str(RACER), uri, rid, str(rounds), str(out), str(tmp_path / "tiny.toml")],
+    r = subprocess.run([sys.executable, str(RACER), uri, rid, str(rounds), str(out), str(tmp_path / "tiny.toml"),
+                        str(tmp_path / "racer")],
                        cwd=tmp_path, env={**env, "HMMSCOPE_THREADS": "1", "OMP_NUM_THREADS": "1"},
                        capture_output=True, text=True, timeout=120 + 60 * rounds)
     assert r.returncode == 0, r.stderr[-3000:]
+    # the children's output stays in the test's folder (before: a /tmp/resume-racer-* folder, never removed)
+    assert sorted(p.name for p in (tmp_path / "racer").iterdir()) == sorted(
+        f"r{n}-{i}.{x}" for n in range(rounds) for i in (0, 1) for x in ("out", "err"))
     for n, (a, b) in enumerate(json.loads(out.read_text())):
         win, lose = (a, b) if a["code"] == 0 else (b, a)
         assert (win["code"], lose["code"]) == (0, 2), (n, a, b)
