@@ -38,6 +38,9 @@ TEST_STARTS = ("initial", "midstream")
 POS_ENCODINGS = ("rope", "absolute", "none", "sinusoidal")
 PRECISIONS = ("auto", "bf16", "fp32")
 SCHEDULES = ("cosine", "constant", "wsd")
+# the run-time keys: how a run runs, not what it trains on or what its model is (the evaluation's Bayes-optimal reference
+# is recomputed from the config); a resumed run or sweep may change them (README: "Sweep specs")
+RUNTIME_KEYS = ("train.device", "train.compile", "train.attention", "train.figures", "eval.bayes", "eval.bayes_tol")
 COMPILE = ("auto", "true", "false", "blocks", "blocks-head", "model-autotune", "model-graphs")  # model.COMPILE_SCOPES
 ATTENTION = ("auto", "flash", "efficient", "cudnn", "math")
 

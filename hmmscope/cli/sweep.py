@@ -18,7 +18,7 @@ from typing import Annotated
 import typer
 
 from .. import checks, store_checks
-from ..config import ConfigError
+from ..config import RUNTIME_KEYS, ConfigError
 from .common import (
     ForceOpt,
     StorageOpt,
@@ -35,6 +35,10 @@ from .common import (
 
 app = typer.Typer(no_args_is_help=True, help="Optuna sweeps: every trial an MLflow run under one parent run.")
 
+# the run-time keys come from the one list (config.RUNTIME_KEYS) the README's spec reference cites
+SET_HELP = ("Fix a config key for every trial, after the spec's \\[fixed] (repeatable): --set train.steps=50. A swept "
+            "key is refused. Part of the sweep's identity: a study created without it is not resumed with it (run a "
+            f"copy: --name NEW), except the run-time keys {', '.join(RUNTIME_KEYS)}.")
 SpecStorageOpt = Annotated[str | None, typer.Option("--storage", help="Optuna storage URL (any SQLAlchemy URL; "
                                                     "default: the spec's sweep.storage, else ./mlruns/optuna.db).")]
 
@@ -132,11 +136,10 @@ def sweep_run_cmd(
                                                "FAILED (their retry budget starts again).")] = False,
     print_config: Annotated[bool, typer.Option("--print-config", help="Print the config every trial starts from "
                                                "(base and \\[fixed]) as TOML and exit.")] = False,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Fix a config key for every trial, after the spec's "
-                                                   "\\[fixed] (repeatable): --set train.steps=50. A swept key is "
-                                                   "refused. Part of the sweep's identity: a study created without "
-                                                   "it is not resumed with it (rename the sweep), except the run-time "
-                                                   "keys train.device and train.compile.")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP)] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Run a copy of the spec under this name: its own study, "
+                                             "runs and report (out/NAME); the spec's file is unchanged. Give it "
+                                             "again to resume that copy.")] = None,
     report: Annotated[bool, typer.Option("--report/--no-report", help="When every trial is done, write the sweep's "
                                          "report (hmmscope report) and end with its answer and its HTML.")] = True,
     out: Annotated[Path | None, typer.Option(parser=nonempty_path, help="The report's folder (default "
@@ -144,9 +147,11 @@ def sweep_run_cmd(
 ) -> None:
     """Create or resume the study and run it to the end with local workers; then its report: the last two lines are
     the sweep's answer in one sentence and the report's HTML."""
+    from ..sweep.rename import renamed
     from ..sweep.spec import load_spec, with_sets
 
-    s = with_sets(load_spec(bundled_spec(spec)), parse_sets(set_))
+    s = load_spec(bundled_spec(spec))
+    s = with_sets(renamed(s, name) if name is not None else s, parse_sets(set_))
     if print_config:
         swept = ", ".join([p.key for p in s.space] + ["seed"])
         typer.echo(f"# sweep {s.name} ({s.kind}): the config before each trial's values of {swept}")

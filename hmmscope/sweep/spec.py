@@ -38,17 +38,17 @@ Command-line overrides. `hmmscope sweep run SPEC --set key=value` (`with_sets`) 
 trial after [fixed], through `config.override` (unknown keys and wrong types refused); a key the spec sweeps
 in [space] is refused. The values join the spec's text as a [set] table (a spec file may hold one too: it is
 applied after [fixed]), so the study stores them and its workers use them, and they are part of the identity
-below: a study created without them is not resumed with them (one line: rename the sweep), except the run-time
-keys (train.device, train.compile, train.attention, train.figures, eval.bayes, eval.bayes_tol), which move a sweep
-without renaming it.
+below: a study created without them is not resumed with them (one line: rename the sweep, `--name NEW`), except the
+run-time keys (config.RUNTIME_KEYS: train.device, train.compile, train.attention, train.figures, eval.bayes,
+eval.bayes_tol), which do not.
 
 Identity. A study remembers its spec; running a spec under an existing study's name needs the same
 identity (`SweepSpec.hash`, sha256 of the canonical parsed spec): the keys that change what a trial
 computes or how trials are chosen and scored. Run-time keys do not count: storage, heartbeat_interval,
-grace_period, max_retry (sweep table), and the config keys train.device, train.compile, train.attention and
-train.figures (RUNTIME_CONFIG, in [fixed] or in the base config; the trainer accepts the same keys as changed on
-resume). So moving a sweep to a GPU, giving it a longer heartbeat or turning its trials' own figures off keeps its
-name; the study then stores the new text.
+grace_period, max_retry (sweep table), and the config keys train.device, train.compile, train.attention,
+train.figures, eval.bayes and eval.bayes_tol (config.RUNTIME_KEYS, in [fixed] or in the base config; the trainer
+accepts the same keys changed on resume). So moving a sweep to a GPU, giving it a longer heartbeat or turning its
+trials' own figures off keeps its name; the study then stores the new text.
 The experiment counts: a sweep's runs stay in one MLflow experiment. Defaults and explicit values are the
 same identity (the canonical form is the parsed spec, not its text).
 
@@ -83,6 +83,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import config
 from ..config import SEED_MAX, Config, ConfigError, check_name, flatten, load_toml, override, parse_toml, preset, read_text
 from ..tracking.store import check_experiment_name
 from .effects import check_options
@@ -130,8 +131,7 @@ PRUNE_PROXY = {"eval/seen/excess_ce": "val/excess_ce", "eval/seen/test_acc": "va
                "eval/seen/test_ce": "val/test_loss"}
 # Identity (module docstring): sweep keys that do not count, and config keys that do not.
 RUNTIME_SWEEP_KEYS = frozenset({"storage", "heartbeat_interval", "grace_period", "max_retry"})
-RUNTIME_CONFIG = frozenset({"train.device", "train.compile", "train.attention", "train.figures", "eval.bayes",
-                            "eval.bayes_tol"})
+RUNTIME_CONFIG = frozenset(config.RUNTIME_KEYS)
 # Trial names: short labels of common config keys (by their last part); others use that last part.
 ABBREV = {"gamma": "g", "gammas": "g", "rank": "d", "ranks": "d", "rho": "rho", "rhos": "rho", "n_states": "S",
           "n_tasks": "T", "n_tokens": "V", "n_layers": "L", "n_heads": "H", "d_model": "dm", "d_mlp": "dmlp",

@@ -39,7 +39,7 @@ that talks to MLflow):
 - Checkpoints: every ckpt_every steps and at the end, the artifact checkpoints/last.pt
   (overwritten; `checkpoints.save_checkpoint`: model/optimizer state dicts, step, flat config, RNG
   states, metrics). Reading, checking and loading them is `checkpoints`' job.
-- Resume: `train(cfg, resume=run_id)` continues that run from its checkpoint; only RUNTIME_KEYS may differ from
+- Resume: `train(cfg, resume=run_id)` continues that run from its checkpoint; only RESUME_KEYS may differ from
   the checkpoint's config. On CPU the result is bitwise that of an uninterrupted run. Each step is stored once: the
   checkpoint is the truth, so once the resume holds the run's lease, the metric rows a killed writer left past the
   checkpoint's step (train/* written in batches, an evaluation, its end) are removed (`Run.forget_metrics`, one
@@ -92,7 +92,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import env, tracking
-from ..config import Config, TrainConfig, config_hash, flatten, override, training_tasks
+from ..config import RUNTIME_KEYS, Config, TrainConfig, config_hash, flatten, override, training_tasks
 from ..data.episodes import Episodes, training_data
 from ..interrupts import raise_if_terminated, sigterm_interrupts
 from ..measure.bayes_gap import bayes_spec
@@ -108,8 +108,7 @@ METRICS_WRITE_S = 5.0  # train/* metrics reach the store at most this long after
 LOSS_TRAIN, LOSS_VAL = "Loss/train", "Loss/val"  # the loss curves again, first on MLflow's run page (docstring)
 FINAL_KEYS = ("train/wall_time_s", "train/eval_s", "train/eval_fraction")  # this call's, at its last step
 
-RUNTIME_KEYS = ("train.steps", "train.device", "train.compile", "train.attention", "train.figures", "eval.bayes",
-                "eval.bayes_tol")  # may differ on resume: the training's length, where it runs, what it measures
+RESUME_KEYS = ("train.steps", *RUNTIME_KEYS)  # may differ on resume: the training's length, and config.RUNTIME_KEYS
 
 
 class DivergedError(RuntimeError):
@@ -300,11 +299,11 @@ def oracle_metrics(mix, ep: Episodes, device: torch.device | str = "cpu") -> dic
 
 def _resume_config(saved: Config, passed: Config) -> Config:
     a, b = flatten(saved), flatten(passed)
-    diff = sorted(k for k in a.keys() | b.keys() if k not in RUNTIME_KEYS and a.get(k) != b.get(k))
+    diff = sorted(k for k in a.keys() | b.keys() if k not in RESUME_KEYS and a.get(k) != b.get(k))
     if diff:
         raise ValueError(f"config differs from the checkpoint's in {', '.join(diff)} "
-                         f"(only {', '.join(RUNTIME_KEYS)} may change)")
-    return override(saved, {k: b[k] for k in RUNTIME_KEYS})
+                         f"(only {', '.join(RESUME_KEYS)} may change)")
+    return override(saved, {k: b[k] for k in RESUME_KEYS})
 
 
 # ---------------------------------------------------------------- training
