@@ -1,8 +1,8 @@
-"""The jobs the CLI launches, composed from the library: evaluate a run, log a theory sweep, the main job.
+"""The jobs the CLI launches, composed from the library: evaluate a run, analyze it, the headroom, a theory sweep.
 
 Library modules compute; this module wires their results into MLflow runs through `tracking` (the only module that
-talks to MLflow) and files under an output folder. Dependencies run one way: the sweep layer (sweep/, report/) calls
-these jobs; this module imports neither, and the main job reaches the sweep through the function the CLI hands it.
+talks to MLflow) and files under an output folder. Dependencies run one way: the sweep layer (sweep/, report/) and
+the main job (`pipeline`, which composes these jobs) call them; this module imports neither.
 """
 
 from __future__ import annotations
@@ -447,14 +447,15 @@ def log_theory(result, uri: str, experiment: str, out_files: list[Path], parent:
 def theory_job(th, out: Path, *, uri: str | None, experiment: str, parent: str | None = None,
                progress: Callable[[int, int, str], Any] | None = None, run_name: str = "theory",
                tags: dict[str, Any] | None = None, note: str | None = None,
-               on_start: Callable[[str], Any] | None = None):
+               on_start: Callable[[str], Any] | None = None, detail: Callable[[str], Any] | None = None):
     """Run the sweep, write theory.png / theory.pdf / theory.json under `out` (the folder itself: callers give
     each job its own, see `new_folder`), log to MLflow if `uri` (a run `run_name` with extra `tags` and the
-    one-line `note`; see log_theory; `on_start(run id)` as soon as it is open). Returns (result, run_id)."""
+    one-line `note`; see log_theory; `on_start(run id)` as soon as it is open). `progress` and `detail`: run_theory's
+    (a setting done; an HMM draw begun). Returns (result, run_id)."""
     from .theory.theorem1 import plot_theory, run_theory
 
     def work():
-        result = run_theory(th, progress=progress)
+        result = run_theory(th, progress=progress, detail=detail)
         res_json = out / "theory.json"
         figs = plot_theory(result, out / "theory.png")
         write_with(res_json, lambda p: p.write_text(json.dumps(result.to_dict(), indent=2)))
@@ -470,116 +471,3 @@ def theory_job(th, out: Path, *, uri: str | None, experiment: str, parent: str |
         result, files = work()
         log_theory(result, uri, experiment, files, run=run, note=note)
     return result, run.run_id
-
-
-# ---------------------------------------------------------------- the main job
-
-# The main job's training sweep; the same spec as sweeps/smoke.toml (a test keeps the two identical).
-MAIN_SWEEP = """
-[sweep]
-name = "smoke"
-base = "tiny"
-kind = "train"
-objective = "eval/seen/excess_ce"
-direction = "minimize"
-sampler = "grid"
-seeds = [0]
-experiment = "hmmscope-sweeps"
-
-[fixed]
-"hmm.n_tasks" = 8
-"hmm.n_states" = 8
-"hmm.rank" = 4
-"data.n_demos" = 2
-"data.l_demo" = 16
-"data.l_test" = 16
-"data.n_train" = 512
-"data.n_eval" = 64
-"model.n_layers" = 1
-"model.n_heads" = 2
-"model.d_model" = 32
-"model.d_mlp" = 64
-"model.max_len" = 64
-"train.steps" = 100
-"train.batch_size" = 16
-"train.warmup" = 10
-"train.eval_every" = 50
-"train.ckpt_every" = 100
-"train.device" = "cpu"
-
-[space]
-"model.pos_enc" = {grid = ["rope", "absolute"]}
-"hmm.gamma" = {grid = [0.5, 0.9]}
-"""
-
-
-@dataclass
-class MainResult:
-    parent_id: str
-    train_id: str
-    theory_id: str | None
-    eval_metrics: EvalMetrics  # Figure 1 headline metrics, with .claims (the retrieval gap) and .files
-    theory: Any
-    analysis: AnalysisResult
-    sweep: Any  # sweep.SweepSummary
-    report: Any  # report.Report
-    folder: Path | None = None  # out/main-<id8>/: every file this job wrote
-
-
-def main_job(cfg: Config, uri: str, experiment: str, out: Path, *, sweep_spec: Any,
-             sweep: Callable[[Any, Path], tuple[Any, Any]], progress: bool = True,
-             on_stage: Callable[[str], None] = lambda s: None,
-             on_start: Callable[[str], None] = lambda run_id: None,
-             log: Callable[[str], None] | None = None) -> MainResult:
-    """The main job: theory sweep, training + Figure 1, layerwise analysis, a small training sweep, its report.
-
-    Figure 1 and the analysis take the model training hands back, in memory (no checkpoint is read back).
-    Theory, training and analysis runs sit under one parent run "main"; the sweep has its own parent
-    run (one child per trial), and its report is logged there. `sweep(sweep_spec, report_dir)` runs the
-    training sweep `sweep_spec` (MAIN_SWEEP parsed: a `sweep.spec.SweepSpec`) and writes its report under
-    `report_dir`, returning (sweep summary, report): the caller hands both in (the CLI parses MAIN_SWEEP and uses
-    `sweep.run_sweep` and `report.build_report`), so this module never imports the sweep layer, which imports it.
-    Re-running resumes: a finished sweep is not run again. Files go to out/main-<id8>/ (`run_folder`):
-    theory/, the training run's folder (evaluation/, analysis/) and <sweep name>/ (the report).
-    `on_start(parent run id)` is called as soon as the main run is open; `log(line)`, if given, gets the stages'
-    own progress lines (a theory setting done, an analysis phase done). At the end the main run's description
-    links the sweep's parent run and its answer (comparison/objective.png), as Markdown the UI renders.
-    """
-    from .config import flatten
-    from .training.train import train
-
-    note = (f"Main job: Theorem 1 theory sweep, training + Figure 1, layerwise analysis, and the training sweep "
-            f"{sweep_spec.name!r} with its report")
-    with tracking.start_run(uri, experiment, "main", params=flatten(cfg), tags={"hmmscope.kind": "main"}, config=cfg,
-                            note=note) as parent:
-        on_start(parent.run_id)
-        out = run_folder(out, "main", parent.run_id)  # this job's folder: nothing else writes there
-        on_stage("theory sweep (Theorem 1)")
-        th, theory_id = theory_job(cfg.theory, out / "theory", uri=uri, experiment=experiment, parent=parent.run_id,
-                                   progress=log and (lambda i, n, label: log(f"theory: {i}/{n} settings, {label}")))
-        on_stage("training")
-        keep = contextlib.ExitStack()  # the training run's lease from its start to its evaluation's end
-        with keep:
-            tr = train(cfg, tracking_uri=uri, experiment=experiment, run_name=tracking.train_run_name(cfg),
-                       parent=parent.run_id, progress=progress,
-                       on_start=lambda rid: keep.enter_context(tracking.hold_run(uri, rid)))
-            on_stage("evaluating (Figure 1)")
-            # the model in hand: no checkpoint read back. The training run is reopened for its evaluation, so a failed
-            # one (a full disk) leaves it FAILED with the reason, not FINISHED without its Figure 1 (as `train` does)
-            with tracking.start_run(uri, experiment, "", resume=tr.run_id) as train_run:
-                ev = evaluate_model(tr.model, tr.config, tr.steps, train_run, device=cfg.train.device, out=out)
-        parent.log_metrics(ev)
-        on_stage("layerwise analysis (Figures 2, 3a, 3b)")
-        an = analyze_model(tr.model, tr.config, tr.steps, train_run, uri=uri, device=cfg.train.device, out=out,
-                           progress=log)
-        on_stage(f"training sweep {sweep_spec.name!r} and its report")
-        sw, rep = sweep(sweep_spec, out / sweep_spec.name)
-        parent.set_tags({"hmmscope.train_run": tr.run_id, "hmmscope.theory_run": theory_id or "",
-                         "hmmscope.analysis_run": an.run_id, "hmmscope.sweep_run": sw.parent_run_id})
-        with contextlib.suppress(Exception):  # the sweep's parent, one click away on the main run's page
-            seid = tracking.get_run(uri, sw.parent_run_id).info.experiment_id
-            parent.set_tags({"mlflow.note.content": tracking.note_line(
-                f"{note}. Sweep {sweep_spec.name!r}: its answer "
-                f"[{tracking.ANSWER}]({tracking.run_link(seid, sw.parent_run_id, tracking.ANSWER)}), its parent run "
-                f"[sweep-{sweep_spec.name}]({tracking.run_link(seid, sw.parent_run_id)})")})
-        return MainResult(parent.run_id, tr.run_id, theory_id, ev, th, an, sw, rep, out)

@@ -62,10 +62,14 @@ def test_theory_end_to_end(project):
     for c in children:  # a rate is logged exactly when the fit had enough points above the floor
         assert ("theory/rate" in c.data.metrics) == (fits[float(c.data.params["hmm.gamma"])] is not None)
     assert "decay rate >= g^4, g = gamma_eff" in r.output  # a verdict line per setting is printed
-    # where to look, at once; off a terminal, a plain line per setting instead of a bar
+    # where to look, at once; off a terminal, a plain line per HMM draw as it begins and per setting as it ends,
+    # instead of a bar (before: a setting's minutes said nothing)
     assert r.stdout.splitlines()[0] == f"theory run {parent.info.run_id} started; browse: hmmscope ui --run {parent.info.run_id}"
-    assert [x[len(STAMP):].split(", ")[0] for x in r.stderr.splitlines() if x[len(STAMP):].startswith("theory: ")] \
-        == ["theory: 1/2 settings", "theory: 2/2 settings"]
+    said = [x[len(STAMP):] for x in r.stderr.splitlines() if x[len(STAMP):].startswith("theory: ")]
+    d = res["config"]["draws"]
+    assert ["draw" if ": HMM draw " in x else x.split(", ")[0] for x in said] == [
+        *["draw"] * d, "theory: 1/2 settings", *["draw"] * d, "theory: 2/2 settings"], said
+    assert said[0].startswith("theory: setting 1/2 (S=") and said[0].endswith(f"gamma=0.5): HMM draw 1/{d}")
     assert all(re.match(STAMP_RE, x) for x in r.stderr.splitlines() if "theory: " in x), r.stderr  # when, in a log
 
 
@@ -522,54 +526,119 @@ def test_bad_sweep_spec_exits_2_without_study_or_run(project):
     assert not (project / "mlruns").exists() and not (project / "out").exists()
 
 
-def test_main_job_end_to_end_small(project):
-    """`hmmscope run` with shrunken settings: theory, training + Figure 1, analysis, the smoke sweep, its report. One
-    sweep worker (`--workers 1`; the default, 2, is the smoke fixture's): a second worker process costs more CPU (its
-    own imports) than it saves on 4 tiny trials, and the suite beside other jobs is bound by its CPU."""
-    small = ["--workers", "1", *TINY_TRAIN, "--set", "data.n_eval=24", "--set", "theory.gammas=[0.5, 0.9]",
-             "--set", "theory.n_states=[8]", "--set", "theory.ranks=[2]", "--set", "theory.n_tokens=8",
-             "--set", "theory.n_histories=100", "--set", "theory.lengths=[1, 2, 4, 8]", "--set", "theory.gamma_m=0"]
-    r = Ran(project, "run", *small)  # a real process, its output to files: no terminal
+def test_main_job_quick_interrupted_then_resumed(project):
+    """`hmmscope run --quick` (the README's first main job), shrunk further, as real processes writing to files (no
+    terminal): Ctrl-C once training has begun keeps the theory run and prints what is kept and the command that
+    resumes it (before: `error: interrupted` only, and `run` started over); that command skips the theory and runs
+    the rest: training + Figure 1, the analysis, the smoke-quick sweep (one worker) and its report, each phase's one-line
+    result on stdout as it ends, one short line per claim, the answer last."""
+    import os
+    import shlex
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    small = ["--quick", "--set", "train.steps=20", "--set", "train.eval_every=10", "--set", "train.ckpt_every=10",
+             "--set", "theory.gammas=[0.5, 0.9]", "--set", "theory.n_histories=100"]
+    exe = Path(sys.executable).parent / "hmmscope"
+    env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, "HMMSCOPE_THREADS": "1",
+           "OMP_NUM_THREADS": "1"}
+    with (project / "1.out").open("w") as fo, (project / "1.err").open("w") as fe:
+        p = subprocess.Popen([str(exe), "run", *small], cwd=project, env=env, stdout=fo, stderr=fe,
+                             stdin=subprocess.DEVNULL)
+        try:
+            deadline = time.time() + 600
+            while "[2/5] training ..." not in (project / "1.err").read_text():  # the theory phase has ended
+                assert p.poll() is None and time.time() < deadline, (project / "1.err").read_text()
+                time.sleep(0.2)
+            p.send_signal(signal.SIGINT)
+            assert p.wait(timeout=300) == 130
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    out1, err1 = (project / "1.out").read_text(), (project / "1.err").read_text()
+    main_id = re.fullmatch(r"main run ([0-9a-f]{32}) started; browse: hmmscope ui --run \1", out1.splitlines()[0])[1]
+    assert out1.splitlines()[1].startswith("[1/5] theory sweep (Theorem 1): 2 settings x 2 HMM draws in "), out1
+    assert "theory: 2/2 settings, " in err1 and "theory: setting 1/2 (S=16 d=4 rho=0.02 gamma=0.5): HMM draw 1/2" in err1
+    kept = err1.split("interrupted; kept:\n", 1)[1].splitlines()
+    assert kept[0] == f"  main run {main_id}: KILLED" and kept[1].startswith("  theory: finished (run ")
+    assert kept[-3].startswith("  sweep smoke-quick: not finished") and kept[-2].startswith("resume (the finished ")
+    assert kept[-1] == "error: interrupted"
+    again = shlex.split(kept[-2].split(": ", 1)[1])
+    assert again == ["hmmscope", "run", *small, "--resume"]
+    r = Ran(project, *again[1:])
     assert r.exit_code == 0, r.output
-    assert "Figure 1" in r.output and "upper layers change less" in r.output
-    assert "sweep smoke: 4 complete, 0 failed, 0 pruned of 4" in r.output
-    # off a terminal: tables as plain columns (before: a box-drawn 19-column Theorem 1 table, numbers broken across
-    # 6 lines), one short line per claim (before: 300-500 characters each), where the full text is said once
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"main run {main_id} resumed; browse: hmmscope ui --run {main_id}"
+    assert lines[1].startswith("[1/5] theory sweep (Theorem 1): finished before (run ")
+    assert re.match(r"\[2/5\] training: 20 steps in .*; val loss \d\.\d{4} \(run [0-9a-f]{8}\)$", lines[2]), lines[2]
+    assert lines[3].startswith("[3/5] Figure 1: 3 claims: ") and lines[4].startswith("[4/5] layerwise analysis")
+    (sweep_done,) = [ln for ln in lines if ln.startswith("[5/5] training sweep 'smoke-quick' and its report: ")]
+    assert "sweep smoke-quick: 4 complete, 0 failed, 0 pruned of 4, and its report, in " in sweep_done
+    assert "analyze: shuffle test done" in r.stderr and "train: setting up: drawing the data: " in r.stderr
+    # off a terminal: no box characters, one short line per claim (the full text once, where it is), each number once
     assert not set("│┃━─┏╇┡└") & set(r.stdout), r.stdout
-    head = r.stdout.splitlines().index(next(ln for ln in r.stdout.splitlines() if ln.startswith("Theorem 1 sweep")))
-    rows = r.stdout.splitlines()[head + 3:head + 5]  # title, header, rule, then one line per setting
-    assert [x.split()[3] for x in rows] == ["0.5", "0.9"], r.stdout  # S d rho gamma ...: each setting whole
-    claims = [ln for ln in r.stdout.splitlines() if ln.startswith("  [")]
+    claims = [ln for ln in lines if ln.startswith("  [")]
     assert len(claims) > 20 and max(map(len, claims)) < 200 and not any("statistic:" in c for c in claims)
     assert "  (each claim's statistic and reason: hmmscope runs show " in r.stdout
+    (regime,) = [ln for ln in lines if ln.startswith("regime: ")]
+    assert "model - best counting" not in regime and "Figure 1 took" not in regime
     assert "constrained_layout" not in r.stderr and "Warning" not in r.stderr, r.stderr  # figures laid out
     runs = _runs(tracking.default_tracking_uri())
     (main,) = [x for x in runs if x.info.run_name == "main"]
-    kids = {x.info.run_name for x in runs if x.data.tags.get("mlflow.parentRunId") == main.info.run_id}
-    assert "theory" in kids and main.info.status == "FINISHED"
-    assert "train-rope-L1-g0.5-s0" in kids or any(k.startswith("train-") for k in kids), kids  # says what it is
-    # the last lines open the results: hmmscope ui on the main run, then on the sweep (never a raw `mlflow ui
-    # --backend-store-uri`), then the sweep's answer (the report's first sentence) and its report's HTML (before:
-    # its report.md, no answer); the first line said where the run is, at once (also off a terminal)
-    folder = project / "out" / f"main-{main.info.run_id[:8]}"  # everything the main job wrote, in its own folder
-    bold = _answer_lines((folder / "smoke" / "report.md").read_text())
+    kids = [x for x in runs if x.data.tags.get("mlflow.parentRunId") == main_id]
+    assert main.info.status == "FINISHED" and {x.info.run_name.split("-")[0] for x in kids} == {"theory", "train"}
+    assert [x.info.run_id for x in kids if x.info.run_name == "theory"] == [main.data.tags["hmmscope.theory_run"]]
+    (tr,) = [x for x in kids if x.info.run_id == main.data.tags["hmmscope.train_run"]]  # (a killed one may be kept)
+    assert tr.info.status == "FINISHED" and tr.info.run_name.startswith("train-")
+    # the last lines open the results: hmmscope ui on the main run, then on the sweep, then the sweep's answer (the
+    # report's first sentence) and its report's HTML
+    folder = project / "out" / f"main-{main_id[:8]}"  # everything the main job wrote, in its own folder
+    bold = _answer_lines((folder / "smoke-quick" / "report.md").read_text())
     assert bold[0].startswith("model.pos_enc: rope - absolute = ") and bold[1].startswith("hmm.gamma: 0.9 - 0.5 = ")
-    assert r.stdout.splitlines()[-4:] == [f"browse: hmmscope ui --run {main.info.run_id}",
-                                          "browse: hmmscope ui --sweep smoke", f"sweep smoke: {'; '.join(bold)}",
-                                          f"report: out/{folder.name}/smoke/report.html"]
-    assert r.stdout.splitlines()[0] == f"main run {main.info.run_id} started; browse: hmmscope ui --run {main.info.run_id}"
+    assert lines[-4:] == [f"browse: hmmscope ui --run {main_id}", "browse: hmmscope ui --sweep smoke-quick",
+                          f"sweep smoke-quick: {'; '.join(bold)}", f"report: out/{folder.name}/smoke-quick/report.html"]
     assert "mlflow ui" not in r.output and r.stdout.count("hmmscope ui --run") == 2
-    # off a terminal the stages say how they go: a line per theory setting and per analysis phase (stderr)
-    assert "theory: 2/2 settings, " in r.stderr and "analyze: shuffle test done" in r.stderr
-    # the main run links the sweep: its description (Markdown in the UI) links the answer and the parent run
-    sweep_parent = main.data.tags["hmmscope.sweep_run"]
-    note = main.data.tags["mlflow.note.content"]
-    assert f"runs/{sweep_parent}/artifacts/comparison/objective.png?workflowType=machine_learning)" in note
-    assert "[sweep-smoke](#/experiments/" in note
+    note = main.data.tags["mlflow.note.content"]  # the main run links the sweep's answer and its parent run
+    assert f"runs/{main.data.tags['hmmscope.sweep_run']}/artifacts/comparison/objective.png?workflowType=" in note
     assert all(x.data.tags.get("hmmscope.kind") for x in runs), [x.info.run_name for x in runs]  # every run its kind
-    assert main.data.tags["hmmscope.analysis_run"] and main.data.tags["hmmscope.sweep_run"]
-    assert (folder / "smoke" / "report.html").exists() and (folder / "theory" / "theory.png").exists()
+    assert (folder / "smoke-quick" / "report.html").exists() and (folder / "theory" / "theory.png").exists()
     assert len(list(folder.glob("train-*/evaluation/figure1.p*"))) == 2 and f"out/{folder.name}" in r.output
+    assert len(list(folder.glob("train-*/analysis/figure3_probes.p*"))) == 2
+
+
+def test_the_run_phases_on_a_terminal_and_off_one(monkeypatch):
+    """A phase on a terminal: a spinner with its step (stopped before its result line and before a bar of the
+    phase's own), the result on stdout; off one: a time-stamped line per start and step on stderr."""
+    import io
+
+    from rich.console import Console
+
+    from hmmscope.cli import run as R
+
+    screen, out = io.StringIO(), []
+    monkeypatch.setattr(R, "console", lambda stderr=False: Console(file=screen, force_terminal=True, width=100))
+    d = R.PhaseDisplay(tty=True, out=out.append)
+    d.start(1, "training")
+    d.step("train: setting up: drawing the data")
+    assert d._status is not None
+    d.step(None)  # training's own bar takes the terminal
+    assert d._status is None
+    d.done("20 steps in 3 s")
+    d.skip(2, "Figure 1", "finished before (run abc)")
+    assert out == ["[2/5] training: 20 steps in 3 s", "[3/5] Figure 1: finished before (run abc)"]
+    assert "[2/5] training: train: setting up: drawing the data" in screen.getvalue()
+    said: list[str] = []
+    d = R.PhaseDisplay(tty=False, echo=said.append, out=out.append)
+    d.start(0, "theory sweep (Theorem 1)")
+    d.step("theory: setting 1/4 (S=128): HMM draw 1/5")
+    d.done("4 settings")
+    assert said == ["[1/5] theory sweep (Theorem 1) ...", "theory: setting 1/4 (S=128): HMM draw 1/5"]
+    assert out[-1] == "[1/5] theory sweep (Theorem 1): 4 settings"
+    cmd = R.again_command("tiny", None, ["train.steps=5"], "cpu", Path("o"), 3, None, "e x", True)
+    assert cmd == "hmmscope run --quick --set train.steps=5 --device cpu --out o --workers 3 --experiment 'e x' --resume"
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -778,7 +847,7 @@ def test_train_shows_a_spinner_before_its_bar_on_a_terminal(project):
     rc, out, err = _pty_run(["train", "--set", "train.steps=4", "--set", "train.eval_every=4", "--set",
                              "data.n_train=64", "--set", "data.n_eval=16", "--no-evaluate", "--device", "cpu"], project)
     assert rc == 0, err
-    assert "setting up: data, oracles, model" in err and "step " in err
+    assert "setting up: " in err and "step " in err  # its text: each piece of the setup as it begins
     assert err.index("setting up") < err.index("step ")  # the spinner, then training's own bar
     assert "Creating initial MLflow database tables" not in err and " INFO " not in err  # a new store, quietly
     assert "run " in out

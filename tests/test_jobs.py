@@ -1,19 +1,17 @@
 """hmmscope.jobs' output folders: every command's figures as PNG + PDF under out/<run>/, the same files logged to
-MLflow, and no two commands writing the same path (a real tiny training run in a sqlite store); the main job
-evaluates and analyzes the model it trained in memory, with the numbers of its reloaded checkpoint."""
+MLflow, and no two commands writing the same path (a real tiny training run in a sqlite store). The main job's tests:
+tests/test_pipeline.py."""
 
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from hmmscope import tracking
 from hmmscope.config import Config, TheoryConfig, override
-from hmmscope.jobs import MAIN_SWEEP, analyze_run, evaluate_run, main_job, theory_job
+from hmmscope.jobs import analyze_run, evaluate_run, theory_job
 from hmmscope.safe_output import new_folder, run_folder
-from hmmscope.sweep.spec import parse_spec
 from hmmscope.training import checkpoints
 from hmmscope.training.train import train
 
@@ -176,68 +174,6 @@ def test_train_hands_back_the_model_of_its_last_checkpoint(run):
     assert _same_state(res.model, saved) and not res.model.training
     again = train(override(Config(), SMALL), tracking_uri=uri, resume=rid, progress=False)  # finished: nothing to train
     assert again.run_id == rid and again.steps == 4 and _same_state(again.model, saved) and again.config == cfg
-
-
-def test_main_job_evaluates_and_analyzes_the_model_in_memory(run, tmp_path, monkeypatch):
-    """The main job reads no checkpoint back (no load_checkpoint, no artifact download); its Figure 1 metrics equal
-    those of the checkpoint reloaded from its training run, and its analysis sits under that run."""
-    uri = run[0]  # an existing store: no schema migrations in this test
-    cfg = override(Config(), {**SMALL, "theory.gammas": (0.5, 0.9), "theory.ranks": (2,), "theory.n_states": (4,),
-                              "theory.n_tokens": 4, "theory.lengths": (1, 2, 3), "theory.n_histories": 20,
-                              "theory.burn_in": 5, "theory.gamma_m": 0})
-    reads: list[str] = []
-    load, download = checkpoints.load_checkpoint, tracking.Run.download
-
-    def counted_load(*a, **k):
-        reads.append("load_checkpoint")
-        return load(*a, **k)
-
-    def counted_download(self, path, dst):
-        reads.append(path)
-        return download(self, path, dst)
-
-    monkeypatch.setattr(checkpoints, "load_checkpoint", counted_load)
-    monkeypatch.setattr(tracking.Run, "download", counted_download)
-    # the sweep stage is the caller's (the CLI hands in sweep.run_sweep + report.build_report); here it does nothing
-    res = main_job(cfg, uri, "m", tmp_path / "out", sweep_spec=parse_spec(MAIN_SWEEP, "main"),
-                   sweep=lambda spec, d: (SimpleNamespace(parent_run_id=""), None), progress=False)
-    assert reads == []
-    monkeypatch.undo()
-    ev = evaluate_run(uri, res.train_id, device="cpu")  # the checkpoint, reloaded: the same numbers
-    timed = "eval/figure1_s"  # a wall time: the one metric that differs
-    assert {k: v for k, v in ev.items() if k != timed} == {k: v for k, v in res.eval_metrics.items() if k != timed}
-    assert "eval/seen/test_acc" in ev and ev[timed] > 0 and res.eval_metrics[timed] > 0
-    (an,) = tracking.search_runs(uri, "m", parent_id=res.train_id)
-    assert an.info.run_id == res.analysis.run_id and an.info.status == "FINISHED"
-    assert tracking.read_claims(uri, an)[0]["claim/task_beats_control/value"] == pytest.approx(  # its claims.json
-        next(c.value for c in res.analysis.claims if c.name == "task_beats_control"))
-
-
-def test_a_failed_evaluation_in_the_main_job_leaves_its_training_run_failed(run, tmp_path, monkeypatch):
-    """A full disk while the main job writes Figure 1 (the fault injected where the evaluation's files are written):
-    the training run ends FAILED with the reason, as under `train` (it stayed FINISHED without its evaluation)."""
-    import errno
-
-    from hmmscope import jobs
-
-    uri = run[0]
-    cfg = override(Config(), {**SMALL, "theory.gammas": (0.5,), "theory.ranks": (2,), "theory.n_states": (4,),
-                              "theory.n_tokens": 4, "theory.lengths": (1, 2), "theory.n_histories": 10,
-                              "theory.burn_in": 5, "theory.gamma_m": 0, "theory.draws": 1})
-    real = jobs.evaluate_model
-
-    def full_disk(*a, **k):
-        real(*a, **k)
-        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out" / "figure1_by_k.csv"))
-
-    monkeypatch.setattr(jobs, "evaluate_model", full_disk)
-    with pytest.raises(OSError, match="No space left on device"):
-        main_job(cfg, uri, "full", tmp_path / "out", sweep_spec=parse_spec(MAIN_SWEEP, "main"),
-                 sweep=lambda spec, d: (SimpleNamespace(parent_run_id=""), None), progress=False)
-    runs = {r.info.run_name: r for r in tracking.search_runs(uri, "full")}
-    (tr,) = [r for name, r in runs.items() if name.startswith("train-")]
-    assert tr.info.status == "FAILED" and "No space left on device" in tr.data.tags["hmmscope.failure_reason"]
-    assert runs["main"].info.status == "FAILED"
 
 
 def test_analysis_run_lives_as_long_as_its_work_and_a_crash_leaves_it_failed(run, monkeypatch):

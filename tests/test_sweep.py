@@ -700,7 +700,7 @@ def test_sweep_runs_compare_side_by_side_over_http(tmp_path, mlflow_server):
 
 
 def test_main_job_sweep_is_the_shipped_smoke_spec():
-    from hmmscope.jobs import MAIN_SWEEP
+    from hmmscope.pipeline.job import MAIN_SWEEP
     from hmmscope.sweep.spec import parse_spec
 
     shipped = load_spec(Path(__file__).resolve().parents[1] / "sweeps" / "smoke.toml")

@@ -96,7 +96,7 @@ def test_a_study_stored_with_the_old_hash_is_the_same_sweep(tmp_path):
 
 
 def test_shipped_main_sweep_keeps_its_identity():
-    from hmmscope.jobs import MAIN_SWEEP
+    from hmmscope.pipeline.job import MAIN_SWEEP
 
     root = Path(__file__).resolve().parents[1]
     shipped = parse_spec((root / "sweeps" / "smoke.toml").read_text(), root / "sweeps" / "smoke.toml")

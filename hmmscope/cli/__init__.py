@@ -5,7 +5,8 @@
 | `app` | the root app, one-line errors, `--version`, the command order, `main` |
 | `common` | shared option types, `user_errors` / `fail`, `build_config`, output helpers, `Spinner` |
 | `theory` | `generate`, `theory` |
-| `jobs` | `train`, `evaluate`, `analyze`, `run` (the main job) |
+| `jobs` | `train`, `evaluate`, `analyze` |
+| `run` | `run` (the main job: phases shown as they go, resumable, `--quick`) |
 | `sweep` | `sweep run / worker / status / list / export / delete`, `SweepProgress` |
 | `runs` | `runs gc` |
 | `report` | `report` |

@@ -17,7 +17,7 @@ from typing import Annotated
 import typer
 from typer.core import TyperGroup
 
-from . import bench, headroom, jobs, report, runs, sweep, theory, ui
+from . import bench, headroom, jobs, report, run, runs, sweep, theory, ui
 from .common import fail, one_line
 
 
@@ -101,7 +101,7 @@ app.command()(theory.theory)
 app.command("train")(jobs.train_cmd)
 app.command("evaluate")(jobs.evaluate_cmd)
 app.command("analyze")(jobs.analyze_cmd)
-app.command("run")(jobs.run_cmd)
+app.command("run")(run.run_cmd)
 app.command("headroom")(headroom.headroom_cmd)
 app.command("report")(report.report_cmd)
 app.command("ui")(ui.ui_cmd)

@@ -310,6 +310,15 @@ class Spinner:
         elif self.text and self.plain:
             progress_echo(f"{self.plain}: {self.text} ...")
 
+    def update(self, text: str) -> None:
+        """Say `text` now: the spinner's text on a terminal (started if it was not), else, with `plain`, one more
+        plain line `<plain>: <text> ...` (a long setup's pieces, each as it begins)."""
+        self.text = text
+        if self._status is not None:
+            self._status.update(text)
+        else:
+            self.start()
+
     def stop(self) -> None:
         status, self._status = self._status, None
         if status is not None:

@@ -1,4 +1,4 @@
-"""`hmmscope train`, `evaluate`, `analyze` and `run` (the main job): the commands that launch `hmmscope.jobs`.
+"""`hmmscope train`, `evaluate` and `analyze`: the commands that launch `hmmscope.jobs` (`run`, the main job: cli/run).
 
 Owns: these commands' options, their checks before work (names, paths, stores, memory), the spinners over their
 silent stages, and what they print (metrics, claims, figure paths, the MLflow run). Training, evaluation, the
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import shlex
-import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -44,7 +43,6 @@ from .common import (
     progress_echo,
     user_errors,
 )
-from .theory import print_theory
 
 OutOpt = Annotated[Path, typer.Option("--out", parser=nonempty_path, help="Root folder for figures and tables: they go to "
                                       "OUT/<run name>-<run id[:8]>/ (also logged to the run).")]
@@ -131,9 +129,15 @@ def train_cmd(
         tracking.existing_run(uri, resume)
     checks.memory(memory_estimate(cfg, "train"), device=str(dev), force=force)
     checks.duration(train_flops(cfg), device=str(dev), force=force, what=f"training {cfg.train.steps:,} steps")
-    # a spinner over the silent setup (data, oracles, model, the run), stopped by the step-0 evaluation, which
-    # comes just before training's own bar; a resumed run has no such evaluation, and no spinner
-    setup = Spinner("setting up: data, oracles, model" if resume is None else None, plain="train", deferred=True)
+    # a spinner over the setup (data, oracles, model), its text each piece as it begins (off a terminal: a line
+    # each), stopped when training's own bar takes over (train's setup(None))
+    setup = Spinner("setting up: data, oracles, model", plain="train", deferred=True)
+
+    def setting_up(piece: str | None) -> None:
+        if piece is None:
+            setup.stop()
+        else:
+            setup.update(f"setting up: {piece}")
 
     keep = contextlib.ExitStack()  # a new run's lease, past training's end: Figure 1 and the logged model write into it
 
@@ -152,7 +156,7 @@ def train_cmd(
 
             typer.echo(f"run {resume}: removed {describe(*held['cleaned'])} left by a killed writer", err=True)
         res = train(cfg, tracking_uri=uri, experiment=experiment, run_name=run_name, resume=resume,
-                    progress=True, on_eval=lambda step, m: setup.stop(),
+                    progress=True, on_eval=lambda step, m: setup.stop(), setup=setting_up,
                     deadline=None if deadline is None else Deadline(at=t_cmd + deadline), on_start=started)
         metrics, files, claims = dict(res.metrics), [], []
         if evaluate and res.stopped is None:
@@ -213,9 +217,11 @@ def print_answer(study: str, report) -> None:
     typer.echo(f"report: {report.files.get('html')}")
 
 
-def regime_line(m, regime: str | None = None) -> str:
+def regime_line(m, regime: str | None = None, *, claims_shown: bool = False) -> str:
     """One line: the model on unseen tasks against best counting and the family-Bayes reference, and the regime word
-    (SCIENCE.md 9), from Figure 1's headline metrics (evaluate.Figure1Result.headline)."""
+    (SCIENCE.md 9), from Figure 1's headline metrics (evaluate.Figure1Result.headline). `claims_shown`: the claims are
+    printed beside it (`run`), so the line leaves out what they say (model - best counting, the inference claim's
+    statistic) and Figure 1's seconds (its phase line said them): no number twice."""
     regime = regime or getattr(m, "regime", None) or "undetermined"
     parts = [f"regime: {regime}"]
     if "eval/unseen/test_ce" in m:
@@ -225,13 +231,13 @@ def regime_line(m, regime: str | None = None) -> str:
         parts.append(f"best counting {m['baseline/unseen/best_counting/ce']:.3f}"
                      + _flag(m, "baseline/unseen/best_counting/ce") + (
                          f" (model - best counting {m[vs[0]]:+.3f} [{m[vs[1]]:+.3f}, {m[vs[2]]:+.3f}])"
-                         if all(k in m for k in vs) else ""))
+                         if all(k in m for k in vs) and not claims_shown else ""))
     if "baseline/unseen/family_bayes/ce" in m:
         parts.append(f"family Bayes {m['baseline/unseen/family_bayes/ce']:.3f}"
                      + _flag(m, "baseline/unseen/family_bayes/ce"))
     if "eval/unseen/oracle_task_test_ce" in m:
         parts.append(f"task oracle {m['eval/unseen/oracle_task_test_ce']:.3f} nats/token")
-    if "eval/figure1_s" in m:
+    if "eval/figure1_s" in m and not claims_shown:
         parts.append(f"Figure 1 took {m['eval/figure1_s']:.0f} s")
     return "; ".join(parts)
 
@@ -341,83 +347,3 @@ def analyze_cmd(
     print_claims(f"claims (analysis run {res.run_id}; shuffle {res.seconds['shuffle_s']:.0f} s, "
                  f"probes {res.seconds['probes_s']:.0f} s)", res.claims, where=f"hmmscope runs show {res.run_id[:8]}")
     print_files(res.files)
-
-
-@user_errors
-def run_cmd(
-    preset_: Annotated[Preset, typer.Option("--preset", help="Base configuration.")] = Preset.tiny,
-    config: ConfigOpt = None,
-    set_: SetOpt = None,
-    device: DeviceOpt = None,
-    out: Annotated[Path, typer.Option(parser=nonempty_path, help="Folder for figures, JSON and the sweep report.")] = \
-        Path("out"),
-    workers: Annotated[int, typer.Option(min=1, help="Worker processes for the training sweep.")] = 2,
-    tracking_uri: UriOpt = None,
-    experiment: ExpOpt = "hmmscope",
-    force: ForceOpt = False,
-    print_config: PrintConfigOpt = False,
-) -> None:
-    """The main job: theory sweep, training + Figure 1, layerwise analysis, a small training sweep and its report.
-
-    Prints its main run's id and browse line at once (the sweep's when it starts), a line per stage and, off a
-    terminal, training's plain progress lines; at the end the two browse lines (the main run, the sweep), then the
-    sweep's answer in one sentence and its report's HTML. Off a terminal, tables as plain columns and one short
-    line per claim (the full text: `hmmscope runs show ID`)."""
-    cfg = build_config(preset_, config, set_, {"train.device": device})
-    if print_config:
-        return echo_config(cfg)
-    checks.output_dir(out, "--out", explicit=out != Path("out"))
-    from ..tracking.store import check_experiment_name
-
-    check_experiment_name(experiment)
-    uri = store_checks.tracking_store(tracking_uri)
-    store_checks.optuna_storage(None)  # the main job's sweep uses the default storage
-    from .. import tracking
-    from ..interrupts import sigterm_interrupts
-    from ..jobs import MAIN_SWEEP, main_job
-    from ..report import build_report
-    from ..sweep import run_sweep
-    from ..sweep.spec import parse_spec
-    from ..training.train import resolve_device
-
-    dev = resolve_device(cfg.train.device)
-    for job in ("theory", "train", "analyze"):  # the stages run one after another
-        checks.memory(memory_estimate(cfg, job), device=str(dev), force=force, what=f"the {job} stage")
-    checks.duration(train_flops(cfg), device=str(dev), force=force, what=f"the train stage's {cfg.train.steps:,} steps")
-
-    def sweep_and_report(spec, report_dir):  # the jobs layer reaches the sweep layer only through this
-        typer.echo(f"sweep {spec.name}: {tracking.browse_line(uri, sweep=spec.name)}")
-        sw = run_sweep(spec, workers=workers, uri=uri, log=progress_echo)  # workers' lines too
-        return sw, build_report(uri, sw.parent_run_id, report_dir, storage=sw.storage)
-
-    with sigterm_interrupts():  # off a terminal too: the run id at once, a line per stage, training's progress lines
-        res = main_job(cfg, uri, experiment, out, sweep_spec=parse_spec(MAIN_SWEEP, "hmmscope.jobs.MAIN_SWEEP"),
-                       sweep=sweep_and_report, progress=True,
-                       on_stage=lambda s: progress_echo(f"[hmmscope run] {s} ..."),
-                       log=None if sys.stderr.isatty() else progress_echo,
-                       on_start=lambda rid: typer.echo(f"main run {rid} started; {tracking.browse_line(uri, run_id=rid)}"))
-    m = res.eval_metrics
-    typer.echo("")
-    typer.echo(f"Figure 1 (test segment, {cfg.data.n_demos} demonstrations, seen tasks): model acc "
-               f"{m['eval/seen/test_acc']:.3f}, mixture oracle {m['eval/seen/oracle_mix_test_acc']:.3f}, task oracle "
-               f"{m['eval/seen/oracle_task_test_acc']:.3f}; excess CE {m['eval/seen/excess_ce']:.4f} nats, "
-               f"KL(mix||model) {m['eval/seen/kl_mix']:.4f}")
-    typer.echo(f"unseen tasks: model acc {m['eval/unseen/test_acc']:.3f}, task oracle "
-               f"{m['eval/unseen/oracle_task_test_acc']:.3f}; in-context bigram "
-               f"{m['baseline/unseen/incontext_bigram/acc']:.3f}, in-context HMM {m['baseline/unseen/incontext_hmm/acc']:.3f}")
-    print_claims("Figure 1 (retrieval gap; unseen tasks: in-context gain, model vs best counting)", m.claims,
-                 where=f"hmmscope runs show {res.train_id[:8]}")
-    print_theory(res.theory, cfg.theory, detail=False,
-                 where=f"hmmscope runs show {res.theory_id[:8]}" if res.theory_id else None)
-    print_claims(f"layerwise analysis (run {res.analysis.run_id})", res.analysis.claims,
-                 where=f"hmmscope runs show {res.analysis.run_id[:8]}")
-    sw = res.sweep
-    typer.echo(f"sweep {sw.study_name}: {sw.complete} complete, {sw.failed} failed, {sw.pruned} pruned of "
-               f"{sw.n_trials}")
-    typer.echo(f"MLflow: parent run {res.parent_id} (train {res.train_id}, theory {res.theory_id}) in experiment "
-               f"{experiment!r}; sweep parent run {sw.parent_run_id}")
-    typer.echo(f"files (figures, tables, report): {res.folder}")
-    typer.echo(regime_line(m))
-    typer.echo(tracking.browse_line(uri, run_id=res.parent_id))
-    typer.echo(tracking.browse_line(uri, sweep=sw.study_name))
-    print_answer(sw.study_name, res.report)

@@ -123,9 +123,14 @@ def theory(
         if plain:
             progress_echo(f"theory: {i}/{total} settings, {label}")
 
+    def detail(text: str) -> None:  # an HMM draw begins: a setting takes minutes at the default sizes when busy
+        bar.update(task, description=text)
+        if plain:
+            progress_echo(f"theory: {text}")
+
     with sigterm_interrupts(), progress() as bar:
         task = bar.add_task("theory", total=n)
-        result, run_id = theory_job(th, out, uri=uri, experiment=experiment, progress=step,
+        result, run_id = theory_job(th, out, uri=uri, experiment=experiment, progress=step, detail=detail,
                                     on_start=lambda rid: typer.echo(f"theory run {rid} started; "
                                                                     f"{tracking.browse_line(uri, run_id=rid)}"))
     if json_path is not None:

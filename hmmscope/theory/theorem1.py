@@ -362,9 +362,11 @@ def _gamma_eff(cache: dict, key: tuple, hmm, g: float, compute) -> dict:
 
 
 def run_theory(cfg: TheoryConfig, *, progress: Callable[[int, int, str], Any] | None = None,
-               time_limit: float = 10.0, gamma_m_time_limit: float = 3.0, n_boot: int = 2000) -> TheoryResult:
+               time_limit: float = 10.0, gamma_m_time_limit: float = 3.0, n_boot: int = 2000,
+               detail: Callable[[str], Any] | None = None) -> TheoryResult:
     """The whole Theorem 1 sweep over n_states x ranks x rhos x gammas, `cfg.draws` HMMs per setting
-    (module docstring); `progress(i, n_settings, label)` after each setting."""
+    (module docstring); `progress(i, n_settings, label)` after each setting, `detail(text)` as each HMM draw begins
+    ("setting i/n (label): HMM draw j/m": a setting takes minutes at the default sizes on a busy machine)."""
     from ..oracles.memory import memory_error
     from ..oracles.observability import gamma_eff, gamma_m, observability
 
@@ -380,6 +382,8 @@ def run_theory(cfg: TheoryConfig, *, progress: Callable[[int, int, str], Any] | 
         label = f"S={S} d={d} rho={rho:g} gamma={g:g}"
         draws, gm = [], None
         for j in range(cfg.draws):
+            if detail is not None:
+                detail(f"setting {i + 1}/{len(grid)} ({label}): HMM draw {j + 1}/{cfg.draws}")
             seed = draw_seed(cfg.seed, j)
             hmm = make_hmm(HMMConfig(family=cfg.family, n_tasks=1, n_states=S, n_tokens=cfg.n_tokens, rank=d,
                                      gamma=g, alpha=cfg.alpha, rho=rho, seed=seed))

@@ -7,7 +7,8 @@ with names mangled by MLflow's key rules):
   statistic), shown by the MLflow UI's artifact view and its evaluation table;
 - the metrics `claims/n` and `claims/<verdict>` (supported, not_supported, inconclusive, no_power counts);
 - the tag `hmmscope.claims`, one line: "12 claims: 9 supported, 3 inconclusive".
-`read_claims` gives back {`claim/<safe name>/value|ci_lo|ci_hi`: float}, {safe name: verdict}, {safe name: rule}
+`claim_rows` gives the table back as written (a row per claim); `read_claims` gives back
+{`claim/<safe name>/value|ci_lo|ci_hi`: float}, {safe name: verdict}, {safe name: rule}
 from the table, or, for runs recorded before claims.json existed, from the three metrics
 (`claim/<name>/value|ci_lo|ci_hi`) and two tags (`verdict/<name>`, `rule/<name>`) per claim they carry instead
 (the same keys either way).
@@ -40,27 +41,40 @@ def claim_keys(claims: Iterable[Any]) -> dict[str, float]:
     return out
 
 
+def _table(uri: str, run) -> dict | None:
+    """The run's claims.json table ({"columns": [...], "data": [[...], ...]}), or None if it has none."""
+    from .runs import ArtifactNotFound, Run
+
+    if CLAIMS_FILE not in run.data.tags.get("mlflow.loggedArtifacts", ""):
+        return None
+    try:
+        path = Run(uri, run.info.run_id).require(CLAIMS_FILE)
+        if "://" in path:
+            import tempfile
+            from pathlib import Path
+
+            with tempfile.TemporaryDirectory() as tmp:
+                text = Path(Run(uri, run.info.run_id).download(CLAIMS_FILE, tmp)).read_text()
+        else:
+            with open(path) as f:
+                text = f.read()
+        return json.loads(text)
+    except (ArtifactNotFound, OSError, ValueError):
+        return None
+
+
+def claim_rows(uri: str, run) -> list[dict[str, Any]]:
+    """A run's claims as its claims.json holds them, one dict per claim with the columns `tags.CLAIM_COLUMNS`
+    (claim: the name as written; value, ci_lo, ci_hi, rule, verdict, reason, statistic); [] if it has no table."""
+    table = _table(uri, run)
+    return [dict(zip(table["columns"], row, strict=True)) for row in table["data"]] if table is not None else []
+
+
 def read_claims(uri: str, run) -> tuple[dict[str, float], dict[str, str], dict[str, str]]:
     """A run's claims (`run`: an MLflow run as searches return it): (numbers by `claim/<name>/<col>`, verdicts
     by name, rules by name); from its claims.json table, else from the metrics and tags of older runs."""
-    from .runs import ArtifactNotFound, Run
-
-    logged = run.data.tags.get("mlflow.loggedArtifacts", "")
-    if CLAIMS_FILE in logged:
-        try:
-            path = Run(uri, run.info.run_id).require(CLAIMS_FILE)
-            if "://" in path:
-                import tempfile
-                from pathlib import Path
-
-                with tempfile.TemporaryDirectory() as tmp:
-                    text = Path(Run(uri, run.info.run_id).download(CLAIMS_FILE, tmp)).read_text()
-            else:
-                with open(path) as f:
-                    text = f.read()
-            table = json.loads(text)
-        except (ArtifactNotFound, OSError, ValueError):
-            table = None
+    if CLAIMS_FILE in run.data.tags.get("mlflow.loggedArtifacts", ""):
+        table = _table(uri, run)
         if table is not None:
             cols = table["columns"]
             nums: dict[str, float] = {}

@@ -93,16 +93,14 @@ import torch.nn.functional as F
 
 from .. import env, tracking
 from ..config import RUNTIME_KEYS, Config, TrainConfig, config_hash, flatten, override, training_tasks
-from ..data.episodes import Episodes, training_data
+from ..data.episodes import Episodes
 from ..interrupts import raise_if_terminated, sigterm_interrupts
-from ..measure.bayes_gap import bayes_spec
 from ..measure.emergence import curves_table
-from ..measure.emergence import prepare as prepare_emergence
-from ..measure.evaluate import anonymous, references
 from ..model.transformer import Transformer, attention_kernels
 from .checkpoints import checkpoint_config, load_checkpoint, save_checkpoint, set_rng_state
 from .deadline import Deadline, due, state_bytes
 from .progress import training_progress
+from .setup import build as build_setup
 
 METRICS_WRITE_S = 5.0  # train/* metrics reach the store at most this long after their step (and at every checkpoint)
 LOSS_TRAIN, LOSS_VAL = "Loss/train", "Loss/val"  # the loss curves again, first on MLflow's run page (docstring)
@@ -329,7 +327,8 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
           log_every: int | None = None, _stop_after: int | None = None,
           on_eval: Callable[[int, dict[str, float]], None] | None = None,
           tags: Mapping[str, Any] | None = None, note: str | None = None,
-          deadline: Deadline | None = None, on_start: Callable[[str], None] | None = None) -> TrainResult:
+          deadline: Deadline | None = None, on_start: Callable[[str], None] | None = None,
+          setup: Callable[[str | None], Any] | None = None) -> TrainResult:
     """Train a Transformer on cfg's episodes in one MLflow run (new, or `resume`d); see the module docstring.
 
     eval_fn(model, step) -> {name: value} is called at every evaluation and its metrics logged at that step.
@@ -347,7 +346,9 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
     step's own, if due, is). Resuming it goes on bitwise (on CPU); reaching train.steps then sets
     hmmscope.stopped = "done".
     on_start(run_id) is called as soon as the run is open, before the data, the references and the model are built
-    (the CLI prints where it is; at the paper's scale the setup takes minutes).
+    (the CLI prints where it is; at the paper's scale the setup takes minutes). setup(text): each piece of the setup as
+    it begins (`training.setup`: data, references, model, the step-0 evaluation), then setup(None) just before the
+    training loop's own progress starts (a caller's spinner stops there).
     """
     t_start = time.perf_counter()
     device = resolve_device(cfg.train.device)
@@ -378,19 +379,14 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
             run.forget_metrics(int(ck["step"]))
         if on_start is not None:  # the run's id as soon as it exists: before the data, the references and the model
             on_start(run.run_id)
-        mix, ep_train, ep_eval, _ = training_data(cfg.hmm, cfg.data)  # mix None with fresh tasks (hmm.n_tasks = 0)
+        built = build_setup(cfg, device, oracle_metrics, setup)  # the data and the references, each said as it begins
+        mix, ep_train, ep_eval, oracle, emergence = built.mix, built.ep_train, built.ep_eval, built.oracle, built.emergence
+        em_setup_s = built.references_s  # the references, once per run (and per resume)
         tokens = torch.as_tensor(ep_train.tokens.astype(np.int64), device=device)  # (N, T)
         loss_mask = torch.as_tensor(ep_train.target_mask[:-1], device=device).expand(t.batch_size, -1)
-        t_em = time.perf_counter()
-        family, counting = (references(cfg.hmm, cfg.data, cfg.eval) if cfg.train.emergence_episodes > 0 or mix is None
-                            else (None, None))
-        # oracle/*: the mixture oracle over the training tasks; with fresh tasks the family-Bayes reference (if on)
-        oracle_mix = mix if mix is not None else family
-        oracle = ({f"oracle/{k}": v for k, v in oracle_metrics(oracle_mix, ep_eval if mix is not None else anonymous(
-            ep_eval), device).items()} if oracle_mix is not None else {})
-        emergence = prepare_emergence(cfg, mix, ep_eval, device=device, family=family, counting=counting,
-                                      bayes=bayes_spec(cfg))
-        em_setup_s = time.perf_counter() - t_em  # the references, once per run (and per resume)
+        if setup is not None:
+            setup(f"the model ({cfg.model.n_layers} layers x d_model {cfg.model.d_model})" if ck is None else
+                  f"the model and optimizer from run {resume}'s checkpoint (step {int(ck['step'])})")
 
         torch.manual_seed(t.seed)
         np.random.seed(t.seed)
@@ -472,7 +468,11 @@ def train(cfg: Config, *, tracking_uri: str, experiment: str = "hmmscope", run_n
         if start == 0:
             # oracle/test_* is Figure 1's eval/seen/oracle_mix_test_* (same episodes, same targets): one key each
             run.log_metrics({k: v for k, v in oracle.items() if not k.startswith("oracle/test_")}, step=0)
+            if setup is not None:
+                setup(f"the step-0 evaluation ({len(ep_eval):,} held-out episodes)")
             evaluate(0)
+        if setup is not None:
+            setup(None)  # training's own progress takes over
         model.train()
         # the step's loss and gradient norm stay on the device (no host sync per step); `flush` reads them back
         # and checks them at the logging, evaluation and checkpoint cadences, before anything is logged or saved
