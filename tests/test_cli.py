@@ -900,3 +900,43 @@ def test_sweep_plan_counts_the_seeds_an_effect_needs(tmp_path):
         r = runner.invoke(app, ["sweep", "plan", str(spec_path), *args, "--storage", storage])
         assert r.exit_code == 2 and r.output.startswith("error: ") and msg in r.output, r.output
         assert len(r.output.strip().splitlines()) == 1
+
+
+def test_the_run_summary_is_one_short_line_per_claim_and_says_each_number_once(capsys):
+    """Before: on a terminal ~30 claims of 300+ characters each, a 19-column box table, and model - best counting
+    printed in its claim and again in the regime line. Now the short form (name, estimate [CI], verdict, its rule) unless
+    --verbose, and each number once."""
+    from types import SimpleNamespace
+
+    from hmmscope.cli.run import summary
+    from hmmscope.config import Config
+    from hmmscope.stats import Claim
+
+    def claim(name, value, lo, hi):
+        return Claim(name, "paired t over episodes", value, lo, hi, "supported", "the CI lies below 0 (a long reason)",
+                     "< 0")
+
+    m = {"eval/seen/test_acc": 0.41, "eval/seen/oracle_mix_test_acc": 0.61, "eval/seen/oracle_task_test_acc": 0.62,
+         "eval/seen/excess_ce": 0.477, "eval/seen/kl_mix": 0.4745, "eval/unseen/test_acc": 0.19,
+         "eval/unseen/oracle_task_test_acc": 0.612, "eval/unseen/test_ce": 2.144, "baseline/unseen/best_counting/ce":
+         1.677, "eval/unseen/vs_best_counting": -0.4662, "eval/unseen/vs_best_counting_lo": -0.5602,
+         "eval/unseen/vs_best_counting_hi": -0.3721, "eval/figure1_s": 12.3}
+    ev = SimpleNamespace(**{"claims": [claim("inference_beyond_counting", -0.4662, -0.5602, -0.3721)],
+                            "regime": "inference beyond counting"})
+    metrics = type("EV", (dict,), {})(m)
+    metrics.claims, metrics.regime = ev.claims, ev.regime
+    res = SimpleNamespace(eval_metrics=metrics, train_id="a" * 32, theory_id="b" * 32, theory=None, parent_id="c" * 32,
+                          theory_claims=[claim("rate ~ gamma^k", 1.73, 1.23, 2.22)], folder=Path("out/main-cccccccc"),
+                          analysis=SimpleNamespace(run_id="d" * 32, claims=[claim("task_beats_control", 0.61, 0.51, 0.67)]),
+                          sweep=SimpleNamespace(study_name="smoke"),
+                          report=SimpleNamespace(answer="RoPE - absolute: 0.0019 [-0.066, 0.070]", files={"html": "r.html"}))
+    uri = "sqlite:////nowhere/mlruns/mlflow.db"
+    summary(res, Config(), uri)
+    short = capsys.readouterr().out
+    claims = [ln for ln in short.splitlines() if ln.startswith("  [")]
+    assert len(claims) == 3 and not any("statistic" in c or "reason" in c for c in claims), short
+    assert short.count("-0.466") == 1 and short.count("-0.560") == 1, short  # the claim's, not the regime line's too
+    assert "Figure 1 took" not in short and short.count("hmmscope runs show aaaaaaaa  (or run --verbose)") == 1
+    summary(res, Config(), uri, verbose=True)
+    full = capsys.readouterr().out
+    assert sum("statistic: paired t over episodes; reason: the CI lies below 0" in ln for ln in full.splitlines()) == 3

@@ -216,3 +216,21 @@ def test_train_in_a_terminal_clears_its_spinner_before_the_run_line(tmp_path):
     assert re.fullmatch(r"run [0-9a-f]{32} started; browse: hmmscope ui --run [0-9a-f]{32}", run), lines
     assert not any("setting up" in x for x in lines)  # the spinner left nothing behind
     assert any(x.startswith("result (unseen tasks, test CE, nats/token): model ") for x in lines), lines
+
+
+@pytest.mark.slow  # a whole (quick, shrunk) main job in a real terminal: minutes
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="python's pty module on Linux")
+def test_run_quick_in_a_real_terminal_leaves_each_phases_result_and_short_claims(tmp_path):
+    """On a terminal each phase's spinner or bar is gone when it ends and its one-line result stays; the claims are
+    one short line each (before: one line for the whole theory phase, results only at the end, 300-character claims
+    and a box table folded mid-number)."""
+    raw = in_a_terminal(["run", "--quick", "--set", "train.steps=20", "--set", "train.eval_every=10", "--set",
+                         "theory.gammas=[0.5, 0.9]"], tmp_path, 160, 50, 1200)
+    lines = screen(raw)
+    done = [x for x in lines if re.match(r"\[\d/5\] ", x)]
+    assert [x[:5] for x in done] == [f"[{i}/5]" for i in range(1, 6)], lines
+    assert not any(": train: setting up" in x or "theory: setting" in x for x in lines), lines  # spinners cleared
+    claims = [x for x in lines if x.startswith("  [")]
+    assert claims and max(map(len, claims)) < 160 and not any("statistic:" in x for x in claims)
+    assert not set("│┃┏╇┡└") & set("".join(lines))  # no box table
+    assert lines[-1].startswith("report: out/main-")

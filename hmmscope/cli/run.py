@@ -259,11 +259,10 @@ def summary(res, cfg, uri: str, *, verbose: bool = False) -> None:
     more = "hmmscope runs show {}  (or run --verbose)"
     print_claims(f"Figure 1's claims (training run {res.train_id[:8]}; retrieval gap; unseen tasks: in-context gain, "
                  "model vs best counting)", m.claims, full=verbose, where=more.format(res.train_id[:8]))
-    if verbose and res.theory is not None:  # the per-setting table and the fits' summaries first
+    if verbose and res.theory is not None:  # the per-setting table first, plain (no cell folded mid-number); the
+        # fits' numbers are the claims' below, so their summaries are not printed again
         print_table(f"Theorem 1 sweep ({cfg.theory.family}, V={cfg.theory.n_tokens}; {res.theory.seconds:.1f} s)",
-                    res.theory.table())
-        for f in [*res.theory.exponent_fits, *res.theory.rank_fits]:
-            typer.echo(f.summary)
+                    res.theory.table(), plain=True)
     print_claims(f"Theorem 1 claims (theory run {(res.theory_id or '')[:8]})", res.theory_claims, full=verbose,
                  where=more.format((res.theory_id or "")[:8]))
     print_claims(f"layerwise analysis (run {res.analysis.run_id[:8]})", res.analysis.claims, full=verbose,
