@@ -22,7 +22,7 @@ from typing import Annotated
 
 import typer
 
-from .. import checks, store_checks
+from .. import checks, env, store_checks
 from ..checks import memory_estimate, train_flops
 from ..config import ConfigError
 from .common import (
@@ -142,7 +142,8 @@ def run_cmd(
                                                 "with --quick 1).")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Every phase at a size that runs in about a minute on one "
                                         "idle core (pipeline/quick.py: the same phases, files and links; its sweep "
-                                        "is smoke-quick). After --config, before --set.")] = False,
+                                        "is smoke-quick; one torch thread unless HMMSCOPE_THREADS says). After "
+                                        "--config, before --set.")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the newest main run of this configuration in the "
                                          "experiment, skipping its finished phases (re-running `run` does this by "
                                          "itself when that run did not finish); refused if there is none.")] = False,
@@ -189,6 +190,10 @@ def run_cmd(
         from ..training.train import resolve_device
 
         dev = resolve_device(cfg.train.device)
+        if quick and env.threads() is None:  # its models are tiny: one torch thread is as fast, and on a busy machine
+            import torch  # more threads only spin (measured: twice the CPU time beside other jobs)
+
+            torch.set_num_threads(1)
         for job in ("theory", "train", "analyze"):  # the stages run one after another
             checks.memory(memory_estimate(cfg, job), device=str(dev), force=force, what=f"the {job} stage")
         checks.duration(train_flops(cfg), device=str(dev), force=force,

@@ -1,17 +1,18 @@
 """`hmmscope run --quick`: every phase of the main job at a size that runs in about a minute on one idle core.
 
 The same phases, runs, files and links as the full job (`hmmscope run`), each smaller: a Theorem 1 sweep over three
-gammas at 16 states (2 HMM draws per setting, so the rates have CIs), a 2-layer model trained 150 steps on a mixture of
-8 tasks (its evaluation's references on 32 tasks and fit episodes), the layerwise analysis of that model, and the
+gammas at 16 states (2 HMM draws per setting, so the rates have CIs), a 2-layer model trained 150 steps on a mixture
+of 8 tasks (its evaluation's references on 32 tasks and fit episodes), the layerwise analysis of that model, and the
 smoke sweep's 4 trials at a third of their steps and data, run as the sweep `smoke-quick` (its own study, so a full
 `smoke` in the same project is neither resumed nor refused by it). Its trials draw no figures of their own
 (train.figures = false: matplotlib was about three quarters of a quick trial's CPU; `hmmscope evaluate RUN` draws a
-trial's Figure 1); the sweep's comparison and report draw theirs. The numbers are a demonstration of the pipeline,
-not results: the claims are about models this small. `QUICK` applies after `--config` and before `--set`; `sweep`
-makes the sweep from the main job's spec. The wall time is measured in the README's first lines (`time hmmscope run
---quick`), not here.
+trial's Figure 1); the sweep's comparison and report draw theirs. The numbers are a demonstration of the pipeline, not
+results: the claims are about models this small. `hmmscope run --quick` runs it on one torch thread unless
+HMMSCOPE_THREADS says otherwise (its models are tiny; more threads only spin on a busy machine). `QUICK` applies after
+`--config` and before `--set`; `sweep` makes the sweep from the main job's spec. The wall time is measured in the
+README's first lines (`time hmmscope run --quick`), not here.
 
-Imports config and the sweep spec (`sweep.spec`, `sweep.rename`) only.
+Imports the sweep spec only (`sweep.spec`, `sweep.rename`, inside `sweep`).
 """
 
 from __future__ import annotations
