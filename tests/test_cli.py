@@ -583,6 +583,17 @@ def test_option_errors_are_one_line(project, args, needle):
     assert r.stdout == "" and not (project / "mlruns").exists()
 
 
+@pytest.mark.parametrize("name", ["smok", "smok.toml"])
+def test_sweep_run_of_an_unknown_spec_names_the_bundled_ones_and_the_closest(project, name):
+    """Before: `sweep run smok` said only "sweep spec not found: smok"."""
+    r = runner.invoke(app, ["sweep", "run", name])
+    assert r.exit_code == 2, r.output
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"error: sweep spec not found: {name}; did you mean smoke? (no such file here, nor a bundled "
+                           "spec: ") and "rope-vs-absolute, " in line and "theory-gamma)" in line, line
+    assert r.stdout == "" and not (project / "mlruns").exists()
+
+
 def test_no_arguments_shows_the_help(project):
     r = runner.invoke(app, ["sweep"])
     assert "Usage" in r.output and "run" in r.output

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hmmscope.config import ConfigError
-from hmmscope.sweep import ATTR_HASH, create_study, spec_of_study
+from hmmscope.sweep import ATTR_HASH, ATTR_SPEC, create_study, spec_of_study
 from hmmscope.sweep.spec import PRUNE_PROXY, TRAIN_OBJECTIVES, legacy_hash, parse_spec, short_labels
 
 BASE = """
@@ -79,18 +79,20 @@ def test_changing_a_run_time_key_keeps_the_sweep_name_and_workers_see_the_change
     assert stored.heartbeat_interval == 7 and stored.grace_period == 30
     assert stored.fixed["train.device"] == "cuda" and stored.hash == first.hash
     with pytest.raises(ConfigError, match="different spec"):  # a key that changes results still needs a new name
-        create_study(spec("seeds = [0, 1]", path=tmp_path / "ident.toml"), storage, uri)
+        create_study(spec('objective = "eval/seen/test_acc"', path=tmp_path / "ident.toml"), storage, uri)
 
 
 def test_a_study_stored_with_the_old_hash_is_the_same_sweep(tmp_path):
     storage, uri = f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/mlflow.db"
     s = spec(path=tmp_path / "ident.toml")
     study, _, _ = create_study(s, storage, uri)
-    study.set_user_attr(ATTR_HASH, legacy_hash(s))  # as a study created before run-time keys were left out
+    study.set_user_attr(ATTR_SPEC, None)  # as a study created before the spec was stored in one attr ...
+    study.set_user_attr(ATTR_HASH, legacy_hash(s))  # ... and before run-time keys were left out
     assert legacy_hash(s) != s.hash
     study, _, created = create_study(s, storage, uri)
-    assert not created and study.user_attrs[ATTR_HASH] == s.hash  # upgraded
-    study.set_user_attr(ATTR_HASH, legacy_hash(spec("seeds = [0, 1]")))
+    assert not created and study.user_attrs[ATTR_HASH] == s.hash and study.user_attrs[ATTR_SPEC]["hash"] == s.hash
+    study.set_user_attr(ATTR_SPEC, None)
+    study.set_user_attr(ATTR_HASH, legacy_hash(spec('objective = "eval/seen/test_acc"')))
     with pytest.raises(ConfigError, match="different spec"):
         create_study(s, storage, uri)
 

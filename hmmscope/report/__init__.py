@@ -132,7 +132,8 @@ class Report:
     def summary_lines(self) -> list[str]:
         h = self.header
         out = [f"sweep {self.sweep} (parent run {self.parent_id}): {h['n_complete']} complete, "
-               f"{h['n_failed']} failed, {h['n_pruned']} pruned"]
+               f"{h['n_failed']} failed, {h['n_pruned']} pruned"
+               + (f" ({h['n_retried']} retried)" if h.get("n_retried") else "")]  # as `sweep run` says them
         out += [f"answer: {self.answer}"] if self.answer else []
         out += [verdict_sentence(c) for c in self.claims]  # in words; the reasons are in the report
         out += [f"note: {n}" for n in self.notes]
