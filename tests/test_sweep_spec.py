@@ -230,3 +230,18 @@ def test_a_range_whose_every_value_is_valid_is_accepted():
     s = parse_spec(_space('"model.n_heads" = {low = 2, high = 4, step = 2}\n"train.lr" = {low = 1e-3, high = 1e-2, '
                           'log = true}', 'sampler = "tpe"\nn_trials = 4'), "up.toml")
     assert [p.key for p in s.space] == ["model.n_heads", "train.lr"]
+
+
+def test_a_typo_in_fixed_is_named_not_a_key_that_needs_another():
+    """Before: "fixed.hmm.rank: unknown config key 'train.stepz'" (rank = 100 is invalid alone on the base, with its
+    n_states = 128 from [fixed] it is fine); the closest config key is suggested."""
+    text = ('[sweep]\nname = "typo"\n[fixed]\n"hmm.n_states" = 128\n"hmm.rank" = 100\n"train.stepz" = 5\n[space]\n'
+            '"hmm.gamma" = {grid = [0.5]}\n')
+    with pytest.raises(ConfigError) as e:
+        parse_spec(text, "typo.toml")
+    assert str(e.value).startswith("typo.toml: fixed.train.stepz: unknown config key 'train.stepz' (known in train: ")
+    assert str(e.value).endswith("; did you mean train.steps?"), str(e.value)
+    with pytest.raises(ConfigError, match="typo.toml: fixed.hmm.rank: "):  # a value that fails with the keys before it
+        parse_spec(text.replace("128", "64").replace('"train.stepz" = 5\n', ""), "typo.toml")
+    with pytest.raises(ConfigError, match="typo.toml: set.train.stepz: "):  # a [set] table's key: named there
+        parse_spec(text.replace('"train.stepz" = 5\n', "") + '[set]\n"train.stepz" = 5\n', "typo.toml")

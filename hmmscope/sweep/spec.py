@@ -69,6 +69,7 @@ refused with the new name in the message.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import itertools
 import json
@@ -375,8 +376,12 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
     try:
         base_fixed = override(base, fixed)
     except ConfigError as e:
-        bad = next((k for k in fixed if _bad_key(base, {k: fixed[k]})), "fixed")
-        raise _err(path, f"fixed.{bad}" if bad != "fixed" else "fixed", str(e)) from None
+        keys = list(fixed)  # the first key whose value, on top of those before it, fails (alone: another key blamed)
+        bad = next((k for i, k in enumerate(keys) if _bad_key(base, {j: fixed[j] for j in keys[:i + 1]})), None)
+        table = "set" if bad in sets and bad not in data.get("fixed", {}) else "fixed"
+        close = difflib.get_close_matches(bad or "", list(flatten(base)), n=1) if "unknown config key" in str(e) else []
+        raise _err(path, f"{table}.{bad}" if bad is not None else "fixed",
+                   f"{e}; did you mean {close[0]}?" if close else str(e)) from None
     check_keys("space", space)
     params = []
     for key, d in space.items():
