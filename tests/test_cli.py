@@ -594,6 +594,24 @@ def test_sweep_run_of_an_unknown_spec_names_the_bundled_ones_and_the_closest(pro
     assert r.stdout == "" and not (project / "mlruns").exists()
 
 
+def test_report_of_an_unknown_sweep_names_the_closest(project):
+    """Before: `report ux6-gama` said only "unknown sweep 'ux6-gama': no sweep study 'ux6-gama' (looked in ...)"."""
+    from hmmscope.sweep import create_study
+    from hmmscope.sweep.spec import parse_spec
+
+    text = ('[sweep]\nname = "ux6-gamma"\nkind = "theory"\n[fixed]\n"theory.ranks" = [2]\n"theory.rhos" = [0.05]\n'
+            '"theory.n_states" = [8]\n[space]\n"theory.gammas" = {grid = [0.5]}\n')
+    spec = parse_spec(text, project / "ux6.toml")
+    create_study(spec, f"sqlite:///{project}/mlruns/optuna.db", f"sqlite:///{project}/mlruns/mlflow.db")
+    r = runner.invoke(app, ["report", "ux6-gama"])
+    assert r.exit_code == 2, r.output
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("error: unknown sweep 'ux6-gama': ") and line.endswith("; did you mean ux6-gamma?"), line
+    assert not (project / "out").exists()
+    r = runner.invoke(app, ["report", "zzzzzz-nothing-alike"])
+    assert r.exit_code == 2 and "did you mean" not in r.stderr
+
+
 def test_no_arguments_shows_the_help(project):
     r = runner.invoke(app, ["sweep"])
     assert "Usage" in r.output and "run" in r.output
