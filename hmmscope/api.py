@@ -73,12 +73,13 @@ def _one_line(e: Exception) -> str:
 
 
 def runs(experiment: str | None = None, *, tracking_uri: str | None = None, limit: int | None = None,
-         filter_string: str = "", order_by: list[str] | None = None):
+         filter_string: str = "", order_by: list[str] | None = None, sweep: str | None = None):
     """One row per active run: `mlflow.search_runs`'s columns (MLFLOW_COLUMNS), hmmscope's own (OWN_COLUMNS), then
     `metrics.<key>` (last values), `params.<key>` and `tags.<key>` as `mlflow.search_runs` has them; newest first,
-    or by `order_by` (MLflow's syntax, e.g. ["metrics.`eval/seen/excess_ce` ASC"]); `experiment` (a name) and
-    `filter_string` (MLflow's search syntax, e.g. "metrics.`eval/seen/excess_ce` < 0.3 and params.`model.pos_enc` =
-    'rope'") narrow it; `limit` rows at most."""
+    or by `order_by` (MLflow's syntax, e.g. ["metrics.`eval/seen/excess_ce` ASC"]); `experiment` (a name),
+    `sweep` (a sweep's name: its parent run and its trials' runs, tag hmmscope.study; ValueError, naming the closest
+    sweep, for one the store has not) and `filter_string` (MLflow's search syntax, e.g. "metrics.`eval/seen/excess_ce`
+    < 0.3 and params.`model.pos_enc` = 'rope'") narrow it; `limit` rows at most."""
     import pandas as pd
 
     from . import tracking
@@ -87,6 +88,10 @@ def runs(experiment: str | None = None, *, tracking_uri: str | None = None, limi
     c = tracking.client(uri)
     if experiment is not None and c.get_experiment_by_name(experiment) is None:
         raise ValueError(f"no experiment {experiment!r} in {shown_uri(uri)}")
+    if sweep is not None:
+        _check_sweep(uri, sweep)
+        mine = f"tags.`hmmscope.study` = '{sweep}'"
+        filter_string = f"{mine} and {filter_string}" if filter_string else mine  # MLflow's syntax: and, no ()
     experiments = {e.experiment_id: e.name for e in c.search_experiments()}
     try:
         found = tracking.search_runs(uri, experiment, filter_string=filter_string or "", order_by=order_by)
@@ -104,6 +109,22 @@ def runs(experiment: str | None = None, *, tracking_uri: str | None = None, limi
     extra = sorted(c for c in df.columns if c not in RUN_COLUMNS)
     order = {"metrics": 0, "params": 1, "tags": 2}
     return df[[*RUN_COLUMNS, *sorted(extra, key=lambda c: (order.get(c.split(".", 1)[0], 3), c))]]
+
+
+def _check_sweep(uri: str, sweep: str) -> None:
+    """ValueError (one line, naming the closest) unless the store holds the parent run of a sweep named `sweep`."""
+    import difflib
+    import re
+
+    from . import tracking
+
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", sweep):  # a sweep's name (config.check_name): nothing to quote
+        raise ValueError(f"no sweep {sweep!r}: a sweep's name is 1-100 of A-Z a-z 0-9 . _ -")
+    names = {r.data.tags.get("hmmscope.study", "") for r in tracking.search_runs(
+        uri, filter_string="tags.`hmmscope.kind` = 'sweep'")} - {""}
+    if sweep not in names:
+        close = difflib.get_close_matches(sweep, sorted(names), n=1)
+        raise ValueError(f"no sweep {sweep!r} in {shown_uri(uri)}" + (f"; did you mean {close[0]}?" if close else ""))
 
 
 def run(run_id: str, *, tracking_uri: str | None = None) -> dict[str, Any]:

@@ -418,6 +418,19 @@ def test_results_outside_the_ui_runs_list_show_compare_and_sweep_trials(smoke, m
     assert lines[0].split()[-2:] == ["metrics.eval/seen/test_acc", "metrics.eval/seen/excess_ce"]
     rope = df[df["params.model.pos_enc"] == "rope"].sort_values("objective", ascending=False)
     assert [ln.split()[0] for ln in lines[2:-1]] == list(rope["run_id"]) and lines[-1] == "2 of 2 run(s)"
+    # a sweep's runs, its swept params as columns (before: no param columns, no --sweep); any param asked for
+    out = runner.invoke(app, ["runs", "list", "--sweep", "smoke", "-p", "train.seed"])
+    assert out.exit_code == 0, out.output
+    lines = out.stdout.splitlines()
+    assert lines[0].split()[-3:] == ["params.hmm.gamma", "params.model.pos_enc", "params.train.seed"], lines[0]
+    rows = {ln.split()[0]: ln.split() for ln in lines[2:-1]}
+    assert set(rows) == {*df["run_id"], tracking.sweep_parent(tracking.default_tracking_uri(), "smoke").info.run_id}
+    for rid, g, pe in zip(df["run_id"], df["params.hmm.gamma"], df["params.model.pos_enc"], strict=True):
+        assert rows[rid][-3:] == [g, pe, "0"], rows[rid]
+    assert lines[-1] == "5 of 5 run(s)"
+    out = runner.invoke(app, ["runs", "list", "--sweep", "smok"])
+    assert out.exit_code == 2 and out.stderr.startswith("error: no sweep 'smok' in ") and \
+        out.stderr.rstrip().endswith("did you mean smoke?") and out.stderr.count("\n") == 1, out.output
     out = runner.invoke(app, ["runs", "list", "--filter", "metrics.x <<< 1"])
     assert out.exit_code == 2 and out.output.startswith("error: search 'metrics.x <<< 1': ") and \
         out.output.count("\n") == 1, out.output
