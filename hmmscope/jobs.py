@@ -404,10 +404,10 @@ def log_theory(result, uri: str, experiment: str, out_files: list[Path], parent:
     if run is not None:
         run.log_params(params)
         run.log_dict(tracking.config_toml({"theory": cfg}), "config.toml")
-        run.set_tags({"mlflow.note.content": tracking.note_line(note or theory_note(cfg))})
+        run.set_tags({"mlflow.note.content": tracking.note_line(f"{result.answer()} — {note or theory_note(cfg)}")})
     opened = contextlib.nullcontext(run) if run is not None else tracking.start_run(
         uri, experiment, run_name, parent=parent, params=params, tags={"hmmscope.kind": "theory", **(tags or {})},
-        note=note or theory_note(cfg), config={"theory": cfg}, system_metrics=True)
+        note=f"{result.answer()} — {note or theory_note(cfg)}", config={"theory": cfg}, system_metrics=True)
     with opened as run:
         for s in result.settings:
             p, f = s.params, s.rate_fit
@@ -542,8 +542,8 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *, sweep_spec: A
     Re-running resumes: a finished sweep is not run again. Files go to out/main-<id8>/ (`run_folder`):
     theory/, the training run's folder (evaluation/, analysis/) and <sweep name>/ (the report).
     `on_start(parent run id)` is called as soon as the main run is open; `log(line)`, if given, gets the stages'
-    own progress lines (a theory setting done, an analysis phase done). At the end the main run's description
-    links the sweep's parent run and its answer (comparison/objective.png), as Markdown the UI renders.
+    own progress lines (a theory setting done, an analysis phase done). At the end the main run's description says
+    the sweep's answer, then links the sweep's parent run and objective.png (Markdown the UI renders).
     """
     from .config import flatten
     from .training.train import train
@@ -576,10 +576,10 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *, sweep_spec: A
         sw, rep = sweep(sweep_spec, out / sweep_spec.name)
         parent.set_tags({"hmmscope.train_run": tr.run_id, "hmmscope.theory_run": theory_id or "",
                          "hmmscope.analysis_run": an.run_id, "hmmscope.sweep_run": sw.parent_run_id})
-        with contextlib.suppress(Exception):  # the sweep's parent, one click away on the main run's page
-            seid = tracking.get_run(uri, sw.parent_run_id).info.experiment_id
+        with contextlib.suppress(Exception):  # the answer first, then the sweep's parent, one click away on the main
+            seid = tracking.get_run(uri, sw.parent_run_id).info.experiment_id  # run's page; its own words last
             parent.set_tags({"mlflow.note.content": tracking.note_line(
-                f"{note}. Sweep {sweep_spec.name!r}: its answer "
+                f"{rep.answer} — sweep {sweep_spec.name!r}: its answer "
                 f"[{tracking.ANSWER}]({tracking.run_link(seid, sw.parent_run_id, tracking.ANSWER)}), its parent run "
-                f"[sweep-{sweep_spec.name}]({tracking.run_link(seid, sw.parent_run_id)})")})
+                f"[sweep-{sweep_spec.name}]({tracking.run_link(seid, sw.parent_run_id)}). {note}")})
         return MainResult(parent.run_id, tr.run_id, theory_id, ev, th, an, sw, rep, out)

@@ -349,6 +349,9 @@ def test_smoke_sweep_two_workers_then_report(smoke, monkeypatch):
         in said, said
     assert (store / "out" / "smoke" / "report.html").exists()
     assert r.stdout.splitlines()[0] == "sweep smoke: browse: hmmscope ui --sweep smoke"  # where to look, at once
+    # its RoPE - absolute CI is a t over 2 blocks: one line says so, before the last three (before: nothing said it)
+    warning = r.stdout.splitlines()[-4]
+    assert warning.startswith("warning: ") and "with 1 degree of freedom (2 seeds, or 2 blocks): t = 12.7, " in warning
     assert "smoke: 4 complete, 0 failed, 0 pruned of 4" in r.output
     # progress (stderr is no terminal here: plain lines when the counts change), ending with every trial finished
     assert "sweep smoke: 4/4 finished: 4 done, 0 failed, 0 running; ETA 0:00:00" in r.stderr
@@ -376,6 +379,7 @@ def test_smoke_sweep_two_workers_then_report(smoke, monkeypatch):
                                                        for k in range(3) for s in ("", "_lo", "_hi")}
     r = runner.invoke(app, ["report", "smoke"])
     assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[-1] == warning, r.stdout  # the report's summary says it too
     md = (store / "out" / "smoke" / "report.md").read_text()
     assert "| trials complete / failed / pruned / running | 4 / 0 / 0 / 0 |" in md
     assert "Positional encoding" in md and (store / "out" / "smoke" / "report.html").exists()
@@ -571,6 +575,7 @@ def test_main_job_end_to_end_small(project):
     # the main run links the sweep: its description (Markdown in the UI) links the answer and the parent run
     sweep_parent = main.data.tags["hmmscope.sweep_run"]
     note = main.data.tags["mlflow.note.content"]
+    assert note.startswith(f"{first.strip('*')} — sweep 'smoke': its answer "), note  # the answer first, in words
     assert f"runs/{sweep_parent}/artifacts/comparison/objective.png?workflowType=machine_learning)" in note
     assert "[sweep-smoke](#/experiments/" in note
     assert all(x.data.tags.get("hmmscope.kind") for x in runs), [x.info.run_name for x in runs]  # every run its kind

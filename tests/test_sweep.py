@@ -626,13 +626,14 @@ def test_an_interrupted_then_resumed_sweep_tells_one_story(tmp_path, monkeypatch
                     f'"hmm.gamma" = {{grid = [0.7]}}\n', "cut.toml")
     storage, uri = f"sqlite:///{tmp_path}/mlruns/optuna.db", f"sqlite:///{tmp_path}/mlruns/mlflow.db"
     proc = _hmmscope(tmp_path, "sweep", "run", "cut.toml", "--no-report", out="first.log")
+    ro = tracking.read_only_uri(uri)  # never creates the store under the command that creates it
     try:
         deadline = time.time() + 600  # generous: loaded CI machines
         while True:  # trial 0 done, trial 1 training in its run, past its first checkpoint (step 250 of 1500)
-            with contextlib.suppress(Exception):
-                rows = study_status("cut", storage)
+            with contextlib.suppress(Exception):  # the parent run is made after both stores: then the study is read
+                rows = study_status("cut", storage) if tracking.sweep_parent(ro, "cut") is not None else []
                 if [r["state"] for r in rows] == ["COMPLETE", "RUNNING"] and rows[1]["mlflow_run_id"] and \
-                        tracking.client(uri).list_artifacts(rows[1]["mlflow_run_id"], CKPT_DIR):
+                        tracking.client(ro).list_artifacts(rows[1]["mlflow_run_id"], CKPT_DIR):
                     break
             assert proc.poll() is None and time.time() < deadline, (tmp_path / "first.log").read_text()[-3000:]
             time.sleep(0.2)
@@ -670,6 +671,11 @@ def test_an_interrupted_then_resumed_sweep_tells_one_story(tmp_path, monkeypatch
         assert run.info.status == "FINISHED" and "hmmscope.failure_reason" not in run.data.tags, run.data.tags
     r = runner.invoke(app, ["report", "cut"])
     assert r.exit_code == 0 and "2 complete, 0 failed, 0 pruned (1 retried)" in r.stdout, r.output
+    # the parent's description (the UI's) opens with the report's answer (before: what the sweep runs, only)
+    answer = next(ln for ln in r.stdout.splitlines() if ln.startswith("answer: "))[len("answer: "):]
+    parent = tracking.sweep_parent(uri, "cut")
+    assert parent.data.tags["mlflow.note.content"] == f"{answer} — Sweep 'cut': 2 train trials (grid over hmm.gamma; " \
+        "seeds 0, 1); objective eval/seen/excess_ce (minimize)" and parent.data.tags["hmmscope.answer"] == answer
 
 
 def test_analyze_adds_an_analysis_run_per_trial(tmp_path):

@@ -46,6 +46,8 @@ def report_cmd(
         raise ValueError(f"{e}; did you mean {close}?") from None
     for line in rep.summary_lines():
         typer.echo(line)
+    if (warning := one_df_warning(rep.claims)) is not None:
+        typer.echo(warning)
 
 
 def _closest_sweep(uri: str, name: str) -> str | None:
@@ -61,3 +63,14 @@ def _closest_sweep(uri: str, name: str) -> str | None:
         return None
     close = difflib.get_close_matches(name, sorted(names), n=1)
     return close[0] if close else None
+
+
+def one_df_warning(claims) -> str | None:
+    """One line when a claim's CI is a t interval with 1 degree of freedom (2 seeds, or 2 blocks as the units):
+    t(0.975, 1) = 12.7 makes it 6.5 times as wide as a normal interval, so only a large effect gets a verdict."""
+    n = sum(getattr(c, "df", None) == 1 for c in claims)
+    if not n:
+        return None
+    return (f"warning: {n} CI{'s are' if n > 1 else ' is a'} t interval{'s' if n > 1 else ''} with 1 degree of freedom "
+            "(2 seeds, or 2 blocks): t = 12.7, 6.5 times a normal interval's width; more seeds narrow it (add them to "
+            "sweep.seeds and run the sweep again: it grows, keeping its trials)")

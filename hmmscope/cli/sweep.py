@@ -228,9 +228,13 @@ def sweep_run_cmd(
     if report and done:
         from ..report import build_report
         from .jobs import print_answer
+        from .report import one_df_warning
 
+        rep = build_report(uri, res.parent_run_id, out, storage=res.storage)
+        if (warning := one_df_warning(rep.claims)) is not None:  # before the last three lines: where, answer, report
+            typer.echo(warning)
         typer.echo(tracking.browse_line(uri, sweep=res.study_name))
-        print_answer(res.study_name, build_report(uri, res.parent_run_id, out, storage=res.storage))
+        print_answer(res.study_name, rep)
     else:
         typer.echo(f"report: hmmscope report {res.study_name}    {tracking.browse_line(uri, sweep=res.study_name)}")
     if res.killed_workers:

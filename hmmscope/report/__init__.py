@@ -239,6 +239,20 @@ def _answer(uri: str, t: Trials, study, spec, claims: list[Claim], out_dir: Path
     return sec, sentence
 
 
+def _describe(run, sentence: str, spec) -> None:
+    """The sweep parent's description: the answer, then what the sweep runs (its spec's words; a study without a
+    stored spec: the description it had, less an answer put there before, tag hmmscope.answer)."""
+    from ..sweep.spec import SweepSpec
+    from ..sweep.study import parent_note
+
+    tags = run.get().data.tags
+    had = tags.get("mlflow.note.content", "")
+    base = parent_note(spec) if isinstance(spec, SweepSpec) else had.removeprefix(
+        f"{tags.get('hmmscope.answer', '')} — " if tags.get("hmmscope.answer") else "")
+    run.set_tags({"hmmscope.answer": sentence,
+                  "mlflow.note.content": tracking.note_line(f"{sentence} — {base}" if base else sentence)})
+
+
 def _write(path: Path, text: str) -> None:
     from ..safe_output import write_text
 
@@ -325,6 +339,8 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
             run = tracking.existing_run(uri, parent.info.run_id)
             for p in [*files.values(), *map(Path, figs.values())]:
                 run.log_artifact(p, "report")
+            if sentence:  # the parent's description (the UI's) opens with the answer
+                _describe(run, sentence, spec)
         except Exception as e:  # e.g. a read-only store: the files are written, say why they are not logged
             rep.notes.append(f"the report was not logged to run {parent.info.run_id}: "
                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")
