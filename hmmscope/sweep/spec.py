@@ -39,12 +39,12 @@ keys (train.device, train.compile, train.attention, train.figures, eval.bayes, e
 without renaming it.
 
 Identity. A study remembers its spec; running a spec under an existing study's name needs the same
-identity (`SweepSpec.hash`, sha256 of the canonical parsed spec): the keys that change what a trial
-computes or how trials are chosen and scored. Run-time keys do not count: storage, heartbeat_interval,
-grace_period, max_retry (sweep table), and the config keys train.device, train.compile, train.attention and
-train.figures (RUNTIME_CONFIG, in [fixed] or in the base config; the trainer accepts the same keys as changed on
-resume). So moving a sweep to a GPU, giving it a longer heartbeat or turning its trials' own figures off keeps its
-name; the study then stores the new text.
+identity (`SweepSpec.hash`, sha256 of the canonical parsed spec), or one that grows it (more seeds, more numeric
+grid levels: spec_diff.py): the keys that change what a trial computes or how trials are chosen and scored.
+Run-time keys do not count: storage, heartbeat_interval, grace_period, max_retry (sweep table), and the config keys
+train.device, train.compile, train.attention and train.figures (RUNTIME_CONFIG, in [fixed] or in the base config;
+the trainer accepts the same keys as changed on resume). So moving a sweep to a GPU, giving it a longer heartbeat
+or turning its trials' own figures off keeps its name; the study then stores the new text.
 The experiment counts: a sweep's runs stay in one MLflow experiment. Defaults and explicit values are the
 same identity (the canonical form is the parsed spec, not its text).
 
