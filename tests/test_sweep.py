@@ -607,6 +607,44 @@ def _hmmscope(cwd: Path, *args: str, out: str) -> subprocess.Popen:
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
+def test_a_put_back_trial_is_retried_everywhere_never_failed(tmp_path, monkeypatch):
+    """The default suite's part of the next test, in this process: trial 1 handed back as a worker does on SIGTERM
+    (FAIL 'interrupted', a WAITING retry), then resumed. Before: `sweep list` counted it "fail", `sweep status` listed
+    a FAIL, api.sweep_trials gave it a row of its own."""
+    from optuna.trial import TrialState
+    from typer.testing import CliRunner
+
+    from hmmscope import api
+    from hmmscope.cli import app
+    from hmmscope.cli.sweep import interrupted_lines
+    from hmmscope.sweep import TrialStore, list_studies, load_study
+    from hmmscope.sweep.status import resume_plan
+
+    spec = theory_spec(tmp_path, name="back", ranks="[2]", nh=50)
+    storage, uri = stores(tmp_path)
+    create_study(spec, storage, uri)
+    assert run_worker("back", storage, uri, max_trials=1, log=lambda m: None) == 1
+    store = TrialStore.of(load_study("back", storage), storage, spec.grace_period)
+    tid = store.claim()  # trial 1 running, then interrupted: put back as run_worker does on SIGTERM
+    assert store.finish(tid, TrialState.FAIL, attrs={"fail_reason": "interrupted"})
+    assert store.retry(tid, spec.max_retry, interrupted=True) == 2
+    assert interrupted_lines(spec, storage, "hmmscope sweep run back.toml") == [
+        "sweep back: interrupted; kept: 1 of 2 trials done (their runs stay); 1 put back (each starts again), 0 not "
+        "started", "resume: hmmscope sweep run back.toml"]
+    assert resume_plan(spec, storage).line() == "1 of 2 already done"
+    assert run_worker("back", storage, uri, log=lambda m: None) == 1
+    (row,) = [r for r in list_studies(storage) if r["study"] == "back"]
+    assert (row["trials"], row["complete"], row["failed"], row["retried"]) == (3, 2, 0, 1), row
+    r = CliRunner().invoke(app, ["sweep", "status", "back", "--storage", storage, "--tracking-uri", uri])
+    assert r.exit_code == 0 and r.stdout.splitlines()[-1] == "3 trial(s): 2 complete, 1 retried", r.stdout
+    assert [ln.split()[1] for ln in r.stdout.splitlines()[2:5]] == ["COMPLETE", "RETRIED", "COMPLETE"], r.stdout
+    assert "interrupted; retried as trial 2" in r.stdout
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    df = api.sweep_trials("back", storage=storage, tracking_uri=uri)
+    assert list(df["number"]) == [0, 2] and list(df["retries"]) == [0, 1] and df["run_id"].is_unique
+
+
+@pytest.mark.slow  # real processes: a `sweep run` interrupted with SIGINT, its workers, a resume, the report (~100 s CPU)
 def test_an_interrupted_then_resumed_sweep_tells_one_story(tmp_path, monkeypatch):
     """Ctrl-C while trial 1 trains (trial 0 done), then the same command again. Before: `sweep list` said "fail 1",
     `sweep status` listed a FAIL, api.sweep_trials returned trial 1's run twice (FAIL and COMPLETE), the finished parent
