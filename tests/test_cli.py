@@ -350,6 +350,8 @@ def test_smoke_sweep_two_workers_then_report(smoke, monkeypatch):
     assert (store / "out" / "smoke" / "report.html").exists()
     assert r.stdout.splitlines()[0] == "sweep smoke: browse: hmmscope ui --sweep smoke"  # where to look, at once
     # its RoPE - absolute CI is a t over 2 blocks: one line says so, before the last three (before: nothing said it)
+    parent = tracking.sweep_parent(tracking.default_tracking_uri(), "smoke")  # its UI description: the answer first
+    assert parent.data.tags["mlflow.note.content"].startswith(f"{first.strip('*')} — Sweep 'smoke': 4 train trials")
     warning = r.stdout.splitlines()[-4]
     assert warning.startswith("warning: ") and "with 1 degree of freedom (2 seeds, or 2 blocks): t = 12.7, " in warning
     assert "smoke: 4 complete, 0 failed, 0 pruned of 4" in r.output
