@@ -10,7 +10,7 @@ Columns follow `mlflow.search_runs` (MLFLOW_COLUMNS: run_id, experiment_id, stat
 end_time as UTC timestamps; `metrics.<key>` (last values), `params.<key>` (strings, as MLflow stores them) and
 `tags.<key>`), so a frame from here and one from mlflow.search_runs line up. hmmscope adds its own columns beside
 them (OWN_COLUMNS: run_name, experiment (the name), kind (tag hmmscope.kind), duration_s, parent_id);
-`sweep_trials` adds the Optuna trial's number, state, seed and objective. Every function takes `tracking_uri`
+`sweep_trials` adds the Optuna trial's number, state, seed, retries and objective. Every function takes `tracking_uri`
 (default: --tracking-uri's, i.e. MLFLOW_TRACKING_URI or ./mlruns/mlflow.db) and, for sweeps, `storage` (default:
 ./mlruns/optuna.db); they only read (a sqlite store is opened read-only: nothing is created or migrated) and raise
 ValueError (one line, naming the store as it was given, never its internal read-only URI) for a store, run or
@@ -73,12 +73,13 @@ def _one_line(e: Exception) -> str:
 
 
 def runs(experiment: str | None = None, *, tracking_uri: str | None = None, limit: int | None = None,
-         filter_string: str = "", order_by: list[str] | None = None):
+         filter_string: str = "", order_by: list[str] | None = None, sweep: str | None = None):
     """One row per active run: `mlflow.search_runs`'s columns (MLFLOW_COLUMNS), hmmscope's own (OWN_COLUMNS), then
     `metrics.<key>` (last values), `params.<key>` and `tags.<key>` as `mlflow.search_runs` has them; newest first,
-    or by `order_by` (MLflow's syntax, e.g. ["metrics.`eval/seen/excess_ce` ASC"]); `experiment` (a name) and
-    `filter_string` (MLflow's search syntax, e.g. "metrics.`eval/seen/excess_ce` < 0.3 and params.`model.pos_enc` =
-    'rope'") narrow it; `limit` rows at most."""
+    or by `order_by` (MLflow's syntax, e.g. ["metrics.`eval/seen/excess_ce` ASC"]); `experiment` (a name),
+    `sweep` (a sweep's name: its parent run and its trials' runs, tag hmmscope.study; ValueError, naming the closest
+    sweep, for one the store has not) and `filter_string` (MLflow's search syntax, e.g. "metrics.`eval/seen/excess_ce`
+    < 0.3 and params.`model.pos_enc` = 'rope'") narrow it; `limit` rows at most."""
     import pandas as pd
 
     from . import tracking
@@ -87,6 +88,10 @@ def runs(experiment: str | None = None, *, tracking_uri: str | None = None, limi
     c = tracking.client(uri)
     if experiment is not None and c.get_experiment_by_name(experiment) is None:
         raise ValueError(f"no experiment {experiment!r} in {shown_uri(uri)}")
+    if sweep is not None:
+        _check_sweep(uri, sweep)
+        mine = f"tags.`hmmscope.study` = '{sweep}'"
+        filter_string = f"{mine} and {filter_string}" if filter_string else mine  # MLflow's syntax: and, no ()
     experiments = {e.experiment_id: e.name for e in c.search_experiments()}
     try:
         found = tracking.search_runs(uri, experiment, filter_string=filter_string or "", order_by=order_by)
@@ -104,6 +109,22 @@ def runs(experiment: str | None = None, *, tracking_uri: str | None = None, limi
     extra = sorted(c for c in df.columns if c not in RUN_COLUMNS)
     order = {"metrics": 0, "params": 1, "tags": 2}
     return df[[*RUN_COLUMNS, *sorted(extra, key=lambda c: (order.get(c.split(".", 1)[0], 3), c))]]
+
+
+def _check_sweep(uri: str, sweep: str) -> None:
+    """ValueError (one line, naming the closest) unless the store holds the parent run of a sweep named `sweep`."""
+    import difflib
+    import re
+
+    from . import tracking
+
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", sweep):  # a sweep's name (config.check_name): nothing to quote
+        raise ValueError(f"no sweep {sweep!r}: a sweep's name is 1-100 of A-Z a-z 0-9 . _ -")
+    names = {r.data.tags.get("hmmscope.study", "") for r in tracking.search_runs(
+        uri, filter_string="tags.`hmmscope.kind` = 'sweep'")} - {""}
+    if sweep not in names:
+        close = difflib.get_close_matches(sweep, sorted(names), n=1)
+        raise ValueError(f"no sweep {sweep!r} in {shown_uri(uri)}" + (f"; did you mean {close[0]}?" if close else ""))
 
 
 def run(run_id: str, *, tracking_uri: str | None = None) -> dict[str, Any]:
@@ -171,16 +192,19 @@ def compare(run_ids: list[str], *, tracking_uri: str | None = None, differing_on
 
 
 def sweep_trials(name: str, *, storage: str | None = None, tracking_uri: str | None = None):
-    """One row per trial of the sweep `name`: hmmscope's number, state, seed (the Optuna trial's), each swept param
+    """One row per trial of the sweep `name` that holds its cell: hmmscope's number, state, seed (the Optuna trial's),
+    `retries` (how many tries of the cell came before it: an interrupt or a dead worker put it back), each swept param
     (`params.<config key>`, a string as MLflow stores it: the trial run's own param, else the value Optuna suggested
     as MLflow would store it), the objective (`objective`, the value Optuna recorded), run_id and run_name of its
     MLflow run, then the last value of every metric of that run (`metrics.<key>`) and of its analysis run's claims
-    (`metrics.claim/...`), as `mlflow.search_runs` names them."""
+    (`metrics.claim/...`), as `mlflow.search_runs` names them. A trial that was retried has no row (the retry holds its
+    cell, and a training retry continues its run), so each run id is in one row: joins on run_id add no rows."""
     import pandas as pd
 
     from . import tracking
     from .config import ConfigError
     from .sweep import default_storage, load_study
+    from .sweep.status import retried_numbers
     from .tracking.tags import param_value
 
     uri = _uri(tracking_uri)
@@ -190,13 +214,18 @@ def sweep_trials(name: str, *, storage: str | None = None, tracking_uri: str | N
         raise ValueError(str(e)) from None
     c = tracking.client(uri)
     rows = []
-    for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+    trials = study.get_trials(deepcopy=False)
+    retried = retried_numbers(trials)
+    for t in sorted(trials, key=lambda t: t.number):
+        if t.number in retried:  # its cell is its retry's row
+            continue
         params = dict(t.params) or dict(t.system_attrs.get("fixed_params", {}))
         rid = t.user_attrs.get("mlflow_run_id", "")
         seed = t.user_attrs.get("seed", params.pop("seed", None))
         r = tracking.get_run(uri, rid) if rid else None
         logged = r.data.params if r is not None else {}
         row: dict[str, Any] = {"number": t.number, "state": t.state.name, "seed": seed,
+                               "retries": len(t.system_attrs.get("retry_history", [])),
                                **{f"params.{k}": logged.get(k, param_value(v)) for k, v in params.items()},
                                "objective": t.value if t.value is not None else math.nan,
                                "run_id": rid, "run_name": ""}

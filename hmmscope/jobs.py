@@ -404,10 +404,10 @@ def log_theory(result, uri: str, experiment: str, out_files: list[Path], parent:
     if run is not None:
         run.log_params(params)
         run.log_dict(tracking.config_toml({"theory": cfg}), "config.toml")
-        run.set_tags({"mlflow.note.content": tracking.note_line(note or theory_note(cfg))})
+        run.set_tags({"mlflow.note.content": tracking.note_line(f"{result.answer()} — {note or theory_note(cfg)}")})
     opened = contextlib.nullcontext(run) if run is not None else tracking.start_run(
         uri, experiment, run_name, parent=parent, params=params, tags={"hmmscope.kind": "theory", **(tags or {})},
-        note=note or theory_note(cfg), config={"theory": cfg}, system_metrics=True)
+        note=f"{result.answer()} — {note or theory_note(cfg)}", config={"theory": cfg}, system_metrics=True)
     with opened as run:
         for s in result.settings:
             p, f = s.params, s.rate_fit

@@ -359,6 +359,11 @@ def test_smoke_sweep_two_workers_then_report(smoke, monkeypatch):
         in said and "; hmm.gamma: 0.9 - 0.5 = " in said, said
     assert (store / "out" / "smoke" / "report.html").exists()
     assert r.stdout.splitlines()[0] == "sweep smoke: browse: hmmscope ui --sweep smoke"  # where to look, at once
+    # its RoPE - absolute CI is a t over 2 blocks: one line says so, before the last three (before: nothing said it)
+    parent = tracking.sweep_parent(tracking.default_tracking_uri(), "smoke")  # its UI description: the answer first
+    assert parent.data.tags["mlflow.note.content"].startswith(f"{'; '.join(bold)} — Sweep 'smoke': 4 train trials")
+    warning = r.stdout.splitlines()[-4]
+    assert warning.startswith("warning: ") and "with 1 degree of freedom (2 seeds, or 2 blocks): t = 12.7, " in warning
     assert "smoke: 4 complete, 0 failed, 0 pruned of 4" in r.output
     # progress (stderr is no terminal here: plain lines when the counts change), ending with every trial finished
     assert "sweep smoke: 4/4 finished: 4 done, 0 failed, 0 running; ETA 0:00:00" in r.stderr
@@ -389,6 +394,7 @@ def test_smoke_sweep_two_workers_then_report(smoke, monkeypatch):
                                                        for k in range(3) for s in ("", "_lo", "_hi")}
     r = runner.invoke(app, ["report", "smoke"])
     assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[-1] == warning, r.stdout  # the report's summary says it too
     md = (store / "out" / "smoke" / "report.md").read_text()
     assert "| trials complete / failed / pruned / running | 4 / 0 / 0 / 0 |" in md
     assert "Positional encoding" in md and (store / "out" / "smoke" / "report.html").exists()
@@ -431,6 +437,19 @@ def test_results_outside_the_ui_runs_list_show_compare_and_sweep_trials(smoke, m
     assert lines[0].split()[-2:] == ["metrics.eval/seen/test_acc", "metrics.eval/seen/excess_ce"]
     rope = df[df["params.model.pos_enc"] == "rope"].sort_values("objective", ascending=False)
     assert [ln.split()[0] for ln in lines[2:-1]] == list(rope["run_id"]) and lines[-1] == "2 of 2 run(s)"
+    # a sweep's runs, its swept params as columns (before: no param columns, no --sweep); any param asked for
+    out = runner.invoke(app, ["runs", "list", "--sweep", "smoke", "-p", "train.seed"])
+    assert out.exit_code == 0, out.output
+    lines = out.stdout.splitlines()
+    assert lines[0].split()[-3:] == ["params.hmm.gamma", "params.model.pos_enc", "params.train.seed"], lines[0]
+    rows = {ln.split()[0]: ln.split() for ln in lines[2:-1]}
+    assert set(rows) == {*df["run_id"], tracking.sweep_parent(tracking.default_tracking_uri(), "smoke").info.run_id}
+    for rid, g, pe in zip(df["run_id"], df["params.hmm.gamma"], df["params.model.pos_enc"], strict=True):
+        assert rows[rid][-3:] == [g, pe, "0"], rows[rid]
+    assert lines[-1] == "5 of 5 run(s)"
+    out = runner.invoke(app, ["runs", "list", "--sweep", "smok"])
+    assert out.exit_code == 2 and out.stderr.startswith("error: no sweep 'smok' in ") and \
+        out.stderr.rstrip().endswith("did you mean smoke?") and out.stderr.count("\n") == 1, out.output
     out = runner.invoke(app, ["runs", "list", "--filter", "metrics.x <<< 1"])
     assert out.exit_code == 2 and out.output.startswith("error: search 'metrics.x <<< 1': ") and \
         out.output.count("\n") == 1, out.output
@@ -606,6 +625,7 @@ def test_main_job_quick_interrupted_then_resumed(project):
     assert "mlflow ui" not in r.output and r.stdout.count("hmmscope ui --run") == 2
     note = main.data.tags["mlflow.note.content"]  # the main run links the sweep's answer and its parent run
     assert f"runs/{main.data.tags['hmmscope.sweep_run']}/artifacts/comparison/objective.png?workflowType=" in note
+    assert note.startswith(f"{'; '.join(bold)} — sweep 'smoke-quick': its answer "), note  # the answer first
     assert all(x.data.tags.get("hmmscope.kind") for x in runs), [x.info.run_name for x in runs]  # every run its kind
     assert (folder / "smoke-quick" / "report.html").exists() and (folder / "theory" / "theory.png").exists()
     assert len(list(folder.glob("train-*/evaluation/figure1.p*"))) == 2 and f"out/{folder.name}" in r.output
@@ -659,6 +679,35 @@ def test_option_errors_are_one_line(project, args, needle):
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("error: ") and needle in line and "--help" in line, line
     assert r.stdout == "" and not (project / "mlruns").exists()
+
+
+@pytest.mark.parametrize("name", ["smok", "smok.toml"])
+def test_sweep_run_of_an_unknown_spec_names_the_bundled_ones_and_the_closest(project, name):
+    """Before: `sweep run smok` said only "sweep spec not found: smok"."""
+    r = runner.invoke(app, ["sweep", "run", name])
+    assert r.exit_code == 2, r.output
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"error: sweep spec not found: {name}; did you mean smoke? (no such file here, nor a bundled "
+                           "spec: ") and "rope-vs-absolute, " in line and "theory-gamma)" in line, line
+    assert r.stdout == "" and not (project / "mlruns").exists()
+
+
+def test_report_of_an_unknown_sweep_names_the_closest(project):
+    """Before: `report ux6-gama` said only "unknown sweep 'ux6-gama': no sweep study 'ux6-gama' (looked in ...)"."""
+    from hmmscope.sweep import create_study
+    from hmmscope.sweep.spec import parse_spec
+
+    text = ('[sweep]\nname = "ux6-gamma"\nkind = "theory"\n[fixed]\n"theory.ranks" = [2]\n"theory.rhos" = [0.05]\n'
+            '"theory.n_states" = [8]\n[space]\n"theory.gammas" = {grid = [0.5]}\n')
+    spec = parse_spec(text, project / "ux6.toml")
+    create_study(spec, f"sqlite:///{project}/mlruns/optuna.db", f"sqlite:///{project}/mlruns/mlflow.db")
+    r = runner.invoke(app, ["report", "ux6-gama"])
+    assert r.exit_code == 2, r.output
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("error: unknown sweep 'ux6-gama': ") and line.endswith("; did you mean ux6-gamma?"), line
+    assert not (project / "out").exists()
+    r = runner.invoke(app, ["report", "zzzzzz-nothing-alike"])
+    assert r.exit_code == 2 and "did you mean" not in r.stderr
 
 
 def test_no_arguments_shows_the_help(project):

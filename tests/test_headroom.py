@@ -177,6 +177,40 @@ def test_a_family_without_an_exact_reference_says_so_and_keeps_the_bounds():
     assert res.at()["set_by"] != "bayes" and "Bayes-optimal reference not computed: the dirichlet family" in res.line()
 
 
+def _result(room: float, lo: float, hi: float, word: str, degenerate: dict[int, str] | None = None):
+    from hmmscope.measure.headroom import HeadroomResult
+
+    r = {"k": 2, "best": "incontext_ctw", "best_ce": 1.073, "family_ce": 1.3, "family_drop": 0.02, "converged": False,
+         "family_degenerate": "", "M": 64, "n_episodes": 24, "em_ce": 1.234, "family_bound": math.nan,
+         "family_bound_lo": math.nan, "family_bound_hi": math.nan, "room": room, "room_lo": lo, "room_hi": hi,
+         "set_by": "incontext_hmm", "learner_ce": 1.234, "ci": "episodes", "word": word}
+    rows = [{"k": k, "predictor": "family_bayes", "M": 64, "ce": 1.5, "ce_lo": 1.4, "ce_hi": 1.6, "acc": 0.3,
+             "n_episodes": 24, "degenerate": (degenerate or {}).get(k, "")} for k in range(3)]
+    return HeadroomResult(rows, [{**r, "k": k} for k in range(3)], {},
+                          {"n_episodes": 24, "draws": 2, "tolerance": 0.005, "family_tasks": 64})
+
+
+def test_a_learner_worse_than_counting_reads_no_room_shown():
+    """Before: "room above counting at k_max = 2: -0.161 [-0.289, -0.033] ...: undetermined"."""
+    line = _result(-0.161, -0.289, -0.033, "undetermined: no learner shown to beat counting, family Bayes not "
+                                           "converged (the room may be larger than shown)").line()
+    assert line.startswith("no room shown: EM is 0.161 [0.033, 0.289] nats/token worse than counting at k_max = 2 "
+                           "(EM 1.234 vs best counting incontext_ctw 1.073; "), line
+    assert line.endswith("): undetermined: no learner shown to beat counting, family Bayes not converged (the room may "
+                         "be larger than shown)") and "-0." not in line.split(";")[0]
+    assert _result(-0.1, -0.2, -0.01, "no room").line().endswith("2 family draws)")  # "no room": said once, first
+    assert _result(0.2, 0.1, 0.3, "room").line().startswith("room above counting at k_max = 2: +0.200 [+0.100, +0.300]")
+
+
+def test_a_degenerate_reason_is_said_once_not_per_k():
+    why = "negative in-context gain on the same tokens (-0.050 from k = 0 to 2)"
+    (row,) = [ln for ln in _result(0.2, 0.1, 0.3, "room", {k: why for k in range(3)}).table() if "DEGENERATE" in ln]
+    assert row.count(why) == 1 and row.endswith(f"* DEGENERATE ({why} at every k)"), row
+    (row,) = [ln for ln in _result(0.2, 0.1, 0.3, "room", {2: "CE 1.5 above a uniform guess"}).table()
+              if "DEGENERATE" in ln]
+    assert row.endswith("* DEGENERATE (CE 1.5 above a uniform guess at k = 2)"), row
+
+
 def test_headroom_cli_prints_the_line_and_writes_json(tmp_path):
     out = tmp_path / "h.json"
     args = ["headroom", "--n-episodes", "16", "--no-em", "--json", str(out)] + [a for k, v in SMALL.items()

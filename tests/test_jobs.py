@@ -148,6 +148,19 @@ def test_theory_jobs_never_share_a_folder(tmp_path):
     assert main.parent.name == "main-ffffffff" and main.parent not in (a, b)
 
 
+def test_a_theory_runs_description_opens_with_its_answer(tmp_path):
+    """Before: "Theory (Theorem 1): dirichlet HMMs, gamma 0.5, 0.9, ..." only (what ran, not what it found)."""
+    th = TheoryConfig(gammas=(0.5, 0.9), ranks=(2,), n_states=(4,), n_tokens=4, lengths=(1, 2, 3), n_histories=20,
+                      burn_in=5, gamma_m=0)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    res, rid = theory_job(th, new_folder(tmp_path / "out", "theory"), uri=uri, experiment="x")
+    note = tracking.get_run(uri, rid).data.tags["mlflow.note.content"]
+    answer = res.answer()
+    assert note.startswith(f"{answer} — Theory (Theorem 1): "), note
+    c = next(c for c in res.claims() if answer.startswith(f"{c.name}: "))  # a claim, its value and CI, its verdict
+    assert answer.endswith(f": {c.verdict}") and "[" in answer and c.name.startswith("decay rate"), answer
+
+
 def test_analyze_rejects_bad_probe_jobs_before_any_run(run):
     uri, rid, _, _ = run
     c = tracking.client(uri)

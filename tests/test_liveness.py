@@ -87,7 +87,29 @@ def test_resume_of_a_live_run_is_refused_and_a_finished_run_clears_its_orphan_ma
         c.set_tag(run.run_id, "hmmscope.failure_reason", "orphaned: no heartbeat for 999 s")
     done = tracking.client(uri).get_run(run.run_id)
     assert done.info.status == "FINISHED" and "hmmscope.failure_reason" not in done.data.tags
-    assert lease_of(done) is not None
+    assert lease_of(done) is None  # nobody holds a finished run (before: its lease stayed, a tag on its UI page)
+
+
+def test_a_run_that_finishes_drops_the_failure_reason_and_lease_of_its_earlier_session(tmp_path):
+    """An interrupted run resumed to its end (a sweep's parent after Ctrl-C and a resume, a retried trial's run) kept
+    `hmmscope.failure_reason: KeyboardInterrupt` and its lease; a finished run has neither. One that fails keeps both
+    (its reason, and who held it)."""
+    from hmmscope.tracking.liveness import settle
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    with pytest.raises(KeyboardInterrupt), tracking.start_run(uri, "exp", "cut") as run:
+        raise KeyboardInterrupt("signal 15")
+    c = tracking.client(uri)
+    cut = c.get_run(run.run_id)
+    assert cut.info.status == "KILLED" and cut.data.tags["hmmscope.failure_reason"] == "KeyboardInterrupt: signal 15"
+    assert lease_of(cut) is not None
+    with tracking.start_run(uri, "exp", "", resume=run.run_id):
+        pass
+    done = c.get_run(run.run_id)
+    assert done.info.status == "FINISHED" and "hmmscope.failure_reason" not in done.data.tags, done.data.tags
+    assert LEASE_TAG not in done.data.tags and lease_of(done) is None
+    # its writer may still drop its result (a sweep trial retried elsewhere): a finished run without a lease is its own
+    assert settle(uri, run.run_id, "dropped", finished_too=True) and c.get_run(run.run_id).info.status == "FAILED"
 
 
 # ---------------------------------------------------------------- two resumes started together (issue 30, item 1)

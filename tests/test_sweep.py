@@ -598,6 +598,124 @@ def test_sigterm_stops_workers_and_gives_trials_back(tmp_path):
     assert statuses == {"sweep-term": "KILLED", **{f"g{r['params']['hmm.gamma']}-s0": "KILLED" for r in failed}}
 
 
+def _hmmscope(cwd: Path, *args: str, out: str) -> subprocess.Popen:
+    """`hmmscope ARGS` as a real process in `cwd`, off a terminal, its output (stdout and stderr merged) to `out`."""
+    env = {**{k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}, "HMMSCOPE_THREADS": "1",
+           "OMP_NUM_THREADS": "1"}
+    with (cwd / out).open("w") as f:
+        return subprocess.Popen([str(Path(sys.executable).parent / "hmmscope"), *args], cwd=cwd, env=env, stdout=f,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def test_a_put_back_trial_is_retried_everywhere_never_failed(tmp_path, monkeypatch):
+    """The default suite's part of the next test, in this process: trial 1 handed back as a worker does on SIGTERM
+    (FAIL 'interrupted', a WAITING retry), then resumed. Before: `sweep list` counted it "fail", `sweep status` listed
+    a FAIL, api.sweep_trials gave it a row of its own."""
+    from optuna.trial import TrialState
+    from typer.testing import CliRunner
+
+    from hmmscope import api
+    from hmmscope.cli import app
+    from hmmscope.cli.sweep import interrupted_lines
+    from hmmscope.sweep import TrialStore, list_studies, load_study
+    from hmmscope.sweep.status import resume_plan
+
+    spec = theory_spec(tmp_path, name="back", ranks="[2]", nh=50)
+    storage, uri = stores(tmp_path)
+    create_study(spec, storage, uri)
+    assert run_worker("back", storage, uri, max_trials=1, log=lambda m: None) == 1
+    store = TrialStore.of(load_study("back", storage), storage, spec.grace_period)
+    tid = store.claim()  # trial 1 running, then interrupted: put back as run_worker does on SIGTERM
+    assert store.finish(tid, TrialState.FAIL, attrs={"fail_reason": "interrupted"})
+    assert store.retry(tid, spec.max_retry, interrupted=True) == 2
+    assert interrupted_lines(spec, storage, "hmmscope sweep run back.toml") == [
+        "sweep back: interrupted; kept: 1 of 2 trials done (their runs stay); 1 put back (each starts again), 0 not "
+        "started", "resume: hmmscope sweep run back.toml"]
+    assert resume_plan(spec, storage).line() == "1 of 2 already done"
+    assert run_worker("back", storage, uri, log=lambda m: None) == 1
+    (row,) = [r for r in list_studies(storage) if r["study"] == "back"]
+    assert (row["trials"], row["complete"], row["failed"], row["retried"]) == (3, 2, 0, 1), row
+    r = CliRunner().invoke(app, ["sweep", "status", "back", "--storage", storage, "--tracking-uri", uri])
+    assert r.exit_code == 0 and r.stdout.splitlines()[-1] == "3 trial(s): 2 complete, 1 retried", r.stdout
+    assert [ln.split()[1] for ln in r.stdout.splitlines()[2:5]] == ["COMPLETE", "RETRIED", "COMPLETE"], r.stdout
+    assert "interrupted; retried as trial 2" in r.stdout
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    df = api.sweep_trials("back", storage=storage, tracking_uri=uri)
+    assert list(df["number"]) == [0, 2] and list(df["retries"]) == [0, 1] and df["run_id"].is_unique
+
+
+@pytest.mark.slow  # real processes: a `sweep run` interrupted with SIGINT, its workers, a resume, the report (~100 s CPU)
+def test_an_interrupted_then_resumed_sweep_tells_one_story(tmp_path, monkeypatch):
+    """Ctrl-C while trial 1 trains (trial 0 done), then the same command again. Before: `sweep list` said "fail 1",
+    `sweep status` listed a FAIL, api.sweep_trials returned trial 1's run twice (FAIL and COMPLETE), the finished parent
+    and the resumed run kept hmmscope.failure_reason "KeyboardInterrupt..." and Ctrl-C ended with "error: aborted".
+    Now the put-back trial is "retried" everywhere, the last lines say what was kept and how to resume, and the resumed
+    sweep's first line says how much was done."""
+    from optuna.trial import TrialState
+    from typer.testing import CliRunner
+
+    from hmmscope import api
+    from hmmscope.cli import app
+    from hmmscope.training.checkpoints import CKPT_DIR
+
+    fixed = TRAIN_FIXED.replace('"train.steps" = 10', '"train.steps" = 1500').replace(
+        '"train.eval_every" = 5', '"train.eval_every" = 250').replace('"train.ckpt_every" = 10', '"train.ckpt_every" = 250')
+    write(tmp_path, f'[sweep]\nname = "cut"\nexperiment = "sw"\nseeds = [0, 1]\n{fixed}\n[space]\n'
+                    f'"hmm.gamma" = {{grid = [0.7]}}\n', "cut.toml")
+    storage, uri = f"sqlite:///{tmp_path}/mlruns/optuna.db", f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    proc = _hmmscope(tmp_path, "sweep", "run", "cut.toml", "--no-report", out="first.log")
+    ro = tracking.read_only_uri(uri)  # never creates the store under the command that creates it
+    try:
+        deadline = time.time() + 600  # generous: loaded CI machines
+        while True:  # trial 0 done, trial 1 training in its run, past its first checkpoint (step 250 of 1500)
+            with contextlib.suppress(Exception):  # the parent run is made after both stores: then the study is read
+                rows = study_status("cut", storage) if tracking.sweep_parent(ro, "cut") is not None else []
+                if [r["state"] for r in rows] == ["COMPLETE", "RUNNING"] and rows[1]["mlflow_run_id"] and \
+                        tracking.client(ro).list_artifacts(rows[1]["mlflow_run_id"], CKPT_DIR):
+                    break
+            assert proc.poll() is None and time.time() < deadline, (tmp_path / "first.log").read_text()[-3000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    said = (tmp_path / "first.log").read_text().splitlines()
+    assert said[-2:] == ["sweep cut: interrupted; kept: 1 of 2 trials done (their runs stay); 1 put back (each resumes "
+                         "from its last checkpoint, if any), 0 not started",
+                         "resume: hmmscope sweep run cut.toml --no-report"], said
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    runner = CliRunner()
+    r = runner.invoke(app, ["sweep", "run", "cut.toml", "--no-report"])  # the command it said
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[0] == "sweep cut: 1 of 2 already done; browse: hmmscope ui --sweep cut", r.stdout
+    assert "sweep cut: 2 complete, 0 failed, 0 pruned of 2 (1 retried)" in r.stdout
+    r = runner.invoke(app, ["sweep", "list"])
+    head, _, row = r.stdout.splitlines()[1:4]
+    listed = dict(zip(head.split(), row.split()))
+    assert (listed["complete"], listed["failed"], listed["retried"]) == ("2", "0", "1"), r.stdout
+    r = runner.invoke(app, ["sweep", "status", "cut"])
+    assert "FAIL " not in r.stdout and r.stdout.count("RETRIED") == 1 and "retried as trial 2" in r.stdout, r.stdout
+    assert r.stdout.splitlines()[-1] == "3 trial(s): 2 complete, 1 retried", r.stdout
+    df = api.sweep_trials("cut")
+    assert list(df["number"]) == [0, 2] and set(df["state"]) == {"COMPLETE"} and df["run_id"].is_unique
+    assert list(df["retries"]) == [0, 1]
+    rows = study_status("cut", storage)
+    assert rows[1]["state"] == TrialState.FAIL.name and rows[2]["mlflow_run_id"] == rows[1]["mlflow_run_id"]  # resumed
+    for rid in (rows[2]["mlflow_run_id"], tracking.sweep_parent(uri, "cut").info.run_id):  # finished: no stale reason
+        run = tracking.get_run(uri, rid)
+        assert run.info.status == "FINISHED" and "hmmscope.failure_reason" not in run.data.tags, run.data.tags
+    r = runner.invoke(app, ["report", "cut"])
+    assert r.exit_code == 0 and "2 complete, 0 failed, 0 pruned (1 retried)" in r.stdout, r.output
+    # the parent's description (the UI's) opens with the report's answer (before: what the sweep runs, only)
+    answer = next(ln for ln in r.stdout.splitlines() if ln.startswith("answer: "))[len("answer: "):]
+    parent = tracking.sweep_parent(uri, "cut")
+    assert parent.data.tags["mlflow.note.content"] == f"{answer} — Sweep 'cut': 2 train trials (grid over hmm.gamma; " \
+        "seeds 0, 1); objective eval/seen/excess_ce (minimize)" and parent.data.tags["hmmscope.answer"] == answer
+
+
 def test_analyze_adds_an_analysis_run_per_trial(tmp_path):
     spec, storage, uri = _train_study(tmp_path, "an", '"hmm.gamma" = {grid = [0.5]}', extra="analyze = true")
     assert spec.analyze and run_worker("an", storage, uri, log=lambda m: None) == 1
@@ -863,10 +981,11 @@ def test_sweep_modules_import_one_way():
 
     import hmmscope.sweep
 
-    may = {"spec": {"effects", "space"}, "space": set(), "storage": set(), "protocol": {"storage"},
-           "study": {"protocol", "spec", "storage"},
-           "trial": {"spec"}, "status": {"study"}, "studies": {"protocol", "storage", "study"}, "effects": set(),
-           "compare": {"effects", "spec"}, "worker": {"compare", "protocol", "spec", "status", "storage", "study", "trial"}}
+    may = {"spec": {"effects", "space"}, "space": set(), "spec_diff": {"spec"}, "storage": set(),
+           "protocol": {"storage"}, "study": {"protocol", "spec", "spec_diff", "storage"}, "trial": {"spec", "spec_diff"},
+           "status": {"storage", "study"}, "studies": {"protocol", "status", "storage", "study"}, "effects": set(),
+           "compare": {"effects", "spec"}, "gpus": {"spec"},
+           "worker": {"compare", "gpus", "protocol", "spec", "status", "storage", "study", "trial"}}
     root = Path(hmmscope.sweep.__file__).parent
     for name, allowed in may.items():
         tree = ast.parse((root / f"{name}.py").read_text())
@@ -892,7 +1011,8 @@ def test_sweep_run_exits_nonzero_when_a_worker_crashes(tmp_path):
     spec = theory_spec(tmp_path, name="crash", ranks="[2]")
     storage, uri = stores(tmp_path)
     study, _, _ = create_study(spec, storage, uri)
-    optuna.load_study(study_name="crash", storage=storage).set_user_attr("spec_text", "[sweep\n")  # breaks workers only
+    broken = optuna.load_study(study_name="crash", storage=storage)
+    broken.set_user_attr("spec", {**broken.user_attrs["spec"], "text": "[sweep\n"})  # breaks workers only
     r = CliRunner().invoke(app, ["sweep", "run", str(tmp_path / "crash.toml"), "--storage", storage, "--tracking-uri", uri])
     assert r.exit_code == 1 and "1 worker(s) crashed (exit codes [1])" in r.output, r.output
 

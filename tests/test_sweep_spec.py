@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hmmscope.config import ConfigError
-from hmmscope.sweep import ATTR_HASH, create_study, spec_of_study
+from hmmscope.sweep import ATTR_HASH, ATTR_SPEC, create_study, spec_of_study
 from hmmscope.sweep.spec import PRUNE_PROXY, TRAIN_OBJECTIVES, legacy_hash, parse_spec, short_labels
 
 BASE = """
@@ -79,18 +79,20 @@ def test_changing_a_run_time_key_keeps_the_sweep_name_and_workers_see_the_change
     assert stored.heartbeat_interval == 7 and stored.grace_period == 30
     assert stored.fixed["train.device"] == "cuda" and stored.hash == first.hash
     with pytest.raises(ConfigError, match="different spec"):  # a key that changes results still needs a new name
-        create_study(spec("seeds = [0, 1]", path=tmp_path / "ident.toml"), storage, uri)
+        create_study(spec('objective = "eval/seen/test_acc"', path=tmp_path / "ident.toml"), storage, uri)
 
 
 def test_a_study_stored_with_the_old_hash_is_the_same_sweep(tmp_path):
     storage, uri = f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/mlflow.db"
     s = spec(path=tmp_path / "ident.toml")
     study, _, _ = create_study(s, storage, uri)
-    study.set_user_attr(ATTR_HASH, legacy_hash(s))  # as a study created before run-time keys were left out
+    study.set_user_attr(ATTR_SPEC, None)  # as a study created before the spec was stored in one attr ...
+    study.set_user_attr(ATTR_HASH, legacy_hash(s))  # ... and before run-time keys were left out
     assert legacy_hash(s) != s.hash
     study, _, created = create_study(s, storage, uri)
-    assert not created and study.user_attrs[ATTR_HASH] == s.hash  # upgraded
-    study.set_user_attr(ATTR_HASH, legacy_hash(spec("seeds = [0, 1]")))
+    assert not created and study.user_attrs[ATTR_HASH] == s.hash and study.user_attrs[ATTR_SPEC]["hash"] == s.hash
+    study.set_user_attr(ATTR_SPEC, None)
+    study.set_user_attr(ATTR_HASH, legacy_hash(spec('objective = "eval/seen/test_acc"')))
     with pytest.raises(ConfigError, match="different spec"):
         create_study(s, storage, uri)
 
@@ -246,3 +248,16 @@ def test_a_report_table_states_margins_and_references_and_leaves_the_identity_al
         parse_spec(base + '[report]\nreferences = {"hmm.rank" = "2"}\n', "r.toml")
     with pytest.raises(ConfigError, match="r.toml: report.margin: must be a number > 0"):
         parse_spec(base + "[report]\nmargin = 0\n", "r.toml")
+def test_a_typo_in_fixed_is_named_not_a_key_that_needs_another():
+    """Before: "fixed.hmm.rank: unknown config key 'train.stepz'" (rank = 100 is invalid alone on the base, with its
+    n_states = 128 from [fixed] it is fine); the closest config key is suggested."""
+    text = ('[sweep]\nname = "typo"\n[fixed]\n"hmm.n_states" = 128\n"hmm.rank" = 100\n"train.stepz" = 5\n[space]\n'
+            '"hmm.gamma" = {grid = [0.5]}\n')
+    with pytest.raises(ConfigError) as e:
+        parse_spec(text, "typo.toml")
+    assert str(e.value).startswith("typo.toml: fixed.train.stepz: unknown config key 'train.stepz' (known in train: ")
+    assert str(e.value).endswith("; did you mean train.steps?"), str(e.value)
+    with pytest.raises(ConfigError, match="typo.toml: fixed.hmm.rank: "):  # a value that fails with the keys before it
+        parse_spec(text.replace("128", "64").replace('"train.stepz" = 5\n', ""), "typo.toml")
+    with pytest.raises(ConfigError, match="typo.toml: set.train.stepz: "):  # a [set] table's key: named there
+        parse_spec(text.replace('"train.stepz" = 5\n', "") + '[set]\n"train.stepz" = 5\n', "typo.toml")

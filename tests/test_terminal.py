@@ -146,6 +146,25 @@ def test_progress_prints_lines_above_one_bar_that_ends_at_n_of_n():
     assert "3/3" in lines[-1] and "sweep s" in lines[-1]  # the bar stays, at n/n
 
 
+def test_the_training_bar_says_loss_dash_before_the_first_logged_step():
+    """Before: `loss nan  0 tok/s` until the first logged step."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from hmmscope.training.progress import loss_column
+
+    buf = io.StringIO()
+    con = Console(file=buf, force_terminal=True, width=100, color_system=None)
+    with Progress(loss_column(), console=con, auto_refresh=False) as bar:
+        task = bar.add_task("train", total=10, completed=0, loss=float("nan"), tps=0.0)  # as train starts it
+        bar.refresh()
+        first = ANSI.sub("\n", buf.getvalue())
+        bar.update(task, completed=5, loss=2.5, tps=1234.0)
+        bar.refresh()
+    assert "loss -" in first and "nan" not in first and "tok/s" not in first, first
+    assert "loss 2.5000  1,234 tok/s" in ANSI.sub("\n", buf.getvalue())
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="python's pty module on Linux")
 def test_sweep_run_in_a_real_terminal_keeps_one_bar(tmp_path):

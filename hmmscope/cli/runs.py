@@ -53,15 +53,23 @@ def runs_list_cmd(
                                                        "as a column.")] = None,
     metric: Annotated[list[str] | None, typer.Option("--metric", "-m", help="Show this metric as a column "
                                                      "(repeatable): -m eval/seen/excess_ce.")] = None,
+    param: Annotated[list[str] | None, typer.Option("--param", "-p", help="Show this param as a column "
+                                                    "(repeatable): -p model.pos_enc.")] = None,
+    sweep: Annotated[str | None, typer.Option(help="Only this sweep's runs (its parent and its trials), with its "
+                                                   "swept params as columns.")] = None,
     tracking_uri: UriOpt = None,
 ) -> None:
-    """The runs, newest first: id, name, experiment, status, kind, start, duration, parent (and the metrics asked
-    for, one column each)."""
+    """The runs, newest first: id, name, experiment, status, kind, start, duration, parent (and the params and metrics
+    asked for, one column each; with --sweep, its swept params first)."""
     from .. import api
 
-    df = _api(api.runs, experiment, tracking_uri=tracking_uri, filter_string=filter_ or "", order_by=order_by)
+    df = _api(api.runs, experiment, tracking_uri=tracking_uri, filter_string=filter_ or "", order_by=order_by,
+              sweep=sweep)
+    swept = sorted(c[len("params.sweep.space."):] for c in df.columns if c.startswith("params.sweep.space.")) \
+        if sweep else []  # the parent run's record of the spec's [space]
+    params = list(dict.fromkeys([*swept, *(param or [])]))
     keys = list(dict.fromkeys([*(metric or []), *_order_metrics(order_by or [])]))
-    cols = [*api.LIST_COLUMNS, *(f"metrics.{k}" for k in keys)]
+    cols = [*api.LIST_COLUMNS, *(f"params.{k}" for k in params), *(f"metrics.{k}" for k in keys)]
     shown = df.reindex(columns=cols).head(limit)
     typer.echo(plain_table(cols, shown.values.tolist()))
     typer.echo(f"{len(shown)} of {len(df)} run(s)")

@@ -111,16 +111,57 @@ class SweepProgress:
             bar.__exit__(*exc)
 
 
+def _bundled_folders() -> tuple[Path, Path]:
+    return Path("sweeps"), Path(__file__).resolve().parents[2] / "sweeps"
+
+
 def bundled_spec(spec: Path) -> Path:
     """A spec named without a path or suffix (`smoke`): sweeps/<name>.toml in the working folder, else in the
-    project's own sweeps/ folder (beside the hmmscope package: a source checkout or an editable install).
-    Anything else, or a name found in neither, is returned as given (load_spec reports it)."""
-    if spec.exists() or spec.suffix or len(spec.parts) != 1:
+    project's own sweeps/ folder (beside the hmmscope package: a source checkout or an editable install). A bare name
+    (`smok`, `smok.toml`) that is neither a file nor a bundled spec: ConfigError listing the bundled specs, and the
+    closest name (`did you mean smoke`). Anything else is returned as given (load_spec reports it)."""
+    if spec.exists() or len(spec.parts) != 1 or spec.suffix not in ("", ".toml"):
         return spec
-    for folder in (Path("sweeps"), Path(__file__).resolve().parents[2] / "sweeps"):
-        if (folder / f"{spec.name}.toml").is_file():
-            return folder / f"{spec.name}.toml"
-    return spec
+    if not spec.suffix:
+        for folder in _bundled_folders():
+            if (folder / f"{spec.name}.toml").is_file():
+                return folder / f"{spec.name}.toml"
+    import difflib
+
+    names = sorted({p.stem for folder in _bundled_folders() if folder.is_dir() for p in folder.glob("*.toml")})
+    close = difflib.get_close_matches(spec.stem, names, n=1)
+    raise ConfigError(f"sweep spec not found: {spec}" + (f"; did you mean {close[0]}?" if close else "")
+                      + " (no such file here" + (f", nor a bundled spec: {', '.join(names)}" if names else "") + ")")
+
+
+def resume_command(spec: Path, workers: int, storage: str | None, tracking_uri: str | None, sets: list[str] | None,
+                   out: Path | None, report: bool = True) -> str:
+    """The `sweep run` command line that resumes this one: its spec, --set values and stores as given (the sweep's
+    identity and where it lives), its workers and its report's folder (or --no-report)."""
+    import shlex
+
+    argv = ["hmmscope", "sweep", "run", str(spec), *(["--workers", str(workers)] if workers != 1 else []),
+            *(a for v in sets or [] for a in ("--set", v)), *(["--storage", storage] if storage else []),
+            *(["--tracking-uri", tracking_uri] if tracking_uri else []), *(["--out", str(out)] if out else []),
+            *([] if report else ["--no-report"])]
+    return shlex.join(argv)
+
+
+def interrupted_lines(spec, storage: str, resume: str) -> list[str]:
+    """What an interrupted `sweep run` says last: what is kept (its trials done, those put back) and how to resume."""
+    from ..sweep import study_status
+
+    try:
+        rows = study_status(spec.name, storage)
+    except Exception:  # the storage out of reach: how to resume still holds
+        return [f"sweep {spec.name}: interrupted", f"resume: {resume}"]
+    done = sum(r["state"] in ("COMPLETE", "PRUNED") for r in rows)
+    waiting = [r for r in rows if r["state"] == "WAITING"]
+    back = sum(r["retried_from"] is not None for r in waiting)
+    how = "each resumes from its last checkpoint, if any" if spec.kind == "train" else "each starts again"
+    return [f"sweep {spec.name}: interrupted; kept: {done} of {spec.n_trials} trials done (their runs stay); "
+            f"{back} put back ({how}), {len(waiting) - back} not started",
+            f"resume: {resume}"]
 
 
 @app.command("run")
@@ -150,6 +191,7 @@ def sweep_run_cmd(
     from ..sweep.rename import renamed
     from ..sweep.spec import load_spec, with_sets
 
+    storage_opt, out_opt = storage, out  # as given: the resume command repeats them
     s = load_spec(bundled_spec(spec))
     s = with_sets(renamed(s, name) if name is not None else s, parse_sets(set_))
     if print_config:
@@ -165,8 +207,10 @@ def sweep_run_cmd(
     checks.sweep_memory(s, workers=workers, force=force)
     from .. import tracking
     from ..sweep import run_sweep
+    from ..sweep.status import resume_plan
 
-    typer.echo(f"sweep {s.name}: {tracking.browse_line(uri, sweep=s.name)}")  # where to look, at once
+    said = resume_plan(s, storage).line()  # a change that does not grow the sweep: refused here, nothing printed
+    typer.echo(f"sweep {s.name}: {said + '; ' if said else ''}{tracking.browse_line(uri, sweep=s.name)}")  # at once
     from ..sweep import SweepDeleted
 
     try:
@@ -176,6 +220,11 @@ def sweep_run_cmd(
             bar({"complete": res.complete, "pruned": res.pruned, "failed": res.failed, "running": 0}, res.n_trials)
     except SweepDeleted as e:  # its workers stopped and its runs ended: one line
         fail(str(e), 1)
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM: its workers handed their trials back; say what is kept, how to resume
+        again = resume_command(spec, workers, storage_opt, tracking_uri, set_, out_opt, report)
+        for line in interrupted_lines(s, storage, again):
+            typer.echo(line)
+        sys.exit(130)
     if res.already_complete:
         typer.echo(f"sweep {res.study_name} is already complete: nothing to do")
     typer.echo(f"sweep {res.study_name}: {res.complete} complete, {res.failed} failed, {res.pruned} pruned of "
@@ -184,9 +233,13 @@ def sweep_run_cmd(
     if report and done:
         from ..report import build_report
         from .jobs import print_answer
+        from .report import one_df_warning
 
+        rep = build_report(uri, res.parent_run_id, out, storage=res.storage)
+        if (warning := one_df_warning(rep.claims)) is not None:  # before the last three lines: where, answer, report
+            typer.echo(warning)
         typer.echo(tracking.browse_line(uri, sweep=res.study_name))
-        print_answer(res.study_name, build_report(uri, res.parent_run_id, out, storage=res.storage))
+        print_answer(res.study_name, rep)
     else:
         typer.echo(f"report: hmmscope report {res.study_name}    {tracking.browse_line(uri, sweep=res.study_name)}")
     if res.killed_workers:
@@ -289,7 +342,8 @@ def sweep_status_cmd(
     tracking_uri: UriOpt = None,
 ) -> None:
     """The study's trials as a plain table: number, state, one column per swept param, seed, objective value (4
-    significant digits), MLflow run id (whole, as soon as the run exists), retries, worker, reason.
+    significant digits), MLflow run id (whole, as soon as the run exists), retries, worker, reason. A trial that
+    failed and was put back (an interrupt, a dead worker) is RETRIED, its reason naming the trial that took its place.
 
     It only reads: RUNNING runs whose owner is gone are listed on stderr, and marked KILLED by `hmmscope runs
     gc` or the next `hmmscope sweep run` (as before this command marked them itself)."""
@@ -311,13 +365,21 @@ def sweep_status_cmd(
     def worker(w) -> str:
         return "" if not w else f"{w.get('host', '?')}:{w.get('pid', '?')}" + (f" gpu {w['gpu']}" if w.get("gpu") else "")
 
+    def state(r) -> str:  # a failed trial that was put back is RETRIED (its cell is the retry's), never FAIL
+        return "RETRIED" if r["retried_as"] is not None else r["state"]
+
+    def reason(r) -> str:
+        why = " ".join(str(r["reason"] or "").split())
+        return f"{why}; retried as trial {r['retried_as']}" if r["retried_as"] is not None else why
+
     cols = ["number", "state", *keys, "seed", "value", "run_id", "retried_from", "worker", "reason"]
-    table = [[r["number"], r["state"], *(r["params"].get(k) for k in keys), r["seed"], r["value"],
-              r["mlflow_run_id"], r["retried_from"], worker(r["worker"]), " ".join(str(r["reason"] or "").split())]
+    table = [[r["number"], state(r), *(r["params"].get(k) for k in keys), r["seed"], r["value"],
+              r["mlflow_run_id"], r["retried_from"], worker(r["worker"]), reason(r)]
              for r in sorted(rows, key=lambda r: r["number"])]
     typer.echo(plain_table(cols, table, digits=4))
-    n = {s_: sum(r["state"] == s_ for r in rows) for s_ in ("COMPLETE", "RUNNING", "WAITING", "FAIL", "PRUNED")}
-    typer.echo(f"{len(rows)} trial(s): " + ", ".join(f"{v} {k.lower()}" for k, v in n.items() if v))
+    n = {s_: sum(state(r) == s_ for r in rows) for s_ in ("COMPLETE", "RUNNING", "WAITING", "FAIL", "RETRIED", "PRUNED")}
+    typer.echo(f"{len(rows)} trial(s): " + ", ".join(f"{v} {'failed' if k == 'FAIL' else k.lower()}"
+                                                     for k, v in n.items() if v))
     if experiment is not None:
         try:
             orphans = tracking.gc_runs(tracking.resolve_uri(tracking_uri), experiments=[experiment], dry_run=True)

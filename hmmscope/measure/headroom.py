@@ -37,7 +37,9 @@ per number of demonstrations k (the last k demonstrations kept, as Figure 1 does
   (family_above_bayes, em_above_bayes). Where it cannot be computed the headroom says so in one line
   (``meta["bayes"]``) and shows only the bounds, as above.
 
-Sign convention: room = CE(best counting) - CE(learner), nats/token; positive means a learner beats counting.
+Sign convention: room = CE(best counting) - CE(learner), nats/token; positive means a learner beats counting. The one
+line (`HeadroomResult.line`) says a negative room in words: "no room shown: EM is 0.161 [0.033, 0.289] nats/token worse
+than counting ...".
 
 The unseen tasks are episodes.unseen_episodes' (n_episodes tasks, one episode each, the stream of data.seed), so a
 headroom and a trained model's Figure 1 with the same config and n_episodes score the same episodes. Everything
@@ -118,6 +120,12 @@ class HeadroomResult:
         if r["set_by"] is None:
             return (f"room above counting at k_max = {r['k']}: none measurable [no legitimate learner] nats/token "
                     f"(best counting {r['best']} {r['best_ce']:.3f}; {conv}; {n} unseen episodes): {r['word']}")
+        if r["room"] < 0 and r["word"] != BOUND_WORD:  # the best learner is worse than counting: no room shown, in words
+            who = {"incontext_hmm": "EM", "family_bayes": "family Bayes"}[r["set_by"]]
+            return (f"no room shown: {who} is {-r['room']:.3f} [{-r['room_hi']:.3f}, {-r['room_lo']:.3f}] nats/token "
+                    f"worse than counting at k_max = {r['k']} ({who} {r['learner_ce']:.3f} vs best counting {r['best']} "
+                    f"{r['best_ce']:.3f}; {conv}; 95% CI over {r['ci']}; {n} unseen episodes, {d} family "
+                    f"draw{'s' if d != 1 else ''})" + ("" if r["word"] == "no room" else f": {r['word']}"))
         return (f"room above counting at k_max = {r['k']}: {r['room']:+.3f} [{r['room_lo']:+.3f}, {r['room_hi']:+.3f}] "
                 f"nats/token (set by {r['set_by']} {r['learner_ce']:.3f} vs best counting {r['best']} "
                 f"{r['best_ce']:.3f}; {conv}; 95% CI over {r['ci']}; {n} unseen episodes, {d} family "
@@ -160,7 +168,7 @@ class HeadroomResult:
         lines = [f"{'CE (nats/token)':<{w}}" + "".join(f"{'k = ' + str(k):>16}" for k in ks)]
         for n, m in names:
             cells = {r["k"]: r for r in self.rows if r["predictor"] == n and r["M"] == m}
-            bad = [f"k = {k}: {r['degenerate']}" for k, r in sorted(cells.items()) if r["degenerate"]]
+            bad = _degenerate_note(cells)
             lines.append(f"{self._label(n, m):<{w}}" + "".join(
                 (f"{cells[k]['ce']:>7.3f}{'*' if cells[k]['degenerate'] else ' '}± "
                  f"{(cells[k]['ce_hi'] - cells[k]['ce_lo']) / 2:.3f}") if k in cells
@@ -179,6 +187,17 @@ class HeadroomResult:
     @staticmethod
     def _label(name: str, M: int | None) -> str:
         return f"{name} (M = {M})" if M else name
+
+
+def _degenerate_note(cells: dict[int, dict]) -> list[str]:
+    """Why a row is degenerate, each reason once with the k it holds at ("at every k" when all; before: the same
+    reason once per k)."""
+    at: dict[str, list[int]] = {}
+    for k, r in sorted(cells.items()):
+        if r["degenerate"]:
+            at.setdefault(r["degenerate"], []).append(k)
+    return [f"{why} at {'every k' if len(ks) == len(cells) > 1 else 'k = ' + ', '.join(map(str, ks))}"
+            for why, ks in at.items()]
 
 
 def _short(name: str | None) -> str:

@@ -249,10 +249,10 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *, sweep_spec: A
         phases.done(f"sweep {sw.study_name}: {sw.complete} complete, {sw.failed} failed, {sw.pruned} pruned of "
                     f"{sw.n_trials}{' (already complete)' if sw.already_complete else ''}, and its report, in "
                     f"{seconds(time.perf_counter() - t0)} (parent run {sw.parent_run_id[:8]})")
-        with contextlib.suppress(Exception):  # the sweep's parent, one click away on the main run's page
-            seid = tracking.get_run(uri, sw.parent_run_id).info.experiment_id
+        with contextlib.suppress(Exception):  # the answer first, then the sweep's parent, one click away on the main
+            seid = tracking.get_run(uri, sw.parent_run_id).info.experiment_id  # run's page; its own words last
             parent.set_tags({"mlflow.note.content": tracking.note_line(
-                f"{note}. Sweep {sweep_spec.name!r}: its answer "
+                f"{rep.answer + ' — ' if rep.answer else ''}sweep {sweep_spec.name!r}: its answer "
                 f"[{tracking.ANSWER}]({tracking.run_link(seid, sw.parent_run_id, tracking.ANSWER)}), its parent run "
-                f"[sweep-{sweep_spec.name}]({tracking.run_link(seid, sw.parent_run_id)})")})
+                f"[sweep-{sweep_spec.name}]({tracking.run_link(seid, sw.parent_run_id)}). {note}")})
         return MainResult(parent.run_id, train_id, theory_id, ev, th, an, sw, rep, out, theory_claims, k.done)

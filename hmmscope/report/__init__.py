@@ -138,7 +138,8 @@ class Report:
     def summary_lines(self) -> list[str]:
         h = self.header
         out = [f"sweep {self.sweep} (parent run {self.parent_id}): {h['n_complete']} complete, "
-               f"{h['n_failed']} failed, {h['n_pruned']} pruned"]
+               f"{h['n_failed']} failed, {h['n_pruned']} pruned"
+               + (f" ({h['n_retried']} retried)" if h.get("n_retried") else "")]  # as `sweep run` says them
         out += [f"answer: {self.answer}"] if self.answer else []
         out += [verdict_sentence(c) for c in self.claims]  # in words; the reasons are in the report
         out += [f"note: {n}" for n in self.notes]
@@ -200,6 +201,20 @@ def _spec(study, storage: str | None):
         return spec_of_study(study.study_name, storage) if storage else None
     except Exception:
         return None
+
+
+def _describe(run, sentence: str, spec) -> None:
+    """The sweep parent's description: the answer, then what the sweep runs (its spec's words; a study without a
+    stored spec: the description it had, less an answer put there before, tag hmmscope.answer)."""
+    from ..sweep.spec import SweepSpec
+    from ..sweep.study import parent_note
+
+    tags = run.get().data.tags
+    had = tags.get("mlflow.note.content", "")
+    base = parent_note(spec) if isinstance(spec, SweepSpec) else had.removeprefix(
+        f"{tags.get('hmmscope.answer', '')} — " if tags.get("hmmscope.answer") else "")
+    run.set_tags({"hmmscope.answer": sentence,
+                  "mlflow.note.content": tracking.note_line(f"{sentence} — {base}" if base else sentence)})
 
 
 def _write(path: Path, text: str) -> None:
@@ -293,6 +308,8 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
             run = tracking.existing_run(uri, parent.info.run_id)
             for p in [*files.values(), *map(Path, figs.values())]:
                 run.log_artifact(p, "report")
+            if sentence:  # the parent's description (the UI's) opens with the answer
+                _describe(run, sentence, spec)
         except Exception as e:  # e.g. a read-only store: the files are written, say why they are not logged
             rep.notes.append(f"the report was not logged to run {parent.info.run_id}: "
                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")

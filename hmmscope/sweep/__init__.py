@@ -9,8 +9,10 @@ The package, by idea (each module's docstring says what it owns and what it must
   interface, `TrialStore`, so that exactly one process wins each; the part a reviewer checks line by line.
 - `trial`: what one trial does (train + evaluate, or a theory setting), and the resume of a retried
   training trial from its predecessor's checkpoint.
-- `worker`: the worker loop, local worker processes, GPU pinning, `run_sweep`; `python -m hmmscope.sweep
-  worker` (`__main__`).
+- `worker`: the worker loop, local worker processes, `run_sweep`; `python -m hmmscope.sweep worker` (`__main__`).
+- `gpus`: which GPUs the workers get, a joining worker's pin.
+- `spec_diff`: a spec against the one its study stored, key by key: a change that grows the sweep (more seeds, more
+  grid levels), or one that is refused naming the keys.
 - `status`: trial counts, `sweep status`, orphan MLflow runs.
 - `studies`: `sweep list / export / delete`.
 - `compare`: the parent run's comparison figure and pivot table (comparison/), logged when `run_sweep` ends.
@@ -18,11 +20,13 @@ The package, by idea (each module's docstring says what it owns and what it must
   slope, rope - absolute paired within blocks (the pivot table's, the report's answer and positional-encoding
   statistics, the analysis records' effects.csv); the spec's [report] options.
 
-Imports run one way: storage <- protocol <- study <- status <- worker, spec <- study, trial, worker; trial <- worker,
-effects <- spec (its [report] table), effects and spec <- compare <- worker. The jobs layer never imports this
-package (it is handed the sweep and its spec by the CLI); the report imports it, never the reverse.
+Imports run one way: storage <- protocol <- study <- status <- worker, spec <- spec_diff <- study, spec <- gpus <-
+worker, spec <- trial, worker; trial <- worker, effects <- spec (its [report] table), effects and spec <- compare <-
+worker. The jobs layer never imports this package (it is handed the sweep and its spec by the CLI); the report
+imports it, never the reverse.
 """
 
+from .gpus import pin_gpu, uses_gpu, visible_gpus, worker_gpus
 from .protocol import TrialStore
 from .status import best_trial, collect_orphans, counts, study_orphans, study_status
 from .storage import (
@@ -37,24 +41,22 @@ from .storage import (
     storage_url,
 )
 from .studies import StudyRuns, delete_study, export_rows, list_studies, study_runs
-from .study import ATTR_BASE, ATTR_HASH, ATTR_PARENT, ATTR_PATH, ATTR_TEXT, create_study, load_study, spec_of_study
-from .trial import make_prune_hook, resumable_run, run_trial, trial_note, trial_seed
-from .worker import (
-    SweepDeleted,
-    SweepSummary,
-    main,
-    pin_gpu,
-    run_sweep,
-    run_worker,
-    uses_gpu,
-    visible_gpus,
-    worker_command,
-    worker_env,
-    worker_gpus,
+from .study import (
+    ATTR_BASE,
+    ATTR_HASH,
+    ATTR_PARENT,
+    ATTR_PATH,
+    ATTR_SPEC,
+    ATTR_TEXT,
+    create_study,
+    load_study,
+    spec_of_study,
 )
+from .trial import make_prune_hook, resumable_run, run_trial, trial_note, trial_seed
+from .worker import SweepDeleted, SweepSummary, main, run_sweep, run_worker, worker_command, worker_env
 
 __all__ = [
-    "ATTR_BASE", "ATTR_HASH", "ATTR_PARENT", "ATTR_PATH", "ATTR_TEXT", "StudyRuns", "SweepSummary", "TrialStore",
+    "ATTR_BASE", "ATTR_HASH", "ATTR_PARENT", "ATTR_PATH", "ATTR_SPEC", "ATTR_TEXT", "StudyRuns", "SweepSummary", "TrialStore",
     "best_trial", "collect_orphans", "counts", "create_study", "dashboard_storage", "default_storage",
     "delete_study", "ensure_storage", "export_rows", "journal_path", "list_studies", "load_study", "main",
     "make_prune_hook", "open_storage", "pin_gpu", "quiet_optuna", "resumable_run", "run_sweep", "run_trial",

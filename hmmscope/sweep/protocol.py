@@ -2,7 +2,8 @@
 
 Owns claiming a WAITING trial (WAITING -> RUNNING), finishing a RUNNING one (COMPLETE / PRUNED / FAIL, with
 its value and its reason), heartbeats, failing the trials whose worker stopped beating, enqueueing a
-retry, and recording a study attribute once (the sweep's parent run). Everything goes through one small
+retry, enqueueing the new cells of a growing sweep once (`enqueue_missing`), and recording a study attribute once
+(the sweep's parent run). Everything goes through one small
 interface, `TrialStore`, whatever the storage. Imports Optuna, SQLAlchemy and filelock (lazily) and
 storage.py; never MLflow (tracking/), torch, or the other sweep modules.
 
@@ -136,6 +137,31 @@ class TrialStore:
                 return have[key]
             self.storage.set_study_user_attr(self.study_id, key, value)
         return value
+
+    def enqueue_missing(self, points: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
+                        cell: Callable[[Mapping[str, Any], Mapping[str, Any]], Any], cell_of: Callable[[Any], Any],
+                        first: Callable[[], None] | None = None) -> list[int]:
+        """Under the mutex: `first()` (a growing sweep stores its spec there, so a worker that claims a new trial reads
+        a spec that has it), then a WAITING trial (as `Study.enqueue_trial` makes it: its params as fixed_params, the
+        point's user attrs) for each point (params, user attrs) whose `cell(params, attrs)` is not the `cell_of(trial)`
+        of a trial the study has; the numbers of those enqueued. Two processes growing a study at once enqueue each
+        cell once."""
+        import optuna
+        from optuna.trial import TrialState
+
+        out = []
+        with self._mutex():
+            if first is not None:
+                first()
+            have = {cell_of(t) for t in self.storage.get_all_trials(self.study_id, deepcopy=False)}
+            for params, attrs in points:
+                if cell(params, attrs) in have:
+                    continue
+                new = optuna.trial.create_trial(state=TrialState.WAITING, system_attrs={"fixed_params": dict(params)},
+                                                user_attrs=dict(attrs))
+                out.append(self.storage.get_trial(self.storage.create_new_trial(self.study_id, template_trial=new)).number)
+                have.add(cell(params, attrs))
+        return out
 
     def _write(self, trial_id: int, state, value: float | None, attrs: Mapping[str, Any] | None) -> None:
         """The reason, then the state: call with the mutex held, after checking the trial is RUNNING."""

@@ -43,12 +43,13 @@ run-time keys (config.RUNTIME_KEYS: train.device, train.compile, train.attention
 eval.bayes_tol), which do not.
 
 Identity. A study remembers its spec; running a spec under an existing study's name needs the same
-identity (`SweepSpec.hash`, sha256 of the canonical parsed spec): the keys that change what a trial
-computes or how trials are chosen and scored. Run-time keys do not count: storage, heartbeat_interval,
-grace_period, max_retry (sweep table), and the config keys train.device, train.compile, train.attention,
-train.figures, eval.bayes and eval.bayes_tol (config.RUNTIME_KEYS, in [fixed] or in the base config; the trainer
-accepts the same keys changed on resume). So moving a sweep to a GPU, giving it a longer heartbeat or turning its
-trials' own figures off keeps its name; the study then stores the new text.
+identity (`SweepSpec.hash`, sha256 of the canonical parsed spec), or one that grows it (more seeds, more numeric
+grid levels: spec_diff.py): the keys that change what a trial computes or how trials are chosen and scored.
+Run-time keys do not count: storage, heartbeat_interval, grace_period, max_retry (sweep table), and the config keys
+train.device, train.compile, train.attention, train.figures, eval.bayes and eval.bayes_tol (config.RUNTIME_KEYS, in
+[fixed] or in the base config; the trainer accepts the same keys changed on resume). So moving a sweep to a GPU,
+giving it a longer heartbeat or turning its trials' own figures off keeps its name; the study then stores the new
+text.
 The experiment counts: a sweep's runs stay in one MLflow experiment. Defaults and explicit values are the
 same identity (the canonical form is the parsed spec, not its text).
 
@@ -73,6 +74,7 @@ refused with the new name in the message.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import itertools
 import json
@@ -380,8 +382,12 @@ def parse_spec(text: str, path: str | Path = "<spec>", *, base: Config | None = 
     try:
         base_fixed = override(base, fixed)
     except ConfigError as e:
-        bad = next((k for k in fixed if _bad_key(base, {k: fixed[k]})), "fixed")
-        raise _err(path, f"fixed.{bad}" if bad != "fixed" else "fixed", str(e)) from None
+        keys = list(fixed)  # the first key whose value, on top of those before it, fails (alone: another key blamed)
+        bad = next((k for i, k in enumerate(keys) if _bad_key(base, {j: fixed[j] for j in keys[:i + 1]})), None)
+        table = "set" if bad in sets and bad not in data.get("fixed", {}) else "fixed"
+        close = difflib.get_close_matches(bad or "", list(flatten(base)), n=1) if "unknown config key" in str(e) else []
+        raise _err(path, f"{table}.{bad}" if bad is not None else "fixed",
+                   f"{e}; did you mean {close[0]}?" if close else str(e)) from None
     check_keys("space", space)
     params = []
     for key, d in space.items():

@@ -1,8 +1,12 @@
 """Status and housekeeping of a sweep: its trials counted and listed, its orphan MLflow runs marked KILLED.
 
-Owns `counts` and `best_trial` (read by run_sweep and the report), `study_status` (`sweep status`) and
-orphan collection. Reads studies only (never changes a trial's state: that is protocol.py's); imports
-study.py and tracking (lazily); never torch, the jobs or the worker.
+Owns `counts` and `best_trial` (read by run_sweep and the report), `study_status` (`sweep status`), `resume_plan`
+(what `sweep run` is about to do, said first) and orphan collection. Reads studies only (never changes a trial's
+state: that is protocol.py's); imports study.py and tracking (lazily); never torch, the jobs or the worker.
+
+Retried trials. A trial that failed and was put back (`retried_numbers`: a later trial's retry_history names it) is
+"retried" wherever trials are counted or listed (counts, `sweep status`, `sweep list`, the report, `sweep run`'s
+summary), never "failed": its cell is the retry's. Only a failure with no retry after it is a failure.
 
 Orphan runs: MLflow runs carry host, pid and a heartbeat (tracking/). `run_sweep` (at its start and
 end), `run_worker` (when it stops) and `sweep status` mark the sweep experiment's stale RUNNING runs KILLED
@@ -13,9 +17,17 @@ with the reason (`tracking.gc_runs`), e.g. the run of a SIGKILLed worker. A retr
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from .study import load_study, spec_of_study
+from ..config import ConfigError
+from .study import check_change, load_study, spec_of_study, stored_spec
+
+
+def retried_numbers(trials) -> set[int]:
+    """The numbers of the trials that were retried: each failed and a later trial took its place (module docstring)."""
+    return {n for t in trials for n in t.system_attrs.get("retry_history", [])}
 
 
 def counts(study, finished: set[int] | None = None) -> dict[str, int]:
@@ -24,7 +36,7 @@ def counts(study, finished: set[int] | None = None) -> dict[str, int]:
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
-    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    retried = retried_numbers(trials)
     c = {"complete": 0, "pruned": 0, "failed": 0, "running": 0, "waiting": 0, "retried": 0}
     for t in trials:
         if finished is not None and t.number not in finished and t.state not in (TrialState.RUNNING,
@@ -65,11 +77,13 @@ def best_trial(study, among: set[int] | None = None):
 
 
 def study_status(study_name: str, storage_url: str) -> list[dict[str, Any]]:
-    """One row per trial: number, state, params (with the replicate seed), seed, value, mlflow_run_id,
-    retried_from, reason, worker."""
+    """One row per trial: number, state (Optuna's), params (with the replicate seed), seed, value, mlflow_run_id,
+    retried_from, retried_as (the trial that took a retried one's place: module docstring; else None), reason, worker."""
     study = load_study(study_name, storage_url)
     rows = []
-    for t in study.get_trials(deepcopy=False):
+    trials = study.get_trials(deepcopy=False)
+    retried_as = {t.system_attrs["retry_history"][-1]: t.number for t in trials if t.system_attrs.get("retry_history")}
+    for t in trials:
         params = dict(t.params) or dict(t.system_attrs.get("fixed_params", {}))  # WAITING: the enqueued point
         if "seed" in t.user_attrs:
             params["seed"] = t.user_attrs["seed"]
@@ -77,10 +91,59 @@ def study_status(study_name: str, storage_url: str) -> list[dict[str, Any]]:
                      "value": t.value,
                      "mlflow_run_id": t.user_attrs.get("mlflow_run_id"),
                      "retried_from": t.system_attrs.get("failed_trial"),
+                     "retried_as": retried_as.get(t.number) if t.state.name == "FAIL" else None,
                      "reason": None if t.state.name in ("COMPLETE", "RUNNING", "WAITING")
                      else t.user_attrs.get("fail_reason") or t.user_attrs.get("pruned_reason"),
                      "worker": t.user_attrs.get("worker")})
     return rows
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `sweep run` is about to do with a spec (`resume_plan`): a new study of `total` trials, or one that exists
+    with `done` of them complete or pruned (and `failed` failed for good), grown from `before` trials by `grows`."""
+
+    total: int
+    exists: bool = False
+    done: int = 0
+    failed: int = 0
+    before: int = 0
+    grows: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        """'' for a new sweep; else e.g. '1 of 4 already done' or 'grows from 4 to 6 trials (sweep.seeds: [0, 1] ->
+        [0, 1, 2]): 4 of 6 already done'."""
+        if not self.exists:
+            return ""
+        grow = f"grows from {self.before} to {self.total} trials ({'; '.join(self.grows)}): " if self.grows else ""
+        failed = f" ({self.failed} failed: --retry-failed runs {'it' if self.failed == 1 else 'them'} again)" \
+            if self.failed else ""
+        return f"{grow}{self.done} of {self.total} already done{failed}"
+
+
+def resume_plan(spec, url: str) -> Plan:
+    """What running `spec` on storage `url` does (`Plan`), reading only (no storage file is created): a change that
+    neither keeps nor grows the sweep raises ConfigError naming the keys that differ, as `create_study` would, before
+    anything is written or printed."""
+    from .storage import journal_path
+
+    jp = journal_path(url)
+    if (jp is not None and not jp.is_file()) or (url.startswith("sqlite:///") and not Path(url[10:]).is_file()):
+        return Plan(spec.n_trials)
+    try:
+        study = load_study(spec.name, url)
+    except ConfigError:  # no such study (yet)
+        return Plan(spec.n_trials)
+    stored = stored_spec(study.user_attrs)
+    if stored is None:  # another process is creating it: `create_study` waits for it
+        return Plan(spec.n_trials, exists=True)
+    change = check_change(stored, spec, url)
+    c = counts(study)
+    before = spec.n_trials
+    if change.grows:
+        with_old = spec_of_study(spec.name, url)
+        before = with_old.n_trials
+    return Plan(spec.n_trials, True, c["complete"] + c["pruned"], c["failed"], before, change.grows)
 
 
 def collect_orphans(uri: str, experiment: str, log: Callable[[str], None]) -> list:

@@ -31,11 +31,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import ConfigError
+from .status import retried_numbers
 from .storage import open_storage, quiet_optuna
-from .study import ATTR_PARENT, load_study
+from .study import ATTR_PARENT, load_study, stored_spec
 
 RUN_ATTRS = ("mlflow_run_id", "mlflow_analysis_run_id")
-STATES = ("COMPLETE", "FAIL", "PRUNED", "RUNNING", "WAITING")
+# `sweep list`'s count columns: a failed trial that was put back is "retried" (status.py), not "failed"
+LIST_STATES = {"COMPLETE": "complete", "FAIL": "failed", "RETRIED": "retried", "PRUNED": "pruned", "RUNNING": "running",
+               "WAITING": "waiting"}
 
 
 def _study(name: str, storage_url: str):
@@ -47,16 +50,19 @@ def _trial_params(t) -> dict[str, Any]:
 
 
 def list_studies(storage_url: str) -> list[dict[str, Any]]:
-    """One row per study in the storage: name, kind, experiment, trial count and counts per state, parent run."""
+    """One row per study in the storage: name, kind, trial count, counts per state (LIST_STATES: a failed trial that was
+    retried counts as retried, never failed), experiment, parent run."""
     import optuna
 
     quiet_optuna()
     storage = open_storage(storage_url, create=False)
     rows = []
     for s in sorted(optuna.get_all_study_summaries(storage, include_best_trial=False), key=lambda s: s.study_name):
-        states = Counter(t.state.name for t in storage.get_all_trials(s._study_id, deepcopy=False))
+        trials = storage.get_all_trials(s._study_id, deepcopy=False)
+        retried = retried_numbers(trials)  # failed and put back: retried, not failed (status.py)
+        states = Counter("RETRIED" if t.state.name == "FAIL" and t.number in retried else t.state.name for t in trials)
         kind = experiment = None
-        text = s.user_attrs.get("spec_text")
+        text = (stored_spec(s.user_attrs) or {}).get("text")
         if text:
             import tomllib
 
@@ -66,7 +72,7 @@ def list_studies(storage_url: str) -> list[dict[str, Any]]:
             except tomllib.TOMLDecodeError:
                 pass
         rows.append({"study": s.study_name, "kind": kind, "trials": s.n_trials,
-                     **{st.lower(): states.get(st, 0) for st in STATES},
+                     **{LIST_STATES[st]: states.get(st, 0) for st in LIST_STATES},
                      "experiment": experiment, "parent_run": s.user_attrs.get(ATTR_PARENT)})
     return rows
 

@@ -42,9 +42,16 @@ from pathlib import Path
 from typing import Any
 
 from .spec import Param, SweepSpec
+from .spec_diff import GRID_KINDS
 
 
-def _suggest(trial, p: Param) -> Any:
+def _suggest(trial, p: Param, kind: str = "categorical") -> Any:
+    """The trial's value of `p`. A grid axis as its study records it (`kind`, spec_diff.GRID_KINDS): an int or float
+    range over its levels (so the axis can grow), else categorical; a grid trial's value is the one enqueued."""
+    if p.grid is not None and kind == "int":
+        return trial.suggest_int(p.key, min(p.grid), max(p.grid))
+    if p.grid is not None and kind == "float":
+        return trial.suggest_float(p.key, min(p.grid), max(p.grid))
     if p.grid is not None:
         return trial.suggest_categorical(p.key, list(p.grid))
     if p.is_int:
@@ -147,7 +154,8 @@ def run_trial(trial, spec: SweepSpec, uri: str, parent: str, *, lost: threading.
     run as soon as it is open (the worker ends it if its own end could not be written)."""
     from .. import jobs, tracking
 
-    params = {p.key: _suggest(trial, p) for p in spec.space}
+    kinds = trial.study.user_attrs.get(GRID_KINDS) or {}  # a study from before it: every axis categorical
+    params = {p.key: _suggest(trial, p, kinds.get(p.key, "categorical")) for p in spec.space}
     seed = trial_seed(trial, spec)
     cfg = spec.trial_config({**params, "seed": seed})
     name = spec.trial_name(params, seed)

@@ -1,9 +1,9 @@
 """Workers and scheduling: the loop that runs a study's trials, the local worker processes, their GPUs.
 
 Owns `run_worker` (claim, run, finish, until the study is exhausted), `run_sweep` (create or resume the
-study, start local workers, wait, summarize), the worker command line (`python -m hmmscope.sweep worker`)
-and GPU pinning. Every change of a trial's state goes through protocol.TrialStore; what a trial does is
-trial.py's. Imports the other sweep modules and tracking (lazily); never the jobs or train directly.
+study, start local workers, wait, summarize) and the worker command line (`python -m hmmscope.sweep worker`).
+Every change of a trial's state goes through protocol.TrialStore; what a trial does is trial.py's. Imports the
+other sweep modules and tracking (lazily); never the jobs or train directly.
 
 - Heartbeats: a worker beats for its trial from a thread (`TrialStore.heartbeat`) every heartbeat_interval.
   A worker killed mid-trial leaves its trial RUNNING; once its heartbeat is older than grace_period the
@@ -43,10 +43,8 @@ trial.py's. Imports the other sweep modules and tracking (lazily); never the job
   (`status.finish_order`: by completion time): each finished trial has its own step, whichever worker logs it
   and however two finishes interleave, so no key is logged twice at one step, and the last step holds the
   final counts (`run_sweep`'s own last update only when a worker has not logged it).
-- GPUs: when the trials train on device "cuda" or "auto", `run_sweep` gives worker i the GPU
-  visible[i % len(visible)] through CUDA_VISIBLE_DEVICES (visible: the CUDA_VISIBLE_DEVICES list if set,
-  else torch's device count); `sweep worker --gpu I` pins a joining worker to visible GPU I. The worker's
-  host, pid and GPU are recorded on each trial it runs (user attr "worker").
+- GPUs: gpus.py hands them out (`worker_gpus`: worker i's through CUDA_VISIBLE_DEVICES) and pins a joining
+  worker (`pin_gpu`). The worker's host, pid and GPU are recorded on each trial it runs (user attr "worker").
 """
 
 from __future__ import annotations
@@ -68,11 +66,12 @@ from dataclasses import dataclass, field
 from .. import env
 from ..config import ConfigError
 from ..interrupts import die_with_parent, on_sigterm
+from .gpus import pin_gpu, worker_gpus
 from .protocol import TrialStore
 from .spec import SweepSpec
 from .status import best_trial, collect_orphans, counts
 from .storage import default_storage, outage_limit, safe_url, storage_url
-from .study import ATTR_PARENT, create_study, load_study, spec_of_study
+from .study import ATTR_PARENT, create_study, load_study, spec_of_study, stored_spec
 from .trial import run_trial
 
 
@@ -140,6 +139,8 @@ def _run_worker(study_name: str, storage_url_: str, uri: str, max_trials: int | 
                 time.sleep(min(2.0, spec.heartbeat_interval))
                 continue
             break
+        if (stored_spec(patient(store.storage.get_study_user_attrs, store.study_id)) or {}).get("hash") != spec.hash:
+            spec = spec_of_study(study_name, url)  # the sweep grew (study.py): its new cells are in the new spec
         state, value, err, attrs = None, None, None, {}
         lost, opened = threading.Event(), []
         with store.heartbeat(tid, spec.heartbeat_interval, lost):
@@ -334,62 +335,6 @@ def worker_env(gpu: str | None = None) -> dict[str, str]:
     return env
 
 
-def visible_gpus() -> list[str]:
-    """GPU ids this process may hand out: the CUDA_VISIBLE_DEVICES list if set, else 0..count-1 (torch)."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        return [g.strip() for g in env.split(",") if g.strip()]
-    try:
-        import torch
-
-        return [str(i) for i in range(torch.cuda.device_count())]
-    except Exception:
-        return []
-
-
-def pin_gpu(index: int) -> str:
-    """Restrict this process to visible GPU `index` (sets CUDA_VISIBLE_DEVICES; before CUDA starts); ConfigError (the
-    environment as it was) when that shows no GPU (none on this machine, or an index past its GPUs)."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        ids = [g.strip() for g in env.split(",") if g.strip()]
-        if not 0 <= index < len(ids):
-            raise ConfigError(f"--gpu {index}: CUDA_VISIBLE_DEVICES={env!r} makes {len(ids)} GPU(s) visible")
-        gpu = ids[index]
-    else:
-        if index < 0:
-            raise ConfigError(f"--gpu must be >= 0, got {index}")
-        gpu = str(index)
-    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
-    import torch
-
-    if torch.cuda.device_count() < 1:  # counted with the pin in place (CUDA reads it when it starts)
-        if env is None:
-            del os.environ["CUDA_VISIBLE_DEVICES"]
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = env
-        raise ConfigError(f"--gpu {index}: no CUDA GPU is visible here (CUDA_VISIBLE_DEVICES={gpu} shows none); leave "
-                          "--gpu out to run on the CPU")
-    return gpu
-
-
-def uses_gpu(spec: SweepSpec) -> bool:
-    """Do the spec's trials train on device cuda (or auto, which picks a GPU when there is one)?"""
-    if spec.kind != "train":
-        return False
-    points = spec.grid_points() if spec.sampler == "grid" else [{}]
-    return any(spec.trial_config(pt).train.device in ("cuda", "auto") for pt in points)
-
-
-def worker_gpus(spec: SweepSpec, workers: int, gpus: Sequence[str] | None = None) -> list[str | None]:
-    """The GPU of each local worker: round-robin over `gpus` (default: visible_gpus()) when the trials use
-    cuda; None (environment untouched) otherwise or when no GPU is visible."""
-    if gpus is None:
-        gpus = visible_gpus() if uses_gpu(spec) else []
-    gpus = list(gpus)
-    return [gpus[i % len(gpus)] if gpus else None for i in range(workers)]
-
-
 WORKER_STOP_S = 30.0  # how long a stopping sweep waits for its workers to hand their trials back before SIGKILL
 
 
@@ -408,7 +353,7 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
         raise ConfigError(f"workers must be >= 1, got {workers}")
     uri = tracking.resolve_uri(uri)
     storage = storage_url(storage or spec.storage or default_storage())
-    study, parent, created = create_study(spec, storage, uri)
+    study, parent, created = create_study(spec, storage, uri, log=log)
     collect_orphans(uri, spec.experiment, log)
     if retry_failed:
         requeued = TrialStore.of(study, storage, spec.grace_period).requeue_failed()
@@ -596,5 +541,5 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"worker {os.getpid()}: interrupted; its trial was put back", file=sys.stderr, flush=True)
         return 130
-    print(f"worker {os.getpid()}: ran {n} trials", file=sys.stderr, flush=True)
+    print(f"worker {os.getpid()}: ran {n} trial{'' if n == 1 else 's'}", file=sys.stderr, flush=True)
     return 0

@@ -317,6 +317,20 @@ class TheoryResult:
             })
         return rows
 
+    def answer(self) -> str:
+        """The run's answer in one sentence (its description's first): the first sweep-level claim with a value (an
+        exponent or rank fit), else the first decay-rate claim of a setting, with its 95% CI and verdict."""
+        from ..units import value_ci
+
+        found = [c for c in self.claims() if math.isfinite(c.value)]
+        c = next((c for c in found if any(c is v for v in self.verdicts)), None) or next(
+            (c for c in found if c.name.startswith("decay rate")), None) or (found or self.claims() or [None])[0]
+        if c is None:
+            return "no claims"
+        if not math.isfinite(c.value):
+            return f"{c.name}: {c.verdict} ({c.reason})"
+        return f"{c.name}: {value_ci(c.value, c.ci_lo, c.ci_hi)}: {c.verdict}"
+
     def summary_lines(self) -> list[str]:
         out = [f.summary for f in self.exponent_fits] + [f.summary for f in self.rank_fits]
         for s in self.settings:

@@ -14,7 +14,8 @@ Orphans. A RUNNING run is stale (`stale_reason`) only when its owner is provably
 - anywhere else (another host, a container's PID namespace on this host, a reboot): its lease expired, i.e.
   no beat for HEARTBEAT_GRACE intervals. A pid missing from this namespace proves nothing.
 `gc_runs` marks stale runs KILLED with the tag `hmmscope.failure_reason = "orphaned: <why>"` and the last beat
-as end time; a run that finishes afterwards clears that reason (`clear_orphaned`). `live_owner` says who
+as end time; a run that finishes afterwards clears that reason, as any failure reason of an earlier session, and its
+lease (`clear_finished`: nobody holds a finished run, and the UI would show the tag). `live_owner` says who
 holds a run that is not stale (a `--resume` of such a run is refused: one writer per run). Runs with the older
 per-field tags (`hmmscope.host`, `hmmscope.pid`, ...) are read the same way; runs with neither are never judged.
 
@@ -197,11 +198,17 @@ def live_owner(run, *, now: float | None = None) -> str | None:
     return f"process {lease.get('pid') or '?'} on {lease.get('host') or '?'} (last heartbeat {max(0, age):.0f} s ago)"
 
 
-def clear_orphaned(c, run_id: str) -> None:
-    """A run that finishes after `gc_runs` marked it: drop the orphan reason (it was not an orphan)."""
+def clear_finished(c, run_id: str) -> None:
+    """A run that finished (its end written) keeps no failure reason and no lease: the reason said why an earlier
+    session of it ended (a Ctrl-C, a crash before a resume) or that `gc_runs` took it for an orphan (a lapsed lease),
+    none of which holds for a run that finished; and no process holds a finished run (the UI shows every tag outside
+    MLflow's `mlflow.` prefix, so a lease left there is bookkeeping on every finished run's page). `settle` reads a
+    finished run without a lease as its last writer's."""
     with contextlib.suppress(Exception):
-        if c.get_run(run_id).data.tags.get("hmmscope.failure_reason", "").startswith("orphaned:"):
-            c.delete_tag(run_id, "hmmscope.failure_reason")
+        tags = c.get_run(run_id).data.tags
+        for key in ("hmmscope.failure_reason", LEASE_TAG, LEGACY_LEASE_TAG):
+            if key in tags:
+                c.delete_tag(run_id, key)
 
 
 def end_run(c, run_id: str, status: str, reason: str | None = None, end_time: int | None = None) -> None:
@@ -551,10 +558,13 @@ def settle(uri: str, run_id: str, reason: str, status: str = "FAILED", *, finish
     """End a run this process opened that is still RUNNING under this process's lease (its own end could not be
     written: the store was out of reach when it failed), with `reason` as its failure reason; True if it did.
     `finished_too`: a FINISHED one as well (its result is dropped: e.g. its sweep trial was retried elsewhere, so
-    it must not stand beside the retry's run as a second result). A run another process holds is left alone."""
+    it must not stand beside the retry's run as a second result), its lease removed when it finished
+    (`clear_finished`): the caller names only runs it opened. A run another process holds is left alone."""
     c = client(uri)
     r = c.get_run(run_id)
-    if r.info.status not in (("RUNNING", "FINISHED") if finished_too else ("RUNNING",)) or not _is_me(lease_of(r)):
+    lease = lease_of(r)
+    if r.info.status not in (("RUNNING", "FINISHED") if finished_too else ("RUNNING",)) or not (
+            _is_me(lease) or (r.info.status == "FINISHED" and lease is None)):  # finished: its lease gone with it
         return False
     end_run(c, run_id, status, reason)
     return True

@@ -5,6 +5,8 @@ carries this process's host and pid and a heartbeat (`liveness`). Params, metric
 (made MLflow-safe, `tags.safe_key`), artifacts, JSON and tables are written through `Run`, which resolves a
 run's artifact URI against the store's own folder (`store`: a moved or copied store reads and writes its own
 artifacts); a missing artifact's error names the path that was looked for.
+A run that finishes (a resume that completes an interrupted one) drops any failure reason and its lease
+(`liveness.clear_finished`).
 
 Part of `tracking`, the one package that talks to MLflow. Imports mlflow only inside functions; imports the
 store, tags and liveness modules (and `safe_output` for local artifacts), and must not import search or anything
@@ -28,7 +30,7 @@ from .leftovers import run_temp_dir
 from .liveness import (
     LeaseLost,
     beating,
-    clear_orphaned,
+    clear_finished,
     end_run,
     heartbeat_interval,
     hold,
@@ -353,7 +355,8 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
     A new run gets MLflow's standard tags (`standard_tags`; `note` is its one-line description, and `tags`
     may override any of them). Reopening keeps the run's tags, except the note when one is given.
 
-    The run ends FINISHED, or FAILED/KILLED with the reason in the tag `hmmscope.failure_reason`.
+    The run ends FINISHED (without a failure reason of an earlier session, or its lease), or FAILED/KILLED with the
+    reason in the tag `hmmscope.failure_reason`.
     While it is open it carries this process's host and pid and a heartbeat (module docstring).
     `config` (a Config, or any of its sections): logged at once as the artifact `config.toml` (`config_toml`),
     which `--config` reads back. `system_metrics`: MLflow's system metrics (system/cpu_utilization_percentage,
@@ -418,7 +421,7 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
             if held["lost"] is not None:
                 raise LeaseLost(f"run {run.run_id}: {held['lost']}; this process's results are not recorded")
             c.set_terminated(run.run_id, "FINISHED")  # the end first: a store lost in between leaves no ended run
-            clear_orphaned(c, run.run_id)  # without a reason; marked an orphan while it ran (a lapsed lease): it was not
+            clear_finished(c, run.run_id)  # no failure reason of an earlier session, no lease: nobody holds it now
         finally:
             if monitor is not None:
                 with contextlib.suppress(Exception):

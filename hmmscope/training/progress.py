@@ -67,6 +67,27 @@ class PlainProgress:
                     f"{self.fields.get('tps', 0.0):,.0f} tokens/s, ETA {eta}"), file=sys.stderr, flush=True)
 
 
+def loss_text(fields: dict[str, Any]) -> str:
+    """The bar's loss and speed: `loss 2.3456  12,345 tok/s`, or `loss -` before the first logged step (before:
+    `loss nan  0 tok/s`)."""
+    loss = fields.get("loss", math.nan)
+    if not (isinstance(loss, (int, float)) and math.isfinite(loss)):
+        return "loss -"
+    return f"loss {loss:.4f}  {fields.get('tps', 0.0):,.0f} tok/s"
+
+
+def loss_column():
+    """A rich progress column showing `loss_text` of its task's fields."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class LossColumn(ProgressColumn):
+        def render(self, task) -> Text:
+            return Text(loss_text(task.fields))
+
+    return LossColumn()
+
+
 def training_progress(enabled: bool):
     """A transient rich bar on a terminal; `PlainProgress` lines otherwise; nothing if not `enabled`."""
     from rich.console import Console
@@ -75,7 +96,6 @@ def training_progress(enabled: bool):
     console = Console(stderr=True)
     if enabled and not console.is_terminal:
         return PlainProgress(progress_every())
-    return Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
-                    TextColumn("loss {task.fields[loss]:.4f}  {task.fields[tps]:,.0f} tok/s"),
+    return Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(), loss_column(),
                     TimeElapsedColumn(), TimeRemainingColumn(), transient=True,
                     console=console, disable=not (enabled and console.is_terminal))
