@@ -251,8 +251,11 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *, sweep_spec: A
                     f"{seconds(time.perf_counter() - t0)} (parent run {sw.parent_run_id[:8]})")
         with contextlib.suppress(Exception):  # the answer first, then the sweep's parent, one click away on the main
             seid = tracking.get_run(uri, sw.parent_run_id).info.experiment_id  # run's page; its own words last
+            links = (f"sweep {sweep_spec.name!r}: its answer [{tracking.ANSWER}]("
+                     f"{tracking.run_link(seid, sw.parent_run_id, tracking.ANSWER)}), its parent run "
+                     f"[sweep-{sweep_spec.name}]({tracking.run_link(seid, sw.parent_run_id)})")
+            room = 500 - len(links) - 3  # the description's cap (tracking.note_line): the links are never cut
+            answer = rep.answer if len(rep.answer) <= room else rep.answer[:room - 1] + "…"
             parent.set_tags({"mlflow.note.content": tracking.note_line(
-                f"{rep.answer + ' — ' if rep.answer else ''}sweep {sweep_spec.name!r}: its answer "
-                f"[{tracking.ANSWER}]({tracking.run_link(seid, sw.parent_run_id, tracking.ANSWER)}), its parent run "
-                f"[sweep-{sweep_spec.name}]({tracking.run_link(seid, sw.parent_run_id)}). {note}")})
+                f"{answer + ' — ' if answer else ''}{links}. {note}")})
         return MainResult(parent.run_id, train_id, theory_id, ev, th, an, sw, rep, out, theory_claims, k.done)
