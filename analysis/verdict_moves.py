@@ -29,7 +29,7 @@ from pathlib import Path
 import pandas as pd
 from pooled import dependency_order
 from records_io import RecordError, read_json, read_trials
-from redecide import PER_RUN, redecide, redecide_report, report_tables  # noqa: F401 (redecide: for callers)
+from redecide import PER_RUN, redecide_report, report_tables
 
 from hmmscope.report.layerwise import depth_rank_section, layerwise_section
 from hmmscope.report.posenc import posenc_section
