@@ -25,6 +25,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import record_effects as fx
+from pooled import t_interval
+from records_io import RecordError, read_csv
+
+from hmmscope.stats import rule, t_mean
 
 CELL = {(0.8, 4): "g0.8-d4", (0.6, 4): "g0.6-d4", (0.95, 4): "g0.95-d4", (0.8, 2): "g0.8-d2", (0.8, 3): "g0.8-d3"}
 TARGET = 0.01  # nats/token: the push's aim, a model within 0.01 of Bayes
@@ -42,8 +47,6 @@ BAYES = {
 
 def read_bayes(folder: Path) -> tuple[list[dict], list[dict]] | None:
     """bayes.csv and windowed.csv of RECORD/bayes (records_io checks), numbers as floats; None without the folder."""
-    from records_io import read_csv
-
     if not (folder / "bayes.csv").exists():
         return None
     out = []
@@ -59,21 +62,9 @@ def read_bayes(folder: Path) -> tuple[list[dict], list[dict]] | None:
     return out[0], out[1]
 
 
-def _t(xs) -> tuple[float, float, float]:
-    from hmmscope.stats import t_mean
-
-    xs = [x for x in xs if math.isfinite(x)]
-    if not xs:
-        return math.nan, math.nan, math.nan
-    e = t_mean(xs)
-    return float(e.value), float(e.lo), float(e.hi)
-
-
 def join(runs: list[dict], bayes: list[dict], k_max: int = 2) -> list[dict]:
     """runs with bayes_ce, bayes_mc_se, bayes_gap, true_room, share (module docstring). A run whose best counting CE
     differs from bayes.csv's (the same fit on the same episodes) raises: then they are not the same episodes."""
-    from records_io import RecordError
-
     at = {(b["cell"], int(b["seed"])): b for b in bayes if int(b["k"]) == k_max and b["bayes_converged"] == "True"}
     out = []
     for r in runs:
@@ -106,9 +97,9 @@ def cells(rows: list[dict], runs: list[dict]) -> list[dict]:
     out = []
     for row in rows:
         rs = by.get(_key(row), [])
-        add = {"bayes_ce": _t([r["bayes_ce"] for r in rs])[0]}
+        add = {"bayes_ce": t_interval([r["bayes_ce"] for r in rs])[0]}
         for name, col in (("bayes_gap", "bayes_gap"), ("true_room", "true_room"), ("share_of_room", "share")):
-            m, lo, hi = _t([r[col] for r in rs])
+            m, lo, hi = t_interval([r[col] for r in rs])
             add.update({name: m, f"{name}_lo": lo, f"{name}_hi": hi})
         out.append({**row, **add})
     return out
@@ -116,39 +107,27 @@ def cells(rows: list[dict], runs: list[dict]) -> list[dict]:
 
 def effects(runs: list[dict], windowed: list[dict]) -> list:
     """Effects on the Bayes gap (module docstring) as hmmscope.sweep.effects.Effect."""
-    from hmmscope.stats import DEFAULT_MARGIN, paired_effect, rule, t_mean
-    from hmmscope.sweep.effects import effect, ordered_effect
-
-    margin = DEFAULT_MARGIN["nats/token"]
     ok = [r for r in runs if math.isfinite(r["bayes_gap"]) and (r.get("structures") or "all") == "all"]
-    out = []
-
-    def slope(name, rows, key, rule_, what, per):
-        out.append(ordered_effect(name, [float(r[key]) for r in rows], [r["bayes_gap"] for r in rows],
-                                  [int(r["seed"]) for r in rows], None, rule_, f"OLS slope within a seed, t over seeds: "
-                                  f"{what}", unit="nats/token", margin=margin, per=per))
-
+    out: list = []
     base = dict(gamma=0.8, rank=4, window=0)
     pe = [r for r in ok if all(float(r[k]) == v for k, v in base.items())]
     for enc in ("rope", "absolute"):
-        slope(f"Bayes gap: slope on n_layers ({enc})", [r for r in pe if r["pos_enc"] == enc], "n_layers", rule("<", 0),
-              "deeper models come closer to Bayes", "layer")
+        fx.slope(out, f"Bayes gap: slope on n_layers ({enc})", [r for r in pe if r["pos_enc"] == enc], "n_layers",
+                 "bayes_gap", rule("<", 0), "deeper models come closer to Bayes", "layer")
     for L in sorted({float(r["n_layers"]) for r in pe}):
         sub = [r for r in pe if float(r["n_layers"]) == L]
-        out.append(effect(f"Bayes gap: RoPE - absolute, {int(L)} layers", paired_effect(
-            [r["bayes_gap"] for r in sub], [r["pos_enc"] == "rope" for r in sub], [int(r["seed"]) for r in sub]),
-            rule("<", 0), "model - Bayes: RoPE minus absolute, paired by seed", unit="nats/token", margin=margin))
-    out.append(effect("Bayes gap: RoPE - absolute, pooled over depths", paired_effect(
-        [r["bayes_gap"] for r in pe], [r["pos_enc"] == "rope" for r in pe], [int(r["seed"]) for r in pe],
-        [r["n_layers"] for r in pe]), rule("<", 0), "model - Bayes: RoPE minus absolute, the mean over depths within a "
-        "seed, t over seeds", unit="nats/token", margin=margin))
+        fx.add(out, f"Bayes gap: RoPE - absolute, {int(L)} layers", fx.paired(sub, "bayes_gap", "pos_enc", "rope"),
+               rule("<", 0), "model - Bayes: RoPE minus absolute, paired by seed")
+    fx.add(out, "Bayes gap: RoPE - absolute, pooled over depths", fx.paired(pe, "bayes_gap", "pos_enc", "rope",
+                                                                             "n_layers"),
+           rule("<", 0), "model - Bayes: RoPE minus absolute, the mean over depths within a seed, t over seeds")
     two = dict(n_layers=2, window=0)
-    slope("Bayes gap: slope on gamma", [r for r in ok if r["pos_enc"] == "rope" and float(r["rank"]) == 4
-                                         and all(float(r[k]) == v for k, v in two.items())], "gamma", rule("<", 0),
-          "more observable tasks leave less to infer", "unit of gamma")
-    slope("Bayes gap: slope on d", [r for r in ok if r["pos_enc"] == "rope" and float(r["gamma"]) == 0.8
-                                     and all(float(r[k]) == v for k, v in two.items())], "rank", rule(">", 0),
-          "richer dynamics leave more to infer", "unit of d")
+    fx.slope(out, "Bayes gap: slope on gamma", [r for r in ok if r["pos_enc"] == "rope" and float(r["rank"]) == 4
+                                                and all(float(r[k]) == v for k, v in two.items())], "gamma",
+             "bayes_gap", rule("<", 0), "more observable tasks leave less to infer", "unit of gamma")
+    fx.slope(out, "Bayes gap: slope on d", [r for r in ok if r["pos_enc"] == "rope" and float(r["gamma"]) == 0.8
+                                            and all(float(r[k]) == v for k, v in two.items())], "rank", "bayes_gap",
+             rule(">", 0), "richer dynamics leave more to infer", "unit of d")
     wb = {(int(w["seed"]), int(w["R"])): w for w in windowed}
     ctx = [r for r in ok if float(r["window"]) > 0 and r["pos_enc"] == "rope" and float(r["n_layers"]) == 2]
     for R in sorted({2 * (int(r["window"]) - 1) + 1 for r in ctx}):
@@ -157,11 +136,10 @@ def effects(runs: list[dict], windowed: list[dict]) -> list:
             continue
         forced = [wb[(int(r["seed"]), R)]["window_forced"] for r in rs]
         own = [float(r["model_ce"]) - wb[(int(r["seed"]), R)]["wbayes_ce"] for r in rs]
-        out.append(effect(f"context R = {R}: forced by the window (windowed Bayes - Bayes)", t_mean(forced),
-                          rule(">", 0), "what any predictor that sees R positions loses, per seed, t over seeds",
-                          unit="nats/token", margin=margin))
-        out.append(effect(f"context R = {R}: the model's own (model - windowed Bayes)", t_mean(own), rule(">", 0),
-                          "the rest of the model's deficit, per seed, t over seeds", unit="nats/token", margin=margin))
+        fx.add(out, f"context R = {R}: forced by the window (windowed Bayes - Bayes)", t_mean(forced), rule(">", 0),
+               "what any predictor that sees R positions loses, per seed, t over seeds")
+        fx.add(out, f"context R = {R}: the model's own (model - windowed Bayes)", t_mean(own), rule(">", 0),
+               "the rest of the model's deficit, per seed, t over seeds")
     return out
 
 
@@ -188,8 +166,6 @@ def budget_fit(gap_curves: list[dict], label_of, lo_step: int, hi_step: int) -> 
     """Per label (a cell or the push): per run, OLS of log(gap) on log(step) over lo_step <= step <= hi_step (the
     constant learning rate: before the decay); the exponent b and the steps at which the fit reaches TARGET, t over
     the runs (seeds) on b and on log(steps). Runs whose gap is not above 0 there are left out (log)."""
-    from hmmscope.stats import t_mean
-
     by = defaultdict(lambda: defaultdict(list))
     for c in gap_curves:
         if lo_step <= c["step"] <= hi_step and c["value"] > 0:
@@ -228,7 +204,7 @@ def push_rows(push_runs: list[dict], bayes: list[dict]) -> list[dict]:
            f"{int(float(j[0]['steps'])):,} steps", "n_seeds": len(j)}
     for name, col in (("model_ce", "model_ce"), ("diff", "diff"), ("bayes_ce", "bayes_ce"), ("bayes_gap", "bayes_gap"),
                       ("true_room", "true_room"), ("share_of_room", "share")):
-        m, lo, hi = _t([float(r[col]) for r in j])
+        m, lo, hi = t_interval([float(r[col]) for r in j])
         row.update({name: m, f"{name}_lo": lo, f"{name}_hi": hi} if name not in ("model_ce", "bayes_ce") else {name: m})
     return [row]
 
@@ -246,7 +222,7 @@ def theorem1_windowed(th: list[dict], windowed: list[dict]) -> list[dict]:
         ws = by.get(int(row["R"]), []) if float(row["gamma"]) == 0.8 else []
         add = {}
         for col in ("wbayes_tv", "bayes_tv", "window_forced", "wbayes_ce", "bayes_ce"):
-            m, lo, hi = _t([w[col] for w in ws])
+            m, lo, hi = t_interval([w[col] for w in ws])
             add.update({col: m, f"{col}_lo": lo, f"{col}_hi": hi})
         out.append({**row, **add})
     return out

@@ -8,6 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from claim_figures import VERDICT_COLOURS
 from sweepdata import save
 
 # ---------------------------------------------------------------- figures
@@ -98,7 +99,7 @@ def figures(rows, runs, curves, th, lw, out: Path) -> None:
 
         claims = sorted({r["claim"] for r in lw})
         cells = sorted({(r["n_layers"], r["pos_enc"]) for r in lw})
-        colours = {"supported": "C2", "not supported": "C3", "inconclusive": "C7", "no power": "C4"}
+        colours = VERDICT_COLOURS
         fig, ax = plt.subplots(figsize=(9, 0.28 * len(claims) + 2.2), layout="constrained")
         for y, name in enumerate(claims):  # a row per claim, each scaled by its own largest |value| (units differ)
             rs = [r for r in lw if r["claim"] == name]

@@ -9,6 +9,13 @@ import math
 from collections import defaultdict
 
 import numpy as np
+import pandas as pd
+import record_effects as fx
+from pooled import mean, pool, regime_claims
+
+from hmmscope.measure.regimes import regime
+from hmmscope.report.layerwise import layerwise_section
+from hmmscope.stats import Claim, holm_verdicts, rule
 
 STUDIES = ("depth", "gamma", "rank", "context", "structure")
 BASE = {"n_layers": 2, "pos_enc": "rope", "gamma": 0.8, "rank": 4, "window": 0, "structures": "all"}
@@ -64,18 +71,8 @@ def axes(runs: list[dict]) -> list[tuple[str, str, tuple]]:
     return [a for a in out if a[2] in have]
 
 
-def _pool(values, labels=None) -> dict:
-    from hmmscope.stats import t_mean
-
-    e = t_mean([float(v) for v in values], labels, unit="seed")
-    return {"value": e.value, "lo": e.lo, "hi": e.hi, "df": e.df, "n": e.n, "degenerate": e.degenerate}
-
-
 def cell_rows(runs: list[dict]) -> tuple[list[dict], dict]:
     """ablations.csv rows and {cell: room verdict} (module docstring)."""
-    from hmmscope.measure.regimes import regime
-    from hmmscope.stats import claim, rule
-
     by = defaultdict(list)
     for r in runs:
         by[_cell(r)].append(r)
@@ -83,27 +80,24 @@ def cell_rows(runs: list[dict]) -> tuple[list[dict], dict]:
     for axis, level, cell in axes(runs):
         rs = sorted(by[cell], key=lambda r: r["seed"])
         seeds = [int(r["seed"]) for r in rs]
-        diff = _pool([r["diff"] for r in rs], seeds)
-        room = _pool([r["best_counting_ce"] - r["family_bayes_ce"] for r in rs], seeds)
+        diff = pool([r["diff"] for r in rs], seeds)
+        room = pool([r["best_counting_ce"] - r["family_bayes_ce"] for r in rs], seeds)
         legit = []
         for r in rs:
             conv = (r["family_bayes_ce_half"] - r["family_bayes_ce"]) < TOLERANCE
             cands = [r["em_ce"]] + ([r["family_bayes_ce"]] if conv and not r["family_degenerate"] == 1 else [])
             legit.append(r["best_counting_ce"] - min(cands))
-        legit_p = _pool(legit, seeds)
-        closed = _pool([(r["best_counting_ce"] - r["model_ce"]) / (r["best_counting_ce"] - r["family_bayes_ce"])
+        legit_p = pool(legit, seeds)
+        closed = pool([(r["best_counting_ce"] - r["model_ce"]) / (r["best_counting_ce"] - r["family_bayes_ce"])
                         for r in rs], seeds)
-        gain = _pool([r["icl_gain"] for r in rs], seeds)
-        c_gain = claim("icl_gain", "pooled", gain["value"], gain["lo"], gain["hi"], rule(">", 0), "", df=gain["df"],
-                       degenerate=gain["degenerate"])
-        c_inf = claim("inference_beyond_counting", "pooled", diff["value"], diff["lo"], diff["hi"],
-                      rule("<", 0, ["icl_gain"]), "", {"icl_gain": c_gain.verdict}, df=diff["df"],
-                      degenerate=diff["degenerate"])
+        (c_gain, gain), (c_inf, _) = regime_claims({"icl_gain": ([r["icl_gain"] for r in rs], seeds),
+                                                    "inference_beyond_counting": ([r["diff"] for r in rs], seeds)},
+                                                   lambda _: "pooled")
         room_ok = room["lo"] > 0 or legit_p["lo"] > 0
         has_room[cell] = room_ok
         rows.append({"axis": axis, "level": level, "n_layers": cell[0], "pos_enc": cell[1], "gamma": cell[2],
                      "rank": cell[3], "window": cell[4], "n_seeds": diff["n"],
-                     "model_ce": _mean(r["model_ce"] for r in rs), "best_counting_ce": _mean(r["best_counting_ce"] for r in rs),
+                     "model_ce": mean(r["model_ce"] for r in rs), "best_counting_ce": mean(r["best_counting_ce"] for r in rs),
                      "diff": diff["value"], "ci_lo": diff["lo"], "ci_hi": diff["hi"], "df": diff["df"],
                      "room": room["value"], "room_lo": room["lo"], "room_hi": room["hi"],
                      "room_legit": legit_p["value"], "room_legit_lo": legit_p["lo"], "room_legit_hi": legit_p["hi"],
@@ -117,42 +111,21 @@ def cell_rows(runs: list[dict]) -> tuple[list[dict], dict]:
     return rows, has_room
 
 
-def _mean(xs) -> float:
-    xs = [float(x) for x in xs]
-    return float(np.mean(xs)) if xs else math.nan
-
-
 def effects(runs: list[dict], has_room: dict) -> list[dict]:
     """effects.csv rows (module docstring): each a stats.Claim with its rule fixed before the data, its TOST at the
     default margin and the seeds needed (hmmscope.sweep.effects: the report's implementation); a slope over three or
     more levels carries its adjacent steps ("not monotone" unless they all follow it); a Holm-adjusted verdict beside
     each (the family: every effect)."""
-    from hmmscope.stats import DEFAULT_MARGIN, holm_verdicts, paired_effect, rule
-    from hmmscope.sweep.effects import effect, effect_row, ordered_effect
-
-    margin = DEFAULT_MARGIN["nats/token"]
     ok = [r for r in runs if has_room.get(_cell(r), False) and (r.get("structures") or "all") == "all"]
-    out = []
-
-    def add(name, est_or_why, rule_, what):
-        out.append(effect(name, est_or_why, rule_, what, unit="nats/token", margin=margin))
-
-    def slope(name, rows, key, ykey, rule_, what, per):
-        rows = [r for r in rows if math.isfinite(float(r[ykey]))]
-        out.append(ordered_effect(name, [float(r[key]) for r in rows], [float(r[ykey]) for r in rows],
-                                  [int(r["seed"]) for r in rows], None, rule_, f"OLS slope within a seed, t over "
-                                  f"seeds: {what}", unit="nats/token", margin=margin, per=per))
-
+    out: list = []
     # RoPE - absolute on diff, per depth and pooled (blocks: depth)
     pe = [r for r in ok if r["gamma"] == 0.8 and r["rank"] == 4 and r["window"] == 0]
     for L in sorted({r["n_layers"] for r in pe}):
         sub = [r for r in pe if r["n_layers"] == L]
-        add(f"RoPE - absolute, {int(L)} layers", _paired(sub, "pos_enc", "rope", "absolute"), rule("<", 0),
-            "model - best counting (unseen tasks, k_max): RoPE minus absolute, paired by seed")
-    add("RoPE - absolute, pooled over depths", paired_effect(
-        [r["diff"] for r in pe], [r["pos_enc"] == "rope" for r in pe], [int(r["seed"]) for r in pe],
-        [r["n_layers"] for r in pe]), rule("<", 0),
-        "model - best counting: RoPE minus absolute, the mean over depths within a seed, t over seeds")
+        fx.add(out, f"RoPE - absolute, {int(L)} layers", fx.paired(sub, "diff", "pos_enc", "rope"), rule("<", 0),
+               "model - best counting (unseen tasks, k_max): RoPE minus absolute, paired by seed")
+    fx.add(out, "RoPE - absolute, pooled over depths", fx.paired(pe, "diff", "pos_enc", "rope", "n_layers"),
+           rule("<", 0), "model - best counting: RoPE minus absolute, the mean over depths within a seed, t over seeds")
     # slopes within a seed, then t over seeds; their adjacent steps paired by seed
     for name, key, sel, ykey, rule_, what in (
             ("depth: slope of model - best counting on n_layers (RoPE)", "n_layers",
@@ -167,29 +140,22 @@ def effects(runs: list[dict], has_room: dict) -> list[dict]:
             ("rank: slope of the excess over the task oracle on d", "rank",
              dict(n_layers=2, pos_enc="rope", gamma=0.8, window=0), "excess_task", rule(">", 0),
              "Theorem 1's d: more to infer, further from the oracle")):
-        slope(name, [r for r in ok if all(r[k] == v for k, v in sel.items())], key, ykey, rule_, what, f"unit of {key}")
+        fx.slope(out, name, [r for r in ok if all(r[k] == v for k, v in sel.items())], key, ykey, rule_, what,
+                 f"unit of {key}")
     for g in sorted({r["gamma"] for r in ok if r["window"] > 0}):  # the gammas the context sweep ran
         ctx = [{**r, "R": 2 * (r["window"] - 1) + 1} for r in ok if r["gamma"] == g and r["n_layers"] == 2
                and r["pos_enc"] == "rope" and r["rank"] == 4 and r["window"] > 0]
-        slope(f"context, gamma {g:g}: slope of the excess over the task oracle on R", ctx, "R", "excess_task",
-              rule("<", 0), "a longer receptive field brings the model closer to the oracle", "token of R")
-        slope(f"context, gamma {g:g}: slope of model - best counting on R", ctx, "R", "diff", rule("<", 0),
-              "a longer receptive field infers more beyond counting", "token of R")
+        fx.slope(out, f"context, gamma {g:g}: slope of the excess over the task oracle on R", ctx, "R", "excess_task",
+                 rule("<", 0), "a longer receptive field brings the model closer to the oracle", "token of R")
+        fx.slope(out, f"context, gamma {g:g}: slope of model - best counting on R", ctx, "R", "diff", rule("<", 0),
+                 "a longer receptive field infers more beyond counting", "token of R")
     st = [r for r in runs if r.get("structures") in ("half", "half-heldout")  # same model per seed, two task sets
           and has_room.get(_cell(r), False)]
     if st:
-        add("structure: held-out minus seen structures", _paired(st, "structures", "half-heldout", "half"), rule(">", 0),
-            "model - best counting on unseen tasks whose revealing maps training never drew, minus on tasks of the "
-            "training half (the same model per seed; each against counting fitted to its own half)")
-    holm, line = holm_verdicts([e.claim for e in out])
-    print(f"effects.csv, the family of {len(out)} effects: {line}")
-    return [{**effect_row(e), "holm_verdict": h} for e, h in zip(out, holm)]
-
-
-def _paired(rows, key, a, b):
-    from hmmscope.stats import paired_effect
-
-    return paired_effect([r["diff"] for r in rows], [r[key] == a for r in rows], [int(r["seed"]) for r in rows])
+        fx.add(out, "structure: held-out minus seen structures", fx.paired(st, "diff", "structures", "half-heldout"),
+               rule(">", 0), "model - best counting on unseen tasks whose revealing maps training never drew, minus on "
+               "tasks of the training half (the same model per seed; each against counting fitted to its own half)")
+    return fx.table(out, "effects.csv")
 
 
 def theorem1(runs: list[dict]) -> tuple[list[dict], list[dict]]:
@@ -203,9 +169,9 @@ def theorem1(runs: list[dict]) -> tuple[list[dict], list[dict]]:
             seeds = [int(r["seed"]) for r in rs]
             row = {"gamma": g, "R": int(R), "n_seeds": len(rs), "n_positions": int(rs[0]["n_positions"])}
             for k in ("model_tv", "lmem_tv", "eps", "mix_tv"):
-                p = _pool([r[k] for r in rs], seeds)
+                p = pool([r[k] for r in rs], seeds)
                 row.update({k: p["value"], f"{k}_lo": p["lo"], f"{k}_hi": p["hi"]})
-            p = _pool([r["model_tv"] - r["lmem_tv"] for r in rs], seeds)
+            p = pool([r["model_tv"] - r["lmem_tv"] for r in rs], seeds)
             row.update({"model_minus_lmem_tv": p["value"], "model_minus_lmem_tv_lo": p["lo"],
                         "model_minus_lmem_tv_hi": p["hi"]})
             rows.append(row)
@@ -215,7 +181,7 @@ def theorem1(runs: list[dict]) -> tuple[list[dict], list[dict]]:
                 if r[k] > 0:
                     per[int(r["seed"])].append((r["receptive_field"], math.log(r[k])))
             vals = [-float(np.polyfit(*np.array(v).T, 1)[0]) for v in per.values() if len({x for x, _ in v}) >= 2]
-            p = _pool(vals, list(range(len(vals))))
+            p = pool(vals, list(range(len(vals))))
             rates.append({"gamma": g, "quantity": k, "decay_rate": p["value"], "ci_lo": p["lo"], "ci_hi": p["hi"],
                           "df": p["df"], "n_seeds": p["n"], "gamma4": g ** 4,
                           "fit": "log(TV) = a - rate * R, OLS within a seed over its R, t over seeds"})
@@ -224,10 +190,6 @@ def theorem1(runs: list[dict]) -> tuple[list[dict], list[dict]]:
 
 def layerwise(claim_rows: list[dict]) -> list[dict]:
     """layerwise.csv: every logged claim pooled per (n_layers, pos_enc) by the report's own pooling."""
-    import pandas as pd
-
-    from hmmscope.report.layerwise import layerwise_section
-
     out = []
     for L, pe in sorted({(r["n_layers"], r["pos_enc"]) for r in claim_rows}):
         sub = [r for r in claim_rows if r["n_layers"] == L and r["pos_enc"] == pe]
@@ -245,8 +207,6 @@ def layerwise(claim_rows: list[dict]) -> list[dict]:
                         "ci_lo": c.ci_lo, "ci_hi": c.ci_hi, "df": c.df, "rule": c.rule,
                         "verdict": "no power" if one else c.verdict, "n_runs": len(wide),
                         "statistic": c.statistic + ("; one seed: the run's verdict was " + c.verdict if one else "")})
-    from hmmscope.stats import Claim, holm_verdicts
-
     family = [Claim(r["claim"], r["statistic"], r["estimate"], r["ci_lo"], r["ci_hi"], r["verdict"], "", r["rule"],
                     r["df"]) if r["verdict"] != "no power" else None for r in out]  # the family: every decided cell
     holm, line = holm_verdicts([c for c in family if c is not None])
@@ -268,9 +228,9 @@ def cost(runs: list[dict]) -> list[dict]:
         for cell in sorted({_cell(r) for r in rs}, key=str):
             cs = [r for r in rs if _cell(r) == cell]
             out.append({"study": study, "cell": f"L{int(cell[0])} {cell[1]} g{cell[2]:g} d{int(cell[3])} w{int(cell[4])}",
-                        "n_runs": len(cs), "train_s": _mean(r["train_s"] for r in cs),
-                        "figure1_s": _mean(r["figure1_s"] for r in cs),
-                        "analysis_s": _mean(r.get("analysis_s", math.nan) for r in cs)})
+                        "n_runs": len(cs), "train_s": mean(r["train_s"] for r in cs),
+                        "figure1_s": mean(r["figure1_s"] for r in cs),
+                        "analysis_s": mean(r.get("analysis_s", math.nan) for r in cs)})
         out.append({"study": study, "cell": "all (wall time, first start to last end)", "n_runs": len(rs),
                     "train_s": max(r["end"] for r in rs) - min(r["start"] for r in rs), "figure1_s": math.nan,
                     "analysis_s": math.nan})

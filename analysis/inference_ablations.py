@@ -48,15 +48,13 @@ import sys
 from pathlib import Path
 
 import ablations_bayes as ab
+import record_effects as fx
 from ablations_bayes import read_bayes
 from ablations_collect import PUSH, RECORD, collect, collect_push, read_record
 from ablations_figures import figures
 from ablations_tables import cell_rows, cost, effects, layerwise, theorem1
 from records_io import Outputs, RecordError, check_out
 from sweepdata import RESULTS, fail
-
-from hmmscope.stats import holm_verdicts
-from hmmscope.sweep.effects import effect_row
 
 
 def _budget_label(c: dict) -> str:
@@ -102,10 +100,7 @@ def main(argv=None) -> int:
             push = read_record(src / "push_runs.csv", PUSH) if (src / "push_runs.csv").exists() else []
             rows += ab.push_rows(push, bayes[0])
             outs.table(runs, "runs")
-            beff = ab.effects(runs, bayes[1])
-            holm, line = holm_verdicts([e.claim for e in beff])
-            print(f"bayes_effects.csv, the family of {len(beff)} effects: {line}")
-            outs.table([{**effect_row(e), "holm_verdict": h} for e, h in zip(beff, holm)], "bayes_effects")
+            outs.table(fx.table(ab.effects(runs, bayes[1]), "bayes_effects.csv"), "bayes_effects")
             push_c = read_record(src / "push_curves.csv", RECORD["curves.csv"]) if push else []
             gap = ab.curves(curves + push_c, bayes[0], runs + push)
             outs.table(gap, "bayes_curves")

@@ -27,7 +27,8 @@ import re
 from pathlib import Path
 
 import numpy as np
-from records_io import RecordError, read_csv
+from records_io import RecordError, number, read_csv
+from records_io import read_trials as trials_table
 
 NAN = float("nan")
 REDEFINED = ("state_before_task", "kback_acc_falls_with_k")  # logged under the old definitions: superseded
@@ -50,18 +51,11 @@ def _rows(path: Path) -> list[dict]:
     return read_csv(path, **KEPT.get(path.name, {})).rows
 
 
-def _f(x) -> float:
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return NAN
-
-
-
 def read_trials(path: Path) -> dict[str, dict]:
-    """run id -> its trials.csv row (records_io.read_csv: one row per run id and trial, hmm.n_tasks a number)."""
-    t = read_csv(path, what="--trials", required=("run_id", "hmm.n_tasks"), numbers=("hmm.n_tasks", "train.seed",
-                 "data.seed"), unique=[("run_id",), ("trial",)])
+    """run id -> its trials.csv row (records_io.read_trials: one row per run id and trial, hmm.n_tasks and every metric
+    a number)."""
+    t = trials_table(path, what="--trials", required=("run_id", "hmm.n_tasks"), numbers=("hmm.n_tasks", "train.seed",
+                                                                                         "data.seed"))
     return {r["run_id"]: r for r in t.rows}
 
 
@@ -92,9 +86,9 @@ def _baselines(spec, trial: dict, n_episodes: int, probe_tasks: int, min_per_tas
     from hmmscope.data.hmm import make_mixture
     from hmmscope.measure.probes import kback_baselines, sample_positions, split_episodes
 
-    seed_r = int(_f(trial.get("train.seed", trial.get("data.seed", 0))))
-    cfg = spec.trial_config({"hmm.n_tasks": int(_f(trial["hmm.n_tasks"])), "seed": seed_r})
-    if "data.seed" in trial and int(_f(trial["data.seed"])) != cfg.data.seed:
+    seed_r = int(number(trial.get("train.seed", trial.get("data.seed", 0))))
+    cfg = spec.trial_config({"hmm.n_tasks": int(number(trial["hmm.n_tasks"])), "seed": seed_r})
+    if "data.seed" in trial and int(number(trial["data.seed"])) != cfg.data.seed:
         raise RunsError(f"trial {trial.get('trial')}: the spec gives data.seed {cfg.data.seed}, trials.csv "
                         f"{trial['data.seed']}")
     mix = make_mixture(cfg.hmm)
@@ -115,13 +109,13 @@ def run_row(d: Path, trial: dict, spec, *, n_episodes: int, probe_tasks: int = 3
     row: dict = {"run_id": trial["run_id"], "trial": trial.get("trial", ""), "run_folder": d.name}
     for k, v in trial.items():
         if k and "/" not in k and k not in ("run_id", "run_name", "kind", "trial") and not k.startswith("objective"):
-            row[f"param:{k}"] = int(_f(v)) if math.isfinite(_f(v)) and _f(v).is_integer() else v
-    row["metric:eval/retrieval_gap"] = _f(trial.get("eval/retrieval_gap"))
+            row[f"param:{k}"] = int(number(v)) if math.isfinite(number(v)) and number(v).is_integer() else v
+    row["metric:eval/retrieval_gap"] = number(trial.get("eval/retrieval_gap"))
     logged = {r["name"]: r for r in _rows(d / "claims.csv") + _rows(d / "probe_claims.csv")}
     for name, r in logged.items():
         key = safe_key(name)
         for c in ("value", "ci_lo", "ci_hi"):
-            row[f"metric:claim/{key}/{c}"] = _f(r[c])
+            row[f"metric:claim/{key}/{c}"] = number(r[c])
         row[f"verdict:{key}"], row[f"rule:{key}"] = r["verdict"], r["rule"]
 
     def put(name: str, value: float, rule_: str) -> None:
@@ -133,15 +127,15 @@ def run_row(d: Path, trial: dict, spec, *, n_episodes: int, probe_tasks: int = 3
     by: dict = {}
     for r in _rows(d / "probes.csv"):
         by.setdefault(r["target"], []).append(r)
-    sb_row: dict = {"run_folder": d.name, "n_tasks": int(_f(trial["hmm.n_tasks"])), "seed": trial.get("train.seed")}
+    sb_row: dict = {"run_folder": d.name, "n_tasks": int(number(trial["hmm.n_tasks"])), "seed": trial.get("train.seed")}
     if "task" in by and "state" in by and "state_before_task" in logged:
         lay = [int(r["layer"]) for r in by["task"]]
-        acc = {t: np.array([_f(r["acc"]) for r in by[t]]) for t in ("task", "state")}
-        ch = {t: _f(by[t][0]["chance"]) for t in ("task", "state")}
+        acc = {t: np.array([number(r["acc"]) for r in by[t]]) for t in ("task", "state")}
+        ch = {t: number(by[t][0]["chance"]) for t in ("task", "state")}
         # the old statistic (the area over every layer, 0 included) is the new area over the same layers shifted
         # off 0: recomputed as a check that the table and the logged claim agree
         old = state_before_task_values([x + 1 for x in lay], acc["task"], acc["state"], ch["task"], ch["state"])
-        if abs(float(old["area"]) - _f(logged["state_before_task"]["value"])) > 1e-9:
+        if abs(float(old["area"]) - number(logged["state_before_task"]["value"])) > 1e-9:
             raise RunsError(f"{d.name}: probes.csv gives the logged area {float(old['area']):.6g}, not the logged "
                             f"{logged['state_before_task']['value']}: the table and the claims disagree")
         new = state_before_task_values(lay, acc["task"], acc["state"], ch["task"], ch["state"])
@@ -166,10 +160,10 @@ def run_row(d: Path, trial: dict, spec, *, n_episodes: int, probe_tasks: int = 3
                 raise RunsError(f"{d.name}: kback{k}: the rebuilt probe episodes give a (task, o_t) baseline of "
                                 f"{task_acc:.4f}, the run logged {got.group(1) if got else 'none'}: not the same "
                                 "episodes (check --n-episodes and the spec)")
-            b = _f(r["value"]) + task_acc
+            b = number(r["value"]) + task_acc
             exc[k] = b - tok_acc
             put(f"kback{k}_beats_token_stats", exc[k], rule(">", 0))
-            krows.append({"run_folder": d.name, "n_tasks": int(_f(trial["hmm.n_tasks"])), "seed": trial.get("train.seed"),
+            krows.append({"run_folder": d.name, "n_tasks": int(number(trial["hmm.n_tasks"])), "seed": trial.get("train.seed"),
                           "k": k, "best_acc": b, "task_token_baseline_acc": task_acc,
                           "task_token_baseline_logged": float(got.group(1)), "token_stats_acc": tok_acc,
                           "excess_over_token_stats": exc[k], "scored_rows": n_rows})

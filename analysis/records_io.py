@@ -29,6 +29,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -161,6 +162,22 @@ def check_unique(t: Table, key: Sequence[str], select: Callable[[dict[str, str]]
             raise RecordError(f"{t.where(i)} repeats {named} of row {t.lines[first[k]]}: one row per "
                               f"{' and '.join(key)}{why}")
         first[k] = i
+
+
+def number(x) -> float:
+    """A cell as a float, NaN where it is empty, missing or not a number (a cell already checked, or optional)."""
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def read_trials(path: str | Path, *, required: Iterable[str], numbers: Iterable[str] = (), what: str = "") -> Table:
+    """A record's trials.csv (one row per COMPLETE trial: the params that vary, every metric), checked as `read_csv`
+    does with one row per run id and per trial, and a number (or nothing) in every metric column (a '/' in its name)."""
+    t = read_csv(path, what=what, required=required, numbers=numbers, unique=[("run_id",), ("trial",)])
+    check_numbers(t, [c for c in t.columns if "/" in c])
+    return t
 
 
 def read_json(path: str | Path, what: str = "") -> Any:

@@ -42,6 +42,7 @@ import os
 import sys
 from pathlib import Path
 
+from claim_figures import claims_figure
 from layerwise_runs import RunsError, read_trials, run_dirs, run_row, token_recurrence
 from records_io import Outputs, RecordError, check_out
 from sweepdata import table_csv
@@ -176,7 +177,7 @@ def _write(outs: Outputs, plots: list, plot: bool) -> int:
         return 2
     if plot:
         for claims, sub, stem in plots:
-            _plot(claims, sub, outs.out / stem)
+            claims_figure(claims, sub, outs.out / stem)
     return 0
 
 
@@ -220,38 +221,6 @@ def _pool(subs: dict, runs: dict, sweep: str, outs: Outputs, note: str) -> list:
         print(f"n_tasks {r['n_tasks']:>5}  {r['claim']:<{width}}  {r['value']:+.4f} [{r['ci_lo']:+.4f}, {r['ci_hi']:+.4f}]"
               f"  {r['rule']:<20} {r['verdict']}  (runs: {r['per_run_verdicts']})")
     return plots
-
-
-def _plot(claims, sub, stem: Path) -> None:
-    """One row per claim: each seed's value (dots) and the pooled mean with its 95% CI, coloured by verdict,
-    on the claim's own scale (a panel per claim, so no rescaling hides a sign)."""
-    import math
-
-    from matplotlib.figure import Figure
-
-    colours = {"supported": "C2", "not supported": "C3", "inconclusive": "C7", "no power": "C4"}
-    fig = Figure(figsize=(7.5, 0.55 * len(claims) + 1.2), layout="constrained")
-    axes = fig.subplots(len(claims), 1, squeeze=False)[:, 0]
-    for ax, c in zip(axes, claims):
-        name = c.name[len("pooled: "):]
-        vals = sub[f"metric:claim/{name}/value"].astype(float).dropna()
-        ax.plot(vals, [0] * len(vals), ".", color="gray", alpha=0.7)
-        col = colours.get(c.verdict, "k")
-        if math.isfinite(c.ci_lo) and math.isfinite(c.ci_hi):
-            ax.plot([c.ci_lo, c.ci_hi], [0, 0], "-", color=col, lw=2)
-        ax.plot([c.value], [0], "o", color=col)
-        ax.axvline(0, color="gray", ls=":", lw=0.8)
-        ax.set_yticks([])
-        ax.set_ylabel(name, rotation=0, ha="right", va="center", fontsize=7)
-        ax.tick_params(axis="x", labelsize=7)
-        ax.set_title(c.verdict, fontsize=7, loc="right", color=col, pad=1)
-    fig.suptitle(f"{stem.name}: seeds (grey), pooled mean with 95% t CI over seeds (colour: verdict)", fontsize=8)
-    from hmmscope.safe_output import atomic_path
-
-    for ext in ("png", "pdf"):
-        with atomic_path(f"{stem}.{ext}") as tmp:
-            fig.savefig(tmp, dpi=130, format=ext)
-        print(f"figure: {stem}.{ext}")
 
 
 if __name__ == "__main__":

@@ -13,28 +13,9 @@ store; the figures then go to the folder beside trials.csv, `figures/` (or --out
 (analysis/records_io.py: one row per run id, trial, and n_tasks and seed), and the tables and claims are written
 together once all are computed.
 
-Regime boundary. n* = the n_tasks at which the mean retrieval gap over seeds falls through the threshold
-(default 0.05 nats/token), interpolated linearly in log2(n_tasks) between the last grid value above it and the
-first one below (the estimand: the crossing of the population mean curve so interpolated; a grid identifies no
-more without a model of the curve's shape). Its 95% confidence set (hmmscope.stats.crossing_interval) inverts a
-t test with the seed as the unit: every log2 n between grid cells where "the mean gap there = threshold" is not
-rejected, the gap there being the same interpolation of each seed's own two cells (so a seed's effect shared by
-its cells is carried through), on G - 1 df (G seeds). This is Fieller's interval for the crossing of two
-neighbouring cells, extended over the grid; at the true crossing it is an exact t test, so the set covers n* with
-probability >= 95% (tests/test_stats.py simulates the record's layout, 7 cells x 3 seeds: 95% where
-one crossing is near the data, more where several cells hover near the threshold). The percentile bootstrap over
-seeds it replaces covered 72-78% in the same simulations: with 3 seeds a resample of a cell has at most 3 distinct
-values, so its spread understates the seed noise. Why not a t interval over seeds of each seed's own crossing: a
-seed whose gap hovers near the threshold has no crossing, or several (in the record, seed 2's gap is 0.052 at
-1024 tasks and 0.094 at 4096), and a per-seed crossing is a non-linear, biased function of noisy cells. Why not a
-parametric fit (logistic in log2 n): its interval covers the fitted shape's crossing, and at 7 cells the shape is
-not checkable. The limit of the choice: the estimand is the grid's interpolation; a smooth curve whose bend falls
-between two cells crosses elsewhere (simulated logistic curve: its own crossing 8.37 against the interpolated
-8.90 in log2 n, covered in 93% of simulations). The set also covers every grid cell whose t interval contains
-the threshold (cells that cannot be told from it); where such cells reach an end of the grid (or the last cell is
-not significantly below the threshold), the set is open, the boundary is "underpowered" (not located by this
-grid and these seeds) and n*'s upper end is +inf. n* and its set are also given at thresholds 0.030, 0.035, ...,
-0.060 (task_diversity_threshold.csv and the figure's third panel).
+Regime boundary: n*, where the mean retrieval gap over seeds falls through the threshold (default 0.05 nats/token),
+and its 95% confidence set (analysis/regime_boundary.py says how, and why so), also at thresholds 0.030, 0.035,
+..., 0.060 (task_diversity_threshold.csv and the figure's third panel).
 
 Claims (stats.decide):
 - ``retrieval_at_fewest_tasks``: the retrieval gap at the smallest n_tasks (t interval over seeds), rule "> 0":
@@ -63,12 +44,15 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from records_io import Outputs, RecordError, check_numbers, check_out, check_unique, read_csv
-from sweepdata import SEED_KEYS, fail, load_sweep, mean_ci, save
+from diversity_figures import FRESH, TASKS, figure
+from pooled import REGIME_CLAIMS, regime_rows
+from records_io import Outputs, RecordError, check_numbers, check_out, check_unique, read_trials
+from regime_boundary import boundary, tail_table
+from sweepdata import SEED_KEYS, fail, load_sweep, mean_ci
 
-TASKS = ("seen", "unseen")
+from hmmscope.stats import claim, jsonable, rule
+
 BASE = ("incontext_unigram", "incontext_bigram", "incontext_hmm", "best_counting", "family_bayes")
-FRESH = 0  # hmm.n_tasks = 0: fresh tasks, "infinite" task diversity (drawn at the right end of the map)
 THRESHOLDS = tuple(round(0.03 + 0.005 * i, 3) for i in range(7))  # 0.030 .. 0.060, the sensitivity table
 
 
@@ -116,9 +100,7 @@ def read_trials_csv(path: Path) -> list[tuple[int, str, dict]]:
     """(n_tasks, seed, final metrics) per training trial of a record's trials.csv (metrics: the columns with a '/'),
     checked first (records_io: the file, its columns, numbers in every metric column, one row per run id and trial,
     and per n_tasks and seed among the training trials; RecordError naming the file and row)."""
-    t = read_csv(path, what="--trials", required=("hmm.n_tasks", "eval/retrieval_gap"), numbers=("hmm.n_tasks",),
-                 unique=[("run_id",), ("trial",)])
-    check_numbers(t, [c for c in t.columns if "/" in c])
+    t = read_trials(path, what="--trials", required=("hmm.n_tasks", "eval/retrieval_gap"), numbers=("hmm.n_tasks",))
     seed_key = next((k for k in SEED_KEYS if k in t.columns), None)
     if seed_key:
         check_numbers(t, [seed_key])
@@ -140,39 +122,9 @@ def read_trials_csv(path: Path) -> list[tuple[int, str, dict]]:
     return points
 
 
-def boundary(ns, per_seed: dict, threshold: float) -> dict:
-    """n* and its 95% confidence set at one threshold (module docstring) from {seed: {n_tasks: gap}}."""
-    from hmmscope.stats import crossing_interval
-
-    seeds = sorted(per_seed, key=str)
-    Y = np.array([[per_seed[s].get(int(n), math.nan) for n in ns] for s in seeds], float)
-    c = crossing_interval(np.log2(ns), Y, threshold)
-
-    def n_of(x: float) -> float:
-        return 2.0 ** x if math.isfinite(x) else x
-
-    if c.degenerate:
-        power = f"no power: {c.degenerate}"
-    elif c.open:
-        und = ", ".join(str(int(round(2 ** u))) for u in c.undecided)
-        power = ("underpowered: the 95% confidence set runs past the end of the grid, so the boundary is not located "
-                 "by this grid and these seeds" + (f" (cells whose t interval contains {threshold:g}: {und})" if und
-                                                  else ""))
-    else:
-        power = "ok"
-    pieces = "; ".join(f"[{n_of(a):.4g}, {n_of(b):.4g}]" for a, b in c.pieces)
-    return {"threshold": threshold, "log2_n_star": c.value, "log2_lo": c.lo, "log2_hi": c.hi, "n_star": n_of(c.value),
-            "n_star_lo": n_of(c.lo), "n_star_hi": n_of(c.hi), "confidence_set_n": pieces,
-            "undecided_cells": ";".join(str(int(round(2 ** u))) for u in c.undecided), "grid": f"{int(ns[0])}..{int(ns[-1])}",
-            "n_seeds": c.n, "df": c.df, "method": "Fieller / t-test inversion on the log2-interpolated gap, seeds "
-            "as the unit (stats.crossing_interval)", "power": power, "degenerate": c.degenerate}
-
-
 def summarize(points: list[tuple[int, str, dict]], threshold: float, out, name: str, *, plot: bool = True) -> dict:
     """Tables, claims and (plot) the figure from (n_tasks, seed, final metrics) per trial (module docstring);
     returns the boundary at `threshold`."""
-    from hmmscope.stats import claim, jsonable, rule, t_mean
-
     out = Path(out)
     vals: dict = defaultdict(lambda: defaultdict(list))  # n_tasks -> quantity -> per-seed values
     per_seed: dict = defaultdict(dict)  # seed -> n_tasks -> retrieval gap
@@ -190,9 +142,7 @@ def summarize(points: list[tuple[int, str, dict]], threshold: float, out, name: 
                        ("unseen/icl_gain_same_tokens", "eval/unseen/icl_gain")):
             if key in m:
                 v[q].append(m[key])
-        for c in ("retrieval_gap", "icl_gain", "inference_beyond_counting"):
-            key = {"retrieval_gap": "eval/retrieval_gap", "icl_gain": "eval/unseen/icl_gain",
-                   "inference_beyond_counting": "eval/unseen/vs_best_counting"}[c]
+        for c, (key, _, _) in REGIME_CLAIMS.items():
             if key in m:
                 regime_vals[n_tasks][c][seed] = m[key]
         if "eval/unseen/vs_best_counting_hi" in m:  # the trial's own paired CI over its episodes
@@ -225,7 +175,7 @@ def summarize(points: list[tuple[int, str, dict]], threshold: float, out, name: 
             row["n_seeds"] = max(row.get("n_seeds", 0), k)
         rows.append(row)
     outs.table(rows, "task_diversity")
-    regimes = cell_regimes(regime_vals)
+    regimes = regime_rows(regime_vals, FRESH)
     if regimes:
         outs.table(regimes, "task_diversity_regimes")
 
@@ -233,16 +183,7 @@ def summarize(points: list[tuple[int, str, dict]], threshold: float, out, name: 
     outs.table([bnd], "task_diversity_boundary")
     sens = [boundary(ns, per_seed, t) for t in THRESHOLDS]
     outs.table(sens, "task_diversity_threshold")
-    tail = []
-    for n0 in ns:
-        cells = [int(n) for n in ns if n >= n0]
-        gaps = [g for s in per_seed for n, g in per_seed[s].items() if n in cells]
-        units = {s: float(np.mean([per_seed[s][n] for n in cells if n in per_seed[s]])) for s in per_seed
-                 if any(n in per_seed[s] for n in cells)}
-        e = t_mean(list(units.values()), list(units), unit="seed")
-        tail.append({"n_tasks_from": int(n0), "cells": len(cells), "trials": len(gaps),
-                     "positive": int(sum(g > 0 for g in gaps)), "mean": e.value, "lo": e.lo, "hi": e.hi, "df": e.df,
-                     "method": f"mean over seeds of each seed's mean gap over these cells; {e.method}"})
+    tail = tail_table(ns, per_seed)
     outs.table(tail, "task_diversity_tail")
 
     first = np.asarray(vals[int(ns[0])]["retrieval_gap"], float)
@@ -290,117 +231,8 @@ def summarize(points: list[tuple[int, str, dict]], threshold: float, out, name: 
               if math.isfinite(r.get("inference_beyond_counting", math.nan)) else
               f"regime at n_tasks = {r['cell']}: {r['regime']}")
     if plot:
-        _figure(rows, ns, bnd, sens, threshold, out, name, regimes)
+        figure(rows, ns, bnd, sens, threshold, out, name, regimes)
     return bnd
-
-
-RULES = {"retrieval_gap": (">", []), "icl_gain": (">", []), "inference_beyond_counting": ("<", ["icl_gain"])}
-
-
-def cell_regimes(regime_vals) -> list[dict]:
-    """Per cell, Figure 1's regime claims pooled over seeds (t on G - 1 df, the seed as the unit, as the report's
-    regime section) with each claim's rule (hmmscope/measure/regimes.py: retrieval_gap > 0, icl_gain > 0,
-    inference_beyond_counting = model - best counting < 0 requiring icl_gain), and the regime word they give
-    (regimes.regime); beside them, how
-    many trials are below best counting on their own paired CI over episodes (trials_below_best_counting)."""
-    from hmmscope.measure.regimes import regime
-    from hmmscope.stats import claim, rule, t_mean
-
-    out = []
-    for n in sorted(regime_vals, key=lambda n: (n == FRESH, n)):
-        row: dict = {"n_tasks": n, "cell": "fresh" if n == FRESH else str(n)}
-        pooled = []
-        verdicts: dict = {}
-        for c in ("retrieval_gap", "icl_gain", "inference_beyond_counting"):
-            by = regime_vals[n].get(c)
-            if not by:
-                continue
-            seeds = sorted(by, key=str)
-            e = t_mean([by[s] for s in seeds], seeds, unit="seed")
-            op, req = RULES[c]
-            cl = claim(c, c, e.value, e.lo, e.hi, rule(op, 0, req), "pooled over seeds", verdicts, df=e.df,
-                       degenerate=e.degenerate)
-            verdicts[c] = cl.verdict
-            pooled.append(cl)
-            row.update({c: e.value, f"{c}_lo": e.lo, f"{c}_hi": e.hi, f"{c}_verdict": cl.verdict, "seeds": e.n})
-        row["regime"] = regime(pooled)
-        below = regime_vals[n].get("_trials")
-        if below:  # per trial, on its own paired CI over episodes (not a pooled statement)
-            row["trials_below_best_counting"] = f"{sum(below.values())}/{len(below)}"
-        out.append(row)
-    return out
-
-
-def _figure(rows, ns, bnd, sens, threshold, out, name, regimes=()) -> None:
-    import matplotlib.pyplot as plt
-
-    fresh = any(r["n_tasks"] == FRESH for r in rows)
-    xs = np.array([ns[-1] * 4 if r["n_tasks"] == FRESH else r["n_tasks"] for r in rows], float)  # fresh: right end
-    ticks = (xs, [r["cell"] for r in rows])
-    fig, (ax, axg, axt) = plt.subplots(1, 3, figsize=(21, 5.2), layout="constrained", width_ratios=(1.4, 1, 1))
-    style = {"model": ("-", "o", 2.0), "mixture_oracle": ("--", None, 1.0), "incontext_unigram": ((0, (6, 2, 1, 2)),
-             None, 1.0), "incontext_bigram": ("-.", None, 1.0), "incontext_hmm": ((0, (1, 1)), None, 1.2),
-             "best_counting": ((0, (3, 1, 1, 1)), "s", 1.4), "family_bayes": ("-", None, 1.0)}
-    names = {"incontext_hmm": "in-context HMM (EM)", "best_counting": "best counting (fitted)",
-             "family_bayes": "family Bayes"}
-    for tasks, col in zip(TASKS, ("C0", "C1")):
-        for pred, (ls, mk, lw) in style.items():
-            q = f"{tasks}/{pred}"
-            if not any(q in r for r in rows):
-                continue
-            y = [r.get(q, math.nan) for r in rows]
-            ax.plot(xs, y, ls=ls, marker=mk, color=col, lw=lw, ms=4,
-                    label=f"{tasks}: {names.get(pred, pred.replace('_', ' '))}")
-            if pred == "model":
-                ax.fill_between(xs, [r.get(q + "_lo", math.nan) for r in rows],
-                                [r.get(q + "_hi", math.nan) for r in rows], color=col, alpha=0.2)
-    ax.axhline(0, color="gray", lw=0.8, label="task oracle (ceiling)")
-    for r, x in zip(regimes, [ns[-1] * 4 if r["n_tasks"] == FRESH else r["n_tasks"] for r in regimes]):
-        ax.annotate(r["regime"].replace("inference beyond counting", "inference"), (x, 1.0), xycoords=("data", "axes fraction"),
-                    rotation=90, ha="center", va="top", fontsize=7, color="C2")
-    ax.set(xscale="log", xlabel="training tasks n_tasks" + (" (fresh: every episode its own task)" if fresh else ""),
-           ylabel="CE - task-oracle CE (nats/token)", title="excess CE over the task oracle, test segment, k = k_max"
-           + ("; regime per cell (top)" if regimes else ""))
-    ax.set_xticks(*ticks)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    keep = [i for i, r in enumerate(rows) if r["n_tasks"] != FRESH]
-    rows = [rows[i] for i in keep]
-    g = [r["retrieval_gap"] for r in rows]
-    axg.plot(ns, g, "-o", color="C3", label="retrieval gap (unseen - seen), 95% t CI over seeds")
-    axg.fill_between(ns, [r["retrieval_gap_lo"] for r in rows], [r["retrieval_gap_hi"] for r in rows], color="C3",
-                     alpha=0.2)
-    axg.axhline(threshold, color="k", ls=":", lw=1, label=f"threshold {threshold:g}")
-    axg.axhline(0, color="gray", lw=0.8)
-    left, right = ns[0] / 2, ns[-1] * 2
-    if math.isfinite(bnd["log2_n_star"]):
-        axg.axvline(bnd["n_star"], color="C2", lw=1.5, label=f"n* = {bnd['n_star']:.3g}")
-    if math.isfinite(bnd["log2_lo"]) or math.isfinite(bnd["log2_hi"]):
-        axg.axvspan(max(left, bnd["n_star_lo"]), min(right, bnd["n_star_hi"]), color="C2", alpha=0.15,
-                    label="n* 95% confidence set (hull)" + (": open" if not (math.isfinite(bnd["log2_lo"])
-                                                                              and math.isfinite(bnd["log2_hi"])) else ""))
-    axg.set(xscale="log", xlabel="training tasks n_tasks", ylabel="nats/token", xlim=(left, right),
-            title="retrieval gap and the regime boundary" + ("" if bnd["power"] == "ok" else " (underpowered)"))
-    axg.set_xticks(ns, [str(int(n)) for n in ns])
-    axg.legend(fontsize=7)
-    th = np.array([s["threshold"] for s in sens])
-    est = np.array([s["n_star"] for s in sens], float)
-    lo = np.array([max(left, s["n_star_lo"]) if not math.isnan(s["n_star_lo"]) else math.nan for s in sens])
-    hi = np.array([min(right, s["n_star_hi"]) if not math.isnan(s["n_star_hi"]) else math.nan for s in sens])
-    for t, a, b, s in zip(th, lo, hi, sens):
-        axt.plot([t, t], [a, b], "-", color="C2", lw=6, alpha=0.35, solid_capstyle="butt")
-        for end, val in ((b, s["n_star_hi"]), (a, s["n_star_lo"])):
-            if not math.isfinite(val):
-                axt.plot([t], [end], "^" if val > 0 else "v", color="C2", ms=7)
-    ok = np.isfinite(est)
-    axt.plot(th[ok], est[ok], "o-", color="C2", label="n* (log2-interpolated crossing of the seed mean)")
-    axt.plot([], [], "-", color="C2", lw=6, alpha=0.35, label="95% confidence set (hull); triangle: open past the grid")
-    axt.axvline(threshold, color="k", ls=":", lw=1)
-    axt.set(yscale="log", ylim=(left, right), xlabel="threshold (nats/token)", ylabel="n* (training tasks)",
-            title="threshold sensitivity of n*")
-    axt.set_yticks(ns, [str(int(n)) for n in ns])
-    axt.legend(fontsize=7, loc="lower left")
-    fig.suptitle(f"{name}: where retrieval ends across task diversity")
-    save(fig, out, "task_diversity")
 
 
 if __name__ == "__main__":

@@ -549,8 +549,8 @@ def test_verdict_moves_redecides_a_kept_record(tmp_path, capsys):
     cells whose model - best counting lies wholly above 0 while icl_gain is not supported read 'not supported' (they
     read 'inconclusive', [0.014, 0.079] at 256 tasks), and the cells above best counting on their CI are 'worse than
     counting', not 'counting'. Failed before: no --redecide."""
-    vm = script("verdict_moves")
-    rows = vm.redecide(ROOT / "analysis" / "results" / "task-diversity-cpu")
+    vm, rd = script("verdict_moves"), script("redecide")  # the rows: redecide.py (verdict_moves.py --redecide)
+    rows = rd.redecide(ROOT / "analysis" / "results" / "task-diversity-cpu")
     got = {(r["src"], r["name"]): r for r in rows}
     c = got["report.json", "n_tasks=256: inference_beyond_counting"]
     assert (c["verdict"], c["previous"], c["now"]) == ("inconclusive", "inconclusive", "not supported")
@@ -568,7 +568,7 @@ def test_verdict_moves_redecides_a_kept_record(tmp_path, capsys):
                "verdict": "inconclusive"}]
     table = ["table", ["setting", "runs", "regime"], [["a", "2", "undetermined"], ["b", "2", "undetermined"]]]
     (rec / "report.json").write_text(json.dumps({"claims": claims, "sections": [{"blocks": [table]}]}))
-    got = {(r["src"], r["name"]): r for r in vm.redecide(rec)}
+    got = {(r["src"], r["name"]): r for r in rd.redecide(rec)}
     a = got["report.json", "a: inference_beyond_counting"]
     assert (a["previous"], a["now"]) == ("inconclusive", "inconclusive")  # on the claimed side: stopped
     assert got["report.json (regime)", "a"]["now"] == "undetermined"  # below counting, no gain shown
