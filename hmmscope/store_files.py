@@ -2,7 +2,7 @@
 store file regular where it exists (`regular_or_absent`: a FIFO would block the first read for ever), an SQLite
 database read through a read-only connection with its pages checked and its lock holders named (`sqlite_file`), an
 MLflow store's schema complete and current, a journal file that is one (`journal_file`). `store_checks` judges the two
-stores with these; imports `config` and `safe_output` only (SQLAlchemy and mlflow inside the functions, `# lazy:`).
+stores with these; imports `config` only (safe_output, SQLAlchemy and mlflow inside the functions, `# lazy:`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import sqlite3
 import stat
 from pathlib import Path
 
-from . import safe_output
 from .config import ConfigError
 
 LOCK_WAIT_S = 5.0  # how long a read waits for a store another process holds locked
@@ -36,6 +35,8 @@ def creatable(p: Path, what: str) -> None:
 
 def new_file(p: Path, what: str) -> None:
     """A store file the user named, to be created: in a creatable folder, not through a planted special file."""
+    from . import safe_output  # lazy: safe_output (~10 ms: secrets, random) off the CLI's start-up
+
     creatable(p, what)
     safe_output.trust(p)
     safe_output.check_dest(p)
@@ -238,6 +239,8 @@ def _artifacts_inside(db: Path) -> None:
     """The artifact folder beside an MLflow store (`<folder>/artifacts`, where runs, checkpoints and models are
     written) and its `models/` (MLflow's logged models) resolve inside the store's folder: a link out of either is
     refused, as one out of out/ is, before any work (a linked `artifacts/models` was found only after training)."""
+    from . import safe_output  # lazy: safe_output (~10 ms: secrets, random) off the CLI's start-up
+
     for folder in (db.parent / "artifacts", db.parent / "artifacts" / "models"):  # runs' artifacts; logged models
         safe_output.check_dest(folder / safe_output.PROBE, root=db.parent)
 

@@ -23,7 +23,7 @@ a database through a read-only open, a server through one short health check.
 The package, by idea: `values` (names, counts, seeds), `paths` (output folders and files, input files), `runs` (the
 MLflow run a command names), `estimates` (a job's memory by term and its work, from the config alone), `resources`
 (those against what this machine has: memory, time, a sweep's workers at once). Imports run estimates <- resources,
-values <- resources; `store_checks` <- paths; tracking and torch only inside functions (`# lazy:`).
+values <- resources; `store_files` <- paths; tracking, torch and safe_output only inside functions (`# lazy:`).
 """
 
 from .estimates import GIB, ORACLE_CHUNK, RUNTIME_BYTES, RUNTIME_NUMPY_BYTES, memory_estimate, model_params, train_flops

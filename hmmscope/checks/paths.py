@@ -8,15 +8,15 @@ import os
 import stat
 from pathlib import Path
 
-from .. import safe_output
 from ..config import ConfigError
-from ..safe_output import PROBE
 from ..store_files import creatable
 
 
 def _links(p: Path, explicit: bool) -> None:
     """The user named `p` (explicit): writes may go through links on its way (safe_output.trust); otherwise a
     link on the way out of the project, or a link or special file at `p`, is refused now, before any work."""
+    from .. import safe_output  # lazy: safe_output (~10 ms: secrets, random) off the CLI's start-up
+
     if explicit:
         safe_output.trust(p)
     safe_output.check_dest(p)
@@ -33,10 +33,11 @@ def output_dir(path: str | Path, what: str, *, explicit: bool = False) -> Path:
             raise ConfigError(f"{what} {p} is not writable")
     else:
         creatable(p, what)
+    from .. import safe_output  # lazy: safe_output (~10 ms: secrets, random) off the CLI's start-up
+
     if explicit:
         safe_output.trust(p)
-
-    _links(p / PROBE, False)  # its folders, itself among them
+    _links(p / safe_output.PROBE, False)  # its folders, itself among them
     return p
 
 

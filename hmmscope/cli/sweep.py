@@ -5,7 +5,7 @@ Owns: the `sweep` command group (`app`), its commands' options, checks and print
 the library's: `sweep.spec`, `sweep`, `sweep.studies`.
 
 Must not import, at module level, anything beyond typer, the standard library, `hmmscope.checks`,
-`hmmscope.store_checks`, `hmmscope.safe_output` and the cli modules: optuna, mlflow, torch, rich's progress bar, the
+`hmmscope.store_checks` and the cli modules: safe_output, optuna, mlflow, torch, rich's progress bar, the
 tracking layer, the report and the sweep layer are imported inside the command bodies (`# lazy:`), off the CLI's
 start-up.
 """
@@ -24,7 +24,6 @@ import typer
 
 from .. import checks, store_checks
 from ..config import RUNTIME_KEYS, ConfigError
-from ..safe_output import csv_text, write_csv
 from .common import (
     ForceOpt,
     StorageOpt,
@@ -410,6 +409,7 @@ def sweep_export_cmd(
     checks.safe_name(study, "study")
     url = store_checks.optuna_storage(storage, must_exist=True, write=False)
     out = None if path is None else checks.output_file(path, "output", suffix=".csv")
+    from ..safe_output import csv_text, write_csv  # lazy: safe_output (~10 ms: secrets, random) off the CLI's start-up
     from ..sweep.studies import export_rows  # lazy: the sweep layer (optuna) off the CLI's start-up
 
     rows = export_rows(study, url)
