@@ -17,7 +17,7 @@ creates, migrates or locks a store.
   deadline (HEALTH_DEADLINE_S): a server that never answers, or answers and drips its body, fails here in seconds,
   as does one that answers /health but is not MLflow. Database URLs get one connection with CONNECT_TIMEOUT_S.
 
-Must not import `checks` (which imports this), torch, or mlflow / optuna at module level.
+Must not import `checks` (above it), torch, or mlflow / optuna at module level; a store's files are `store_files`'.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ When the trials train on device "cuda" or "auto", `run_sweep` gives worker i the
 visible[i % len(visible)] through CUDA_VISIBLE_DEVICES (visible: the CUDA_VISIBLE_DEVICES list if set,
 else torch's device count); `sweep worker --gpu I` pins a joining worker to visible GPU I (`pin_gpu`).
 
-Imports spec.py (its SweepSpec) and torch lazily (`# lazy:`); never Optuna, MLflow or the other sweep modules.
+Imports the spec package (its SweepSpec) and torch lazily (`# lazy:`); never Optuna, MLflow or the other sweep modules.
 """
 
 from __future__ import annotations
