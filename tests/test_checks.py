@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hmmscope import checks, store_checks
-from hmmscope.checks import GIB, memory_estimate
+from hmmscope.checks import GIB, memory_estimate, resources
 from hmmscope.config import ConfigError, preset
 
 ROOT_BYPASSES_MODES = os.geteuid() == 0
@@ -193,7 +193,7 @@ def test_sweep_memory_counts_workers_and_the_largest_point(monkeypatch):
     small = parse_spec(text.replace("100000000000", "128"))
     checks.sweep_memory(small, workers=2)
     one = sum(b for b, _ in memory_estimate(small.trial_config({"data.n_train": 128, "seed": 0}), "train").values())
-    monkeypatch.setattr(checks, "host_memory", lambda: int(1.5 * one))  # a machine that holds one trial, not two
+    monkeypatch.setattr(resources, "host_memory", lambda: int(1.5 * one))  # a machine that holds one trial, not two
     checks.sweep_memory(small, workers=1)
     with pytest.raises(ConfigError, match=r"\(2 worker\(s\) at once\)"):
         checks.sweep_memory(small, workers=2)

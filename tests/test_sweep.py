@@ -278,13 +278,14 @@ def test_a_worker_redraws_the_comparison_at_most_every_interval_and_when_it_stop
     since its last draw, and when it stops (before: after each of its trials, 2 draws here), unless run_sweep started
     it (it draws them at its end). The counts and the best trial stay live: one step per trial."""
     from hmmscope.sweep import compare, worker
+    from hmmscope.sweep import parent as parent_run
 
     spec = theory_spec(tmp_path, name="cmp", ranks="[2]", nh=50)
     storage, uri = stores(tmp_path)
     _, parent, _ = create_study(spec, storage, uri)
     calls: list[str] = []
     real = compare.log_comparison
-    monkeypatch.setattr(compare, "log_comparison", lambda run, *a, **k: calls.append(run.run_id) or real(run, *a, **k))
+    monkeypatch.setattr(parent_run, "log_comparison", lambda run, *a, **k: calls.append(run.run_id) or real(run, *a, **k))
     monkeypatch.setattr(worker, "COMPARISON_EVERY_S", every)
     assert run_worker("cmp", storage, uri, log=lambda m: None, final_comparison=final) == 2
     assert calls == [parent] * draws
@@ -616,9 +617,8 @@ def test_a_put_back_trial_is_retried_everywhere_never_failed(tmp_path, monkeypat
 
     from hmmscope import api
     from hmmscope.cli import app
-    from hmmscope.cli.sweep import interrupted_lines
     from hmmscope.sweep import TrialStore, list_studies, load_study
-    from hmmscope.sweep.status import resume_plan
+    from hmmscope.sweep.status import interrupted_lines, resume_plan
 
     spec = theory_spec(tmp_path, name="back", ranks="[2]", nh=50)
     storage, uri = stores(tmp_path)
@@ -981,11 +981,12 @@ def test_sweep_modules_import_one_way():
 
     import hmmscope.sweep
 
-    may = {"spec": {"effects", "space"}, "space": set(), "spec_diff": {"spec"}, "storage": set(),
+    may = {"space": set(), "spec_diff": {"spec"}, "storage": set(),
            "protocol": {"storage"}, "study": {"protocol", "spec", "spec_diff", "storage"}, "trial": {"spec", "spec_diff"},
            "status": {"storage", "study"}, "studies": {"protocol", "status", "storage", "study"}, "effects": set(),
-           "compare": {"effects", "spec"}, "gpus": {"spec"},
-           "worker": {"compare", "gpus", "protocol", "spec", "status", "storage", "study", "trial"}}
+           "sentences": {"effects"}, "rename": {"spec"}, "compare": {"effects", "sentences", "spec"}, "gpus": {"spec"},
+           "outage": {"storage"}, "parent": {"compare", "spec", "status"}, "processes": {"protocol", "spec", "status"},
+           "worker": {"gpus", "outage", "parent", "processes", "protocol", "spec", "status", "storage", "study", "trial"}}
     root = Path(hmmscope.sweep.__file__).parent
     for name, allowed in may.items():
         tree = ast.parse((root / f"{name}.py").read_text())
@@ -999,6 +1000,13 @@ def test_sweep_modules_import_one_way():
             assert not outside & {"torch", "mlflow", "jobs", "train", "trial", "worker"}, (name, outside)
         if name == "protocol":
             assert "tracking" not in outside
+    inner = {"objectives": set(), "typed": {"objectives"}, "checks": {"objectives", "typed"},  # the spec package
+             "parse": {"checks", "typed"}, "__init__": {"checks", "objectives", "parse", "typed"}}
+    for name, allowed in inner.items():
+        tree = ast.parse((root / "spec" / f"{name}.py").read_text())
+        own = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1}
+        siblings = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 2}
+        assert own == allowed and siblings <= {"effects", "space"}, (name, own, siblings)
 
 
 def test_sweep_run_exits_nonzero_when_a_worker_crashes(tmp_path):
@@ -1148,14 +1156,14 @@ def test_a_bad_store_outage_setting_never_makes_a_wait_unbounded(monkeypatch, va
     so a worker cut off for good retried forever (and said "for up to nan s"); inf the same; 1e308 was taken (issue
     36, item 8). Now anything outside its stated range [0, 86400] is refused, naming it; 0 gives up at the first
     transient error."""
-    from hmmscope.sweep import worker
+    from hmmscope.sweep.outage import Patient
     from hmmscope.sweep.storage import STORE_OUTAGE_S
 
     monkeypatch.setenv("HMMSCOPE_STORE_OUTAGE_S", value)
     with pytest.raises(ValueError, match=r"HMMSCOPE_STORE_OUTAGE_S=.*\[0, 86400\]"):
-        worker._Patient(lambda m: None)
+        Patient(lambda m: None)
     monkeypatch.setenv("HMMSCOPE_STORE_OUTAGE_S", "")
-    assert worker._Patient(lambda m: None).limit == STORE_OUTAGE_S
+    assert Patient(lambda m: None).limit == STORE_OUTAGE_S
     monkeypatch.setenv("HMMSCOPE_STORE_OUTAGE_S", "0")
 
     class OperationalError(Exception):  # the name a transient storage error has (SQLAlchemy's)
@@ -1168,5 +1176,5 @@ def test_a_bad_store_outage_setting_never_makes_a_wait_unbounded(monkeypatch, va
         raise OperationalError("could not connect to server")
 
     with pytest.raises(OperationalError):
-        worker._Patient(lambda m: None)(down)
+        Patient(lambda m: None)(down)
     assert len(calls) <= 2

@@ -19,10 +19,10 @@ from hmmscope.sweep.effects import (
     effect_row,
     factor_effects,
     seeds_needed,
-    sentence,
     slope,
     tost,
 )
+from hmmscope.sweep.sentences import sentence
 from hmmscope.units import value_ci
 
 

@@ -5,13 +5,18 @@ Owns: the `sweep` command group (`app`), its commands' options, checks and print
 the library's: `sweep.spec`, `sweep`, `sweep.studies`.
 
 Must not import, at module level, anything beyond typer, the standard library, `hmmscope.checks`,
-`hmmscope.store_checks` and `cli.common`: optuna, mlflow, torch and the sweep layer are imported inside the command
-bodies.
+`hmmscope.store_checks` and the cli modules: safe_output, optuna, mlflow, torch, rich's progress bar, the
+tracking layer, the report and the sweep layer are imported inside the command bodies (`# lazy:`), off the CLI's
+start-up.
 """
 
 from __future__ import annotations
 
+import difflib
+import math
+import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -32,6 +37,8 @@ from .common import (
     progress_echo,
     user_errors,
 )
+from .jobs import print_answer
+from .report import one_df_warning
 
 app = typer.Typer(no_args_is_help=True, help="Optuna sweeps: every trial an MLflow run under one parent run.")
 
@@ -54,8 +61,6 @@ class SweepProgress:
     """
 
     def __init__(self, name: str, n_trials: int, *, tty: bool | None = None, echo=None, clock=None):
-        import time
-
         self.name, self.n = name, n_trials
         self.tty = sys.stderr.isatty() if tty is None else tty
         self.echo = echo or progress_echo
@@ -96,7 +101,13 @@ class SweepProgress:
 
     def __enter__(self):
         if self.tty:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import (  # lazy: rich.progress off the CLI's start-up (a terminal's bar only)
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
 
             self.bar = Progress(TextColumn(f"sweep {self.name}"), BarColumn(), MofNCompleteColumn(),
                                 TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
@@ -126,8 +137,6 @@ def bundled_spec(spec: Path) -> Path:
         for folder in _bundled_folders():
             if (folder / f"{spec.name}.toml").is_file():
                 return folder / f"{spec.name}.toml"
-    import difflib
-
     names = sorted({p.stem for folder in _bundled_folders() if folder.is_dir() for p in folder.glob("*.toml")})
     close = difflib.get_close_matches(spec.stem, names, n=1)
     raise ConfigError(f"sweep spec not found: {spec}" + (f"; did you mean {close[0]}?" if close else "")
@@ -138,30 +147,11 @@ def resume_command(spec: Path, workers: int, storage: str | None, tracking_uri: 
                    out: Path | None, report: bool = True) -> str:
     """The `sweep run` command line that resumes this one: its spec, --set values and stores as given (the sweep's
     identity and where it lives), its workers and its report's folder (or --no-report)."""
-    import shlex
-
     argv = ["hmmscope", "sweep", "run", str(spec), *(["--workers", str(workers)] if workers != 1 else []),
             *(a for v in sets or [] for a in ("--set", v)), *(["--storage", storage] if storage else []),
             *(["--tracking-uri", tracking_uri] if tracking_uri else []), *(["--out", str(out)] if out else []),
             *([] if report else ["--no-report"])]
     return shlex.join(argv)
-
-
-def interrupted_lines(spec, storage: str, resume: str) -> list[str]:
-    """What an interrupted `sweep run` says last: what is kept (its trials done, those put back) and how to resume."""
-    from ..sweep import study_status
-
-    try:
-        rows = study_status(spec.name, storage)
-    except Exception:  # the storage out of reach: how to resume still holds
-        return [f"sweep {spec.name}: interrupted", f"resume: {resume}"]
-    done = sum(r["state"] in ("COMPLETE", "PRUNED") for r in rows)
-    waiting = [r for r in rows if r["state"] == "WAITING"]
-    back = sum(r["retried_from"] is not None for r in waiting)
-    how = "each resumes from its last checkpoint, if any" if spec.kind == "train" else "each starts again"
-    return [f"sweep {spec.name}: interrupted; kept: {done} of {spec.n_trials} trials done (their runs stay); "
-            f"{back} put back ({how}), {len(waiting) - back} not started",
-            f"resume: {resume}"]
 
 
 @app.command("run")
@@ -188,8 +178,8 @@ def sweep_run_cmd(
 ) -> None:
     """Create or resume the study and run it to the end with local workers; then its report: the last two lines are
     the sweep's answer in one sentence and the report's HTML."""
-    from ..sweep.rename import renamed
-    from ..sweep.spec import load_spec, with_sets
+    from ..sweep.rename import renamed  # lazy: the sweep layer (optuna) off the CLI's start-up
+    from ..sweep.spec import load_spec, with_sets  # lazy: the same
 
     storage_opt, out_opt = storage, out  # as given: the resume command repeats them
     s = load_spec(bundled_spec(spec))
@@ -205,14 +195,12 @@ def sweep_run_cmd(
         out = checks.output_dir(out or Path("out") / s.name, "--out", explicit=out is not None)
     checks.workers(workers, force=force)
     checks.sweep_memory(s, workers=workers, force=force)
-    from .. import tracking
-    from ..sweep import run_sweep
-    from ..sweep.status import resume_plan
+    from .. import tracking  # lazy: the tracking layer off the CLI's start-up
+    from ..sweep import SweepDeleted, run_sweep  # lazy: the sweep layer (optuna) off the CLI's start-up
+    from ..sweep.status import interrupted_lines, resume_plan  # lazy: the same
 
     said = resume_plan(s, storage).line()  # a change that does not grow the sweep: refused here, nothing printed
     typer.echo(f"sweep {s.name}: {said + '; ' if said else ''}{tracking.browse_line(uri, sweep=s.name)}")  # at once
-    from ..sweep import SweepDeleted
-
     try:
         with SweepProgress(s.name, s.n_trials) as bar:
             res = run_sweep(s, workers=workers, storage=storage, uri=uri, log=bar.log, progress=bar,
@@ -225,15 +213,22 @@ def sweep_run_cmd(
         for line in interrupted_lines(s, storage, again):
             typer.echo(line)
         sys.exit(130)
+    say_run_result(res, uri, out if report else None)
+
+
+def say_run_result(res, uri: str, out: Path | None) -> None:
+    """What `sweep run` says when its workers are done: the counts and the parent run; the report (written to `out`,
+    None: --no-report) with its answer last, or how to write it; killed or crashed workers and FAILED trials
+    (then exit 1, as for a sweep not finished)."""
+    from .. import tracking  # lazy: the tracking layer off the CLI's start-up
+
     if res.already_complete:
         typer.echo(f"sweep {res.study_name} is already complete: nothing to do")
     typer.echo(f"sweep {res.study_name}: {res.complete} complete, {res.failed} failed, {res.pruned} pruned of "
                f"{res.n_trials} ({res.retried} retried); MLflow parent run {res.parent_run_id}")
     done = res.finished and not res.failed and not res.crashed_workers
-    if report and done:
-        from ..report import build_report
-        from .jobs import print_answer
-        from .report import one_df_warning
+    if out is not None and done:
+        from ..report import build_report  # lazy: the report (statsmodels, matplotlib) off the CLI's start-up
 
         rep = build_report(uri, res.parent_run_id, out, storage=res.storage)
         if (warning := one_df_warning(rep.claims)) is not None:  # before the last three lines: where, answer, report
@@ -273,9 +268,7 @@ def sweep_plan_cmd(
 
 def plan_seeds(spec_path: Path, effect: float, sd: float | None, source: str | None, storage: str | None) -> None:
     """`sweep plan`'s body: checks first (a bad number, spec or sweep is one line, exit 2), then the plan."""
-    import math
-
-    from ..sweep.spec import load_spec
+    from ..sweep.spec import load_spec  # lazy: the sweep layer (optuna) off the CLI's start-up
 
     for name, v in (("--effect", effect), ("--sd", sd)):
         if v is not None and not (math.isfinite(v) and v > 0):
@@ -286,8 +279,8 @@ def plan_seeds(spec_path: Path, effect: float, sd: float | None, source: str | N
                           "`sweep plan` counts seeds for a grid")
     df = None
     if sd is None:
-        from ..sweep import load_study
-        from ..sweep.compare import trial_frame
+        from ..sweep import load_study  # lazy: the sweep layer (optuna) off the CLI's start-up
+        from ..sweep.compare import trial_frame  # lazy: the same
 
         name = source or s.name
         checks.safe_name(name, "--from")
@@ -301,7 +294,7 @@ def plan_seeds(spec_path: Path, effect: float, sd: float | None, source: str | N
         if df is None or df.empty:
             raise ConfigError(f"no seed-to-seed SD to plan from: sweep {name} has no complete trial in this storage; give "
                               "--sd (the SD of the effect over seeds) or --from SWEEP (a sweep of this design)")
-    from ..sweep.compare import plan
+    from ..sweep.compare import plan  # lazy: the sweep layer (optuna) off the CLI's start-up
 
     for line in plan(s, effect, sd=sd, df=df, source=f"sweep {source or s.name}"):
         typer.echo(line)
@@ -320,12 +313,11 @@ def sweep_worker_cmd(
     checks.safe_name(study, "study")
     storage = store_checks.optuna_storage(storage, must_exist=True)
     uri = store_checks.tracking_store(tracking_uri, must_exist=True)
-    from ..sweep import pin_gpu, run_worker, spec_of_study
+    from ..sweep import SweepDeleted, pin_gpu, run_worker, spec_of_study  # lazy: the sweep layer (optuna) off the CLI's start-up
 
     spec_of_study(study, storage)  # an unknown study fails here, before any trial
     if gpu is not None:
         pin_gpu(gpu)
-    from ..sweep import SweepDeleted
 
     try:
         n = run_worker(study, storage, uri, max_trials=max_trials, log=progress_echo)
@@ -349,8 +341,8 @@ def sweep_status_cmd(
     gc` or the next `hmmscope sweep run` (as before this command marked them itself)."""
     checks.safe_name(study, "study")
     url = store_checks.optuna_storage(storage, must_exist=True, write=False)
-    from .. import tracking
-    from ..sweep import spec_of_study, study_status
+    from .. import tracking  # lazy: the tracking layer off the CLI's start-up
+    from ..sweep import spec_of_study, study_status  # lazy: the sweep layer (optuna) off the CLI's start-up
 
     uri = tracking.resolve_uri(tracking_uri)
     if uri.startswith(("http://", "https://")):  # a server gets its health check, with a total deadline
@@ -395,8 +387,8 @@ def sweep_status_cmd(
 def sweep_list_cmd(storage: StorageOpt = None) -> None:
     """The studies in the storage, with their trial counts per state."""
     url = store_checks.optuna_storage(storage, must_exist=True, write=False)
-    from ..sweep.storage import safe_url
-    from ..sweep.studies import list_studies
+    from ..sweep.storage import safe_url  # lazy: the sweep layer (optuna) off the CLI's start-up
+    from ..sweep.studies import list_studies  # lazy: the same
 
     rows = list_studies(url)
     typer.echo(f"studies in {safe_url(url)}")
@@ -417,8 +409,8 @@ def sweep_export_cmd(
     checks.safe_name(study, "study")
     url = store_checks.optuna_storage(storage, must_exist=True, write=False)
     out = None if path is None else checks.output_file(path, "output", suffix=".csv")
-    from ..safe_output import csv_text, write_csv
-    from ..sweep.studies import export_rows
+    from ..safe_output import csv_text, write_csv  # lazy: safe_output (~10 ms: secrets, random) off the CLI's start-up
+    from ..sweep.studies import export_rows  # lazy: the sweep layer (optuna) off the CLI's start-up
 
     rows = export_rows(study, url)
     if out is None:
@@ -440,8 +432,8 @@ def sweep_delete_cmd(
     checks.safe_name(study, "study")
     url = store_checks.optuna_storage(storage, must_exist=True)
     uri = store_checks.tracking_store(tracking_uri, must_exist=True)
-    from ..sweep.storage import safe_url
-    from ..sweep.studies import delete_study, live_writers, study_runs
+    from ..sweep.storage import safe_url  # lazy: the sweep layer (optuna) off the CLI's start-up
+    from ..sweep.studies import delete_study, live_writers, study_runs  # lazy: the same
 
     found = study_runs(study, url, uri)
     why = live_writers(found, uri)  # a sweep still written is not deleted: before anything is asked or deleted

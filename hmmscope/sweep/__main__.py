@@ -18,7 +18,7 @@ def _run() -> int:
     for line in notes:
         print(line, file=sys.stderr, flush=True)
     telemetry_off()  # before the worker imports mlflow (inside main)
-    from .worker import main  # after the check: nothing is imported or opened for a bad environment
+    from .worker import main  # lazy: after the check (nothing is opened for a bad environment) and telemetry_off
 
     return main()
 

@@ -24,9 +24,9 @@ What they show. The trials are the study's COMPLETE trials with a finite value (
   pooled verdict estimate: within-(seed, block) paired differences, t over seeds). A factor the report
   cannot pair within (e.g. confounded with pos_enc) gets its means and the reason instead of a difference.
 
-Imports `effects` of its siblings (the worker imports this one, lazily), and `units`, `stats` and `safe_output` inside the
-functions; never the report (which imports the sweep package); talks to MLflow only through the `tracking.Run` it is
-handed.
+Imports `effects`, `sentences` and `spec` of its siblings (`parent` imports this one), and `units`, `stats` and
+`safe_output`; pandas and matplotlib inside the functions that use them; never the report (which imports the sweep
+package); talks to MLflow only through the `tracking.Run` it is handed.
 """
 
 from __future__ import annotations
@@ -36,7 +36,24 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .effects import choose_blocks, level_order, per_level_effects, pos_enc_effect
+from optuna.trial import TrialState
+
+from ..config import flatten
+from ..safe_output import save_figure
+from ..stats import t_mean
+from ..units import axis_label, better, fmt_ci, fmt_num, metric_units, oracle_reference, replicates, value_ci, wrap
+from .effects import (
+    choose_blocks,
+    factor_effects,
+    is_tuned,
+    level_order,
+    options,
+    per_level_effects,
+    pos_enc_effect,
+    seeds_needed,
+)
+from .sentences import sentence
+from .spec import RUNTIME_CONFIG, seed_keys
 
 FOLDER = "comparison"
 FIGURE, PIVOT_FIGURE, PIVOT_TABLE = "objective", "pivot", "pivot.json"
@@ -54,10 +71,8 @@ def trial_frame(spec, study, metrics_of=None):
     """One row per COMPLETE trial with a finite value: trial number, `param:<key>` per swept key, the seed
     (`seed_column`), the objective (`metric:objective`) and, when the objective's oracle is a metric of the trials
     and `metrics_of(run_id) -> {key: value}` is given, the oracle's value (`metric:oracle`)."""
-    import pandas as pd
-    from optuna.trial import TrialState
+    import pandas as pd  # lazy: pandas (~0.5 s) off the sweep commands that draw no comparison
 
-    from ..units import oracle_reference
 
     ref = oracle_reference(spec.objective)
     oracle_key = ref[0] if ref is not None and isinstance(ref[0], str) and metrics_of is not None else None
@@ -85,10 +100,7 @@ def with_reference(spec, df, ref_spec, ref_df):
     swept keys, the seed keys and the run-time keys (e.g. the depth sweep's 2-layer RoPE cell for a gamma sweep that
     fixes 2 layers and RoPE); its values of this sweep's swept keys become its levels here. Nothing joins when the
     objectives or kinds differ, or when the matched cell is one this sweep ran itself."""
-    import pandas as pd
-
-    from ..config import flatten
-    from .spec import RUNTIME_CONFIG, seed_keys
+    import pandas as pd  # lazy: pandas (~0.5 s) off the sweep commands that draw no comparison
 
     name = ref_spec.name
     if (ref_spec.objective, ref_spec.kind) != (spec.objective, spec.kind):
@@ -120,8 +132,6 @@ def _sort_key(v: Any):
 
 def level_mean(d, seed_col: str):
     """The objective's mean over seeds (each seed: the mean of its trials in `d`) with a 95% t interval."""
-    from ..stats import t_mean
-
     seeds = d[seed_col].astype(str)
     labs = sorted(seeds.unique(), key=_sort_key)
     return t_mean([float(d[OBJ][seeds == s].mean()) for s in labs], labs, unit="seed")
@@ -221,17 +231,12 @@ def answers(spec, df, opts=None) -> tuple[list[str], list]:
     pivot and the figures. Then, for the tuned keys (train.* by default, every key of a tpe / random sweep), the best
     setting by the spec's direction, its mean over seeds with its 95% t interval beside the runner-up, marked as a
     tuned key's. `opts`: the spec's [report] options (`effects.options`)."""
-    from ..units import metric_units, replicates, value_ci
-    from .effects import factor_effects, is_tuned, options, sentence
-
     if df is None or df.empty:
         return [], []
     opts = opts or options(spec)
     seed_col, unit = seed_column(spec), metric_units(spec.objective)
     keys = [p.key for p in spec.space if f"param:{p.key}" in df.columns]
     factors = [k for k in keys if not is_tuned(spec, k, opts)]
-    from ..config import flatten
-
     effs = factor_effects(df, factors, OBJ, seed_col if seed_col in df.columns else None, metric=spec.objective,
                           unit=unit, margin=opts.margin_for(unit), references=opts.references,
                           direction=spec.direction, base=flatten(spec.base))
@@ -262,9 +267,6 @@ def plan(spec, effect: float, *, sd: float | None = None, df=None, source: str =
     The seed-to-seed SD comes from `sd` (one number for every contrast), else from `df`, the trials of a sweep of
     this design (`source` names it): each swept key's effect and adjacent steps there (`effects.factor_effects`,
     the margin the report uses), a slope's DELTA taken over the swept range."""
-    from ..units import metric_units
-    from .effects import factor_effects, is_tuned, options, seeds_needed
-
     unit = metric_units(spec.objective)
     cells = spec.n_trials // len(spec.seeds)
     out = [f"sweep {spec.name}: {cells} cell{'s' if cells != 1 else ''} x {len(spec.seeds)} seed"
@@ -303,16 +305,13 @@ def _x(values: list[Any]) -> tuple[list[float], list[str], bool]:
 
 def figure(spec, df, path: Path) -> list[Path]:
     """`objective_figure` as PNG + PDF at `path`."""
-    from ..safe_output import save_figure
-
     return save_figure(objective_figure(spec, df), path)
 
 
 def objective_figure(spec, df):
     """The objective against each swept parameter (module docstring), a matplotlib Figure."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib (~0.3 s) off the sweep commands that draw nothing
 
-    from ..units import axis_label, better, oracle_reference, wrap
 
     ref = oracle_reference(spec.objective)
     seed_col = seed_column(spec)
@@ -373,8 +372,6 @@ def objective_figure(spec, df):
 def pivot_rows(cols: dict[str, list]) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of the pivot table as text: each line's mean with its 95% CI and seeds, rope - absolute with
     its CI and df (or why it is missing), the oracle's mean: the pivot image's and the report's table."""
-    from ..units import fmt_ci, fmt_num
-
     def cell(m, lo, hi, extra=""):
         if m is None:
             return "-"
@@ -407,10 +404,8 @@ def pivot_rows(cols: dict[str, list]) -> tuple[list[str], list[list[str]]]:
 
 def pivot_figure(spec, cols: dict[str, list], path: Path) -> list[Path]:
     """The pivot table drawn as a table (values with their 95% CIs, `pivot_rows`); PNG + PDF at `path`."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib (~0.3 s) off the sweep commands that draw nothing
 
-    from ..safe_output import save_figure
-    from ..units import metric_units, wrap
 
     head, body = pivot_rows(cols)
     chars = sum(max(len(r[j]) for r in [head, *body]) for j in range(len(head)))

@@ -27,15 +27,15 @@ adjacent contrasts and the slope (the slope first); categorical keys -> each lev
 (`[report] references`, else `REFERENCE` (model.pos_enc: absolute, so the sign is rope - absolute as everywhere),
 else the base config's value, else the first level). The report's claims are two-sided ('!= 0': "the key changes
 the metric"); a key a user tunes (`tuned`: train.* by default, or every key of a tpe / random sweep) gets no
-effect, only its best setting, after the effects (`compare.answers`). Each is said in words (`sentence`).
+effect, only its best setting, after the effects (`compare.answers`). Each is said in words (`sentences.sentence`).
 
 The spec's [report] table (`options`, checked when the spec is parsed; not part of the sweep's identity, so it can
 change without renaming): margin (in the objective's units; default stats.DEFAULT_MARGIN by unit), reference (a
 sweep that holds this sweep's base cell: its matching trials join as one more level, `compare.with_reference`),
 references (key -> its reference level), tuned (the keys that get a best setting, not an effect).
 
-Imports `stats`, `units` and `config` only (pandas frames are handed in); the report imports the sweep package,
-so this lives here.
+Imports `stats` and `config` only (pandas frames are handed in; scipy and statsmodels lazily); the report imports
+the sweep package, so this lives here; its sentences are `sentences`'.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import ConfigError
+from ..config import ConfigError, parse_toml
 from ..stats import (
     DEFAULT_MARGIN,
     Claim,
@@ -59,7 +59,6 @@ from ..stats import (
     rule,
     t_mean,
 )
-from ..units import metric_words, replicates, value_ci
 
 REFERENCE = {"model.pos_enc": "absolute"}  # a categorical key's reference level by default
 COLUMNS = ("effect", "statistic", "value", "ci_lo", "ci_hi", "df", "n_seeds", "rule", "verdict", "reason", "unit",
@@ -176,7 +175,7 @@ def tost(est: Estimate, margin: float) -> Equivalence | None:
     """The TOST at +-margin of a t estimate (t_mean, paired_effect, the Welch t: its value, se and df); None
     without a t interval (one unit). Without a margin (NaN) only what the design excludes (the 90% interval), no p
     and no verdict. Equals statsmodels' ttost_paired / ttost_ind."""
-    from scipy import stats as st
+    from scipy import stats as st  # lazy: scipy.stats (~0.5 s) off every sweep command that tests no equivalence
 
     if not (math.isfinite(est.df) and est.df >= 1):
         return None
@@ -197,7 +196,7 @@ def seeds_needed(sd: float, effect: float, *, power: float = 0.8, level: float =
     """The fewest seeds (units) whose t interval at `level` lies on the effect's side of 0 with probability >=
     `power` when the true effect is `effect` and the unit-level SD is `sd`: the rule's own test, one-sided at
     (1 - level) / 2 (statsmodels' TTestPower). None for sd or effect not > 0, or more than `most` seeds."""
-    from statsmodels.stats.power import TTestPower
+    from statsmodels.stats.power import TTestPower  # lazy: statsmodels (~1 s) off every command but a power plan
 
     sd, effect = float(sd), abs(float(effect))
     if not (sd > 0 and effect > 0 and math.isfinite(sd)):
@@ -326,8 +325,6 @@ def check_options(path: str, table: Any, swept: list[str]) -> Options:
 
 def options(spec) -> Options:
     """The [report] table of a parsed spec (its text); defaults for a spec without one."""
-    from ..config import parse_toml
-
     data = parse_toml(spec.text, spec.path) if getattr(spec, "text", "") else {}
     return check_options(spec.path, data.get("report", {}), [p.key for p in spec.space])
 
@@ -439,38 +436,3 @@ def _method(est, blocks) -> str:
     if isinstance(est, str):
         return "not estimated"
     return est.method + (f"; blocks {', '.join(b[6:] for b in blocks)}" if blocks else "")
-
-
-def sentence(e: Effect) -> str:
-    """The effect in words, named first: 'hmm.gamma: 0.9 - 0.5 = +0.54 [+0.30, +0.78] nats/token, 2 seeds: excess
-    CE (seen tasks) grows with gamma (supported)'; an inconclusive effect says what it excludes and the seeds it would
-    need, a slope its steps."""
-    c, key, direction, ordered = e.claim, e.key, e.direction, e.ordered
-    short = key.rsplit(".", 1)[-1]
-    what = metric_words(e.metric)
-    if e.why:
-        return f"{key}: {e.label or 'effect'} not estimated ({e.why})"
-    head = f"{key}: {e.label} = {value_ci(c.value, c.ci_lo, c.ci_hi, e.unit, signed=True)}, " \
-           f"{replicates(e.n, e.unit_of_replication)}"
-    up = c.value > 0
-    if c.verdict == "supported":
-        if ordered:
-            words = f"{what} {'grows' if up else 'falls'} with {short}"
-        else:
-            b, a = e.label.split(" - ", 1)
-            better = ("" if not direction else
-                      f", {b} better" if up == (direction == "maximize") else f", {b} worse")
-            words = f"{what} {'higher' if up else 'lower'} with {b} than {a}{better}"
-    elif c.verdict == "not monotone":
-        words = f"{what} changes with {short}, but not one way: steps " + ", ".join(
-            f"{lab} {value_ci(s.claim.value, s.claim.ci_lo, s.claim.ci_hi, signed=True)}" for lab, s in e.steps)
-    elif c.verdict == "inconclusive":
-        words = "no detectable difference"
-    else:
-        words = (c.degenerate or c.reason or "no interval").removeprefix("no power: ")
-    text = f"{head}: {words} ({c.verdict})"
-    q = e.equivalence
-    if q is not None and q.verdict and (c.verdict == "inconclusive" or not q.verdict.startswith("not")):
-        text += f"; {q.verdict}" + (f" within ±{e.margin:.2g}" if q.verdict.startswith("not") else "")
-    extra = e.power_text()
-    return text + (f"; {extra}" if extra else "")

@@ -4,7 +4,7 @@ When the trials train on device "cuda" or "auto", `run_sweep` gives worker i the
 visible[i % len(visible)] through CUDA_VISIBLE_DEVICES (visible: the CUDA_VISIBLE_DEVICES list if set,
 else torch's device count); `sweep worker --gpu I` pins a joining worker to visible GPU I (`pin_gpu`).
 
-Imports spec.py (its SweepSpec) and torch lazily; never Optuna, MLflow or the other sweep modules.
+Imports the spec package (its SweepSpec) and torch lazily (`# lazy:`); never Optuna, MLflow or the other sweep modules.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def visible_gpus() -> list[str]:
     if env is not None:
         return [g.strip() for g in env.split(",") if g.strip()]
     try:
-        import torch
+        import torch  # lazy: torch (~1 s) off the sweep commands that count no GPU
 
         return [str(i) for i in range(torch.cuda.device_count())]
     except Exception:
@@ -43,7 +43,7 @@ def pin_gpu(index: int) -> str:
             raise ConfigError(f"--gpu must be >= 0, got {index}")
         gpu = str(index)
     os.environ["CUDA_VISIBLE_DEVICES"] = gpu
-    import torch
+    import torch  # lazy: after the pin (CUDA reads CUDA_VISIBLE_DEVICES when it starts); torch off the start-up
 
     if torch.cuda.device_count() < 1:  # counted with the pin in place (CUDA reads it when it starts)
         if env is None:

@@ -4,7 +4,7 @@ Owns claiming a WAITING trial (WAITING -> RUNNING), finishing a RUNNING one (COM
 its value and its reason), heartbeats, failing the trials whose worker stopped beating, enqueueing a
 retry, enqueueing the new cells of a growing sweep once (`enqueue_missing`), and recording a study attribute once
 (the sweep's parent run). Everything goes through one small
-interface, `TrialStore`, whatever the storage. Imports Optuna, SQLAlchemy and filelock (lazily) and
+interface, `TrialStore`, whatever the storage. Imports Optuna, SQLAlchemy and filelock and
 storage.py; never MLflow (tracking/), torch, or the other sweep modules.
 
 The rule. A transition is read-check-write under the storage's mutex (`TrialStore._mutex`): read the
@@ -60,6 +60,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import filelock
+import optuna
+import sqlalchemy as sa
+from optuna.storages.journal import JournalFileOpenLock
+from optuna.trial import TrialState
+from sqlalchemy.engine import make_url
+
 from ..interrupts import every
 from .storage import journal_path, pg_connect_args, storage_kind
 
@@ -88,8 +95,6 @@ class TrialStore:
 
     def claim(self) -> int | None:
         """WAITING -> RUNNING for one WAITING trial, its first heartbeat included; its id, or None if none is left."""
-        from optuna.trial import TrialState
-
         for t in self.storage.get_all_trials(self.study_id, deepcopy=False, states=(TrialState.WAITING,)):
             with self._mutex():
                 if self.storage.get_trial(t._trial_id).state != TrialState.WAITING:
@@ -103,8 +108,6 @@ class TrialStore:
                attrs: Mapping[str, Any] | None = None) -> bool:
         """RUNNING -> `state` with its value and user attrs, if the trial is still RUNNING; False if another
         process finished it first (e.g. failed it as stale)."""
-        from optuna.trial import TrialState
-
         with self._mutex():
             if self.storage.get_trial(trial_id).state != TrialState.RUNNING:
                 return False
@@ -114,8 +117,6 @@ class TrialStore:
     def fail_stale(self, max_retry: int | None, log: Callable[[str], None]) -> list[int]:
         """Fail the RUNNING trials whose worker stopped beating (one process wins each) and retry each one;
         returns the ids this process failed."""
-        from optuna.trial import TrialState
-
         reason = f"stale: no heartbeat for over {self._grace()} s (its worker died, or lost the storage)"
         failed = []
         for tid in self.stale_trial_ids():
@@ -146,9 +147,6 @@ class TrialStore:
         point's user attrs) for each point (params, user attrs) whose `cell(params, attrs)` is not the `cell_of(trial)`
         of a trial the study has; the numbers of those enqueued. Two processes growing a study at once enqueue each
         cell once."""
-        import optuna
-        from optuna.trial import TrialState
-
         out = []
         with self._mutex():
             if first is not None:
@@ -179,9 +177,6 @@ class TrialStore:
         Only crashes use the budget: the system attr "crashes" counts the chain's crash failures (a chain
         from before it existed: its length). An `interrupted` trial (a signal, a pre-emption) is retried
         without using it; `reset` (the user's `--retry-failed`) starts the budget again."""
-        import optuna
-        from optuna.trial import TrialState
-
         t = self.storage.get_trial(trial_id)
         history = [*t.system_attrs.get("retry_history", []), t.number]
         crashes = 0 if reset else t.system_attrs.get("crashes", len(history) - 1) + (0 if interrupted else 1)
@@ -197,8 +192,6 @@ class TrialStore:
 
     def requeue_failed(self) -> list[int]:
         """Enqueue a WAITING copy of every FAIL trial not retried yet (the last of its chain); their numbers."""
-        from optuna.trial import TrialState
-
         trials = self.storage.get_all_trials(self.study_id, deepcopy=False)
         retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
         out = []
@@ -213,8 +206,6 @@ class TrialStore:
         """The RUNNING trials of the workers `pids` on `host`, which are gone (SIGKILLed), handed back as a worker
         does on SIGTERM: FAIL with fail_reason "interrupted", then a WAITING retry (no retry budget used). Their
         (number, worker pid)."""
-        from optuna.trial import TrialState
-
         out = []
         for t in self.storage.get_all_trials(self.study_id, deepcopy=False, states=(TrialState.RUNNING,)):
             w = t.user_attrs.get("worker") or {}
@@ -239,8 +230,6 @@ class TrialStore:
         the trial is no longer RUNNING: another process failed it as stale (this worker's beats stopped reaching
         the storage, e.g. its host was cut off) and retries it, or it is no longer there (its study deleted); its
         worker must stop and record nothing."""
-        from optuna.trial import TrialState
-
         def beat() -> bool:
             try:
                 state = self.storage.get_trial(trial_id).state
@@ -257,8 +246,6 @@ class TrialStore:
 
     def stale_trial_ids(self) -> list[int]:
         """RUNNING trials whose last heartbeat is older than the grace period (never: a trial with no beat)."""
-        from optuna.trial import TrialState
-
         grace = self._grace()
         if self.kind != "journal":  # the storage's own grace period: open it with the spec's (storage.open_storage)
             return list(self.storage._get_stale_trial_ids(self.study_id))
@@ -274,8 +261,6 @@ class TrialStore:
 
     def running(self) -> bool:
         """Is any trial of the study RUNNING?"""
-        from optuna.trial import TrialState
-
         return bool(self.storage.get_all_trials(self.study_id, deepcopy=False, states=(TrialState.RUNNING,)))
 
 
@@ -285,15 +270,10 @@ class TrialStore:
 def _mutex_for(kind: str, url: str) -> Callable[[], contextlib.AbstractContextManager]:
     """A factory of context managers that hold the storage's cross-process mutex (module docstring)."""
     if kind == "sqlite":
-        import filelock
-        from sqlalchemy.engine import make_url
-
         db = Path(make_url(url).database or "")
         lock = filelock.FileLock(str(db.parent / f".{db.name}.lock"))
         return lambda: lock
     if kind == "journal":
-        from optuna.storages.journal import JournalFileOpenLock
-
         jlock = JournalFileOpenLock(f"{journal_path(url)}.trials", grace_period=JOURNAL_LOCK_GRACE_S)
 
         @contextlib.contextmanager
@@ -305,7 +285,6 @@ def _mutex_for(kind: str, url: str) -> Callable[[], contextlib.AbstractContextMa
                 jlock.release()
 
         return held
-    import sqlalchemy as sa
 
     engine = sa.create_engine(url, pool_size=1, max_overflow=0, pool_pre_ping=True, connect_args=pg_connect_args(url))
 

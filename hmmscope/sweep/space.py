@@ -1,4 +1,5 @@
-"""Checks of a sweep spec's [space] beyond each value's own validity, called by `sweep.spec.parse_spec`.
+"""Checks of a sweep spec's [space] beyond each value's own validity, called by the spec package
+(`spec.checks`, `spec.parse`).
 
 `sweep.spec` owns the format; `range_probe` gives the values of a range checked up front.
 

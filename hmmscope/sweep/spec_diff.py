@@ -1,6 +1,6 @@
 """A spec against the one its study stored: what differs, key by key, and whether the change grows the sweep.
 
-A study keeps its spec (study.py), and a spec run under an existing study's name must have its identity (spec.py's
+A study keeps its spec (study.py), and a spec run under an existing study's name must have its identity (the spec package's
 hash). When it does not, the two specs are compared key by key on what the identity covers (`identity_items`: the
 sweep table less its run-time keys, [fixed] and [set] as one table, [space], and the base config), and:
 
@@ -19,7 +19,7 @@ attr GRID_KINDS, `grid_kinds`; trial.py suggests by it), and only an axis record
 kind. A string or boolean axis (`model.pos_enc`), or one of a study created before GRID_KINDS (all categorical), does
 not: a new level there needs a new sweep name, and the refusal says why.
 
-Imports spec.py and the config only; never Optuna, MLflow or the other sweep modules.
+Imports the spec package and the config only; never Optuna, MLflow or the other sweep modules.
 """
 
 from __future__ import annotations

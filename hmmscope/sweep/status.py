@@ -1,8 +1,9 @@
 """Status and housekeeping of a sweep: its trials counted and listed, its orphan MLflow runs marked KILLED.
 
 Owns `counts` and `best_trial` (read by run_sweep and the report), `study_status` (`sweep status`), `resume_plan`
-(what `sweep run` is about to do, said first) and orphan collection. Reads studies only (never changes a trial's
-state: that is protocol.py's); imports study.py and tracking (lazily); never torch, the jobs or the worker.
+(what `sweep run` is about to do, said first), `interrupted_lines` (what an interrupted one kept) and orphan
+collection. Reads studies only (never changes a trial's
+state: that is protocol.py's); imports study.py, storage.py and tracking; never torch, the jobs or the worker.
 
 Retried trials. A trial that failed and was put back (`retried_numbers`: a later trial's retry_history names it) is
 "retried" wherever trials are counted or listed (counts, `sweep status`, `sweep list`, the report, `sweep run`'s
@@ -21,7 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from optuna.trial import TrialState
+
+from .. import tracking
 from ..config import ConfigError
+from .storage import journal_path
 from .study import check_change, load_study, spec_of_study, stored_spec
 
 
@@ -33,8 +38,6 @@ def retried_numbers(trials) -> set[int]:
 def counts(study, finished: set[int] | None = None) -> dict[str, int]:
     """Trials by state: complete, pruned, failed (not retried), running, waiting, retried (failed, then retried).
     `finished`: count the finished states (complete, pruned, failed, retried) among these trial numbers only."""
-    from optuna.trial import TrialState
-
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
     c = {"complete": 0, "pruned": 0, "failed": 0, "running": 0, "waiting": 0, "retried": 0}
@@ -58,8 +61,6 @@ def counts(study, finished: set[int] | None = None) -> dict[str, int]:
 def finish_order(study) -> list[int]:
     """The numbers of the finished trials (complete, pruned, failed) in the order they finished (their completion
     time, then number): the k-th is the trial after which k trials had finished."""
-    from optuna.trial import TrialState
-
     done = [t for t in study.get_trials(deepcopy=False)
             if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)]
     return [t.number for t in sorted(done, key=lambda t: (t.datetime_complete or t.datetime_start, t.number))]
@@ -67,8 +68,6 @@ def finish_order(study) -> list[int]:
 
 def best_trial(study, among: set[int] | None = None):
     """The COMPLETE trial with the best value (the study's direction), or None; `among`: of these numbers only."""
-    from optuna.trial import TrialState
-
     done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
             if t.value is not None and (among is None or t.number in among)]
     if not done:
@@ -125,8 +124,6 @@ def resume_plan(spec, url: str) -> Plan:
     """What running `spec` on storage `url` does (`Plan`), reading only (no storage file is created): a change that
     neither keeps nor grows the sweep raises ConfigError naming the keys that differ, as `create_study` would, before
     anything is written or printed."""
-    from .storage import journal_path
-
     jp = journal_path(url)
     if (jp is not None and not jp.is_file()) or (url.startswith("sqlite:///") and not Path(url[10:]).is_file()):
         return Plan(spec.n_trials)
@@ -146,10 +143,23 @@ def resume_plan(spec, url: str) -> Plan:
     return Plan(spec.n_trials, True, c["complete"] + c["pruned"], c["failed"], before, change.grows)
 
 
+def interrupted_lines(spec, storage: str, resume: str) -> list[str]:
+    """What an interrupted `sweep run` says last: what is kept (its trials done, those put back) and how to resume."""
+    try:
+        rows = study_status(spec.name, storage)
+    except Exception:  # the storage out of reach: how to resume still holds
+        return [f"sweep {spec.name}: interrupted", f"resume: {resume}"]
+    done = sum(r["state"] in ("COMPLETE", "PRUNED") for r in rows)
+    waiting = [r for r in rows if r["state"] == "WAITING"]
+    back = sum(r["retried_from"] is not None for r in waiting)
+    how = "each resumes from its last checkpoint, if any" if spec.kind == "train" else "each starts again"
+    return [f"sweep {spec.name}: interrupted; kept: {done} of {spec.n_trials} trials done (their runs stay); "
+            f"{back} put back ({how}), {len(waiting) - back} not started",
+            f"resume: {resume}"]
+
+
 def collect_orphans(uri: str, experiment: str, log: Callable[[str], None]) -> list:
     """Mark the experiment's orphan RUNNING MLflow runs KILLED (tracking.gc_runs); log each one."""
-    from .. import tracking
-
     try:
         found = tracking.gc_runs(uri, experiments=[experiment])
     except Exception as e:  # a read-only or unreachable store must not stop the sweep or its status

@@ -1,8 +1,8 @@
 """Optuna storages of sweeps: which URLs name one, opening one, creating its schema once.
 
 Owns the storage URL forms and the storage objects behind them. Imports neither MLflow nor torch, nor the
-other sweep modules (tracking only for `writable`, lazily); Optuna, SQLAlchemy and filelock lazily, so that
-`checks.py` can parse a URL without loading Optuna.
+other sweep modules (tracking only for `writable` and `sqlite_url`); Optuna and filelock. Only the sweep commands
+import it (`store_checks` lazily, for `journal_path`), and they all open a storage.
 
 Three kinds of storage (`storage_kind`), each run through the same trial protocol (protocol.py):
 
@@ -29,8 +29,15 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import filelock
+import optuna
+from optuna.exceptions import ExperimentalWarning
+from optuna.storages.journal import JournalFileBackend
+
 from .. import env
 from ..config import ConfigError
+from ..tracking import writable
+from ..tracking.store import sqlite_url
 
 # libpq's bounds on one PostgreSQL connection (psycopg2 passes them through): a connection attempt gives up after
 # 10 s, and a connection whose server stops answering (its host cut off) is dropped after 30 s without an ACK
@@ -110,8 +117,6 @@ def safe_url(url: str) -> str:
 
 def default_storage() -> str:
     """sqlite:///<cwd>/mlruns/optuna.db, its schema created once under a file lock."""
-    from ..tracking.store import sqlite_url
-
     url = sqlite_url((Path("mlruns") / "optuna.db").resolve(), "Optuna storage")  # ValueError: no URL names it
     ensure_storage(url)
     return url
@@ -129,9 +134,6 @@ def ensure_storage(url: str) -> None:
     if not url.startswith("sqlite:///"):
         open_storage(url)
         return
-    import filelock
-
-    from ..tracking import writable
 
     db = Path(url[len("sqlite:///"):])
     if db.exists() and not writable(db):
@@ -145,12 +147,8 @@ def open_storage(url: str, spec: Any = None, *, create: bool = True):
     """The Optuna storage behind `url`: RDBStorage (with the spec's heartbeat settings when a spec is given),
     or JournalStorage on a journal file. A journal file that does not exist is created only if `create`;
     otherwise ConfigError (so that reading a study never writes a file)."""
-    import optuna
-
     jp = journal_path(url)
     if jp is not None:
-        from optuna.storages.journal import JournalFileBackend
-
         if not create and not jp.is_file():
             raise ConfigError(f"no journal storage at {jp}")
         return optuna.storages.JournalStorage(JournalFileBackend(str(jp)))
@@ -166,11 +164,7 @@ def open_storage(url: str, spec: Any = None, *, create: bool = True):
 
 def quiet_optuna() -> None:
     """Optuna's INFO lines and experimental-feature warnings (heartbeats) off."""
-    import optuna
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", module="optuna")
     with contextlib.suppress(Exception):
-        from optuna.exceptions import ExperimentalWarning
-
         warnings.filterwarnings("ignore", category=ExperimentalWarning)

@@ -25,15 +25,23 @@ talks to MLflow.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import tomllib
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import optuna
+from optuna.trial import TrialState
+
+from .. import tracking
 from ..config import ConfigError
+from ..tracking.liveness import live_owner
+from .protocol import TrialStore
 from .status import retried_numbers
 from .storage import open_storage, quiet_optuna
-from .study import ATTR_PARENT, load_study, stored_spec
+from .study import ATTR_PARENT, load_study, spec_of_study, stored_spec
 
 RUN_ATTRS = ("mlflow_run_id", "mlflow_analysis_run_id")
 # `sweep list`'s count columns: a failed trial that was put back is "retried" (status.py), not "failed"
@@ -52,8 +60,6 @@ def _trial_params(t) -> dict[str, Any]:
 def list_studies(storage_url: str) -> list[dict[str, Any]]:
     """One row per study in the storage: name, kind, trial count, counts per state (LIST_STATES: a failed trial that was
     retried counts as retried, never failed), experiment, parent run."""
-    import optuna
-
     quiet_optuna()
     storage = open_storage(storage_url, create=False)
     rows = []
@@ -64,8 +70,6 @@ def list_studies(storage_url: str) -> list[dict[str, Any]]:
         kind = experiment = None
         text = (stored_spec(s.user_attrs) or {}).get("text")
         if text:
-            import tomllib
-
             try:
                 sw = tomllib.loads(text).get("sweep", {})
                 kind, experiment = sw.get("kind", "train"), sw.get("experiment", "hmmscope-sweeps")
@@ -119,11 +123,6 @@ class StudyRuns:
 def _live_trials(name: str, storage_url: str) -> tuple[tuple[str, ...], float | None]:
     """The study's RUNNING trials that are not stale (their worker beat within the spec's grace period), as
     'trial N (host:pid)', and the grace period; nothing for a study without a stored spec (it cannot be judged)."""
-    from optuna.trial import TrialState
-
-    from .protocol import TrialStore
-    from .study import spec_of_study
-
     try:
         spec = spec_of_study(name, storage_url)
     except ConfigError:
@@ -141,9 +140,6 @@ def _live_trials(name: str, storage_url: str) -> tuple[tuple[str, ...], float | 
 def live_writers(found: StudyRuns, uri: str) -> str | None:
     """Why the study cannot be deleted now (one line), or None: workers alive, or its parent run held by a `sweep
     run` whose lease is alive. (A run another process holds is refused by `delete_study`, which takes each lease.)"""
-    from .. import tracking
-    from ..tracking.liveness import live_owner
-
     if found.live_trials:
         return (f"sweep {found.study!r} is still running: {len(found.live_trials)} trial(s) RUNNING whose workers are "
                 f"alive ({', '.join(found.live_trials[:3])}{', ...' if len(found.live_trials) > 3 else ''}: a "
@@ -159,8 +155,6 @@ def live_writers(found: StudyRuns, uri: str) -> str | None:
 
 def study_runs(name: str, storage_url: str, uri: str) -> StudyRuns:
     """Find (without changing anything) the study's MLflow runs; ConfigError if its parent run is not in `uri`."""
-    from .. import tracking
-
     study = _study(name, storage_url)
     trials = study.get_trials(deepcopy=False)
     parent = study.user_attrs.get(ATTR_PARENT)
@@ -200,12 +194,6 @@ def delete_study(found: StudyRuns, storage_url: str, uri: str) -> None:
     """Delete the runs `study_runs` found, then the Optuna study (see the module docstring for the order); ConfigError
     (nothing deleted) when the sweep is still written (`live_writers`), RunHeld when another process holds one of its
     runs (each run's lease is taken first, and held while the runs are deleted)."""
-    import contextlib
-
-    import optuna
-
-    from .. import tracking
-
     why = live_writers(found, uri)
     if why is not None:
         raise ConfigError(why)

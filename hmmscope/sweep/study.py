@@ -2,7 +2,7 @@
 
 Owns study creation and loading, the spec as study user attrs, and the link to the sweep's parent run.
 Imports storage.py and protocol.py (the parent link is recorded once through `TrialStore`), tracking/
-lazily (the parent run); never torch, the jobs or the worker.
+(the parent run); never torch, the jobs or the worker.
 
 - Grid = enqueued trials. At creation every grid point x seed is enqueued (WAITING) with its params;
   tpe/random studies get `n_trials` empty enqueued trials (the sampler fills them in when popped).
@@ -44,6 +44,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import optuna
+
+from .. import tracking
 from ..config import ConfigError, flatten, from_flat
 from .protocol import TrialStore
 from .spec import SweepSpec, legacy_hash, parse_spec
@@ -69,16 +72,12 @@ def stored_spec(attrs: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def sampler(spec: SweepSpec):
-    import optuna
-
     if spec.sampler == "tpe":
         return optuna.samplers.TPESampler(seed=spec.sampler_seed)
     return optuna.samplers.RandomSampler(seed=spec.sampler_seed)  # grid: every trial is enqueued
 
 
 def pruner(spec: SweepSpec):
-    import optuna
-
     if spec.pruner == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=spec.prune_startup, n_warmup_steps=1)
     return optuna.pruners.NopPruner()
@@ -87,8 +86,6 @@ def pruner(spec: SweepSpec):
 def load_study(study_name: str, url: str, spec: SweepSpec | None = None):
     """The study `study_name` in storage `url` (with the spec's sampler, pruner and heartbeat settings when
     given); ConfigError if there is none. Reading never creates a journal file."""
-    import optuna
-
     quiet_optuna()
     try:
         storage = open_storage(url, spec, create=False)
@@ -154,10 +151,6 @@ def create_study(spec: SweepSpec, url: str, uri: str, log: Callable[[str], objec
     change grows it (module docstring; `log` gets one line saying how). Safe to call from several processes at once:
     one creates the study, one parent run is kept, one grows it.
     """
-    import optuna
-
-    from .. import tracking
-
     url = storage_url(url)
     storage_kind(url)  # an unsupported storage fails here, before anything is written
     quiet_optuna()
@@ -279,8 +272,6 @@ def _grow(study, spec: SweepSpec, url: str) -> Change | None:
 def _new_parent(spec: SweepSpec, url: str, uri: str, store: TrialStore) -> str:
     """Create a candidate parent run and record it unless another process recorded one first (then delete
     ours); returns the recorded parent run id."""
-    from .. import tracking
-
     params = {f"sweep.{k}": v for k, v in (("name", spec.name), ("kind", spec.kind),
                                            ("objective", spec.objective), ("direction", spec.direction),
                                            ("sampler", spec.sampler), ("pruner", spec.pruner),

@@ -2,8 +2,9 @@
 
 Owns `run_worker` (claim, run, finish, until the study is exhausted), `run_sweep` (create or resume the
 study, start local workers, wait, summarize) and the worker command line (`python -m hmmscope.sweep worker`).
-Every change of a trial's state goes through protocol.TrialStore; what a trial does is trial.py's. Imports the
-other sweep modules and tracking (lazily); never the jobs or train directly.
+Every change of a trial's state goes through protocol.TrialStore; what a trial does is trial.py's; the local
+processes are processes.py's, the parent run's updates parent.py's, a storage outage outage.py's. Imports the
+other sweep modules and tracking; never the jobs or train directly.
 
 - Heartbeats: a worker beats for its trial from a thread (`TrialStore.heartbeat`) every heartbeat_interval.
   A worker killed mid-trial leaves its trial RUNNING; once its heartbeat is older than grace_period the
@@ -14,7 +15,7 @@ other sweep modules and tracking (lazily); never the jobs or train directly.
   run per COMPLETE trial (user attr mlflow_run_id). A retried training trial resumes from its
   predecessor's checkpoint (trial.py).
 - A worker cut off from its storage (its host lost the network): every call of the storage in its loop waits
-  out the outage (`_Patient`: transient connection errors retried for up to STORE_OUTAGE_S, env
+  out the outage (`outage.Patient`: transient connection errors retried for up to STORE_OUTAGE_S, env
   HMMSCOPE_STORE_OUTAGE_S; PostgreSQL connections bounded by storage.PG_CONNECT_ARGS), while another worker fails
   its trial as stale and retries it (in a new MLflow run: the cut worker is alive, its run not resumable). Its trial's
   heartbeat sees the trial taken (`TrialStore.heartbeat(lost=...)`) and its training stops at the next evaluation
@@ -35,7 +36,7 @@ other sweep modules and tracking (lazily); never the jobs or train directly.
   the protocol (its sampler hook is a no-op for the random and TPE samplers used here).
 - The parent run is RUNNING while `run_sweep` waits for its workers and ends FINISHED when it returns
   (KILLED on Ctrl-C); bare `run_worker` calls never touch its status. It is kept up to date as trials end
-  (`refresh_parent`, called by the worker that finished one): its counts (sweep/<state>), the best trial so
+  (`parent.refresh_parent`, called by the worker that finished one): its counts (sweep/<state>), the best trial so
   far (sweep/best_value, sweep/best_trial, tags hmmscope.best_params / hmmscope.best_run), and the comparison
   figure and pivot table (compare.py: they grow with the sweep, so a worker redraws them at most every
   COMPARISON_EVERY_S and once when it stops, unless `run_sweep` started it: that draws them at its end). Step k
@@ -51,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import signal
@@ -62,15 +62,23 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from .. import env
+import optuna
+from optuna.trial import TrialState
+
+from .. import env, tracking
 from ..config import ConfigError
-from ..interrupts import die_with_parent, on_sigterm
+from ..interrupts import on_sigterm
+from ..tracking.faults import store_error, store_reason
 from .gpus import pin_gpu, worker_gpus
+from .outage import Patient
+from .parent import draw_comparison, refresh_parent
+from .processes import SweepSummary, start_worker, stop_workers
 from .protocol import TrialStore
 from .spec import SweepSpec
-from .status import best_trial, collect_orphans, counts
-from .storage import default_storage, outage_limit, safe_url, storage_url
+from .status import collect_orphans, counts
+from .storage import default_storage, open_storage, safe_url, storage_url
 from .study import ATTR_PARENT, create_study, load_study, spec_of_study, stored_spec
 from .trial import run_trial
 
@@ -82,10 +90,6 @@ class SweepDeleted(RuntimeError):
 def _gone(e: KeyError, study_name: str, url: str) -> bool:
     """Is `e` the storage's answer for a study that is no longer there (Optuna: KeyError 'Record does not exist.' on
     an RDB storage, a KeyError on a journal)? Asked of the storage, by the study's name."""
-    import optuna
-
-    from .storage import open_storage
-
     try:
         return study_name not in optuna.get_all_study_names(open_storage(url, create=False))
     except Exception:  # the storage itself out of reach: not a deleted study
@@ -95,6 +99,12 @@ def _gone(e: KeyError, study_name: str, url: str) -> bool:
 def _deleted(study_name: str, url: str) -> SweepDeleted:
     return SweepDeleted(f"sweep {study_name!r} was deleted while it ran (its study is no longer in {safe_url(url)}); "
                         "its runs were ended")
+
+
+def _raise_if_gone(e: KeyError, study_name: str, url: str) -> None:
+    """SweepDeleted (one line) when `e` says the study is gone; else nothing (the caller raises `e` again)."""
+    if _gone(e, study_name, url):
+        raise _deleted(study_name, url) from None
 
 
 # A worker redraws the parent run's comparison (its figure and pivot table grow with the sweep) at most this often.
@@ -116,205 +126,176 @@ def run_worker(study_name: str, storage_url_: str, uri: str, *, max_trials: int 
 
 def _run_worker(study_name: str, storage_url_: str, uri: str, max_trials: int | None,
                 log: Callable[[str], None] | None, final_comparison: bool) -> int:
-    import optuna
-    from optuna.trial import TrialState
-
-    from .. import tracking
-
-    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
-    uri = tracking.resolve_uri(uri)
-    url = storage_url(storage_url_)
-    spec = spec_of_study(study_name, url)
-    study = load_study(study_name, url, spec)
-    store = TrialStore.of(study, url, spec.grace_period)
-    parent = study.user_attrs[ATTR_PARENT]
-    worker = {"host": socket.gethostname(), "pid": os.getpid(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES")}
-    patient = _Patient(log)
+    """The loop: claim a trial, run it, record it, end its other runs, say how it ended, update the parent run."""
+    w = _Worker(study_name, storage_url_, uri, log or (lambda s: print(s, file=sys.stderr, flush=True)))
     done, drawn_at, pending = 0, time.monotonic(), False
     while max_trials is None or done < max_trials:
-        patient(store.fail_stale, spec.max_retry, log)  # retries trials of dead workers (after grace_period)
-        tid = patient(store.claim)
+        tid = w.next_trial()
         if tid is None:
-            if patient(store.running):
-                time.sleep(min(2.0, spec.heartbeat_interval))
-                continue
             break
-        if (stored_spec(patient(store.storage.get_study_user_attrs, store.study_id)) or {}).get("hash") != spec.hash:
-            spec = spec_of_study(study_name, url)  # the sweep grew (study.py): its new cells are in the new spec
-        state, value, err, attrs = None, None, None, {}
-        lost, opened = threading.Event(), []
-        with store.heartbeat(tid, spec.heartbeat_interval, lost):
-            with contextlib.suppress(Exception):
-                store.storage.set_trial_user_attr(tid, "worker", worker)
-            trial = optuna.Trial(study, tid)
-            try:
-                value = run_trial(trial, spec, uri, parent, lost=lost, opened=opened)
-                state = TrialState.COMPLETE
-            except optuna.TrialPruned as e:
-                state, err, attrs = TrialState.PRUNED, e, {"pruned_reason": str(e)}
-            except Exception as e:  # DivergedError and friends: FAIL this trial, carry on
-                state, err, attrs = TrialState.FAIL, e, {"fail_reason": f"{type(e).__name__}: {e}"[:2000]}
-            except KeyboardInterrupt:  # Ctrl-C / SIGTERM: give the slot back (a WAITING copy, same params)
-                main_thread = threading.current_thread() is threading.main_thread()
-                old = signal.signal(signal.SIGTERM, signal.SIG_IGN) if main_thread else None  # no second cut
-                try:
-                    if store.finish(tid, TrialState.FAIL, attrs={"fail_reason": "interrupted"}):
-                        store.retry(tid, spec.max_retry, interrupted=True)  # not a crash: no budget used
-                except KeyError as e:  # the study is gone: no trial to hand back
-                    if not _gone(e, study_name, url):
-                        raise
-                    _settle(uri, spec, trial.number, opened, f"its sweep {study_name!r} was deleted while it ran", log)
-                    raise _deleted(study_name, url) from None
-                finally:
-                    if main_thread:
-                        signal.signal(signal.SIGTERM, old)
-                raise
-        if state == TrialState.COMPLETE and not math.isfinite(value):
-            state, err = TrialState.FAIL, ValueError(f"objective {spec.objective} is {value}")
-            attrs = {"fail_reason": str(err)}
-        if state == TrialState.PRUNED:  # as Study.tell does: a pruned trial's value is its last reported one
-            steps = patient(store.storage.get_trial, tid).intermediate_values
-            value = steps[max(steps)] if steps else None
-        try:
-            recorded = patient(store.finish, tid, state,
-                               value if state in (TrialState.COMPLETE, TrialState.PRUNED) else None, attrs)
-        except KeyError as e:  # the study was deleted under this worker: its runs end, then one line
-            if not _gone(e, study_name, url):
-                raise
-            _settle(uri, spec, trial.number, opened, f"its sweep {study_name!r} was deleted while it ran", log)
-            raise _deleted(study_name, url) from None
-        done_here = state == TrialState.COMPLETE and recorded
-        kept = opened[-1] if done_here and opened else None  # the run holding the trial's result
-        for rid in _own_runs(uri, spec, trial.number, opened):
-            # its own end was not written (the store out of reach), or its result is dropped (the trial was retried
-            # elsewhere), or a second run of a trial left open (a create whose reply was lost, then retried): FAILED
-            # with the reason, so that no run stays RUNNING and none stands as a second result
-            if rid == kept:
-                continue
-            if done_here:
-                why = f"a second run of trial {trial.number}, left open" + (f"; its result is in run {kept}" if kept else "")
-            elif recorded:
-                why = f"{type(err).__name__}: {err}"[:2000]
-            else:
-                why = (f"TrialLost: trial {trial.number} was failed as stale by another worker, which retries it; "
-                       "this run's result is dropped")
-            with contextlib.suppress(Exception):
-                if tracking.settle_run(uri, rid, why, finished_too=not recorded):
-                    log(f"trial {trial.number}: its run {rid} ended FAILED ({why[:200]})")
-        if not recorded:
-            log(f"trial {trial.number} was finished by another process (failed as stale?) before this worker "
-                f"could record it as {state.name}; this result is dropped")
-        elif state == TrialState.COMPLETE:
-            log(f"trial {trial.number} complete: {spec.objective}={value:.6g} params={trial.params}")
-        else:
-            log(f"trial {trial.number} {state.name.lower()}: {type(err).__name__}: {err}")
+        if (stored_spec(w.patient(w.store.storage.get_study_user_attrs, w.store.study_id)) or {}).get("hash") \
+                != w.spec.hash:
+            w.spec = spec_of_study(study_name, w.url)  # the sweep grew (study.py): its new cells are in the new spec
+        out = w.run_claimed(tid)
+        w.record(tid, out)
+        w.end_other_runs(out)
+        w.say(out)
         due = time.monotonic() - drawn_at >= COMPARISON_EVERY_S
-        refresh_parent(uri, spec, study, parent, log, quiet=True, trial=trial.number, compare=due)  # live: counts, best
+        refresh_parent(w.uri, w.spec, w.study, w.parent, w.log, quiet=True, trial=out.trial.number,
+                       compare=due)  # live: counts, best
         drawn_at, pending = (time.monotonic(), False) if due else (drawn_at, True)
         done += 1
     if pending and final_comparison:  # a comparison that fails says so in one line; an unreachable parent run waits
         with contextlib.suppress(Exception):  # for the next draw (run_sweep's, another worker's)
-            _log_comparison(tracking.existing_run(uri, parent), spec, study, log, quiet=True)
-    collect_orphans(uri, spec.experiment, log)
+            draw_comparison(tracking.existing_run(w.uri, w.parent), w.spec, w.study, w.log, quiet=True)
+    collect_orphans(w.uri, w.spec.experiment, w.log)
     return done
+
+
+@dataclass
+class _Outcome:
+    """A claimed trial's end as this worker saw it: its state, value, error and user attrs, the MLflow runs it opened
+    (the last one holds its result) and whether this worker recorded it (else another process finished it first)."""
+
+    trial: Any  # optuna.Trial
+    state: Any = None  # TrialState
+    value: float | None = None
+    err: BaseException | None = None
+    attrs: dict[str, Any] = field(default_factory=dict)
+    opened: list[str] = field(default_factory=list)
+    recorded: bool = False
+
+
+class _Worker:
+    """One worker's study, store, parent run and patience (`outage.Patient`), and the steps of its loop."""
+
+    def __init__(self, study_name: str, storage_url_: str, uri: str, log: Callable[[str], None]):
+        self.name, self.log = study_name, log
+        self.uri = tracking.resolve_uri(uri)
+        self.url = storage_url(storage_url_)
+        self.spec = spec_of_study(study_name, self.url)
+        self.study = load_study(study_name, self.url, self.spec)
+        self.store = TrialStore.of(self.study, self.url, self.spec.grace_period)
+        self.parent = self.study.user_attrs[ATTR_PARENT]
+        self.worker = {"host": socket.gethostname(), "pid": os.getpid(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        self.patient = Patient(log)
+
+    def next_trial(self) -> int | None:
+        """The next trial this worker claims, after failing the trials of dead workers (after grace_period, retried);
+        while none is WAITING but some RUNNING, wait (their retries may come); None when the study is exhausted."""
+        while True:
+            self.patient(self.store.fail_stale, self.spec.max_retry, self.log)
+            tid = self.patient(self.store.claim)
+            if tid is not None:
+                return tid
+            if not self.patient(self.store.running):
+                return None
+            time.sleep(min(2.0, self.spec.heartbeat_interval))
+
+    def run_claimed(self, tid: int) -> _Outcome:
+        """Run the claimed trial with its heartbeat: COMPLETE, PRUNED, or FAIL (DivergedError and friends: the sweep
+        carries on); Ctrl-C / SIGTERM hands it back (`hand_back`) and raises."""
+        lost, opened = threading.Event(), []
+        with self.store.heartbeat(tid, self.spec.heartbeat_interval, lost):
+            with contextlib.suppress(Exception):
+                self.store.storage.set_trial_user_attr(tid, "worker", self.worker)
+            out = _Outcome(optuna.Trial(self.study, tid), opened=opened)
+            try:
+                out.value = run_trial(out.trial, self.spec, self.uri, self.parent, lost=lost, opened=opened)
+                out.state = TrialState.COMPLETE
+            except optuna.TrialPruned as e:
+                out.state, out.err, out.attrs = TrialState.PRUNED, e, {"pruned_reason": str(e)}
+            except Exception as e:  # DivergedError and friends: FAIL this trial, carry on
+                out.state, out.err, out.attrs = TrialState.FAIL, e, {"fail_reason": f"{type(e).__name__}: {e}"[:2000]}
+            except KeyboardInterrupt:  # Ctrl-C / SIGTERM: give the slot back (a WAITING copy, same params)
+                self.hand_back(tid, out)
+                raise
+        return out
+
+    def hand_back(self, tid: int, out: _Outcome) -> None:
+        """An interrupted trial: FAIL "interrupted" and a WAITING copy (no retry budget used), with a second SIGTERM
+        ignored meanwhile; its study gone: its runs end, SweepDeleted."""
+        main_thread = threading.current_thread() is threading.main_thread()
+        old = signal.signal(signal.SIGTERM, signal.SIG_IGN) if main_thread else None  # no second cut
+        try:
+            if self.store.finish(tid, TrialState.FAIL, attrs={"fail_reason": "interrupted"}):
+                self.store.retry(tid, self.spec.max_retry, interrupted=True)  # not a crash: no budget used
+        except KeyError as e:  # the study is gone: no trial to hand back
+            if not _gone(e, self.name, self.url):
+                raise
+            self.settle(out.trial.number, out.opened, f"its sweep {self.name!r} was deleted while it ran")
+            raise _deleted(self.name, self.url) from None
+        finally:
+            if main_thread:
+                signal.signal(signal.SIGTERM, old)
+
+    def record(self, tid: int, out: _Outcome) -> None:
+        """Finish the trial in the storage (one winner: `out.recorded`): a non-finite objective is a FAIL; a pruned
+        trial's value is its last reported one (as Study.tell does). Its study deleted: its runs end, SweepDeleted."""
+        if out.state == TrialState.COMPLETE and not math.isfinite(out.value):
+            out.state, out.err = TrialState.FAIL, ValueError(f"objective {self.spec.objective} is {out.value}")
+            out.attrs = {"fail_reason": str(out.err)}
+        if out.state == TrialState.PRUNED:  # as Study.tell does: a pruned trial's value is its last reported one
+            steps = self.patient(self.store.storage.get_trial, tid).intermediate_values
+            out.value = steps[max(steps)] if steps else None
+        try:
+            out.recorded = self.patient(self.store.finish, tid, out.state,
+                                        out.value if out.state in (TrialState.COMPLETE, TrialState.PRUNED) else None,
+                                        out.attrs)
+        except KeyError as e:  # the study was deleted under this worker: its runs end, then one line
+            if not _gone(e, self.name, self.url):
+                raise
+            self.settle(out.trial.number, out.opened, f"its sweep {self.name!r} was deleted while it ran")
+            raise _deleted(self.name, self.url) from None
+
+    def end_other_runs(self, out: _Outcome) -> None:
+        """End FAILED, with the reason, every run of the trial but the one holding its recorded result: its own end
+        was not written (the store out of reach), or its result is dropped (the trial was retried elsewhere), or a
+        second run of a trial left open (a create whose reply was lost, then retried); so no run stays RUNNING and
+        none stands as a second result."""
+        done_here = out.state == TrialState.COMPLETE and out.recorded
+        kept = out.opened[-1] if done_here and out.opened else None  # the run holding the trial's result
+        number = out.trial.number
+        for rid in _own_runs(self.uri, self.spec, number, out.opened):
+            if rid == kept:
+                continue
+            if done_here:
+                why = f"a second run of trial {number}, left open" + (f"; its result is in run {kept}" if kept else "")
+            elif out.recorded:
+                why = f"{type(out.err).__name__}: {out.err}"[:2000]
+            else:
+                why = (f"TrialLost: trial {number} was failed as stale by another worker, which retries it; "
+                       "this run's result is dropped")
+            with contextlib.suppress(Exception):
+                if tracking.settle_run(self.uri, rid, why, finished_too=not out.recorded):
+                    self.log(f"trial {number}: its run {rid} ended FAILED ({why[:200]})")
+
+    def say(self, out: _Outcome) -> None:
+        """One line: the trial's end, or its result dropped (another process finished it first)."""
+        if not out.recorded:
+            self.log(f"trial {out.trial.number} was finished by another process (failed as stale?) before this worker "
+                     f"could record it as {out.state.name}; this result is dropped")
+        elif out.state == TrialState.COMPLETE:
+            self.log(f"trial {out.trial.number} complete: {self.spec.objective}={out.value:.6g} params={out.trial.params}")
+        else:
+            self.log(f"trial {out.trial.number} {out.state.name.lower()}: {type(out.err).__name__}: {out.err}")
+
+    def settle(self, number: int, opened: list[str], why: str) -> None:
+        """End FAILED every run this worker opened for trial `number` that is still RUNNING (in the trash too)."""
+        for rid in _own_runs(self.uri, self.spec, number, opened):
+            with contextlib.suppress(Exception):
+                if tracking.settle_run(self.uri, rid, why):
+                    self.log(f"trial {number}: its run {rid} ended FAILED ({why})")
 
 
 def _own_runs(uri: str, spec, number: int, opened: list[str]) -> list[str]:
     """The runs this worker opened for trial `number`: those noted as they opened, and those the store holds with
     this process's lease and the trial's tags (one cut off before it was noted: its id lost with a create's reply,
     or a write failing between the create and the note; CI saw such a run stay RUNNING)."""
-    from .. import tracking
-
     found: list[str] = []
     with contextlib.suppress(Exception):  # a store still out of reach: the noted ones only
         found = tracking.own_runs(uri, spec.experiment, {"hmmscope.study": spec.name, "hmmscope.trial": number})
     return list(dict.fromkeys([*opened, *found]))
-
-
-def _settle(uri: str, spec, number: int, opened: list[str], why: str, log: Callable[[str], None]) -> None:
-    """End FAILED every run this worker opened for trial `number` that is still RUNNING (in the trash too)."""
-    from .. import tracking
-
-    for rid in _own_runs(uri, spec, number, opened):
-        with contextlib.suppress(Exception):
-            if tracking.settle_run(uri, rid, why):
-                log(f"trial {number}: its run {rid} ended FAILED ({why})")
-
-
-def _transient(e: BaseException) -> bool:
-    """A storage error that a new connection may not have: the database unreachable, a connection dropped (SQLAlchemy's
-    OperationalError / InterfaceError, or Optuna's StorageInternalError wrapping one). Not a full disk or a read-only
-    store (`tracking.faults.permanent_fault`): waiting does not cure those, so they are said at once."""
-    from ..tracking.faults import permanent_fault
-
-    if permanent_fault(e) is not None:
-        return False
-    names = {c.__name__ for c in type(e).__mro__}
-    return bool(names & {"OperationalError", "InterfaceError", "StorageInternalError"}) or \
-        getattr(e, "connection_invalidated", False)
-
-
-class _Patient:
-    """Calls of the storage that outlast an outage: a transient error (`_transient`) is retried, 1 s then doubling to
-    15 s apart, for up to STORE_OUTAGE_S in total (one line when it starts waiting, one when it answers again);
-    then, or on any other error, it is raised. A worker cut off from its storage thus resumes where it was when the
-    network returns (its trial meanwhile failed as stale and retried by another worker)."""
-
-    def __init__(self, log: Callable[[str], None]):
-        self.log = log
-        self.limit = outage_limit()  # a stated range (storage.STORE_OUTAGE_RANGE): nan, inf refused
-
-    def __call__(self, fn, *args):
-        t0, wait, said = time.monotonic(), 1.0, False
-        while True:
-            try:
-                out = fn(*args)
-            except Exception as e:
-                if not _transient(e) or time.monotonic() - t0 > self.limit:
-                    raise
-                if not said:
-                    first = str(e).strip().splitlines()
-                    self.log(f"worker {os.getpid()}: the storage does not answer ({type(e).__name__}: "
-                             f"{first[0][:200] if first else ''}); retrying for up to {self.limit:.0f} s")
-                    said = True
-                time.sleep(wait)
-                wait = min(15.0, wait * 2)
-                continue
-            if said:
-                self.log(f"worker {os.getpid()}: the storage answers again after {time.monotonic() - t0:.0f} s")
-            return out
-
-
-@dataclass
-class SweepSummary:
-    study_name: str
-    storage: str
-    parent_run_id: str
-    n_trials: int  # slots (grid points x seeds, or n_trials)
-    complete: int
-    failed: int
-    pruned: int
-    retried: int  # trials lost with their worker and run again
-    already_complete: bool
-    worker_returncodes: list[int] = field(default_factory=list)
-
-    @property
-    def finished(self) -> bool:
-        return self.complete + self.failed + self.pruned >= self.n_trials
-
-    @property
-    def crashed_workers(self) -> list[int]:
-        """Exit codes of workers that crashed: an error exit (a traceback) or a crash signal (e.g. SIGSEGV)."""
-        return [rc for rc in self.worker_returncodes if rc > 0 or (rc < 0 and -rc not in _STOP_SIGNALS)]
-
-    @property
-    def killed_workers(self) -> list[int]:
-        """Exit codes (-signal) of workers stopped from outside (SIGKILL, SIGTERM, SIGINT: OOM killer, a user);
-        their trials are retried, so the sweep can still finish."""
-        return [rc for rc in self.worker_returncodes if rc < 0 and -rc in _STOP_SIGNALS]
-
-
-_STOP_SIGNALS = {int(getattr(signal, n)) for n in ("SIGKILL", "SIGTERM", "SIGINT") if hasattr(signal, n)}
 
 
 def worker_command(study_name: str, storage_url_: str, uri: str, max_trials: int | None = None,
@@ -327,17 +308,6 @@ def worker_command(study_name: str, storage_url_: str, uri: str, max_trials: int
         [] if final_comparison else ["--no-final-comparison"])
 
 
-def worker_env(gpu: str | None = None) -> dict[str, str]:
-    """A worker's environment: one torch thread; CUDA_VISIBLE_DEVICES=gpu when given."""
-    env = {**os.environ, "HMMSCOPE_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = gpu
-    return env
-
-
-WORKER_STOP_S = 30.0  # how long a stopping sweep waits for its workers to hand their trials back before SIGKILL
-
-
 def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, uri: str | None = None,
               progress: Callable[[dict[str, int], int], None] | None = None,
               log: Callable[[str], None] = print, gpus: Sequence[str] | None = None,
@@ -347,8 +317,6 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
     gpus: GPU ids to hand out round-robin (default: see `worker_gpus`). retry_failed: first re-queue every
     FAILED trial that was not retried (its retry budget starts again), so a sweep with failed cells can finish.
     """
-    from .. import tracking
-
     if workers < 1:
         raise ConfigError(f"workers must be >= 1, got {workers}")
     uri = tracking.resolve_uri(uri)
@@ -363,13 +331,20 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
     if not created and c["waiting"] == 0 and c["running"] == 0:
         log(f"sweep {spec.name!r} is complete ({c['complete']} complete, {c['failed']} failed, "
             f"{c['pruned']} pruned); nothing to do")
-        _log_comparison(tracking.existing_run(uri, parent), spec, study, log)  # refreshed (e.g. by newer code)
+        draw_comparison(tracking.existing_run(uri, parent), spec, study, log)  # refreshed (e.g. by newer code)
         return SweepSummary(spec.name, storage, parent, spec.n_trials, c["complete"], c["failed"], c["pruned"],
                             c["retried"], True)
     workers = min(workers, spec.n_trials)  # as the memory check counts: no more processes than trials
     assigned = worker_gpus(spec, workers, gpus)
     log(f"sweep {spec.name!r}: {spec.n_trials} trials, {workers} workers, storage {safe_url(storage)}, "
         f"MLflow parent run {parent}" + (f", GPUs {assigned}" if any(g is not None for g in assigned) else ""))
+    return _run_workers(spec, study, storage, uri, parent, assigned, progress, log)
+
+
+def _run_workers(spec: SweepSpec, study, storage: str, uri: str, parent: str, assigned: list[str | None],
+                 progress: Callable[[dict[str, int], int], None] | None, log: Callable[[str], None]) -> SweepSummary:
+    """Start a worker process per GPU slot, wait for them with the parent run RUNNING, then update it; on any
+    exception (Ctrl-C, a scheduler's SIGTERM, the study deleted) stop them first (`processes.stop_workers`)."""
     procs: list[subprocess.Popen] = []
 
     def on_term(signum, frame):  # a scheduler's SIGTERM ends the sweep like Ctrl-C
@@ -381,58 +356,12 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
     with tracking.start_run(uri, spec.experiment, f"sweep-{spec.name}", resume=parent, exclusive=False) as prun:
         try:
             for gpu in assigned:
-                # own session: a terminal's Ctrl-C reaches only us, and we stop the workers cleanly; SIGTERM
-                # when we die, even by SIGKILL (PR_SET_PDEATHSIG): a worker hands its trial back and exits, so
-                # a resume never runs beside stale workers. Its output comes through `log` line by line (above
-                # the caller's progress bar, never onto it)
-                procs.append(subprocess.Popen(worker_command(spec.name, storage, uri, final_comparison=False),
-                                              env=worker_env(gpu),
-                                              start_new_session=True, preexec_fn=die_with_parent(),
-                                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                              stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1))
-                readers.append(threading.Thread(target=_forward, args=(procs[-1].stdout, log), daemon=True))
-                readers[-1].start()
-            while any(p.poll() is None for p in procs):
-                time.sleep(1.0)
-                if progress is not None:
-                    try:
-                        progress(counts(study), spec.n_trials)
-                    except KeyError as e:  # the study deleted under this sweep: its workers are stopped below
-                        if _gone(e, spec.name, storage):
-                            raise _deleted(spec.name, storage) from None
-                        raise
-            for r in readers:  # every line a worker wrote is out before the summary
-                r.join(timeout=10)
-            try:
-                counts(study)
-            except KeyError as e:  # deleted under it, its workers ended first (no progress callback to see it)
-                if _gone(e, spec.name, storage):
-                    raise _deleted(spec.name, storage) from None
-                raise
+                proc, reader = start_worker(worker_command(spec.name, storage, uri, final_comparison=False), gpu, log)
+                procs.append(proc)
+                readers.append(reader)
+            _wait(procs, readers, study, spec, storage, progress)
         except BaseException:
-            for p in procs:
-                if p.poll() is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(p.pid, signal.SIGTERM)
-            killed = []
-            stop_by = time.monotonic() + WORKER_STOP_S
-            for p in procs:
-                try:
-                    p.wait(timeout=max(stop_by - time.monotonic(), 0.1))
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(p.pid, signal.SIGKILL)
-                    p.wait()
-                    killed.append(p.pid)
-            # a worker SIGKILLed above left its trial RUNNING: handed back here (as it would have done itself), not
-            # after the grace period; it, or one whose own end-of-run write failed (sqlite locked under load), left
-            # its run RUNNING: its process is gone now, so it is an orphan, marked KILLED here
-            with contextlib.suppress(Exception):
-                for n, pid in TrialStore.of(study, storage).hand_back(socket.gethostname(), killed, spec.max_retry):
-                    log(f"trial {n}: its worker (pid {pid}) did not stop in {WORKER_STOP_S:g} s and was killed; "
-                        "the trial was put back")
-            with contextlib.suppress(Exception):
-                collect_orphans(uri, spec.experiment, log)
+            stop_workers(procs, study, storage, spec, uri, log)
             raise
         finally:
             if old_term is not None:
@@ -443,66 +372,25 @@ def run_sweep(spec: SweepSpec, *, workers: int = 1, storage: str | None = None, 
                         c["retried"], False, [p.returncode for p in procs])
 
 
-def refresh_parent(uri: str, spec: SweepSpec, study, parent: str, log: Callable[[str], object], *,
-                   run=None, quiet: bool = False, trial: int | None = None, compare: bool = True) -> dict[str, int]:
-    """Bring the parent run up to date (module docstring): the counts and the best trial at the step of `trial`
-    (the trial that just ended: its place in the finish order), or, with no `trial`, at the last step unless it
-    is there already; the comparison. Returns the counts now. A failure is one line (`log`), never the sweep's;
-    `quiet`: no line for a comparison written (a worker calls this after every trial); `compare`: draw it."""
-    from .. import tracking
-    from .status import finish_order
-
-    c = counts(study)
+def _wait(procs: list[subprocess.Popen], readers: list[threading.Thread], study, spec: SweepSpec, storage: str,
+          progress: Callable[[dict[str, int], int], None] | None) -> None:
+    """Until every worker has exited: the counts to `progress` about once a second; then every line a worker wrote is
+    out. The study deleted under the sweep: SweepDeleted (its workers are stopped by the caller)."""
+    while any(p.poll() is None for p in procs):
+        time.sleep(1.0)
+        if progress is not None:
+            try:
+                progress(counts(study), spec.n_trials)
+            except KeyError as e:  # the study deleted under this sweep: its workers are stopped by the caller
+                _raise_if_gone(e, spec.name, storage)
+                raise
+    for r in readers:  # every line a worker wrote is out before the summary
+        r.join(timeout=10)
     try:
-        run = run or tracking.existing_run(uri, parent)
-        order = finish_order(study)
-        if trial is not None:
-            step = order.index(trial) + 1 if trial in order else None
-        else:  # run_sweep's own last word, unless a worker said it
-            logged = {m.step for m in tracking.client(uri).get_metric_history(run.run_id, "sweep/complete")}
-            step = len(order) if order and len(order) not in logged else None
-        if step is not None:
-            upto = set(order[:step])
-            run.log_metrics({f"sweep/{k}": v for k, v in counts(study, finished=upto).items()}, step=step)
-            then = best_trial(study, among=upto)
-            if then is not None:
-                run.log_metrics({"sweep/best_value": then.value, "sweep/best_trial": then.number}, step=step)
-        best = best_trial(study)
-        if best is not None:
-            run.set_tags({"hmmscope.best_params": json.dumps(best.params),
-                          "hmmscope.best_run": best.user_attrs.get("mlflow_run_id", "")})
-    except Exception as e:  # e.g. a read-only store: the trials' results stand without the parent's summary
-        log(f"sweep {spec.name!r}: parent run not updated: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-        return c
-    if compare:
-        _log_comparison(run, spec, study, log, quiet=quiet)
-    return c
-
-
-def _log_comparison(run, spec: SweepSpec, study, log: Callable[[str], object], quiet: bool = False) -> None:
-    """The parent run's comparison figure and pivot table (compare.py); a failure is one line, never the sweep's
-    (`quiet`: no line when it worked)."""
-    from .. import tracking
-    from .compare import FOLDER, log_comparison
-
-    def metrics_of(run_id: str) -> dict[str, float]:  # a trial's run's metrics: the oracle's reference line
-        r = tracking.get_run(run.uri, run_id)
-        return dict(r.data.metrics) if r is not None else {}
-
-    try:
-        if log_comparison(run, spec, study, metrics_of=metrics_of) is not None and not quiet:
-            log(f"sweep {spec.name!r}: comparison figure and pivot table logged to the parent run ({FOLDER}/)")
-    except Exception as e:  # e.g. a read-only store: the sweep's results stand without the figure
-        log(f"sweep {spec.name!r}: comparison not logged: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-
-
-def _forward(stream, log: Callable[[str], object]) -> None:
-    """A worker's output, line by line, through `log` (the caller prints it above its bar)."""
-    with contextlib.suppress(Exception):
-        for line in iter(stream.readline, ""):
-            log(line.rstrip("\n"))
-    with contextlib.suppress(Exception):
-        stream.close()
+        counts(study)
+    except KeyError as e:  # deleted under it, its workers ended first (no progress callback to see it)
+        _raise_if_gone(e, spec.name, storage)
+        raise
 
 
 # ---------------------------------------------------------------- worker entry point (python -m hmmscope.sweep)
@@ -523,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         pin_gpu(a.gpu)
     signal.signal(signal.SIGTERM, on_sigterm)  # run_sweep stops its workers with SIGTERM: hand the trial back, exit
     if threads := env.threads():
-        import torch
+        import torch  # lazy: torch (~1 s) off every sweep command that imports this module and trains nothing
 
         torch.set_num_threads(threads)
     try:
@@ -532,8 +420,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"worker {os.getpid()}: {e}", file=sys.stderr, flush=True)
         return 1
     except Exception as e:  # the storage or the store failed (a full disk): one line, not a traceback
-        from ..tracking.faults import store_error, store_reason
-
         if not store_error(e):
             raise
         print(f"worker {os.getpid()}: error: the store failed: {store_reason(e)}", file=sys.stderr, flush=True)

@@ -1,26 +1,14 @@
-"""One typed configuration object: defaults -> preset -> TOML file -> overrides.
-
-Every knob lives in a frozen dataclass below. `override` is the only way to change one: it walks dotted keys
-(`hmm.gamma`), rejects unknown keys, wrong types and non-finite floats (inf, nan), and re-validates the result, so a
-bad value fails before any work starts. Seeds lie in [0, 2**32 - 1] (numpy's legacy seed range, also what
-torch.manual_seed and SeedSequence take without complaint). `memory_estimate(cfg, job)` is the peak memory of a job,
-by term, computed from the config alone (no allocation): the CLI refuses a job that cannot fit before it starts.
+"""The config's dataclasses and their ranges: one frozen dataclass per section (hmm, data, model, train, theory,
+eval) with its defaults, `Config` holding them, `validate` (every range, one line naming the key), the safe-name rule
+(`check_name`) and what follows from a config alone (`seq_len`, `training_tasks`, `em_states`). Imports nothing of
+hmmscope; changed only through `config.overrides.override`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import math
-import os
 import re
-import tomllib
-import typing
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 
 class ConfigError(ValueError):
@@ -29,8 +17,6 @@ class ConfigError(ValueError):
 
 SEED_MAX = 2**32 - 1
 INT_MAX = 2**53  # every integer setting is bounded before arithmetic sees it (exact as a float; no OverflowError)
-MAX_TEXT_BYTES = 1 << 20  # a config file or sweep spec is read up to this size
-MAX_TOML_DEPTH = 16  # tables and arrays nested deeper are refused (a config has 2 levels, a spec 4)
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 FAMILIES = ("dirichlet", "sticky")
 STRUCTURES = ("all", "half", "half-heldout")  # hmm.structures (hmm.make_mixture)
@@ -161,9 +147,6 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
-# ---------------------------------------------------------------- validation
-
-
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
@@ -259,197 +242,3 @@ def check_name(name: str, what: str = "name") -> str:
 def seq_len(d: DataConfig) -> int:
     """Tokens in one episode: k demos each followed by a delimiter, then the test sequence."""
     return d.n_demos * (d.l_demo + 1) + d.l_test
-
-
-# ---------------------------------------------------------------- overrides
-
-
-def _coerce(key: str, value: Any, tp: Any) -> Any:
-    """Check `value` against the annotated type `tp`; strings from the CLI are parsed as TOML literals."""
-    if isinstance(value, str) and tp is not str:
-        try:
-            value = tomllib.loads(f"v = {value}")["v"]
-        except tomllib.TOMLDecodeError:
-            raise ConfigError(f"{key}: cannot parse {value!r} as {getattr(tp, '__name__', tp)}") from None
-    origin = typing.get_origin(tp)
-    if origin is tuple:
-        (elem, *_rest) = typing.get_args(tp)
-        if not isinstance(value, (list, tuple)):
-            value = [value]
-        return tuple(_coerce(key, v, elem) for v in value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            if abs(value) > INT_MAX and not key.endswith(".seed"):  # seeds: validate names their own range
-                raise ConfigError(f"{key}: must be at most {INT_MAX} in size, got {value}")
-            return value
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            try:
-                value = float(value)
-            except OverflowError:  # an int too large for a float
-                raise ConfigError(f"{key}: must be a finite number, got {value}") from None
-            if not math.isfinite(value):
-                raise ConfigError(f"{key}: must be a finite number, got {value}")
-            if value != 0 and abs(value) < 2.2250738585072014e-308:  # subnormal (1e-320): no arithmetic survives it
-                raise ConfigError(f"{key}: {value!r} is below the smallest normal float (2.23e-308); give 0 or a larger size")
-            return value
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-    raise ConfigError(f"{key}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
-
-
-def override(cfg: Config, updates: Mapping[str, Any]) -> Config:
-    """Return `cfg` with dotted-key `updates` applied; unknown keys and wrong types raise ConfigError."""
-    sections: dict[str, dict[str, Any]] = {}
-    hints = {f.name: f.type for f in dataclasses.fields(Config)}
-    for key, value in updates.items():
-        parts = key.split(".")
-        if len(parts) != 2 or parts[0] not in hints:
-            raise ConfigError(f"unknown config key {key!r} (sections: {', '.join(hints)})")
-        sec, name = parts
-        sec_obj = getattr(cfg, sec)
-        types = typing.get_type_hints(type(sec_obj))
-        if name not in types:
-            raise ConfigError(f"unknown config key {key!r} (known in {sec}: {', '.join(types)})")
-        if key == "train.compile" and isinstance(value, bool):  # true / false (TOML, older checkpoints' configs)
-            value = "true" if value else "false"
-        sections.setdefault(sec, {})[name] = _coerce(key, value, types[name])
-    new = dataclasses.replace(cfg, **{s: dataclasses.replace(getattr(cfg, s), **kv) for s, kv in sections.items()})
-    return validate(new)
-
-
-def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
-    """{'hmm.gamma': 0.8, ...}: the same names for every run, for MLflow params."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(cfg):
-        v = getattr(cfg, f.name)
-        key = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(v):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = list(v) if isinstance(v, tuple) else v
-    return out
-
-
-def _nested_to_flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, Mapping):
-            out.update(_nested_to_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def load_toml(path: str | Path, base: Config | None = None) -> Config:
-    """Apply a TOML file (tables [hmm], [data], ...) on top of `base` (default: Config())."""
-    path = Path(path)
-    data = parse_toml(read_text(path, "config file"), path)
-    try:
-        return override(base or Config(), _nested_to_flat(data))
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
-
-
-def read_text(path: str | Path, what: str) -> str:
-    """The UTF-8 text of a file; ConfigError (one line) if it is missing, a folder, unreadable or binary, a
-    special file (a FIFO, device or socket: refused before it is opened, so a FIFO never blocks), or larger than
-    MAX_TEXT_BYTES (`--config /dev/zero` never reads on)."""
-    import stat as stat_
-
-    path = Path(path)
-    try:
-        st = os.stat(path)
-        if stat_.S_ISDIR(st.st_mode):
-            raise IsADirectoryError
-        if not stat_.S_ISREG(st.st_mode):
-            raise ConfigError(f"{what} {path} is a special file (FIFO, device or socket), not a regular file")
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO swapped in meanwhile: no block
-        with os.fdopen(fd, "rb") as f:
-            if not stat_.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise ConfigError(f"{what} {path} is a special file (FIFO, device or socket), not a regular file")
-            data = f.read(MAX_TEXT_BYTES + 1)
-        if len(data) > MAX_TEXT_BYTES:
-            raise ConfigError(f"{what} {path} is larger than {MAX_TEXT_BYTES >> 20} MiB: not a config or spec")
-        return data.decode("utf-8-sig")  # a leading UTF-8 BOM (some editors write one) is no text
-    except FileNotFoundError:
-        raise ConfigError(f"{what} not found: {path}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{what} {path} is a folder, not a file") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{what} {path} is not a text (UTF-8) file") from None
-    except OSError as e:
-        raise ConfigError(f"{what} {path}: cannot read it ({e.strerror or e})") from None
-
-
-def _depth(v: Any) -> int:
-    """Nesting depth of parsed TOML (tables and arrays), without recursion."""
-    best, todo = 0, [(v, 0)]
-    while todo:
-        x, d = todo.pop()
-        best = max(best, d)
-        if isinstance(x, dict):
-            todo.extend((y, d + 1) for y in x.values())
-        elif isinstance(x, list):
-            todo.extend((y, d + 1) for y in x)
-    return best
-
-
-def parse_toml(text: str, path: str | Path) -> dict[str, Any]:
-    """TOML text parsed; ConfigError (one line) if invalid or nested deeper than MAX_TOML_DEPTH levels."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: invalid TOML: {e}") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: nested deeper than {MAX_TOML_DEPTH} levels") from None
-    if _depth(data) > MAX_TOML_DEPTH:
-        raise ConfigError(f"{path}: nested deeper than {MAX_TOML_DEPTH} levels")
-    return data
-
-
-def from_flat(flat: Mapping[str, Any]) -> Config:
-    """Rebuild a Config from `flatten` output (e.g. a checkpoint's saved config)."""
-    return override(Config(), flat)
-
-
-def to_dict(cfg: Any) -> dict[str, Any]:
-    return json.loads(json.dumps(dataclasses.asdict(cfg)))
-
-
-def config_hash(*parts: Any) -> str:
-    """Content hash (sha256, 16 hex chars) of one or more config sections."""
-    blob = json.dumps([to_dict(p) for p in parts], sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-# ---------------------------------------------------------------- presets
-
-PRESETS: dict[str, dict[str, Any]] = {
-    # CPU, a few minutes on 2 cores.
-    "tiny": {},
-    # The paper's scale (SCIENCE.md 3): a GPU job.
-    "paper": {
-        "hmm.n_tasks": 8192, "hmm.n_states": 128, "hmm.n_tokens": 16, "hmm.rank": 8,
-        "data.n_demos": 6, "data.l_demo": 48, "data.l_test": 64,
-        "data.n_train": 131072, "data.n_eval": 1024,
-        "model.n_layers": 16, "model.n_heads": 16, "model.d_model": 1024, "model.d_mlp": 4096,
-        "model.max_len": 512,
-        "train.steps": 4096, "train.batch_size": 32, "train.lr": 3e-4, "train.min_lr": 3e-5,
-        "train.warmup": 200, "train.eval_every": 512, "train.ckpt_every": 1024,
-    },
-}
-# The second reading of the paper's budget (SCIENCE.md 8): "64 epochs" over the 131,072 episodes, 262,144 steps of
-# batch 32 (64 passes, 1024 episodes per task); "paper" is the literal one (4096 steps, one pass, 16 per task).
-PRESETS["paper-epochs"] = {**PRESETS["paper"], "train.steps": 262144, "train.eval_every": 4096,
-                           "train.ckpt_every": 4096}
-
-
-def preset(name: str) -> Config:
-    if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r} (known: {', '.join(PRESETS)})")
-    return override(Config(), PRESETS[name])
