@@ -1,5 +1,5 @@
-"""`hmmscope train`, `evaluate` and `analyze`: the commands that launch the pipeline's steps (`hmmscope.pipeline`: `run`
-for training, evaluation and the logged model; `evaluation`, `analysis`) (`run`, the main job: cli/run).
+"""`hmmscope train`, `evaluate` and `analyze`: the commands that launch the pipeline (`hmmscope.pipeline`: `run` for
+training, Figure 1 and the logged model; `evaluation`, `analysis` on a run's checkpoint). The main job: cli/run.
 
 Owns: these commands' options, their checks before work (names, paths, stores, memory), the spinners over their
 silent stages, and what they print (metrics, claims, figure paths, the MLflow run). Training, evaluation, the

@@ -10,7 +10,7 @@ skipped (`Phases.skip`, its results read back from its run: Figure 1's metrics, 
 theory and the analysis); an interrupted training run continues from its checkpoint; the sweep resumes itself. The
 training model, when the analysis still has to run and training did not run now, is loaded from that checkpoint.
 
-Files go to out/main-<id8>/ (`jobs.run_folder`): theory/, the training run's folder (evaluation/, analysis/) and <sweep
+Files go to out/main-<id8>/ (`safe_output.run_folder`): theory/, the training run's folder (evaluation/, analysis/) and <sweep
 name>/ (the report). Training, Figure 1 and the analysis are one run of the pipeline (`run.run`, the analysis after
 the training run ends: a phase resumed on its own); the theory sweep is `hmmscope.jobs`'; the sweep is handed in
 (`sweep(spec, report_dir) -> (summary, report)`: the CLI's, with its progress display).
