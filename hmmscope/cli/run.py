@@ -177,7 +177,7 @@ def run_cmd(
     uri = store_checks.tracking_store(tracking_uri)
     store_checks.optuna_storage(None)  # the main job's sweep uses the default storage
     spec, prev = _start(cfg, uri, experiment, quick=quick, fresh=fresh, force=force)
-    from .. import tracking  # lazy (imported by _start by now): mlflow, torch and the pipeline off the start-up
+    from .. import tracking  # lazy: mlflow, torch, the pipeline (loaded by _start by now) off the start-up
     from ..interrupts import sigterm_interrupts  # lazy: with the pipeline's imports (torch, mlflow)
     from ..pipeline.job import main_job  # lazy: torch, mlflow, the measurements (seconds)
 
