@@ -121,9 +121,9 @@ def prepare(root: Path) -> dict[str, str]:
 
     from hmmscope import tracking
     from hmmscope.config import load_toml
+    from hmmscope.pipeline.run import train
     from hmmscope.sweep import create_study
     from hmmscope.sweep.spec import parse_spec
-    from hmmscope.training.train import train
 
     torch.set_num_threads(1)
     proj = root / "proj"

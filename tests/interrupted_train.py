@@ -42,6 +42,7 @@ def child(uri: str, overrides: dict, folder: Path, scenario: str) -> None:
 
         from hmmscope import tracking
         from hmmscope.config import Config, override
+        from hmmscope.pipeline.run import train
         from hmmscope.training import train as train_module
 
         torch.set_num_threads(1)
@@ -77,8 +78,8 @@ def child(uri: str, overrides: dict, folder: Path, scenario: str) -> None:
             torch.save = save
         else:
             raise SystemExit(f"unknown scenario {scenario!r}")
-        train_module.train(override(Config(), overrides), tracking_uri=uri, experiment="interrupted", run_name=scenario,
-                           progress=False, log_every=1, on_start=rid.append)
+        train(override(Config(), overrides), tracking_uri=uri, experiment="interrupted", run_name=scenario,
+              progress=False, log_every=1, on_start=rid.append)
         code = 0
     except KeyboardInterrupt:
         code = 130
@@ -95,7 +96,7 @@ def main() -> None:
     uri, overrides, folder, scenarios = sys.argv[1], json.loads(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:]
     import importlib
 
-    for module in ("torch", "mlflow.tracking", "hmmscope.tracking", "hmmscope.training.train"):
+    for module in ("torch", "mlflow.tracking", "hmmscope.tracking", "hmmscope.pipeline.run"):
         importlib.import_module(module)  # every import before the forks
     for scenario in scenarios:
         pid = os.fork()

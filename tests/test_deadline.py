@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from hmmscope import tracking
 from hmmscope.config import Config, override
+from hmmscope.pipeline.run import train
 from hmmscope.training.checkpoints import load_model
 from hmmscope.training.deadline import Deadline, due, process_age_s, state_bytes
-from hmmscope.training.train import train
 
 torch.set_num_threads(1)
 

@@ -21,7 +21,7 @@ from hmmscope.oracles.baselines import fit_counting, incontext_bigram, incontext
 from hmmscope.oracles.inference import mixture_oracle, task_oracle
 from hmmscope.oracles.memory import memory_error
 from hmmscope.stats import claim, decide, rule
-from hmmscope.training.train import oracle_metrics
+from hmmscope.training.learning_curve import oracle_metrics
 
 V = 5
 DATA = DataConfig(n_demos=3, l_demo=6, l_test=9, seed=3)

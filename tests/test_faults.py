@@ -277,7 +277,7 @@ def _train_run(proj: Path, monkeypatch) -> str:
     import tomllib
 
     from hmmscope.config import override, preset
-    from hmmscope.training.train import train
+    from hmmscope.pipeline.run import train
 
     monkeypatch.chdir(proj)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -537,8 +537,8 @@ def test_a_full_disk_mid_training_fails_the_run_keeps_the_last_checkpoint_and_re
     import io
 
     from hmmscope.config import Config, override
+    from hmmscope.pipeline.run import train
     from hmmscope.training.checkpoints import load_model, read_checkpoint
-    from hmmscope.training.train import train
 
     torch = pytest.importorskip("torch")
     torch.set_num_threads(1)

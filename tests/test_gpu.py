@@ -23,13 +23,15 @@ from hmmscope import tracking
 from hmmscope.config import Config, override
 from hmmscope.data.episodes import sample_episodes
 from hmmscope.data.hmm import make_mixture
-from hmmscope.jobs import analyze_run, evaluate_run
 from hmmscope.measure.probes import collect_residuals, run_probes
 from hmmscope.measure.shuffle import shuffle_test
 from hmmscope.model.transformer import Transformer, run_with_cache
 from hmmscope.oracles.inference import mixture_oracle, task_oracle
+from hmmscope.pipeline.analysis import analyze_run
+from hmmscope.pipeline.evaluation import evaluate_run
+from hmmscope.pipeline.run import train
 from hmmscope.training.checkpoints import load_model, read_checkpoint
-from hmmscope.training.train import evaluate_loss, oracle_metrics, train
+from hmmscope.training.learning_curve import evaluate_loss, oracle_metrics
 
 gpu = pytest.mark.gpu
 

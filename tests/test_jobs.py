@@ -1,6 +1,6 @@
-"""hmmscope.jobs' output folders: every command's figures as PNG + PDF under out/<run>/, the same files logged to
-MLflow, and no two commands writing the same path (a real tiny training run in a sqlite store). The main job's tests:
-tests/test_pipeline.py."""
+"""The jobs' output folders (hmmscope.jobs; the pipeline's evaluation and analysis): every command's figures as PNG +
+PDF under out/<run>/, the same files logged to MLflow, and no two commands writing the same path (a real tiny training
+run in a sqlite store). The main job's tests: tests/test_pipeline.py."""
 
 import subprocess
 import sys
@@ -10,10 +10,12 @@ import torch
 
 from hmmscope import tracking
 from hmmscope.config import Config, TheoryConfig, override
-from hmmscope.jobs import analyze_run, evaluate_run, theory_job
+from hmmscope.jobs import theory_job
+from hmmscope.pipeline.analysis import analyze_run
+from hmmscope.pipeline.evaluation import evaluate_run
+from hmmscope.pipeline.run import train
 from hmmscope.safe_output import new_folder, run_folder
 from hmmscope.training import checkpoints
-from hmmscope.training.train import train
 
 torch.set_num_threads(1)
 
@@ -84,7 +86,8 @@ def test_figures_off_keeps_every_table_and_metric_and_a_resume_or_evaluate_may_d
     """train.figures = false (a sweep of many trials): no emergence, Figure 1 or analysis (Figures 2, 3) images, the
     same tables, metrics and claims; a run-time key, so a resume may turn it back on; `evaluate RUN` and `analyze RUN`
     draw theirs, asked for by name."""
-    from hmmscope.jobs import analyze_model, evaluate_model
+    from hmmscope.pipeline.analysis import analyze_model
+    from hmmscope.pipeline.evaluation import evaluate_model
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     cfg = override(Config(), {**SMALL, "train.figures": False})
@@ -193,7 +196,7 @@ def test_analysis_run_lives_as_long_as_its_work_and_a_crash_leaves_it_failed(run
     """The analysis run opens when the work starts: its MLflow duration is the work's own (it used to open
     after the work: 1.9 s against 39.7 s); a crash in the probes leaves it FAILED with the shuffle test's
     metrics, logged as soon as that phase ended."""
-    from hmmscope.measure import probes
+    from hmmscope.pipeline import analysis
 
     uri, rid, tmp, _ = run
     an = analyze_run(uri, rid, n_episodes=16, ks=(1,), n_perms=1, probe_tasks=4, min_per_task=4)
@@ -211,7 +214,7 @@ def test_analysis_run_lives_as_long_as_its_work_and_a_crash_leaves_it_failed(run
     def boom(*a, **k):
         raise RuntimeError("probe fit crashed")
 
-    monkeypatch.setattr(probes, "run_probes", boom)
+    monkeypatch.setattr(analysis, "run_probes", boom)
     with pytest.raises(RuntimeError, match="probe fit crashed"):
         analyze_run(uri, rid, n_episodes=16, ks=(1,), n_perms=1, probe_tasks=4, min_per_task=4)
     (failed,) = [r for r in tracking.search_runs(uri, "j", parent_id=rid) if r.info.status == "FAILED"]

@@ -125,7 +125,7 @@ def _race(tmp_path: Path, rounds: int, tiny_toml: str) -> None:
     each round exactly one trains (exit 0) and the other exits 2 with one line naming the winner's process; every
     metric step of the run is logged once."""
     from hmmscope.config import load_toml
-    from hmmscope.training.train import train
+    from hmmscope.pipeline.run import train
 
     (tmp_path / "tiny.toml").write_text(tiny_toml + TINY_EXTRA)
     uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"

@@ -11,15 +11,16 @@ import pytest
 import torch
 
 from hmmscope import tracking
+from hmmscope.cli.run import quick_sweep
 from hmmscope.config import Config, override
-from hmmscope.jobs import evaluate_run
 from hmmscope.pipeline import job as pjob
 from hmmscope.pipeline import kept as pkept
 from hmmscope.pipeline import quick
+from hmmscope.pipeline import run as prun
+from hmmscope.pipeline.evaluation import evaluate_run
 from hmmscope.pipeline.job import MAIN_SWEEP, Phases, main_job
 from hmmscope.sweep.spec import parse_spec
 from hmmscope.training import checkpoints
-from hmmscope.training import train as train_module
 
 torch.set_num_threads(1)
 
@@ -107,13 +108,13 @@ def test_a_failed_evaluation_in_the_main_job_leaves_its_training_run_failed(uri,
     the training run ends FAILED with the reason, as under `train` (it stayed FINISHED without its evaluation)."""
     import errno
 
-    real = pjob.evaluate_model
+    real = prun.evaluate_model
 
     def full_disk(*a, **k):
         real(*a, **k)
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out" / "figure1_by_k.csv"))
 
-    monkeypatch.setattr(pjob, "evaluate_model", full_disk)
+    monkeypatch.setattr(prun, "evaluate_model", full_disk)
     cfg = override(CFG, {"theory.gammas": (0.5,), "theory.lengths": (1, 2), "theory.n_histories": 10,
                          "theory.draws": 1})
     with pytest.raises(OSError, match="No space left on device"):
@@ -142,9 +143,10 @@ def test_an_interrupted_main_job_resumes_and_skips_the_phases_that_finished(uri,
     def never(*a, **kw):
         raise AssertionError("a finished phase ran again")
 
-    for name in ("theory_job", "evaluate_model", "analyze_model", "analyze_run"):
+    for name in ("theory_job", "analyze_run"):
         monkeypatch.setattr(pjob, name, never)
-    monkeypatch.setattr(train_module, "train", never)
+    for name in ("train", "evaluate_model", "analyze_model"):  # the pipeline's steps
+        monkeypatch.setattr(prun, name, never)
     told = Told()
     res = main_job(CFG, uri, "resume", tmp_path / "out", sweep_spec=SPEC, sweep=no_sweep, progress=False,
                    phases=told, resume=main.info.run_id)
@@ -167,13 +169,13 @@ def test_an_interrupted_training_continues_from_its_checkpoint(uri, tmp_path, mo
     """Killed after the checkpoint at step 2 of 4: the resumed main job skips the theory and continues the same
     training run from that checkpoint (tagged hmmscope.resumed_from_step = 2), then evaluates and analyzes it."""
     cfg = override(CFG, {"train.ckpt_every": 2, "train.eval_every": 2})
-    real, calls = train_module.train, []
+    real, calls = prun.train, []
 
     def cut(*a, **kw):  # the first training stops after step 2, as a kill would (the run ends KILLED)
         calls.append(kw.get("resume"))
         return real(*a, **kw, **({"_stop_after": 2} if len(calls) == 1 else {}))
 
-    monkeypatch.setattr(train_module, "train", cut)
+    monkeypatch.setattr(prun, "train", cut)
     with pytest.raises(KeyboardInterrupt):
         main_job(cfg, uri, "cut", tmp_path / "out", sweep_spec=SPEC, sweep=no_sweep, progress=False)
     main = pkept.latest(uri, "cut", pkept.identity(cfg, SPEC.hash))
@@ -193,7 +195,7 @@ def test_the_identity_is_the_computation_not_how_it_runs():
     ident = pkept.identity(CFG, SPEC.hash)
     assert pkept.identity(override(CFG, {"train.device": "auto", "train.figures": True}), SPEC.hash) == ident
     assert pkept.identity(override(CFG, {"train.steps": 5}), SPEC.hash) != ident
-    assert pkept.identity(CFG, quick.sweep(SPEC).hash) != ident
+    assert pkept.identity(CFG, quick_sweep(SPEC).hash) != ident
 
 
 def test_quick_is_every_phase_smaller_and_its_own_sweep():
@@ -202,7 +204,7 @@ def test_quick_is_every_phase_smaller_and_its_own_sweep():
     assert cfg.train.steps < full.train.steps and cfg.data.n_train < full.data.n_train
     assert len(cfg.theory.gammas) >= 3 and cfg.theory.draws >= 2 and cfg.theory.n_states[0] < full.theory.n_states[0]
     assert cfg.model.n_layers >= 2  # the analysis compares layers
-    s = quick.sweep(SPEC)
+    s = quick_sweep(SPEC)
     assert s.name == quick.QUICK_SWEEP != SPEC.name and s.hash != SPEC.hash and s.n_trials == SPEC.n_trials
     assert [p.key for p in s.space] == [p.key for p in SPEC.space]  # the same design, smaller
     trial = s.trial_config(s.grid_points()[0])
@@ -213,3 +215,20 @@ def test_the_readmes_first_main_job_is_the_quick_one_then_the_full_one():
     block = (Path(__file__).resolve().parents[1] / "README.md").read_text().split("```bash\n", 1)[1].split("```")[0]
     runs = [ln.split("#")[0].split() for ln in block.splitlines() if "hmmscope run" in ln]
     assert [r[1:] for r in runs[:2]] == [["run", "--quick"], ["run"]], runs
+
+
+def test_one_composition_of_the_run_pipeline():
+    """Issue 49: train -> evaluate -> analyze -> log is composed once (pipeline.run.run). The CLI's `train`, the sweep's
+    training trial and the main job call it; none of them calls training, Figure 1 or the analysis of a model in hand
+    itself (before: each wrote the sequence out, three times)."""
+    import ast
+
+    import hmmscope
+
+    root = Path(hmmscope.__file__).parent
+    for rel in ("cli/jobs.py", "sweep/trial.py", "pipeline/job.py"):
+        imported = {(n.module, a.name) for n in ast.walk(ast.parse((root / rel).read_text()))
+                    if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert ("pipeline.run", "run") in imported or ("run", "run") in imported, rel  # ..pipeline.run / .run
+        names = {name for _, name in imported}
+        assert not names & {"train", "evaluate_model", "analyze_model"}, rel

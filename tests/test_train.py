@@ -18,17 +18,12 @@ from hmmscope.config import Config, ConfigError, TrainConfig, flatten, override
 from hmmscope.data.episodes import sample_episodes
 from hmmscope.data.hmm import make_mixture
 from hmmscope.interrupts import sigterm_interrupts
+from hmmscope.pipeline.run import train
 from hmmscope.training.checkpoints import checkpoint_config, load_checkpoint, load_model, model_from_checkpoint, read_checkpoint
-from hmmscope.training.train import (
-    DivergedError,
-    batch_indices,
-    epochs_done,
-    evaluate_loss,
-    lr_at,
-    resolve_device,
-    resolve_precision,
-    train,
-)
+from hmmscope.training.device import resolve_precision
+from hmmscope.training.learning_curve import evaluate_loss
+from hmmscope.training.schedule import epochs_done, lr_at
+from hmmscope.training.train import DivergedError, batch_indices, resolve_device
 
 torch.set_num_threads(1)
 
@@ -202,6 +197,32 @@ def test_emergence_off():
     assert prepare(cfg, make_mixture(cfg.hmm), sample_episodes(make_mixture(cfg.hmm), cfg.data, 4, "eval")) is None
 
 
+def test_training_measures_through_the_callers_monitor_and_imports_no_measurement(uri):
+    """Issue 49: training/ imports nothing of measure/ (before: train and its setup built the references and the
+    emergence curves themselves); what a run measures beside its learning curve is the monitor its caller hands in
+    (the pipeline's: pipeline.measures). Without one, a run logs train/* and val/* only, the same val/* numbers."""
+    import ast
+
+    import hmmscope.training
+    from hmmscope.training.train import train as train_only
+
+    folder = Path(hmmscope.training.__file__).parent
+    # bench.py benchmarks every stage (sampling, filters, oracles, counting) beside training's step: not training's
+    imports = [(p.name, (n.module or "").split(".")[0 if n.level else 1:]) for p in folder.glob("*.py")
+               if p.name != "bench.py" for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.ImportFrom)]
+    named = {f"{f}: {'.'.join(m)}" for f, m in imports if m[:1] == ["measure"]}
+    assert named == set()
+    cfg = small(**{"train.steps": 2, "train.eval_every": 2, "train.ckpt_every": 2, "train.emergence_episodes": 0,
+                   "eval.family_tasks": 0, "eval.fit_episodes": 0})
+    plain = train_only(cfg, tracking_uri=uri, experiment="monitor", progress=False)
+    measured = train(cfg, tracking_uri=uri, experiment="monitor", progress=False)
+    logged = set(tracking.Run(uri, plain.run_id).get().data.metrics)
+    assert {"val/loss", "val/test_loss", "train/loss"} <= logged and not {k for k in logged if k.startswith(
+        ("oracle/", "emergence/", "val/excess_ce"))}
+    assert {"oracle/test_loss", "val/excess_ce"} <= set(measured.metrics)
+    assert plain.metrics["val/loss"] == measured.metrics["val/loss"] and plain.extra["emergence"] == []
+
+
 def test_load_model_round_trip(uri, finished, tmp_path):
     ck = load_checkpoint(uri, finished.run_id, tmp_path)
     assert ck["step"] == 12 and set(ck["rng"]) >= {"torch", "numpy", "python"}
@@ -330,7 +351,7 @@ def test_bad_device_raises():
 
 def test_compile_knob():
     from hmmscope.config import from_flat
-    from hmmscope.training.train import resolve_compile
+    from hmmscope.training.device import resolve_compile
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     assert Config().train.compile == "auto"
@@ -663,7 +684,7 @@ def test_fresh_tasks_train_and_evaluate(uri, tmp_path):
     """hmm.n_tasks = 0 (SCIENCE.md 9): every training episode has its own task; oracle/* is family Bayes; the
     emergence curves and Figure 1 exist on unseen tasks only (seen-task metrics absent, not NaN); the regime claims
     and the tag hmmscope.regime are set; eval/figure1_s is logged."""
-    from hmmscope import jobs
+    from hmmscope.pipeline import evaluation
 
     cfg = small(**{"hmm.n_tasks": 0, "train.emergence_episodes": 8})
     res = train(cfg, tracking_uri=uri, experiment="fresh", progress=False, log_every=3)
@@ -675,7 +696,7 @@ def test_fresh_tasks_train_and_evaluate(uri, tmp_path):
     assert em == {"emergence/unseen/icl_gain", "emergence/unseen/ce_kmax", "emergence/unseen/vs_best_counting",
                   "emergence/unseen/vs_bayes"}
     lines = []
-    ev = jobs.evaluate_model(res.model, res.config, res.steps, run, out=tmp_path, say=lines.append)
+    ev = evaluation.evaluate_model(res.model, res.config, res.steps, run, out=tmp_path, say=lines.append)
     assert not any(k.startswith("eval/seen/") or "retrieval" in k or "oracle_mix" in k for k in ev)
     assert {"eval/unseen/test_ce", "baseline/unseen/family_bayes/ce", "eval/unseen/vs_best_counting", "eval/figure1_s",
             "baseline/unseen/family_bayes/ce_M4", "baseline/unseen/family_bayes/ce_M8"} <= set(ev)

@@ -72,8 +72,8 @@ def record(run_id: str, out: Path) -> None:
 def verify(run_id: str, experiment: str = "chain-verify") -> int:
     import torch
 
+    from hmmscope.pipeline.run import train
     from hmmscope.training.checkpoints import checkpoint_config, load_checkpoint, load_model
-    from hmmscope.training.train import train
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = checkpoint_config(load_checkpoint(URI, run_id, tmp))

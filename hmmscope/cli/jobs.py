@@ -1,17 +1,18 @@
-"""`hmmscope train`, `evaluate` and `analyze`: the commands that launch `hmmscope.jobs` (`run`, the main job: cli/run).
+"""`hmmscope train`, `evaluate` and `analyze`: the commands that launch the pipeline (`hmmscope.pipeline`: `run` for
+training, Figure 1 and the logged model; `evaluation`, `analysis` on a run's checkpoint). The main job: cli/run.
 
 Owns: these commands' options, their checks before work (names, paths, stores, memory), the spinners over their
 silent stages, and what they print (metrics, claims, figure paths, the MLflow run). Training, evaluation, the
-layerwise analysis and the main job themselves are the library's (`train`, `jobs`, `sweep`, `report`).
+layerwise analysis and the main job themselves are the library's (`pipeline`, `sweep`, `report`).
 
 Must not import, at module level, anything beyond typer, the standard library, `hmmscope.config`,
-`hmmscope.checks`, `hmmscope.store_checks` and the `cli` helpers (`common`, `theory`): torch, mlflow, optuna and
-the jobs are imported inside the command bodies.
+`hmmscope.checks`, `hmmscope.store_checks`, the light `pipeline.steps` and `training.deadline`, and the `cli`
+helpers (`common`, `theory`): torch, mlflow, optuna and the pipeline are imported inside the command bodies
+(`# lazy:`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import shlex
 import time
 from pathlib import Path
@@ -22,6 +23,8 @@ import typer
 from .. import checks, store_checks
 from ..checks import memory_estimate, train_flops
 from ..config import ConfigError
+from ..pipeline.steps import Steps
+from ..training.deadline import Deadline, process_age_s
 from .common import (
     ConfigOpt,
     DeviceOpt,
@@ -103,24 +106,55 @@ def train_cmd(
     terminal, a bar, else a plain progress line every HMMSCOPE_PROGRESS_S seconds (default 30) and one per phase; at
     the end one headline line (the model vs the oracles and the best counting baseline on one task set, and the
     regime) and Figure 1's claims, one short line each."""
-    from ..training.deadline import process_age_s  # the standard library only
-
     t_cmd = time.monotonic() - process_age_s()  # the deadline counts from the process's start (imports included)
     cfg = build_config(preset_, config, set_, {"train.device": device})
     if print_config:
         return echo_config(cfg, ("hmm", "data", "model", "train", "eval"))
+    uri, resume = _train_checks(cfg, run_name, experiment, out, tracking_uri, resume, force)
+    from .. import tracking  # lazy: mlflow, torch and the pipeline (seconds) off the CLI's start-up
+    from ..interrupts import sigterm_interrupts  # lazy: with the pipeline's imports (torch, mlflow)
+    from ..pipeline.run import run  # lazy: torch, mlflow, the measurements (seconds)
+
+    # a spinner over the setup (data, oracles, model), its text each piece as it begins (off a terminal: a line
+    # each), stopped when training's own bar takes over (train's setup(None))
+    setup = Spinner("setting up: data, oracles, model", plain="train", deferred=True)
+
+    def started(rid: str) -> None:  # the run opens before the setup: its id first, on a line of its own, then the spinner
+        typer.echo(f"run {rid} {'resumed' if resume else 'started'}; {tracking.browse_line(uri, run_id=rid)}")
+        setup.start()
+
+    # one writer per run: a resume takes the run's lease before any work (of two started together, one runs, the
+    # other stops with one line naming it), a new run as it opens, and both keep it to the end of the pipeline's run
+    with sigterm_interrupts(), setup:
+        done = run(cfg, uri=uri, experiment=experiment, run_name=run_name, resume=resume, progress=True,
+                   on_eval=lambda step, m: setup.stop(), on_start=started, evaluate=evaluate, out=out, log_model=True,
+                   setup=lambda piece: setup.stop() if piece is None else setup.update(f"setting up: {piece}"),
+                   deadline=None if deadline is None else Deadline(at=t_cmd + deadline), steps=_TrainCmdSteps())
+    _print_trained(done, uri, verbose)
+    res = done.trained
+    if res.stopped is not None:
+        again = ["hmmscope", "train", "--preset", str(preset_.value)]
+        again += ["--config", str(config)] if config is not None else []
+        again += [a for kv in set_ or [] for a in ("--set", kv)]
+        again += ["--device", device] if device is not None else []
+        again += ["--tracking-uri", uri, "--experiment", experiment, "--resume", res.run_id]
+        typer.echo(_stopped_line(res, again))
+    typer.echo(tracking.browse_line(uri, run_id=res.run_id))
+
+
+def _train_checks(cfg, run_name: str | None, experiment: str, out: Path, tracking_uri: str | None, resume: str | None,
+                  force: bool) -> tuple[str, str | None]:
+    """`train`'s checks before work (names, paths, the store, the run to resume, memory and time): (the store's URI,
+    the full id of the run to resume or None)."""
     if run_name is not None:
         checks.safe_name(run_name, "--run-name")
-    from ..tracking.store import check_experiment_name
+    from ..tracking.store import check_experiment_name  # lazy: tracking imports mlflow (seconds)
 
     check_experiment_name(experiment)
     checks.output_dir(out, "--out", explicit=out != Path("out"))
     uri = store_checks.tracking_store(tracking_uri, must_exist=resume is not None)
-    from .. import tracking
-    from ..interrupts import sigterm_interrupts
-    from ..jobs import evaluate_model
-    from ..training.deadline import Deadline
-    from ..training.train import resolve_device, train
+    from .. import tracking  # lazy: mlflow and torch (seconds) off the CLI's start-up
+    from ..training.train import resolve_device  # lazy: torch (~1 s)
 
     dev = resolve_device(cfg.train.device)  # an unavailable device fails before any run is created
     if resume is not None:
@@ -129,50 +163,27 @@ def train_cmd(
         tracking.existing_run(uri, resume)
     checks.memory(memory_estimate(cfg, "train"), device=str(dev), force=force)
     checks.duration(train_flops(cfg), device=str(dev), force=force, what=f"training {cfg.train.steps:,} steps")
-    # a spinner over the setup (data, oracles, model), its text each piece as it begins (off a terminal: a line
-    # each), stopped when training's own bar takes over (train's setup(None))
-    setup = Spinner("setting up: data, oracles, model", plain="train", deferred=True)
+    return uri, resume
 
-    def setting_up(piece: str | None) -> None:
-        if piece is None:
-            setup.stop()
-        else:
-            setup.update(f"setting up: {piece}")
 
-    keep = contextlib.ExitStack()  # a new run's lease, past training's end: Figure 1 and the logged model write into it
+class _TrainCmdSteps(Steps):
+    """What `train` shows between the pipeline's steps: the stale files a resume removed, a spinner over Figure 1."""
 
-    def started(rid: str) -> None:  # the run opens before the setup: its id first, on a line of its own, then the spinner
-        if resume is None:
-            keep.enter_context(tracking.hold_run(uri, rid))
-        typer.echo(f"run {rid} {'resumed' if resume else 'started'}; {tracking.browse_line(uri, run_id=rid)}")
-        setup.start()
+    def cleaned(self, run_id: str, count: int, size: int) -> None:
+        from ..tracking.leftovers import describe  # lazy: tracking imports mlflow (seconds)
 
-    # one writer per run: a resume takes the run's lease before any work (of two started together, one runs, the
-    # other stops here with one line naming it), a new run as it opens, and both keep it to the end of the command
-    with keep, sigterm_interrupts(), tracking.hold_run(uri, resume) if resume else contextlib.nullcontext({}) as held, \
-            setup:
-        if held.get("cleaned", (0, 0))[0]:  # the run's temp files its killed writers left (tracking.leftovers)
-            from ..tracking.leftovers import describe
+        typer.echo(f"run {run_id}: removed {describe(count, size)} left by a killed writer", err=True)
 
-            typer.echo(f"run {resume}: removed {describe(*held['cleaned'])} left by a killed writer", err=True)
-        res = train(cfg, tracking_uri=uri, experiment=experiment, run_name=run_name, resume=resume,
-                    progress=True, on_eval=lambda step, m: setup.stop(), setup=setting_up,
-                    deadline=None if deadline is None else Deadline(at=t_cmd + deadline), on_start=started)
-        metrics, files, claims = dict(res.metrics), [], []
-        if evaluate and res.stopped is None:
-            # the model in hand: no checkpoint read back. The run is reopened for it, so a failed evaluation (a full
-            # disk) leaves it FAILED with the reason, not FINISHED without its Figure 1; `--resume` evaluates again
-            with (Spinner("evaluating: Figure 1", plain="train"),
-                  tracking.start_run(uri, experiment, "", resume=res.run_id) as run):
-                ev = evaluate_model(res.model, res.config, res.steps, run, device=cfg.train.device, out=out)
-            metrics.update(ev)
-            files, claims = ev.files, ev.claims
-        if res.stopped is None:  # the trained model as an MLflow logged model (the checkpoint stays the resume point)
-            from ..config import flatten
+    def evaluating(self):
+        return Spinner("evaluating: Figure 1", plain="train")
 
-            tracking.existing_run(uri, res.run_id).log_model(
-                res.model, params={k: v for k, v in flatten(res.config).items() if k.startswith("model.")},
-                step=res.steps)
+
+def _print_trained(done, uri: str, verbose: bool) -> None:
+    """The run's lines: steps and speed, the headline, Figure 1's claims, where the rest is, the files."""
+    from .. import tracking  # lazy: mlflow (imported by the command by now) off the CLI's start-up
+
+    res, ev = done.trained, done.evaluation
+    metrics, files, claims = done.metrics, (ev.files if ev is not None else []), (ev.claims if ev is not None else [])
     typer.echo(f"run {res.run_id}: {res.steps} steps in {res.wall_time:.0f} s ({res.tokens_per_s:,.0f} tokens/s)")
     if verbose:
         print_metrics(f"run {res.run_id}: final metrics", metrics)
@@ -186,19 +197,16 @@ def train_cmd(
         typer.echo(f"every metric, and each claim's statistic and reason: hmmscope runs show {res.run_id[:8]}  (or "
                    "train --verbose)")
     print_files(files)
-    if res.stopped is not None:
-        again = ["hmmscope", "train", "--preset", str(preset_.value)]
-        again += ["--config", str(config)] if config is not None else []
-        again += [a for kv in set_ or [] for a in ("--set", kv)]
-        again += ["--device", device] if device is not None else []
-        again += ["--tracking-uri", uri, "--experiment", experiment, "--resume", res.run_id]
-        est = res.extra.get("deadline", {})
-        typer.echo(f"stopped by the deadline at step {res.steps} of {res.config.train.steps} ({est.get('left_s', 0):.1f} s "
-                   f"were left, {est.get('need_s', 0):.1f} s needed: {est.get('step_s', 0):.3f} s per step, checkpoint "
-                   f"{est.get('ckpt_s', 0):.1f} s, evaluation {est.get('eval_s', 0):.1f} s; checkpoint saved; "
-                   f"run {res.run_id} FINISHED, tag hmmscope.stopped=deadline); continue with:\n  "
-                   f"{shlex.join(again)} [--deadline SECONDS]")
-    typer.echo(tracking.browse_line(uri, run_id=res.run_id))
+
+
+def _stopped_line(res, again: list[str]) -> str:
+    """Where the deadline stopped training, why, and the command that continues it."""
+    est = res.extra.get("deadline", {})
+    return (f"stopped by the deadline at step {res.steps} of {res.config.train.steps} ({est.get('left_s', 0):.1f} s "
+            f"were left, {est.get('need_s', 0):.1f} s needed: {est.get('step_s', 0):.3f} s per step, checkpoint "
+            f"{est.get('ckpt_s', 0):.1f} s, evaluation {est.get('eval_s', 0):.1f} s; checkpoint saved; "
+            f"run {res.run_id} FINISHED, tag hmmscope.stopped=deadline); continue with:\n  "
+            f"{shlex.join(again)} [--deadline SECONDS]")
 
 
 def _flag(m, key: str) -> str:
@@ -256,10 +264,10 @@ def evaluate_cmd(
         raise ConfigError(f"--n-episodes must be >= 1, got {n_episodes}")
     checks.output_dir(out, "--out", explicit=out != Path("out"))
     uri = store_checks.tracking_store(tracking_uri, must_exist=True)
-    from .. import tracking
-    from ..interrupts import sigterm_interrupts
-    from ..jobs import evaluate_run
-    from ..training.train import resolve_device
+    from .. import tracking  # lazy: mlflow, torch and the pipeline (seconds) off the CLI's start-up
+    from ..interrupts import sigterm_interrupts  # lazy: with the pipeline's imports (torch, mlflow)
+    from ..pipeline.evaluation import evaluate_run  # lazy: torch, mlflow, the measurements (seconds)
+    from ..training.train import resolve_device  # lazy: torch (~1 s)
 
     run_id = tracking.resolve_run_id(uri, run_id)  # a unique prefix of the id will do
     cfg = checks.run_config(uri, run_id)
@@ -313,20 +321,20 @@ def analyze_cmd(
     if probe_fits not in ("auto", "sklearn", "torch"):
         raise ConfigError(f"--probe-fits: auto, sklearn or torch, got {probe_fits!r}")
     checks.seed(seed, "--seed")
-    from ..tracking.store import check_experiment_name
+    from ..tracking.store import check_experiment_name  # lazy: tracking imports mlflow (seconds)
 
     check_experiment_name(experiment)
     checks.output_dir(out, "--out", explicit=out != Path("out"))
     is_file = Path(target).suffix == ".pt" or Path(target).exists()
     uri = store_checks.tracking_store(tracking_uri, must_exist=not is_file)
     if not is_file:
-        from .. import tracking
+        from .. import tracking  # lazy: mlflow (seconds) off the CLI's start-up
 
         target = tracking.resolve_run_id(uri, target)  # a unique prefix of the id will do
-    from ..interrupts import sigterm_interrupts
-    from ..jobs import analyze_run
-    from ..training.checkpoints import checkpoint_config, read_checkpoint
-    from ..training.train import resolve_device
+    from ..interrupts import sigterm_interrupts  # lazy: torch, mlflow and the pipeline (seconds) off the start-up
+    from ..pipeline.analysis import analyze_run  # lazy: torch, mlflow, statsmodels (seconds)
+    from ..training.checkpoints import checkpoint_config, read_checkpoint  # lazy: torch (~1 s)
+    from ..training.train import resolve_device  # lazy: torch (~1 s)
 
     cfg = checkpoint_config(read_checkpoint(target, mmap=True)) if is_file else checks.run_config(uri, target)
     dev = resolve_device(device or "auto")
@@ -335,7 +343,7 @@ def analyze_cmd(
                           f"give at most {cfg.hmm.n_tasks}")
     probe_tasks = 32 if probe_tasks is None else probe_tasks
     if cfg is not None:
-        n_pt = min(probe_tasks, cfg.hmm.n_tasks or cfg.data.n_eval)  # jobs.analyze_run's probe episodes (fresh: unseen)
+        n_pt = min(probe_tasks, cfg.hmm.n_tasks or cfg.data.n_eval)  # analysis.analyze_run's probe episodes (fresh: unseen)
         n_probe = n_pt * max(min_per_task, -(-(n_episodes or cfg.data.n_eval) // n_pt))
         checks.memory(memory_estimate(cfg, "analyze", n_episodes=n_episodes, probe_episodes=n_probe, n_perms=n_perms),
                       device=str(dev), force=force)

@@ -8,8 +8,8 @@ resumes them), and the summary: one line per claim (name, estimate [CI], verdict
 reason, and the Theorem 1 table), no number twice, then the browse lines and the sweep's answer.
 
 Must not import, at module level, anything beyond typer, the standard library, `hmmscope.config`, `hmmscope.checks`,
-`hmmscope.store_checks` and the `cli` helpers (`common`, `jobs`, `sweep`): torch, mlflow, optuna and the
-pipeline are imported inside the command.
+`hmmscope.store_checks`, `pipeline.quick` (plain sizes) and the `cli` helpers (`common`, `jobs`, `sweep`): torch,
+mlflow, optuna and the pipeline are imported inside the command (`# lazy:`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import typer
 from .. import checks, env, store_checks
 from ..checks import memory_estimate, train_flops
 from ..config import ConfigError
+from ..pipeline.quick import QUICK, QUICK_SWEEP, QUICK_SWEEP_SETS
 from .common import (
     ConfigOpt,
     DeviceOpt,
@@ -117,8 +118,8 @@ def again_command(preset: str, config: Path | None, sets: list[str] | None, devi
 
 def print_kept(uri: str, main_id: str, sweep_name: str, again: str) -> None:
     """After an interrupt: what the main run kept (pipeline.kept.lines) and the command that resumes it, on stderr."""
-    from .. import tracking
-    from ..pipeline.kept import lines, read
+    from .. import tracking  # lazy: mlflow (seconds) off the CLI's start-up
+    from ..pipeline.kept import lines, read  # lazy: mlflow (through tracking)
 
     try:
         kept = lines(read(uri, tracking.get_run(uri, main_id)), sweep_name)
@@ -162,8 +163,6 @@ def run_cmd(
     sweep's own bars) or time-stamped lines off one, and each phase's one-line result as it ends; at the end one line
     per claim, the browse lines (the main run, the sweep), the sweep's answer and its report's HTML. Ctrl-C keeps what
     finished and prints the command that resumes it; re-running `run` resumes an interrupted main run by itself."""
-    from ..pipeline.quick import QUICK
-
     if quick and preset_ != Preset.tiny:
         raise ConfigError("--quick is a size of its own (the tiny preset, smaller): give it without --preset")
     if resume and fresh:
@@ -172,53 +171,22 @@ def run_cmd(
     if print_config:
         return echo_config(cfg)
     checks.output_dir(out, "--out", explicit=out != Path("out"))
-    from ..tracking.store import check_experiment_name
+    from ..tracking.store import check_experiment_name  # lazy: tracking imports mlflow (seconds)
 
     check_experiment_name(experiment)
     uri = store_checks.tracking_store(tracking_uri)
     store_checks.optuna_storage(None)  # the main job's sweep uses the default storage
-    starting = Spinner("starting: torch, MLflow and the store", plain="run")  # imports: seconds, a minute when busy
-    with starting:
-        from .. import tracking
-        from ..interrupts import sigterm_interrupts
-        from ..pipeline import quick as quick_sizes
-        from ..pipeline.job import MAIN_SWEEP, main_job
-        from ..pipeline.kept import identity, latest
-        from ..report import build_report
-        from ..sweep import run_sweep
-        from ..sweep.spec import parse_spec
-        from ..training.train import resolve_device
+    spec, prev = _start(cfg, uri, experiment, quick=quick, fresh=fresh, force=force)
+    from .. import tracking  # lazy: mlflow, torch, the pipeline (loaded by _start by now) off the start-up
+    from ..interrupts import sigterm_interrupts  # lazy: with the pipeline's imports (torch, mlflow)
+    from ..pipeline.job import main_job  # lazy: torch, mlflow, the measurements (seconds)
 
-        dev = resolve_device(cfg.train.device)
-        if quick and env.threads() is None:  # its models are tiny: one torch thread is as fast, and on a busy machine
-            import torch  # more threads only spin (measured: twice the CPU time beside other jobs)
-
-            torch.set_num_threads(1)
-        for job in ("theory", "train", "analyze"):  # the stages run one after another
-            checks.memory(memory_estimate(cfg, job), device=str(dev), force=force, what=f"the {job} stage")
-        checks.duration(train_flops(cfg), device=str(dev), force=force,
-                        what=f"the train stage's {cfg.train.steps:,} steps")
-        spec = parse_spec(MAIN_SWEEP, "hmmscope.pipeline.job.MAIN_SWEEP")
-        spec = quick_sizes.sweep(spec) if quick else spec
-        tracking.ensure_store(uri)
-        prev = None if fresh else latest(uri, experiment, identity(cfg, spec.hash))
     if resume and prev is None:
         raise ConfigError(f"--resume: no main run of this configuration in experiment {experiment!r} (give the options "
                           "the interrupted run had: --quick, --preset, --config, --set)")
     target = prev.info.run_id if prev is not None and (resume or prev.info.status != "FINISHED") else None
     workers = workers or (1 if quick else 2)
     display = PhaseDisplay()
-
-    def sweep_and_report(spec, report_dir):  # the sweep, with its own bar, then its report
-        display.step(None)
-        typer.echo(f"sweep {spec.name}: {tracking.browse_line(uri, sweep=spec.name)}")
-        progress_echo(f"sweep {spec.name}: {spec.n_trials} trials, {workers} worker process{'es' if workers > 1 else ''}"
-                      " starting")
-        with SweepProgress(spec.name, spec.n_trials) as bar:
-            sw = run_sweep(spec, workers=workers, uri=uri, log=bar.log, progress=bar)
-            bar({"complete": sw.complete, "pruned": sw.pruned, "failed": sw.failed, "running": 0}, sw.n_trials)
-        display.step(f"report: the sweep's statistics and figures into {report_dir}")
-        return sw, build_report(uri, sw.parent_run_id, report_dir, storage=sw.storage)
 
     main_id: list[str] = []
 
@@ -229,8 +197,8 @@ def run_cmd(
 
     try:
         with sigterm_interrupts():
-            res = main_job(cfg, uri, experiment, out, sweep_spec=spec, sweep=sweep_and_report, progress=True,
-                           phases=display, on_start=started, resume=target)
+            res = main_job(cfg, uri, experiment, out, sweep_spec=spec, sweep=_sweep_and_report(uri, workers, display),
+                           progress=True, phases=display, on_start=started, resume=target)
     except KeyboardInterrupt:
         display.close()
         if main_id:
@@ -243,9 +211,63 @@ def run_cmd(
     summary(res, cfg, uri, verbose=verbose)
 
 
+def quick_sweep(spec):
+    """The quick main job's training sweep: `spec` (the main job's, `MAIN_SWEEP` parsed) as pipeline.quick's
+    QUICK_SWEEP, with QUICK_SWEEP_SETS in its [set] table."""
+    from ..sweep.rename import renamed  # lazy: the sweep layer (optuna) off the CLI's start-up
+    from ..sweep.spec import with_sets  # lazy: the sweep layer (mlflow)
+
+    return with_sets(renamed(spec, QUICK_SWEEP), QUICK_SWEEP_SETS)
+
+
+def _start(cfg, uri: str, experiment: str, *, quick: bool, fresh: bool, force: bool):
+    """Under a spinner (the imports take seconds, a minute when busy): the device, memory and time checks, the main
+    sweep's spec, the store, and the newest main run of this configuration (None with `fresh`). (spec, that run)"""
+    with Spinner("starting: torch, MLflow and the store", plain="run"):
+        from .. import tracking  # lazy: mlflow, torch and the pipeline (seconds) off the CLI's start-up
+        from ..pipeline.job import MAIN_SWEEP  # lazy: torch, mlflow, the measurements (seconds)
+        from ..pipeline.kept import identity, latest  # lazy: mlflow (through tracking)
+        from ..sweep.spec import parse_spec  # lazy: the sweep layer (mlflow)
+        from ..training.train import resolve_device  # lazy: torch (~1 s)
+
+        dev = resolve_device(cfg.train.device)
+        if quick and env.threads() is None:  # its models are tiny: one torch thread is as fast, and on a busy machine
+            import torch  # lazy: imported by now; more threads only spin (measured: twice the CPU time beside others)
+
+            torch.set_num_threads(1)
+        for job in ("theory", "train", "analyze"):  # the stages run one after another
+            checks.memory(memory_estimate(cfg, job), device=str(dev), force=force, what=f"the {job} stage")
+        checks.duration(train_flops(cfg), device=str(dev), force=force,
+                        what=f"the train stage's {cfg.train.steps:,} steps")
+        spec = parse_spec(MAIN_SWEEP, "hmmscope.pipeline.job.MAIN_SWEEP")
+        spec = quick_sweep(spec) if quick else spec
+        tracking.ensure_store(uri)
+        return spec, None if fresh else latest(uri, experiment, identity(cfg, spec.hash))
+
+
+def _sweep_and_report(uri: str, workers: int, display: PhaseDisplay):
+    """The main job's `sweep`: the sweep, with its own bar, then its report."""
+    from .. import tracking  # lazy: mlflow, optuna and the report (seconds) off the CLI's start-up
+    from ..report import build_report  # lazy: the report (pandas, statsmodels, matplotlib)
+    from ..sweep import run_sweep  # lazy: the sweep layer (optuna)
+
+    def sweep_and_report(spec, report_dir):
+        display.step(None)
+        typer.echo(f"sweep {spec.name}: {tracking.browse_line(uri, sweep=spec.name)}")
+        progress_echo(f"sweep {spec.name}: {spec.n_trials} trials, {workers} worker process{'es' if workers > 1 else ''}"
+                      " starting")
+        with SweepProgress(spec.name, spec.n_trials) as bar:
+            sw = run_sweep(spec, workers=workers, uri=uri, log=bar.log, progress=bar)
+            bar({"complete": sw.complete, "pruned": sw.pruned, "failed": sw.failed, "running": 0}, sw.n_trials)
+        display.step(f"report: the sweep's statistics and figures into {report_dir}")
+        return sw, build_report(uri, sw.parent_run_id, report_dir, storage=sw.storage)
+
+    return sweep_and_report
+
+
 def summary(res, cfg, uri: str, *, verbose: bool = False) -> None:
     """The main job's last lines (module docstring)."""
-    from .. import tracking
+    from .. import tracking  # lazy: mlflow (seconds) off the CLI's start-up
 
     m = res.eval_metrics
     typer.echo("")

@@ -10,8 +10,9 @@ skipped (`Phases.skip`, its results read back from its run: Figure 1's metrics, 
 theory and the analysis); an interrupted training run continues from its checkpoint; the sweep resumes itself. The
 training model, when the analysis still has to run and training did not run now, is loaded from that checkpoint.
 
-Files go to out/main-<id8>/ (`jobs.run_folder`): theory/, the training run's folder (evaluation/, analysis/) and <sweep
-name>/ (the report). Dependencies: the jobs (`hmmscope.jobs`), training, tracking, stats; the sweep is handed in
+Files go to out/main-<id8>/ (`safe_output.run_folder`): theory/, the training run's folder (evaluation/, analysis/) and <sweep
+name>/ (the report). Training, Figure 1 and the analysis are one run of the pipeline (`run.run`, the analysis after
+the training run ends: a phase resumed on its own); the theory sweep is `hmmscope.jobs`'; the sweep is handed in
 (`sweep(spec, report_dir) -> (summary, report)`: the CLI's, with its progress display).
 """
 
@@ -27,11 +28,16 @@ from typing import Any
 
 from .. import tracking
 from ..config import Config, flatten
-from ..jobs import AnalysisResult, EvalMetrics, analyze_model, analyze_run, evaluate_model, theory_job
+from ..jobs import theory_job
 from ..safe_output import run_folder
 from ..stats import Claim
 from ..tracking.claims import claim_rows
+from ..training.train import TrainResult
+from .analysis import AnalysisResult, analyze_run
+from .evaluation import EvalMetrics
 from .kept import IDENTITY_TAG, PHASE_TAGS, Kept, identity, read
+from .run import run
+from .steps import Steps
 
 # The main job's training sweep; the same spec as sweeps/smoke.toml (a test keeps the two identical).
 MAIN_SWEEP = """
@@ -139,6 +145,40 @@ def _evaluation(uri: str, run_id: str) -> EvalMetrics:
     return ev
 
 
+class _TrainSteps(Steps):
+    """Phases 2-4 as the pipeline's steps: training, Figure 1 and the analysis, each begun, said and done."""
+
+    def __init__(self, phases: Phases, parent: tracking.Run, cfg: Config, again: str | None):
+        self.phases, self.parent, self.cfg, self.again, self.t0 = phases, parent, cfg, again, 0.0
+
+    def begin(self, i: int) -> float:
+        self.phases.start(i, PHASES[i])
+        return time.perf_counter()
+
+    def trained(self, res: TrainResult) -> None:
+        loss, again = res.metrics.get("val/loss"), self.again
+        self.phases.done(f"{res.steps} steps in {seconds(time.perf_counter() - self.t0)}"
+                         + (f" (resumed from run {again[:8]}'s checkpoint)" if again else "")
+                         + (f"; val loss {loss:.4f}" if loss is not None else "") + f" (run {res.run_id[:8]})")
+        self.t0 = self.begin(2)
+        self.phases.step(f"Figure 1: the model, the oracles and the baselines on {self.cfg.data.n_eval:,} episodes "
+                         f"{'each of seen and unseen' if self.cfg.hmm.n_tasks else 'of unseen'} tasks")
+
+    def evaluated(self, run: tracking.Run, ev: EvalMetrics) -> None:
+        self.parent.log_metrics(ev)
+        self.phases.done(f"{tally(ev.claims)}; regime {ev.regime} ({seconds(time.perf_counter() - self.t0)})")
+
+    def analyzing(self) -> None:
+        self.t0 = self.begin(3)
+
+    def say(self, text: str) -> None:
+        self.phases.step(text)
+
+    def analyzed(self, an: AnalysisResult) -> None:
+        self.parent.set_tags({PHASE_TAGS["analysis"]: an.run_id})
+        self.phases.done(f"{tally(an.claims)} in {seconds(time.perf_counter() - self.t0)} (run {an.run_id[:8]})")
+
+
 def main_job(cfg: Config, uri: str, experiment: str, out: Path, *, sweep_spec: Any,
              sweep: Callable[[Any, Path], tuple[Any, Any]], progress: bool = True, phases: Phases | None = None,
              on_start: Callable[[str], None] = lambda run_id: None, resume: str | None = None) -> MainResult:
@@ -151,8 +191,6 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *, sweep_spec: A
     `report_dir`, returning (sweep summary, report). `on_start(main run id)` as soon as the main run is open;
     `resume`: a main run of the same identity to continue (`kept.latest`). At the end the main run's description links
     the sweep's parent run and its answer (comparison/objective.png), as Markdown the UI renders."""
-    from ..training.train import train
-
     phases = phases or Phases()
     ident = identity(cfg, sweep_spec.hash)
     k = Kept("", "")
@@ -169,80 +207,11 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *, sweep_spec: A
     with opened as parent:
         on_start(parent.run_id)
         out = run_folder(out, "main", parent.run_id)  # this job's folder: nothing else writes there
-
-        def begin(i: int, title: str | None = None) -> float:
-            phases.start(i, title or PHASES[i])
-            return time.perf_counter()
-
-        # 1. the Theorem 1 sweep
-        if k.theory_id:
-            phases.skip(0, PHASES[0], f"finished before (run {k.theory_id})")
-            th, theory_id, theory_claims = None, k.theory_id, run_claims(uri, k.theory_id)
-        else:
-            t0 = begin(0)
-            th, theory_id = theory_job(cfg.theory, out / "theory", uri=uri, experiment=experiment, parent=parent.run_id,
-                                       progress=lambda i, n, label: phases.step(f"theory: {i}/{n} settings, {label}"),
-                                       detail=lambda text: phases.step(f"theory: {text}"))
-            parent.set_tags({PHASE_TAGS["theory"]: theory_id})
-            theory_claims = list(th.verdicts)
-            phases.done(f"{len(th.settings)} setting{'s' if len(th.settings) > 1 else ''} x {cfg.theory.draws} HMM "
-                        f"draws in {seconds(time.perf_counter() - t0)}; {tally(theory_claims)} (run {theory_id[:8]})")
-
-        # 2, 3. training and Figure 1, on the model in hand
-        keep = contextlib.ExitStack()  # the training run's lease from its start to its evaluation's end
-        tr = train_run = None
-        with keep:
-            if k.evaluated:
-                for i in (1, 2):
-                    phases.skip(i, PHASES[i], f"finished before (run {k.train_id})")
-                train_id, ev = k.train_id, _evaluation(uri, k.train_id)
-            else:
-                t0 = begin(1)
-
-                def opened_train(rid: str) -> None:
-                    keep.enter_context(tracking.hold_run(uri, rid))
-                    parent.set_tags({PHASE_TAGS["train"]: rid})
-
-                def setting_up(piece: str | None) -> None:
-                    phases.step(None if piece is None else f"train: setting up: {piece}")
-
-                again = k.train_id if k.checkpoint else None  # from its checkpoint; else a new training run
-                if again:
-                    keep.enter_context(tracking.hold_run(uri, again))
-                tr = train(cfg, tracking_uri=uri, experiment=experiment, run_name=tracking.train_run_name(cfg),
-                           parent=parent.run_id, progress=progress, resume=again, setup=setting_up,
-                           on_start=None if again else opened_train)
-                loss = tr.metrics.get("val/loss")
-                phases.done(f"{tr.steps} steps in {seconds(time.perf_counter() - t0)}"
-                            + (f" (resumed from run {again[:8]}'s checkpoint)" if again else "")
-                            + (f"; val loss {loss:.4f}" if loss is not None else "") + f" (run {tr.run_id[:8]})")
-                t0 = begin(2)
-                phases.step(f"Figure 1: the model, the oracles and the baselines on {cfg.data.n_eval:,} episodes "
-                            f"{'each of seen and unseen' if cfg.hmm.n_tasks else 'of unseen'} tasks")
-                # the model in hand: no checkpoint read back. The training run is reopened for its evaluation, so a
-                # failed one (a full disk) leaves it FAILED with the reason, not FINISHED without its Figure 1
-                with tracking.start_run(uri, experiment, "", resume=tr.run_id) as train_run:
-                    ev = evaluate_model(tr.model, tr.config, tr.steps, train_run, device=cfg.train.device, out=out)
-                train_id = tr.run_id
-                parent.log_metrics(ev)
-                phases.done(f"{tally(ev.claims)}; regime {ev.regime} ({seconds(time.perf_counter() - t0)})")
-
-        # 4. the layerwise analysis
-        if k.analysis_id:
-            phases.skip(3, PHASES[3], f"finished before (run {k.analysis_id})")
-            an = AnalysisResult(k.analysis_id, run_claims(uri, k.analysis_id), {}, {}, [])
-        else:
-            t0 = begin(3)
-            if tr is not None:
-                an = analyze_model(tr.model, tr.config, tr.steps, train_run, uri=uri, device=cfg.train.device, out=out,
-                                   progress=phases.step)
-            else:  # training finished in an earlier attempt: its model from its checkpoint
-                an = analyze_run(uri, train_id, device=cfg.train.device, out=out, progress=phases.step)
-            parent.set_tags({PHASE_TAGS["analysis"]: an.run_id})
-            phases.done(f"{tally(an.claims)} in {seconds(time.perf_counter() - t0)} (run {an.run_id[:8]})")
-
+        th, theory_id, theory_claims = _theory(cfg, uri, experiment, out, parent, phases, k)
+        train_id, ev, an = _trained(cfg, uri, experiment, out, parent, phases, k, progress)
         # 5. the training sweep (it resumes itself) and its report
-        t0 = begin(4, f"training sweep {sweep_spec.name!r} and its report")
+        phases.start(4, f"training sweep {sweep_spec.name!r} and its report")
+        t0 = time.perf_counter()
         sw, rep = sweep(sweep_spec, out / sweep_spec.name)
         parent.set_tags({PHASE_TAGS["theory"]: theory_id or "", PHASE_TAGS["train"]: train_id,
                          PHASE_TAGS["analysis"]: an.run_id, PHASE_TAGS["sweep"]: sw.parent_run_id})
@@ -259,3 +228,47 @@ def main_job(cfg: Config, uri: str, experiment: str, out: Path, *, sweep_spec: A
             parent.set_tags({"mlflow.note.content": tracking.note_line(
                 f"{answer + ' — ' if answer else ''}{links}. {note}")})
         return MainResult(parent.run_id, train_id, theory_id, ev, th, an, sw, rep, out, theory_claims, k.done)
+
+
+def _theory(cfg: Config, uri: str, experiment: str, out: Path, parent: tracking.Run, phases: Phases, k: Kept):
+    """1. The Theorem 1 sweep, or the one an earlier attempt finished: (result or None, run id, claims)."""
+    if k.theory_id:
+        phases.skip(0, PHASES[0], f"finished before (run {k.theory_id})")
+        return None, k.theory_id, run_claims(uri, k.theory_id)
+    phases.start(0, PHASES[0])
+    t0 = time.perf_counter()
+    th, theory_id = theory_job(cfg.theory, out / "theory", uri=uri, experiment=experiment, parent=parent.run_id,
+                               progress=lambda i, n, label: phases.step(f"theory: {i}/{n} settings, {label}"),
+                               detail=lambda text: phases.step(f"theory: {text}"))
+    parent.set_tags({PHASE_TAGS["theory"]: theory_id})
+    claims = list(th.verdicts)
+    phases.done(f"{len(th.settings)} setting{'s' if len(th.settings) > 1 else ''} x {cfg.theory.draws} HMM "
+                f"draws in {seconds(time.perf_counter() - t0)}; {tally(claims)} (run {theory_id[:8]})")
+    return th, theory_id, claims
+
+
+def _trained(cfg: Config, uri: str, experiment: str, out: Path, parent: tracking.Run, phases: Phases, k: Kept,
+             progress: bool) -> tuple[str, EvalMetrics, AnalysisResult]:
+    """2-4. Training, Figure 1 on the model in hand and the analysis after the training run ends: one run of the
+    pipeline (an interrupted training run resumed from its checkpoint); or what an earlier attempt finished, the
+    analysis then run on the training run's checkpoint unless it finished too. (training run id, Figure 1, analysis)"""
+    steps = _TrainSteps(phases, parent, cfg, k.train_id if k.checkpoint else None)
+    if not k.evaluated:
+        again = steps.again  # from its checkpoint; else a new training run
+        steps.t0 = steps.begin(1)
+        done = run(cfg, uri=uri, experiment=experiment, run_name=tracking.train_run_name(cfg), parent=parent.run_id,
+                   progress=progress, resume=again, out=out, analysis="after",
+                   setup=lambda piece: phases.step(None if piece is None else f"train: setting up: {piece}"),
+                   on_start=None if again else lambda rid: parent.set_tags({PHASE_TAGS["train"]: rid}),
+                   steps=steps)
+        return done.trained.run_id, done.evaluation, done.analysis
+    for i in (1, 2):
+        phases.skip(i, PHASES[i], f"finished before (run {k.train_id})")
+    ev = _evaluation(uri, k.train_id)
+    if k.analysis_id:
+        phases.skip(3, PHASES[3], f"finished before (run {k.analysis_id})")
+        return k.train_id, ev, AnalysisResult(k.analysis_id, run_claims(uri, k.analysis_id), {}, {}, [])
+    steps.analyzing()
+    an = analyze_run(uri, k.train_id, device=cfg.train.device, out=out, progress=steps.say)  # its checkpoint's model
+    steps.analyzed(an)
+    return k.train_id, ev, an

@@ -9,10 +9,11 @@ smoke sweep's 4 trials at a third of their steps and data, run as the sweep `smo
 trial's Figure 1); the sweep's comparison and report draw theirs. The numbers are a demonstration of the pipeline, not
 results: the claims are about models this small. `hmmscope run --quick` runs it on one torch thread unless
 HMMSCOPE_THREADS says otherwise (its models are tiny; more threads only spin on a busy machine). `QUICK` applies after
-`--config` and before `--set`; `sweep` makes the sweep from the main job's spec. The wall time is measured in the
-README's first lines (`time hmmscope run --quick`), not here.
+`--config` and before `--set`; `cli.run.quick_sweep` makes the sweep from the main job's spec with QUICK_SWEEP and
+QUICK_SWEEP_SETS (the sweep layer calls the pipeline, so the pipeline never imports it). The wall time is measured in
+the README's first lines (`time hmmscope run --quick`), not here.
 
-Imports the sweep spec only (`sweep.spec`, `sweep.rename`, inside `sweep`).
+Plain sizes: imports nothing of hmmscope.
 """
 
 from __future__ import annotations
@@ -33,12 +34,3 @@ QUICK: dict[str, Any] = {
 QUICK_SWEEP = "smoke-quick"
 QUICK_SWEEP_SETS = {"train.steps": 40, "data.n_train": 256, "data.n_eval": 32, "train.emergence_episodes": 8,
                     "eval.family_tasks": 16, "eval.fit_episodes": 16, "train.figures": False}
-
-
-def sweep(spec):
-    """The quick main job's training sweep: `spec` (the main job's, `MAIN_SWEEP` parsed) as QUICK_SWEEP, with
-    QUICK_SWEEP_SETS in its [set] table."""
-    from ..sweep.rename import renamed
-    from ..sweep.spec import with_sets
-
-    return with_sets(renamed(spec, QUICK_SWEEP), QUICK_SWEEP_SETS)

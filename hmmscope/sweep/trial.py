@@ -1,9 +1,10 @@
 """One trial of a sweep: its config from the trial's params and seed, its MLflow run(s), its objective.
 
-Owns what a claimed trial does (`run_trial`): training + evaluation (+ analysis), or one theory setting,
-as a child run of the sweep's parent run, and the resume of a retried trial from its predecessor's
-checkpoint. The only sweep module that calls `trial.suggest_*`. Imports the jobs, train and tracking
-(lazily); never the protocol, the study or the worker modules (the worker hands it a claimed trial).
+Owns what a claimed trial does (`run_trial`): one run of the pipeline (`pipeline.run`: train -> evaluate (->
+analyze) -> its objective logged), one theory setting or one headroom (`jobs`), as a child run of the sweep's parent
+run, and the resume of a retried trial from its predecessor's checkpoint. The only sweep module that calls
+`trial.suggest_*`. Imports the pipeline and the jobs (lazily: torch and the measurements off the sweep package's
+import) and tracking; never the protocol, the study or the worker modules (the worker hands it a claimed trial).
 
 - Runs: each trial's training run (or theory run) is a child of the parent run, linked to the trial as soon as
   it is open (so `sweep status` shows a RUNNING trial's run), named after what varies
@@ -41,6 +42,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .. import tracking
+from ..pipeline.steps import Steps
+from ..tracking.liveness import live_owner
 from .spec import Param, SweepSpec
 from .spec_diff import GRID_KINDS
 
@@ -61,7 +65,7 @@ def _suggest(trial, p: Param, kind: str = "categorical") -> Any:
 
 def make_prune_hook(trial, objective: str) -> Callable[[int, dict[str, float]], None]:
     """train(on_eval=...) hook: report the objective at each evaluation; raise TrialPruned when told to."""
-    import optuna
+    import optuna  # lazy: optuna (~1 s) off the sweep package's import (`sweep status`, `sweep list`)
 
     def on_eval(step: int, metrics: dict[str, float]) -> None:
         v = metrics.get(objective)
@@ -102,8 +106,6 @@ def trial_note(spec: SweepSpec, number: int, params: dict[str, Any], seed: int) 
 
 def _link(trial, uri: str, run_id: str, prefix: str = "mlflow") -> None:
     """User attrs that take a trial to its MLflow run: <prefix>_run_id, _experiment_id, _run_url."""
-    from .. import tracking
-
     trial.set_user_attr(f"{prefix}_run_id", run_id)
     with contextlib.suppress(Exception):
         eid = tracking.client(uri).get_run(run_id).info.experiment_id
@@ -114,8 +116,7 @@ def _link(trial, uri: str, run_id: str, prefix: str = "mlflow") -> None:
 
 def resumable_run(trial, spec: SweepSpec, uri: str, parent: str) -> str | None:
     """The unfinished training run, with a checkpoint, of the trial this one retries (module docstring)."""
-    from .. import tracking
-    from ..training.checkpoints import CKPT_DIR, CKPT_NAME
+    from ..training.checkpoints import CKPT_DIR, CKPT_NAME  # lazy: torch (~1 s) off the sweep package's import
 
     history = trial.study._storage.get_trial(trial._trial_id).system_attrs.get("retry_history")
     if spec.kind != "train" or not history:
@@ -129,8 +130,6 @@ def resumable_run(trial, spec: SweepSpec, uri: str, parent: str) -> str | None:
     run = tracking.get_run(uri, rid) if rid else None
     if run is None or run.info.status == "FINISHED" or run.info.lifecycle_stage != "active":
         return None
-    from ..tracking.liveness import live_owner
-
     if live_owner(run) is not None:  # its worker is alive (cut off, not dead): one writer per run, start afresh
         return None
     try:
@@ -152,7 +151,7 @@ def run_trial(trial, spec: SweepSpec, uri: str, parent: str, *, lost: threading.
     `lost` (set by the trial's heartbeat, protocol.TrialStore.heartbeat): checked at every evaluation of a training
     trial, which then raises TrialLost (its run ends FAILED with that reason). `opened` gets the id of the training
     run as soon as it is open (the worker ends it if its own end could not be written)."""
-    from .. import jobs, tracking
+    from .. import jobs  # lazy: the jobs import the theory and measurements (numpy, scipy) off the sweep package's
 
     kinds = trial.study.user_attrs.get(GRID_KINDS) or {}  # a study from before it: every axis categorical
     params = {p.key: _suggest(trial, p, kinds.get(p.key, "categorical")) for p in spec.space}
@@ -176,50 +175,50 @@ def run_trial(trial, spec: SweepSpec, uri: str, parent: str, *, lost: threading.
         run = tracking.existing_run(uri, run_id)
         run.log_metrics(metrics)  # the setting's numbers on the trial run itself, for side-by-side comparison
     else:
-        from ..training.train import train
-
-        resume = resumable_run(trial, spec, uri, parent)
-        if resume is not None:  # the run continues in place: it belongs to this trial from now on
-            tracking.existing_run(uri, resume).set_tags({"hmmscope.trial": trial.number})
-            _link(trial, uri, resume)
-        prune = make_prune_hook(trial, spec.prune_metric) if spec.pruner != "none" else None
-
-        def hook(step: int, metrics: dict[str, float]) -> None:
-            if lost is not None and lost.is_set():
-                raise TrialLost(f"trial {trial.number} is no longer this worker's: failed as stale by another worker, "
-                                "which retries it (this worker's heartbeats stopped reaching the storage), or its sweep "
-                                "was deleted; this run stops here")
-            if prune is not None:
-                prune(step, metrics)
-
-        keep = contextlib.ExitStack()  # the run's lease from its start to its evaluation's end: one writer throughout
-
-        def started(rid: str) -> None:
-            keep.enter_context(tracking.hold_run(uri, rid))
-            _opened(trial, uri, rid, opened)  # status shows it while it trains
-
-        with keep:
-            res = train(cfg, tracking_uri=uri, experiment=spec.experiment, run_name=name, parent=parent,
-                        progress=False, on_eval=hook, tags=tags, note=note, resume=resume, on_start=started)
-            # the run is reopened for its evaluation (and the objective): it ends after them, as its MLflow duration
-            # says; a failed evaluation leaves it FAILED with the reason. The model in hand: no checkpoint read back
-            return _evaluated(trial, spec, uri, res, cfg)
+        return _trained(trial, spec, uri, parent, cfg, name, tags, note, lost, opened)
     return _objective(run, spec, metrics)
 
 
-def _evaluated(trial, spec: SweepSpec, uri: str, res, cfg) -> float:
-    """A trained trial's evaluation (and analysis) in its reopened run; its objective."""
-    from .. import jobs, tracking
+class _TrialSteps(Steps):
+    """A training trial's side of the pipeline's steps: its analysis run linked, its objective logged last."""
 
-    with tracking.start_run(uri, spec.experiment, "", resume=res.run_id) as run:
-        metrics = {**res.metrics, **jobs.evaluate_model(res.model, res.config, res.steps, run,
-                                                         device=cfg.train.device)}
-        if spec.analyze:
-            an = jobs.analyze_model(res.model, res.config, res.steps, run, uri=uri, device=cfg.train.device,
-                                    experiment=spec.experiment)
-            metrics.update(an.metrics)
-            _link(trial, uri, an.run_id, prefix="mlflow_analysis")
-        return _objective(run, spec, metrics)
+    def __init__(self, trial, spec: SweepSpec, uri: str):
+        self.trial, self.spec, self.uri, self.objective = trial, spec, uri, math.nan
+
+    def analyzed(self, an) -> None:
+        _link(self.trial, self.uri, an.run_id, prefix="mlflow_analysis")
+
+    def logged(self, run, metrics: dict[str, float]) -> None:
+        self.objective = _objective(run, self.spec, metrics)
+
+
+def _trained(trial, spec: SweepSpec, uri: str, parent: str, cfg, name: str, tags: dict, note: str,
+             lost: threading.Event | None, opened: list[str] | None) -> float:
+    """A training trial: the pipeline's run (train -> evaluate -> analyze -> its objective logged) as a child run of
+    the sweep's parent; a retry resumes its predecessor's run from its checkpoint. The run is reopened for its
+    evaluation (and the objective): it ends after them, as its MLflow duration says; the model in hand: no checkpoint
+    read back."""
+    resume = resumable_run(trial, spec, uri, parent)
+    if resume is not None:  # the run continues in place: it belongs to this trial from now on
+        tracking.existing_run(uri, resume).set_tags({"hmmscope.trial": trial.number})
+        _link(trial, uri, resume)
+    prune = make_prune_hook(trial, spec.prune_metric) if spec.pruner != "none" else None
+
+    def hook(step: int, metrics: dict[str, float]) -> None:
+        if lost is not None and lost.is_set():
+            raise TrialLost(f"trial {trial.number} is no longer this worker's: failed as stale by another worker, "
+                            "which retries it (this worker's heartbeats stopped reaching the storage), or its sweep "
+                            "was deleted; this run stops here")
+        if prune is not None:
+            prune(step, metrics)
+
+    from ..pipeline.run import run  # lazy: torch, the measurements and statsmodels (seconds) off the sweep package's
+
+    steps = _TrialSteps(trial, spec, uri)
+    run(cfg, uri=uri, experiment=spec.experiment, run_name=name, parent=parent, resume=resume, tags=tags,
+        note=note, on_eval=hook, on_start=lambda rid: _opened(trial, uri, rid, opened),
+        analysis="within" if spec.analyze else None, steps=steps)
+    return steps.objective
 
 
 def _opened(trial, uri: str, run_id: str, opened: list[str] | None) -> None:

@@ -6,9 +6,11 @@ most steps in a budget (a GPU run uses it to choose train.compile and train.atte
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
+from ..config import ATTENTION
 from .bench import mfu_denominator, step_batch, step_time
 
 VARIANT_COMPILE = {"eager": "false", "model": "true", "model-autotune": "model-autotune", "model-graphs": "model-graphs",
@@ -23,8 +25,6 @@ def parse_variant(name: str) -> tuple[str, str]:
     (those and the head: final norm, unembedding and cross-entropy fused in one graph);
     attention: auto (torch's kernel choice, the default) or a pinned SDPA kernel: flash, efficient, cudnn, math.
     E.g. "eager", "eager+cudnn", "blocks". ValueError (one line) for anything else."""
-    from ..config import ATTENTION
-
     comp, _, att = name.partition("+")
     att = att or "auto"
     if comp not in VARIANT_COMPILE or att not in ATTENTION or name.count("+") > 1:
@@ -49,9 +49,10 @@ def bench_variants(cfg, device: str = "auto", batch_size: int = 32, seq_len: int
     row with its one-line `error`; the others still run. on_start(head) is called once the GEMM rate is measured
     (the result less its rows), on_row(row) as each row is done (a caller writes them out, so a timeout keeps the
     finished rows). compile_kw go to torch.compile (tests: backend="aot_eager", the CPU twin)."""
-    import torch
+    import torch  # lazy: torch (~1 s) off the CLI's checks of --variants (parse_variant, before any work)
 
-    from .train import resolve_device, resolve_precision
+    from .device import resolve_precision  # lazy: torch, as above
+    from .train import resolve_device  # lazy: torch, as above
 
     dev = resolve_device(device)
     m, vocab, x, y = step_batch(cfg, dev, batch_size, seq_len)
@@ -96,11 +97,9 @@ def bench_variants(cfg, device: str = "auto", batch_size: int = 32, seq_len: int
 def _time_variant(m, vocab: int, comp: str, att: str, x, y, dev, bf16: bool, steps: int, repeats: int,
                   compile_kw: dict | None = None) -> dict:
     """One variant's step times and losses (bench_variants); the model and optimizer are freed on return."""
-    import contextlib
+    import torch  # lazy: torch (~1 s) off the CLI's checks of --variants (parse_variant, before any work)
 
-    import torch
-
-    from ..model.transformer import Transformer, attention_kernels
+    from ..model.transformer import Transformer, attention_kernels  # lazy: torch, as above
 
     kernels = attention_kernels(att, dev)
     compile_kw = compile_kw or {}

@@ -78,8 +78,8 @@ def loss_text(fields: dict[str, Any]) -> str:
 
 def loss_column():
     """A rich progress column showing `loss_text` of its task's fields."""
-    from rich.progress import ProgressColumn
-    from rich.text import Text
+    from rich.progress import ProgressColumn  # lazy: rich.progress off `stamp`'s callers (the CLI's plain lines)
+    from rich.text import Text  # lazy: with rich.progress
 
     class LossColumn(ProgressColumn):
         def render(self, task) -> Text:
@@ -90,8 +90,14 @@ def loss_column():
 
 def training_progress(enabled: bool):
     """A transient rich bar on a terminal; `PlainProgress` lines otherwise; nothing if not `enabled`."""
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.console import Console  # lazy: with rich.progress
+    from rich.progress import (  # lazy: rich.progress off `stamp`'s callers (the CLI's plain lines)
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     console = Console(stderr=True)
     if enabled and not console.is_terminal:
