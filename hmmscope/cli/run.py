@@ -222,12 +222,9 @@ def quick_sweep(spec):
 
 def _start(cfg, uri: str, experiment: str, *, quick: bool, fresh: bool, force: bool):
     """Under a spinner (the imports take seconds, a minute when busy): the device, memory and time checks, the main
-    sweep's spec, the store, and the newest main run of this configuration (None with `fresh`). (spec, that run)"""
-    with Spinner("starting: torch, MLflow and the store", plain="run"):
-        from .. import tracking  # lazy: mlflow, torch and the pipeline (seconds) off the CLI's start-up
-        from ..pipeline.job import MAIN_SWEEP  # lazy: torch, mlflow, the measurements (seconds)
-        from ..pipeline.kept import identity, latest  # lazy: mlflow (through tracking)
-        from ..sweep.spec import parse_spec  # lazy: the sweep layer (mlflow)
+    sweep's spec, the store, and the newest main run of this configuration (None with `fresh`). (spec, that run)
+    Off a terminal the checks say nothing: a bad input is one error line; the store's part says its line."""
+    with Spinner("starting: torch and the checks"):  # a terminal's spinner only (cleared): see the docstring
         from ..training.train import resolve_device  # lazy: torch (~1 s)
 
         dev = resolve_device(cfg.train.device)
@@ -239,6 +236,12 @@ def _start(cfg, uri: str, experiment: str, *, quick: bool, fresh: bool, force: b
             checks.memory(memory_estimate(cfg, job), device=str(dev), force=force, what=f"the {job} stage")
         checks.duration(train_flops(cfg), device=str(dev), force=force,
                         what=f"the train stage's {cfg.train.steps:,} steps")
+    with Spinner("starting: MLflow and the store", plain="run"):
+        from .. import tracking  # lazy: mlflow, torch and the pipeline (seconds) off the CLI's start-up
+        from ..pipeline.job import MAIN_SWEEP  # lazy: torch, mlflow, the measurements (seconds)
+        from ..pipeline.kept import identity, latest  # lazy: mlflow (through tracking)
+        from ..sweep.spec import parse_spec  # lazy: the sweep layer (mlflow)
+
         spec = parse_spec(MAIN_SWEEP, "hmmscope.pipeline.job.MAIN_SWEEP")
         spec = quick_sweep(spec) if quick else spec
         tracking.ensure_store(uri)
