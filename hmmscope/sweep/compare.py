@@ -39,7 +39,6 @@ from typing import Any
 from optuna.trial import TrialState
 
 from ..config import flatten
-from ..safe_output import save_figure
 from ..stats import t_mean
 from ..units import axis_label, better, fmt_ci, fmt_num, metric_units, oracle_reference, replicates, value_ci, wrap
 from .effects import (
@@ -305,6 +304,7 @@ def _x(values: list[Any]) -> tuple[list[float], list[str], bool]:
 
 def figure(spec, df, path: Path) -> list[Path]:
     """`objective_figure` as PNG + PDF at `path`."""
+    from ..safe_output import save_figure  # lazy: looked up when called (tests/test_figures.py patches safe_output.save_figure)
     return save_figure(objective_figure(spec, df), path)
 
 
@@ -420,6 +420,7 @@ def pivot_figure(spec, cols: dict[str, list], path: Path) -> list[Path]:
     ax.set_title(wrap(f"sweep {spec.name}: {spec.objective}{f' ({unit})' if unit else ''}, seeds as the unit"
                       + ("; rope - absolute < 0: RoPE lower" if "rope - absolute" in cols else ""),
                       fig.get_figwidth() - 0.3, 9), fontsize=9)  # whole, whatever the sweep's name
+    from ..safe_output import save_figure  # lazy: looked up when called (tests/test_figures.py patches safe_output.save_figure)
     return save_figure(fig, path)
 
 
