@@ -36,7 +36,7 @@ def bench_sample_cmd(
     checks.memory(checks.tokens_memory(n_seqs, length, "sample"), force=force)
     if paper:
         checks.memory(memory_estimate(preset("paper"), "generate"), force=force, what="the paper-scale dataset")
-    from ..training.bench import bench_paper_dataset, bench_sample
+    from ..training.bench_inference import bench_paper_dataset, bench_sample
 
     r = bench_sample(n_seqs=n_seqs, length=length)
     typer.echo(f"sample: hmmscope {r['ours_tokens_per_s']:,.0f} tokens/s ({n_seqs} x {length}), "
@@ -75,7 +75,7 @@ def bench_filter_cmd(
 ) -> None:
     """Filter tokens/s on one 128-state, 16-token HMM: dense vs hmmlearn, low-rank vs dense, each vs its GEMM limit."""
     checks.memory(checks.tokens_memory(n_seqs, length, "filter"), force=force)
-    from ..training.bench import bench_filter
+    from ..training.bench_inference import bench_filter
 
     _bench_threads(threads)
     r = bench_filter(n_seqs=n_seqs, length=length, peer_length=peer_length)
@@ -114,7 +114,7 @@ def bench_oracle_cmd(
     force: ForceOpt = False,
 ) -> None:
     """Mixture-oracle cost vs n_tasks at the paper's shape (128 states, 16 tokens, rank 8, 358 tokens)."""
-    from ..training.bench import bench_oracle
+    from ..training.bench_inference import bench_oracle
     from ..training.train import resolve_device
 
     dev = resolve_device(device)
@@ -176,7 +176,7 @@ def bench_counting_cmd(
     tokens = n_episodes * 358
     checks.memory({"runtime": (RUNTIME_BYTES, "host"), "counting buffers": (256 << 20, "host"),
                    f"{n_episodes} x 358 tokens": (4 * 128 * tokens, "host")}, force=force)
-    from ..training.bench import bench_counting
+    from ..training.bench_inference import bench_counting
 
     r = bench_counting(n_episodes=n_episodes, rounds=rounds)
     typer.echo(f"counting baselines, {n_episodes} episodes x {r['seq_len']} tokens, V = {r['n_tokens']}; "
@@ -300,7 +300,7 @@ def bench_headroom_cmd(
                           n_episodes=max(n_episodes, cfg.eval.fit_episodes))
     checks.memory(est, force=force, what="the headroom's references")
     _bench_threads(threads)
-    from ..training.bench import bench_headroom
+    from ..training.bench_inference import bench_headroom
 
     r = bench_headroom(cfg, n_episodes=n_episodes, em=em, repeats=repeats)
     typer.echo(f"headroom ({cfg.hmm.family}, S {cfg.hmm.n_states}, V {cfg.hmm.n_tokens}, M {r['family_tasks']}, "
@@ -325,13 +325,13 @@ def bench_bayes_cmd(
     cfg = build_config(preset_, config, set_)
     if print_config:
         return echo_config(cfg, ("hmm", "data", "eval"))
-    from ..oracles.bayes import why_not
+    from ..oracles.bayes_structures import why_not
 
     reason = why_not(cfg.hmm)
     if reason:
         raise ValueError(f"no exact Bayes reference for this family: {reason}")
     _bench_threads(threads)
-    from ..training.bench import bench_bayes
+    from ..training.bench_inference import bench_bayes
 
     r = bench_bayes(cfg, n_episodes=n_episodes, peer_tasks=peer_tasks)
     h = cfg.hmm

@@ -57,7 +57,7 @@ def memory_comparison(model: torch.nn.Module, mix: Mixture, ep: Episodes, window
     window_forced = wbayes_ce - bayes_ce (what any predictor that sees R tokens loses) and model_own = model_ce -
     wbayes_ce (the model's own), each paired over episodes with a 95% CI; bayes_note says where it is not computed.
     """
-    from .evaluate import mean_ci, model_predictive
+    from .scoring import mean_ci, model_predictive
 
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
@@ -103,8 +103,9 @@ def memory_comparison(model: torch.nn.Module, mix: Mixture, ep: Episodes, window
 def _bayes_split(bayes, ep: Episodes, R: int, cols: np.ndarray, task: torch.Tensor, model, device, batch_size: int,
                  V: int) -> dict:
     """The windowed and full Bayes references beside a windowed model (memory_comparison's docstring)."""
-    from ..oracles.bayes import bayes_oracle, why_not, windowed_bayes
-    from .evaluate import mean_ci, model_predictive
+    from ..oracles.bayes import bayes_oracle, windowed_bayes
+    from ..oracles.bayes_structures import why_not
+    from .scoring import mean_ci, model_predictive
 
     reason = why_not(bayes.hmm)
     if reason:

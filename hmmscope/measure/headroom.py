@@ -213,7 +213,7 @@ def headroom(cfg: Config, *, n_episodes: int = 256, family_tasks: int | None = N
     progress(msg) is called as each phase starts."""
     from ..data.episodes import family_tasks as draw_family
     from ..data.episodes import unseen_episodes
-    from ..oracles.bayes import why_not
+    from ..oracles.bayes_structures import why_not
     from ..oracles.em_learner import HMMLearner
     from ..oracles.inference import nested_mixture_oracles
     from .bayes_gap import bayes_spec

@@ -189,14 +189,7 @@ def posenc_section(df, out_dir: Path | None = None, figs: dict | None = None,
         if m in claim_cols:
             continue
         plot.append((name, dm, blocks, est))
-        for f, lv, e in per_level_effects(dm, m, blocks, seed_col):  # per-level effects beside the pooled one
-            if isinstance(e, str):
-                level_rows.append([name, f"{f[6:]} = {lv}", "not estimated", "-", "-", "-", "-", level_notes.short(e)])
-            else:
-                level_rows.append([name, f"{f[6:]} = {lv}", fmt_num(e.value), fmt_ci(e.lo, e.hi), fmt_p(e.p), fmt_num(e.df),
-                                   f"{e.n} {e.unit}", level_notes.ref(e.degenerate or e.method)])
-        level_rows.append([name, "pooled (the verdict row)", fmt_num(est.value), fmt_ci(est.lo, est.hi), fmt_p(est.p),
-                           fmt_num(est.df), f"{est.n} {est.unit}", level_notes.ref(est.method)])
+        level_rows += _level_rows(name, dm, m, blocks, seed_col, est, level_notes)
     sec.blocks.append(("table", ["metric", "model", "effect (rope - abs)", "95% CI", "p", "df", "units",
                                  "blocks (paired within)", "left out (why)", "power", "verdict (RoPE improves)"], rows))
     sec.blocks += notes.blocks()
@@ -207,8 +200,7 @@ def posenc_section(df, out_dir: Path | None = None, figs: dict | None = None,
     frows = [[f[6:], str(d[f].astype(str).nunique()), " / ".join(sorted(fate.get(f, {"not reached"})))]
              for f in factors] + [[f[6:], str(d[f].astype(str).nunique()), f"left out: {why}"]
                                   for f, why in unusable.items()]
-    if frows:
-        sec.blocks += [("h", 3, "Blocking factors"), ("table", ["factor", "levels", "fate"], frows)]
+    sec.blocks += [("h", 3, "Blocking factors"), ("table", ["factor", "levels", "fate"], frows)] if frows else []
     if out_dir is not None and plot:
         saved = _plot_posenc(plot, seed_col, Path(out_dir) / "posenc_effects.png")
         if figs is not None:
@@ -217,6 +209,21 @@ def posenc_section(df, out_dir: Path | None = None, figs: dict | None = None,
                                                  "lines), and the effect rope - absolute per level and pooled with "
                                                  "its 95% CI"))
     return sec, claims
+
+
+def _level_rows(name: str, dm, m: str, blocks, seed_col, est, level_notes: Notes) -> list[list]:
+    """The per-level effects of one metric (RoPE - absolute at each level of each blocking factor), then the pooled
+    one (the verdict row)."""
+    rows = []
+    for f, lv, e in per_level_effects(dm, m, blocks, seed_col):
+        if isinstance(e, str):
+            rows.append([name, f"{f[6:]} = {lv}", "not estimated", "-", "-", "-", "-", level_notes.short(e)])
+        else:
+            rows.append([name, f"{f[6:]} = {lv}", fmt_num(e.value), fmt_ci(e.lo, e.hi), fmt_p(e.p), fmt_num(e.df),
+                         f"{e.n} {e.unit}", level_notes.ref(e.degenerate or e.method)])
+    rows.append([name, "pooled (the verdict row)", fmt_num(est.value), fmt_ci(est.lo, est.hi), fmt_p(est.p),
+                 fmt_num(est.df), f"{est.n} {est.unit}", level_notes.ref(est.method)])
+    return rows
 
 
 def _plot_posenc(plot: list, seed_col: str | None, path: Path) -> list[Path]:

@@ -24,22 +24,14 @@ mlflow at import time (only inside functions), and none imports anything of hmms
 `config` (inside `tags.config_params`); every other module reaches MLflow only through this package.
 """
 
+from .artifacts import ArtifactNotFound
 from .claims import CLAIMS_FILE, claim_keys, read_claims
+from .hold import LeaseLost, LeaseUnavailable, RunHeld, own_runs
+from .hold import hold as hold_run
+from .hold import settle as settle_run
 from .leftovers import run_temp_dir
-from .liveness import (
-    HEARTBEAT_ENV,
-    HEARTBEAT_GRACE,
-    LeaseLost,
-    LeaseUnavailable,
-    RunHeld,
-    gc_runs,
-    heartbeat_interval,
-    own_runs,
-    stale_reason,
-)
-from .liveness import hold as hold_run
-from .liveness import settle as settle_run
-from .runs import ArtifactNotFound, Run, config_toml, delete_run, existing_run, experiment_name, start_run
+from .liveness import HEARTBEAT_ENV, HEARTBEAT_GRACE, gc_runs, heartbeat_interval, stale_reason
+from .runs import Run, config_toml, delete_run, existing_run, experiment_name, start_run
 from .search import (
     ANSWER,
     ML_VIEW,

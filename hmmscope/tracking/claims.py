@@ -43,7 +43,8 @@ def claim_keys(claims: Iterable[Any]) -> dict[str, float]:
 
 def _table(uri: str, run) -> dict | None:
     """The run's claims.json table ({"columns": [...], "data": [[...], ...]}), or None if it has none."""
-    from .runs import ArtifactNotFound, Run
+    from .artifacts import ArtifactNotFound
+    from .runs import Run
 
     if CLAIMS_FILE not in run.data.tags.get("mlflow.loggedArtifacts", ""):
         return None

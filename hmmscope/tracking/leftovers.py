@@ -91,7 +91,7 @@ def describe(n: int, size: int) -> str:
 
 
 def free_locks(uri: str) -> int:
-    """Remove the run lease lock files (`<store folder>/.leases/*.lock`, liveness.hold) that no process holds (their
+    """Remove the run lease lock files (`<store folder>/.leases/*.lock`, hold.hold) that no process holds (their
     holder was killed: the OS dropped the lock, the file stayed); how many. Each is locked before it is removed, so a
     held one is never touched."""
     try:
@@ -102,7 +102,7 @@ def free_locks(uri: str) -> int:
     folder = db.parent / ".leases" if db is not None else None
     if folder is None:
         return 0
-    try:  # the folder itself, never through a link (liveness._lease_folder writes nothing through one either)
+    try:  # the folder itself, never through a link (hold._lease_folder writes nothing through one either)
         dfd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return 0
@@ -130,7 +130,7 @@ def free_locks(uri: str) -> int:
 
 
 def lock_held(uri: str, run_id: str) -> bool:
-    """Does a live process hold run `run_id`'s lease lock (`<store folder>/.leases/<run id>.lock`, liveness.hold): an
+    """Does a live process hold run `run_id`'s lease lock (`<store folder>/.leases/<run id>.lock`, hold.hold): an
     `evaluate` writing a run that is not RUNNING, whose staged files are not leftovers?"""
     try:
         import fcntl
