@@ -81,9 +81,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..data.episodes import Episodes, truncate_demos
+from ..data.episodes import Episodes, family_tasks, fit_episodes, truncate_demos
 from ..data.hmm import Mixture
-from ..oracles.baselines import incontext_bigram, incontext_unigram
+from ..oracles.baselines import fit_counting, incontext_bigram, incontext_unigram
 from ..oracles.em_learner import DEFAULT_LEARNER, HMMLearner, incontext_hmm
 from ..oracles.inference import mixture_oracle, nested_mixture_oracles, task_oracle
 from . import regimes
@@ -243,9 +243,6 @@ def references(hmm, data, ev, ks=None) -> tuple[Mixture | None, object | None]:
     family: episodes.family_tasks(hmm, data, ev.family_tasks) (None when it is 0). counting:
     baselines.fit_counting on ev.fit_episodes episodes of fit tasks (episodes.fit_episodes; None when it is 0), at
     every k in ks (default 0..data.n_demos). Neither stream is the training, unseen-evaluation or other's (data/hmm.py)."""
-    from ..data.episodes import family_tasks, fit_episodes
-    from ..oracles.baselines import fit_counting
-
     family = family_tasks(hmm, data, ev.family_tasks) if ev.family_tasks else None
     counting = None
     if ev.fit_episodes:

@@ -9,6 +9,10 @@ import math
 from pathlib import Path
 
 import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from ..safe_output import save_figure
 
 _STYLE = {"model": ("C0", "-", "model", 2.2), "task_oracle": ("C2", "--", "task oracle", 1.4),
           "mixture_oracle": ("C3", "-", "mixture oracle (training tasks)", 1.4),
@@ -46,9 +50,6 @@ def build_figure1(result, title: str | None = None):
     No legend sits on a panel: the predictors' (one style each, the same in the first three panels) is below the
     figure, the differences' below their panel. The title carries the run (`title`), the retrieval gap and the
     regime."""
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
     tasks = result.tasks
     degenerate: dict[str, list[str]] = {}  # label -> the task sets where that reference failed (SCIENCE.md 9)
     fig = Figure(figsize=(21, 4.6 * len(tasks) + 0.8), layout="constrained")
@@ -153,6 +154,4 @@ def _heading(result, title: str | None) -> str:
 
 def plot_figure1(result, path, title: str | None = None) -> list[Path]:
     """Write Figure 1 (`build_figure1`) as <path>.png and <path>.pdf; returns [png, pdf]."""
-    from ..safe_output import save_figure
-
     return save_figure(build_figure1(result, title), path)

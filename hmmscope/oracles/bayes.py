@@ -62,6 +62,7 @@ import torch
 from ..config import HMMConfig, config_hash
 from ..data import seeds
 from ..data.hmm import Mixture, emission_matrix
+from . import bayes_kernel
 from .bayes_cache import code_hash, disk_get, disk_put
 from .bayes_structures import Structures, clusters, sticky_structures, why_not
 
@@ -143,8 +144,6 @@ def _urn_tables(S: int, J: int, a: float = 1.0):
 
 
 def _kernel():
-    from . import bayes_kernel
-
     return bayes_kernel
 
 

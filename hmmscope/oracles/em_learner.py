@@ -39,6 +39,7 @@ import torch
 from ..config import EM_STATES_CAP
 from ..data import seeds
 from ..data.episodes import episode_arrays
+from .inference import filter_factored
 
 __all__ = ["HMMLearner", "DEFAULT_LEARNER", "EMFit", "fit_hmm_em", "incontext_hmm", "EM_CHUNK_BYTES", "EM_STATES_CAP"]
 
@@ -286,8 +287,6 @@ def incontext_hmm(ep, ks=None, learner: HMMLearner = HMMLearner(), *, return_fit
     (the learner predicts the test only). k = 0: uniform 1/V (nothing to fit). With return_fit, also the
     EMFit of the k >= 1 fits (group = position of k among the k >= 1 values * N + episode).
     """
-    from .inference import filter_factored
-
     tok, seg, V = episode_arrays(ep)
     N, n_demos, l_demo, l_test = tok.shape[0], int(ep.n_demos), int(ep.l_demo), int(ep.l_test)
     ks = sorted(range(n_demos + 1) if ks is None else {int(k) for k in ks})

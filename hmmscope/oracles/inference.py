@@ -413,7 +413,7 @@ MIX_TOL = {torch.float32: 1e-7, torch.float64: 1e-13}  # bound on the skipped ma
 def numba_kernel():
     """The compiled mixture kernel module, or None when numba is not installed."""
     try:
-        from . import mixture_kernel
+        from . import mixture_kernel  # lazy: numba (optional; ~0.5 s) only where the CPU kernel runs
     except ImportError:
         return None
     return mixture_kernel
@@ -454,7 +454,7 @@ def _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos,
     anonymous episodes only). Returns (MixturePrediction, {m: pred over the first m tasks})."""
     base = numba_kernel()
     kern = base.for_rank(int(np.shape(mix.W)[-1]))  # the kernel unrolled over the rank (registers)
-    import numba
+    import numba  # lazy: numba (optional; ~0.5 s) only where the CPU kernel runs
 
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))  # as torch: one per worker
     N, T = tok.shape

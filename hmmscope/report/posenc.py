@@ -27,7 +27,11 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import statsmodels.formula.api as smf
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
+from ..safe_output import save_figure
 from ..stats import DEFAULT_MARGIN, Claim, Estimate, claim, rule, side_verdict
 from ..sweep.effects import block_labels, choose_blocks, effect, level_order, per_level_effects, pos_enc_effect
 from ..units import fmt_ci, fmt_num, fmt_p, metric_units
@@ -56,8 +60,6 @@ def _other_factors(d, exclude: set[str], allowed=None) -> tuple[list[str], dict[
 
 def ols_fit(formula: str, data):
     """OLS with HC3 errors, plain errors when HC3 is not finite; returns (result, cov label)."""
-    import statsmodels.formula.api as smf
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         res = smf.ols(formula, data).fit(cov_type="HC3", use_t=True)
@@ -68,8 +70,6 @@ def ols_fit(formula: str, data):
 
 def _second_opinions(data, y: str, blocks: list[str], seed_col: str | None) -> list[tuple]:
     """[(label, effect, lo, hi, p, df text)]: OLS HC3 and (>= 2 seeds per cell) the mixed model."""
-    import statsmodels.formula.api as smf
-
     data = data[[y, "param:model.pos_enc", *blocks] + ([seed_col] if seed_col else [])].copy()
     data = data[data[y].notna()]
     data["y"] = data[y].astype(float)
@@ -228,8 +228,6 @@ def _level_rows(name: str, dm, m: str, blocks, seed_col, est, level_notes: Notes
 
 def _plot_posenc(plot: list, seed_col: str | None, path: Path) -> list[Path]:
     """`posenc_figure` as PNG + PDF at `path`."""
-    from ..safe_output import save_figure
-
     return save_figure(posenc_figure(plot, seed_col), path)
 
 
@@ -241,9 +239,6 @@ def posenc_figure(plot: list, seed_col: str | None):
     each encoding a short bar. Bottom row: rope - absolute per block (the seeds' paired differences as dots, the
     mean with its 95% CI) and pooled (the verdict's estimate and CI), zero dotted, the side where RoPE is better
     shaded and labelled. Every axis names its unit (nats/token, fraction of test tokens)."""
-    from matplotlib.figure import Figure
-
-    from ..units import metric_units
 
     labels = {j: [", ".join(f"{b[6:].split('.')[-1]}={v}" for b, v in zip(blocks, k)) or "all"
                   for k in (block_labels(dm, blocks) or [()] * len(dm))] for j, (_, dm, blocks, _) in enumerate(plot)}
@@ -316,8 +311,6 @@ def posenc_figure(plot: list, seed_col: str | None):
                xlabel="block, then pooled",
                title=f"rope - absolute, 95% CI ({est.n} {est.unit} units)")
         ax.set_xticklabels([*order, "pooled"], fontsize=8, **({"rotation": 30, "ha": "right"} if tilt else {}))
-    from matplotlib.lines import Line2D
-
     keys = [Line2D([], [], ls="", marker="o", color="C1", label="absolute (a trial)"),
             Line2D([], [], ls="", marker="o", color="C0", label="rope (a trial)"),
             Line2D([], [], color="k", lw=2.5, label="mean of an encoding"),

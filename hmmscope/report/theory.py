@@ -9,8 +9,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from matplotlib.figure import Figure
 
+from ..safe_output import save_figure
 from ..stats import Claim
+from ..theory.theorem1 import sweep_fits
 from ..units import fmt_ci, fmt_num
 from .common import NAN, Section
 
@@ -34,8 +37,6 @@ def _draw_range(s: dict) -> str:
 
 
 def theory_section(settings: list, out_dir: Path, figs: dict) -> tuple[Section, list[Claim]]:
-    from ..theory.theorem1 import sweep_fits
-
     sec, claims = Section("Theory: decay of eps(L) (Theorem 1)"), []
     settings = sorted(settings, key=lambda s: (s["n_states"], s["rank"], s["rho"], s["gamma"]))
     n_draws = sorted({s["n_draws"] for s in settings})
@@ -115,9 +116,6 @@ def _plot_theory(settings, fits, path: Path) -> list[Path]:
     """Rate vs gamma (log-log) per (S, d, rho) group: each draw's rate a small faint dot, the setting's mean
     with its 95% CI, each group's exponent fit in its points' colour, the pooled fit in black; written as
     PNG + PDF ([] when no setting has a positive rate)."""
-    from matplotlib.figure import Figure
-
-    from ..safe_output import save_figure
 
     good = [s for s in settings if s["gamma"] > 0 and math.isfinite(s["rate"]) and s["rate"] > 0]
     if not good:
@@ -189,9 +187,6 @@ def practice_section(df, out_dir: Path, figs: dict) -> Section | None:
             if old else "")),
         ("table", ["gamma", "d", "window w", "L (receptive field)", "runs", "model TV", "sd", "eps(L)", "model / eps"],
          rows)])
-    from matplotlib.figure import Figure
-
-    from ..safe_output import save_figure
 
     fig = Figure(figsize=(6, 4.5), layout="constrained")
     ax = fig.subplots()

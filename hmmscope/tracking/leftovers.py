@@ -95,7 +95,7 @@ def free_locks(uri: str) -> int:
     holder was killed: the OS dropped the lock, the file stayed); how many. Each is locked before it is removed, so a
     held one is never touched."""
     try:
-        import fcntl
+        import fcntl  # lazy: POSIX only
     except ImportError:
         return 0
     db = sqlite_path(uri)
@@ -133,7 +133,7 @@ def lock_held(uri: str, run_id: str) -> bool:
     """Does a live process hold run `run_id`'s lease lock (`<store folder>/.leases/<run id>.lock`, hold.hold): an
     `evaluate` writing a run that is not RUNNING, whose staged files are not leftovers?"""
     try:
-        import fcntl
+        import fcntl  # lazy: POSIX only
     except ImportError:
         return False
     db = sqlite_path(uri)
@@ -158,7 +158,7 @@ def remove_creations(uri: str, *, dry_run: bool = False) -> tuple[int, int]:
     """Remove what a killed first creation of a sqlite store left beside it (`.<db>.<hex>.creating` and its journal,
     store.create); (how many, bytes). Taken under the store's creation lock, without waiting: while another process
     creates the store, nothing is touched."""
-    import filelock
+    import filelock  # lazy: filelock off the CLI's start-up
 
     db = sqlite_path(uri)
     if db is None or not db.parent.is_dir():

@@ -200,7 +200,7 @@ def gc_runs(uri: str, *, experiments: list[str] | None = None, dry_run: bool = F
 
     `experiments`: names to search (default: every experiment). Returns (run, reason) per orphan.
     """
-    from mlflow.entities import ViewType
+    from mlflow.entities import ViewType  # lazy: mlflow off the CLI's start-up
 
     db = sqlite_path(uri)
     if db is not None and not db.is_file():  # no store, no runs (and do not create one)

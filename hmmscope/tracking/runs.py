@@ -15,7 +15,9 @@ else of hmmscope outside tracking.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import logging
 import math
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -43,7 +45,7 @@ class Run(RunArtifacts):
             raise LeaseLost(f"run {self.run_id}: {why}; this process stops writing to it")
 
     def log_params(self, params: Mapping[str, Any]) -> None:
-        from mlflow.entities import Param
+        from mlflow.entities import Param  # lazy: mlflow off the CLI's start-up
 
         self._guard()
         items = [Param(safe_key(k), param_value(v)) for k, v in params.items()]
@@ -57,7 +59,7 @@ class Run(RunArtifacts):
     def log_metric_steps(self, rows: Sequence[tuple[Mapping[str, float], int]]) -> None:
         """Several steps' metrics, (metrics, step) per row, in as few writes as MLflow's batch limit allows; finite
         values only."""
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # lazy: mlflow off the CLI's start-up
 
         self._guard()
         ts = int(time.time() * 1000)
@@ -78,7 +80,7 @@ class Run(RunArtifacts):
         REST API removes no metric row: on a server the rows stay, and this handle skips later writes of those keys
         at steps up to the last one stored (still one row per step; the first writer's values). Returns the rows
         removed (or found, on a server)."""
-        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # lazy: mlflow off the CLI's start-up
 
         def wanted(k: str) -> bool:
             if keys is None:
@@ -94,7 +96,7 @@ class Run(RunArtifacts):
                 if steps:
                     self._stored[k], n = max(steps), n + len(steps)
             return n
-        from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlMetric
+        from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlMetric  # lazy: mlflow off the CLI's start-up
 
         with store.ManagedSessionMaker(read_only=False) as session:  # one transaction: committed at its end
             past = session.query(SqlMetric).filter(SqlMetric.run_uuid == self.run_id, SqlMetric.step > after)
@@ -112,7 +114,7 @@ class Run(RunArtifacts):
         return n
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        from mlflow.entities import RunTag
+        from mlflow.entities import RunTag  # lazy: mlflow off the CLI's start-up
 
         self._guard()
         self._client.log_batch(self.run_id, tags=[RunTag(safe_key(k), (param_value(v) if isinstance(v, float) else
@@ -132,7 +134,7 @@ class Run(RunArtifacts):
         """A dataset input of this run (MLflow's `log_input`: the run page's Datasets, the runs table's Dataset
         column): its name, content hash as the digest, what it was used for (`context`: train, eval, ...), where
         it comes from (`source`: e.g. the config that generates it) and a small profile (counts, shapes)."""
-        from mlflow.entities import Dataset, DatasetInput, InputTag
+        from mlflow.entities import Dataset, DatasetInput, InputTag  # lazy: mlflow off the CLI's start-up
 
         ds = Dataset(name=name, digest=digest[:36], source_type="code", source=json.dumps({"generator": source}),
                      profile=json.dumps(dict(profile), default=str))
@@ -244,9 +246,8 @@ def start_run(uri: str, experiment: str, name: str, *, parent: Run | str | None 
 
 def _system_monitor(uri: str, run_id: str, resumed: bool):
     """MLflow's SystemMetricsMonitor on this run (started), or None where it cannot run (no psutil)."""
-    import logging
-
     try:
+        # lazy: mlflow off the CLI's start-up; its system-metrics monitor (psutil) may be missing
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
     except ImportError:
         return None
@@ -261,8 +262,6 @@ def _system_monitor(uri: str, run_id: str, resumed: bool):
 
 def config_toml(cfg: Any) -> str:
     """A Config (or one section of it; or a mapping of section -> values) as TOML tables, as `--config` reads."""
-    import dataclasses
-
     def toml(v: Any) -> str:
         return json.dumps(v)  # numbers, strings, booleans and lists of them: JSON is TOML here
 

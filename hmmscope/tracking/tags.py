@@ -30,6 +30,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..config import flatten
+
 _PKG = Path(__file__).resolve().parents[1]  # the hmmscope package folder
 PARAM_MAX = 6000  # MLflow's limit on a param value's length
 
@@ -101,8 +103,6 @@ TRAIN_SECTIONS, THEORY_SECTIONS = ("hmm", "data", "model", "train", "eval"), ("t
 
 def config_params(cfg: Any, sections: Iterable[str]) -> dict[str, Any]:
     """The flat config keys of `sections` (e.g. TRAIN_SECTIONS): the params of one run kind."""
-    from ..config import flatten
-
     keep = set(sections)
     return {k: v for k, v in flatten(cfg).items() if k.split(".", 1)[0] in keep}
 

@@ -256,6 +256,7 @@ def bench_train(cfg, device: str = "auto", batch_size: int = 32, seq_len: int = 
         out["profile"] = _profile(cfg, m, ours, opt, x, y, dev, autocast, t_ours, rates[denom])
     if peer:
         try:
+            # lazy: transformers (the peer, optional: .[test]) may be missing
             from transformers import RoFormerConfig, RoFormerForCausalLM
         except ImportError:
             raise ValueError("the peer needs transformers: pip install -e '.[test]'") from None

@@ -36,7 +36,7 @@ def bench_hmm(n_states: int = 128, n_tokens: int = 16, rank: int = 8, seed: int 
 
 def _hmmlearn_model(hmm: HMM):
     try:
-        from hmmlearn.hmm import CategoricalHMM
+        from hmmlearn.hmm import CategoricalHMM  # lazy: hmmlearn (the peer, optional: .[test])
     except ImportError:
         raise ValueError("the peer hmmlearn is not installed: pip install -e '.[test]'") from None
     m = CategoricalHMM(n_components=hmm.n_states, n_features=hmm.n_tokens, init_params="", params="")

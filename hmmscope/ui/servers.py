@@ -17,19 +17,26 @@ at module level: `hmmscope.tracking` and `hmmscope.sweep` are imported inside th
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import tracking
 from ..config import ConfigError
 from ..interrupts import die_with_parent
+from ..sweep.storage import default_storage
 
 START_DEADLINE_S = 180.0  # a server that neither answers nor exits within this long is a failure (stopped)
 STOP_GRACE_S = 15.0  # SIGTERM, then SIGKILL what is left of a group after this long
@@ -62,8 +69,6 @@ def port_free(port: int) -> bool:
     """Whether a server can listen on `port` on 127.0.0.1 now: bound as servers bind (SO_REUSEADDR, as uvicorn and
     MLflow's server do), so the TIME_WAIT connections a stopped server leaves for a minute do not count; a port
     another socket listens on does."""
-    import socket
-
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -75,8 +80,6 @@ def port_free(port: int) -> bool:
 
 def answers(url: str, ok_only: bool = True) -> bool:
     """Whether `url` answers within 2 s: with 200 (`ok_only`), or with any HTTP status."""
-    import urllib.error
-    import urllib.request
 
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
@@ -118,9 +121,6 @@ def mlflow_ui(uri: str, port: int) -> Server:
     says when it is gone. The argv is a list built from typed values, never a string split by a shell's rules: every value is
     joined to its option with `=` (`--backend-store-uri=URI`), so a URI or path with spaces, quotes or a
     leading `--` stays one value of its option and can never become an option of its own."""
-    import shutil
-
-    from .. import tracking
 
     exe = shutil.which("mlflow") or str(Path(sys.executable).parent / "mlflow")
     served = tracking.server_uri(uri)  # a sqlite store opened, never created (moved away while served: not re-made)
@@ -137,13 +137,9 @@ def optuna_dashboard(storage: str | None, port: int) -> Server:
     """optuna-dashboard on the Optuna storage (default: `sweep.default_storage()`), on 127.0.0.1:port, behind the
     Host/Origin guard the MLflow UI has (`dashboard_guard`: its WSGI app wrapped, in a process of this Python).
     ConfigError if it is not installed."""
-    import importlib.util
-
     if importlib.util.find_spec("optuna_dashboard") is None:
         raise ConfigError("optuna-dashboard is not installed: pip install optuna-dashboard")
     if not storage:
-        from ..sweep.storage import default_storage
-
         storage = default_storage()
     return Server("optuna-dashboard", (sys.executable, "-m", "hmmscope.ui.dashboard_guard", "--host=127.0.0.1",
                                        f"--port={int(port)}", "--", storage),
