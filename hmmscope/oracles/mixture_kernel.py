@@ -1,7 +1,7 @@
 """Compiled CPU kernel of the mixture oracle (numba): one (episode, task) chain at a time, in registers.
 
 Imported lazily by ``inference.mixture_oracle`` when numba is installed and the device is the CPU; the
-torch path (``inference._run``) does the same computation everywhere else and is the reference.
+torch path (``filtering.forward_run``) does the same computation everywhere else and is the reference.
 
 Per episode i and task j the filter state is the latent c (d,) of the low-rank representation (the
 predicted belief is c @ Q_j); one observation o costs z = c @ (Q O)[:, o] (d MACs) and the next latent

@@ -25,7 +25,8 @@ from ..measure.headroom import headroom
 from ..oracles import bayes, inference
 from ..oracles.baselines import fit_counting, incontext_bigram, incontext_ctw, incontext_ngram
 from ..oracles.bayes_structures import sticky_structures
-from ..oracles.inference import DENSE_CHUNK, mixture_oracle, predictive
+from ..oracles.filtering import DENSE_CHUNK, predictive
+from ..oracles.inference import mixture_oracle
 from .bench import best_time, gemm_fn, interleaved_best
 
 
