@@ -18,8 +18,8 @@ sweep that is not there, a run id prefix that is ambiguous or shorter than 6 cha
 parse. A run id may be a unique prefix of at least 6 characters (`tracking.resolve_run_id`). The `hmmscope runs
 list/show/compare` commands print these same tables (`runs list`: LIST_COLUMNS).
 
-Owns: the columns of those tables. Imports pandas, `tracking` and `sweep` inside the functions (importing
-this module loads none of them, nor torch); must not import the CLI or the jobs.
+Owns: the columns of those tables. Imports pandas and `tracking` at its top (the CLI imports this module only inside
+the `runs` commands), `sweep` (optuna) only in `sweep_trials`; never torch; must not import the CLI or the jobs.
 """
 
 from __future__ import annotations
@@ -188,8 +188,8 @@ def sweep_trials(name: str, *, storage: str | None = None, tracking_uri: str | N
     MLflow run, then the last value of every metric of that run (`metrics.<key>`) and of its analysis run's claims
     (`metrics.claim/...`), as `mlflow.search_runs` names them. A trial that was retried has no row (the retry holds its
     cell, and a training retry continues its run), so each run id is in one row: joins on run_id add no rows."""
-    from .sweep import default_storage, load_study  # lazy: sweep off `hmmscope runs list`
-    from .sweep.status import retried_numbers  # lazy: sweep.status off `hmmscope runs list`
+    from .sweep import default_storage, load_study  # lazy: sweep (optuna) off `hmmscope runs list`
+    from .sweep.status import retried_numbers  # lazy: sweep (optuna) off `hmmscope runs list`
     uri = _uri(tracking_uri)
     try:
         study = load_study(name, storage or default_storage())

@@ -12,8 +12,8 @@ A sweep trial's objective is logged once, under the key its spec names (no secon
 `api` and `runs compare` would show twice).
 
 Part of `tracking`, the one package that talks to MLflow; this module itself never calls it (pure
-functions, git and the process's argv). Imports `config` only inside config_params; must not import the
-other tracking modules or anything else of hmmscope.
+functions, git and the process's argv). Imports `config` (its `flatten`, for config_params); must not import
+the other tracking modules or anything else of hmmscope.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ It reports through its caller: `supervise` takes a context manager to show while
 callback for when they answer, and returns a `Failure` (what happened, the log's path and last lines) or None.
 
 Must not import typer, rich or `hmmscope.cli` (the CLI prints; this module does not), nor torch, mlflow, optuna
-at module level: `hmmscope.tracking` and `hmmscope.sweep` are imported inside the functions that need them.
+at module level: `hmmscope.tracking` and `hmmscope.sweep` are imported inside the functions that need them (`# lazy:`).
 """
 
 from __future__ import annotations
@@ -33,10 +33,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import tracking
 from ..config import ConfigError
 from ..interrupts import die_with_parent
-from ..sweep.storage import default_storage
 
 START_DEADLINE_S = 180.0  # a server that neither answers nor exits within this long is a failure (stopped)
 STOP_GRACE_S = 15.0  # SIGTERM, then SIGKILL what is left of a group after this long
@@ -80,7 +78,6 @@ def port_free(port: int) -> bool:
 
 def answers(url: str, ok_only: bool = True) -> bool:
     """Whether `url` answers within 2 s: with 200 (`ok_only`), or with any HTTP status."""
-
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
             return r.status == 200 or not ok_only
@@ -121,6 +118,7 @@ def mlflow_ui(uri: str, port: int) -> Server:
     says when it is gone. The argv is a list built from typed values, never a string split by a shell's rules: every value is
     joined to its option with `=` (`--backend-store-uri=URI`), so a URI or path with spaces, quotes or a
     leading `--` stays one value of its option and can never become an option of its own."""
+    from .. import tracking  # lazy: tracking (mlflow) and sweep (optuna) only in the functions that start them
 
     exe = shutil.which("mlflow") or str(Path(sys.executable).parent / "mlflow")
     served = tracking.server_uri(uri)  # a sqlite store opened, never created (moved away while served: not re-made)
@@ -140,6 +138,9 @@ def optuna_dashboard(storage: str | None, port: int) -> Server:
     if importlib.util.find_spec("optuna_dashboard") is None:
         raise ConfigError("optuna-dashboard is not installed: pip install optuna-dashboard")
     if not storage:
+        # lazy: tracking (mlflow) and sweep (optuna) only in the functions that start them
+        from ..sweep.storage import default_storage
+
         storage = default_storage()
     return Server("optuna-dashboard", (sys.executable, "-m", "hmmscope.ui.dashboard_guard", "--host=127.0.0.1",
                                        f"--port={int(port)}", "--", storage),

@@ -46,14 +46,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from scipy.linalg import LinAlgWarning
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression, Ridge
 from threadpoolctl import threadpool_limits
 
 from ...data import seeds
-from . import torch_fits
 from .residuals import PROBE_TAG
 
 if TYPE_CHECKING:
@@ -204,6 +202,9 @@ def _fit_layer(f: LayerInputs, X: np.ndarray, vals, clfs: dict | None = None) ->
 
 def _fit_layer_torch(f: LayerInputs, X: np.ndarray, vals, t0: float, out: dict) -> dict:
     """_fit_layer with torch_fits on f.fit_device (the same standardization, splits, controls and outputs)."""
+    import torch  # lazy: torch off the fits' worker processes (they import this package without torch)
+
+    from . import torch_fits  # lazy: torch_fits (torch) only inside a torch fit
 
     X = torch.as_tensor(X.reshape(len(f.test_row), -1), device=f.fit_device).float()
     tr = torch.as_tensor(~f.test_row, device=X.device)
