@@ -62,7 +62,6 @@ import torch
 from ..config import HMMConfig, config_hash
 from ..data import seeds
 from ..data.hmm import Mixture, emission_matrix
-from . import bayes_kernel
 from .bayes_cache import code_hash, disk_get, disk_put
 from .bayes_structures import Structures, clusters, sticky_structures, why_not
 
@@ -144,6 +143,8 @@ def _urn_tables(S: int, J: int, a: float = 1.0):
 
 
 def _kernel():
+    from . import bayes_kernel  # lazy: numba (and scipy, ~1 s) only when the Bayes reference is computed
+
     return bayes_kernel
 
 

@@ -13,7 +13,6 @@ from matplotlib.figure import Figure
 
 from ..safe_output import save_figure
 from ..stats import Claim
-from ..theory.theorem1 import sweep_fits
 from ..units import fmt_ci, fmt_num
 from .common import NAN, Section
 
@@ -37,6 +36,8 @@ def _draw_range(s: dict) -> str:
 
 
 def theory_section(settings: list, out_dir: Path, figs: dict) -> tuple[Section, list[Claim]]:
+    from ..theory.theorem1 import sweep_fits  # lazy: theorem1 (torch, ~1 s) only for a theory sweep's section
+
     sec, claims = Section("Theory: decay of eps(L) (Theorem 1)"), []
     settings = sorted(settings, key=lambda s: (s["n_states"], s["rank"], s["rho"], s["gamma"]))
     n_draws = sorted({s["n_draws"] for s in settings})
