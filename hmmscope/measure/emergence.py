@@ -54,7 +54,6 @@ import numpy as np
 from ..config import Config
 from ..data.episodes import Episodes, unseen_episodes
 from ..data.hmm import Mixture
-from ..safe_output import save_figure
 from .bayes_gap import computed_on
 from .evaluate import eval_set, score_by_k
 
@@ -256,4 +255,5 @@ def build_emergence(history: list[dict], title: str | None = None):
 
 def plot_emergence(history: list[dict], path, title: str | None = None):
     """build_emergence saved as PNG + PDF (safe_output.save_figure); returns the paths."""
+    from ..safe_output import save_figure  # lazy: looked up when called (tests/test_figures.py patches safe_output.save_figure)
     return save_figure(build_emergence(history, title), path)

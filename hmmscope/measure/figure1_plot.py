@@ -12,8 +12,6 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from ..safe_output import save_figure
-
 _STYLE = {"model": ("C0", "-", "model", 2.2), "task_oracle": ("C2", "--", "task oracle", 1.4),
           "mixture_oracle": ("C3", "-", "mixture oracle (training tasks)", 1.4),
           "family_bayes": ("C1", "-", "family Bayes (M tasks of the family)", 1.4),
@@ -154,4 +152,5 @@ def _heading(result, title: str | None) -> str:
 
 def plot_figure1(result, path, title: str | None = None) -> list[Path]:
     """Write Figure 1 (`build_figure1`) as <path>.png and <path>.pdf; returns [png, pdf]."""
+    from ..safe_output import save_figure  # lazy: looked up when called (tests/test_figures.py patches safe_output.save_figure)
     return save_figure(build_figure1(result, title), path)

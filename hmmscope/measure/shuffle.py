@@ -54,7 +54,7 @@ import torch
 from ..data import seeds
 from ..data.episodes import Episodes
 from ..data.episodes import layout as make_layout
-from ..safe_output import save_figure, write_tables
+from ..safe_output import write_tables
 from ..stats import Claim, claim, jsonable, rule
 
 _TAG = 0x53485546  # "SHUF"
@@ -215,6 +215,9 @@ class ShuffleResult:
 
     def plot(self, path, title: str | None = None) -> list[Path]:
         """Write `figure()` as <path>.png and <path>.pdf; returns [png, pdf]."""
+        # lazy: looked up when called (tests/test_figures.py patches safe_output.save_figure)
+        from ..safe_output import save_figure
+
         return save_figure(self.figure(title), path)
 
 

@@ -31,7 +31,6 @@ import statsmodels.formula.api as smf
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from ..safe_output import save_figure
 from ..stats import DEFAULT_MARGIN, Claim, Estimate, claim, rule, side_verdict
 from ..sweep.effects import block_labels, choose_blocks, effect, level_order, per_level_effects, pos_enc_effect
 from ..units import fmt_ci, fmt_num, fmt_p, metric_units
@@ -228,6 +227,7 @@ def _level_rows(name: str, dm, m: str, blocks, seed_col, est, level_notes: Notes
 
 def _plot_posenc(plot: list, seed_col: str | None, path: Path) -> list[Path]:
     """`posenc_figure` as PNG + PDF at `path`."""
+    from ..safe_output import save_figure  # lazy: looked up when called (tests/test_figures.py patches safe_output.save_figure)
     return save_figure(posenc_figure(plot, seed_col), path)
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..safe_output import save_figure
 from ..stats import Claim
 from ..units import fmt_ci, fmt_num
 from .common import NAN, Section
@@ -117,6 +116,7 @@ def _plot_theory(settings, fits, path: Path) -> list[Path]:
     """Rate vs gamma (log-log) per (S, d, rho) group: each draw's rate a small faint dot, the setting's mean
     with its 95% CI, each group's exponent fit in its points' colour, the pooled fit in black; written as
     PNG + PDF ([] when no setting has a positive rate)."""
+    from ..safe_output import save_figure  # lazy: looked up when called (tests/test_figures.py patches safe_output.save_figure)
 
     good = [s for s in settings if s["gamma"] > 0 and math.isfinite(s["rate"]) and s["rate"] > 0]
     if not good:
@@ -154,6 +154,7 @@ def _plot_theory(settings, fits, path: Path) -> list[Path]:
 
 
 def practice_section(df, out_dir: Path, figs: dict) -> Section | None:
+    from ..safe_output import save_figure  # lazy: looked up when called (tests/test_figures.py patches safe_output.save_figure)
     need = {"param:model.window", "metric:memory/model_tv"}
     if df.empty or not need <= set(df.columns):
         return None

@@ -57,7 +57,6 @@ from ..data import seeds
 from ..data.hmm import make_hmm
 from ..oracles.memory import memory_error
 from ..oracles.observability import gamma_eff, gamma_m, observability
-from ..safe_output import save_figure
 from ..stats import NO_POWER, Claim, claim, jsonable, rule, t_mean
 from ..units import value_ci
 from .figure import theory_figure as _fig
@@ -443,4 +442,5 @@ def theory_figure(result: TheoryResult, title: str | None = None):
 
 def plot_theory(result: TheoryResult, path, title: str | None = None):
     """Write `theory_figure` as <path>.png and <path>.pdf; returns [png, pdf]."""
+    from ..safe_output import save_figure  # lazy: looked up when called (tests/test_figures.py patches safe_output.save_figure)
     return save_figure(theory_figure(result, title), path)

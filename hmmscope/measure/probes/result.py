@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...safe_output import save_figure, write_tables
+from ...safe_output import write_tables
 from ...stats import Claim, jsonable
 
 _TOKEN_LS = (0, (5, 1.5, 1, 1.5, 1, 1.5))  # dash-dot-dot: the token-statistics baseline
@@ -125,4 +125,7 @@ class ProbeResult:
 
     def plot(self, path, title: str | None = None) -> list[Path]:
         """Write `figure()` as <path>.png and <path>.pdf; returns [png, pdf]."""
+        # lazy: looked up when called (tests/test_figures.py patches safe_output.save_figure)
+        from ...safe_output import save_figure
+
         return save_figure(self.figure(title), path)
