@@ -25,7 +25,7 @@ _API = {
     "HMM": "data.hmm", "Mixture": "data.hmm", "make_hmm": "data.hmm", "make_mixture": "data.hmm",
     "Episodes": "data.episodes", "sample_episodes": "data.episodes", "save_episodes": "data.episodes",
     "load_episodes": "data.episodes",
-    "predictive": "oracles.inference", "task_oracle": "oracles.inference", "mixture_oracle": "oracles.inference",
+    "predictive": "oracles.filtering", "task_oracle": "oracles.inference", "mixture_oracle": "oracles.inference",
     "memory_predictor": "oracles.memory", "memory_error": "oracles.memory",
     "Observability": "oracles.observability", "observability": "oracles.observability",
     "gamma_eff": "oracles.observability", "gamma_m": "oracles.observability",

@@ -18,14 +18,24 @@ sweep that is not there, a run id prefix that is ambiguous or shorter than 6 cha
 parse. A run id may be a unique prefix of at least 6 characters (`tracking.resolve_run_id`). The `hmmscope runs
 list/show/compare` commands print these same tables (`runs list`: LIST_COLUMNS).
 
-Owns: the columns of those tables. Imports pandas, `tracking` and `sweep` inside the functions (importing
-this module loads none of them, nor torch); must not import the CLI or the jobs.
+Owns: the columns of those tables. Imports pandas and `tracking` at its top (the CLI imports this module only inside
+the `runs` commands), `sweep` (optuna) only in `sweep_trials`; never torch; must not import the CLI or the jobs.
 """
 
 from __future__ import annotations
 
+import difflib
+import fnmatch
 import math
+import re
 from typing import Any
+from urllib.parse import unquote
+
+import pandas as pd
+
+from . import store_checks, tracking
+from .config import ConfigError
+from .tracking.tags import param_value
 
 MLFLOW_COLUMNS = ("run_id", "experiment_id", "status", "artifact_uri", "start_time", "end_time")  # search_runs'
 OWN_COLUMNS = ("run_name", "experiment", "kind", "duration_s", "parent_id")  # hmmscope's, beside them
@@ -37,9 +47,6 @@ HIDDEN_TAGS = ("hmmscope.lease", "mlflow.hmmscope.lease")  # a run's owner (pid,
 def shown_uri(uri: str) -> str:
     """The store as a person named it: a sqlite store opened read-only (`tracking.read_only_uri`,
     sqlite:///file:<path>?mode=ro&uri=true) back as sqlite:///<path>; any other URI as it is."""
-    import re
-    from urllib.parse import unquote
-
     m = re.fullmatch(r"sqlite:///file:(.+)\?mode=ro&uri=true", uri)
     return f"sqlite:///{unquote(m.group(1))}" if m else uri
 
@@ -48,14 +55,10 @@ def _uri(tracking_uri: str | None) -> str:
     """The store, checked as `store_checks.tracking_store` checks a store to be read (a missing, empty, corrupt, locked,
     half-created or foreign file; a server that does not answer within its deadline: ValueError, one line), and
     opened read-only (`tracking.read_only_uri`: nothing is created, migrated or written)."""
-    from . import store_checks, tracking
-
     return tracking.read_only_uri(store_checks.tracking_store(tracking_uri, must_exist=True, write=False))
 
 
 def _run_row(r, experiments: dict[str, str]) -> dict[str, Any]:
-    import pandas as pd
-
     i = r.info
     end = i.end_time or None
     return {"run_id": i.run_id, "experiment_id": i.experiment_id, "status": i.status, "artifact_uri": i.artifact_uri,
@@ -80,9 +83,6 @@ def runs(experiment: str | None = None, *, tracking_uri: str | None = None, limi
     `sweep` (a sweep's name: its parent run and its trials' runs, tag hmmscope.study; ValueError, naming the closest
     sweep, for one the store has not) and `filter_string` (MLflow's search syntax, e.g. "metrics.`eval/seen/excess_ce`
     < 0.3 and params.`model.pos_enc` = 'rope'") narrow it; `limit` rows at most."""
-    import pandas as pd
-
-    from . import tracking
 
     uri = _uri(tracking_uri)
     c = tracking.client(uri)
@@ -113,10 +113,6 @@ def runs(experiment: str | None = None, *, tracking_uri: str | None = None, limi
 
 def _check_sweep(uri: str, sweep: str) -> None:
     """ValueError (one line, naming the closest) unless the store holds the parent run of a sweep named `sweep`."""
-    import difflib
-    import re
-
-    from . import tracking
 
     if not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", sweep):  # a sweep's name (config.check_name): nothing to quote
         raise ValueError(f"no sweep {sweep!r}: a sweep's name is 1-100 of A-Z a-z 0-9 . _ -")
@@ -131,9 +127,6 @@ def run(run_id: str, *, tracking_uri: str | None = None) -> dict[str, Any]:
     """One run: {"info": its RUN_COLUMNS row, "params", "metrics" (last values), "tags" (without MLflow's own
     mlflow.* bookkeeping but the note, and without the lease, hmmscope.lease: HIDDEN_TAGS), "claims": DataFrame (its
     claims.json; empty if none)}."""
-    import pandas as pd
-
-    from . import tracking
 
     uri = _uri(tracking_uri)
     r = tracking.get_run(uri, run_id)  # a unique prefix of the id will do; an ambiguous or short one: ValueError
@@ -156,8 +149,6 @@ def key_matcher(pattern: str | None):
     """A predicate on keys for `pattern`: a glob (`eval/*/excess_ce`, `params.model.*`) if it holds *, ? or [,
     else a substring (`excess_ce`); matched against the key with and without its `params.` / `metrics.` prefix.
     None matches every key."""
-    import fnmatch
-
     if not pattern:
         return lambda key: True
     glob = any(ch in pattern for ch in "*?[")
@@ -174,8 +165,6 @@ def compare(run_ids: list[str], *, tracking_uri: str | None = None, differing_on
     """Runs side by side: one row per param (`params.<key>`) and metric (`metrics.<key>`), one column per run
     (named `<run name> (<id[:8]>)`); with `differing_only`, only the rows whose values differ between them;
     `keys`: only the rows whose key matches that pattern (`key_matcher`: a glob, else a substring)."""
-    import pandas as pd
-
     if len(run_ids) < 2:
         raise ValueError("compare needs at least two run ids")
     got = [run(i, tracking_uri=tracking_uri) for i in run_ids]
@@ -199,14 +188,8 @@ def sweep_trials(name: str, *, storage: str | None = None, tracking_uri: str | N
     MLflow run, then the last value of every metric of that run (`metrics.<key>`) and of its analysis run's claims
     (`metrics.claim/...`), as `mlflow.search_runs` names them. A trial that was retried has no row (the retry holds its
     cell, and a training retry continues its run), so each run id is in one row: joins on run_id add no rows."""
-    import pandas as pd
-
-    from . import tracking
-    from .config import ConfigError
-    from .sweep import default_storage, load_study
-    from .sweep.status import retried_numbers
-    from .tracking.tags import param_value
-
+    from .sweep import default_storage, load_study  # lazy: sweep (optuna) off `hmmscope runs list`
+    from .sweep.status import retried_numbers  # lazy: sweep (optuna) off `hmmscope runs list`
     uri = _uri(tracking_uri)
     try:
         study = load_study(name, storage or default_storage())

@@ -8,9 +8,9 @@ import hmmscope
 
 def test_public_names_resolve_to_their_objects():
     from hmmscope.data import episodes, hmm
-    from hmmscope.oracles import inference, observability
+    from hmmscope.oracles import filtering, observability
 
-    assert hmmscope.HMM is hmm.HMM and hmmscope.predictive is inference.predictive
+    assert hmmscope.HMM is hmm.HMM and hmmscope.predictive is filtering.predictive
     assert hmmscope.sample_episodes is episodes.sample_episodes
     assert hmmscope.observability is observability.observability  # the function, from oracles/observability.py
     assert callable(hmmscope.observability)

@@ -13,7 +13,9 @@ from hmmscope.config import DataConfig, HMMConfig
 from hmmscope.data.episodes import family_tasks, truncate_demos, unseen_episodes
 from hmmscope.data.hmm import emission_matrix
 from hmmscope.oracles import bayes
-from hmmscope.oracles.bayes import bayes_oracle, discrete_bayes, sticky_structures, why_not, windowed_bayes
+from hmmscope.oracles.bayes import bayes_oracle, discrete_bayes, windowed_bayes
+from hmmscope.oracles.bayes_cache import disk_get
+from hmmscope.oracles.bayes_structures import sticky_structures, why_not
 from hmmscope.oracles.inference import mixture_oracle, task_oracle
 
 F64 = torch.float64
@@ -223,7 +225,7 @@ def test_results_are_reused_and_deterministic(tmp_path, monkeypatch):
     raw = entries[0].read_bytes()
     entries[0].write_bytes(raw[:-10] + bytes(10))  # tampered: its HMAC no longer verifies
     bayes._MEMO.clear()
-    assert bayes._disk_get(key) is None
+    assert disk_get(key) is None
     c = bayes_oracle(hmm, ep, k_max=16)
     assert np.array_equal(a.pred.numpy(), c.pred.numpy(), equal_nan=True)
 

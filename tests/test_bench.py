@@ -5,7 +5,8 @@ import dataclasses
 import pytest
 
 from hmmscope.config import preset
-from hmmscope.training.bench import bench_counting, bench_filter, bench_oracle, bench_sample, bench_train
+from hmmscope.training.bench import bench_train
+from hmmscope.training.bench_inference import bench_counting, bench_filter, bench_oracle, bench_sample
 from hmmscope.training.bench_variants import bench_variants, choose_variant, parse_variant
 
 

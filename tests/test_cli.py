@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from hmmscope import tracking
 from hmmscope.cli import app
 from hmmscope.data.episodes import load_episodes
-from hmmscope.measure.evaluate import BASELINES
+from hmmscope.measure.figure1_result import BASELINES
 from hmmscope.sweep.spec import TRAIN_OBJECTIVES, VS_OBJECTIVE
 
 runner = CliRunner()

@@ -13,10 +13,12 @@ from hmmscope.config import DataConfig, HMMConfig
 from hmmscope.data.episodes import Episodes, family_tasks, fit_episodes, layout, sample_episodes, truncate_demos, unseen_episodes
 from hmmscope.data.hmm import make_mixture
 from hmmscope.measure.bayes_gap import BayesSpec
-from hmmscope.measure.evaluate import PREDICTORS, eval_set, figure1, figure1_tables, model_predictive, score_by_k
+from hmmscope.measure.evaluate import eval_set, figure1, figure1_tables, score_by_k
 from hmmscope.measure.figure1_plot import build_figure1, plot_figure1
+from hmmscope.measure.figure1_result import PREDICTORS
 from hmmscope.measure.fixed_memory import memory_comparison, receptive_field
 from hmmscope.measure.regimes import REGIMES, regime, retrieval_gap
+from hmmscope.measure.scoring import model_predictive
 from hmmscope.oracles.baselines import fit_counting, incontext_bigram, incontext_unigram
 from hmmscope.oracles.inference import mixture_oracle, task_oracle
 from hmmscope.oracles.memory import memory_error

@@ -289,7 +289,7 @@ PREDICTORS = ("model", "task_oracle", "mixture_oracle", "family_bayes", "inconte
 def _figure1_result():
     """Two task sets, every predictor; the add-one unigram degenerate on unseen tasks only (as in the smoke sweep's
     trials), so that Figure 1's shared legend once had a line and its "(DEGENERATE)" twin in one colour."""
-    from hmmscope.measure.evaluate import Figure1Result
+    from hmmscope.measure.figure1_result import Figure1Result
     from hmmscope.stats import claim, rule
 
     by_k, by_pos, paired = [], [], []

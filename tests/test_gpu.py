@@ -250,7 +250,7 @@ def test_mixture_oracle_cuda_chunks_agree(data):
 
 @gpu
 def test_bench_oracle_cuda_rows():
-    from hmmscope.training.bench import bench_oracle
+    from hmmscope.training.bench_inference import bench_oracle
 
     r = bench_oracle((8,), n_episodes=4, full_episodes=8, device="cuda", chunks=(None, 2))
     assert [row["chunk_tasks"] for row in r["rows"]] == [8, 2] and r["device"].startswith("cuda")

@@ -10,15 +10,16 @@ import torch
 from hmmscope.config import DataConfig, HMMConfig
 from hmmscope.data.episodes import layout, sample_episodes
 from hmmscope.data.hmm import HMM, Mixture, make_hmm, make_mixture
-from hmmscope.oracles import inference
-from hmmscope.oracles.inference import filter_factored, mixture_oracle, task_oracle
+from hmmscope.oracles import filtering, inference
+from hmmscope.oracles.filtering import filter_factored
+from hmmscope.oracles.inference import mixture_oracle, task_oracle
 from hmmscope.oracles.memory import MemoryErrorResult, memory_error, memory_predictor
 
 F64 = torch.float64
 
 
 def predictive(h, tokens, dtype=F64):  # the known-answer tests below run in float64 (the default is float32)
-    return inference.predictive(h, tokens, dtype=dtype)
+    return filtering.predictive(h, tokens, dtype=dtype)
 
 
 def _random_hmm(rng, S, V, d=None):
@@ -315,7 +316,7 @@ def test_memory_error_vanishes_when_fully_observed():
 def test_predictive_default_is_float32_within_1e6_of_float64():
     h = _random_hmm(np.random.default_rng(11), 128, 16)
     tok = h.sample(8, 300, seed=1)[0]
-    p32 = inference.predictive(h, tok)
+    p32 = filtering.predictive(h, tok)
     assert p32.dtype == np.float32
     np.testing.assert_allclose(p32, predictive(h, tok), rtol=0, atol=1e-6)
 
@@ -346,7 +347,7 @@ def test_dense_path_matches_factor_path(dtype, tol):
     reset = np.zeros(L, bool)
     reset[5] = True
     kw = dict(reset=reset, start=start, start_pos=13, dtype=dtype)
-    pd, ld, _ = inference._dense_run(*(torch.as_tensor(a, dtype=dtype) for a in (h.initial, T, O)),
+    pd, ld, _ = filtering.dense_run(*(torch.as_tensor(a, dtype=dtype) for a in (h.initial, T, O)),
                                      torch.as_tensor(tok), reset=reset, start=torch.as_tensor(start, dtype=dtype),
                                      start_pos=13, chunk=3)
     pf, lf = filter_factored(h.initial, _per_seq(T, N), _per_seq(np.eye(6), N), O, tok, **kw)
@@ -466,7 +467,7 @@ def test_results_are_named_tuples_on_every_path(monkeypatch):
     tok = np.random.default_rng(0).integers(0, 3, (4, 7))
     for W, Q in ((hmm.W, hmm.Q), (hmm.W @ hmm.Q, np.eye(5))):  # factored, dense
         f = filter_factored(hmm.initial, W, Q, hmm.emission, tok, dtype=F64)
-        assert isinstance(f, inference.Filtered) and f.pred.shape == (4, 7, 3) and f.logp.shape == (4, 7)
+        assert isinstance(f, filtering.Filtered) and f.pred.shape == (4, 7, 3) and f.logp.shape == (4, 7)
         pred, logp = f
         assert pred is f.pred and logp is f.logp
     mix = make_mixture(HMMConfig(n_tasks=3, n_states=5, n_tokens=3, rank=2, gamma=0.7))

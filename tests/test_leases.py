@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from hmmscope import tracking
-from hmmscope.tracking import leftovers, liveness
+from hmmscope.tracking import hold as holding
+from hmmscope.tracking import leftovers
 
 
 def _run(folder: Path) -> tuple[str, str]:
@@ -39,10 +40,10 @@ def test_a_plain_file_in_place_of_the_lease_folder_refuses_the_writer(tmp_path):
         p.unlink()
     leases.rmdir()
     leases.write_text("not a folder")
-    with pytest.raises(liveness.LeaseUnavailable, match=f"{leases}.*not a folder"):
+    with pytest.raises(holding.LeaseUnavailable, match=f"{leases}.*not a folder"):
         with tracking.hold_run(uri, rid):
             pytest.fail("held a run without its lock")
-    with pytest.raises(liveness.LeaseUnavailable, match=str(leases)):
+    with pytest.raises(holding.LeaseUnavailable, match=str(leases)):
         with tracking.start_run(uri, "exp", "", resume=rid):
             pytest.fail("reopened a run without its lock")
     assert tracking.get_run(uri, rid).info.status == "FINISHED"  # nothing written into the run
@@ -58,7 +59,7 @@ def test_a_lease_folder_linked_out_of_the_store_is_never_written_through(tmp_pat
         p.unlink()
     leases.rmdir()
     leases.symlink_to(outside, target_is_directory=True)
-    with pytest.raises(liveness.LeaseUnavailable, match=f"{leases}.*link"):
+    with pytest.raises(holding.LeaseUnavailable, match=f"{leases}.*link"):
         with tracking.hold_run(uri, rid):
             pytest.fail("held a run through a linked lease folder")
     assert leftovers.free_locks(uri) == 0  # gc never removes through the link
@@ -134,7 +135,7 @@ def test_a_shared_store_gives_every_user_the_lease_and_still_one_writer(shared):
     assert mode & stat.S_ISVTX and stat.S_IMODE(mode) & 0o002, oct(mode)  # others may lock, not remove others' locks
 
     def hold():
-        liveness._HELD.clear()  # a forked child inherits the parent's holds: it is another process
+        holding._HELD.clear()  # a forked child inherits the parent's holds: it is another process
         with tracking.hold_run(uri, rid):
             return "held"
 

@@ -94,7 +94,7 @@ def test_a_run_that_finishes_drops_the_failure_reason_and_lease_of_its_earlier_s
     """An interrupted run resumed to its end (a sweep's parent after Ctrl-C and a resume, a retried trial's run) kept
     `hmmscope.failure_reason: KeyboardInterrupt` and its lease; a finished run has neither. One that fails keeps both
     (its reason, and who held it)."""
-    from hmmscope.tracking.liveness import settle
+    from hmmscope.tracking.hold import settle
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     with pytest.raises(KeyboardInterrupt), tracking.start_run(uri, "exp", "cut") as run:

@@ -4,19 +4,25 @@ Owns: `OneLineErrors` (Click's usage errors as one line `error: ...`, exit 2), t
 callback, the registration of each command and command group (here, in one place, so the --help order does not
 depend on the order of imports), and `main`, the console script's entry point.
 
-Must not import, at module level, anything beyond typer, the standard library and the `cli` command modules
-(which themselves import only typer, the standard library and light hmmscope modules): `hmmscope --help`
-imports no torch, mlflow, optuna, sklearn or scipy.
+Must not import, at module level, anything beyond typer, the standard library, light hmmscope modules (env,
+interrupts, tracking.telemetry: tracking imports mlflow only inside functions) and the `cli` command modules (which
+themselves import only typer, the standard library and light hmmscope modules): `hmmscope --help` imports no torch,
+mlflow, optuna, sklearn or scipy. A command module's function-level imports say, after `# lazy:`, what they keep off
+the start-up (CONTRIBUTING's "Start-up time").
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Annotated
 
 import typer
 from typer.core import TyperGroup
 
+from .. import __version__, env
+from ..interrupts import sigterm_interrupts
+from ..tracking.telemetry import telemetry_off
 from . import bench, headroom, jobs, report, run, runs, sweep, theory, ui
 from .common import fail, one_line
 
@@ -54,16 +60,12 @@ app = typer.Typer(cls=OneLineErrors, no_args_is_help=True, pretty_exceptions_ena
 
 def _quiet_third_party() -> None:
     """No third-party chatter on a normal run: MLflow's INFO lines when it creates a store's tables."""
-    import logging
-
     for name in ("mlflow.store.db.utils", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _show_version(value: bool) -> None:
     if value:
-        from .. import __version__
-
         typer.echo(f"hmmscope {__version__}")
         raise typer.Exit()
 
@@ -72,8 +74,6 @@ def _check_environment() -> None:
     """The environment every command reads, checked before any (`env.check`: HMMSCOPE_THREADS and every numeric
     setting in its stated range; no warnings filter that makes every library's warning an error); its notes (a
     HMMSCOPE_THREADS capped at the usable cores) on stderr, one line each."""
-    from .. import env
-
     try:
         notes = env.check()
     except ValueError as e:
@@ -88,8 +88,6 @@ def _root(ctx: typer.Context,
                                                 help="Print the version and exit.")] = False) -> None:
     _check_environment()
     _quiet_third_party()
-    from ..interrupts import sigterm_interrupts
-
     # every command: SIGTERM (`kill`, `timeout`, a scheduler) as Ctrl-C, so its clean-up runs (a temp file being
     # written is removed, a run ends KILLED) and it exits 130, never killed half-way with files left behind
     ctx.with_resource(sigterm_interrupts())
@@ -111,8 +109,6 @@ app.add_typer(runs.app, name="runs")
 
 
 def main() -> None:  # console-script entry point
-    from ..tracking.telemetry import telemetry_off
-
     telemetry_off()  # before anything imports mlflow; the sweep workers and ui servers inherit it
     try:
         app()

@@ -11,12 +11,13 @@ inside the command bodies.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from .. import checks
+from .. import checks, safe_output
 from ..checks import RUNTIME_BYTES, memory_estimate, model_params
 from ..config import override, preset
 from .common import ConfigOpt, DeviceOpt, ForceOpt, Preset, PrintConfigOpt, SetOpt, build_config, echo_config, user_errors
@@ -36,7 +37,7 @@ def bench_sample_cmd(
     checks.memory(checks.tokens_memory(n_seqs, length, "sample"), force=force)
     if paper:
         checks.memory(memory_estimate(preset("paper"), "generate"), force=force, what="the paper-scale dataset")
-    from ..training.bench import bench_paper_dataset, bench_sample
+    from ..training.bench_inference import bench_paper_dataset, bench_sample  # lazy: numpy, torch off the CLI's start-up
 
     r = bench_sample(n_seqs=n_seqs, length=length)
     typer.echo(f"sample: hmmscope {r['ours_tokens_per_s']:,.0f} tokens/s ({n_seqs} x {length}), "
@@ -51,11 +52,11 @@ def _bench_threads(threads: int | None) -> None:
     """Set torch's (and numba's, when installed) thread count for a benchmark; None keeps the default."""
     if threads is None:
         return
-    import torch
+    import torch  # lazy: torch off the CLI's start-up
 
     torch.set_num_threads(threads)
     try:
-        import numba
+        import numba  # lazy: numba (optional, ~0.5 s) off the CLI's start-up
     except ImportError:
         return
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
@@ -75,7 +76,7 @@ def bench_filter_cmd(
 ) -> None:
     """Filter tokens/s on one 128-state, 16-token HMM: dense vs hmmlearn, low-rank vs dense, each vs its GEMM limit."""
     checks.memory(checks.tokens_memory(n_seqs, length, "filter"), force=force)
-    from ..training.bench import bench_filter
+    from ..training.bench_inference import bench_filter  # lazy: numpy, torch off the CLI's start-up
 
     _bench_threads(threads)
     r = bench_filter(n_seqs=n_seqs, length=length, peer_length=peer_length)
@@ -114,8 +115,8 @@ def bench_oracle_cmd(
     force: ForceOpt = False,
 ) -> None:
     """Mixture-oracle cost vs n_tasks at the paper's shape (128 states, 16 tokens, rank 8, 358 tokens)."""
-    from ..training.bench import bench_oracle
-    from ..training.train import resolve_device
+    from ..training.bench_inference import bench_oracle  # lazy: numpy, torch off the CLI's start-up
+    from ..training.train import resolve_device  # lazy: numpy, torch off the CLI's start-up
 
     dev = resolve_device(device)
     if dev.type not in ("cpu", "cuda"):
@@ -176,7 +177,7 @@ def bench_counting_cmd(
     tokens = n_episodes * 358
     checks.memory({"runtime": (RUNTIME_BYTES, "host"), "counting buffers": (256 << 20, "host"),
                    f"{n_episodes} x 358 tokens": (4 * 128 * tokens, "host")}, force=force)
-    from ..training.bench import bench_counting
+    from ..training.bench_inference import bench_counting  # lazy: numpy, torch off the CLI's start-up
 
     r = bench_counting(n_episodes=n_episodes, rounds=rounds)
     typer.echo(f"counting baselines, {n_episodes} episodes x {r['seq_len']} tokens, V = {r['n_tokens']}; "
@@ -219,7 +220,7 @@ def bench_train_cmd(
         return echo_config(cfg, ("hmm", "data", "model", "train"))
     names = None
     if variants is not None:
-        from ..training.bench_variants import parse_variant
+        from ..training.bench_variants import parse_variant  # lazy: numpy, torch off the CLI's start-up
 
         names = [v.strip() for v in variants.split(",")]
         for v in names:
@@ -230,8 +231,8 @@ def bench_train_cmd(
         if names is None:
             raise ValueError("--json writes the --variants rows: give --variants")
         checks.output_file(json_, "--json", ".json")
-    from ..training.bench import bench_train
-    from ..training.train import resolve_device
+    from ..training.bench import bench_train  # lazy: numpy, torch off the CLI's start-up
+    from ..training.train import resolve_device  # lazy: numpy, torch off the CLI's start-up
 
     dev = resolve_device(cfg.train.device)
     need = memory_estimate(cfg, "bench-train", batch_size=batch_size, seq=seq_len)
@@ -300,7 +301,7 @@ def bench_headroom_cmd(
                           n_episodes=max(n_episodes, cfg.eval.fit_episodes))
     checks.memory(est, force=force, what="the headroom's references")
     _bench_threads(threads)
-    from ..training.bench import bench_headroom
+    from ..training.bench_inference import bench_headroom  # lazy: numpy, torch off the CLI's start-up
 
     r = bench_headroom(cfg, n_episodes=n_episodes, em=em, repeats=repeats)
     typer.echo(f"headroom ({cfg.hmm.family}, S {cfg.hmm.n_states}, V {cfg.hmm.n_tokens}, M {r['family_tasks']}, "
@@ -325,13 +326,13 @@ def bench_bayes_cmd(
     cfg = build_config(preset_, config, set_)
     if print_config:
         return echo_config(cfg, ("hmm", "data", "eval"))
-    from ..oracles.bayes import why_not
+    from ..oracles.bayes_structures import why_not  # lazy: numpy off the CLI's start-up
 
     reason = why_not(cfg.hmm)
     if reason:
         raise ValueError(f"no exact Bayes reference for this family: {reason}")
     _bench_threads(threads)
-    from ..training.bench import bench_bayes
+    from ..training.bench_inference import bench_bayes  # lazy: numpy, torch off the CLI's start-up
 
     r = bench_bayes(cfg, n_episodes=n_episodes, peer_tasks=peer_tasks)
     h = cfg.hmm
@@ -348,10 +349,7 @@ def bench_bayes_cmd(
 
 def _bench_variants(cfg, names: list[str], batch_size: int, seq_len: int, steps: int, json_: Path | None) -> None:
     """`bench train --variants`: one line per variant as it is done (and the rows in --json, rewritten each time)."""
-    import json
-
-    from .. import safe_output
-    from ..training.bench_variants import bench_variants
+    from ..training.bench_variants import bench_variants  # lazy: numpy, torch off the CLI's start-up
 
     head: dict = {}
 

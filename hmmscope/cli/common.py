@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
+import unicodedata
 from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from ..config import Config, ConfigError, load_toml, override, preset
+from ..config import Config, ConfigError, load_toml, override, preset, to_dict
 
 
 class Preset(StrEnum):
@@ -71,8 +73,6 @@ def one_line(msg: str, limit: int = MAX_LINE) -> str:
     """`msg` as one printable line: control characters escaped (a path holding a newline or an escape sequence prints
     as `\\n`, `\\x1b`), and at most `limit` characters: a long one keeps its start and its end (where the reason is),
     with how much was cut between."""
-    import unicodedata
-
     text = "".join(ch if ch == " " or unicodedata.category(ch)[0] != "C" else
                    (repr(ch)[1:-1] if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}") for ch in str(msg))
     if len(text) <= limit:
@@ -122,7 +122,7 @@ def user_errors(fn):
                 fail(f"out of memory ({_line(e)[:200]}); make the job smaller", code=1)
             raise
         except Exception as e:  # the store failed under us (a server answering 500, a database gone): one line
-            from ..tracking.faults import store_error, store_reason
+            from ..tracking.faults import store_error, store_reason  # lazy: tracking.faults off the CLI's start-up
 
             if not store_error(e):
                 raise
@@ -157,8 +157,6 @@ def build_config(base: Preset | str = "tiny", config: Path | None = None, sets: 
 
 def config_toml(cfg: Config, sections: tuple[str, ...] | None = None) -> str:
     """The config as TOML (tables [hmm], [data], ...), which `--config` reads back to the same config."""
-    from ..config import to_dict
-
     out = []
     for sec, values in to_dict(cfg).items():
         if sections is None or sec in sections:
@@ -183,8 +181,6 @@ def parse_csv(value: str | None, key: str) -> list[Any] | None:
 
 def parse_jobs(value: str, key: str) -> int:
     """A worker count: an integer >= 1, or 'auto' = the CPUs this process may use."""
-    import os
-
     if value.strip().lower() == "auto":
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     try:
@@ -201,13 +197,14 @@ def parse_jobs(value: str, key: str) -> int:
 
 def console(stderr: bool = False):
     """A rich console: the terminal's width on a terminal, else 160 columns."""
-    from rich.console import Console
+    from rich.console import Console  # lazy: rich.console off `hmmscope runs list`
 
     return Console(stderr=stderr, width=None if sys.stdout.isatty() else 160)
 
 
 def progress():
     """A transient rich progress bar on stderr (a terminal only)."""
+    # lazy: rich.progress off the CLI's start-up
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -218,7 +215,7 @@ def print_table(title: str, rows: list[dict[str, Any]], *, plain: bool | None = 
     """Rows (dicts with the same keys) as a rich table on a terminal; off one (a file, a pipe, Slurm) or with `plain`,
     the title and plain columns (`plain_table`: no box characters, no cell folded across lines); nothing for no
     rows."""
-    from rich.table import Table
+    from rich.table import Table  # lazy: rich.table off `hmmscope runs list`
 
     if not rows:
         return
@@ -281,7 +278,7 @@ def print_claims(title: str, claims, *, full: bool | None = None, where: str | N
 def progress_echo(msg: str) -> None:
     """A progress line on stderr; off a terminal (a log file, nohup, Slurm) with the local date and time first
     (`progress.stamp`)."""
-    from ..training.progress import stamp
+    from ..training.progress import stamp  # lazy: training.progress off the CLI's start-up
 
     typer.echo(msg if sys.stderr.isatty() else stamp(msg), err=True)
 

@@ -10,11 +10,17 @@ pandas, `hmmscope.api` and `hmmscope.tracking` are imported inside the command b
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from .. import store_checks, tracking
+from ..config import ConfigError
+from ..safe_output import stale_temps
+from ..tracking import leftovers
 from .common import UriOpt, fail, plain_table, print_table, user_errors
 
 app = typer.Typer(no_args_is_help=True, help="MLflow runs as plain tables (list, show, compare); housekeeping (gc).")
@@ -29,8 +35,6 @@ def _api(fn, *args, **kw):
 
 def _order_metrics(order_by: list[str]) -> list[str]:
     """The metric keys an --order-by names (`metrics.x DESC`, metrics.`a/b`): shown as columns."""
-    import re
-
     out = []
     for o in order_by:
         m = re.match(r"\s*metrics\.(`[^`]+`|\S+)", o)
@@ -61,7 +65,7 @@ def runs_list_cmd(
 ) -> None:
     """The runs, newest first: id, name, experiment, status, kind, start, duration, parent (and the params and metrics
     asked for, one column each; with --sweep, its swept params first)."""
-    from .. import api
+    from .. import api  # lazy: pandas off the CLI's start-up
 
     df = _api(api.runs, experiment, tracking_uri=tracking_uri, filter_string=filter_ or "", order_by=order_by,
               sweep=sweep)
@@ -81,8 +85,6 @@ SHOW_INFO = ("run_id", "run_name", "experiment", "status", "kind", "start_time",
 def _stat(keys, noun: str) -> str:
     """'256 metrics (eval 120, baseline 80, ...)': how many keys, by their first path part, most first (as git show
     --stat says which files changed before the diff)."""
-    from collections import Counter
-
     keys = list(keys)
     by = Counter(k.split("/", 1)[0] if "/" in k else k.split(".", 1)[0] for k in keys)
     parts = ", ".join(f"{g} {n}" for g, n in sorted(by.items(), key=lambda x: (-x[1], x[0])))
@@ -101,7 +103,7 @@ def runs_show_cmd(
     """One run, summary first: what it is, how many params, metrics, tags and claims it has (by group), its claims
     (one line each), then its params, metrics (last values) and tags, those --keys matches. MLflow's bookkeeping tags
     (mlflow.*) and the run's lease (hmmscope.lease) are left out."""
-    from .. import api
+    from .. import api  # lazy: pandas off the CLI's start-up
 
     r = _api(api.run, run_id, tracking_uri=tracking_uri)
     info = r["info"]
@@ -142,7 +144,7 @@ def runs_compare_cmd(
 ) -> None:
     """Runs side by side: one row per param and metric (those that differ, unless --all; those --keys matches),
     one column per run."""
-    from .. import api
+    from .. import api  # lazy: pandas off the CLI's start-up
 
     df = _api(api.compare, run_ids, tracking_uri=tracking_uri, differing_only=not all_, keys=keys)
     typer.echo(plain_table(["key", *df.columns], [[k, *row] for k, row in zip(df.index, df.values.tolist(),
@@ -160,10 +162,6 @@ def runs_gc_cmd(
     """Mark orphan RUNNING runs (their process is gone, or no heartbeat), in the trash too, KILLED, with the reason;
     remove the temp files killed writers left (how many, how large): in runs no live process writes, their copies under
     TMPDIR, under ./out, and a store's interrupted first creation."""
-    from .. import store_checks, tracking
-    from ..config import ConfigError
-    from ..tracking import leftovers
-
     verb = "would remove" if dry_run else "removed"
     try:
         uri = store_checks.tracking_store(tracking_uri, must_exist=True, write=not dry_run)
@@ -192,8 +190,6 @@ def runs_gc_cmd(
     stale = {rid: ps for rid, ps in leftovers.find(uri, scope).items()
              if rid not in live and not leftovers.lock_held(uri, rid)}  # an evaluate under way holds its run's lease
     n, size = leftovers.remove([p for ps in stale.values() for p in ps], dry_run=dry_run)
-    from ..safe_output import stale_temps
-
     out_n, out_size = leftovers.remove(stale_temps("out"), dry_run=dry_run) if Path("out").is_dir() else (0, 0)
     c_n, c_size = leftovers.remove_creations(uri, dry_run=dry_run)
     if not dry_run:

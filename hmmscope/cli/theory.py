@@ -17,9 +17,12 @@ from typing import Annotated
 
 import typer
 
-from .. import checks, store_checks
+from .. import checks, store_checks, tracking
 from ..checks import memory_estimate
 from ..config import ConfigError, flatten
+from ..interrupts import sigterm_interrupts
+from ..safe_output import new_folder, write_with
+from ..tracking.store import check_experiment_name
 from .common import (
     ConfigOpt,
     ExpOpt,
@@ -62,8 +65,8 @@ def generate(
         raise ConfigError(f"--n must be >= 1, got {n}")
     checks.output_file(out, "output", suffix=".npz")
     checks.memory(memory_estimate(cfg, "generate", n_episodes=n), force=force)
-    from ..data.episodes import sample_episodes, save_episodes
-    from ..data.hmm import make_mixture
+    from ..data.episodes import sample_episodes, save_episodes  # lazy: numpy off the CLI's start-up
+    from ..data.hmm import make_mixture  # lazy: numpy off the CLI's start-up
 
     mix = make_mixture(cfg.hmm)
     ep = sample_episodes(mix, cfg.data, n, split=split.value)
@@ -100,21 +103,13 @@ def theory(
     if print_config:
         return echo_config(cfg, ("theory",))
     th = cfg.theory
-    from ..safe_output import new_folder
-
     out = checks.output_dir(out or new_folder(Path("out"), "theory"), "--out", explicit=out is not None)
     if json_path is not None:
         checks.output_file(json_path, "--json", suffix=".json")
-    from ..tracking.store import check_experiment_name
-
     check_experiment_name(experiment)
     uri = store_checks.tracking_store(tracking_uri) if track else None
     checks.memory(memory_estimate(cfg, "theory"), force=force)
-    from .. import tracking
-    from ..interrupts import sigterm_interrupts
-    from ..jobs import theory_job
-    from ..safe_output import write_with
-
+    from ..jobs import theory_job  # lazy: jobs off the CLI's start-up
     n = len(th.gammas) * len(th.ranks) * len(th.rhos) * len(th.n_states)
     plain = not sys.stderr.isatty()  # off a terminal (a file, nohup, Slurm): one line per setting instead of a bar
 

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..config import DataConfig, HMMConfig, config_hash, to_dict
+from ..safe_output import atomic_open
 from . import seeds
 from .hmm import (
     InverseCDF,
@@ -297,8 +298,6 @@ def save_episodes(ep: Episodes, path: str | Path, config: dict | None = None) ->
     side = {"format": _FORMAT, "n_tokens": ep.n_tokens, "n_demos": ep.n_demos, "l_demo": ep.l_demo,
             "l_test": ep.l_test, "meta": ep.meta, "config": config}
     blob = np.frombuffer(json.dumps(side, sort_keys=True).encode(), np.uint8)
-    from ..safe_output import atomic_open
-
     with atomic_open(path, "wb") as f:
         np.savez_compressed(f, sidecar=blob, **{a: getattr(ep, a) for a in _ARRAYS})
     return path

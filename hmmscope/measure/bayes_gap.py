@@ -14,7 +14,8 @@ import torch
 
 from ..config import HMMConfig
 from ..data.episodes import Episodes, truncate_demos
-from ..oracles.bayes import bayes_oracle, why_not
+from ..oracles.bayes import bayes_oracle
+from ..oracles.bayes_structures import why_not
 from .regimes import paired_ci
 
 __all__ = ["BayesSpec", "BayesComputed", "bayes_spec", "bayes_preds", "bayes_gap"]

@@ -52,8 +52,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..config import Config
-from ..data.episodes import Episodes
+from ..data.episodes import Episodes, unseen_episodes
 from ..data.hmm import Mixture
+from .bayes_gap import computed_on
+from .evaluate import eval_set, score_by_k
 
 REFERENCES = ("task_oracle", "mixture_oracle", "family_bayes", "bayes", "incontext_unigram", "incontext_bigram",
               "incontext_ngram", "incontext_ctw", "best_counting")
@@ -92,8 +94,6 @@ class Emergence:
 
     def curve(self, model, *, device="cpu", batch_size: int = 64) -> dict[str, float]:
         """The model's curve values now (module docstring): only its forward passes are computed."""
-        from .evaluate import score_by_k
-
         out: dict[str, float] = {}
         for es in self.sets:
             by_k = score_by_k(model, es, device=device, batch_size=batch_size)
@@ -146,10 +146,6 @@ def prepare(cfg: Config, mix: Mixture | None, ep_eval: Episodes, *, device="cpu"
     of them; with fresh tasks they are the unseen episodes themselves). family: the family-Bayes tasks
     (episodes.family_tasks), counting: the fitted counting baselines (baselines.fit_counting), bayes: the Bayes
     reference's settings (bayes_gap.bayes_spec); None leaves each out."""
-    from ..data.episodes import unseen_episodes
-    from .bayes_gap import computed_on
-    from .evaluate import eval_set
-
     n = min(cfg.train.emergence_episodes, len(ep_eval))
     if n <= 0:
         return None
@@ -199,8 +195,9 @@ def build_emergence(history: list[dict], title: str | None = None):
     step axis is logarithmic, step 0 drawn at 1 (its tick says 0) and joined to the next evaluation by a dotted line
     (nothing was measured in between); each panel's legend sits below it in one column, over no curve and inside
     the figure however long a degenerate reference's label."""
+    # lazy: matplotlib (~0.5 s) only when a figure is drawn (train.figures / no figures: never)
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
+    from matplotlib.lines import Line2D  # lazy: matplotlib, as above
 
     steps = np.array([h["step"] for h in history], float)
     tasks = [t for t in TASKS if any(key(t, "icl_gain") in h for h in history)]
@@ -258,6 +255,5 @@ def build_emergence(history: list[dict], title: str | None = None):
 
 def plot_emergence(history: list[dict], path, title: str | None = None):
     """build_emergence saved as PNG + PDF (safe_output.save_figure); returns the paths."""
-    from ..safe_output import save_figure
-
+    from ..safe_output import save_figure  # lazy: looked up when called (tests/test_figures.py patches safe_output.save_figure)
     return save_figure(build_emergence(history, title), path)

@@ -1,13 +1,8 @@
 """In-context evaluation: the paper's Figure 1 with its ceiling and the regime references (SCIENCE.md 6, 8, 9),
 and fixed memory (4).
 
-Conventions (shared with hmmscope.oracles.inference and hmmscope.oracles.baselines): ``pred[i, t, v] = p(token_t = v |
-tokens_<t)``, an (N, T, V) tensor over the V observation ids, NaN rows where no prediction is scored (t = 0
-for the model, and every non-observation token). The model's row t is the softmax of its logits at t - 1
-*restricted to the V observation ids* (the delimiter/padding logits are dropped and the rest renormalized):
-the delimiter is never a target, so the predictors are compared on the same simplex. (train.evaluate_loss
-takes the argmax over the full vocabulary; the two agree unless the model puts its top logit on the
-delimiter.) Accuracy is argmax == token, ties to the lowest id, for every predictor.
+Conventions (``pred[i, t, v]``, the model's row t restricted to the observation ids, accuracy's ties) and the
+per-token metrics with their CIs: measure.scoring. The result's tables and headline metrics: measure.figure1_result.
 
 Scored tokens. Figure 1 scores every predictor on the tokens that have a model prediction: the test segment
 at positions t >= 1 of the (truncated) episode. With k >= 1 demos that is every test token (the first one
@@ -80,121 +75,27 @@ evaluation step.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..data.episodes import Episodes, truncate_demos
+from ..data.episodes import Episodes, family_tasks, fit_episodes, truncate_demos
 from ..data.hmm import Mixture
-from ..oracles.baselines import incontext_bigram, incontext_unigram
+from ..oracles.baselines import fit_counting, incontext_bigram, incontext_unigram
 from ..oracles.em_learner import DEFAULT_LEARNER, HMMLearner, incontext_hmm
 from ..oracles.inference import mixture_oracle, nested_mixture_oracles, task_oracle
-from ..stats import jsonable
 from . import regimes
 from .bayes_gap import BayesComputed, BayesSpec, bayes_gap, bayes_preds
+from .figure1_result import BASELINES, TASKS, Figure1Result
 from .regimes import paired_ci, regime, regime_claims, retrieval_gap
+from .scoring import mean_ci, metric_rows, model_predictive, token_metrics
 
-__all__ = ["model_predictive", "eval_set", "EvalSet", "score_by_k", "figure1_tables", "figure1", "Figure1Result",
-           "references", "PREDICTORS", "REFERENCES", "BASELINES", "FITTED_COUNTING", "TASKS"]
+__all__ = ["eval_set", "EvalSet", "KSet", "score_by_k", "figure1_tables", "figure1", "references", "anonymous"]
 
-FITTED_COUNTING = ("incontext_ngram", "incontext_ctw", "best_counting")
-REFERENCES = ("task_oracle", "mixture_oracle", "family_bayes", "bayes", "incontext_unigram", "incontext_bigram",
-              *FITTED_COUNTING, "incontext_hmm")
-PREDICTORS = ("model", *REFERENCES)
-BASELINES = REFERENCES[2:]  # logged under baseline/<tasks>/<name>/...; compared with the model, paired
-TASKS = ("seen", "unseen")
-_Z = 1.96
 # how the EM learner's restarts are seeded (em_learner.py), written into Figure 1's meta with the learner's settings
 _EM_SEEDING = "per fit: SeedSequence([seed, tag, k, l_demo, sha256 of the k demonstrations])"
-
-
-@torch.no_grad()
-def model_predictive(model: torch.nn.Module, tokens, device="cpu", batch_size: int = 64, *,
-                     n_obs: int | None = None, dtype=torch.float32) -> torch.Tensor:
-    """The model's p(token_t | tokens_<t) over the n_obs observation ids: (N, T, n_obs) on the CPU.
-
-    Feeds ``tokens[:, :-1]`` (as training does) and takes softmax(logits[:, t-1, :n_obs]) for row t;
-    row 0 and rows whose token is not an observation (delimiter, padding) are NaN, as in the oracles.
-    n_obs defaults to ``model.vocab_size - 1`` (observations plus one delimiter).
-    """
-    tok = torch.as_tensor(np.asarray(tokens).astype(np.int64)) if not isinstance(tokens, torch.Tensor) else tokens
-    tok = tok.long().cpu()
-    V = int(n_obs if n_obs is not None else model.vocab_size - 1)
-    N, T = tok.shape
-    out = torch.full((N, T, V), float("nan"), dtype=dtype)
-    was_training = model.training
-    model.eval()
-    try:
-        for lo in range(0, N, batch_size):
-            logits, _ = model(tok[lo:lo + batch_size, :-1].to(device))
-            out[lo:lo + batch_size, 1:] = torch.softmax(logits[..., :V].double(), -1).to("cpu", dtype)
-    finally:
-        model.train(was_training)
-    out[(tok < 0) | (tok >= V)] = float("nan")
-    return out
-
-
-# ---------------------------------------------------------------- statistics
-
-
-def mean_ci(x: np.ndarray, axis: int = 0):
-    """Mean and 95% normal CI along axis (NaN half-width when fewer than 2 values)."""
-    n = x.shape[axis]
-    m = x.mean(axis)
-    se = x.std(axis, ddof=1) / math.sqrt(n) if n > 1 else np.full_like(m, np.nan)
-    return m, m - _Z * se, m + _Z * se
-
-
-def _kl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """KL(p || q) over the last axis (terms with p = 0 are 0; q = 0 where p > 0 gives inf)."""
-    return (torch.xlogy(p, p) - torch.xlogy(p, q)).sum(-1)
-
-
-def _token_metrics(pred: torch.Tensor, y: torch.Tensor, ref: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    """Per-token (N, P) arrays: hit, nll, kl_mix (against the mixture reference), kl_task, for predictions pred
-    (N, P, V) of tokens y."""
-    p_y = pred.gather(-1, y[..., None])[..., 0]
-    return {"acc": (pred.argmax(-1) == y).double().numpy(), "ce": (-torch.log(p_y)).numpy(),
-            "kl_mix": _kl(ref["mixture"], pred).numpy(), "kl_task": _kl(ref["task_oracle"], pred).numpy()}
-
-
-_METRICS = ("acc", "ce", "kl_mix", "kl_task", "excess_ce", "excess_ce_task")
-
-
-def _rows(per_token: dict[str, dict[str, np.ndarray]], base: dict, by_position: bool, mixture: str,
-          positions=None, bad: Mapping[str, str] | None = None) -> list[dict]:
-    """Table rows: one per predictor (and per position if by_position), metrics with 95% CIs; excess_ce and kl_mix
-    are against the mixture reference `mixture` (EvalSet.meta["mixture_reference"]), NaN where it is degenerate;
-    bad: {predictor: why it is degenerate at this k} (column "degenerate", "" when it is not)."""
-    out = []
-    bad = bad or {}
-    for name, m in per_token.items():
-        nan = np.full_like(m["ce"], np.nan)
-        m = {**m, "excess_ce": nan if bad.get(mixture) else m["ce"] - per_token[mixture]["ce"],
-             "excess_ce_task": m["ce"] - per_token["task_oracle"]["ce"]}
-        if bad.get(mixture):
-            m["kl_mix"] = nan
-        base = {**base, "degenerate": bad.get(name, "")}
-        if by_position:  # statistics over episodes at each test position
-            stats = {key: mean_ci(m[key], 0) for key in _METRICS}
-            for j, p in enumerate(positions):
-                row = {**base, "position": int(p), "predictor": name, "n_episodes": m["acc"].shape[0]}
-                for key in _METRICS:
-                    row.update({key: float(stats[key][0][j]), f"{key}_lo": float(stats[key][1][j]),
-                                f"{key}_hi": float(stats[key][2][j])})
-                out.append(row)
-        else:  # per-episode means, then statistics over episodes
-            row = {**base, "predictor": name, "n_episodes": m["acc"].shape[0], "n_tokens": m["acc"].shape[1]}
-            for key in _METRICS:
-                mean, lo, hi = mean_ci(m[key].mean(1))
-                row.update({key: float(mean), f"{key}_lo": float(lo), f"{key}_hi": float(hi)})
-            out.append(row)
-    return out
-
 
 # ---------------------------------------------------------------- evaluation sets (references computed once)
 
@@ -307,7 +208,7 @@ def eval_set(mix: Mixture | None, ep: Episodes, *, tasks: str = "seen", task_mix
             preds["incontext_hmm"] = hmm_preds[k]
         preds = {n: p[:, cols].to("cpu", torch.float64) for n, p in preds.items()}
         oracles = {"task_oracle": preds["task_oracle"], "mixture": preds[mixture]}
-        refs = {n: _token_metrics(p, y, oracles) for n, p in preds.items()}
+        refs = {n: token_metrics(p, y, oracles) for n, p in preds.items()}
         p_true = (float(post.cpu()[torch.arange(len(e)), torch.as_tensor(e.task_ids)].double().mean())
                   if seen and post is not None else float("nan"))
         by_k[k] = KSet(k, e, cols, y, oracles, refs, p_true, same)
@@ -342,9 +243,6 @@ def references(hmm, data, ev, ks=None) -> tuple[Mixture | None, object | None]:
     family: episodes.family_tasks(hmm, data, ev.family_tasks) (None when it is 0). counting:
     baselines.fit_counting on ev.fit_episodes episodes of fit tasks (episodes.fit_episodes; None when it is 0), at
     every k in ks (default 0..data.n_demos). Neither stream is the training, unseen-evaluation or other's (data/hmm.py)."""
-    from ..data.episodes import family_tasks, fit_episodes
-    from ..oracles.baselines import fit_counting
-
     family = family_tasks(hmm, data, ev.family_tasks) if ev.family_tasks else None
     counting = None
     if ev.fit_episodes:
@@ -359,7 +257,7 @@ def _model_tokens(model, es: EvalSet, *, device="cpu", batch_size: int = 64) -> 
     V = next(iter(es.by_k.values())).oracles["task_oracle"].shape[-1]
     for k, ks in es.by_k.items():
         p = model_predictive(model, ks.episodes.tokens, device, batch_size, n_obs=V, dtype=torch.float64)[:, ks.cols]
-        out[k] = _token_metrics(p, ks.y, ks.oracles)
+        out[k] = token_metrics(p, ks.y, ks.oracles)
     return out
 
 
@@ -394,121 +292,6 @@ def score_by_k(model: torch.nn.Module, es: EvalSet, *, device="cpu", batch_size:
     return out
 
 
-@dataclass
-class Figure1Result:
-    """Figure 1 tables as lists of dicts. by_k: one row per (tasks, k, predictor); by_position: one row per
-    (tasks, test position, predictor) at k = k_max (the largest k evaluated, normally n_demos).
-    Columns: tasks (seen / unseen), k, [position], predictor, n_episodes, [n_tokens], p_true_task (mixture
-    posterior of the true task at the test start, same on every predictor row; empty on unseen tasks), and for
-    each metric acc, ce, kl_mix (KL(mixture reference || predictor)), kl_task (KL(task oracle || predictor)),
-    excess_ce (CE - mixture reference CE), excess_ce_task (CE - task oracle CE): the mean and its 95% CI as
-    <metric>_lo/_hi. (A row's n_tokens counts the scored tokens; meta['n_tokens'] is V.) paired: one row per
-    (tasks, k, baseline): model minus baseline CE on the same episodes (diff, diff_lo, diff_hi). gains: one row per
-    (tasks, predictor): the in-context gain on the same tokens (icl_gain, icl_gain_lo, icl_gain_hi). claims: the
-    retrieval gap (when both task sets were evaluated), icl_gain and inference_beyond_counting (unseen tasks, with
-    best_counting); retrieval: the gap's numbers; regime: the regime word."""
-
-    by_k: list[dict]
-    by_position: list[dict]
-    k_max: int
-    meta: dict = field(default_factory=dict)
-    claims: list = field(default_factory=list)
-    retrieval: dict | None = None
-    paired: list[dict] = field(default_factory=list)
-    gains: list[dict] = field(default_factory=list)
-    regime: str = "undetermined"
-    bayes: dict | None = None  # unseen tasks at k_max: the Bayes gap, the room, the share closed (`bayes_gap`)
-    per_episode: dict = field(default_factory=dict)  # {"<tasks>/k<k>/<predictor>": per-episode CE (N,)} (`episode_arrays`)
-
-    @property
-    def tasks(self) -> list[str]:
-        return [t for t in TASKS if any(r["tasks"] == t for r in self.by_k)]
-
-    def row(self, predictor: str, k: int | None = None, tasks: str = "seen") -> dict:
-        k = self.k_max if k is None else k
-        return next(r for r in self.by_k if r["k"] == k and r["predictor"] == predictor and r["tasks"] == tasks)
-
-    def headline(self) -> dict[str, float]:
-        """Scalar metrics at k = k_max for MLflow: eval/<tasks>/... (the model, the task oracle and, with a
-        training mixture, the mixture oracle; excess_ce and kl_mix against the mixture reference),
-        eval/<tasks>/icl_gain (+ _lo / _hi, on the same tokens), baseline/<tasks>/<reference>/{ce, acc, ce_k0,
-        acc_k0, icl_gain} (the references; the mixture oracle's k = 0 values as baseline/<tasks>/mixture_oracle/
-        {ce_k0, acc_k0}), baseline/unseen/family_bayes/ce_M<M> (its convergence in M), on unseen tasks
-        eval/unseen/vs/<baseline>/k<k> (+ _lo / _hi: model minus baseline, paired) and eval/unseen/vs_best_counting
-        (+ _lo / _hi, at k_max), eval/retrieval_gap with _lo / _hi."""
-        out: dict[str, float] = {}
-        k0 = 0 in {r["k"] for r in self.by_k}
-        for tasks in self.tasks:
-            names = {r["predictor"] for r in self.by_k if r["tasks"] == tasks}
-            m, t = self.row("model", tasks=tasks), self.row("task_oracle", tasks=tasks)
-            p = f"eval/{tasks}/"
-            out.update({p + "test_acc": m["acc"], p + "test_ce": m["ce"],
-                        p + "oracle_task_test_acc": t["acc"], p + "oracle_task_test_ce": t["ce"],
-                        p + "kl_mix": m["kl_mix"], p + "kl_task": m["kl_task"], p + "excess_ce": m["excess_ce"],
-                        p + "excess_ce_task": m["excess_ce_task"], p + "gap_to_task": t["acc"] - m["acc"]})
-            if "mixture_oracle" in names:
-                x = self.row("mixture_oracle", tasks=tasks)
-                out.update({p + "oracle_mix_test_acc": x["acc"], p + "oracle_mix_test_ce": x["ce"],
-                            p + "gap_to_mix": x["acc"] - m["acc"]})
-            if tasks == "seen":
-                out[p + "p_true_task"] = m["p_true_task"]
-            for name in [n for n in BASELINES if n in names]:
-                r = self.row(name, tasks=tasks)
-                out.update({f"baseline/{tasks}/{name}/ce": r["ce"], f"baseline/{tasks}/{name}/acc": r["acc"]})
-            for name in [n for n in ("mixture_oracle", *BASELINES) if n in names] if k0 else []:
-                r = self.row(name, 0, tasks)
-                out.update({f"baseline/{tasks}/{name}/ce_k0": r["ce"], f"baseline/{tasks}/{name}/acc_k0": r["acc"]})
-            for g in (g for g in self.gains if g["tasks"] == tasks):
-                key = p + "icl_gain" if g["predictor"] == "model" else f"baseline/{tasks}/{g['predictor']}/icl_gain"
-                out.update({key: g["icl_gain"], **({key + "_lo": g["icl_gain_lo"], key + "_hi": g["icl_gain_hi"]}
-                                                   if g["predictor"] == "model" else {})})
-        for c in (self.meta.get("sets", {}).get("unseen", {}) or {}).get("family_bayes_convergence", []):
-            out[f"baseline/unseen/family_bayes/ce_M{c['M']}"] = c["ce"]
-        for tasks, es_meta in self.meta.get("sets", {}).items():  # flagged: shown, never used (SCIENCE.md 9)
-            for name in (es_meta or {}).get("degenerate", {}):
-                out[f"baseline/{tasks}/{name}/degenerate"] = 1.0
-        for r in (r for r in self.paired if r["tasks"] == "unseen" and not r.get("degenerate")):
-            key = f"eval/unseen/vs/{r['baseline']}/k{r['k']}"
-            out.update({key: r["diff"], key + "_lo": r["diff_lo"], key + "_hi": r["diff_hi"]})
-            if r["baseline"] == "best_counting" and r["k"] == self.k_max:
-                out.update({"eval/unseen/vs_best_counting": r["diff"], "eval/unseen/vs_best_counting_lo": r["diff_lo"],
-                            "eval/unseen/vs_best_counting_hi": r["diff_hi"]})
-        if self.retrieval is not None:
-            g = self.retrieval
-            out.update({"eval/retrieval_gap": g["value"], "eval/retrieval_gap_lo": g["lo"],
-                        "eval/retrieval_gap_hi": g["hi"]})
-        if self.bayes is not None:
-            b = self.bayes
-            out.update({"eval/unseen/vs_bayes": b["gap"], "eval/unseen/vs_bayes_lo": b["gap_lo"],
-                        "eval/unseen/vs_bayes_hi": b["gap_hi"], "eval/unseen/bayes_mc_se": b["mc_se"],
-                        "eval/unseen/bayes_fault": float(b["fault"])})
-            if "share" in b:
-                out.update({"eval/unseen/bayes_share": b["share"], "eval/unseen/bayes_share_lo": b["share_lo"],
-                            "eval/unseen/bayes_share_hi": b["share_hi"], "eval/unseen/bayes_room": b["room"],
-                            "eval/unseen/bayes_room_lo": b["room_lo"], "eval/unseen/bayes_room_hi": b["room_hi"]})
-        return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(v)}
-
-    def episode_arrays(self) -> dict[str, np.ndarray]:
-        """Per-episode CE arrays {"<tasks>/k<k>/<predictor>": (N,) float32}, on the same episodes for every
-        predictor: a run's artifact (evaluation/per_episode.npz), so that two runs on the same episodes (another
-        depth, the same seed) compare paired per episode, and a record re-scores without retraining."""
-        return dict(self.per_episode)
-
-    def to_dict(self) -> dict:
-        """JSON-safe (NaN / inf -> None)."""
-        return jsonable({"by_k": self.by_k, "by_position": self.by_position, "k_max": self.k_max,
-                         "meta": self.meta, "headline": self.headline(), "claims": self.claims,
-                         "retrieval": self.retrieval, "paired": self.paired, "gains": self.gains,
-                         "regime": self.regime, "bayes": self.bayes})
-
-    def to_csv(self, directory) -> list[Path]:
-        """Write figure1_by_k.csv, figure1_by_position.csv, figure1_paired.csv and figure1_gains.csv (those with rows)
-        into directory; returns the paths."""
-        from ..safe_output import write_tables
-
-        return write_tables(directory, {"figure1_by_k": self.by_k, "figure1_by_position": self.by_position,
-                                        "figure1_paired": self.paired, "figure1_gains": self.gains})
-
 
 @torch.no_grad()
 def figure1_tables(model: torch.nn.Module, sets: list[EvalSet], *, device="cpu", batch_size: int = 64,
@@ -528,9 +311,9 @@ def figure1_tables(model: torch.nn.Module, sets: list[EvalSet], *, device="cpu",
             per_token = {"model": model_tok[k], **ks.references}
             base = {"tasks": es.tasks, "k": k, "p_true_task": ks.p_true}
             bad = {n: d[k] for n, d in es.meta.get("degenerate", {}).items() if d.get(k)}
-            by_k += _rows(per_token, base, by_position=False, mixture=es.mixture_reference, bad=bad)
+            by_k += metric_rows(per_token, base, by_position=False, mixture=es.mixture_reference, bad=bad)
             if k == km:
-                by_pos += _rows(per_token, base, by_position=True, mixture=es.mixture_reference,
+                by_pos += metric_rows(per_token, base, by_position=True, mixture=es.mixture_reference,
                                 positions=ks.episodes.position[ks.cols], bad=bad)
             model_ce = model_tok[k]["ce"].mean(1)
             for name in ("model", *ks.references):

@@ -1,7 +1,6 @@
-"""Figure 1 drawn (SCIENCE.md 6, 8, 9): one row of four panels per task set from evaluate.Figure1Result.
+"""Figure 1 drawn (SCIENCE.md 6, 8, 9): one row of four panels per task set from figure1_result.Figure1Result.
 
-Owns the figure only; the numbers are evaluate.py's (figure1_tables). evaluate re-exports build_figure1 and
-plot_figure1.
+Owns the figure only; the numbers are evaluate.py's (figure1_tables).
 """
 
 from __future__ import annotations
@@ -10,6 +9,8 @@ import math
 from pathlib import Path
 
 import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 _STYLE = {"model": ("C0", "-", "model", 2.2), "task_oracle": ("C2", "--", "task oracle", 1.4),
           "mixture_oracle": ("C3", "-", "mixture oracle (training tasks)", 1.4),
@@ -47,9 +48,6 @@ def build_figure1(result, title: str | None = None):
     No legend sits on a panel: the predictors' (one style each, the same in the first three panels) is below the
     figure, the differences' below their panel. The title carries the run (`title`), the retrieval gap and the
     regime."""
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
     tasks = result.tasks
     degenerate: dict[str, list[str]] = {}  # label -> the task sets where that reference failed (SCIENCE.md 9)
     fig = Figure(figsize=(21, 4.6 * len(tasks) + 0.8), layout="constrained")
@@ -82,20 +80,7 @@ def build_figure1(result, title: str | None = None):
                     if name == "model":
                         row[2].fill_between(x, _smooth(np.array([q["acc_lo"] for q in r]), 5),
                                             _smooth(np.array([q["acc_hi"] for q in r]), 5), color=c, alpha=0.15)
-        for name in _PAIRED:  # never against a degenerate reference (SCIENCE.md 9)
-            r = [q for q in result.paired if q["baseline"] == name and q["tasks"] == t and not q.get("degenerate")]
-            if name == "task_oracle":  # the model's excess over the ceiling: excess_ce_task by k
-                r = [{"k": q["k"], "diff": q["excess_ce_task"], "diff_lo": q["excess_ce_task_lo"],
-                      "diff_hi": q["excess_ce_task_hi"]} for q in result.by_k if q["predictor"] == "model"
-                     and q["tasks"] == t]
-            if not r:
-                continue
-            c, ls, label, lw = _STYLE[name]
-            x = [q["k"] for q in r]
-            row[3].errorbar(x, [q["diff"] for q in r], yerr=[[q["diff"] - q["diff_lo"] for q in r],
-                                                             [q["diff_hi"] - q["diff"] for q in r]],
-                            marker="o", ms=3, ls=ls, color=c, lw=lw, capsize=2, label=f"model - {label}")
-        row[3].axhline(0, color="gray", lw=0.8)
+        _paired_panel(row[3], result, t)
         for a in (row[0], row[2]):
             if chance is not None:
                 a.axhline(chance, color="gray", ls=":", lw=1.2, label=f"chance (1/V = {chance:.3g})")
@@ -125,6 +110,31 @@ def build_figure1(result, title: str | None = None):
              if degenerate.get(lab) else lab for lab in keys]
     fig.legend(list(keys.values()), names, loc="outside lower center", ncol=min(5, len(keys)), fontsize=9,
                frameon=False)
+    fig.suptitle(_heading(result, title))
+    return fig
+
+
+def _paired_panel(ax, result, t: str) -> None:
+    """The paired differences model minus reference CE vs k on task set t, with 95% CIs; never against a degenerate
+    reference (SCIENCE.md 9); against the task oracle: the model's excess over the ceiling (excess_ce_task by k)."""
+    for name in _PAIRED:
+        r = [q for q in result.paired if q["baseline"] == name and q["tasks"] == t and not q.get("degenerate")]
+        if name == "task_oracle":
+            r = [{"k": q["k"], "diff": q["excess_ce_task"], "diff_lo": q["excess_ce_task_lo"],
+                  "diff_hi": q["excess_ce_task_hi"]} for q in result.by_k if q["predictor"] == "model"
+                 and q["tasks"] == t]
+        if not r:
+            continue
+        c, ls, label, lw = _STYLE[name]
+        x = [q["k"] for q in r]
+        ax.errorbar(x, [q["diff"] for q in r], yerr=[[q["diff"] - q["diff_lo"] for q in r],
+                                                     [q["diff_hi"] - q["diff"] for q in r]],
+                    marker="o", ms=3, ls=ls, color=c, lw=lw, capsize=2, label=f"model - {label}")
+    ax.axhline(0, color="gray", lw=0.8)
+
+
+def _heading(result, title: str | None) -> str:
+    """The figure's title: the run, the episodes, the retrieval gap and the regime."""
     n = result.meta.get("n_episodes")
     head = "Figure 1: in-context next-token prediction" + (f", {title}" if title else "") \
         + (f" ({n} held-out episodes per task set, 95% CIs)" if n else "")
@@ -137,12 +147,10 @@ def build_figure1(result, title: str | None = None):
     if inf is not None:
         head += (f"\nunseen tasks, k = {result.k_max}: model - best counting {inf.value:+.3g} [{inf.ci_lo:+.3g}, "
                  f"{inf.ci_hi:+.3g}] nats/token; regime: {result.regime}")
-    fig.suptitle(head)
-    return fig
+    return head
 
 
 def plot_figure1(result, path, title: str | None = None) -> list[Path]:
     """Write Figure 1 (`build_figure1`) as <path>.png and <path>.pdf; returns [png, pdf]."""
-    from ..safe_output import save_figure
-
+    from ..safe_output import save_figure  # lazy: looked up when called (tests/test_figures.py patches safe_output.save_figure)
     return save_figure(build_figure1(result, title), path)

@@ -10,8 +10,11 @@ import torch
 
 from ..data.episodes import Episodes
 from ..data.hmm import Mixture
+from ..oracles.bayes import bayes_oracle, windowed_bayes
+from ..oracles.bayes_structures import why_not
 from ..oracles.inference import mixture_oracle, task_oracle
 from ..oracles.memory import memory_error, memory_predictor
+from .scoring import mean_ci, model_predictive
 
 
 def receptive_field(n_layers: int, window: int) -> int:
@@ -57,8 +60,6 @@ def memory_comparison(model: torch.nn.Module, mix: Mixture, ep: Episodes, window
     window_forced = wbayes_ce - bayes_ce (what any predictor that sees R tokens loses) and model_own = model_ce -
     wbayes_ce (the model's own), each paired over episodes with a 95% CI; bayes_note says where it is not computed.
     """
-    from .evaluate import mean_ci, model_predictive
-
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     if n_layers is None:
@@ -103,9 +104,6 @@ def memory_comparison(model: torch.nn.Module, mix: Mixture, ep: Episodes, window
 def _bayes_split(bayes, ep: Episodes, R: int, cols: np.ndarray, task: torch.Tensor, model, device, batch_size: int,
                  V: int) -> dict:
     """The windowed and full Bayes references beside a windowed model (memory_comparison's docstring)."""
-    from ..oracles.bayes import bayes_oracle, why_not, windowed_bayes
-    from .evaluate import mean_ci, model_predictive
-
     reason = why_not(bayes.hmm)
     if reason:
         return {"bayes_note": f"not computed: {reason}"}

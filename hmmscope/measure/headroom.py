@@ -62,7 +62,14 @@ import numpy as np
 import torch
 
 from ..config import Config, em_states
+from ..data.episodes import family_tasks as draw_family
+from ..data.episodes import unseen_episodes
+from ..oracles.bayes_structures import why_not
+from ..oracles.em_learner import HMMLearner
+from ..oracles.inference import nested_mixture_oracles
 from ..stats import jsonable
+from .bayes_gap import bayes_spec
+from .evaluate import eval_set, references
 from .regimes import degenerate
 
 COLUMNS = ("k", "predictor", "M", "ce", "ce_lo", "ce_hi", "acc", "n_episodes", "degenerate", "mc_se")
@@ -211,14 +218,6 @@ def headroom(cfg: Config, *, n_episodes: int = 256, family_tasks: int | None = N
     family_bayes (default eval.family_tasks, which must then be >= 1) in `draws` independent draws, the counting
     baselines fitted on eval.fit_episodes (>= 8) fit-task episodes, at every k in ks (default 0..data.n_demos).
     progress(msg) is called as each phase starts."""
-    from ..data.episodes import family_tasks as draw_family
-    from ..data.episodes import unseen_episodes
-    from ..oracles.bayes import why_not
-    from ..oracles.em_learner import HMMLearner
-    from ..oracles.inference import nested_mixture_oracles
-    from .bayes_gap import bayes_spec
-    from .evaluate import eval_set, references
-
     say = progress or (lambda msg: None)
     M = int(cfg.eval.family_tasks if family_tasks is None else family_tasks)
     if M < 1:

@@ -54,6 +54,7 @@ import torch
 from ..data import seeds
 from ..data.episodes import Episodes
 from ..data.episodes import layout as make_layout
+from ..safe_output import write_tables
 from ..stats import Claim, claim, jsonable, rule
 
 _TAG = 0x53485546  # "SHUF"
@@ -161,8 +162,6 @@ class ShuffleResult:
 
     def to_csv(self, directory) -> list[Path]:
         """by_layer.csv, by_head.csv, claims.csv, per_episode.csv in `directory` (atomic writes)."""
-        from ..safe_output import write_tables
-
         E, L = self.per_episode.shape
         pe = [{"episode": e, "layer": l, "change": float(self.per_episode[e, l])} for e in range(E) for l in range(L)]
         return write_tables(directory, {"by_layer": self.by_layer, "by_head": self.by_head,
@@ -175,6 +174,7 @@ class ShuffleResult:
         embedding, has no attention and no point here. (Tables and metrics keep `layer` = 0-based block.)
         The band and its legend entry appear only where a CI exists (>= 2 episodes) over >= 2 layers; the claim's box says its
         verdict and value with CI, or, with no value (one layer, too few episodes), its verdict and why."""
+        # lazy: matplotlib (~0.5 s) only when a figure is drawn (train.figures / no figures: never)
         from matplotlib.figure import Figure
 
         lay = np.array([[r["layer"], r["mean"], r["ci_lo"], r["ci_hi"]] for r in self.by_layer], float)
@@ -215,6 +215,7 @@ class ShuffleResult:
 
     def plot(self, path, title: str | None = None) -> list[Path]:
         """Write `figure()` as <path>.png and <path>.pdf; returns [png, pdf]."""
+        # lazy: looked up when called (tests/test_figures.py patches safe_output.save_figure)
         from ..safe_output import save_figure
 
         return save_figure(self.figure(title), path)

@@ -35,6 +35,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..config import ModelConfig
 
@@ -275,8 +276,6 @@ def attention_kernels(name: str, device: torch.device | str) -> Callable[[], Abs
         raise ValueError(f"unknown attention kernel {name!r} (auto, {', '.join(SDPA_KERNELS)})")
     if name in ("efficient", "cudnn") and device.type != "cuda":
         raise ValueError(f"train.attention={name} needs a CUDA device, got {device}")
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[name]
     return functools.partial(sdpa_kernel, [backend])

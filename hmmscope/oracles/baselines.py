@@ -80,7 +80,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..data.episodes import episode_arrays
+from ..data.episodes import episode_arrays, truncate_demos
 
 __all__ = ["incontext_unigram", "incontext_bigram", "incontext_ngram", "incontext_ctw", "fit_counting", "CountingFit",
            "COUNTING", "FAIR_COUNTING", "ALPHAS", "ORDERS", "DEPTHS"]
@@ -403,8 +403,6 @@ def fit_counting(ep_fit, ks, *, alphas=ALPHAS, orders=ORDERS, depths=DEPTHS) -> 
     is one pass over the episode that carries all the alphas at once (the counts are shared). The module
     docstring gives a measurement.
     """
-    from ..data.episodes import truncate_demos
-
     alphas, orders, depths, ks = tuple(alphas), tuple(orders), tuple(depths), sorted({int(k) for k in ks})
     if not (alphas and orders and depths and ks):
         raise ValueError("fit_counting needs at least one k, alpha, order and depth")

@@ -53,7 +53,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import itertools
 import math
 from typing import NamedTuple
 
@@ -62,21 +61,19 @@ import torch
 
 from ..config import HMMConfig, config_hash
 from ..data import seeds
-from ..data.hmm import Mixture, emission_matrix, structure_half
-from .private_cache import cache_dir, cache_key, read_private, write_private
+from ..data.hmm import Mixture, emission_matrix
+from .bayes_cache import code_hash, disk_get, disk_put
+from .bayes_structures import Structures, clusters, sticky_structures, why_not
 
-__all__ = ["BayesPrediction", "Structures", "sticky_structures", "why_not", "bayes_oracle", "discrete_bayes",
-           "windowed_bayes", "TOL", "BLOCK", "MAX_STRUCTURES", "MAX_WORK"]
+__all__ = ["BayesPrediction", "bayes_oracle", "discrete_bayes", "windowed_bayes", "TOL", "BLOCK"]
 
 TOL = 0.002  # nats/token: K is doubled until the mean CE moves less than this
 BLOCK = 4  # draws per block (the jackknife's unit)
 K_START = 8  # draws before the first comparison
 K_MAX = 512  # draws at most; not converged by then: BayesPrediction.converged is False
-MAX_STRUCTURES = 2_000_000  # structures (before symmetry) an exact reference enumerates at most
-MAX_WORK = 2e7  # structures x relabelings the orbit enumeration handles at most (its int64 tables: 160 MB)
 _TAG = 0x42415945  # "BAYE": the Monte Carlo draws' stream
 _SKIP = 1e-13  # bound on the relative mass of the terms not added
-_VERSION = 2  # part of every result's key, with the sources' hash (`_code`): stale cache entries are never read
+_VERSION = 2  # part of every result's key, with the sources' hash (`bayes_cache.code_hash`): stale entries never read
 
 
 class BayesPrediction(NamedTuple):
@@ -89,124 +86,6 @@ class BayesPrediction(NamedTuple):
     converged: bool  # the last doubling moved ce by less than tol (always True when nothing is drawn)
     history: tuple  # ((K, ce), ...) as K was doubled
     method: str  # one line: what was enumerated, integrated and drawn
-
-
-@dataclasses.dataclass(frozen=True)
-class Structures:
-    """The orbits of the sticky family's discrete part (one representative each)."""
-
-    sigma: np.ndarray  # (P, d) cluster permutations
-    reveal: np.ndarray  # (Rv, S) revealing maps
-    pair_sigma: np.ndarray  # (n,) representative i is (sigma[pair_sigma[i]], reveal[pair_reveal[i]])
-    pair_reveal: np.ndarray  # (n,)
-    log_mult: np.ndarray  # (n,) log of the orbit's size (its prior weight up to a constant)
-    n_structures: int  # structures before the symmetry
-
-    @property
-    def n_orbits(self) -> int:
-        return len(self.pair_sigma)
-
-
-def _cluster(S: int, d: int) -> np.ndarray:
-    return np.arange(S) * d // S  # as data/hmm.py's _sticky_factors
-
-
-def _reveal_maps(S: int, V: int, structures: str, half: int | None) -> np.ndarray:
-    """Every revealing map the family draws (data/hmm.py revealing_map): injective when S <= V, else the distinct
-    arrangements of arange(S) % V; restricted to one half for hmm.structures half / half-heldout."""
-    if S <= V:
-        maps = np.array(list(itertools.permutations(range(V), S)), np.int64).reshape(-1, S)
-        if half is not None:
-            maps = maps[structure_half(maps, V) == half]
-        return maps
-    return np.array(sorted(set(itertools.permutations(list(np.arange(S) % V)))), np.int64).reshape(-1, S)
-
-
-def _count_structures(hmm: HMMConfig) -> float:
-    S, V, d = hmm.n_states, hmm.n_tokens, hmm.rank
-    maps = math.perm(V, S) if S <= V else math.factorial(S) / math.prod(
-        math.factorial(int(c)) for c in np.bincount(np.arange(S) % V))
-    if S <= V and hmm.structures != "all":
-        maps /= 2
-    return float(math.factorial(d)) * maps
-
-
-def why_not(hmm: HMMConfig) -> str | None:
-    """None when the exact reference can be computed for this family, else the reason in a few words."""
-    if hmm.family != "sticky":
-        return (f"the {hmm.family} family has no discrete part to enumerate (a sequential Monte Carlo over its "
-                "continuous parameters is not implemented)")
-    n = _count_structures(hmm)
-    if n > MAX_STRUCTURES:
-        return (f"{n:.2g} structures (S = {hmm.n_states}, V = {hmm.n_tokens}, d = {hmm.rank}) are more than the "
-                f"{MAX_STRUCTURES:,} an exact reference enumerates")
-    sizes = np.bincount(_cluster(hmm.n_states, hmm.rank), minlength=hmm.rank)
-    group = math.prod(math.factorial(int(z)) for z in sizes) * math.prod(
-        math.factorial(int(c)) for c in np.bincount(sizes))
-    if hmm.structures == "all" and n * group > MAX_WORK:
-        return (f"{n:.2g} structures x {group:,} relabelings are more than the {MAX_WORK:.0e} its orbit enumeration "
-                "handles")
-    return None
-
-
-def _partition_group(S: int, d: int) -> tuple[np.ndarray, np.ndarray]:
-    """The state permutations that map the cluster partition onto itself, and the cluster permutations they
-    induce: (G, S) with pi[s] the new label of s, (G, d)."""
-    cl = _cluster(S, d)
-    sizes = np.bincount(cl, minlength=d)
-    perms, cperms = [], []
-    for cp in itertools.permutations(range(d)):  # clusters onto clusters of the same size
-        cp = np.array(cp)
-        if np.any(sizes[cp] != sizes):
-            continue
-        inner = [list(itertools.permutations(np.flatnonzero(cl == cp[c]))) for c in range(d)]
-        for choice in itertools.product(*inner):
-            pi = np.empty(S, np.int64)
-            for c in range(d):
-                pi[np.flatnonzero(cl == c)] = choice[c]
-            perms.append(pi)
-            cperms.append(cp)
-    return np.array(perms), np.array(cperms)
-
-
-@functools.lru_cache(maxsize=16)
-def _structures(S: int, V: int, d: int, structures: str, stream_half: int | None) -> Structures:
-    sig = np.array(list(itertools.permutations(range(d))), np.int64).reshape(-1, d)
-    maps = _reveal_maps(S, V, structures, stream_half)
-    n = len(sig) * len(maps)
-    if structures != "all":  # the halves are not closed under relabeling: every structure is its own orbit
-        ps, pr = np.divmod(np.arange(n), len(maps))
-        return Structures(sig, maps, ps, pr, np.zeros(n), n)
-    pis, cps = _partition_group(S, d)
-    base = V ** np.arange(S, dtype=np.int64)
-    sig_code = {tuple(s): i for i, s in enumerate(sig)}
-    # the image of (sigma, r) under (pi, pi_c): r'[pi[s]] = r[s], sigma' = pi_c o sigma o pi_c^-1
-    keys = np.empty((n, len(pis)), np.int64)
-    r_codes = np.empty((len(maps), len(pis)), np.int64)
-    s_codes = np.empty((len(sig), len(pis)), np.int64)
-    for g, (pi, cp) in enumerate(zip(pis, cps)):
-        r2 = np.empty_like(maps)
-        r2[:, pi] = maps
-        r_codes[:, g] = r2 @ base
-        inv = np.argsort(cp)
-        for i, s in enumerate(sig):
-            s_codes[i, g] = sig_code[tuple(cp[s[inv]])]
-    ps, pr = np.divmod(np.arange(n), len(maps))
-    nmaps_code = int(V ** S)
-    keys = s_codes[ps] * nmaps_code + r_codes[pr]  # (n, G)
-    canon = keys.min(1)
-    uniq, first, counts = np.unique(canon, return_index=True, return_counts=True)
-    return Structures(sig, maps, ps[first], pr[first], np.log(counts.astype(np.float64)), n)
-
-
-def sticky_structures(hmm: HMMConfig, stream: str = "unseen") -> Structures:
-    """The orbits of the discrete part of hmm's sticky family, as drawn on `stream` (hmm.structures: the half a
-    stream draws from, data/hmm.py)."""
-    reason = why_not(hmm)
-    if reason:
-        raise ValueError(f"no exact Bayes reference: {reason}")
-    half = None if hmm.structures == "all" else 0 if hmm.structures == "half" or stream in ("train", "fresh") else 1
-    return _structures(hmm.n_states, hmm.n_tokens, hmm.rank, hmm.structures, half)
 
 
 # ---------------------------------------------------------------- episodes as the kernel reads them
@@ -264,7 +143,7 @@ def _urn_tables(S: int, J: int, a: float = 1.0):
 
 
 def _kernel():
-    from . import bayes_kernel
+    from . import bayes_kernel  # lazy: numba (and scipy, ~1 s) only when the Bayes reference is computed
 
     return bayes_kernel
 
@@ -344,7 +223,7 @@ def _draws(hmm: HMMConfig, N: int, block: int, seed: int):
     rng = seeds.rng(int(seed), _TAG, int(block) + 1)
     g = rng.standard_gamma(1.0, size=(N, BLOCK, S, d))
     noise = g / g.sum(-1, keepdims=True)
-    cl = _cluster(S, d)
+    cl = clusters(S, d)
     mask = cl[None, :] == np.arange(d)[:, None]  # (d, S)
     q = rng.standard_gamma(hmm.alpha, size=(N, BLOCK, d, S)) * mask
     zero = q.sum(-1) == 0  # alpha << 1 can underflow a row (as data/hmm.py's _dirichlet): one random state
@@ -359,7 +238,7 @@ def _draws(hmm: HMMConfig, N: int, block: int, seed: int):
 def _transitions(hmm: HMMConfig, st: Structures, noise, Q) -> np.ndarray:
     """Tm (N, B * P, S, S): T = W Q for every episode, draw and cluster permutation (group b * P + p)."""
     S, d, rho = hmm.n_states, hmm.rank, hmm.rho
-    cl = _cluster(S, d)
+    cl = clusters(S, d)
     hard = np.eye(d)[st.sigma[:, cl]]  # (P, S, d): state s moves to sigma(cluster(s))
     W = rho * noise[:, :, None] + (1 - rho) * hard[None, None]  # (N, B, P, S, d)
     T = W @ Q[:, :, None]  # (N, B, P, S, S)
@@ -368,7 +247,7 @@ def _transitions(hmm: HMMConfig, st: Structures, noise, Q) -> np.ndarray:
 
 
 def _has_draws(hmm: HMMConfig) -> bool:
-    sizes = np.bincount(_cluster(hmm.n_states, hmm.rank), minlength=hmm.rank)
+    sizes = np.bincount(clusters(hmm.n_states, hmm.rank), minlength=hmm.rank)
     return hmm.rho > 0 or bool((sizes > 1).any())
 
 
@@ -391,73 +270,6 @@ def _hypotheses(st: Structures, n_draw: int):
 _MEMO: dict = {}
 
 
-@functools.lru_cache(maxsize=1)
-def _code() -> str:
-    """sha256 of this module's and the kernel's source: part of a cached result's key."""
-    from pathlib import Path
-
-    here = Path(__file__).parent
-    return hashlib.sha256((here / "bayes.py").read_bytes() + (here / "bayes_kernel.py").read_bytes()).hexdigest()[:16]
-_DISK_MAGIC = b"hmmscope-bayes-1\n"
-_DISK_LIMIT = 1 << 30
-
-
-def _disk_path(key: tuple):
-    """The cache entry of a result (the user-private folder `$XDG_CACHE_HOME/hmmscope/bayes`, as the kernels'), or
-    None without a usable folder."""
-    base = cache_dir("bayes")
-    if base is None:
-        return None
-    return base / (hashlib.sha256(repr(key).encode()).hexdigest()[:32] + ".npz")
-
-
-def _disk_get(key: tuple) -> BayesPrediction | None:
-    """A result another process computed with the same inputs: loaded only when its HMAC under this user's key
-    verifies (mixture_kernel's key), so a planted or corrupt entry is a miss, never a number."""
-    import hmac
-    import io
-    import json
-
-    path = _disk_path(key)
-    if path is None or not path.exists():
-        return None
-    raw, k = read_private(path, _DISK_LIMIT), cache_key(path.parent)
-    if raw is None or k is None or not raw.startswith(_DISK_MAGIC):
-        return None
-    sig, data = raw[len(_DISK_MAGIC):len(_DISK_MAGIC) + 32], raw[len(_DISK_MAGIC) + 32:]
-    if not hmac.compare_digest(sig, hmac.new(k, data, "sha256").digest()):
-        return None
-    try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            meta = json.loads(z["meta"].tobytes().decode())
-            if meta["key"] != repr(key):
-                return None
-            return BayesPrediction(torch.as_tensor(z["pred"]), meta["ce"], meta["mc_se"], meta["n_draws"],
-                                   meta["converged"], tuple(tuple(h) for h in meta["history"]), meta["method"])
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def _disk_put(key: tuple, res: BayesPrediction) -> None:
-    """Keep a result for other processes (the trials of a sweep cell score the same episodes); best effort."""
-    import contextlib
-    import hmac
-    import io
-    import json
-
-    path = _disk_path(key)
-    k = cache_key(path.parent) if path is not None else None
-    if k is None:
-        return
-    meta = {"key": repr(key), "ce": res.ce, "mc_se": res.mc_se, "n_draws": res.n_draws, "converged": res.converged,
-            "history": [list(h) for h in res.history], "method": res.method}
-    buf = io.BytesIO()
-    np.savez(buf, pred=res.pred.numpy(), meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
-    data = buf.getvalue()
-    with contextlib.suppress(OSError):
-        write_private(path, _DISK_MAGIC + hmac.new(k, data, "sha256").digest() + data)
-
-
 def bayes_oracle(hmm: HMMConfig, ep, *, tol: float = TOL, seed: int = 0, stream: str = "unseen", score=None,
                  k_start: int = K_START, k_max: int = K_MAX, cache: bool = True) -> BayesPrediction:
     """The Bayes-optimal predictor for tasks of hmm's family on episodes ep (module docstring).
@@ -478,13 +290,13 @@ def bayes_oracle(hmm: HMMConfig, ep, *, tol: float = TOL, seed: int = 0, stream:
     if not 1 <= k_start <= k_max:
         raise ValueError(f"need 1 <= k_start <= k_max, got {k_start}, {k_max}")
     lay = _layout(ep, score)
-    key = (_VERSION, _code(), BLOCK, _TAG, _SKIP, config_hash(dataclasses.replace(hmm, n_tasks=1, seed=0)),
+    key = (_VERSION, code_hash(), BLOCK, _TAG, _SKIP, config_hash(dataclasses.replace(hmm, n_tasks=1, seed=0)),
            hashlib.sha256(lay.tok.tobytes()).hexdigest(), lay.tok.shape, tuple(lay.seg_lo.tolist()), tuple(lay.seg_kind.tolist()),
            lay.burn_in, hashlib.sha256(lay.score.tobytes()).hexdigest(), float(tol), int(seed), stream, int(k_start),
            int(k_max))
     if cache and key in _MEMO:
         return _MEMO[key]
-    kept = _disk_get(key) if cache else None
+    kept = _from_disk(key) if cache else None
     if kept is not None:
         _MEMO[key] = kept
         return kept
@@ -539,9 +351,21 @@ def _jackknife(blocks: list, lay: _Layout) -> float:
     return float(np.sqrt((nb - 1) / nb * ((loo - loo.mean()) ** 2).sum()))
 
 
+def _from_disk(key: tuple) -> BayesPrediction | None:
+    """A result another process kept on disk under the same key (bayes_cache), or None."""
+    kept = disk_get(key)
+    if kept is None:
+        return None
+    pred, m = kept
+    return BayesPrediction(torch.as_tensor(pred), m["ce"], m["mc_se"], m["n_draws"], m["converged"],
+                           tuple(tuple(h) for h in m["history"]), m["method"])
+
+
 def _keep(key: tuple, out: BayesPrediction) -> BayesPrediction:
     _MEMO[key] = out
-    _disk_put(key, out)
+    disk_put(key, out.pred.numpy(), {"ce": out.ce, "mc_se": out.mc_se, "n_draws": out.n_draws,
+                                     "converged": out.converged, "history": [list(h) for h in out.history],
+                                     "method": out.method})
     return out
 
 

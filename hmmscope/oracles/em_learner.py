@@ -12,7 +12,7 @@ the restart with the highest final log-likelihood of the demonstrations is kept.
 symmetric Dirichlet(1 + ``pseudocount``) prior on every row (hmmlearn's ``*_prior = 1 + pseudocount``):
 expected counts + pseudocount, normalized. The pseudocount keeps every emission probability positive, so a
 test token that never occurs in the demonstrations has finite CE. The test segment is then filtered with
-hmmscope's own scaled forward filter (inference.filter_factored with T = A, Q = I), from the fitted initial
+hmmscope's own scaled forward filter (filtering.filter_factored with T = A, Q = I), from the fitted initial
 distribution, or from pi A^B for a "midstream" test after B burn-in steps (as the oracles do with the true
 parameters). With k = 0 there is nothing to fit: it predicts the uniform distribution 1/V at every test token
 (CE = log V; its accuracy is then argmax's tie-break, token 0).
@@ -39,6 +39,7 @@ import torch
 from ..config import EM_STATES_CAP
 from ..data import seeds
 from ..data.episodes import episode_arrays
+from .filtering import filter_factored
 
 __all__ = ["HMMLearner", "DEFAULT_LEARNER", "EMFit", "fit_hmm_em", "incontext_hmm", "EM_CHUNK_BYTES", "EM_STATES_CAP"]
 
@@ -286,8 +287,6 @@ def incontext_hmm(ep, ks=None, learner: HMMLearner = HMMLearner(), *, return_fit
     (the learner predicts the test only). k = 0: uniform 1/V (nothing to fit). With return_fit, also the
     EMFit of the k >= 1 fits (group = position of k among the k >= 1 values * N + episode).
     """
-    from .inference import filter_factored
-
     tok, seg, V = episode_arrays(ep)
     N, n_demos, l_demo, l_test = tok.shape[0], int(ep.n_demos), int(ep.l_demo), int(ep.l_test)
     ks = sorted(range(n_demos + 1) if ks is None else {int(k) for k in ks})

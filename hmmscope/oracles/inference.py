@@ -12,28 +12,15 @@ smoothing). Conventions used throughout:
 - After an observation of probability 0 under the model the belief becomes the zero
   vector: later predictions are 0 and ``logp`` is -inf (never NaN).
 
-Representation. With T = W Q every predicted belief after the first token is ``c @ Q``
-with c a distribution over the d prototypes. Define, for one HMM,
-``K[s, (v, e)] = O[s, v] W[s, e]`` (S, V*d) and ``M = Q @ K`` (d, V*d). For a predicted
-belief b (S-space, e.g. mu) put ``Y = b @ K``, for a latent c put ``Y = c @ M``;
-viewed as (V, d):
+The forward pass itself (conventions above, the (V, d) representation, the dense fast path): oracles.filtering.
 
-    Y[v, :].sum()     = p(o_t = v | o_<t)      (prediction)
-    Y[o_t] / p(o_t)   = c_{t+1}                (update; renormalized every step)
-
-so one (d x V*d) matmul per token gives both; the cost is O(V d^2) per token (the same
-as O(S d) at the paper's S = 128, V = 16, d = 8) and everything stays nonnegative.
-
-Fast paths (same outputs; the tests hold them to the paths above at 1e-12 in float64):
-- A dense HMM (Q = I, as ``HMM`` stores one without factors) runs ``_dense_run``: per step
-  ``b <- normalize(b * O[:, o_t]) @ [T | T O]``, one (n, S) x (S, S + V) GEMM that also yields the next
-  prediction, over chunks of DENSE_CHUNK sequences, on preallocated buffers.
+Fast paths (same outputs; the tests hold them to the torch path at 1e-12 in float64):
 - ``mixture_oracle`` on the CPU runs the compiled kernel of ``mixture_kernel`` when numba is installed
   (one (episode, task) chain at a time, exact skipping of terms below exp(-theta) of the running max,
-  total error <= MIX_TOL[dtype]); on CUDA, or without numba, the torch path (``_run``) runs, tasks in
+  total error <= MIX_TOL[dtype]); on CUDA, or without numba, the torch path (``filtering.forward_run``) runs, tasks in
   chunks (``chunks``: the chunk size on a GPU, the mixer within and the merge across chunks).
 
-Imports torch, numpy and ``hmm`` (``chunks`` and ``mixture_kernel`` below it); must not import the
+Imports torch, numpy, ``hmm`` and ``filtering`` (``chunks`` and ``mixture_kernel`` below it); must not import the
 model, training, or anything above them.
 """
 
@@ -47,16 +34,10 @@ import torch
 
 from ..data.hmm import HMM, Mixture
 from .chunks import ChunkMerge, ChunkMixer, cuda_chunk
+from .filtering import as_tensor, dense_run, filter_factored, forward_run, is_dense, kernels, propagate
 
-__all__ = ["Filtered", "MixturePrediction", "filter_factored", "predictive", "task_oracle", "mixture_oracle",
-           "nested_mixture_oracles", "stationary_filter"]
-
-
-class Filtered(NamedTuple):
-    """The exact filter's output (conventions above)."""
-
-    pred: torch.Tensor | None  # (N, T, V) p(o_t = v | o_<t); None when not stored
-    logp: torch.Tensor  # (N, T) log p(o_t | o_<t), 0 at missing tokens
+__all__ = ["MixturePrediction", "task_oracle", "task_beliefs", "mixture_oracle", "nested_mixture_oracles",
+           "stationary_filter", "MIX_TOL", "numba_kernel", "step_tables"]
 
 
 class MixturePrediction(NamedTuple):
@@ -66,12 +47,6 @@ class MixturePrediction(NamedTuple):
     posterior: torch.Tensor | None  # p(task | tokens < position): (N, n_tasks) or (N, P, n_tasks); None if not asked
 
 
-class _Forward(NamedTuple):
-    pred: torch.Tensor | None  # (..., T, V) or None when not stored
-    logp: torch.Tensor  # (..., T)
-    final: torch.Tensor  # (..., V) the prediction after the last token
-
-
 class _Layout(NamedTuple):
     tokens: torch.Tensor  # (N, T) long
     reset: torch.Tensor  # (T,) bool: the first token of every demo and of the test
@@ -79,207 +54,6 @@ class _Layout(NamedTuple):
     test_start: str  # "initial" | "midstream"
     burn_in: int
 
-
-def _t(x, dtype, device) -> torch.Tensor:
-    return torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x).to(device=device, dtype=dtype)
-
-
-def _kernels(W: torch.Tensor, Q: torch.Tensor, O: torch.Tensor):
-    """K (G, S, V*d + V) and M = Q @ K (G, d, V*d + V) from W (G, S, d), Q (G, d, S), O (G, S, V).
-
-    The last V columns of K are O itself, so that Y = b @ K also carries the prediction b @ O
-    (equal to Y[:V*d].view(V, d).sum(-1), but without a slow reduction over d per step).
-    """
-    G, S, V = O.shape
-    K = torch.cat([(O[:, :, :, None] * W[:, :, None, :]).reshape(G, S, V * W.shape[-1]), O], -1)
-    return K, torch.bmm(Q, K)
-
-
-def _run(M, Y0, tokens, V, *, reset=None, Ystart=None, start_pos=0, store=True, on_step=None):
-    """Scaled forward pass in the (V, d) representation.
-
-    M (G, d, V*d + V); Y0 (G|1, B|1, V*d + V) used at t = 0 and at reset positions; tokens
-    (G|1, B, T); reset (T,) bool or None; Ystart (G|1, B|1, V*d + V) used at t = start_pos
-    (overrides a reset there). on_step(t, P (G, B, V), logz (G, B)) is called after each step
-    (P is NaN at missing tokens). Returns pred (G, B, T, V) or None, logp (G, B, T), and the
-    prediction after the last token (G, B, V).
-    """
-    G, D = M.shape[0], M.shape[2]
-    Vd = D - V
-    B, T = tokens.shape[1], tokens.shape[2]
-    dtype, dev = M.dtype, M.device
-    missing = (tokens < 0) | (tokens >= V)  # (G|1, B, T)
-    any_missing = missing.any(dim=(0, 1)).tolist() if T else []
-    idx = tokens.clamp(0, V - 1)  # (G|1, B, T)
-    if idx.shape[0] == 1:  # tokens shared by the groups: pick row b * V + o_b along dim 1
-        flat = (torch.arange(B, device=dev)[:, None] * V + idx[0]).T.contiguous()  # (T, B)
-        pick = lambda X, t: X.reshape(G, B * V, -1).index_select(1, flat[t])  # noqa: E731  (G, B, k)
-    else:  # row (g B + b) V + o_gb of the flattened table (index_select is much faster than gather)
-        flat = (torch.arange(G * B, device=dev).view(G, B, 1) * V + idx).reshape(G * B, T).T.contiguous()
-        pick = lambda X, t: X.reshape(G * B * V, -1).index_select(0, flat[t]).view(G, B, -1)  # noqa: E731
-    reset = [False] * T if reset is None else torch.as_tensor(reset).bool().tolist()
-    pred = torch.empty((G, B, T, V), dtype=dtype, device=dev) if store else None
-    logp = torch.empty((G, B, T), dtype=dtype, device=dev)
-    tiny = torch.finfo(dtype).tiny
-    Mu, Mp = M[..., :Vd], M[..., Vd:]  # (G, d, V*d), (G, d, V)
-    Ybuf = [torch.empty((G, B, Vd), dtype=dtype, device=dev) for _ in range(2)]
-    Pbuf = [torch.empty((G, B, V), dtype=dtype, device=dev) for _ in range(2)]
-    Y, P = Y0[..., :Vd].expand(G, B, Vd), Y0[..., Vd:].expand(G, B, V)
-    for t in range(T):
-        if t == 0 or reset[t]:
-            Y, P = Y0[..., :Vd].expand(G, B, Vd), Y0[..., Vd:].expand(G, B, V)
-        if Ystart is not None and t == start_pos:
-            Y, P = Ystart[..., :Vd].expand(G, B, Vd), Ystart[..., Vd:].expand(G, B, V)
-        # Y: (G, B, V*d) joint table for o_t; P: (G, B, V) = p(o_t = . | o_<t)
-        u = pick(Y, t)  # (G, B, d) = Y[g, b, o_t, :]
-        z = pick(P, t)  # (G, B, 1) = p(o_t | o_<t)
-        c = u / z.clamp_min(tiny)  # (G, B, d) next latent
-        if store:
-            pred[:, :, t] = P
-        Ynew = torch.bmm(c, Mu, out=Ybuf[t % 2])
-        Pnew = torch.bmm(c, Mp, out=Pbuf[t % 2])
-        z = z[..., 0]
-        if any_missing[t]:
-            m = missing[:, :, t].expand(G, B)
-            Ynew = torch.where(m[..., None], Y, Ynew)
-            Pnew = torch.where(m[..., None], P, Pnew)
-            z = torch.where(m, torch.ones((), dtype=dtype, device=dev), z)
-            P = P.masked_fill(m[..., None], float("nan"))
-            if store:
-                pred[:, :, t] = P
-        logz = torch.log(z)
-        logp[:, :, t] = logz
-        if on_step is not None:
-            on_step(t, P, logz)
-        Y, P = Ynew, Pnew
-    return _Forward(pred, logp, P)
-
-
-DENSE_CHUNK = 1024  # sequences per chunk of the dense forward: the (chunk, S) state (512 KiB at S = 128) stays in L2
-
-
-def _dense_run(mu, T, O, tokens, *, reset=None, start=None, start_pos=0, store=True, chunk: int = DENSE_CHUNK):
-    """Batched scaled forward pass of one dense HMM: per step ``alpha <- normalize(alpha * O[:, o_t]) @ T``.
-
-    mu (S,); T (S, S); O (S, V); tokens (n, L) long; start (n, S) or (S,) or None. Same conventions and
-    outputs as ``_run`` (pred (n, L, V) or None, logp (n, L), prediction after the last token (n, V)).
-    Sequences are processed in chunks of ``chunk`` rows (the (chunk, S) state stays in cache); each step
-    is one (chunk, S) x (S, S + V) GEMM that yields the next predicted belief and its prediction ``b @ O``
-    together, plus a few in-place elementwise ops on preallocated buffers (nothing is allocated per step).
-    """
-    n, L = tokens.shape
-    S, V = O.shape
-    dtype, dev = O.dtype, O.device
-    TO = torch.cat([T, T @ O], 1)  # (S, S + V): b_{t+1} and b_{t+1} @ O in one product
-    OT = torch.cat([O.T, torch.ones((1, S), dtype=dtype, device=dev)])  # (V + 1, S); row V: missing token
-    missing = (tokens < 0) | (tokens >= V)  # (n, L)
-    tok = torch.where(missing, V, tokens).T.contiguous()  # (L, n)
-    miss_t = missing.T.contiguous()  # (L, n)
-    reset = [False] * L if reset is None else torch.as_tensor(reset).bool().tolist()
-    start = None if start is None else start.expand(n, S)
-    init = torch.cat([mu, mu @ O])  # (S + V,) belief and prediction at a (re)start
-    pred = torch.empty((L, n, V), dtype=dtype, device=dev) if store else None  # time-major: contiguous writes
-    z = torch.empty((L, n), dtype=dtype, device=dev)  # p(o_t | o_<t)
-    final = torch.empty((n, V), dtype=dtype, device=dev)
-    tiny = torch.finfo(dtype).tiny
-    c = min(chunk, max(n, 1))
-    E, f = (torch.empty((c, S), dtype=dtype, device=dev) for _ in range(2))
-    buf = [torch.empty((c, S + V), dtype=dtype, device=dev) for _ in range(2)]
-    rz = torch.empty((c, 1), dtype=dtype, device=dev)
-    zcol = S + torch.where(missing, 0, tokens).T  # (L, n): column of o_t's prediction in the (S + V) state
-    zidx = (zcol + (S + V) * (torch.arange(n, device=dev) % c)).contiguous()  # flat index into a chunk's state
-    for lo in range(0, n, c):
-        hi = min(lo + c, n)
-        m = hi - lo
-        E_, f_, rz_ = E[:m], f[:m], rz[:m]
-        cur = init.expand(m, S + V)  # (m, S + V): predicted belief b_t | its prediction b_t @ O
-        zc = z[:, lo:hi]
-        any_missing = miss_t[:, lo:hi].any(1).tolist()
-        for t in range(L):
-            if reset[t] or t == 0:
-                cur = init.expand(m, S + V)
-            if start is not None and t == start_pos:
-                s = start[lo:hi]
-                cur = torch.cat([s, s @ O], 1)
-            if store:
-                pred[t, lo:hi] = cur[:, S:]
-            if cur.is_contiguous():
-                torch.take(cur, zidx[t, lo:hi], out=zc[t])
-            else:  # a (re)start: the shared initial prediction
-                torch.index_select(init, 0, zcol[t, lo:hi], out=zc[t])
-            torch.clamp(zc[t, :, None], min=tiny, out=rz_).reciprocal_()
-            torch.index_select(OT, 0, tok[t, lo:hi], out=E_)
-            torch.mul(cur[:, :S], E_, out=f_)
-            f_.mul_(rz_)  # filtered belief; a probability-0 observation leaves the zero vector
-            nxt = torch.mm(f_, TO, out=buf[t % 2][:m])  # (m, S + V)
-            if any_missing[t]:  # no evidence: the chain does not advance
-                nxt.copy_(torch.where(miss_t[t, lo:hi, None], cur, nxt))
-            cur = nxt
-        final[lo:hi] = cur[:, S:]
-    logp = torch.log(z.T)
-    if missing.any():
-        logp.masked_fill_(missing, 0.0)
-        if store:
-            pred.masked_fill_(missing.T[..., None], float("nan"))
-    return _Forward(None if pred is None else pred.permute(1, 0, 2), logp, final)  # (n, L, V) view
-
-
-def _dense(W: torch.Tensor, Q: torch.Tensor) -> bool:
-    """True when T = W @ Q is stored densely (Q is the S x S identity, as for a plain HMM)."""
-    return Q.shape[0] == Q.shape[1] and bool(torch.equal(Q, torch.eye(Q.shape[0], dtype=Q.dtype, device=Q.device)))
-
-
-def _propagate(b, W, Q, steps: int):
-    """b T^steps for b (G, S), W (G, S, d), Q (G, d, S)."""
-    for _ in range(steps):
-        b = torch.bmm(torch.bmm(b[:, None], W), Q)[:, 0]
-    return b
-
-
-def filter_factored(initial, W, Q, emission, tokens, *, reset=None, start=None, start_pos: int = 0,
-                    dtype=torch.float32, device=None) -> Filtered:
-    """Batched exact filter: ``Filtered(pred (N, T, V), logp (N, T))`` (see module docstring).
-
-    initial (N, S) or (S,); W (N, S, d) or (S, d); Q (N, d, S) or (d, S); emission (N, S, V)
-    or (S, V); tokens (N, T) int. Shared parameters (no leading N) are never copied N times.
-    reset (T,) bool: a new independent sequence starts at t (belief back to ``initial``).
-    start (N, S) or (S,): the belief before the token at ``start_pos`` (default 0) instead.
-    Shared dense parameters (Q the S x S identity) take the dense scaled forward (``_dense_run``).
-    """
-    device = torch.device("cpu") if device is None else torch.device(device)
-    tok = torch.as_tensor(np.asarray(tokens) if not isinstance(tokens, torch.Tensor) else tokens)
-    tok = tok.to(device=device, dtype=torch.long)
-    N = tok.shape[0]
-    W, Q, O, mu = (_t(a, dtype, device) for a in (W, Q, emission, initial))
-    per_seq = W.dim() == 3 or Q.dim() == 3 or O.dim() == 3
-    if per_seq:  # G = N groups of one sequence
-        W, Q, O = (a.expand(N, *a.shape[-2:]) if a.dim() == 2 else a for a in (W, Q, O))
-        tok = tok[:, None, :]  # (N, 1, T)
-        rows = lambda b: b.reshape(-1, 1, b.shape[-1])  # noqa: E731  (N|1, 1, S)
-    else:  # one group of N sequences
-        W, Q, O = W[None], Q[None], O[None]
-        tok = tok[None]  # (1, N, T)
-        rows = lambda b: b.reshape(1, -1, b.shape[-1])  # noqa: E731  (1, N|1, S)
-    if not per_seq and _dense(W[0], Q[0]):  # one dense HMM (W = T, Q = I): the S x S scaled forward
-        st = None if start is None else _t(start, dtype, device)
-        run = _dense_run(mu, W[0], O[0], tok[0], reset=reset, start=st, start_pos=start_pos)
-        return Filtered(run.pred, run.logp)
-    K, M = _kernels(W, Q, O)
-    Y0 = torch.matmul(rows(mu), K)
-    Ys = None if start is None else torch.matmul(rows(_t(start, dtype, device)), K)
-    run = _run(M, Y0, tok, O.shape[-1], reset=reset, Ystart=Ys, start_pos=start_pos)
-    return Filtered(run.pred.reshape(N, *run.pred.shape[2:]), run.logp.reshape(N, -1))  # (N, T, V), (N, T)
-
-
-def predictive(hmm: HMM, tokens, *, dtype=torch.float32) -> np.ndarray:
-    """p(o_t | o_<t) for each row of tokens (n, length) from hmm.initial: array (n, length, V).
-
-    A dense HMM runs the dense scaled forward, a factored one the rank-d filter. float32 by default (faster; the
-    tests hold it within 1e-6 of float64, ``hmmscope bench filter`` prints the gap and the speed on the benchmark HMM);
-    pass dtype=torch.float64 for more.
-    """
-    tok = np.atleast_2d(np.asarray(tokens))
-    return filter_factored(hmm.initial, hmm.W, hmm.Q, hmm.emission, tok, dtype=dtype).pred.cpu().numpy()
 
 
 # ---------------------------------------------------------------- episodes
@@ -303,7 +77,7 @@ def _layout(ep) -> _Layout:
 def task_params(mix: Mixture, ids, dtype, device):
     """(mu, W, Q, O) of tasks ids in dtype on device (only those tasks are converted, not the whole mixture)."""
     ids = np.asarray(ids, dtype=np.int64)
-    return tuple(_t(np.asarray(a)[ids], dtype, device) for a in (mix.initial, mix.W, mix.Q, mix.emission))
+    return tuple(as_tensor(np.asarray(a)[ids], dtype, device) for a in (mix.initial, mix.W, mix.Q, mix.emission))
 
 
 def task_oracle(mix: Mixture, ep, *, dtype=torch.float32, device="cpu") -> torch.Tensor:
@@ -313,7 +87,7 @@ def task_oracle(mix: Mixture, ep, *, dtype=torch.float32, device="cpu") -> torch
     """
     tok, reset, test_pos, test_start, burn_in = _layout(ep)
     mu, W, Q, O = task_params(mix, ep.task_ids, dtype, device)
-    start = _propagate(mu, W, Q, burn_in) if test_start == "midstream" else None
+    start = propagate(mu, W, Q, burn_in) if test_start == "midstream" else None
     return filter_factored(mu, W, Q, O, tok.to(device), reset=reset, start=start, start_pos=test_pos,
                            dtype=dtype, device=device).pred
 
@@ -328,7 +102,7 @@ def task_beliefs(mix: Mixture, ep, *, dtype=torch.float64, device="cpu") -> torc
     """
     tok, reset, test_pos, test_start, burn_in = _layout(ep)
     mu, W, Q, O = task_params(mix, ep.task_ids, dtype, device)  # (N, S), (N, S, d), (N, d, S), (N, S, V)
-    start = _propagate(mu, W, Q, burn_in) if test_start == "midstream" else mu
+    start = propagate(mu, W, Q, burn_in) if test_start == "midstream" else mu
     tok = tok.to(device)
     N, T = tok.shape
     V, tiny = O.shape[-1], torch.finfo(dtype).tiny
@@ -387,16 +161,16 @@ def mixture_oracle(mix: Mixture, ep, *, chunk_tasks: int | None = None, posterio
     if chunk_tasks is None:
         chunk_tasks = (cuda_chunk(mix.n_tasks, N, V, mix.rank, dtype, device) if torch.device(device).type == "cuda"
                        else 256)
-    logprior = torch.log(_t(mix.prior, torch.float64, device)).to(dtype)
+    logprior = torch.log(as_tensor(mix.prior, torch.float64, device)).to(dtype)
     merged = ChunkMerge(N, T, V, dtype, device)
     for lo in range(0, mix.n_tasks, chunk_tasks):
         ids = np.arange(lo, min(lo + chunk_tasks, mix.n_tasks))
         mu, W, Q, O = task_params(mix, ids, dtype, device)
-        K, M = _kernels(W, Q, O)
+        K, M = kernels(W, Q, O)
         Y0 = torch.bmm(mu[:, None], K)  # (C, 1, V*d + V)
-        Ys = torch.bmm(_propagate(mu, W, Q, burn_in)[:, None], K) if test_start == "midstream" else None
+        Ys = torch.bmm(propagate(mu, W, Q, burn_in)[:, None], K) if test_start == "midstream" else None
         mixer = ChunkMixer(logprior[lo:lo + len(ids)], N, T, V, pos)
-        _run(M, Y0, tok[None], V, reset=reset, Ystart=Ys, start_pos=test_pos, store=False, on_step=mixer)
+        forward_run(M, Y0, tok[None], V, reset=reset, Ystart=Ys, start_pos=test_pos, store=False, on_step=mixer)
         mixer.snapshot(T)  # posterior after the whole episode
         merged.add(mixer)
     posterior = None
@@ -413,7 +187,7 @@ MIX_TOL = {torch.float32: 1e-7, torch.float64: 1e-13}  # bound on the skipped ma
 def numba_kernel():
     """The compiled mixture kernel module, or None when numba is not installed."""
     try:
-        from . import mixture_kernel
+        from . import mixture_kernel  # lazy: numba (optional; ~0.5 s) only where the CPU kernel runs
     except ImportError:
         return None
     return mixture_kernel
@@ -424,7 +198,7 @@ def step_tables(mu, W, Q, O, start):
     (C, V) from mu and from ``start`` (None: same as mu)."""
     C, S, V = O.shape
     d = W.shape[-1]
-    K, M = _kernels(W, Q, O)  # (C, S, V d + V), (C, d, V d + V)
+    K, M = kernels(W, Q, O)  # (C, S, V d + V), (C, d, V d + V)
     MM = M[..., :V * d].reshape(C, d, V, d).permute(0, 2, 1, 3).contiguous()  # (C, V, d, d)
     MpT = M[..., V * d:].transpose(1, 2).contiguous()  # (C, V, d)
 
@@ -454,7 +228,7 @@ def _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos,
     anonymous episodes only). Returns (MixturePrediction, {m: pred over the first m tasks})."""
     base = numba_kernel()
     kern = base.for_rank(int(np.shape(mix.W)[-1]))  # the kernel unrolled over the rank (registers)
-    import numba
+    import numba  # lazy: numba (optional; ~0.5 s) only where the CPU kernel runs
 
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))  # as torch: one per worker
     N, T = tok.shape
@@ -495,7 +269,7 @@ def _mixture_oracle_cpu(mix, ep, tok, reset, test_pos, test_start, burn_in, pos,
     for lo, hi in zip([0, *ends[:-1]], ends):
         ids = order[lo:hi]
         mu, W, Q, Oc = task_params(mix, ids, dtype, "cpu")
-        start = _propagate(mu, W, Q, burn_in) if test_start == "midstream" else None
+        start = propagate(mu, W, Q, burn_in) if test_start == "midstream" else None
         MM, MpT, Y0, P0, Ys, Ps = (a.numpy() for a in step_tables(mu, W, Q, Oc, start))
         first = np.where((pos_true >= lo) & (pos_true < lo + len(ids)), pos_true - lo, -1)
         chunk_post = np.full((N, n_snap, len(ids)), -np.inf)  # contiguous: one kernel signature, one compile
@@ -562,8 +336,8 @@ def _anonymous_episodes(e):
 def stationary_filter(hmm: HMM, tokens: torch.Tensor, dtype) -> torch.Tensor:
     """Prediction after the last token of each row (n, L), filter started from hmm.stationary: (n, V). The filter
     the L-memory predictor and eps(L) run (memory.py), without storing the per-step predictions."""
-    W, Q, O, pi = (_t(a, dtype, "cpu") for a in (hmm.W, hmm.Q, hmm.emission, hmm.stationary))
-    if _dense(W, Q):
-        return _dense_run(pi, W, O, tokens, store=False).final
-    K, M = _kernels(W[None], Q[None], O[None])
-    return _run(M, (pi @ K[0])[None, None], tokens[None], hmm.n_tokens, store=False).final[0]
+    W, Q, O, pi = (as_tensor(a, dtype, "cpu") for a in (hmm.W, hmm.Q, hmm.emission, hmm.stationary))
+    if is_dense(W, Q):
+        return dense_run(pi, W, O, tokens, store=False).final
+    K, M = kernels(W[None], Q[None], O[None])
+    return forward_run(M, (pi @ K[0])[None, None], tokens[None], hmm.n_tokens, store=False).final[0]

@@ -1,7 +1,7 @@
 """Compiled CPU kernel of the mixture oracle (numba): one (episode, task) chain at a time, in registers.
 
 Imported lazily by ``inference.mixture_oracle`` when numba is installed and the device is the CPU; the
-torch path (``inference._run``) does the same computation everywhere else and is the reference.
+torch path (``filtering.forward_run``) does the same computation everywhere else and is the reference.
 
 Per episode i and task j the filter state is the latent c (d,) of the low-rank representation (the
 predicted belief is c @ Q_j); one observation o costs z = c @ (Q O)[:, o] (d MACs) and the next latent
@@ -44,14 +44,17 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import math
 import os
+import pickle
 import sys
 import types
 from pathlib import Path
 
 import numba
 import numpy as np
+from numba.core import caching
 
 # absolute: the rank-specialized copies of this source are exec'd as top-level modules (for_rank)
 from hmmscope.oracles.private_cache import cache_dir, cache_key, read_private, write_private
@@ -275,11 +278,6 @@ def _signed_cache_class():
     file written by this class with an HMAC under the folder's key, and read back only when that HMAC verifies, before
     anything in it is unpickled (numba's own index is a pickle it loads unchecked: a planted one ran code). An entry
     that does not verify is removed and the function compiled again."""
-    import hashlib
-    import hmac
-    import pickle
-
-    from numba.core import caching
 
     class Locator(caching._CacheLocator):
         def __init__(self, base: Path, stamp: str, py_func):

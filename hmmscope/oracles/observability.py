@@ -34,8 +34,10 @@ method="bounds" skips the exact steps: certified lower and witness upper, exact=
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -170,9 +172,6 @@ def _no_highs_stdout():
     """HiGHS's MIP solver printf()s debug lines ("HighsMipSolverData::...") to the C-level stdout whatever its
     options say (disp=False included). Around the call, fd 1 goes to a temporary file; afterwards every other
     line written there (another thread's output) is passed on to the real stdout. One thread at a time."""
-    import ctypes
-    import tempfile
-
     try:
         libc = ctypes.CDLL(None)
     except (OSError, TypeError):  # no C library to flush (e.g. Windows): leave stdout alone

@@ -107,7 +107,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import tracking
+from ..safe_output import check_dest, make_dir, write_text
 from ..stats import Claim, holm_verdicts, jsonable
+from ..sweep import spec_of_study
+from ..sweep.spec import SweepSpec
+from ..sweep.study import parent_note
 from ..units import fmt_ci, fmt_num
 from .answer import answer_section
 from .common import METRIC_DIRECTION, Notes, Section, claim_side, underpowered, verdict_sentence
@@ -196,8 +200,6 @@ OUTPUTS = ("report.md", "report.html", "report.json", "trials.csv",
 def _spec(study, storage: str | None):
     """The SweepSpec the study stored, or None (a study hmmscope did not create: no spec stored)."""
     try:
-        from ..sweep import spec_of_study
-
         return spec_of_study(study.study_name, storage) if storage else None
     except Exception:
         return None
@@ -206,9 +208,6 @@ def _spec(study, storage: str | None):
 def _describe(run, sentence: str, spec) -> None:
     """The sweep parent's description: the answer, then what the sweep runs (its spec's words; a study without a
     stored spec: the description it had, less an answer put there before, tag hmmscope.answer)."""
-    from ..sweep.spec import SweepSpec
-    from ..sweep.study import parent_note
-
     tags = run.get().data.tags
     had = tags.get("mlflow.note.content", "")
     base = parent_note(spec) if isinstance(spec, SweepSpec) else had.removeprefix(
@@ -218,8 +217,6 @@ def _describe(run, sentence: str, spec) -> None:
 
 
 def _write(path: Path, text: str) -> None:
-    from ..safe_output import write_text
-
     write_text(path, text)
 
 
@@ -234,8 +231,6 @@ def build_report(uri: str, sweep: str, out_dir: Path, *, log: bool = True, stora
     uri = tracking.resolve_uri(uri)
     out_dir = Path(out_dir)
     parent, study, found_in = find_parent(uri, sweep, storage)
-    from ..safe_output import check_dest, make_dir
-
     for name in OUTPUTS:  # every file it may write, checked before the first (a planted link: nothing written)
         check_dest(out_dir / name)
     make_dir(out_dir)  # after the sweep is found: an unknown sweep writes nothing

@@ -20,6 +20,10 @@ import math
 from pathlib import Path
 
 from ..stats import holm_verdicts
+from ..sweep import load_study, spec_of_study
+from ..sweep.compare import FIGURE, answers, figure, pivot, pivot_rows, trial_frame, with_reference
+from ..sweep.effects import options
+from ..sweep.spec import SweepSpec
 from ..units import fmt_ci, fmt_num, fmt_p, metric_units, replicates
 from .common import Notes, Section, verdict_sentence
 
@@ -62,16 +66,11 @@ def _row(e, key: str, label: str, holm: str, notes: Notes) -> list:
 def answer_section(t, study, spec, found_in: str | None, claims: list, out_dir: Path,
                    figs: dict) -> tuple[Section, str, list]:
     """(the section, its sentences joined by '; ' (the report's `answer`), the effects)."""
-    from ..sweep.spec import SweepSpec
-
     sec = Section("Answer")
     unit = metric_units(t.objective)
     n, total = t.counts["complete"], sum(v for k, v in t.counts.items() if k != "retried")
     said, effs, df, note = [], [], None, ""
     if spec is not None and n:
-        from ..sweep.compare import answers, trial_frame
-        from ..sweep.effects import options
-
         metrics = {r.info.run_id: dict(r.data.metrics) for r in t.complete}
         df = trial_frame(spec, study, lambda rid: metrics.get(rid) or {})
         opts = options(spec)
@@ -97,8 +96,6 @@ def answer_section(t, study, spec, found_in: str | None, claims: list, out_dir: 
         sec.blocks.append(("p", f"Reference: {note}."))
     sec.blocks += effects_blocks(effs)
     if spec is not None and spec.kind == "train" and df is not None and not df.empty:
-        from ..sweep.compare import FIGURE, figure, pivot, pivot_rows
-
         head, body = pivot_rows(pivot(spec, df))
         sec.blocks += [("h", 3, "The objective per setting"),
                        ("table", [h + (f" ({unit})" if unit and "[95% CI]" in h else "") for h in head], body)]
@@ -115,9 +112,6 @@ def answer_section(t, study, spec, found_in: str | None, claims: list, out_dir: 
 def _join_reference(spec, df, reference: str, storage: str | None):
     """The reference sweep's matching trials joined (`sweep.compare.with_reference`), or a note saying why not."""
     try:
-        from ..sweep import load_study, spec_of_study
-        from ..sweep.compare import trial_frame, with_reference
-
         ref_spec = spec_of_study(reference, storage)
         return with_reference(spec, df, ref_spec, trial_frame(ref_spec, load_study(reference, storage)))
     except Exception as e:  # a reference not in this storage: the answer stands on this sweep alone, said so

@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from ..stats import NO_POWER, VERDICTS, Claim, claim, holm_verdicts, parse_rule, rule, t_mean
 from ..units import axis_label, claim_words, fmt_ci, fmt_num, fmt_p
@@ -140,9 +141,7 @@ _COLOURS = {"supported": "C2", "not supported": "C3", "inconclusive": "C7", "no 
 def _plot_pooled(claims: list[Claim], pooled: list, path: Path) -> list[Path]:
     """One row per pooled claim: its units' values (dots), the pooled mean with its 95% CI (coloured by
     verdict); each row scaled by its own largest |value| so claims on different scales share the axis."""
-    from matplotlib.figure import Figure
-
-    from ..safe_output import save_figure
+    from ..safe_output import save_figure  # lazy: looked up when called (tests/test_figures.py patches safe_output.save_figure)
 
     fig = Figure(figsize=(7, 0.32 * len(claims) + 1.5), layout="constrained")
     ax = fig.subplots()
@@ -248,10 +247,8 @@ def depth_rank_section(df, out_dir: Path | None = None, figs: dict | None = None
 
 
 def _plot_depth(d, path: Path, ylabel: str) -> list[Path]:
-    from matplotlib.figure import Figure
 
-    from ..safe_output import save_figure
-
+    from ..safe_output import save_figure  # lazy: looked up when called (tests/test_figures.py patches safe_output.save_figure)
     fig = Figure(figsize=(6, 4.5), layout="constrained")
     ax = fig.subplots()
     for i, (rk, g) in enumerate(d.groupby("param:hmm.rank", sort=True)):

@@ -27,6 +27,9 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import statsmodels.formula.api as smf
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from ..stats import DEFAULT_MARGIN, Claim, Estimate, claim, rule, side_verdict
 from ..sweep.effects import block_labels, choose_blocks, effect, level_order, per_level_effects, pos_enc_effect
@@ -56,8 +59,6 @@ def _other_factors(d, exclude: set[str], allowed=None) -> tuple[list[str], dict[
 
 def ols_fit(formula: str, data):
     """OLS with HC3 errors, plain errors when HC3 is not finite; returns (result, cov label)."""
-    import statsmodels.formula.api as smf
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         res = smf.ols(formula, data).fit(cov_type="HC3", use_t=True)
@@ -68,8 +69,6 @@ def ols_fit(formula: str, data):
 
 def _second_opinions(data, y: str, blocks: list[str], seed_col: str | None) -> list[tuple]:
     """[(label, effect, lo, hi, p, df text)]: OLS HC3 and (>= 2 seeds per cell) the mixed model."""
-    import statsmodels.formula.api as smf
-
     data = data[[y, "param:model.pos_enc", *blocks] + ([seed_col] if seed_col else [])].copy()
     data = data[data[y].notna()]
     data["y"] = data[y].astype(float)
@@ -189,14 +188,7 @@ def posenc_section(df, out_dir: Path | None = None, figs: dict | None = None,
         if m in claim_cols:
             continue
         plot.append((name, dm, blocks, est))
-        for f, lv, e in per_level_effects(dm, m, blocks, seed_col):  # per-level effects beside the pooled one
-            if isinstance(e, str):
-                level_rows.append([name, f"{f[6:]} = {lv}", "not estimated", "-", "-", "-", "-", level_notes.short(e)])
-            else:
-                level_rows.append([name, f"{f[6:]} = {lv}", fmt_num(e.value), fmt_ci(e.lo, e.hi), fmt_p(e.p), fmt_num(e.df),
-                                   f"{e.n} {e.unit}", level_notes.ref(e.degenerate or e.method)])
-        level_rows.append([name, "pooled (the verdict row)", fmt_num(est.value), fmt_ci(est.lo, est.hi), fmt_p(est.p),
-                           fmt_num(est.df), f"{est.n} {est.unit}", level_notes.ref(est.method)])
+        level_rows += _level_rows(name, dm, m, blocks, seed_col, est, level_notes)
     sec.blocks.append(("table", ["metric", "model", "effect (rope - abs)", "95% CI", "p", "df", "units",
                                  "blocks (paired within)", "left out (why)", "power", "verdict (RoPE improves)"], rows))
     sec.blocks += notes.blocks()
@@ -207,8 +199,7 @@ def posenc_section(df, out_dir: Path | None = None, figs: dict | None = None,
     frows = [[f[6:], str(d[f].astype(str).nunique()), " / ".join(sorted(fate.get(f, {"not reached"})))]
              for f in factors] + [[f[6:], str(d[f].astype(str).nunique()), f"left out: {why}"]
                                   for f, why in unusable.items()]
-    if frows:
-        sec.blocks += [("h", 3, "Blocking factors"), ("table", ["factor", "levels", "fate"], frows)]
+    sec.blocks += [("h", 3, "Blocking factors"), ("table", ["factor", "levels", "fate"], frows)] if frows else []
     if out_dir is not None and plot:
         saved = _plot_posenc(plot, seed_col, Path(out_dir) / "posenc_effects.png")
         if figs is not None:
@@ -219,10 +210,24 @@ def posenc_section(df, out_dir: Path | None = None, figs: dict | None = None,
     return sec, claims
 
 
+def _level_rows(name: str, dm, m: str, blocks, seed_col, est, level_notes: Notes) -> list[list]:
+    """The per-level effects of one metric (RoPE - absolute at each level of each blocking factor), then the pooled
+    one (the verdict row)."""
+    rows = []
+    for f, lv, e in per_level_effects(dm, m, blocks, seed_col):
+        if isinstance(e, str):
+            rows.append([name, f"{f[6:]} = {lv}", "not estimated", "-", "-", "-", "-", level_notes.short(e)])
+        else:
+            rows.append([name, f"{f[6:]} = {lv}", fmt_num(e.value), fmt_ci(e.lo, e.hi), fmt_p(e.p), fmt_num(e.df),
+                         f"{e.n} {e.unit}", level_notes.ref(e.degenerate or e.method)])
+    rows.append([name, "pooled (the verdict row)", fmt_num(est.value), fmt_ci(est.lo, est.hi), fmt_p(est.p),
+                 fmt_num(est.df), f"{est.n} {est.unit}", level_notes.ref(est.method)])
+    return rows
+
+
 def _plot_posenc(plot: list, seed_col: str | None, path: Path) -> list[Path]:
     """`posenc_figure` as PNG + PDF at `path`."""
-    from ..safe_output import save_figure
-
+    from ..safe_output import save_figure  # lazy: looked up when called (tests/test_figures.py patches safe_output.save_figure)
     return save_figure(posenc_figure(plot, seed_col), path)
 
 
@@ -234,9 +239,6 @@ def posenc_figure(plot: list, seed_col: str | None):
     each encoding a short bar. Bottom row: rope - absolute per block (the seeds' paired differences as dots, the
     mean with its 95% CI) and pooled (the verdict's estimate and CI), zero dotted, the side where RoPE is better
     shaded and labelled. Every axis names its unit (nats/token, fraction of test tokens)."""
-    from matplotlib.figure import Figure
-
-    from ..units import metric_units
 
     labels = {j: [", ".join(f"{b[6:].split('.')[-1]}={v}" for b, v in zip(blocks, k)) or "all"
                   for k in (block_labels(dm, blocks) or [()] * len(dm))] for j, (_, dm, blocks, _) in enumerate(plot)}
@@ -309,8 +311,6 @@ def posenc_figure(plot: list, seed_col: str | None):
                xlabel="block, then pooled",
                title=f"rope - absolute, 95% CI ({est.n} {est.unit} units)")
         ax.set_xticklabels([*order, "pooled"], fontsize=8, **({"rotation": 30, "ha": "right"} if tilt else {}))
-    from matplotlib.lines import Line2D
-
     keys = [Line2D([], [], ls="", marker="o", color="C1", label="absolute (a trial)"),
             Line2D([], [], ls="", marker="o", color="C0", label="rope (a trial)"),
             Line2D([], [], color="k", lw=2.5, label="mean of an encoding"),

@@ -9,7 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+from optuna.trial import TrialState
+
 from .. import tracking
+from ..config import Config, ConfigError, flatten
+from ..sweep.spec import parse_spec
+from ..sweep.status import counts
+from ..sweep.storage import safe_url
+from ..sweep.study import ATTR_PARENT, ATTR_TEXT, load_study
 from .common import NAN, param_number
 
 
@@ -48,10 +56,6 @@ def _storage_candidates(uri: str, parent) -> list[str]:
 def _load_study(name: str, url: str, explicit: bool):
     """The study `name` in storage `url`; None if that storage does not hold it (or, unless `explicit`,
     cannot be read)."""
-    from ..config import ConfigError
-    from ..sweep.storage import safe_url
-    from ..sweep.study import load_study
-
     try:
         return load_study(name, url)
     except ConfigError:
@@ -66,9 +70,6 @@ def _load_study(name: str, url: str, explicit: bool):
 def find_parent(uri: str, sweep: str, storage: str | None = None):
     """(parent run, study, storage URL) of sweep `sweep` (study name, parent run id or a unique prefix of it of at
     least 6 characters); ValueError if unknown."""
-    from ..sweep.storage import safe_url
-    from ..sweep.study import ATTR_PARENT
-
     parent, name = None, sweep
     if re.fullmatch(r"[0-9a-f]{6,32}", sweep):  # a parent run id, or a unique prefix of one (>= 6 characters)
         try:
@@ -100,9 +101,6 @@ def find_parent(uri: str, sweep: str, storage: str | None = None):
 
 def read_sweep_trials(uri: str, parent, study) -> Trials:
     """Count the study's trials by state; read the one recorded MLflow run of each COMPLETE trial."""
-    from optuna.trial import TrialState
-
-    from ..sweep.status import counts
 
     runs = tracking.search_runs(uri, experiment_ids=[parent.info.experiment_id])
     by_id = {r.info.run_id: r for r in runs}
@@ -136,9 +134,6 @@ def _objective_name(study) -> str:
             return str(names[0])
     except Exception:  # older Optuna, or no names set
         pass
-    from ..sweep.spec import parse_spec
-    from ..sweep.study import ATTR_TEXT
-
     try:
         return parse_spec(study.user_attrs[ATTR_TEXT], "study").objective
     except Exception:
@@ -150,8 +145,6 @@ SEED_KEYS = ("train.seed", "data.seed", "theory.seed")  # replicates (sweep.spec
 
 def input_keys() -> frozenset[str]:
     """Every config key (`config.flatten` of the defaults): what a run's params may hold as an input."""
-    from ..config import Config, flatten
-
     return frozenset(flatten(Config()))
 
 
@@ -188,8 +181,6 @@ def training_frame(runs: list, children: dict, analysis: dict | None = None, uri
     The analysis read is the one the trial recorded (`analysis`: run id -> analysis run id), else the
     newest FINISHED analysis child.
     """
-    import pandas as pd
-
     rows = []
     for r in runs:
         row: dict[str, Any] = {"run_id": r.info.run_id, "trial": r.data.tags.get("hmmscope.trial", "")}

@@ -9,6 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from ..stats import Claim
 from ..units import fmt_ci, fmt_num
@@ -34,7 +35,7 @@ def _draw_range(s: dict) -> str:
 
 
 def theory_section(settings: list, out_dir: Path, figs: dict) -> tuple[Section, list[Claim]]:
-    from ..theory.theorem1 import sweep_fits
+    from ..theory.theorem1 import sweep_fits  # lazy: theorem1 (torch, ~1 s) only for a theory sweep's section
 
     sec, claims = Section("Theory: decay of eps(L) (Theorem 1)"), []
     settings = sorted(settings, key=lambda s: (s["n_states"], s["rank"], s["rho"], s["gamma"]))
@@ -115,9 +116,7 @@ def _plot_theory(settings, fits, path: Path) -> list[Path]:
     """Rate vs gamma (log-log) per (S, d, rho) group: each draw's rate a small faint dot, the setting's mean
     with its 95% CI, each group's exponent fit in its points' colour, the pooled fit in black; written as
     PNG + PDF ([] when no setting has a positive rate)."""
-    from matplotlib.figure import Figure
-
-    from ..safe_output import save_figure
+    from ..safe_output import save_figure  # lazy: looked up when called (tests/test_figures.py patches safe_output.save_figure)
 
     good = [s for s in settings if s["gamma"] > 0 and math.isfinite(s["rate"]) and s["rate"] > 0]
     if not good:
@@ -155,6 +154,7 @@ def _plot_theory(settings, fits, path: Path) -> list[Path]:
 
 
 def practice_section(df, out_dir: Path, figs: dict) -> Section | None:
+    from ..safe_output import save_figure  # lazy: looked up when called (tests/test_figures.py patches safe_output.save_figure)
     need = {"param:model.window", "metric:memory/model_tv"}
     if df.empty or not need <= set(df.columns):
         return None
@@ -189,9 +189,6 @@ def practice_section(df, out_dir: Path, figs: dict) -> Section | None:
             if old else "")),
         ("table", ["gamma", "d", "window w", "L (receptive field)", "runs", "model TV", "sd", "eps(L)", "model / eps"],
          rows)])
-    from matplotlib.figure import Figure
-
-    from ..safe_output import save_figure
 
     fig = Figure(figsize=(6, 4.5), layout="constrained")
     ax = fig.subplots()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import tracking
+from .. import safe_output, tracking
 from ..units import fmt_num
 from .common import NAN, Section
 from .read import SEED_KEYS, Trials, analysis_run, input_keys
@@ -59,9 +59,7 @@ def write_csv(path: Path, objective: str, rows: list[dict], varying: list[str], 
     obj_col = f"objective ({objective})"
     fitted = sorted({k for row in rows for k in row.get("fitted", {})} - set(metrics))
     fields = ["trial", "run_id", "run_name", "kind", obj_col, *varying, *metrics, *fitted]
-    from ..safe_output import write_csv
-
-    return write_csv(path, [{"trial": row["trial"], "run_id": row["run_id"], "run_name": row["run_name"],
+    return safe_output.write_csv(path, [{"trial": row["trial"], "run_id": row["run_id"], "run_name": row["run_name"],
                              "kind": row["kind"], obj_col: row["objective"],
                              **{k: row["params"].get(k, "") for k in varying},
                              **{k: row["metrics"].get(k, "") for k in metrics},

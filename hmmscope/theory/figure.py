@@ -27,7 +27,7 @@ NAN = float("nan")
 
 
 def _eps_panel(ax, ss, hollow):
-    from matplotlib.lines import Line2D
+    from matplotlib.lines import Line2D  # lazy: matplotlib (~0.5 s) only when the figure is drawn (theorem1 imports this module)
 
     for j, s in enumerate(ss):
         L, e, se = (np.asarray(x, float) for x in (s.lengths, s.eps, s.stderr))
@@ -61,6 +61,7 @@ def _eps_panel(ax, ss, hollow):
 def _plain_log_labels(axis) -> None:
     """A log axis's tick labels as plain numbers (0.3, 0.02): every decade, and 2, 3 and 5 times one when the
     axis spans at most two decades (else those ticks stay unlabelled)."""
+    # lazy: matplotlib (~0.5 s) only when the figure is drawn (theorem1 imports this module)
     from matplotlib.ticker import FuncFormatter
 
     def plain(v, pos=None):
@@ -78,8 +79,8 @@ def _plain_log_labels(axis) -> None:
 
 def theory_figure(result, title: str | None = None):
     """The figure of the module docstring."""
-    from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
+    from matplotlib.figure import Figure  # lazy: matplotlib (~0.5 s) only when the figure is drawn (theorem1 imports this module)
+    from matplotlib.lines import Line2D  # lazy: matplotlib (~0.5 s) only when the figure is drawn (theorem1 imports this module)
 
     groups: dict[tuple, list] = {}
     for s in result.settings:
@@ -162,6 +163,7 @@ def theory_figure(result, title: str | None = None):
                title=f"rate vs {x_name}")
         ticks = sorted({float(f"{v:.2g}") for v in xs[np.isfinite(xs) & (xs > 0)]})
         if 0 < len(ticks) <= 8:  # the levels themselves, as plain numbers on the log axis (after set_xscale)
+            # lazy: matplotlib (~0.5 s) only when the figure is drawn (theorem1 imports this module)
             from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator, StrMethodFormatter
 
             ax.xaxis.set_major_locator(FixedLocator(ticks))

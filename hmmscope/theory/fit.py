@@ -55,6 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import statsmodels.api as sm
+from scipy import stats as st
 
 from ..data import seeds
 from ..stats import NO_POWER, Claim, claim, percentile_ci, rule, t_mean
@@ -309,8 +310,6 @@ def fit_exponent(gammas, rates, rate_ci=None, *, x_name: str = "gamma", scope: s
         if df < 1:
             ids = []
         else:
-            from scipy import stats as st
-
             s2 = float(np.sum((yc - k * xc) ** 2)) / df
             q = float(st.t.ppf(0.975, df))
             half = q * math.sqrt(s2 / sxx)

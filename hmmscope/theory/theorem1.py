@@ -55,7 +55,11 @@ import numpy as np
 from ..config import HMMConfig, TheoryConfig
 from ..data import seeds
 from ..data.hmm import make_hmm
+from ..oracles.memory import memory_error
+from ..oracles.observability import gamma_eff, gamma_m, observability
 from ..stats import NO_POWER, Claim, claim, jsonable, rule, t_mean
+from ..units import value_ci
+from .figure import theory_figure as _fig
 from .fit import (
     DrawSummary,
     ExponentFit,
@@ -320,8 +324,6 @@ class TheoryResult:
     def answer(self) -> str:
         """The run's answer in one sentence (its description's first): the first sweep-level claim with a value (an
         exponent or rank fit), else the first decay-rate claim of a setting, with its 95% CI and verdict."""
-        from ..units import value_ci
-
         found = [c for c in self.claims() if math.isfinite(c.value)]
         c = next((c for c in found if any(c is v for v in self.verdicts)), None) or next(
             (c for c in found if c.name.startswith("decay rate")), None) or (found or self.claims() or [None])[0]
@@ -381,9 +383,6 @@ def run_theory(cfg: TheoryConfig, *, progress: Callable[[int, int, str], Any] | 
     """The whole Theorem 1 sweep over n_states x ranks x rhos x gammas, `cfg.draws` HMMs per setting
     (module docstring); `progress(i, n_settings, label)` after each setting, `detail(text)` as each HMM draw begins
     ("setting i/n (label): HMM draw j/m": a setting takes minutes at the default sizes on a busy machine)."""
-    from ..oracles.memory import memory_error
-    from ..oracles.observability import gamma_eff, gamma_m, observability
-
     bad = [(S, d) for S in cfg.n_states for d in cfg.ranks if d > S]
     if bad:
         raise ValueError(f"theory.ranks must not exceed theory.n_states; offending (S, d): {bad}")
@@ -438,13 +437,10 @@ def run_theory(cfg: TheoryConfig, *, progress: Callable[[int, int, str], Any] | 
 
 def theory_figure(result: TheoryResult, title: str | None = None):
     """The Theorem 1 figure (figure.py)."""
-    from .figure import theory_figure as _fig
-
     return _fig(result, title)
 
 
 def plot_theory(result: TheoryResult, path, title: str | None = None):
     """Write `theory_figure` as <path>.png and <path>.pdf; returns [png, pdf]."""
-    from ..safe_output import save_figure
-
+    from ..safe_output import save_figure  # lazy: looked up when called (tests/test_figures.py patches safe_output.save_figure)
     return save_figure(theory_figure(result, title), path)

@@ -7,10 +7,15 @@ The rooms (each module's docstring has the details):
 - `tags`: what a run carries besides metrics: MLflow's standard tags (user, entry point, git commit, note),
   the config params of its kind, MLflow-safe keys, the objective key, the claims table.
 - `runs`: `start_run` (nested runs, resuming, FINISHED / FAILED / KILLED with the reason) and `Run`, the
-  handle every write goes through (params, metrics, tags, artifacts, tables, claims, downloads, the model as an
-  MLflow logged model: `Run.log_model`; `Run.forget_metrics`: a resume's rows past its checkpoint, each step once).
-- `liveness`: host, pid and heartbeat of an open run; orphan runs found (`stale_reason`) and ended (`gc_runs`);
-  one writer per run (`hold_run`: the lease taken atomically, an OS lock beside a sqlite store).
+  handle every write goes through (params, metrics, tags, claims, datasets; `Run.forget_metrics`: a resume's rows
+  past its checkpoint, each step once).
+- `artifacts`: `RunArtifacts`, the artifact half of `Run` (its base class): where a run's artifacts are (resolved
+  against the store's own folder), files, JSON and tables written, the model as an MLflow logged model
+  (`log_model`), read back (`require`, `download`; `ArtifactNotFound` names the path looked for).
+- `liveness`: a run's lease (host, pid, heartbeat) read; orphan runs found (`stale_reason`) and ended (`gc_runs`);
+  who holds a run (`live_owner`).
+- `hold`: one writer per run (`hold_run`: the lease taken atomically, an OS lock beside a sqlite store; the
+  heartbeat; `settle_run`, `own_runs`: runs this process opened, ended when their own end could not be written).
 - `claims`: a run's claims as one table plus headline numbers, and read back (`read_claims`).
 - `faults`: a store's failures told apart (`store_error`, `permanent_fault`: a full disk) and said in one line
   (`store_reason`).
@@ -19,27 +24,20 @@ The rooms (each module's docstring has the details):
   table's columns as MLflow's shared view, `browse_line`: the one `hmmscope ui` line commands print;
   `ui_command`: the server's own command line).
 
-Dependencies run store <- tags <- search <- liveness <- runs, none back. No module of this package imports
-mlflow at import time (only inside functions), and none imports anything of hmmscope outside it except
-`config` (inside `tags.config_params`); every other module reaches MLflow only through this package.
+Dependencies run store <- tags <- search <- liveness <- hold <- runs (artifacts: store, tags, leftovers), none back.
+No module of this package imports mlflow at import time (only inside functions), and none imports anything of hmmscope
+outside it except `config` (`tags`), `env`, `interrupts` and `safe_output` (below every unit); every other module
+reaches MLflow only through this package.
 """
 
+from .artifacts import ArtifactNotFound
 from .claims import CLAIMS_FILE, claim_keys, read_claims
+from .hold import LeaseLost, LeaseUnavailable, RunHeld, own_runs
+from .hold import hold as hold_run
+from .hold import settle as settle_run
 from .leftovers import run_temp_dir
-from .liveness import (
-    HEARTBEAT_ENV,
-    HEARTBEAT_GRACE,
-    LeaseLost,
-    LeaseUnavailable,
-    RunHeld,
-    gc_runs,
-    heartbeat_interval,
-    own_runs,
-    stale_reason,
-)
-from .liveness import hold as hold_run
-from .liveness import settle as settle_run
-from .runs import ArtifactNotFound, Run, config_toml, delete_run, existing_run, experiment_name, start_run
+from .liveness import HEARTBEAT_ENV, HEARTBEAT_GRACE, gc_runs, heartbeat_interval, stale_reason
+from .runs import Run, config_toml, delete_run, existing_run, experiment_name, start_run
 from .search import (
     ANSWER,
     ML_VIEW,

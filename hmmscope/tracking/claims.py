@@ -21,9 +21,13 @@ hmmscope outside tracking; mlflow only through them.
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
+from .artifacts import ArtifactNotFound
+from .runs import Run
 from .tags import safe_key
 
 CLAIMS_FILE = "claims.json"
@@ -43,16 +47,11 @@ def claim_keys(claims: Iterable[Any]) -> dict[str, float]:
 
 def _table(uri: str, run) -> dict | None:
     """The run's claims.json table ({"columns": [...], "data": [[...], ...]}), or None if it has none."""
-    from .runs import ArtifactNotFound, Run
-
     if CLAIMS_FILE not in run.data.tags.get("mlflow.loggedArtifacts", ""):
         return None
     try:
         path = Run(uri, run.info.run_id).require(CLAIMS_FILE)
         if "://" in path:
-            import tempfile
-            from pathlib import Path
-
             with tempfile.TemporaryDirectory() as tmp:
                 text = Path(Run(uri, run.info.run_id).download(CLAIMS_FILE, tmp)).read_text()
         else:

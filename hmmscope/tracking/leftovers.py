@@ -91,18 +91,18 @@ def describe(n: int, size: int) -> str:
 
 
 def free_locks(uri: str) -> int:
-    """Remove the run lease lock files (`<store folder>/.leases/*.lock`, liveness.hold) that no process holds (their
+    """Remove the run lease lock files (`<store folder>/.leases/*.lock`, hold.hold) that no process holds (their
     holder was killed: the OS dropped the lock, the file stayed); how many. Each is locked before it is removed, so a
     held one is never touched."""
     try:
-        import fcntl
+        import fcntl  # lazy: POSIX only
     except ImportError:
         return 0
     db = sqlite_path(uri)
     folder = db.parent / ".leases" if db is not None else None
     if folder is None:
         return 0
-    try:  # the folder itself, never through a link (liveness._lease_folder writes nothing through one either)
+    try:  # the folder itself, never through a link (hold._lease_folder writes nothing through one either)
         dfd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return 0
@@ -130,10 +130,10 @@ def free_locks(uri: str) -> int:
 
 
 def lock_held(uri: str, run_id: str) -> bool:
-    """Does a live process hold run `run_id`'s lease lock (`<store folder>/.leases/<run id>.lock`, liveness.hold): an
+    """Does a live process hold run `run_id`'s lease lock (`<store folder>/.leases/<run id>.lock`, hold.hold): an
     `evaluate` writing a run that is not RUNNING, whose staged files are not leftovers?"""
     try:
-        import fcntl
+        import fcntl  # lazy: POSIX only
     except ImportError:
         return False
     db = sqlite_path(uri)
@@ -158,7 +158,7 @@ def remove_creations(uri: str, *, dry_run: bool = False) -> tuple[int, int]:
     """Remove what a killed first creation of a sqlite store left beside it (`.<db>.<hex>.creating` and its journal,
     store.create); (how many, bytes). Taken under the store's creation lock, without waiting: while another process
     creates the store, nothing is touched."""
-    import filelock
+    import filelock  # lazy: filelock off the CLI's start-up
 
     db = sqlite_path(uri)
     if db is None or not db.parent.is_dir():

@@ -30,8 +30,9 @@ import json
 import re
 import shlex
 import time
+from urllib.parse import quote
 
-from .store import StoreMissing, artifact_root, client
+from .store import StoreMissing, artifact_root, client, default_tracking_uri
 from .tags import safe_key
 
 UI_PORT = 5000  # `hmmscope ui`'s port when it is free and none is given (else any free one)
@@ -54,8 +55,6 @@ def experiment_url(base: str, experiment_id: str, search_filter: str | None = No
     """The runs table of an experiment (the 'Model training' view, not the GenAI overview), optionally
     narrowed by an MLflow search filter (e.g. one sweep's trials) and sorted by a metric (`order_by`, a
     metric key: the UI shows that column)."""
-    from urllib.parse import quote
-
     extra = f"&searchFilter={quote(search_filter, safe='')}" if search_filter else ""
     if order_by:
         extra += f"&orderByKey={quote(f'metrics.`{order_by}`', safe='')}&orderByAsc={str(ascending).lower()}"
@@ -87,8 +86,6 @@ def browse_line(uri: str, *, run_id: str | None = None, sweep: str | None = None
                 experiment: str | None = None) -> str:
     """The one line a command prints to reach its results: the URL itself on a server store, else the
     `hmmscope ui` command that serves this store and prints the URL with the port it really listens on."""
-    from .store import default_tracking_uri
-
     base = ui_base(uri)
     if base is not None:
         with contextlib.suppress(Exception):
@@ -265,7 +262,7 @@ def search_runs(uri: str, experiment: str | None = None, *, filter_string: str =
     `experiment` (a name) or `experiment_ids` narrow the search (default: every experiment);
     `parent_id` keeps the direct children of that run; `filter_string` is MLflow's search syntax.
     """
-    from mlflow.entities import ViewType
+    from mlflow.entities import ViewType  # lazy: mlflow off the CLI's start-up
 
     c = client(uri)
     if experiment_ids is None:

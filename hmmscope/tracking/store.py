@@ -34,8 +34,12 @@ must not import the other tracking modules (they import this) or anything of hmm
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import secrets
 import sqlite3
+import time
 from pathlib import Path
 from urllib.parse import quote, unquote, urlparse
 from urllib.request import url2pathname
@@ -62,8 +66,6 @@ def url_path_problem(path: str | Path) -> str | None:
     """Why `sqlite:///<path>` would not name `path` (SQLAlchemy cuts an sqlite URL's path at '?' and decodes its
     percent-escapes: in a folder `a%41b` that URL names `aAb`), or None when it names it exactly. Everything else
     (spaces, '#', '+', a '%' not followed by two hex digits, any letter) goes into the URL as it is."""
-    import re
-
     s = str(path)
     if "?" in s:
         return "'?' (an sqlite URL ends its path there)"
@@ -94,8 +96,6 @@ def check_sqlite_url(url: str, what: str = "tracking URI") -> None:
     raw = url[len("sqlite:///"):].split("?", 1)[0]
     if raw.startswith("file:") or unquote(raw) == raw:
         return
-    import re
-
     esc = re.search(r"%[0-9A-Fa-f]{2}", raw)
     raise ValueError(f"{what} {url!r}: its path holds the escape {esc.group() if esc else '%'!r}, which SQLAlchemy "
                      f"decodes and MLflow does not; write the path as it is: sqlite:///{unquote(raw)}")
@@ -152,13 +152,11 @@ def _mlflow_creates_no_folder_for_sqlite_uris() -> None:
     as a path: for the read-only form `sqlite:///file:/abs/...?mode=ro` that is a tree `./file:/abs/...` in the working
     folder (an error where it cannot be written). Here such an SQLite URI is never a folder to create; every other URL
     goes to MLflow's own function. Installed once, before any client is made."""
-    import mlflow.store.db.utils as utils
+    import mlflow.store.db.utils as utils  # lazy: mlflow off the CLI's start-up
 
     make = utils._make_parent_dirs_if_sqlite
     if getattr(make, "hmmscope", False):
         return
-    import logging
-
     # MLflow logs every database error with its traceback at ERROR before it raises it (a full disk: dozens of lines
     # per write); the error itself reaches the caller, which says it in one line
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
@@ -195,7 +193,7 @@ def ensure_store(uri: str) -> None:
     (`_create`): a failure half-way (a full disk) leaves no store, never a half-migrated one. A store that exists
     but cannot be written is used as it is (no lock file, no relocation).
     """
-    import filelock
+    import filelock  # lazy: filelock off the CLI's start-up
 
     db = sqlite_path(uri)
     if db is None or (uri in _READY and db.exists()):
@@ -225,9 +223,7 @@ def _create(db: Path) -> None:
     once: its later new stores start from a copy of the first (read once from the temp file it just migrated, then
     kept in memory; never from a cache or another store), with the one row that names a place and a time, the
     Default experiment, set for this store (tests/test_tracking.py: equal to a migrated one, row for row)."""
-    import secrets
-
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # lazy: mlflow off the CLI's start-up
 
     tmp = db.with_name(f".{db.name}.{secrets.token_hex(6)}.creating")
     tmp_uri = f"sqlite:///{tmp}"
@@ -262,7 +258,7 @@ def _create(db: Path) -> None:
 
 def _dispose(uri: str) -> None:
     """Close and forget MLflow's pooled engine for `uri`, if it has one."""
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # lazy: mlflow off the CLI's start-up
 
     engine = SqlAlchemyStore._engine_map.pop(uri, None)
     if engine is not None:
@@ -273,9 +269,7 @@ def _from_empty(tmp: Path, root: str) -> None:
     """`_EMPTY[0]` written to `tmp` (a new database) by sqlite, as MLflow's migration writes (a full disk fails as it
     does: 'database or disk is full'), its Default experiment (id 0) rooted at `root` and created now, as MLflow
     creates it (`<root>/0`)."""
-    import time
-
-    from mlflow.utils.uri import append_to_uri_path
+    from mlflow.utils.uri import append_to_uri_path  # lazy: mlflow off the CLI's start-up
 
     now = int(time.time() * 1000)
     mem, dst = sqlite3.connect(":memory:"), None
@@ -337,7 +331,7 @@ def client(uri: str):
     or empty database file on the first call, so a read (`report` on a 0-byte mlflow.db, `ui` after its folder moved)
     would create a store. Here only `ensure_store` creates one (a write's first step); a missing or empty database
     raises StoreMissing, and nothing is written."""
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # lazy: mlflow off the CLI's start-up
 
     db = sqlite_path(uri)
     if db is not None:

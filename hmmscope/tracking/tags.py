@@ -12,8 +12,8 @@ A sweep trial's objective is logged once, under the key its spec names (no secon
 `api` and `runs compare` would show twice).
 
 Part of `tracking`, the one package that talks to MLflow; this module itself never calls it (pure
-functions, git and the process's argv). Imports `config` only inside config_params; must not import the
-other tracking modules or anything else of hmmscope.
+functions, git and the process's argv). Imports `config` (its `flatten`, for config_params); must not import
+the other tracking modules or anything else of hmmscope.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from ..config import flatten
 
 _PKG = Path(__file__).resolve().parents[1]  # the hmmscope package folder
 PARAM_MAX = 6000  # MLflow's limit on a param value's length
@@ -101,8 +103,6 @@ TRAIN_SECTIONS, THEORY_SECTIONS = ("hmm", "data", "model", "train", "eval"), ("t
 
 def config_params(cfg: Any, sections: Iterable[str]) -> dict[str, Any]:
     """The flat config keys of `sections` (e.g. TRAIN_SECTIONS): the params of one run kind."""
-    from ..config import flatten
-
     keep = set(sections)
     return {k: v for k, v in flatten(cfg).items() if k.split(".", 1)[0] in keep}
 

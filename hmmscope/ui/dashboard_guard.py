@@ -22,6 +22,12 @@ import argparse
 import re
 import sys
 from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import optuna_dashboard
+
+from ..sweep.storage import dashboard_storage
 
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
@@ -80,12 +86,7 @@ class HostGuard:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from socketserver import ThreadingMixIn
-    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-    import optuna_dashboard
-
-    from ..sweep.storage import dashboard_storage
 
     ap = argparse.ArgumentParser(prog="python -m hmmscope.ui.dashboard_guard")
     ap.add_argument("--host", default="127.0.0.1")

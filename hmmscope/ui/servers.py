@@ -11,18 +11,23 @@ It reports through its caller: `supervise` takes a context manager to show while
 callback for when they answer, and returns a `Failure` (what happened, the log's path and last lines) or None.
 
 Must not import typer, rich or `hmmscope.cli` (the CLI prints; this module does not), nor torch, mlflow, optuna
-at module level: `hmmscope.tracking` and `hmmscope.sweep` are imported inside the functions that need them.
+at module level: `hmmscope.tracking` and `hmmscope.sweep` are imported inside the functions that need them (`# lazy:`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -62,8 +67,6 @@ def port_free(port: int) -> bool:
     """Whether a server can listen on `port` on 127.0.0.1 now: bound as servers bind (SO_REUSEADDR, as uvicorn and
     MLflow's server do), so the TIME_WAIT connections a stopped server leaves for a minute do not count; a port
     another socket listens on does."""
-    import socket
-
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -75,9 +78,6 @@ def port_free(port: int) -> bool:
 
 def answers(url: str, ok_only: bool = True) -> bool:
     """Whether `url` answers within 2 s: with 200 (`ok_only`), or with any HTTP status."""
-    import urllib.error
-    import urllib.request
-
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
             return r.status == 200 or not ok_only
@@ -118,9 +118,7 @@ def mlflow_ui(uri: str, port: int) -> Server:
     says when it is gone. The argv is a list built from typed values, never a string split by a shell's rules: every value is
     joined to its option with `=` (`--backend-store-uri=URI`), so a URI or path with spaces, quotes or a
     leading `--` stays one value of its option and can never become an option of its own."""
-    import shutil
-
-    from .. import tracking
+    from .. import tracking  # lazy: tracking (mlflow) and sweep (optuna) only in the functions that start them
 
     exe = shutil.which("mlflow") or str(Path(sys.executable).parent / "mlflow")
     served = tracking.server_uri(uri)  # a sqlite store opened, never created (moved away while served: not re-made)
@@ -137,11 +135,10 @@ def optuna_dashboard(storage: str | None, port: int) -> Server:
     """optuna-dashboard on the Optuna storage (default: `sweep.default_storage()`), on 127.0.0.1:port, behind the
     Host/Origin guard the MLflow UI has (`dashboard_guard`: its WSGI app wrapped, in a process of this Python).
     ConfigError if it is not installed."""
-    import importlib.util
-
     if importlib.util.find_spec("optuna_dashboard") is None:
         raise ConfigError("optuna-dashboard is not installed: pip install optuna-dashboard")
     if not storage:
+        # lazy: tracking (mlflow) and sweep (optuna) only in the functions that start them
         from ..sweep.storage import default_storage
 
         storage = default_storage()

@@ -153,6 +153,21 @@ def state_before_task_values(layers, task_acc, state_acc, task_chance: float, st
     return out
 
 
+class _Added:
+    """Claims as they are decided, in order (a rule's "requires" reads the verdicts decided before it)."""
+
+    def __init__(self):
+        self.claims: list[Claim] = []
+        self.verdicts: dict[str, str] = {}
+
+    def __call__(self, name, stat, values, rule_, reason, lo_hi=None):
+        v = np.asarray(values, float)
+        lo, hi = lo_hi if lo_hi is not None else percentile_ci(v[1:])
+        c = claim(name, stat, float(v[0]), lo, hi, rule_, reason, self.verdicts)
+        self.claims.append(c)
+        self.verdicts[name] = c.verdict
+
+
 def probe_claims(layers, scores: dict[str, TargetScores], *, ks=(1, 2, 3, 4, 5), fracs=(0.5, 0.9),
                  n_boot: int = 1000, seed: int = 0, baseline: dict[int, np.ndarray] | None = None,
                  token_baseline: dict[int, np.ndarray] | None = None,
@@ -164,131 +179,154 @@ def probe_claims(layers, scores: dict[str, TargetScores], *, ks=(1, 2, 3, 4, 5),
     belief: (real, control) per-layer sums (n, sy, syy, sse), each (n_test, S).
     """
     lay = np.asarray(layers)
-    L = len(lay)
     n_test = len(next(iter(scores.values())).counts) if scores else len(belief[0][0][0])
     W = np.vstack([np.ones(n_test), boot_weights(n_test, n_boot, seed)])  # row 0: the point estimate
     A = _halves(n_test, seed)
     WA, WB = W * A, W * ~A
-    claims: list[Claim] = []
-    verdicts: dict[str, str] = {}
+    add = _Added()
     summary, ci, cur, best = [], {}, {}, {}
-
-    def add(name, stat, values, rule_, reason, lo_hi=None):
-        v = np.asarray(values, float)
-        lo, hi = lo_hi if lo_hi is not None else percentile_ci(v[1:])
-        c = claim(name, stat, float(v[0]), lo, hi, rule_, reason, verdicts)
-        claims.append(c)
-        verdicts[name] = c.verdict
-
     for t, s in scores.items():
-        H, Hc, Cn = (np.asarray(x, float) for x in (s.hits, s.control, s.counts))
-        n_all, nA, nB = W @ Cn, WA @ Cn, WB @ Cn
-        acc = nan_ratio(W @ H, n_all[:, None])  # (1 + B, L)
-        hA, hB, cA, cB = WA @ H, WB @ H, WA @ Hc, WB @ Hc
-        b, la, lb = _crossfit(nan_ratio(hA, nA[:, None]), nan_ratio(hB, nB[:, None]), hA, hB, n_all)
-        b[(nA == 0) | (nB == 0)] = NAN
-        cb = (_take(cA, la) + _take(cB, lb)) / n_all
-        cur[t], best[t] = acc, b
-        ci[t] = np.array([percentile_ci(acc[1:, l]) for l in range(L)]), \
-            np.array([percentile_ci(nan_ratio(W[1:] @ Hc[:, l], n_all[1:])) for l in range(L)])
-        peaks = lay[_first(acc)]
-        norm = _norm_curve(acc[:1], s.chance)
-        summary.append({"target": t, "peak_layer": int(peaks[0]), "peak_lo": percentile_ci(peaks[1:])[0],
-                        "peak_hi": percentile_ci(peaks[1:])[1], "max_acc": float(np.nanmax(acc[0])),
-                        "best_acc": float(b[0]), "best_layers": f"{lay[la[0]]}/{lay[lb[0]]}", "chance": s.chance,
-                        **{f"reach{round(100 * f)}": float(lay[int(r)]) if np.isfinite(r) else NAN
-                           for f in fracs for r in [_reach(norm, f)[0]]}})
-        add(f"{t}_beats_control", "best-layer acc (cross-fitted) - max(control acc there, chance)",
-            b - np.maximum(cb, s.chance), rule(">", 0),
-            f"acc {b[0]:.3f} at layers {lay[la[0]]}/{lay[lb[0]]} (each half at the other half's best) vs control "
-            f"{cb[0]:.3f}, chance {s.chance:.3f}")
+        cur[t], best[t], ci[t], row = _target(t, s, lay, W, WA, WB, fracs, add)
+        summary.append(row)
     if belief is not None:
-        real, ctrl = belief
-        rA, rB, qA, qB = r2_curves(real, WA), r2_curves(real, WB), r2_curves(ctrl, WA), r2_curves(ctrl, WB)
-        la, lb = _first(rB), _first(rA)
-        d = 0.5 * (_take(rA, la) - np.maximum(_take(qA, la), 0) + _take(rB, lb) - np.maximum(_take(qB, lb), 0))
-        add("belief_beats_control", "best-layer R^2 (cross-fitted, mean of halves) - max(control R^2 there, 0)",
-            d, rule(">", 0), f"R^2 {0.5 * (rA[0, la[0]] + rB[0, lb[0]]):.3f} at layers {lay[la[0]]}/{lay[lb[0]]} vs "
-                             f"control {0.5 * (qA[0, la[0]] + qB[0, lb[0]]):.3f}")
+        _belief(belief, lay, WA, WB, add)
     kk = [k for k in ks if f"kback{k}" in scores]
     on_excess = token_baseline is not None and all(k in token_baseline for k in kk)
-    excess = {}
-    for k in kk:
-        t = f"kback{k}"
-        acc, b, s = cur[t], best[t], scores[t]
-        if on_excess:
-            tok = nan_ratio(W @ np.asarray(token_baseline[k], float), W @ np.asarray(s.counts, float))
-            row = next(r for r in summary if r["target"] == t)
-            row["token_acc"], row["excess_over_token_stats"] = float(tok[0]), float(b[0] - tok[0])
-            excess[k] = b - tok
-            add(f"{t}_beats_token_stats", "best-layer acc (cross-fitted) - acc of o_t alone (token statistics)",
-                b - tok, rule(">", 0), f"acc {b[0]:.3f} vs {tok[0]:.3f} from the current token alone (chance "
-                                       f"{s.chance:.3f}): what the probe reads of o_(t-{k}) beyond what o_t gives")
-        if baseline is not None and k in baseline:
-            base = nan_ratio(W @ np.asarray(baseline[k], float), W @ np.asarray(s.counts, float))
-            next(r for r in summary if r["target"] == t)["baseline_acc"] = float(base[0])
-            add(f"{t}_beats_baseline", "best-layer acc (cross-fitted) - (task, current token) baseline acc",
-                b - base, rule(">", 0), f"acc {b[0]:.3f} vs baseline {base[0]:.3f} (chance {s.chance:.3f}): "
-                                        f"memory of o_(t-{k}) beyond what the task and o_t predict")
-        if L < 3:
-            add(f"{t}_rises_then_falls", "min(rise, fall) of acc over layers (cross-fitted peak)", [NAN], rule(">", 0),
-                "fewer than 3 layers", (NAN, NAN))
-            continue
-        rise, fall = b - acc[:, 0], b - acc[:, -1]
-        ends = np.isin(_first(acc[1:]), [0, L - 1]).mean()
-        add(f"{t}_rises_then_falls", "min(rise, fall) of acc over layers (cross-fitted peak)", np.minimum(rise, fall),
-            rule(">", 0), f"rise {rise[0]:.3f} {_fci(rise)}, fall {fall[0]:.3f} {_fci(fall)}; peak layer "
-                          f"{lay[_first(acc[:1])[0]]}, at an end layer in {ends:.0%} of resamples")
+    excess = {k: _kback(k, scores[f"kback{k}"], cur, best, lay, W, summary, baseline,
+                        token_baseline if on_excess else None, add) for k in kk}
     if len(kk) >= 2:
-        K, x = len(kk), np.asarray(kk, float)
-        P = np.stack([lay[_first(cur[f"kback{k}"])] for k in kk], -1).astype(float)  # (1 + B, K)
-        sl = _slope(x, P)
-        if K >= 3:
-            resid = P[0] - P[0].mean() - sl[0] * (x - x.mean())
-            se = math.sqrt((resid @ resid) / (K - 2) / ((x - x.mean()) @ (x - x.mean())))
-            q = float(st.t.ppf(0.975, K - 2))
-            blo, bhi = percentile_ci(sl[1:])
-            lo_hi = (min(sl[0] - q * se, blo), max(sl[0] + q * se, bhi))
-        else:
-            lo_hi = (NAN, NAN)
-        add("kback_peak_moves_up", f"OLS slope of peak layer on k over {K} values of k", sl, rule(">", 0),
-            f"peak layers {dict(zip(kk, P[0].astype(int).tolist()))}; CI: hull of the t interval ({K - 2} df)"
-            " and the bootstrap with re-chosen peaks" + ("" if K >= 3 else "; fewer than 3 values of k"), lo_hi)
-        Bk = np.stack([excess[k] if on_excess else best[f"kback{k}"] for k in kk], -1)  # (1 + B, K)
-        d = np.diff(Bk, axis=-1)
-        step = np.array([percentile_ci(d[1:, i], 1 - 0.05 / (K - 1)) for i in range(K - 1)])
-        nb = np.isfinite(d[1:]).sum(0)
-        p = np.minimum(1, 2 * np.minimum(((d[1:] >= 0).sum(0) + 1) / (nb + 1), ((d[1:] <= 0).sum(0) + 1) / (nb + 1)))
-        ph = holm(p)
-        steps = ", ".join(f"{kk[i]}->{kk[i + 1]}: {d[0, i]:+.3f} (Holm p {ph[i]:.3g})" for i in range(K - 1))
-        what = "best-layer acc - token-statistics acc" if on_excess else "best-layer acc (no token baseline)"
-        add("kback_acc_falls_with_k", f"largest adjacent difference over k of {what} (weakest fall)",
-            d.max(-1), rule("<", 0), f"{'excess over token statistics' if on_excess else 'best acc'} "
-                                     f"{dict(zip(kk, np.round(Bk[0], 3).tolist()))}; steps {steps}; CI "
-                                     f"from per-step {1 - 0.05 / (K - 1):.4g} intervals (Bonferroni)",
-            (float(step[:, 0].max()), float(step[:, 1].max())))
+        _kback_trends(kk, lay, cur, excess if on_excess else {k: best[f"kback{k}"] for k in kk}, on_excess, add)
     if "task" in scores and "state" in scores:
-        req = rule(">", 0, ("task_beats_control", "state_beats_control"))
-        nt, ns = _norm_curve(cur["task"], scores["task"].chance), _norm_curve(cur["state"], scores["state"].chance)
-        up = lay != 0
-        sb = state_before_task_values(lay, cur["task"], cur["state"], scores["task"].chance, scores["state"].chance)
-        if up.any():
-            add("state_before_task", f"mean normalized acc over layers {_span(lay[up])} (the embedding apart), state "
-                                     "- task (threshold-free)", sb["area"], req,
-                f"state {sb['area_state'][0]:.3f}, task {sb['area_task'][0]:.3f} (1 = at its peak from layer "
-                f"{lay[up][0]})")
-        if not up.all():
-            add("state_before_task_layer0", "normalized acc at layer 0 (the embedding: the current token alone), "
-                                            "state - task", sb["layer0"], req,
-                f"state {sb['layer0_state'][0]:.3f}, task {sb['layer0_task'][0]:.3f} of their peaks above chance at "
-                "the embedding, where the current token alone decides")
-        for f in fracs:
-            rt, rs = _reach(nt, f), _reach(ns, f)
-            d = np.where(np.isfinite(rt) & np.isfinite(rs),
-                         lay[np.nan_to_num(rt).astype(int)] - lay[np.nan_to_num(rs).astype(int)], np.nan)
-            add(f"state_before_task_reach{round(100 * f)}", f"reach layer (task) - reach layer (state), frac {f:g}",
-                d, req, f"reach: task layer {_fl(rt[0], lay)}, state layer {_fl(rs[0], lay)}")
-    return claims, summary, ci
+        _state_before_task(scores, cur, lay, fracs, add)
+    return add.claims, summary, ci
+
+
+def _target(t: str, s: TargetScores, lay, W, WA, WB, fracs, add):
+    """One target's accuracy curve (1 + B, L), its cross-fitted best-layer accuracy, per-layer CIs (probe, control)
+    and summary row; its claim that it beats its control."""
+    L = len(lay)
+    H, Hc, Cn = (np.asarray(x, float) for x in (s.hits, s.control, s.counts))
+    n_all, nA, nB = W @ Cn, WA @ Cn, WB @ Cn
+    acc = nan_ratio(W @ H, n_all[:, None])  # (1 + B, L)
+    hA, hB, cA, cB = WA @ H, WB @ H, WA @ Hc, WB @ Hc
+    b, la, lb = _crossfit(nan_ratio(hA, nA[:, None]), nan_ratio(hB, nB[:, None]), hA, hB, n_all)
+    b[(nA == 0) | (nB == 0)] = NAN
+    cb = (_take(cA, la) + _take(cB, lb)) / n_all
+    ci = np.array([percentile_ci(acc[1:, l]) for l in range(L)]), \
+        np.array([percentile_ci(nan_ratio(W[1:] @ Hc[:, l], n_all[1:])) for l in range(L)])
+    peaks = lay[_first(acc)]
+    norm = _norm_curve(acc[:1], s.chance)
+    row = {"target": t, "peak_layer": int(peaks[0]), "peak_lo": percentile_ci(peaks[1:])[0],
+           "peak_hi": percentile_ci(peaks[1:])[1], "max_acc": float(np.nanmax(acc[0])),
+           "best_acc": float(b[0]), "best_layers": f"{lay[la[0]]}/{lay[lb[0]]}", "chance": s.chance,
+           **{f"reach{round(100 * f)}": float(lay[int(r)]) if np.isfinite(r) else NAN
+              for f in fracs for r in [_reach(norm, f)[0]]}}
+    add(f"{t}_beats_control", "best-layer acc (cross-fitted) - max(control acc there, chance)",
+        b - np.maximum(cb, s.chance), rule(">", 0),
+        f"acc {b[0]:.3f} at layers {lay[la[0]]}/{lay[lb[0]]} (each half at the other half's best) vs control "
+        f"{cb[0]:.3f}, chance {s.chance:.3f}")
+    return acc, b, ci, row
+
+
+def _belief(belief: tuple, lay, WA, WB, add) -> None:
+    """The belief probe's claim: its cross-fitted best-layer R^2 above its control's."""
+    real, ctrl = belief
+    rA, rB, qA, qB = r2_curves(real, WA), r2_curves(real, WB), r2_curves(ctrl, WA), r2_curves(ctrl, WB)
+    la, lb = _first(rB), _first(rA)
+    d = 0.5 * (_take(rA, la) - np.maximum(_take(qA, la), 0) + _take(rB, lb) - np.maximum(_take(qB, lb), 0))
+    add("belief_beats_control", "best-layer R^2 (cross-fitted, mean of halves) - max(control R^2 there, 0)",
+        d, rule(">", 0), f"R^2 {0.5 * (rA[0, la[0]] + rB[0, lb[0]]):.3f} at layers {lay[la[0]]}/{lay[lb[0]]} vs "
+                         f"control {0.5 * (qA[0, la[0]] + qB[0, lb[0]]):.3f}")
+
+
+def _kback(k: int, s: TargetScores, cur, best, lay, W, summary, baseline, token_baseline, add):
+    """The k-back probe's claims: beyond token statistics and the (task, token) baseline, rising then falling over
+    layers. Returns its excess over token statistics (1 + B,), or None without a token baseline."""
+    t = f"kback{k}"
+    acc, b = cur[t], best[t]
+    L = len(lay)
+    excess = None
+    if token_baseline is not None:
+        tok = nan_ratio(W @ np.asarray(token_baseline[k], float), W @ np.asarray(s.counts, float))
+        row = next(r for r in summary if r["target"] == t)
+        row["token_acc"], row["excess_over_token_stats"] = float(tok[0]), float(b[0] - tok[0])
+        excess = b - tok
+        add(f"{t}_beats_token_stats", "best-layer acc (cross-fitted) - acc of o_t alone (token statistics)",
+            b - tok, rule(">", 0), f"acc {b[0]:.3f} vs {tok[0]:.3f} from the current token alone (chance "
+                                   f"{s.chance:.3f}): what the probe reads of o_(t-{k}) beyond what o_t gives")
+    if baseline is not None and k in baseline:
+        base = nan_ratio(W @ np.asarray(baseline[k], float), W @ np.asarray(s.counts, float))
+        next(r for r in summary if r["target"] == t)["baseline_acc"] = float(base[0])
+        add(f"{t}_beats_baseline", "best-layer acc (cross-fitted) - (task, current token) baseline acc",
+            b - base, rule(">", 0), f"acc {b[0]:.3f} vs baseline {base[0]:.3f} (chance {s.chance:.3f}): "
+                                    f"memory of o_(t-{k}) beyond what the task and o_t predict")
+    if L < 3:
+        add(f"{t}_rises_then_falls", "min(rise, fall) of acc over layers (cross-fitted peak)", [NAN], rule(">", 0),
+            "fewer than 3 layers", (NAN, NAN))
+        return excess
+    rise, fall = b - acc[:, 0], b - acc[:, -1]
+    ends = np.isin(_first(acc[1:]), [0, L - 1]).mean()
+    add(f"{t}_rises_then_falls", "min(rise, fall) of acc over layers (cross-fitted peak)", np.minimum(rise, fall),
+        rule(">", 0), f"rise {rise[0]:.3f} {_fci(rise)}, fall {fall[0]:.3f} {_fci(fall)}; peak layer "
+                      f"{lay[_first(acc[:1])[0]]}, at an end layer in {ends:.0%} of resamples")
+    return excess
+
+
+def _kback_trends(kk: list[int], lay, cur, falls: dict, on_excess: bool, add) -> None:
+    """Over two or more k: the peak layer moves up with k (OLS slope), and the accuracy (`falls`: the excess over
+    token statistics, else the best-layer accuracy) falls with k at every step."""
+    K, x = len(kk), np.asarray(kk, float)
+    P = np.stack([lay[_first(cur[f"kback{k}"])] for k in kk], -1).astype(float)  # (1 + B, K)
+    sl = _slope(x, P)
+    if K >= 3:
+        resid = P[0] - P[0].mean() - sl[0] * (x - x.mean())
+        se = math.sqrt((resid @ resid) / (K - 2) / ((x - x.mean()) @ (x - x.mean())))
+        q = float(st.t.ppf(0.975, K - 2))
+        blo, bhi = percentile_ci(sl[1:])
+        lo_hi = (min(sl[0] - q * se, blo), max(sl[0] + q * se, bhi))
+    else:
+        lo_hi = (NAN, NAN)
+    add("kback_peak_moves_up", f"OLS slope of peak layer on k over {K} values of k", sl, rule(">", 0),
+        f"peak layers {dict(zip(kk, P[0].astype(int).tolist()))}; CI: hull of the t interval ({K - 2} df)"
+        " and the bootstrap with re-chosen peaks" + ("" if K >= 3 else "; fewer than 3 values of k"), lo_hi)
+    Bk = np.stack([falls[k] for k in kk], -1)  # (1 + B, K)
+    d = np.diff(Bk, axis=-1)
+    step = np.array([percentile_ci(d[1:, i], 1 - 0.05 / (K - 1)) for i in range(K - 1)])
+    nb = np.isfinite(d[1:]).sum(0)
+    p = np.minimum(1, 2 * np.minimum(((d[1:] >= 0).sum(0) + 1) / (nb + 1), ((d[1:] <= 0).sum(0) + 1) / (nb + 1)))
+    ph = holm(p)
+    steps = ", ".join(f"{kk[i]}->{kk[i + 1]}: {d[0, i]:+.3f} (Holm p {ph[i]:.3g})" for i in range(K - 1))
+    what = "best-layer acc - token-statistics acc" if on_excess else "best-layer acc (no token baseline)"
+    add("kback_acc_falls_with_k", f"largest adjacent difference over k of {what} (weakest fall)",
+        d.max(-1), rule("<", 0), f"{'excess over token statistics' if on_excess else 'best acc'} "
+                                 f"{dict(zip(kk, np.round(Bk[0], 3).tolist()))}; steps {steps}; CI "
+                                 f"from per-step {1 - 0.05 / (K - 1):.4g} intervals (Bonferroni)",
+        (float(step[:, 0].max()), float(step[:, 1].max())))
+
+
+def _state_before_task(scores, cur, lay, fracs, add) -> None:
+    """The state is decodable before the task: over the layers (threshold-free), at the embedding, and by the layer
+    each reaches a fraction of its peak; each requires both to beat their controls."""
+    req = rule(">", 0, ("task_beats_control", "state_beats_control"))
+    nt, ns = _norm_curve(cur["task"], scores["task"].chance), _norm_curve(cur["state"], scores["state"].chance)
+    up = lay != 0
+    sb = state_before_task_values(lay, cur["task"], cur["state"], scores["task"].chance, scores["state"].chance)
+    if up.any():
+        add("state_before_task", f"mean normalized acc over layers {_span(lay[up])} (the embedding apart), state "
+                                 "- task (threshold-free)", sb["area"], req,
+            f"state {sb['area_state'][0]:.3f}, task {sb['area_task'][0]:.3f} (1 = at its peak from layer "
+            f"{lay[up][0]})")
+    if not up.all():
+        add("state_before_task_layer0", "normalized acc at layer 0 (the embedding: the current token alone), "
+                                        "state - task", sb["layer0"], req,
+            f"state {sb['layer0_state'][0]:.3f}, task {sb['layer0_task'][0]:.3f} of their peaks above chance at "
+            "the embedding, where the current token alone decides")
+    for f in fracs:
+        rt, rs = _reach(nt, f), _reach(ns, f)
+        d = np.where(np.isfinite(rt) & np.isfinite(rs),
+                     lay[np.nan_to_num(rt).astype(int)] - lay[np.nan_to_num(rs).astype(int)], np.nan)
+        add(f"state_before_task_reach{round(100 * f)}", f"reach layer (task) - reach layer (state), frac {f:g}",
+            d, req, f"reach: task layer {_fl(rt[0], lay)}, state layer {_fl(rs[0], lay)}")
 
 
 def _fci(x) -> str:

@@ -34,8 +34,14 @@ imports sklearn and the residuals module's tag only (torch_fits only inside a to
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import pickle
+import tempfile
 import time
 import warnings
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -196,9 +202,9 @@ def _fit_layer(f: LayerInputs, X: np.ndarray, vals, clfs: dict | None = None) ->
 
 def _fit_layer_torch(f: LayerInputs, X: np.ndarray, vals, t0: float, out: dict) -> dict:
     """_fit_layer with torch_fits on f.fit_device (the same standardization, splits, controls and outputs)."""
-    import torch
+    import torch  # lazy: torch off the fits' worker processes (they import this package without torch)
 
-    from . import torch_fits
+    from . import torch_fits  # lazy: torch_fits (torch) only inside a torch fit
 
     X = torch.as_tensor(X.reshape(len(f.test_row), -1), device=f.fit_device).float()
     tr = torch.as_tensor(~f.test_row, device=X.device)
@@ -227,8 +233,6 @@ _WORKER_FITS: LayerInputs | None = None  # a worker process's copy (_init_worker
 
 def _init_worker(path: str) -> None:
     """Load the LayerInputs that `layer_fits` wrote to `path` (see there why a file)."""
-    import pickle
-
     global _WORKER_FITS
     with open(path, "rb") as fh:
         _WORKER_FITS = pickle.load(fh)
@@ -272,13 +276,6 @@ def layer_fits(res: Residuals, f: LayerInputs, vals, n_jobs: int, warm_start: bo
         for li, (layer, X) in enumerate(res):
             yield li, layer, _fit_layer(f, X, vals[li], clfs)
         return
-    import multiprocessing
-    import os
-    import pickle
-    import tempfile
-    from collections import deque
-    from concurrent.futures import ProcessPoolExecutor
-
     # The workers get `f` from a file: as an initializer argument it would travel in each worker's launch data,
     # which the spawning call writes to a pipe until the child has read it all, and the child reads it only as
     # it unpickles, after importing this module (sklearn, seconds): each start would block this process.

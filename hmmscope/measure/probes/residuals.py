@@ -44,7 +44,7 @@ class Residuals:
         self.batch_size, self.mem_budget, self.seconds = batch_size, mem_budget, 0.0
 
     def _chunk(self, layers) -> dict[int, np.ndarray]:
-        import torch
+        import torch  # lazy: torch off the fits' worker processes (they import this package without torch)
 
         t0, (N, P) = time.perf_counter(), self.pos.shape
         out: dict[int, np.ndarray] = {}
@@ -84,9 +84,9 @@ def collect_residuals(model, ep, *, positions: Any = "test", layers=None, n_laye
 
     A Transformer is moved to `device` and put in eval mode; activations come back as CPU float32.
     """
-    import torch  # here, not at the top: the fits' worker processes import this module without torch
+    import torch  # lazy: here, not at the top: the fits' worker processes import this module without torch
 
-    from ...model.transformer import resid_names, run_with_cache
+    from ...model.transformer import resid_names, run_with_cache  # lazy: the model (and torch) off the fits' worker processes
 
     tokens = torch.as_tensor(np.asarray(ep.tokens).astype(np.int64))
     N = tokens.shape[0]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...safe_output import write_tables
 from ...stats import Claim, jsonable
 
 _TOKEN_LS = (0, (5, 1.5, 1, 1.5, 1, 1.5))  # dash-dot-dot: the token-statistics baseline
@@ -30,8 +31,6 @@ class ProbeResult:
 
     def to_csv(self, directory) -> list[Path]:
         """probes.csv, belief_probes.csv, probe_summary.csv, probe_claims.csv in `directory` (atomic writes)."""
-        from ...safe_output import write_tables
-
         return write_tables(directory, {"probes": self.table, "belief_probes": self.belief_table,
                                         "probe_summary": self.summary, "probe_claims": jsonable(self.claims)})
 
@@ -43,10 +42,13 @@ class ProbeResult:
         statistics). 3b's baselines are one number per k: drawn against k in a panel of their own beside it, each
         labelled (before: 10 unlabelled horizontal lines across the curves); the style key is in each legend, which
         sits below its panel."""
+        # lazy: matplotlib (~0.5 s) only when a figure is drawn (train.figures / no figures: never)
         from matplotlib import colormaps
-        from matplotlib.figure import Figure
+        from matplotlib.figure import Figure  # lazy: matplotlib, as above
+
+        # lazy: matplotlib (~0.5 s) only when a figure is drawn (train.figures / no figures: never)
         from matplotlib.lines import Line2D
-        from matplotlib.ticker import MaxNLocator
+        from matplotlib.ticker import MaxNLocator  # lazy: matplotlib, as above
 
         fig = Figure(figsize=(22, 6.2), layout="constrained")
         axes = fig.subplots(1, 4, width_ratios=[1, 1, 0.7, 1])
@@ -123,6 +125,7 @@ class ProbeResult:
 
     def plot(self, path, title: str | None = None) -> list[Path]:
         """Write `figure()` as <path>.png and <path>.pdf; returns [png, pdf]."""
+        # lazy: looked up when called (tests/test_figures.py patches safe_output.save_figure)
         from ...safe_output import save_figure
 
         return save_figure(self.figure(title), path)

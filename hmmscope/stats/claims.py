@@ -1,4 +1,5 @@
-"""Claims, the one place their verdicts are decided (SCIENCE.md 6), few-cluster estimates; JSON-safe conversion.
+"""Claims and the one place their verdicts are decided (SCIENCE.md 6); equivalence and families of claims;
+JSON-safe conversion.
 
 Every claim hmmscope checks is a `Claim`: a named statistic, its value, a 95% confidence interval
 [ci_lo, ci_hi], a `rule`, the degrees of freedom of the interval (`df`: NaN when it is not a t
@@ -60,24 +61,6 @@ seed-level values (statsmodels' TTestPower; tests/test_sweep_effects.py checks i
 Families of claims (`holm_verdicts`): where a report decides many claims, one line says how many are supported,
 how many the rule's own error rate (2.5% each: one side of a 95% CI; 5% for '!=') would give with no real effect,
 and the Holm-adjusted verdicts, shown beside the per-claim ones, never instead of them.
-
-Few-cluster inference (the one method hmmscope uses for effects across replicate seeds). With G
-seeds, an effect that varies from seed to seed has at most G - 1 degrees of freedom, however many
-trials each seed holds: the trials of one seed share its data and initialization. `t_mean` is the
-t interval on G unit values (t with G - 1 df); `paired_effect` reduces a two-level comparison (e.g.
-RoPE - absolute) to one value per seed, the mean over blocks (levels of the other swept factors,
-e.g. gamma) of the within-(seed, block) difference, and applies `t_mean` to those seed values. A
-blocking factor is thus never estimated (it cancels within each pair), so one gamma level, or a
-gamma level per seed, costs no degree of freedom. With one seed the blocks are the replicates (the
-effect's spread across blocks is its noise), and the estimate says so. Exact under normal seed
-effects; tests/test_stats.py checks the coverage by simulation (planted null effects, 3 seeds).
-
-Threshold crossings (`crossing_interval`, task diversity's regime boundary n*): where a curve measured per
-unit (seed) on a grid falls through a threshold, interpolated linearly between grid points, with the
-confidence set that inverts the t test (G - 1 df) of "the mean curve there equals the threshold", each unit's
-curve interpolated the same way (Fieller's interval, extended over the grid). It is open (inf) where grid
-points that cannot be told from the threshold reach an end of the grid; tests/test_stats.py simulates its
-coverage at the task-diversity record's layout (7 cells, 3 seeds).
 """
 
 from __future__ import annotations
@@ -239,275 +222,6 @@ def check_claims(claims: Iterable[Claim], verdicts: Mapping[str, str] | None = N
     return bad
 
 
-# ---------------------------------------------------------------- few-cluster estimates
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """A mean over replicate units with its 95% t interval (module docstring, few-cluster inference)."""
-
-    value: float
-    lo: float
-    hi: float
-    se: float
-    df: float  # n - 1 for a t on n units; NaN when no interval
-    p: float  # two-sided, against 0
-    n: int  # units
-    unit: str  # what a unit is, e.g. "seed", "block (one seed)"
-    method: str
-    degenerate: str = ""  # why the statistic cannot vary ("" when it can)
-    units: tuple = ()  # (label, value) per unit, for figures and tables
-
-    @property
-    def ok(self) -> bool:
-        return math.isfinite(self.value)
-
-
-def t_mean(values, labels=None, *, unit: str = "replicate", level: float = 0.95) -> Estimate:
-    """Mean of the finite `values` (one per unit) with a t interval on n - 1 df. One unit: no interval
-    (df 0); n equal values: a zero-width interval, marked degenerate."""
-    from scipy import stats as st
-
-    x = np.asarray(values, float)
-    lab = list(labels) if labels is not None else list(range(len(x)))
-    keep = np.isfinite(x)
-    x, lab = x[keep], [v for v, k in zip(lab, keep) if k]
-    n = len(x)
-    units = tuple(zip(lab, (float(v) for v in x)))
-    method = f"t on {n} {unit} values ({max(n - 1, 0)} df)"
-    if n == 0:
-        return Estimate(math.nan, math.nan, math.nan, math.nan, math.nan, math.nan, 0, unit, method)
-    m = float(x.mean())
-    if n == 1:
-        return Estimate(m, math.nan, math.nan, math.nan, 0.0, math.nan, 1, unit, method, "", units)
-    sd = float(x.std(ddof=1))
-    if sd <= 1e-12 * max(1.0, abs(m)):
-        return Estimate(m, m, m, 0.0, float(n - 1), math.nan, n, unit, method,
-                        f"all {n} {unit} values equal {m:.4g}: the statistic does not vary", units)
-    se = sd / math.sqrt(n)
-    q = float(st.t.ppf(0.5 + level / 2, n - 1))
-    p = float(2 * st.t.sf(abs(m) / se, n - 1))
-    return Estimate(m, m - q * se, m + q * se, se, float(n - 1), p, n, unit, method, "", units)
-
-
-def _welch(x1, x0, labels1, labels0, unit: str, level: float = 0.95) -> Estimate:
-    """Difference of means of two independent sets of unit values, Welch t (Satterthwaite df)."""
-    from scipy import stats as st
-
-    a, b = np.asarray(x1, float), np.asarray(x0, float)
-    d = float(a.mean() - b.mean())
-    units = tuple((f"{lab} (level 1)", float(v)) for lab, v in zip(labels1, a)) + \
-        tuple((f"{lab} (level 0)", float(v)) for lab, v in zip(labels0, b))
-    method = f"Welch t on {len(a)} + {len(b)} {unit} means (unpaired)"
-    if len(a) < 2 or len(b) < 2:
-        return Estimate(d, math.nan, math.nan, math.nan, 0.0, math.nan, len(a) + len(b), unit, method, "", units)
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    se = math.sqrt(va + vb)
-    if se <= 1e-12 * max(1.0, abs(d)):
-        return Estimate(d, d, d, 0.0, float(len(a) + len(b) - 2), math.nan, len(a) + len(b), unit, method,
-                        f"every {unit} value equal within each level: the statistic does not vary", units)
-    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
-    q = float(st.t.ppf(0.5 + level / 2, df))
-    p = float(2 * st.t.sf(abs(d) / se, df))
-    return Estimate(d, d - q * se, d + q * se, se, float(df), p, len(a) + len(b), unit, method, "", units)
-
-
-def _objects(v, n: int) -> np.ndarray:
-    """A 1-D object array of the n labels in v (tuples stay tuples); zeros for None."""
-    out = np.zeros(n, object)
-    if v is not None:
-        for i, x in enumerate(v):
-            out[i] = x
-    return out
-
-
-def paired_effect(y, treat, cluster=None, blocks=None) -> Estimate | str:
-    """Level 1 - level 0 of `treat` on `y` with seeds (`cluster`) as the unit (module docstring).
-
-    y (n,) floats (NaN rows dropped), treat (n,) bools, cluster (n,) seed labels or None (one seed),
-    blocks (n,) hashable block labels (e.g. tuples of the other swept factors' values) or None. Each
-    (seed, block) cell that holds both levels gives d = mean(level 1) - mean(level 0); a seed's value is
-    the mean of its cells' d; the estimate is `t_mean` over seeds (G - 1 df). With one seed, the cells
-    (blocks) are the units. No cell with both levels: a string saying why when no block holds both
-    levels (the effect is confounded with the blocks); else an unpaired Welch t on (seed, level) means
-    of block-centred y. Returns an Estimate, or a string saying why nothing can be estimated.
-    """
-    y = np.asarray(y, float)
-    n = len(y)
-    t = np.asarray(treat, bool)
-    c, b = _objects(cluster, n), _objects(blocks, n)
-    keep = np.isfinite(y)
-    y, t, c, b = y[keep], t[keep], c[keep], b[keep]
-    if t.all() or not t.any():
-        return "only one level has this metric"
-    cells: dict = {}
-    for yi, ti, ci, bi in zip(y, t, c, b):
-        cells.setdefault((ci, bi), ([], []))[int(ti)].append(yi)
-    d = {k: float(np.mean(v[1]) - np.mean(v[0])) for k, v in cells.items() if v[0] and v[1]}
-    seeds = sorted({k[0] for k in d}, key=str)
-    if d and len(set(c)) >= 2:
-        vals = [float(np.mean([v for k, v in d.items() if k[0] == s])) for s in seeds]
-        est = t_mean(vals, seeds, unit="seed")
-        return dataclasses.replace(est, method=f"paired within-block differences, {est.method}")
-    if d:
-        keys = sorted(d, key=str)
-        est = t_mean([d[k] for k in keys], [k[1] for k in keys], unit="block (one seed)")
-        return dataclasses.replace(est, method=f"paired within-block differences, one seed: {est.method}; the "
-                                               "effect's spread across blocks stands in for the seed noise")
-    both = {bi for bi in set(b) if t[b == bi].any() and not t[b == bi].all()}
-    if not both:
-        return "confounded: no block holds both levels, so the effect cannot be told from the blocks"
-    sel = np.isin(b, list(both))
-    yc = y.copy()
-    for bi in both:
-        yc[b == bi] -= y[b == bi].mean()
-    unit = "seed" if len(set(c)) >= 2 else "trial"
-    labels = c if unit == "seed" else np.arange(len(y))
-    out = {}
-    for yi, ti, li in zip(yc[sel], t[sel], labels[sel]):
-        out.setdefault((int(ti), li), []).append(yi)
-    g1 = sorted((k[1] for k in out if k[0] == 1), key=str)
-    g0 = sorted((k[1] for k in out if k[0] == 0), key=str)
-    return _welch([np.mean(out[(1, k)]) for k in g1], [np.mean(out[(0, k)]) for k in g0], g1, g0, unit)
-
-
-@dataclass(frozen=True)
-class Crossing:
-    """Where a curve measured on replicate units falls through a threshold, with its confidence set
-    (`crossing_interval`). x is the grid's coordinate (e.g. log2 n_tasks)."""
-
-    value: float  # first crossing of the unit-mean curve (interpolated); -inf: below from the first point; +inf: never
-    lo: float  # hull of the confidence set; -inf / +inf: open past that end of the grid
-    hi: float
-    pieces: tuple  # the confidence set: ((a, b), ...) closed intervals of x, +-inf for the parts past the grid
-    n: int  # units
-    df: float  # n - 1
-    level: float
-    threshold: float
-    undecided: tuple  # grid points whose t interval contains the threshold (cannot be told from it)
-    degenerate: str = ""  # why nothing measures the noise ("" when something does)
-
-    @property
-    def open(self) -> bool:
-        """The set runs past an end of the grid: the grid does not locate the crossing (underpowered)."""
-        return not (math.isfinite(self.lo) and math.isfinite(self.hi))
-
-
-def interp_crossing(x, y, threshold: float) -> float:
-    """x where y (ordered by x) first falls below threshold, linear between grid points; -inf if y[0] is already
-    below, +inf if no point is."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    below = np.flatnonzero(y < threshold)
-    if len(below) == 0:
-        return math.inf
-    i = int(below[0])
-    if i == 0:
-        return -math.inf
-    return float(x[i - 1] + (y[i - 1] - threshold) / (y[i - 1] - y[i]) * (x[i] - x[i - 1]))
-
-
-def _accepted(a, b, c) -> list[tuple[float, float]]:
-    """Sub-intervals of w in [0, 1] where the units' z(w) = a + w b (a, b: (n,) per unit) has
-    mean(z)^2 <= c var(z) (sample variance): the t test of mean z = 0 does not reject (Fieller's quadratic)."""
-    A, B = float(a.mean()), float(b.mean())
-    S = np.cov(np.vstack([a, b]), ddof=1)
-    p2, p1, p0 = B * B - c * S[1, 1], 2 * (A * B - c * S[0, 1]), A * A - c * S[0, 0]
-
-    def f(w: float) -> float:
-        return (p2 * w + p1) * w + p0
-
-    size = max(abs(p2), abs(p1), abs(p0), 1e-300)
-    if abs(p2) <= 1e-12 * size:  # linear
-        roots = [-p0 / p1] if abs(p1) > 1e-12 * size else []
-    else:
-        disc = p1 * p1 - 4 * p2 * p0
-        if abs(disc) <= 1e-9 * (p1 * p1 + abs(4 * p2 * p0)):  # a double root (e.g. no spread between units)
-            roots = [-p1 / (2 * p2)]
-        elif disc < 0:
-            roots = []
-        else:
-            s = math.sqrt(disc)
-            roots = [(-p1 - s) / (2 * p2), (-p1 + s) / (2 * p2)]
-    roots = [r for r in roots if 0.0 <= r <= 1.0]
-    cuts = sorted({0.0, 1.0, *roots})
-    tol = 1e-9 * size
-    out = [(w0, w1) for w0, w1 in zip(cuts[:-1], cuts[1:]) if f(0.5 * (w0 + w1)) <= tol]
-    for w in cuts:  # isolated points: a tangent root, or a curve without noise crossing exactly there
-        if f(w) <= tol and not any(p <= w <= q for p, q in out):
-            out.append((w, w))
-    return sorted(out)
-
-
-def crossing_interval(x, Y, threshold: float, *, level: float = 0.95) -> Crossing:
-    """The first x where the mean curve falls through `threshold`, and a confidence set for it, with the
-    units (rows of Y, e.g. seeds) as the unit of replication.
-
-    x: (K,) increasing grid; Y: (n, K) one curve per unit (a unit with a missing value is dropped).
-    Estimand: the crossing of the mean curve interpolated linearly in x between grid points (what a grid
-    identifies without a model of the curve's shape). Confidence set (Fieller / test inversion): every x
-    in the grid's range where the t test (n - 1 df) of "mean curve at x = threshold" does not reject, the
-    curve at x being the same interpolation of each unit's values, so seed effects shared across cells are
-    carried through; past the last grid point (+inf side) when the last point is not significantly below
-    the threshold (its t interval reaches it), before the first one when the first point is not
-    significantly above. At the true crossing the test is an exact t test (normal unit effects), so the
-    set, and its hull [lo, hi], covers the crossing with probability >= level; where only one crossing is
-    near the data the coverage is level (tests/test_stats.py simulates it). Grid points whose t intervals
-    contain the threshold cannot be told from it: the set covers them, and when they reach an end of the
-    grid the hull is open (inf): the grid and these units do not locate the crossing (`Crossing.open`).
-    With no spread between units the set shrinks to the exact crossings (a zero-width hull: degenerate).
-    """
-    from scipy import stats as st
-
-    x = np.asarray(x, float)
-    Y = np.atleast_2d(np.asarray(Y, float))
-    if x.ndim != 1 or Y.shape[1] != len(x) or len(x) < 2 or np.any(np.diff(x) <= 0):
-        raise ValueError("x must be an increasing grid of >= 2 points and Y (units, len(x))")
-    Y = Y[np.isfinite(Y).all(1)]
-    n = len(Y)
-    nan = (math.nan, math.nan)
-    if n == 0:
-        return Crossing(math.nan, *nan, (), 0, math.nan, level, threshold, (), "no complete unit")
-    value = interp_crossing(x, Y.mean(0), threshold)
-    if n < 2:
-        return Crossing(value, *nan, (), 1, 0.0, level, threshold, (), "one unit: nothing measures the noise")
-    q = float(st.t.ppf(0.5 + level / 2, n - 1))
-    c = q * q / n
-    D = Y - threshold
-    m, se = D.mean(0), D.std(0, ddof=1) / math.sqrt(n)
-    undecided = tuple(float(v) for v, mi, si in zip(x, m, se) if abs(mi) <= q * si)
-    pieces: list[tuple[float, float]] = []
-    if m[0] - q * se[0] <= 0:  # the first point is not significantly above: the crossing may lie before the grid
-        pieces.append((-math.inf, float(x[0])))
-    for i in range(len(x) - 1):
-        for w0, w1 in _accepted(D[:, i], D[:, i + 1] - D[:, i], c):
-            pieces.append((float(x[i] + w0 * (x[i + 1] - x[i])), float(x[i] + w1 * (x[i + 1] - x[i]))))
-    if m[-1] + q * se[-1] >= 0:  # the last point is not significantly below: the crossing may lie past the grid
-        pieces.append((float(x[-1]), math.inf))
-    merged: list[list[float]] = []
-    for a, b in sorted(pieces):
-        if merged and a <= merged[-1][1] + 1e-12:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    pieces_t = tuple((a, b) for a, b in merged)
-    lo, hi = (pieces_t[0][0], pieces_t[-1][1]) if pieces_t else nan
-    degen = ""
-    if np.all(D.std(0, ddof=1) <= 1e-12 * np.maximum(1.0, np.abs(m))):
-        degen = f"all {n} units have the same curve: nothing measures the noise"
-    return Crossing(value, float(lo), float(hi), pieces_t, n, float(n - 1), level, threshold, undecided, degen)
-
-
-def percentile_ci(b, level: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of the finite values of b (NaN, NaN when none)."""
-    b = np.asarray(b, float)
-    b = b[np.isfinite(b)]
-    if len(b) == 0:
-        return math.nan, math.nan
-    a = 100 * (1 - level) / 2
-    lo, hi = np.percentile(b, [a, 100 - a])
-    return float(lo), float(hi)
-
-
 def holm(p) -> np.ndarray:
     """Holm-adjusted p-values (step-down, monotone, capped at 1)."""
     p = np.asarray(p, float)
@@ -537,7 +251,7 @@ def one_sided_p(c: Claim) -> tuple[float, float]:
     """(p on the claimed side, p on the other side) of a claim's 95% CI read as a t interval on its df (normal
     when df is not finite, e.g. a bootstrap interval: its half-width as 1.96 SE); for a '!= t' rule the claimed
     side is the side of the value. NaN, NaN without a rule or a finite CI."""
-    from scipy import stats as st
+    from scipy import stats as st  # lazy: scipy.stats (~0.3 s) off every process that imports stats (training, sweep workers)
 
     try:
         op, t, _ = parse_rule(c.rule)
@@ -557,7 +271,7 @@ def holm_verdicts(claims: Iterable[Claim], alpha: float = 0.05) -> tuple[list[st
     docstring). Each claim's two-sided p (twice the smaller one-sided p of its CI, `one_sided_p`) is adjusted by
     Holm over the claims that have one (statsmodels' multipletests); a claim keeps its own verdict where its
     adjusted p < alpha, else a decided verdict reads 'inconclusive'; 'no power' and claims without a rule stay."""
-    from statsmodels.stats.multitest import multipletests
+    from statsmodels.stats.multitest import multipletests  # lazy: statsmodels (~1 s, with pandas) only for a family's Holm line
 
     claims = list(claims)
     ps = [one_sided_p(c) for c in claims]
