@@ -207,9 +207,10 @@ def test_training_measures_through_the_callers_monitor_and_imports_no_measuremen
     from hmmscope.training.train import train as train_only
 
     folder = Path(hmmscope.training.__file__).parent
-    # bench.py benchmarks every stage (sampling, filters, oracles, counting) beside training's step: not training's
+    # bench_inference.py benchmarks every stage (sampling, filters, oracles, counting, headroom) beside training's
+    # step (bench.py): not training's
     imports = [(p.name, (n.module or "").split(".")[0 if n.level else 1:]) for p in folder.glob("*.py")
-               if p.name != "bench.py" for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.ImportFrom)]
+               if p.name != "bench_inference.py" for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.ImportFrom)]
     named = {f"{f}: {'.'.join(m)}" for f, m in imports if m[:1] == ["measure"]}
     assert named == set()
     cfg = small(**{"train.steps": 2, "train.eval_every": 2, "train.ckpt_every": 2, "train.emergence_episodes": 0,
