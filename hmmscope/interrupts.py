@@ -81,7 +81,7 @@ def die_with_parent():
     a child whose parent is already gone stops at once. None where prctl does not exist."""
     if not sys.platform.startswith("linux"):
         return None
-    import ctypes
+    import ctypes  # lazy: libc's prctl, only where a child is started (Linux)
 
     libc, parent = ctypes.CDLL(None, use_errno=True), os.getpid()  # loaded here: no imports after fork
 

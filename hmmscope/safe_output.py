@@ -28,13 +28,16 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import datetime as _dt
 import errno
 import io
 import math
 import os
 import re
 import secrets
+import socket
 import stat
+import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -130,9 +133,6 @@ def _fsync_dir(d: Path) -> None:
 
 
 def _host() -> str:
-    import socket
-    import zlib
-
     return f"{zlib.crc32(socket.gethostname().encode()) & 0xFFFF:04x}"
 
 
@@ -290,7 +290,7 @@ def write_with(path: str | Path, write: Callable[[Path], Any], root: str | Path 
 def write_npz(path: str | Path, arrays: Mapping[str, Any], root: str | Path | None = None) -> Path:
     """Arrays to a compressed .npz at exactly `path`, atomically (numpy appends .npz to a temp name; a file object
     keeps it); read back with np.load(path, allow_pickle=False)."""
-    import numpy as np
+    import numpy as np  # lazy: numpy (~0.1 s) off the CLI's start-up, which imports this module
 
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as f:
@@ -322,8 +322,6 @@ def run_folder(root: Path, run_name: str | None, run_id: str) -> Path:
 
 def new_folder(root: Path, prefix: str) -> Path:
     """root/<prefix>-<UTC time>, with -2, -3, ... if that exists; not created (the job creates it when it writes)."""
-    import datetime as _dt
-
     base = Path(root) / f"{_safe(prefix)}-{_dt.datetime.now(_dt.UTC).strftime('%Y%m%d-%H%M%S')}"
     path, i = base, 1
     while path.exists():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 from typing import Any
 
 import numpy as np
@@ -40,8 +41,6 @@ def better(direction: str) -> str:
 def wrap(text: str, inches: float, fontsize: float = 10) -> str:
     """`text` broken into lines that fit `inches` at `fontsize` points (about 0.55 em a character), each of its own
     lines apart: a title that would run past a figure's edge."""
-    import textwrap
-
     width = max(20, int(inches * 72 / (0.55 * fontsize)))
     return "\n".join(textwrap.fill(line, width) for line in text.split("\n"))
 

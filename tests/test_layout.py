@@ -28,7 +28,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "hmmscope"
 ROOT_MODULES_MAX = 10
-MODULE_LINES_MAX = 600
+MODULE_LINES_MAX = 450  # a module of the package (issue 49)
+SCRIPT_LINES_MAX = 250  # a script or module of analysis/ (issue 49: each record script its own choices)
+FUNCTION_LINES_MAX = 100  # a function of the package (issue 49: longer ones delegate to named steps)
+# Stated exceptions, each with its reason (issue 49 left them; the closing note says so):
+LONG_FUNCTIONS_KEPT = {  # a numba kernel is one compiled loop nest; split into @njit helpers only with `hmmscope bench
+    "hmmscope/oracles/bayes_kernel.py:bayes_block": 240,  # bayes` showing no slowdown (not yet measured: a busy machine)
+}
+GPU_SCRIPTS = REPO / "analysis" / "gpu"  # the GPU session's orchestrator (issue 50): the old 600-line cap until it is
+GPU_SCRIPT_LINES_MAX = 600  # cut, which needs a rehearsal on a GPU machine (none was lent)
+LAZY = "# lazy:"  # the comment a function-level import of the package carries, saying what it defers
 
 
 @functools.cache
@@ -212,16 +221,73 @@ def test_the_package_root_holds_at_most_ten_modules():
 
 
 def test_every_module_is_one_readable_room():
-    """No module of the package or of analysis/ over 600 lines, and each of the package's opens with a docstring saying
-    what it owns."""
+    """No module of the package over 450 lines, no script of analysis/ over 250 (analysis/gpu/: 600, above), and
+    each of the package's modules opens with a docstring saying what it owns (issue 49: modules cut by idea, not
+    trimmed to a cap)."""
     mods = sorted(PACKAGE.rglob("*.py"))
     assert len(mods) > 40  # the package, not an empty folder
     scripts = sorted((REPO / "analysis").rglob("*.py"))
-    long = {str(p.relative_to(REPO)): n for p in mods + scripts
-            if (n := len(_source(p)[0].splitlines())) > MODULE_LINES_MAX}
+    gpu = [p for p in scripts if GPU_SCRIPTS in p.parents]
+    scripts = [p for p in scripts if p not in gpu]
+    long = {str(p.relative_to(REPO)): n for cap, paths in ((MODULE_LINES_MAX, mods), (SCRIPT_LINES_MAX, scripts),
+                                                          (GPU_SCRIPT_LINES_MAX, gpu))
+            for p in paths if (n := len(_source(p)[0].splitlines())) > cap}
     assert long == {}
     bare = [str(p.relative_to(REPO)) for p in mods if not ast.get_docstring(_source(p)[1])]
     assert bare == []
+
+
+def long_functions(package: Path = PACKAGE) -> dict[str, int]:
+    """Every function (or method) of the package over FUNCTION_LINES_MAX lines, as 'path:name': its lines."""
+    out = {}
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(_source(path)[1]):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                if (n := node.end_lineno - node.lineno + 1) > FUNCTION_LINES_MAX:
+                    out[f"{path.relative_to(package.parent)}:{node.name}"] = n
+    return out
+
+
+def unexplained_lazy_imports(package: Path = PACKAGE) -> list[str]:
+    """Every import inside a function of the package without a `# lazy: <what it defers>` comment on its first line or
+    the line above it (issue 49: a function-level import hides a dependency from the reader; it stays only where it
+    buys start-up time or load order, and says so). `if TYPE_CHECKING:` imports are at module level: not counted."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        text, tree = _source(path)
+        lines = text.splitlines()
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import | ast.ImportFrom):
+                    here, above = lines[node.lineno - 1], lines[node.lineno - 2] if node.lineno > 1 else ""
+                    if LAZY not in here and not above.strip().startswith(LAZY):
+                        found.append(f"{path.relative_to(package.parent)}:{node.lineno}: {here.strip()}")
+    return sorted(set(found))
+
+
+def test_the_function_and_lazy_import_checks_find_each_kind(tmp_path):
+    """A long function, an import inside a function with no reason, one with its reason on the line or above it."""
+    pkg = tmp_path / "hmmscope"
+    pkg.mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(FUNCTION_LINES_MAX))
+    (pkg / "a.py").write_text(f'"""A."""\n\n\ndef long():\n{body}\n\n\ndef short():\n    return 1\n')
+    (pkg / "b.py").write_text('"""B."""\n\n\ndef f():\n    import json\n    import torch  # lazy: torch off the '
+                              'start-up\n    # lazy: numpy, measured\n    import numpy\n    return json, torch, numpy\n')
+    assert long_functions(pkg) == {"hmmscope/a.py:long": FUNCTION_LINES_MAX + 1}
+    assert unexplained_lazy_imports(pkg) == ["hmmscope/b.py:5: import json"]
+
+
+def test_no_function_is_over_a_hundred_lines():
+    long = long_functions()
+    kept = {k: n for k, n in long.items() if n <= LONG_FUNCTIONS_KEPT.get(k, 0)}
+    assert {k: n for k, n in long.items() if k not in kept} == {}
+
+
+def test_every_function_level_import_says_why():
+    found = unexplained_lazy_imports()
+    assert not found, f"imports inside functions without a '{LAZY}' reason ({len(found)}):\n" + "\n".join(found[:40])
 
 
 def defined_names(path: Path) -> set[str]:

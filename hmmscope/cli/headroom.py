@@ -3,7 +3,8 @@
 Owns: the command's options, checks and printed output. The work is hmmscope.measure.headroom's (SCIENCE.md 9).
 
 Must not import, at module level, anything beyond typer, the standard library, `hmmscope.config`,
-`hmmscope.checks` and `cli.common`: numpy, torch and the library are imported inside the command body.
+`hmmscope.checks`, `interrupts`, `safe_output` and `cli.common`: numpy, torch and the library are imported inside the
+command body.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import typer
 from .. import checks
 from ..checks import memory_estimate
 from ..config import ConfigError, override
+from ..interrupts import sigterm_interrupts
+from ..safe_output import write_with
 from .common import ConfigOpt, ForceOpt, Preset, PrintConfigOpt, SetOpt, build_config, echo_config, user_errors
 
 
@@ -64,15 +67,13 @@ def headroom_cmd(
         raise ConfigError(f"--tolerance must be in (0, 1] nats/token, got {tolerance}")
     if json_path is not None:
         checks.output_file(json_path, "--json", suffix=".json")
-    from ..training.train import resolve_device
+    from ..training.train import resolve_device  # lazy: torch (~1 s) off the CLI's start-up
 
     dev = resolve_device(device)
     est = memory_estimate(override(cfg, {"hmm.n_tasks": max(1, cfg.eval.family_tasks)}), "bench-oracle",
                           n_episodes=max(n_episodes, cfg.eval.fit_episodes))
     checks.memory(est, device=str(dev), force=force, what="the headroom's references")
-    from ..interrupts import sigterm_interrupts
-    from ..measure.headroom import PLUS_MINUS, SIGN, headroom
-    from ..safe_output import write_with
+    from ..measure.headroom import PLUS_MINUS, SIGN, headroom  # lazy: torch and the oracles (seconds)
 
     h, d = cfg.hmm, cfg.data
     t0 = time.monotonic()

@@ -10,6 +10,7 @@ inside the command body.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Annotated
 
@@ -33,7 +34,7 @@ def report_cmd(
     checks.safe_name(sweep, "sweep")
     out = checks.output_dir(out or Path("out") / sweep, "--out", explicit=out is not None)
     uri = store_checks.tracking_store(tracking_uri, must_exist=True)
-    from ..report import build_report
+    from ..report import build_report  # lazy: matplotlib, pandas, statsmodels, mlflow (seconds)
 
     if storage is not None:
         storage = store_checks.optuna_storage(storage, must_exist=True, write=False)
@@ -52,9 +53,7 @@ def report_cmd(
 
 def _closest_sweep(uri: str, name: str) -> str | None:
     """The name of the store's sweep (its parent runs' studies) closest to `name` (difflib), or None."""
-    import difflib
-
-    from .. import tracking
+    from .. import tracking  # lazy: mlflow (~1 s) off the CLI's start-up
 
     try:
         names = {r.data.tags.get("hmmscope.study", "") for r in tracking.search_runs(

@@ -11,26 +11,26 @@ with one line, and the server never creates it again at its old path (`tracking.
 and stopping the servers (process groups, PR_SET_PDEATHSIG, signals, the log file) is `hmmscope.ui.servers`.
 
 Must not import, at module level, anything beyond typer, the standard library, `hmmscope.store_checks`,
-`hmmscope.config` and `cli.common`: `hmmscope.ui.servers`, `tracking` and `sweep` are imported inside the body.
+`hmmscope.config`, `hmmscope.checks`, `tracking.store`, `ui.servers` (light: measured, no heavy library) and
+`cli.common`: `tracking` (mlflow) and `sweep` (optuna) are imported inside the body.
 """
 
 from __future__ import annotations
 
+import socket
 from typing import Annotated
 
 import typer
 
-from .. import store_checks
+from .. import checks, store_checks
 from ..config import ConfigError
+from ..tracking.store import check_experiment_name
+from ..ui import servers as srv
 from .common import Spinner, StorageOpt, UriOpt, user_errors
 
 
 def _free_port(preferred: int) -> int:
     """`preferred` if it is free on 127.0.0.1, else one the system hands out."""
-    import socket
-
-    from ..ui import servers as srv
-
     if srv.port_free(preferred):
         return preferred
     with socket.socket() as s:
@@ -43,7 +43,7 @@ def study_url(base: str, storage: str | None, sweep: str | None) -> str:
     if not sweep:
         return base
     try:
-        from ..sweep import load_study
+        from ..sweep import load_study  # lazy: optuna (seconds) off the CLI's start-up
 
         return f"{base}/dashboard/studies/{load_study(sweep, storage)._study_id}"
     except Exception:  # not in this storage: the dashboard lists what it holds
@@ -75,10 +75,6 @@ def ui_cmd(
     goes to a log file (shown if one fails). The servers stop with this command: Ctrl-C, SIGTERM, SIGHUP, or
     its death (Linux).
     """
-    from .. import checks
-    from ..tracking.store import check_experiment_name
-    from ..ui import servers as srv
-
     if sum(x is not None for x in (run, sweep, experiment)) > 1:
         raise ConfigError("give at most one of --run, --sweep, --experiment")
     if sweep is not None:  # a name as `sweep run` takes it: never rewritten into another sweep's, never empty
@@ -100,7 +96,7 @@ def ui_cmd(
             raise ConfigError(f"{what} {p_}: the port is in use on 127.0.0.1")
     if optuna and port == dashboard_port:
         raise ConfigError("--port and --dashboard-port must differ")
-    from .. import tracking
+    from .. import tracking  # lazy: mlflow (~1 s) off the CLI's start-up
 
     tracking.ensure_store(uri)
     base = f"http://127.0.0.1:{port}"
