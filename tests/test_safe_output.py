@@ -63,7 +63,7 @@ def test_a_symlink_destination_is_refused_unless_named(tmp_path):
     assert victim.read_text() == "precious" and not (tmp_path / "run" / "figure1_by_k.csv").is_symlink()
 
 
-def test_a_folder_linked_outside_the_root_is_refused_inside_is_fine(tmp_path):
+def test_a_folder_linked_outside_the_root_is_refused_inside_is_fine(tmp_path, monkeypatch):
     """Before: `out/<sweep>` planted as a link to another folder made `report` write there."""
     elsewhere = tmp_path.parent / (tmp_path.name + "-elsewhere")
     elsewhere.mkdir()
@@ -72,7 +72,7 @@ def test_a_folder_linked_outside_the_root_is_refused_inside_is_fine(tmp_path):
     (project / "out" / "sw").symlink_to(elsewhere)
     (project / "real").mkdir()
     (project / "out" / "inside").symlink_to(project / "real")
-    os.chdir(project)
+    monkeypatch.chdir(project)  # undone after the test (pytest removes a passing test's tmp_path: its worker's cwd)
     with pytest.raises(so.OutputError, match="outside"):
         so.write_text("out/sw/report.md", "x")
     with pytest.raises(so.OutputError, match="outside"):

@@ -119,12 +119,15 @@ def unwritable(folder: Path):
     """`folder` made unwritable for this process: a read-only bind mount as root (root writes through modes), its
     mode otherwise."""
     if os.geteuid() == 0:
+        here = os.getcwd()
         subprocess.run(["mount", "--bind", "-o", "ro", str(folder), str(folder)], check=True)
         try:
             yield
         finally:
             os.chdir(folder.parent)  # a mount a process works in cannot be taken down
             subprocess.run(["umount", str(folder)], check=True)
+            os.chdir(here)  # back (before: left in tmp_path, which pytest removes after a passing test: every later
+            # test of that worker had no working folder)
     else:
         folder.chmod(0o555)
         try:
