@@ -62,6 +62,9 @@ def read_bayes(folder: Path) -> tuple[list[dict], list[dict]] | None:
     return out[0], out[1]
 
 
+JOINED = ("bayes_ce", "bayes_mc_se", "bayes_gap", "true_room", "share")  # the columns `join` adds to runs.csv
+
+
 def join(runs: list[dict], bayes: list[dict], k_max: int = 2) -> list[dict]:
     """runs with bayes_ce, bayes_mc_se, bayes_gap, true_room, share (module docstring). A run whose best counting CE
     differs from bayes.csv's (the same fit on the same episodes) raises: then they are not the same episodes."""

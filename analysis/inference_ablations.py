@@ -44,6 +44,7 @@ The package never imports this folder.
 from __future__ import annotations
 
 import argparse
+import csv
 import sys
 from pathlib import Path
 
@@ -64,6 +65,15 @@ def _budget_label(c: dict) -> str:
         f", gamma {float(c['gamma']):g}, d {int(float(c['rank']))}, window {int(float(c['window']))}")
 
 # ---------------------------------------------------------------- main
+
+
+def _as_kept(path: Path, joined: list[dict], added: tuple[str, ...]) -> list[dict]:
+    """The record's rows as its file has them (text: an integer stays '0', never '0.0'), with the columns `added`
+    from `joined` (the same rows, in order, read as numbers)."""
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        text = list(csv.DictReader(f))
+    assert len(text) == len(joined) and all(t["run_id"] == j["run_id"] for t, j in zip(text, joined))
+    return [{**t, **{k: j[k] for k in added}} for t, j in zip(text, joined)]
 
 
 def main(argv=None) -> int:
@@ -99,7 +109,7 @@ def main(argv=None) -> int:
             rows = ab.cells(rows, runs)
             push = read_record(src / "push_runs.csv", PUSH) if (src / "push_runs.csv").exists() else []
             rows += ab.push_rows(push, bayes[0])
-            outs.table(runs, "runs")
+            outs.table(_as_kept(src / "runs.csv", runs, ab.JOINED), "runs")
             outs.table(fx.table(ab.effects(runs, bayes[1]), "bayes_effects.csv"), "bayes_effects")
             push_c = read_record(src / "push_curves.csv", RECORD["curves.csv"]) if push else []
             gap = ab.curves(curves + push_c, bayes[0], runs + push)
