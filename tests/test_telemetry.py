@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from test_ui import descendants
 
 from hmmscope.tracking.telemetry import TELEMETRY_ENV, telemetry_off, telemetry_setting
 
@@ -48,24 +49,6 @@ def _start(pid: int) -> str | None:
         return None
 
 
-def _children(pid: int) -> dict[int, str]:
-    """{pid: start time} of every process below `pid` (Linux /proc)."""
-    kids: dict[int, list[tuple[int, str]]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            kids.setdefault(int(fields[1]), []).append((int(d.name), fields[19]))
-    out, todo = {}, [pid]
-    while todo:
-        for c, start in kids.get(todo.pop(), []):
-            out[c] = start
-            todo.append(c)
-    return out
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_hmmscope_ui_and_its_mlflow_server_write_no_telemetry_file(tmp_path):
     """Before: the command and its server each created HOME/.config/mlflow/telemetry.json (an installation id) and
@@ -82,7 +65,7 @@ def test_hmmscope_ui_and_its_mlflow_server_write_no_telemetry_file(tmp_path):
     try:
         deadline = time.time() + 240  # seconds on a quiet machine, minutes on a loaded one
         while not (tmp_path / "out.txt").read_text():  # its URL, once the server answers
-            seen.update(_children(proc.pid))
+            seen.update(descendants(proc.pid))
             assert proc.poll() is None, (tmp_path / "out.txt").read_text()
             assert time.time() < deadline, "hmmscope ui printed no URL within 240 s"
             time.sleep(0.2)
@@ -90,13 +73,13 @@ def test_hmmscope_ui_and_its_mlflow_server_write_no_telemetry_file(tmp_path):
             assert r.status == 200
         assert not (home / ".config" / "mlflow" / "telemetry.json").exists()
         assert not list(home.rglob("telemetry.json"))
-        servers = [p for p in _children(proc.pid) if b"mlflow" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        servers = [p for p in descendants(proc.pid) if b"mlflow" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert servers, "no MLflow server below hmmscope ui"
         for pid in servers:  # the server's own environment says so (a worker it forks inherits it)
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             assert f"{TELEMETRY_ENV}=true".encode() in environ
     finally:
-        seen.update(_children(proc.pid))
+        seen.update(descendants(proc.pid))
         proc.send_signal(signal.SIGINT)
         try:
             proc.wait(timeout=60)

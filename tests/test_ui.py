@@ -45,7 +45,7 @@ def _start_time(pid):
         return None
 
 
-def _descendants(pid):
+def descendants(pid):
     """{pid: start time} of every process below `pid` (Linux /proc)."""
     kids = {}
     for d in Path("/proc").iterdir():
@@ -91,14 +91,14 @@ def test_ui_serves_the_store_quietly_and_no_process_outlives_it(tmp_path, stop):
     try:
         deadline = time.time() + 240  # 6-15 s on a quiet machine; minutes on a loaded one
         while not _answers(f"http://127.0.0.1:{port}/health"):
-            started.update(_descendants(proc.pid))  # known as soon as they exist: stopped by pid at the end
+            started.update(descendants(proc.pid))  # known as soon as they exist: stopped by pid at the end
             if printed_before_health is None and (tmp_path / "out.txt").read_text():
                 # a server not up refuses at once; one that is up may be slow to answer on a busy machine
                 printed_before_health = not _answers(f"http://127.0.0.1:{port}/health", timeout=20)
             assert proc.poll() is None, f"hmmscope ui exited with {proc.returncode}: {(tmp_path / 'err.txt').read_text()}"
             assert time.time() < deadline, "the MLflow UI did not answer within 240 s"
             time.sleep(0.2)
-        started.update(_descendants(proc.pid))
+        started.update(descendants(proc.pid))
         deadline = time.time() + 30
         while not (tmp_path / "out.txt").read_text():  # the URL, once /health answers
             assert time.time() < deadline and proc.poll() is None, "hmmscope ui printed no URL"
@@ -110,7 +110,7 @@ def test_ui_serves_the_store_quietly_and_no_process_outlives_it(tmp_path, stop):
             assert [f["path"] for f in files] == ["d/x.json"]
             assert json.loads(_get(f"{base}/get-artifact?path=d/x.json&run_uuid={run_id}")) == {"x": 1}
         _get(f"{base}/ajax-api/2.0/mlflow/experiments/search?max_results=5")
-        started.update(_descendants(proc.pid))
+        started.update(descendants(proc.pid))
         serving = _alive(started)  # what serves now (a short-lived helper seen at start-up has exited)
         proc.send_signal(stop)
         assert proc.wait(timeout=60) == (-signal.SIGKILL if stop == signal.SIGKILL else 0)
@@ -153,11 +153,11 @@ def test_ui_stops_in_one_line_when_its_store_moves_away_and_never_creates_it_aga
     try:
         deadline = time.time() + 240
         while not (tmp_path / "out.txt").read_text():  # the URL: printed once the server answers
-            started.update(_descendants(proc.pid))
+            started.update(descendants(proc.pid))
             assert proc.poll() is None, (tmp_path / "err.txt").read_text()
             assert time.time() < deadline, "the MLflow UI did not answer within 240 s"
             time.sleep(0.2)
-        started.update(_descendants(proc.pid))
+        started.update(descendants(proc.pid))
         proj.rename(tmp_path / "moved")
         base = f"http://127.0.0.1:{port}"
         for _ in range(3):  # requests that opened (and so created) the store at its old path
